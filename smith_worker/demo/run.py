@@ -1,0 +1,86 @@
+"""``make demo``: one real streamed turn through every part, then everything stopped.
+
+1. Redis: ``SMITH_REDIS_URL`` if it answers, else a private ``redis-server`` on a free port.
+2. The model: ``SMITH_LLM_BASE_URL`` if set, else the local model server (SmolLM2-135M).
+3. One turn worker and one tool worker for :mod:`smith_worker.demo`.
+4. ``smith ask``-style turn: tokens to stdout, tool status lines to stderr.
+
+Exits 0 when the turn completed, a calculator call ran on the tool worker and
+the answer streamed at least one token; 1 otherwise. Logs of the child
+processes go to ``.demo-logs/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import uuid
+from pathlib import Path
+
+from smith_client import SmithClient
+from smith_client.events import TOKEN, TOOL_RESULT, TURN_COMPLETED
+from smith_worker.cli import StreamPrinter
+from smith_worker.local.llm_server import LocalModelServer
+from smith_worker.local.processes import ManagedProcess, redis_answers, start_redis_server, wait_until, worker_argv
+from smith_client.registry import live_agents
+from smith_client.keys import Keys
+
+DEFAULT_QUESTION = "What is 17*23?"
+
+
+def _status(line: str) -> None:
+    print(f"[demo] {line}", file=sys.stderr, flush=True)
+
+
+async def _turn(redis_url: str, prefix: str, question: str) -> bool:
+    printer = StreamPrinter()
+    tokens = tool_on_worker = completed = False
+    async with SmithClient.from_url(redis_url, prefix=prefix) as client:
+        async for event in client.stream(question, conversation_id=f"demo-{uuid.uuid4().hex[:8]}", timeout=300):
+            printer(event)
+            tokens |= event.type == TOKEN and bool(event.data["text"])
+            tool_on_worker |= event.type == TOOL_RESULT and bool(event.data.get("worker")) and not event.data["is_error"]
+            completed |= event.type == TURN_COMPLETED
+    _status(f"turn completed={completed} tool_ran_on_worker={tool_on_worker} streamed_tokens={tokens}")
+    return completed and tool_on_worker and tokens
+
+
+async def _agents_ready(redis_url: str, prefix: str) -> bool:
+    client = SmithClient.from_url(redis_url, prefix=prefix)
+    async with client:
+        return "default" in (await live_agents(client.redis, Keys(prefix)) or set())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run one real streamed turn end to end.")
+    parser.add_argument("question", nargs="?", default=DEFAULT_QUESTION)
+    args = parser.parse_args(argv)
+    logs = Path(".demo-logs")
+    logs.mkdir(exist_ok=True)
+    prefix = f"smith-demo-{uuid.uuid4().hex[:6]}"  # never touches a developer's own keys
+    with contextlib.ExitStack() as stack:
+        redis_url = os.environ.get("SMITH_REDIS_URL", "redis://127.0.0.1:6379/0")
+        if not redis_answers(redis_url):
+            _status(f"no Redis at {redis_url}; starting a private redis-server")
+            redis_proc, redis_url = start_redis_server(log_path=logs / "redis.log")
+            stack.callback(redis_proc.stop)
+        env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_PREFIX=prefix)
+        if not os.environ.get("SMITH_LLM_BASE_URL"):
+            _status("starting the local model server (SmolLM2-135M via llama-cpp-python)")
+            model = stack.enter_context(LocalModelServer(log_path=logs / "llm.log"))
+            env.update(SMITH_LLM_BASE_URL=model.base_url, SMITH_LLM_MODEL=model.model)
+        for queue in ("turns", "tools"):
+            worker = ManagedProcess(worker_argv("smith_worker.demo:app", queue), env=env, log_path=logs / f"{queue}.log")
+            stack.enter_context(worker)
+        wait_until(lambda: asyncio.run(_agents_ready(redis_url, prefix)), 30.0, "turn worker", interval=0.3)
+        _status(f"asking: {args.question}")
+        ok = asyncio.run(_turn(redis_url, prefix, args.question))
+    _status("stopped everything it started")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

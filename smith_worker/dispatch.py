@@ -1,0 +1,176 @@
+"""Turn side of tool calls: one ``run_tool`` job per call, waited for without polling arq.
+
+Each call of a step becomes a job on the tools queue (job id from prefix +
+turn id + step + position) and all of a step's calls are awaited
+concurrently (seed §10.4). Waiting does not use arq's ``Job.result()``, which
+polls every 0.5 s (arq-notes.md §1.5): the tool worker stores the outcome
+under the call's result key and publishes that key on the turn worker's
+reply channel; one :class:`ReplyListener` per process wakes the waiter. The
+waiter also re-reads the key every ``recheck_interval`` seconds, which covers
+a lost pub/sub message (arq-notes.md §4.1).
+
+When a job has not answered ``timeout + pickup_grace`` seconds after it was
+enqueued (no tool worker, or a stuck one), the turn records a timeout error
+for the call and aborts the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from arq.connections import ArqRedis
+from arq.constants import abort_jobs_ss, in_progress_key_prefix, job_key_prefix
+from redis.asyncio import Redis
+
+from smith_client.eventlog import DEFAULT_TURN_TTL
+from smith_client.jobs import RUN_TOOL, ToolJob, ToolOutcome
+from smith_client.keys import Keys
+from smith_worker.tools import error_content
+
+logger = logging.getLogger("agent_smith.tool")
+
+#: How long an abort request stays in arq's abort set (seconds). arq never prunes it (arq #485).
+ABORT_ENTRY_TTL = 60.0
+
+
+class ReplyListener:
+    """One pub/sub subscription per turn-worker process; wakes the waiters of finished tool jobs."""
+
+    def __init__(self, redis: Redis, channel: str) -> None:
+        self._redis = redis
+        self.channel = channel
+        self._waiters: dict[str, asyncio.Event] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Subscribe (before returning, so no reply is missed) and start dispatching."""
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(self.channel)
+        self._task = asyncio.create_task(self._run(pubsub))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def register(self, result_key: str) -> asyncio.Event:
+        """An event set when ``result_key`` is announced on the channel."""
+        return self._waiters.setdefault(result_key, asyncio.Event())
+
+    def discard(self, result_key: str) -> None:
+        self._waiters.pop(result_key, None)
+
+    async def _run(self, pubsub: Any) -> None:
+        try:
+            while True:
+                try:
+                    message = await pubsub.get_message(timeout=5.0)
+                except Exception:  # connection lost: waiters fall back to re-checks meanwhile
+                    logger.warning("reply channel %s failed; resubscribing", self.channel, exc_info=True)
+                    await asyncio.sleep(0.5)
+                    await pubsub.subscribe(self.channel)
+                    continue
+                if message and message.get("type") == "message":
+                    waiter = self._waiters.get(message["data"].decode())
+                    if waiter is not None:
+                        waiter.set()
+        finally:
+            await pubsub.aclose()
+
+
+async def abort_job(redis: Redis, queue: str, job_id: str) -> None:
+    """Abort an arq job whether it is queued or running.
+
+    A running job is cancelled by its worker at the next poll (worker
+    ``allow_abort_jobs``); a queued one is also removed from the queue so it
+    never starts. Old abort entries are pruned, since arq never does (#485)
+    and a stale entry would cancel a later job with the same id.
+    """
+    now_ms = int(time.time() * 1000)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.zadd(abort_jobs_ss, {job_id: now_ms})
+        pipe.zremrangebyscore(abort_jobs_ss, "-inf", now_ms - int(ABORT_ENTRY_TTL * 1000))
+        await pipe.execute()
+    if not await redis.exists(in_progress_key_prefix + job_id):
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(queue, job_id)
+            pipe.delete(job_key_prefix + job_id)
+            await pipe.execute()
+
+
+class ToolJobWaiter:
+    """Enqueue one tool job and wait for its outcome (see the module docstring).
+
+    ``pickup_grace`` and ``recheck_interval`` are seconds.
+    """
+
+    def __init__(
+        self,
+        redis: ArqRedis,
+        keys: Keys,
+        listener: ReplyListener,
+        *,
+        pickup_grace: float = 10.0,
+        recheck_interval: float = 1.0,
+        result_ttl: int = DEFAULT_TURN_TTL,
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._listener = listener
+        self._grace = pickup_grace
+        self._recheck = recheck_interval
+        self._result_ttl = result_ttl
+
+    async def run(self, job: ToolJob) -> tuple[ToolOutcome, bool]:
+        """Return ``(outcome, produced_here)``; ``produced_here`` is True when this side wrote a timeout error."""
+        wake = self._listener.register(job.result_key)
+        try:
+            outcome = await self._stored(job.result_key)
+            if outcome is None:
+                await self._enqueue(job)
+                outcome = await self._wait(job, wake)
+            if outcome is not None:
+                return outcome, False
+            return await self._give_up(job)
+        finally:
+            self._listener.discard(job.result_key)
+
+    async def _enqueue(self, job: ToolJob) -> None:
+        job_id = self._keys.tool_job_id(job.turn_id, job.step, job.index)
+        await self._redis.enqueue_job(
+            RUN_TOOL, job.model_dump(mode="json"), _job_id=job_id, _queue_name=self._keys.tools_queue
+        )
+
+    async def _wait(self, job: ToolJob, wake: asyncio.Event) -> ToolOutcome | None:
+        deadline = time.monotonic() + job.timeout + self._grace
+        while (remaining := deadline - time.monotonic()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), min(self._recheck, remaining))
+            outcome = await self._stored(job.result_key)
+            if outcome is not None:
+                return outcome
+        return None
+
+    async def _give_up(self, job: ToolJob) -> tuple[ToolOutcome, bool]:
+        job_id = self._keys.tool_job_id(job.turn_id, job.step, job.index)
+        await abort_job(self._redis, self._keys.tools_queue, job_id)
+        outcome = ToolOutcome(
+            content=error_content(f"tool {job.call.name!r} timed out after {job.timeout:g} s (no tool worker answered)"),
+            is_error=True,
+        )
+        stored = await self._redis.set(
+            job.result_key, outcome.model_dump_json(), nx=True, ex=self._result_ttl
+        )
+        if stored:
+            return outcome, True
+        late = await self._stored(job.result_key)  # the real result won the race
+        return (late, False) if late is not None else (outcome, True)
+
+    async def _stored(self, result_key: str) -> ToolOutcome | None:
+        raw = await self._redis.get(result_key)
+        return ToolOutcome.model_validate_json(raw) if raw else None

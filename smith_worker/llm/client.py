@@ -1,0 +1,392 @@
+"""The chat-completions client (seed §8) with the HTTP retry policy (seed §6.3).
+
+``LlmClient.complete`` posts a non-streamed request; ``complete_stream``
+posts ``stream: true`` and delivers :data:`~smith_worker.llm.types.StreamEvent`
+objects to a callback *while* the response arrives (seed §9.5), then returns
+the assembled :class:`~smith_worker.llm.types.LlmResponse`.
+
+Retry policy (seed §6.3), per model call, at most ``max_retries`` retries:
+
+=========================================  =====================================================
+connect failure, request timeout           retry after the backoff delay
+HTTP 5xx                                   retry after the backoff delay
+HTTP 429 with ``Retry-After`` ≤ max        retry after ``Retry-After`` (seconds or HTTP date)
+HTTP 429 with ``Retry-After`` > max        fail at once with the 429 ``LlmApiError``
+HTTP 429 without ``Retry-After``           retry after the backoff delay
+stream failing after ≥ 1 body byte         no retry
+other status, bad JSON, stream error       no retry
+=========================================  =====================================================
+
+Backoff before retry *n* (1-based): ``backoff_base * 2**(n-1) + uniform(0, 0.25)``
+seconds, capped at 8 s. Every wait goes through the injected ``sleep``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import inspect
+import itertools
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import timezone
+from typing import Any, TypeVar
+
+import httpx
+import orjson
+
+from smith_client.errors import (
+    ConfigurationError,
+    LlmApiError,
+    ParseError,
+    SmithError,
+    SmithTimeoutError,
+    TransportError,
+)
+from smith_client.messages import assistant_from_openai, to_openai
+from smith_worker.llm.stream import ChatStreamDecoder
+from smith_worker.llm.types import LlmClientConfig, LlmRequest, LlmResponse, SamplingParams, StreamEvent
+from smith_worker.redaction import redact_body, redact_headers
+
+logger = logging.getLogger("agent_smith.llm")
+
+OPERATION = "chat_completions"
+RESERVED_BODY_KEYS = frozenset({"model", "messages", "tools", "tool_choice", "stream"})
+BACKOFF_CAP = 8.0  # seconds
+BACKOFF_JITTER = 0.25  # seconds, upper bound of the uniform jitter
+
+OnEvent = Callable[[StreamEvent], Awaitable[None] | None]
+_T = TypeVar("_T")
+
+
+class _RetryableFailure(Exception):
+    """Internal: an attempt failed in a way the retry table allows retrying."""
+
+    def __init__(self, error: SmithError, retry_after: float | None = None) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.retry_after = retry_after
+
+
+class LlmClient:
+    """An OpenAI-compatible chat-completions client (seed §8.1).
+
+    ``http``: a shared :class:`httpx.AsyncClient` (not closed by
+    :meth:`aclose`); when ``None`` the client creates and owns one.
+    ``sleep(seconds)`` is awaited for every retry wait and ``rng()`` (uniform
+    in [0, 1)) draws the jitter — both injectable for tests.
+
+    Errors raised by :meth:`complete` / :meth:`complete_stream`:
+    ``ConfigurationError`` (reserved key in ``sampling.extra``, bad URL),
+    ``LlmApiError`` (non-2xx status, or an error reported inside a 200 body
+    or stream), ``TransportError`` (connection failures once retries are
+    exhausted, or a stream cut after bytes arrived), ``SmithTimeoutError``
+    (``operation="chat_completions"``, ``budget=request_timeout``),
+    ``ParseError`` (malformed JSON or shape). ``asyncio.CancelledError``
+    propagates after the HTTP request is closed.
+    """
+
+    def __init__(
+        self,
+        config: LlmClientConfig,
+        http: httpx.AsyncClient | None = None,
+        *,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.config = config
+        self._owns_http = http is None
+        self._http = http if http is not None else httpx.AsyncClient(timeout=self._timeout())
+        self._sleep = sleep
+        self._rng = rng
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this object created it."""
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> LlmClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- request construction (seed §8.2) ---------------------------------
+
+    def build_body(self, req: LlmRequest, *, stream: bool) -> dict[str, Any]:
+        """The JSON body for ``req``.
+
+        Order: ``model``, ``messages`` (wire form), ``tools`` (omitted when
+        empty) and ``tool_choice`` (only with tools and when set), the merged
+        sampling fields (config defaults, then the request's set fields),
+        ``stream`` (+ ``stream_options.include_usage`` when streaming and
+        configured), then ``sampling.extra`` last. Raises
+        ``ConfigurationError`` when ``extra`` holds a reserved key.
+        """
+        sampling = self.config.default_sampling.merged_with(req.sampling)
+        _check_reserved(sampling.extra)
+        body: dict[str, Any] = {"model": self.config.model, "messages": [to_openai(m) for m in req.messages]}
+        if req.tools:
+            body["tools"] = [tool.to_openai() for tool in req.tools]
+            if req.tool_choice is not None:
+                body["tool_choice"] = req.tool_choice
+        body.update(_sampling_fields(sampling))
+        body["stream"] = stream
+        if stream and self.config.include_usage:
+            body["stream_options"] = {"include_usage": True}
+        body.update(sampling.extra)
+        return body
+
+    def _headers(self, *, stream: bool) -> dict[str, str]:
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream" if stream else "application/json",
+        }
+        if self.config.api_key:
+            headers["Authorization"] = f"Bearer {self.config.api_key}"
+        return headers
+
+    def _timeout(self) -> httpx.Timeout:
+        return httpx.Timeout(self.config.request_timeout)
+
+    # -- public calls -------------------------------------------------------
+
+    async def complete(self, req: LlmRequest) -> LlmResponse:
+        """Post a non-streamed request and parse the completion (seed §8.3). Errors: see class doc."""
+        content, headers = self._prepare(req, stream=False)
+        return await self._with_retries(lambda: self._complete_once(content, headers))
+
+    async def complete_stream(self, req: LlmRequest, on_event: OnEvent) -> LlmResponse:
+        """Post a streamed request; call ``on_event(event)`` for each event as it arrives (seed §9.5).
+
+        ``on_event`` may return an awaitable, which is awaited before reading
+        on. Exceptions from ``on_event`` propagate (the request is closed).
+        Returns once the stream ended; errors: see class doc.
+        """
+        content, headers = self._prepare(req, stream=True)
+        return await self._with_retries(lambda: self._stream_once(content, headers, on_event))
+
+    def _prepare(self, req: LlmRequest, *, stream: bool) -> tuple[bytes, dict[str, str]]:
+        content = orjson.dumps(self.build_body(req, stream=stream))
+        headers = self._headers(stream=stream)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "POST %s headers=%s body=%s",
+                self.config.chat_completions_url,
+                redact_headers(headers),
+                redact_body(content, [self.config.api_key]),
+            )
+        return content, headers
+
+    # -- one attempt ---------------------------------------------------------
+
+    async def _complete_once(self, content: bytes, headers: dict[str, str]) -> LlmResponse:
+        with self._network_errors(retryable=True):
+            response = await self._http.post(
+                self.config.chat_completions_url, content=content, headers=headers, timeout=self._timeout()
+            )
+        if not response.is_success:
+            raise _status_failure(response.status_code, response.headers, response.text)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("response body=%s", redact_body(response.content, [self.config.api_key]))
+        return parse_completion(response.content)
+
+    async def _stream_once(self, content: bytes, headers: dict[str, str], on_event: OnEvent) -> LlmResponse:
+        with self._network_errors(retryable=True):
+            async with self._http.stream(
+                "POST", self.config.chat_completions_url, content=content, headers=headers, timeout=self._timeout()
+            ) as response:
+                if not response.is_success:
+                    await response.aread()
+                    raise _status_failure(response.status_code, response.headers, response.text)
+                return await self._consume_stream(response, on_event)
+
+    async def _consume_stream(self, response: httpx.Response, on_event: OnEvent) -> LlmResponse:
+        """Decode the body as it arrives; once a byte arrived, failures are final (no retry)."""
+        decoder = ChatStreamDecoder()
+        delivered = False
+        async with contextlib.aclosing(response.aiter_bytes()) as chunks:
+            while not decoder.done:
+                with self._network_errors(retryable=not delivered):
+                    chunk = await anext(chunks, None)
+                if chunk is None:
+                    events = decoder.close()
+                else:
+                    delivered = delivered or bool(chunk)
+                    events = decoder.feed(chunk)
+                for event in events:
+                    await _deliver(on_event, event)
+                if chunk is None:
+                    break
+        return decoder.finish()
+
+    @contextlib.contextmanager
+    def _network_errors(self, *, retryable: bool) -> Iterator[None]:
+        """Translate httpx failures into typed errors, wrapped for retry when ``retryable``."""
+        try:
+            yield
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            raise ConfigurationError(f"bad LLM base_url: {exc}", setting="base_url") from exc
+        except httpx.TimeoutException as exc:
+            error: SmithError = SmithTimeoutError(
+                f"chat completions timed out ({type(exc).__name__}, budget {self.config.request_timeout}s)",
+                operation=OPERATION,
+                budget=self.config.request_timeout,
+            )
+            raise (_RetryableFailure(error) if retryable else error) from exc
+        except httpx.TransportError as exc:
+            error = TransportError(
+                f"chat completions request failed: {type(exc).__name__}: {exc}",
+                operation=OPERATION,
+                endpoint_or_server=self.config.chat_completions_url,
+            )
+            raise (_RetryableFailure(error) if retryable else error) from exc
+
+    # -- retry loop (seed §6.3) --------------------------------------------
+
+    async def _with_retries(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        for number in itertools.count(1):
+            try:
+                return await attempt()
+            except _RetryableFailure as failure:
+                delay = self._retry_delay(failure, number)
+                logger.warning(
+                    "LLM request failed (%s); retry %d/%d in %.2fs",
+                    failure.error.message,
+                    number,
+                    self.config.max_retries,
+                    delay,
+                )
+                await self._sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _retry_delay(self, failure: _RetryableFailure, number: int) -> float:
+        """Seconds to wait before retrying after failed attempt ``number``; raises the error to give up."""
+        if failure.retry_after is not None and failure.retry_after > self.config.max_retry_after:
+            logger.debug(
+                "not retrying: Retry-After %.1fs exceeds max_retry_after %.1fs",
+                failure.retry_after,
+                self.config.max_retry_after,
+            )
+            raise failure.error from failure.__cause__
+        if number > self.config.max_retries:
+            logger.debug("not retrying: %d retries exhausted", self.config.max_retries)
+            raise failure.error from failure.__cause__
+        if failure.retry_after is not None:
+            return failure.retry_after
+        return self.backoff_delay(number)
+
+    def backoff_delay(self, number: int) -> float:
+        """``backoff_base * 2**(number-1) + uniform(0, 0.25)`` seconds, capped at 8 s (seed §6.3)."""
+        delay = self.config.backoff_base * 2 ** (number - 1) + self._rng() * BACKOFF_JITTER
+        return min(delay, BACKOFF_CAP)
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def _check_reserved(extra: dict[str, Any]) -> None:
+    reserved = sorted(RESERVED_BODY_KEYS.intersection(extra))
+    if reserved:
+        raise ConfigurationError(
+            f"sampling.extra may not set reserved request fields: {', '.join(reserved)}", setting="sampling.extra"
+        )
+
+
+def _sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for name in ("temperature", "top_p", "max_tokens", "response_format"):
+        value = getattr(sampling, name)
+        if value is not None:
+            fields[name] = value
+    if sampling.stop:
+        fields["stop"] = list(sampling.stop)
+    return fields
+
+
+async def _deliver(on_event: OnEvent, event: StreamEvent) -> None:
+    result = on_event(event)
+    if inspect.isawaitable(result):
+        await result
+
+
+def _status_failure(status: int, headers: httpx.Headers, body: str) -> Exception:
+    """The error for a non-2xx reply, wrapped for retry when the table allows it."""
+    error = LlmApiError(f"chat completions failed with HTTP {status}: {_error_message(body)}", status, body)
+    if status == 429:
+        return _RetryableFailure(error, retry_after=parse_retry_after(headers.get("retry-after")))
+    if status >= 500:
+        return _RetryableFailure(error)
+    return error
+
+
+def _error_message(body: str) -> str:
+    """The ``error.message`` of an OpenAI-style error body, else the body's start."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"][:200]
+        if isinstance(error, str):
+            return error[:200]
+    return body[:200]
+
+
+def parse_retry_after(value: str | None, *, now: Callable[[], float] = time.time) -> float | None:
+    """A ``Retry-After`` header in seconds (RFC 9110 §10.2.3): delay-seconds or an HTTP date.
+
+    Returns ``None`` when absent or unparseable; a date in the past gives 0.
+    """
+    if not value or not value.strip():
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value.strip())
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        seconds = when.timestamp() - now()
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+def parse_completion(raw: bytes) -> LlmResponse:
+    """Parse a non-streamed ``chat.completion`` body (seed §8.3).
+
+    Raises ``ParseError`` (bad JSON or shape) or ``LlmApiError``
+    (``http_status=200``) when the body is an ``{"error": ...}`` object.
+    """
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ParseError(f"invalid JSON in chat completion: {exc.msg}", offset=exc.pos) from exc
+    if not isinstance(data, dict):
+        raise ParseError("chat completion is not a JSON object")
+    text = raw.decode("utf-8", errors="replace")
+    if data.get("error") is not None:
+        raise LlmApiError(f"chat completion error: {_error_message(text)}", 200, text)
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ParseError("chat completion has no choices")
+    choice = choices[0]
+    message = assistant_from_openai(choice.get("message"), data.get("usage"))
+    reasoning = choice["message"].get("reasoning_content") or choice["message"].get("reasoning") or ""
+    return LlmResponse(
+        message=message,
+        finish_reason=str(choice.get("finish_reason") or ""),
+        reasoning_content=reasoning if isinstance(reasoning, str) else "",
+    )
+
+
+__all__ = ["BACKOFF_CAP", "BACKOFF_JITTER", "LlmClient", "OnEvent", "parse_completion", "parse_retry_after"]

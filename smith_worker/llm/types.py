@@ -1,0 +1,206 @@
+"""Value types of the LLM client (seed §8.1) and its stream events (seed §9.2).
+
+Everything here is plain data: pydantic models for configuration, requests
+and responses, frozen dataclasses for the stream events delivered to an
+``on_event`` callback while a streamed response is arriving.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from smith_client.messages import AssistantMessage, Message, TokenUsage
+
+
+class ToolSchema(BaseModel):
+    """A function tool offered to the model.
+
+    ``parameters`` is the JSON Schema of the arguments object
+    (``{"type": "object", "properties": {...}}``).
+    """
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def to_openai(self) -> dict[str, Any]:
+        """The chat-completions ``tools[]`` entry: ``{"type":"function","function":{name, description, parameters}}``."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+class SamplingParams(BaseModel):
+    """Sampling knobs (seed §8.1); ``None`` / empty means "not set, let the server decide".
+
+    ``extra`` holds provider-specific request fields merged last into the
+    body; it must not contain a reserved key (``model``, ``messages``,
+    ``tools``, ``tool_choice``, ``stream``) — see :func:`LlmClient.build_body`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    response_format: dict[str, Any] | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    def merged_with(self, override: SamplingParams | None) -> SamplingParams:
+        """These params (the defaults) with ``override``'s set fields applied (seed §8.2 steps 1-2).
+
+        A field of ``override`` wins when it is not ``None`` (``stop``: when
+        non-empty); ``extra`` dicts are merged key by key, ``override`` winning.
+        """
+        if override is None:
+            return self
+        return SamplingParams(
+            temperature=_first_set(override.temperature, self.temperature),
+            top_p=_first_set(override.top_p, self.top_p),
+            max_tokens=_first_set(override.max_tokens, self.max_tokens),
+            stop=list(override.stop or self.stop),
+            response_format=_first_set(override.response_format, self.response_format),
+            extra={**self.extra, **override.extra},
+        )
+
+
+def _first_set(value: Any, fallback: Any) -> Any:
+    return fallback if value is None else value
+
+
+class LlmClientConfig(BaseModel):
+    """How to reach one OpenAI-compatible chat-completions server (seed §8.1, §6.3).
+
+    * ``base_url`` includes ``/v1`` (like the OpenAI SDK); requests go to
+      ``{base_url}/chat/completions``.
+    * ``request_timeout`` (seconds): the budget of each network phase of one
+      attempt (connect, write, and the wait for each read — for a stream, the
+      longest silence tolerated between two chunks).
+    * ``max_retries``: retries after the first attempt (3 → up to 4 attempts).
+    * ``max_retry_after`` (seconds): the longest ``Retry-After`` honoured; a
+      longer one fails at once.
+    * ``backoff_base`` (seconds): first backoff delay; doubled per retry,
+      plus jitter uniform in [0, 0.25 s), capped at 8 s.
+    * ``include_usage``: ask streamed responses for a final usage frame
+      (``stream_options: {"include_usage": true}``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str
+    model: str
+    api_key: str | None = None
+    request_timeout: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=3, ge=0)
+    max_retry_after: float = Field(default=60.0, ge=0)
+    backoff_base: float = Field(default=0.5, ge=0)
+    default_sampling: SamplingParams = Field(default_factory=SamplingParams)
+    include_usage: bool = True
+
+    @property
+    def chat_completions_url(self) -> str:
+        """``{base_url}/chat/completions`` (a trailing ``/`` on ``base_url`` is ignored)."""
+        return f"{self.base_url.rstrip('/')}/chat/completions"
+
+
+ToolChoice = Union[Literal["auto", "required", "none"], dict[str, Any], None]
+
+
+class LlmRequest(BaseModel):
+    """One model call (seed §8.1).
+
+    ``tool_choice`` is ``None`` (server default), ``"auto"``, ``"required"``,
+    ``"none"`` or ``{"type": "function", "function": {"name": str}}``; it is
+    sent only when ``tools`` is non-empty. ``sampling`` overrides the
+    config's ``default_sampling`` field by field.
+    """
+
+    messages: list[Message]
+    tools: list[ToolSchema] = Field(default_factory=list)
+    sampling: SamplingParams | None = None
+    tool_choice: ToolChoice = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _check_tool_choice(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            function = value.get("function")
+            if value.get("type") != "function" or not isinstance(function, dict) or not isinstance(
+                function.get("name"), str
+            ):
+                raise ValueError('tool_choice object must be {"type": "function", "function": {"name": str}}')
+        return value
+
+
+class LlmResponse(BaseModel):
+    """The result of one model call: the assistant message (with usage when
+    reported), the server's ``finish_reason`` (``""`` when none was sent) and
+    any ``reasoning_content`` (kept apart from ``message.content``)."""
+
+    message: AssistantMessage
+    finish_reason: str = ""
+    reasoning_content: str = ""
+
+
+@dataclass(frozen=True)
+class StreamTokenDelta:
+    """A piece of assistant text, delivered as soon as it arrives (seed §9.2)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class StreamToolCallStarted:
+    """A tool call's id and name became known (its arguments are still arriving).
+
+    ``index`` identifies the call within the response (the server's
+    ``tool_calls[].index`` when it gives a fresh one).
+    """
+
+    id: str
+    name: str
+    index: int
+
+
+@dataclass(frozen=True)
+class StreamToolCallCompleted:
+    """A tool call's arguments, parsed once at the end of the stream (seed §9.6).
+
+    Emitted for every call in ``index`` order, just before :class:`StreamFinished`.
+    """
+
+    index: int
+    arguments: dict[str, Any] = field(hash=False)
+    id: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class StreamFinished:
+    """The stream ended (``[DONE]`` or EOF after a ``finish_reason``); always the last event."""
+
+    finish_reason: str
+    usage: TokenUsage | None = None
+
+
+StreamEvent = Union[StreamTokenDelta, StreamToolCallStarted, StreamToolCallCompleted, StreamFinished]
+
+
+__all__ = [
+    "LlmClientConfig",
+    "LlmRequest",
+    "LlmResponse",
+    "SamplingParams",
+    "StreamEvent",
+    "StreamFinished",
+    "StreamTokenDelta",
+    "StreamToolCallCompleted",
+    "StreamToolCallStarted",
+    "ToolChoice",
+    "ToolSchema",
+]

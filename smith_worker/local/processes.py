@@ -1,0 +1,142 @@
+"""Child processes for local runs: free ports, a private ``redis-server``, workers.
+
+Every process started here is stopped by :meth:`ManagedProcess.stop`
+(SIGTERM, then SIGKILL after ``grace`` seconds) and reaped, so nothing is
+left running.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import redis as sync_redis
+
+from smith_client.errors import ConfigurationError, SmithTimeoutError
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_answers(url: str, timeout: float = 1.0) -> bool:
+    """True when a Redis server at ``url`` answers PING within ``timeout`` seconds."""
+    try:
+        client = sync_redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except (sync_redis.RedisError, OSError, ValueError):
+        return False
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
+    """Poll ``check`` until it returns True; raise :class:`SmithTimeoutError` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise SmithTimeoutError(f"{what} not ready after {timeout:g} s", operation=what, budget=timeout)
+        time.sleep(interval)
+
+
+class ManagedProcess:
+    """A child process that is always stopped and reaped.
+
+    Output goes to ``log_path`` (or is inherited when None). Use as a context manager.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        grace: float = 10.0,
+    ) -> None:
+        self.argv = list(argv)
+        self.env = env
+        self.log_path = log_path
+        self.grace = grace
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> "ManagedProcess":
+        log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 - closed in stop()
+        self._log = log
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT if log else None, start_new_session=True
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signum)
+
+    def stop(self) -> int | None:
+        """SIGTERM, wait up to ``grace`` seconds, then SIGKILL the process group; return the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(self.grace)
+            except subprocess.TimeoutExpired:
+                self._kill_group()
+        self._kill_group()  # children the process left behind
+        code = self.proc.wait()
+        if self._log:
+            self._log.close()
+        return code
+
+    def _kill_group(self) -> None:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def __enter__(self) -> "ManagedProcess":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def start_redis_server(port: int | None = None, log_path: Path | None = None) -> tuple[ManagedProcess, str]:
+    """Start a private, diskless ``redis-server`` on 127.0.0.1; return it and its URL.
+
+    Raises :class:`ConfigurationError` when ``redis-server`` is not installed.
+    """
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise ConfigurationError("redis-server is not installed (apt-get install redis-server)", setting="redis")
+    port = port or free_port()
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = ManagedProcess(argv, log_path=log_path, grace=5.0).start()
+    url = f"redis://127.0.0.1:{port}/0"
+    wait_until(lambda: redis_answers(url), 10.0, "redis-server")
+    return proc, url
+
+
+def worker_argv(app: str, queue: str) -> list[str]:
+    """The command line of a worker process for ``app`` on ``queue`` (same interpreter)."""
+    return [sys.executable, "-m", "smith_worker", app, "--queue", queue]

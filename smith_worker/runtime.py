@@ -1,0 +1,107 @@
+"""Per-process state of a worker: Redis, the event log, the HTTP client, identity.
+
+Created at worker start-up and closed at shutdown (DESIGN.md §2: one
+``httpx.AsyncClient`` per worker process). Job functions find it in the arq
+context as ``ctx["runtime"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal
+
+import httpx
+from arq.connections import ArqRedis
+from redis.asyncio import ConnectionPool
+
+from smith_client.eventlog import EventLog
+from smith_client.keys import Keys
+from smith_client.registry import DEFAULT_REGISTRATION_TTL, register_worker, unregister_worker
+from smith_client.serialization import job_deserializer, job_serializer
+from smith_worker.app import SmithApp
+from smith_worker.config import Settings
+from smith_worker.dispatch import ReplyListener, ToolJobWaiter
+
+logger = logging.getLogger("agent_smith.worker")
+
+Queue = Literal["turns", "tools"]
+
+
+def new_worker_id(queue: str) -> str:
+    """``<host>:<pid>:<queue>:<random>``: unique per process start."""
+    return f"{socket.gethostname()}:{os.getpid()}:{queue}:{uuid.uuid4().hex[:6]}"
+
+
+def connect_redis(url: str) -> ArqRedis:
+    """An ArqRedis client using the project's JSON job serializer."""
+    return ArqRedis(ConnectionPool.from_url(url), job_serializer=job_serializer, job_deserializer=job_deserializer)
+
+
+@dataclass
+class WorkerRuntime:
+    """Everything one worker process shares between its jobs."""
+
+    app: SmithApp
+    queue: Queue
+    settings: Settings
+    redis: ArqRedis
+    worker_id: str = ""
+    http: httpx.AsyncClient | None = None
+    replies: ReplyListener | None = None
+    tool_waiter: ToolJobWaiter | None = None
+    _heartbeat: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.keys = Keys(self.settings.prefix)
+        self.events = EventLog(self.redis, self.keys)
+        self.worker_id = self.worker_id or new_worker_id(self.queue)
+
+    async def start(self) -> None:
+        """Open the HTTP client and reply channel (turn workers) and register this worker."""
+        if self.queue == "turns":
+            self.http = httpx.AsyncClient(timeout=None)
+            self.replies = ReplyListener(self.redis, self.keys.worker_replies_channel(self.worker_id))
+            await self.replies.start()
+            self.tool_waiter = ToolJobWaiter(self.redis, self.keys, self.replies)
+        await self._register()
+        self._heartbeat = asyncio.create_task(self._heartbeat_loop())
+        logger.info("worker %s started on queue %s", self.worker_id, self.queue)
+
+    async def stop(self) -> None:
+        """Unregister and close what :meth:`start` opened."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        with contextlib.suppress(Exception):
+            await unregister_worker(self.redis, self.keys, self.worker_id)
+        if self.replies is not None:
+            await self.replies.stop()
+        if self.http is not None:
+            await self.http.aclose()
+        logger.info("worker %s stopped", self.worker_id)
+
+    async def _register(self) -> None:
+        info = {
+            "id": self.worker_id,
+            "queue": self.queue,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "agents": sorted(self.app.agents) if self.queue == "turns" else [],
+            "tools": self.app.tools.names() if self.queue == "tools" else [],
+        }
+        await register_worker(self.redis, self.keys, self.worker_id, info, DEFAULT_REGISTRATION_TTL)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(DEFAULT_REGISTRATION_TTL / 3)
+            try:
+                await self._register()
+            except Exception:  # Redis blip: the next beat retries; the TTL leaves slack for two misses
+                logger.warning("worker %s heartbeat failed", self.worker_id, exc_info=True)

@@ -1,0 +1,70 @@
+"""Tool side of tool calls: the ``run_tool`` job function.
+
+Runs one native tool call within its timeout, cuts the content to the
+agent's byte cap, stores the outcome under the call's result key (first
+writer wins, so a turn that already gave up on the call keeps its answer),
+publishes the ``tool.result`` event and wakes the waiting turn worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from smith_client.eventlog import DEFAULT_TURN_TTL
+from smith_client.events import TOOL_RESULT
+from smith_client.jobs import ToolJob, ToolOutcome
+from smith_worker.runtime import WorkerRuntime
+from smith_worker.tools import ToolContext, ToolResult, error_result, truncate_content
+
+logger = logging.getLogger("agent_smith.tool")
+
+
+def tool_result_event(job: ToolJob, outcome: ToolOutcome) -> dict[str, Any]:
+    """The ``data`` of a ``tool.result`` event."""
+    return {
+        "tool_call_id": job.call.id,
+        "name": job.call.name,
+        "index": job.index,
+        "content": outcome.content,
+        "is_error": outcome.is_error,
+        "worker": outcome.worker,
+    }
+
+
+async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
+    tool = rt.app.tools.find(job.call.name)
+    if tool is None:
+        return error_result(f"unknown tool: {job.call.name}")
+    ctx = ToolContext(
+        call_id=job.call.id,
+        tool_name=tool.name,
+        turn_id=job.turn_id,
+        conversation_id=job.conversation_id,
+        agent=job.agent,
+        budget=job.timeout,
+        deadline=time.monotonic() + job.timeout,
+        worker_id=rt.worker_id,
+    )
+    return await tool.invoke(job.call.arguments, ctx, timeout=job.timeout)
+
+
+async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    """arq job function: run one tool call. Returns a small summary (arq's result is not relied on)."""
+    rt: WorkerRuntime = ctx["runtime"]
+    job = ToolJob.model_validate(payload)
+    started = time.monotonic()
+    result = await _invoke(rt, job)
+    outcome = ToolOutcome(
+        content=truncate_content(result.content, job.result_max_bytes),
+        is_error=result.is_error,
+        structured=result.structured,
+        worker=rt.worker_id,
+    )
+    stored = await rt.redis.set(job.result_key, outcome.model_dump_json(), nx=True, ex=DEFAULT_TURN_TTL)
+    if stored:
+        await rt.events.publish(job.turn_id, TOOL_RESULT, tool_result_event(job, outcome), job.agent_path)
+        await rt.redis.publish(job.reply_channel, job.result_key)
+    logger.debug("tool %s ran in %.3f s (stored=%s)", job.call.name, time.monotonic() - started, bool(stored))
+    return {"is_error": outcome.is_error, "stored": bool(stored)}

@@ -1,0 +1,253 @@
+"""Native tools: registration, schemas, invocation and result normalization (seed §10).
+
+A tool is a Python callable called as ``fn(**arguments)``; a parameter
+annotated :class:`ToolContext` is injected instead of taken from the
+arguments. Sync callables run in a thread (``asyncio.to_thread``), async ones
+are awaited (seed §10.2). Results normalize to :class:`ToolResult`:
+
+* ``str`` → text content;
+* :class:`ToolResult` → unchanged;
+* any other JSON-able value → compact JSON content, and the value kept as ``structured``;
+* a raised exception → an error result (never a turn failure, seed §10.4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+import orjson
+from pydantic import BaseModel, ConfigDict, create_model
+
+from smith_client.errors import ConfigurationError, SmithTimeoutError
+from smith_worker.llm.types import ToolSchema
+
+logger = logging.getLogger("agent_smith.tool")
+
+#: Default tool timeout in seconds (seed §17.3 ``default_tool_timeout``).
+DEFAULT_TOOL_TIMEOUT = 30.0
+#: Default cap on a tool result's content, in UTF-8 bytes (seed §10.4).
+DEFAULT_RESULT_MAX_BYTES = 64 * 1024
+
+
+@dataclass
+class ToolResult:
+    """A tool's outcome (seed §10.1): ``content`` text, ``is_error``, optional ``structured`` JSON value."""
+
+    content: str
+    is_error: bool = False
+    structured: Any = None
+
+
+@dataclass
+class ToolContext:
+    """What a running tool may know about its call. Inject it by annotating a parameter.
+
+    ``budget`` is the tool's timeout in seconds; ``deadline`` the matching
+    ``time.monotonic()`` instant; ``worker_id`` the process running it.
+    """
+
+    call_id: str
+    tool_name: str
+    turn_id: str = ""
+    conversation_id: str = ""
+    agent: str = ""
+    budget: float = DEFAULT_TOOL_TIMEOUT
+    deadline: float = 0.0
+    worker_id: str = ""
+    logger: logging.Logger = field(default_factory=lambda: logger)
+
+    def remaining(self) -> float:
+        """Seconds left before the tool's timeout (never negative)."""
+        return max(0.0, self.deadline - time.monotonic())
+
+
+def error_content(message: str) -> str:
+    """Compact JSON error content for a tool message: ``{"error":true,"message":...}`` (seed §10.4)."""
+    return orjson.dumps({"error": True, "message": message}).decode()
+
+
+def error_result(message: str) -> ToolResult:
+    """An error :class:`ToolResult` with compact JSON content."""
+    return ToolResult(content=error_content(message), is_error=True)
+
+
+def normalize_result(value: Any) -> ToolResult:
+    """Normalize what a tool returned (seed §10.2). Non-JSON-able values become an error result."""
+    if isinstance(value, ToolResult):
+        return value
+    if isinstance(value, str):
+        return ToolResult(content=value)
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    try:
+        return ToolResult(content=orjson.dumps(value).decode(), structured=value)
+    except TypeError as exc:
+        return error_result(f"tool returned a value that is not JSON-able: {exc}")
+
+
+TRUNCATION_MARKER = "\n…[truncated, original size {size} bytes]"
+
+
+def truncate_content(content: str, max_bytes: int = DEFAULT_RESULT_MAX_BYTES) -> str:
+    """Cut ``content`` to ``max_bytes`` UTF-8 bytes on a character boundary, then add the seed's marker.
+
+    The marker (``\\n…[truncated, original size N bytes]``, seed §10.4) comes
+    after the allowance, so the result may exceed ``max_bytes`` by its length.
+    """
+    raw = content.encode("utf-8", "surrogatepass")
+    if len(raw) <= max_bytes:
+        return content
+    kept = raw[:max_bytes].decode("utf-8", "ignore")  # "ignore" drops a cut multi-byte tail
+    return kept + TRUNCATION_MARKER.format(size=len(raw))
+
+
+def _context_params(fn: Callable[..., Any]) -> list[str]:
+    hints = get_type_hints(fn)
+    return [name for name, hint in hints.items() if hint is ToolContext and name != "return"]
+
+
+def schema_from_signature(fn: Callable[..., Any]) -> dict[str, Any]:
+    """Derive a JSON Schema object for ``fn``'s parameters from its type hints (pydantic)."""
+    hints = get_type_hints(fn)
+    fields: dict[str, Any] = {}
+    for name, param in inspect.signature(fn).parameters.items():
+        if hints.get(name) is ToolContext or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        default = ... if param.default is param.empty else param.default
+        fields[name] = (hints.get(name, Any), default)
+    model = create_model(f"{fn.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+    schema = model.model_json_schema()
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+    return schema
+
+
+def check_schema(name: str, parameters: Any) -> None:
+    """Warn (never raise) when ``parameters`` is not an object-rooted JSON Schema (seed §10.5)."""
+    if not isinstance(parameters, dict) or parameters.get("type") != "object":
+        logger.warning("tool %r: parameters schema root is not {'type': 'object'}", name)
+    elif not isinstance(parameters.get("properties", {}), dict):
+        logger.warning("tool %r: parameters schema 'properties' is not an object", name)
+
+
+@dataclass
+class Tool:
+    """A registered native tool: its schema, callable and options.
+
+    ``timeout`` is seconds; ``idempotent`` tells the runtime a call may be
+    safely re-run after a crash (DESIGN.md §8).
+    """
+
+    schema: ToolSchema
+    fn: Callable[..., Any]
+    timeout: float = DEFAULT_TOOL_TIMEOUT
+    idempotent: bool = False
+    context_params: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.schema.name
+
+    async def invoke(self, arguments: dict[str, Any], ctx: ToolContext, timeout: float | None = None) -> ToolResult:
+        """Call the tool within ``timeout`` seconds (default: its own) and normalize the outcome.
+
+        Never raises, except ``asyncio.CancelledError`` when the job is aborted.
+        On timeout the tool's task is cancelled (a sync tool's thread cannot be
+        stopped and runs to its end in the background).
+        """
+        budget = self.timeout if timeout is None else timeout
+        deadline = asyncio.timeout(budget)
+        try:
+            async with deadline:
+                return normalize_result(await self._call(arguments, ctx))
+        except TimeoutError as exc:
+            if not deadline.expired():  # the tool's own TimeoutError, not our budget
+                return error_result(f"{type(exc).__name__}: {exc}")
+            err = SmithTimeoutError(f"tool {self.name!r} timed out after {budget:g} s", "tool", budget)
+            return error_result(err.message)
+        except Exception as exc:  # a crashing tool becomes an error result (seed §10.4)
+            logger.info("tool %r raised %s: %s", self.name, type(exc).__name__, exc)
+            return error_result(f"{type(exc).__name__}: {exc}")
+
+    async def _call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        kwargs = dict(arguments)
+        for name in self.context_params:
+            kwargs[name] = ctx
+        if inspect.iscoroutinefunction(self.fn):
+            return await self.fn(**kwargs)
+        result = await asyncio.to_thread(self.fn, **kwargs)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+
+def make_tool(
+    fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    parameters: dict[str, Any] | None = None,
+    timeout: float = DEFAULT_TOOL_TIMEOUT,
+    idempotent: bool = False,
+) -> Tool:
+    """Wrap a callable as a :class:`Tool`.
+
+    ``parameters`` is an author-supplied JSON Schema; without it one is derived
+    from the type hints. ``description`` defaults to the docstring's first paragraph.
+    Raises :class:`ConfigurationError` for a non-positive timeout.
+    """
+    if timeout <= 0:
+        raise ConfigurationError(f"tool timeout must be positive, got {timeout}", setting="timeout")
+    tool_name = name or fn.__name__
+    doc = (description if description is not None else inspect.getdoc(fn) or "").strip()
+    schema_params = parameters if parameters is not None else schema_from_signature(fn)
+    check_schema(tool_name, schema_params)
+    return Tool(
+        schema=ToolSchema(name=tool_name, description=doc.split("\n\n")[0], parameters=schema_params),
+        fn=fn,
+        timeout=float(timeout),
+        idempotent=idempotent,
+        context_params=_context_params(fn),
+    )
+
+
+class ToolRegistry:
+    """Tools by name, in insertion order (seed §10.3)."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def add(self, tool: Tool) -> bool:
+        """Register ``tool``; return False (and keep the existing one) on a name collision."""
+        if tool.name in self._tools:
+            logger.warning("tool name collision: %r is already registered", tool.name)
+            return False
+        self._tools[tool.name] = tool
+        return True
+
+    def replace(self, tool: Tool) -> None:
+        """Register ``tool``, replacing any tool of the same name (keeps its position)."""
+        self._tools[tool.name] = tool
+
+    def find(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def schemas(self, names: list[str] | None = None) -> list[ToolSchema]:
+        """Schemas in insertion order, optionally only for ``names``."""
+        return [t.schema for t in self._tools.values() if names is None or t.name in names]
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
