@@ -52,8 +52,8 @@ def worker_env(redis_url: str, prefix: str, llm_base_url: str, **extra: str) -> 
         SMITH_LLM_BASE_URL=llm_base_url,
         SMITH_LLM_MODEL="scripted",
         PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
-        **extra,
     )
+    env.update(extra)
     return env
 
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 from smith_client import SmithClient
 from smith_client.events import TOKEN, TOOL_RESULT, TURN_COMPLETED
+from smith_client.keys import Keys
+from smith_client.registry import live_agents
 from smith_worker.cli import StreamPrinter
 from smith_worker.local.llm_server import LocalModelServer
 from smith_worker.local.processes import ManagedProcess, redis_answers, start_redis_server, wait_until, worker_argv
-from smith_client.registry import live_agents
-from smith_client.keys import Keys
 
 DEFAULT_QUESTION = "What is 17*23?"
 
@@ -48,6 +48,14 @@ async def _turn(redis_url: str, prefix: str, question: str) -> bool:
     return completed and tool_on_worker and tokens
 
 
+async def _delete_keys(redis_url: str, prefix: str) -> None:
+    """Remove this run's keys (its prefix is unique) from a Redis the demo did not start."""
+    async with SmithClient.from_url(redis_url, prefix=prefix) as client:
+        keys = [key async for key in client.redis.scan_iter(match=f"{prefix}:*", count=500)]
+        if keys:
+            await client.redis.delete(*keys)
+
+
 async def _agents_ready(redis_url: str, prefix: str) -> bool:
     client = SmithClient.from_url(redis_url, prefix=prefix)
     async with client:
@@ -63,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     prefix = f"smith-demo-{uuid.uuid4().hex[:6]}"  # never touches a developer's own keys
     with contextlib.ExitStack() as stack:
         redis_url = os.environ.get("SMITH_REDIS_URL", "redis://127.0.0.1:6379/0")
-        if not redis_answers(redis_url):
+        if redis_answers(redis_url):
+            stack.callback(lambda: asyncio.run(_delete_keys(redis_url, prefix)))
+        else:
             _status(f"no Redis at {redis_url}; starting a private redis-server")
             redis_proc, redis_url = start_redis_server(log_path=logs / "redis.log")
             stack.callback(redis_proc.stop)

@@ -49,7 +49,17 @@ from smith_client.errors import (
 )
 from smith_client.messages import assistant_from_openai, to_openai
 from smith_worker.llm.stream import ChatStreamDecoder
-from smith_worker.llm.types import LlmClientConfig, LlmRequest, LlmResponse, SamplingParams, StreamEvent
+from smith_worker.llm.types import (
+    LlmClientConfig,
+    LlmRequest,
+    LlmResponse,
+    SamplingParams,
+    StreamEvent,
+    StreamFinished,
+    StreamTokenDelta,
+    StreamToolCallCompleted,
+    StreamToolCallStarted,
+)
 from smith_worker.redaction import redact_body, redact_headers
 
 logger = logging.getLogger("agent_smith.llm")
@@ -165,7 +175,9 @@ class LlmClient:
 
         ``on_event`` may return an awaitable, which is awaited before reading
         on. Exceptions from ``on_event`` propagate (the request is closed).
-        Returns once the stream ended; errors: see class doc.
+        A server that ignores ``stream: true`` and answers one JSON completion
+        is accepted: its content is replayed as events. Returns once the
+        stream ended; errors: see class doc.
         """
         content, headers = self._prepare(req, stream=True)
         return await self._with_retries(lambda: self._stream_once(content, headers, on_event))
@@ -203,7 +215,18 @@ class LlmClient:
                 if not response.is_success:
                     await response.aread()
                     raise _status_failure(response.status_code, response.headers, response.text)
+                if _is_json(response):
+                    return await self._consume_json(response, on_event)
                 return await self._consume_stream(response, on_event)
+
+    async def _consume_json(self, response: httpx.Response, on_event: OnEvent) -> LlmResponse:
+        """A server that ignored ``stream: true`` and sent one completion: replay it as events."""
+        with self._network_errors(retryable=False):
+            await response.aread()
+        result = parse_completion(response.content)
+        for event in events_for_response(result):
+            await _deliver(on_event, event)
+        return result
 
     async def _consume_stream(self, response: httpx.Response, on_event: OnEvent) -> LlmResponse:
         """Decode the body as it arrives; once a byte arrived, failures are final (no retry)."""
@@ -314,6 +337,21 @@ async def _deliver(on_event: OnEvent, event: StreamEvent) -> None:
         await result
 
 
+def _is_json(response: httpx.Response) -> bool:
+    return response.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json"
+
+
+def events_for_response(response: LlmResponse) -> list[StreamEvent]:
+    """The stream events equivalent to a complete response (text, each tool call, finish)."""
+    message = response.message
+    events: list[StreamEvent] = [StreamTokenDelta(message.content)] if message.content else []
+    calls = list(enumerate(message.tool_calls))
+    events += [StreamToolCallStarted(call.id, call.name, index) for index, call in calls]
+    events += [StreamToolCallCompleted(index, call.arguments, call.id, call.name) for index, call in calls]
+    events.append(StreamFinished(response.finish_reason, message.usage))
+    return events
+
+
 def _status_failure(status: int, headers: httpx.Headers, body: str) -> Exception:
     """The error for a non-2xx reply, wrapped for retry when the table allows it."""
     error = LlmApiError(f"chat completions failed with HTTP {status}: {_error_message(body)}", status, body)
@@ -389,4 +427,12 @@ def parse_completion(raw: bytes) -> LlmResponse:
     )
 
 
-__all__ = ["BACKOFF_CAP", "BACKOFF_JITTER", "LlmClient", "OnEvent", "parse_completion", "parse_retry_after"]
+__all__ = [
+    "BACKOFF_CAP",
+    "BACKOFF_JITTER",
+    "LlmClient",
+    "OnEvent",
+    "events_for_response",
+    "parse_completion",
+    "parse_retry_after",
+]

@@ -130,7 +130,8 @@ def start_redis_server(port: int | None = None, log_path: Path | None = None) ->
     if binary is None:
         raise ConfigurationError("redis-server is not installed (apt-get install redis-server)", setting="redis")
     port = port or free_port()
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--loglevel", "warning"]
     proc = ManagedProcess(argv, log_path=log_path, grace=5.0).start()
     url = f"redis://127.0.0.1:{port}/0"
     wait_until(lambda: redis_answers(url), 10.0, "redis-server")

@@ -1,0 +1,100 @@
+"""The client's side of the contract: validation before enqueue, agent registry, replay, the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from arq.constants import job_key_prefix
+
+from smith_client import InvalidRequestError, SmithClient, UnknownAgentError
+from smith_client.registry import live_agents, live_workers
+from tests.support.scripted_llm import Reply, Script
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
+
+
+async def queued_turns(client: SmithClient) -> int:
+    return await client.redis.zcard(client.keys.turns_queue)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"text": ""}, "text"),
+        ({"text": "   \n"}, "text"),
+        ({"text": 42}, "text"),
+        ({"text": None}, "text"),
+        ({"text": "x" * 1_000_001}, "text"),
+        ({"conversation_id": ""}, "conversation_id"),
+        ({"conversation_id": "has space"}, "conversation_id"),
+        ({"conversation_id": 7}, "conversation_id"),
+        ({"agent": ""}, "agent"),
+        ({"turn_id": "bad/id"}, "turn_id"),
+        ({"sampling": "hot"}, "sampling"),
+    ],
+)
+async def test_malformed_requests_raise_before_enqueue(client, kwargs, field):
+    args = {"conversation_id": "conv-valid"} | kwargs
+    text = args.pop("text", "hello")
+    before = await queued_turns(client)
+    with pytest.raises(InvalidRequestError) as err:
+        await client.send(text, **args)
+    assert err.value.field == field
+    with pytest.raises(InvalidRequestError):
+        async for _ in client.stream(text, **args):
+            pass
+    assert await queued_turns(client) == before
+
+
+async def test_unknown_agent_is_rejected_before_enqueue(client):
+    before = await queued_turns(client)
+    with pytest.raises(UnknownAgentError) as err:
+        await client.send("hi", conversation_id="conv-unknown", agent="nobody", turn_id="turn-unknown-agent")
+    assert err.value.agent == "nobody" and "default" in err.value.known
+    assert not await client.redis.exists(job_key_prefix + client.keys.turn_job_id("turn-unknown-agent"))
+    assert await queued_turns(client) == before
+
+
+async def test_workers_register_agents_and_tools(client):
+    assert await live_agents(client.redis, client.keys) == {"default", "plain", "limited"}
+    workers = await live_workers(client.redis, client.keys)
+    assert {w["queue"] for w in workers} == {"turns", "tools"}
+    tools = next(w for w in workers if w["queue"] == "tools")["tools"]
+    assert {"add", "sleepy", "boom"} <= set(tools)
+    for worker in workers:  # registrations expire unless refreshed
+        assert 0 < await client.redis.ttl(client.keys.worker(worker["id"])) <= 15
+
+
+async def test_without_any_worker_the_turn_is_enqueued_and_waits(redis_url):
+    async with SmithClient.from_url(redis_url, prefix="nobody-serves-this") as lonely:
+        assert await live_agents(lonely.redis, lonely.keys) is None
+        from smith_client.errors import SmithTimeoutError
+
+        with pytest.raises(SmithTimeoutError):
+            await lonely.send("anyone?", conversation_id="conv-wait", agent="any", timeout=0.5)
+        assert await lonely.redis.zcard(lonely.keys.turns_queue) == 1
+        await lonely.redis.delete(lonely.keys.turns_queue)  # the test owns this key
+
+
+async def test_a_finished_turn_replays_from_the_log(client, scenario):
+    _, marker = scenario(Script(Reply.text("replay me")))
+    live = [e async for e in client.stream(f"{marker} hi", conversation_id="conv-replay", agent="plain")]
+    replayed = await client.events.read(live[0].turn_id)
+    assert [e.model_dump() for e in replayed] == [e.model_dump() for e in live]
+    assert [e.seq for e in await client.events.read(live[0].turn_id, after_seq=3)] == [e.seq for e in live[3:]]
+    assert 0 < await client.redis.ttl(client.keys.turn_log(live[0].turn_id)) <= 24 * 3600
+
+
+def test_smith_ask_cli_streams_tokens_and_tool_status(redis_url, prefix, scenario):
+    _, marker = scenario(Script(Reply.tool_calls([("add", {"a": 2, "b": 3})]), Reply.text("It is 5.")))
+    proc = subprocess.run(
+        [sys.executable, "-c", "from smith_worker.cli import smith_main; smith_main()",
+         "--redis-url", redis_url, "--prefix", prefix, "--timeout", "60", "ask", f"{marker} 2+3?"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "It is 5."
+    assert '[tool call] add({"a":2,"b":3})' in proc.stderr
+    assert "[tool result] add -> 5 (worker " in proc.stderr and ":tools:" in proc.stderr

@@ -1,0 +1,47 @@
+"""A real turn against the real local model (SmolLM2-135M served by llama-cpp-python), as `make demo` runs it."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from smith_client import SmithClient
+from smith_worker.local.llm_server import LocalModelServer
+from tests.conftest import LOGS, start_workers, wait_for_workers, worker_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.local_llm]
+
+
+@pytest.fixture(scope="module")
+def local_model():
+    LOGS.mkdir(parents=True, exist_ok=True)
+    with LocalModelServer(log_path=LOGS / "local-model.log") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+async def demo_workers(redis_url, local_model):
+    prefix = f"local{uuid.uuid4().hex[:6]}"
+    env = worker_env(redis_url, prefix, local_model.base_url, SMITH_LLM_MODEL=local_model.model)
+    procs = start_workers("smith_worker.demo:app", env, ["turns", "tools"], prefix)
+    try:
+        await wait_for_workers(redis_url, prefix, len(procs))
+        yield prefix
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+async def test_calculator_turn_against_the_local_model(redis_url, demo_workers):
+    async with SmithClient.from_url(redis_url, prefix=demo_workers) as client:
+        events = [e async for e in client.stream("What is 17*23?", conversation_id="local-calc", timeout=240)]
+    assert events[-1].type == "turn.completed", events[-1].data
+    calls = [e.data for e in events if e.type == "tool_call.completed"]
+    assert calls and calls[0]["name"] == "calculator"
+    results = [e.data for e in events if e.type == "tool.result"]
+    assert results[0]["is_error"] is False and ":tools:" in results[0]["worker"]
+    assert results[0]["content"] == "391"  # the model asked for 17*23 (named tool_choice, greedy decoding)
+    tokens = "".join(e.data["text"] for e in events if e.type == "token")
+    assert tokens.strip() and tokens == events[-1].final_message().content
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
