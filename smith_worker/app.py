@@ -21,6 +21,7 @@ from smith_client.keys import ID_PATTERN
 from smith_worker.config import AgentConfig, Settings
 from smith_worker.hooks import Hooks
 from smith_worker.llm.types import LlmClientConfig
+from smith_worker.sources import ToolSource
 from smith_worker.tools import DEFAULT_TOOL_TIMEOUT, Tool, ToolRegistry, make_tool
 
 ToolChoice = str | dict[str, Any]
@@ -47,6 +48,7 @@ class AgentSpec:
     reset_tool_choice: bool = True
     tool_choice_after_tools: ToolChoice = "auto"
     hooks: Hooks = field(default_factory=Hooks)
+    sources: list[str] = field(default_factory=list)
 
     def tool_choice_for(self, tool_rounds: int) -> ToolChoice | None:
         """The ``tool_choice`` to send after ``tool_rounds`` completed tool rounds.
@@ -73,6 +75,7 @@ class SmithApp:
         self.tools = ToolRegistry()
         self.agents: dict[str, AgentSpec] = {}
         self.hooks = Hooks()
+        self.sources: dict[str, ToolSource] = {}
 
     @property
     def settings(self) -> Settings:
@@ -118,11 +121,17 @@ class SmithApp:
         reset_tool_choice: bool = True,
         tool_choice_after_tools: ToolChoice = "auto",
         hooks: Hooks | None = None,
+        sources: list[str] | None = None,
     ) -> AgentSpec:
-        """Declare an agent. ``tools`` are tool names or registered functions.
+        """Declare an agent. ``tools`` are tool names or registered functions; ``sources``
+        names tool sources added with :meth:`add_source` (e.g. MCP server aliases).
 
-        Raises :class:`ConfigurationError` for a bad name, a duplicate agent or an unregistered tool.
+        Raises :class:`ConfigurationError` for a bad name, a duplicate agent, an
+        unregistered tool or an unknown source.
         """
+        for source in sources or []:
+            if source not in self.sources:
+                raise ConfigurationError(f"agent source {source!r} is not a registered source", setting="sources")
         if not ID_PATTERN.match(name):
             raise ConfigurationError(f"invalid agent name {name!r}", setting="agent")
         if name in self.agents:
@@ -137,6 +146,7 @@ class SmithApp:
             reset_tool_choice=reset_tool_choice,
             tool_choice_after_tools=tool_choice_after_tools,
             hooks=hooks or Hooks(),
+            sources=list(sources or []),
         )
         self.agents[name] = spec
         return spec
@@ -150,3 +160,17 @@ class SmithApp:
 
     def get_agent(self, name: str) -> AgentSpec | None:
         return self.agents.get(name)
+
+    def add_source(self, source: ToolSource) -> ToolSource:
+        """Register a tool source under ``source.name``. Raises :class:`ConfigurationError` on a duplicate."""
+        if source.name in self.sources:
+            raise ConfigurationError(f"tool source {source.name!r} is already registered", setting="sources")
+        self.sources[source.name] = source
+        return source
+
+    def source_for(self, tool_name: str, allowed: list[str] | None = None) -> ToolSource | None:
+        """The source owning ``tool_name`` (among ``allowed`` names when given), or None."""
+        for name, source in self.sources.items():
+            if (allowed is None or name in allowed) and source.owns(tool_name):
+                return source
+        return None

@@ -44,6 +44,7 @@ from smith_worker.llm.types import (
     StreamTokenDelta,
     StreamToolCallCompleted,
     StreamToolCallStarted,
+    ToolSchema,
 )
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.tool_runner import tool_result_event
@@ -149,11 +150,12 @@ class TurnRunner:
             raise TurnCancelledError(f"turn exceeded its deadline of {cfg.deadline:g} s", "deadline")
 
     async def _call_model(self, spec: AgentSpec, llm: LlmClient, tool_rounds: int) -> LlmResponse:
+        tools = await self._tool_schemas(spec)
         request = LlmRequest(
             messages=await self.store.snapshot(spec.system_prompt),
-            tools=self.rt.app.tools.schemas(spec.tools),
+            tools=tools,
             sampling=SamplingParams(**self.job.sampling) if self.job.sampling else None,
-            tool_choice=spec.tool_choice_for(tool_rounds) if spec.tools else None,
+            tool_choice=spec.tool_choice_for(tool_rounds) if tools else None,
         )
         stream = self.job.stream if self.job.stream is not None else spec.config.stream_default
         self._stream_calls = {}
@@ -164,6 +166,13 @@ class TurnRunner:
             await self.publish(TOOL_CALL_STARTED, {"id": call.id, "name": call.name, "index": index})
             await self.publish(TOOL_CALL_COMPLETED, self._call_data(index, call))
         return response
+
+    async def _tool_schemas(self, spec: AgentSpec) -> list[ToolSchema]:
+        """Native tools of the agent, then each of its sources' tools, in declaration order."""
+        schemas = self.rt.app.tools.schemas(spec.tools)
+        for name in spec.sources:
+            schemas += await self.rt.app.sources[name].schemas(self.rt)
+        return schemas
 
     async def _on_stream_event(self, spec: AgentSpec, event: StreamEvent) -> None:
         """Publish stream events as they arrive (tokens, tool-call start and completion)."""
@@ -210,16 +219,24 @@ class TurnRunner:
 
     async def _run_tool(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolOutcome:
         job = self._tool_job(spec, step, index, call)
-        tool = self.rt.app.tools.find(call.name) if call.name in spec.tools else None
-        if tool is None:
+        timeout = self._timeout_for(spec, call.name)
+        if timeout is None:
             outcome, produced_here = ToolOutcome(content=error_content(f"unknown tool: {call.name}"), is_error=True), True
         else:
-            job.timeout = tool.timeout
+            job.timeout = timeout
             assert self.rt.tool_waiter is not None
             outcome, produced_here = await self.rt.tool_waiter.run(job)
         if produced_here:  # otherwise the tool worker published it
             await self.publish(TOOL_RESULT, tool_result_event(job, outcome))
         return outcome
+
+    def _timeout_for(self, spec: AgentSpec, tool_name: str) -> float | None:
+        """The budget (seconds) of a tool this agent may call, or None when it may not call it."""
+        tool = self.rt.app.tools.find(tool_name) if tool_name in spec.tools else None
+        if tool is not None:
+            return tool.timeout
+        source = self.rt.app.source_for(tool_name, spec.sources)
+        return source.timeout_for(tool_name) if source is not None else None
 
     def _tool_job(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolJob:
         keys = self.rt.keys

@@ -81,6 +81,11 @@ class WorkerRuntime:
                 await self._heartbeat
         with contextlib.suppress(Exception):
             await unregister_worker(self.redis, self.keys, self.worker_id)
+        for source in self.app.sources.values():
+            try:
+                await source.close()
+            except Exception:  # one failing source must not keep the others open
+                logger.warning("closing tool source %s failed", source.name, exc_info=True)
         if self.replies is not None:
             await self.replies.stop()
         if self.http is not None:

@@ -8,6 +8,7 @@ publishes the ``tool.result`` event and wakes the waiting turn worker.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -35,11 +36,12 @@ def tool_result_event(job: ToolJob, outcome: ToolOutcome) -> dict[str, Any]:
 
 async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
     tool = rt.app.tools.find(job.call.name)
-    if tool is None:
+    source = rt.app.source_for(job.call.name) if tool is None else None
+    if tool is None and source is None:
         return error_result(f"unknown tool: {job.call.name}")
     ctx = ToolContext(
         call_id=job.call.id,
-        tool_name=tool.name,
+        tool_name=job.call.name,
         turn_id=job.turn_id,
         conversation_id=job.conversation_id,
         agent=job.agent,
@@ -47,7 +49,14 @@ async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
         deadline=time.monotonic() + job.timeout,
         worker_id=rt.worker_id,
     )
-    return await tool.invoke(job.call.arguments, ctx, timeout=job.timeout)
+    if tool is not None:
+        return await tool.invoke(job.call.arguments, ctx, timeout=job.timeout)
+    assert source is not None
+    try:
+        async with asyncio.timeout(job.timeout):  # the source's own timeouts should fire first
+            return await source.call(rt, job.call.name, job.call.arguments, ctx)
+    except TimeoutError:
+        return error_result(f"tool {job.call.name!r} timed out after {job.timeout:g} s")
 
 
 async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
