@@ -23,12 +23,13 @@ from redis.asyncio import ConnectionPool
 
 from smith_client.errors import InvalidRequestError, SmithTimeoutError, UnknownAgentError
 from smith_client.eventlog import EventLog
-from smith_client.events import Event, event_from_json
-from smith_client.jobs import RUN_TURN, TurnJob
+from smith_client.events import TURN_COMPLETED, Event, event_from_json
+from smith_client.jobs import TurnJob
 from smith_client.keys import ID_PATTERN, Keys
 from smith_client.messages import AssistantMessage, UserMessage, messages_from_json_list
 from smith_client.registry import live_agents
 from smith_client.serialization import job_deserializer, job_serializer
+from smith_client.turns import TurnHandle, submit
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 #: Largest user message accepted, in UTF-8 bytes.
@@ -92,30 +93,39 @@ class SmithClient:
         conversation_id: str,
         agent: str = "default",
         turn_id: str | None = None,
+        multitask: str = "enqueue",
         sampling: dict[str, Any] | None = None,
         stream: bool | None = None,
         timeout: float | None = None,
     ) -> AssistantMessage:
         """Run one turn and return its final assistant message.
 
-        ``timeout`` (seconds, None = wait forever) bounds the wait, not the turn.
-        Raises :class:`InvalidRequestError` / :class:`UnknownAgentError` before
+        ``turn_id`` is an idempotency key: the same id sent again (with the same
+        request) attaches to the existing turn instead of starting another.
+        ``multitask`` is the policy when the conversation already has an
+        unfinished turn (see :mod:`smith_client.turns`). ``timeout`` (seconds,
+        None = wait forever) bounds the wait, not the turn.
+
+        Raises :class:`InvalidRequestError` / :class:`UnknownAgentError` /
+        :class:`ConversationBusyError` / :class:`ConflictError` before
         enqueueing; the turn's own typed error (e.g. ``ParseError``,
-        ``LlmApiError``) when it fails; :class:`SmithTimeoutError` on ``timeout``.
+        ``LlmApiError``) when it fails; :class:`TurnCancelledError` when it is
+        cancelled; :class:`SmithTimeoutError` on ``timeout``.
         """
         async for event in self.stream(
             text,
             conversation_id=conversation_id,
             agent=agent,
             turn_id=turn_id,
+            multitask=multitask,
             sampling=sampling,
             stream=stream,
             timeout=timeout,
         ):
-            if event.type == "turn.completed":
+            if event.type == TURN_COMPLETED:
                 return event.final_message()
-            if event.type == "turn.failed":
-                raise event.error()
+            if event.terminal:
+                TurnHandle._raise_terminal(event)
         raise SmithTimeoutError("turn event stream ended without a terminal event", operation="send")
 
     async def stream(
@@ -125,20 +135,59 @@ class SmithClient:
         conversation_id: str,
         agent: str = "default",
         turn_id: str | None = None,
+        multitask: str = "enqueue",
         sampling: dict[str, Any] | None = None,
         stream: bool | None = None,
         timeout: float | None = None,
     ) -> AsyncIterator[Event]:
-        """Run one turn and yield its events, ending with ``turn.completed`` or ``turn.failed``.
+        """Run one turn and yield its events, ending with ``turn.completed``, ``turn.failed`` or ``turn.cancelled``.
 
-        Validation errors are raised at the first iteration, before anything is enqueued.
+        Validation errors are raised at the first iteration, before anything is
+        enqueued. A caller attaching to an existing turn (same ``turn_id``)
+        gets all of its events from the start; a ``merge`` caller gets the
+        events of the turn it joined from the moment it joined.
         """
         job = await self._prepare(text, conversation_id, agent, turn_id, sampling, stream)
         pubsub = self.redis.pubsub()
         try:
+            # subscribe before submitting, so no live event is missed
             await pubsub.subscribe(self.keys.turn_events_channel(job.turn_id))
-            await self._enqueue(job)
-            async for event in self._follow(pubsub, job.turn_id, 0, timeout):
+            submission = await submit(self, job, multitask)
+            after = 0
+            if submission.turn_id != job.turn_id:  # merged into another turn
+                await pubsub.subscribe(self.keys.turn_events_channel(submission.turn_id))
+                after = await self.events.last_seq(submission.turn_id)
+            async for event in self._follow(pubsub, submission.turn_id, after, timeout):
+                yield event
+        finally:
+            await pubsub.aclose()
+
+    async def submit(
+        self,
+        text: str,
+        *,
+        conversation_id: str,
+        agent: str = "default",
+        turn_id: str | None = None,
+        multitask: str = "enqueue",
+        sampling: dict[str, Any] | None = None,
+        stream: bool | None = None,
+    ) -> TurnHandle:
+        """Start a background turn and return its handle at once (errors as for :meth:`send`)."""
+        job = await self._prepare(text, conversation_id, agent, turn_id, sampling, stream)
+        submission = await submit(self, job, multitask)
+        return TurnHandle(self, submission.turn_id)
+
+    def turn(self, turn_id: str) -> TurnHandle:
+        """A handle on an existing turn, from any process (e.g. a web request after a reload)."""
+        return TurnHandle(self, _check_id(turn_id, "turn_id"))
+
+    async def follow(self, turn_id: str, after_seq: int = 0, timeout: float | None = None) -> AsyncIterator[Event]:
+        """Events of ``turn_id`` with ``seq > after_seq``: replayed from the log, then live, until terminal."""
+        pubsub = self.redis.pubsub()
+        try:
+            await pubsub.subscribe(self.keys.turn_events_channel(turn_id))
+            async for event in self._follow(pubsub, turn_id, after_seq, timeout):
                 yield event
         finally:
             await pubsub.aclose()
@@ -182,16 +231,6 @@ class SmithClient:
             raise UnknownAgentError(
                 f"no live worker serves agent {agent!r} (served: {sorted(served)})", agent=agent, known=sorted(served)
             )
-
-    async def _enqueue(self, job: TurnJob) -> None:
-        # enqueue_job returns None when the id is already queued or running: the
-        # caller then simply follows the existing turn's events.
-        await self.redis.enqueue_job(
-            RUN_TURN,
-            job.model_dump(mode="json"),
-            _job_id=self.keys.turn_job_id(job.turn_id),
-            _queue_name=self.keys.turns_queue,
-        )
 
     async def _follow(
         self, pubsub: Any, turn_id: str, after_seq: int, timeout: float | None, poll_interval: float = 1.0

@@ -179,6 +179,30 @@ class ConflictError(SmithError):
         super().__init__(message, turn_id=turn_id)
 
 
+class ConversationBusyError(SmithError):
+    """``multitask="reject"``: the conversation already has an unfinished turn.
+
+    Fields: ``conversation_id``, ``active_turn_id``.
+    """
+
+    field_names = ("conversation_id", "active_turn_id")
+
+    def __init__(self, message: str, conversation_id: str = "", active_turn_id: str = "") -> None:
+        super().__init__(message, conversation_id=conversation_id, active_turn_id=active_turn_id)
+
+
+class EventsTrimmedError(SmithError):
+    """Events asked for are no longer in the replay log (trimmed by its cap, or expired).
+
+    Fields: ``turn_id``, ``after_seq`` (what was asked), ``first_seq`` (oldest kept, 0 if none).
+    """
+
+    field_names = ("turn_id", "after_seq", "first_seq")
+
+    def __init__(self, message: str, turn_id: str = "", after_seq: int = 0, first_seq: int = 0) -> None:
+        super().__init__(message, turn_id=turn_id, after_seq=after_seq, first_seq=first_seq)
+
+
 class InternalError(SmithError):
     """An unexpected exception inside a worker. Fields: ``exception_type`` (str)."""
 
@@ -205,6 +229,8 @@ ERROR_CLASSES: dict[str, type[SmithError]] = {
         ConfigurationError,
         UnknownAgentError,
         ConflictError,
+        ConversationBusyError,
+        EventsTrimmedError,
         InternalError,
     )
 }

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
+from smith_client.errors import EventsTrimmedError
 from smith_client.events import PROTOCOL_VERSION, Event, event_from_json
 from smith_client.keys import Keys
 
@@ -26,10 +27,15 @@ DEFAULT_TURN_TTL = 24 * 3600
 #: Default cap on the entries of one turn's replay log (approximate trimming).
 DEFAULT_LOG_MAX_LEN = 100_000
 
-# KEYS: seq counter, log stream, channel. ARGV: event JSON without its opening
-# brace, max length, ttl seconds. The seq is spliced in as the first field so
-# no JSON library is needed inside Redis (cjson would turn [] into {}).
+# KEYS: seq counter, log stream, channel[, turn state]. ARGV: event JSON without
+# its opening brace, max length, ttl seconds[, attempt]. The seq is spliced in as
+# the first field so no JSON library is needed inside Redis (cjson would turn []
+# into {}). With a state key, the event is dropped (-1) unless the turn's current
+# attempt is ARGV[4]: the fencing token that keeps a stale attempt silent.
 _PUBLISH_LUA = """
+if KEYS[4] and redis.call('HGET', KEYS[4], 'attempt') ~= ARGV[4] then
+  return -1
+end
 local seq = redis.call('INCR', KEYS[1])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 local payload = '{"seq":' .. seq .. ',' .. ARGV[1]
@@ -61,10 +67,31 @@ class EventLog:
         self._max_len = max_len
         self._script = redis.register_script(_PUBLISH_LUA)
 
+    @property
+    def ttl(self) -> int:
+        """Seconds a turn's log outlives its last event."""
+        return self._ttl
+
     async def publish(
-        self, turn_id: str, type: str, data: dict[str, Any], agent_path: list[str] | None = None
+        self,
+        turn_id: str,
+        type: str,
+        data: dict[str, Any],
+        agent_path: list[str] | None = None,
+        *,
+        attempt: int | None = None,
     ) -> int:
-        """Append one event to the turn's log and publish it; return its ``seq``."""
+        """Append one event to the turn's log and publish it; return its ``seq``.
+
+        With ``attempt``, publish only while that attempt is the turn's current
+        one (fencing, DESIGN.md §8) and return -1 otherwise.
+        """
+        keys, args = self._publish_call(turn_id, type, data, agent_path, attempt)
+        return int(await self._script(keys=keys, args=args))
+
+    def _publish_call(
+        self, turn_id: str, type: str, data: dict[str, Any], agent_path: list[str] | None, attempt: int | None
+    ) -> tuple[list[str], list[Any]]:
         body = orjson.dumps(
             {
                 "v": PROTOCOL_VERSION,
@@ -80,14 +107,38 @@ class EventLog:
             self._keys.turn_log(turn_id),
             self._keys.turn_events_channel(turn_id),
         ]
-        return int(await self._script(keys=keys, args=[body[1:], self._max_len, self._ttl]))
+        args: list[Any] = [body[1:], self._max_len, self._ttl]
+        if attempt is not None:
+            keys.append(self._keys.turn_state(turn_id))
+            args.append(attempt)
+        return keys, args
+
+    def publish_in(
+        self, pipe: Any, turn_id: str, type: str, data: dict[str, Any], agent_path: list[str], attempt: int
+    ) -> None:
+        """Queue a fenced :meth:`publish` on a transaction pipeline (to commit it with other writes)."""
+        keys, args = self._publish_call(turn_id, type, data, agent_path, attempt)
+        pipe.eval(_PUBLISH_LUA, len(keys), *keys, *args)
 
     async def read(self, turn_id: str, after_seq: int = 0, count: int | None = None) -> list[Event]:
-        """Events with ``seq > after_seq`` from the replay log, in order."""
-        entries = await self._redis.xrange(
-            self._keys.turn_log(turn_id), min=f"(0-{after_seq}", max="+", count=count
-        )
-        return [event_from_json(fields[b"e"]) for _entry_id, fields in entries]
+        """Events with ``seq > after_seq`` from the replay log, in order.
+
+        Raises :class:`EventsTrimmedError` when some of them are no longer kept
+        (the log was trimmed by its cap, or has expired).
+        """
+        # one transaction: the log and the counter are read as of the same instant
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.xrange(self._keys.turn_log(turn_id), min=f"(0-{after_seq}", max="+", count=count)
+            pipe.get(self._keys.turn_seq(turn_id))
+            entries, last = await pipe.execute()
+        events = [event_from_json(fields[b"e"]) for _entry_id, fields in entries]
+        if events and events[0].seq != after_seq + 1 or not events and after_seq < int(last or 0):
+            first = events[0].seq if events else 0
+            raise EventsTrimmedError(
+                f"events of turn {turn_id} after seq {after_seq} are no longer in the replay log",
+                turn_id=turn_id, after_seq=after_seq, first_seq=first,
+            )
+        return events
 
     async def last_seq(self, turn_id: str) -> int:
         """The highest ``seq`` published so far for the turn (0 if none)."""

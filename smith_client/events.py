@@ -15,6 +15,8 @@ Event types and their ``data``:
 ``message``             ``{message}``: a message appended to the history (stored form)
 ``turn.completed``      ``{message}``: the final :class:`AssistantMessage` (stored form)
 ``turn.failed``         ``{error: {kind, message, fields}}``
+``turn.cancelled``      ``{reason}``: cancelled by a caller (``cancel``) or by a newer turn (``interrupt``)
+``turn.resumed``        ``{attempt}``: a re-run after a worker crash or shutdown took the turn over
 ======================  ==========================================================
 """
 
@@ -38,9 +40,11 @@ TOOL_RESULT = "tool.result"
 MESSAGE = "message"
 TURN_COMPLETED = "turn.completed"
 TURN_FAILED = "turn.failed"
+TURN_CANCELLED = "turn.cancelled"
+TURN_RESUMED = "turn.resumed"
 
 #: Types after which a turn publishes nothing more.
-TERMINAL_TYPES = frozenset({TURN_COMPLETED, TURN_FAILED})
+TERMINAL_TYPES = frozenset({TURN_COMPLETED, TURN_FAILED, TURN_CANCELLED})
 
 
 class Event(BaseModel):
@@ -56,7 +60,7 @@ class Event(BaseModel):
 
     @property
     def terminal(self) -> bool:
-        """True for ``turn.completed`` / ``turn.failed``."""
+        """True for ``turn.completed`` / ``turn.failed`` / ``turn.cancelled``."""
         return self.type in TERMINAL_TYPES
 
     def final_message(self) -> AssistantMessage:

@@ -41,7 +41,8 @@ class ToolJob(BaseModel):
 
     ``timeout`` is the tool's budget in seconds; ``reply_channel`` is the pub/sub
     channel of the waiting turn worker; ``result_key`` where the result is
-    stored; ``result_max_bytes`` the agent's cap on the content (UTF-8 bytes).
+    stored; ``result_max_bytes`` the agent's cap on the content (UTF-8 bytes);
+    ``idempotent`` whether the call may be re-run when its tool worker died.
     """
 
     turn_id: str
@@ -55,6 +56,7 @@ class ToolJob(BaseModel):
     reply_channel: str
     result_key: str
     result_max_bytes: int = 64 * 1024
+    idempotent: bool = False
 
 
 class ToolOutcome(BaseModel):

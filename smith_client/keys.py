@@ -14,14 +14,18 @@ key                               what                                    lifeti
 ``{p}:turn:{t}:seq``              event sequence counter                   ``turn_ttl`` after the last event
 ``{p}:turn:{t}:log``              replay log (Redis Stream)                ``turn_ttl`` after the last event
 ``{p}:turn:{t}:state``            turn status and result (hash)            ``turn_ttl``
+``{p}:tree:{r}:iterations``       model calls of a root turn's agent tree  ``turn_ttl`` after the last step
 ``{p}:conv:{c}:history``          conversation messages (list)             ``history_ttl`` after the last write
-``{p}:conv:{c}:lease``            per-conversation turn slot               lease TTL, renewed while a turn runs
 ``{p}:toolres:{t}:{step}:{i}``    a tool call's result                     ``turn_ttl``
 ``{p}:workers``                   live workers (ZSET id → expiry ms)       pruned by workers; 1 day TTL
 ``{p}:worker:{w}``                one worker's registration                heartbeat TTL
+``{p}:running``                   running turns (ZSET id → lease expiry)   turn workers remove on finish; sweeper; 1 day TTL
+``{p}:conv:{c}:turns``            the conversation's unfinished turns      ``history_ttl``; finished turns removed
+``{p}:turn:{t}:inbox``            user messages merged into a turn         ``turn_ttl``
+``{p}:toolres:{t}:{s}:{i}:started``  which tool worker started a call      ``turn_ttl``
 ================================  ======================================  ==========================
 
-``{p}:worker:{w}:replies`` is a pub/sub channel (no key).
+``{p}:worker:{w}:replies`` and ``{p}:control`` are pub/sub channels (no key).
 """
 
 from __future__ import annotations
@@ -73,11 +77,12 @@ class Keys:
     def turn_state(self, turn_id: str) -> str:
         return f"{self.prefix}:turn:{turn_id}:state"
 
+    def tree_iterations(self, root_turn_id: str) -> str:
+        """Counter of model calls made by a root turn and all its sub-agents (seed §14.2, §15.3)."""
+        return f"{self.prefix}:tree:{root_turn_id}:iterations"
+
     def history(self, conversation_id: str) -> str:
         return f"{self.prefix}:conv:{conversation_id}:history"
-
-    def conversation_lease(self, conversation_id: str) -> str:
-        return f"{self.prefix}:conv:{conversation_id}:lease"
 
     def tool_result(self, turn_id: str, step: int, index: int) -> str:
         return f"{self.prefix}:toolres:{turn_id}:{step}:{index}"
@@ -92,3 +97,29 @@ class Keys:
     def worker_replies_channel(self, worker_id: str) -> str:
         """Pub/sub channel on which tool workers notify a turn worker of finished tool jobs."""
         return f"{self.prefix}:worker:{worker_id}:replies"
+
+    @property
+    def running(self) -> str:
+        """ZSET of running turns: turn id → lease expiry (epoch ms); the sweeper re-enqueues expired ones."""
+        return f"{self.prefix}:running"
+
+    def conversation_turns(self, conversation_id: str) -> str:
+        """List of the conversation's unfinished turn ids, oldest first: the FIFO of ``multitask="enqueue"``."""
+        return f"{self.prefix}:conv:{conversation_id}:turns"
+
+    def turn_inbox(self, turn_id: str) -> str:
+        """User messages merged into a running turn (``multitask="merge"``)."""
+        return f"{self.prefix}:turn:{turn_id}:inbox"
+
+    def tool_started(self, turn_id: str, step: int, index: int) -> str:
+        """Marker: which tool worker started a call (tells a live runner from a dead one on resume)."""
+        return f"{self.tool_result(turn_id, step, index)}:started"
+
+    @property
+    def control_channel(self) -> str:
+        """Pub/sub channel of control messages to turn workers (a turn id to cancel)."""
+        return f"{self.prefix}:control"
+
+    def turn_rerun_job_id(self, turn_id: str, attempt: int) -> str:
+        """arq job id of a re-enqueued turn (a crash or a handed-off turn); unique per re-enqueue."""
+        return f"{self.turn_job_id(turn_id)}:r{attempt}"

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from arq.connections import ArqRedis
@@ -38,18 +39,35 @@ ABORT_ENTRY_TTL = 60.0
 
 
 class ReplyListener:
-    """One pub/sub subscription per turn-worker process; wakes the waiters of finished tool jobs."""
+    """One pub/sub subscription per turn-worker process.
 
-    def __init__(self, redis: Redis, channel: str) -> None:
+    It wakes the waiters of finished tool jobs (messages on ``channel`` name a
+    result key) and passes control messages (on ``control_channel``, a turn
+    id to cancel) to ``on_control``.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        channel: str,
+        control_channel: str | None = None,
+        on_control: Callable[[str], None] | None = None,
+    ) -> None:
         self._redis = redis
         self.channel = channel
+        self._control_channel = control_channel
+        self._on_control = on_control
         self._waiters: dict[str, asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def _channels(self) -> list[str]:
+        return [self.channel] + ([self._control_channel] if self._control_channel else [])
 
     async def start(self) -> None:
         """Subscribe (before returning, so no reply is missed) and start dispatching."""
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-        await pubsub.subscribe(self.channel)
+        await pubsub.subscribe(*self._channels)
         self._task = asyncio.create_task(self._run(pubsub))
 
     async def stop(self) -> None:
@@ -73,14 +91,22 @@ class ReplyListener:
                 except Exception:  # connection lost: waiters fall back to re-checks meanwhile
                     logger.warning("reply channel %s failed; resubscribing", self.channel, exc_info=True)
                     await asyncio.sleep(0.5)
-                    await pubsub.subscribe(self.channel)
+                    await pubsub.subscribe(*self._channels)
                     continue
                 if message and message.get("type") == "message":
-                    waiter = self._waiters.get(message["data"].decode())
-                    if waiter is not None:
-                        waiter.set()
+                    self._dispatch(message["channel"].decode(), message["data"].decode())
         finally:
             await pubsub.aclose()
+
+
+    def _dispatch(self, channel: str, data: str) -> None:
+        if channel == self._control_channel:
+            if self._on_control is not None:
+                self._on_control(data)
+            return
+        waiter = self._waiters.get(data)
+        if waiter is not None:
+            waiter.set()
 
 
 async def abort_job(redis: Redis, queue: str, job_id: str) -> None:
@@ -129,40 +155,59 @@ class ToolJobWaiter:
     async def run(self, job: ToolJob) -> tuple[ToolOutcome, bool]:
         """Return ``(outcome, produced_here)``; ``produced_here`` is True when this side wrote a timeout error."""
         wake = self._listener.register(job.result_key)
+        job_id = self._keys.tool_job_id(job.turn_id, job.step, job.index)
         try:
             outcome = await self._stored(job.result_key)
             if outcome is None:
-                await self._enqueue(job)
-                outcome = await self._wait(job, wake)
+                await self._enqueue(job, job_id)
+                outcome, job_id = await self._wait(job, job_id, wake)
             if outcome is not None:
                 return outcome, False
-            return await self._give_up(job)
+            reason = "interrupted: the tool worker running it stopped" if job_id == "" else (
+                f"timed out after {job.timeout:g} s (no tool worker answered)")
+            return await self._give_up(job, job_id, reason)
+        except asyncio.CancelledError:  # the turn was cancelled: stop the tool job too
+            await asyncio.shield(abort_job(self._redis, self._keys.tools_queue, job_id))
+            raise
         finally:
             self._listener.discard(job.result_key)
 
-    async def _enqueue(self, job: ToolJob) -> None:
-        job_id = self._keys.tool_job_id(job.turn_id, job.step, job.index)
+    async def _enqueue(self, job: ToolJob, job_id: str) -> None:
+        # A no-op when this job id is still queued or running (a re-run turn re-attaches to it).
         await self._redis.enqueue_job(
             RUN_TOOL, job.model_dump(mode="json"), _job_id=job_id, _queue_name=self._keys.tools_queue
         )
 
-    async def _wait(self, job: ToolJob, wake: asyncio.Event) -> ToolOutcome | None:
+    async def _wait(self, job: ToolJob, job_id: str, wake: asyncio.Event) -> tuple[ToolOutcome | None, str]:
+        """Wait for the outcome; returns ``(None, "")`` when the call was lost with its tool worker."""
         deadline = time.monotonic() + job.timeout + self._grace
         while (remaining := deadline - time.monotonic()) > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), min(self._recheck, remaining))
             outcome = await self._stored(job.result_key)
             if outcome is not None:
-                return outcome
-        return None
+                return outcome, job_id
+            if await self._runner_died(job):
+                if not job.idempotent:
+                    return None, ""  # never silently re-run a call that may have had effects
+                job_id = f"{job_id}:r{int(time.time() * 1000)}"
+                await self._enqueue(job, job_id)
+                deadline = time.monotonic() + job.timeout + self._grace
+        return None, job_id
 
-    async def _give_up(self, job: ToolJob) -> tuple[ToolOutcome, bool]:
-        job_id = self._keys.tool_job_id(job.turn_id, job.step, job.index)
-        await abort_job(self._redis, self._keys.tools_queue, job_id)
-        outcome = ToolOutcome(
-            content=error_content(f"tool {job.call.name!r} timed out after {job.timeout:g} s (no tool worker answered)"),
-            is_error=True,
-        )
+    async def _runner_died(self, job: ToolJob) -> bool:
+        """True when the call was started by a tool worker whose registration has expired (it died)."""
+        started = self._keys.tool_started(job.turn_id, job.step, job.index)
+        worker = await self._redis.get(started)
+        if worker is None or await self._redis.exists(self._keys.worker(worker.decode())):
+            return False
+        await self._redis.delete(started)
+        return True
+
+    async def _give_up(self, job: ToolJob, job_id: str, reason: str) -> tuple[ToolOutcome, bool]:
+        if job_id:
+            await abort_job(self._redis, self._keys.tools_queue, job_id)
+        outcome = ToolOutcome(content=error_content(f"tool {job.call.name!r} {reason}"), is_error=True)
         stored = await self._redis.set(
             job.result_key, outcome.model_dump_json(), nx=True, ex=self._result_ttl
         )

@@ -1,6 +1,6 @@
 """The agent loop of one turn (seed §15.2), run by the ``run_turn`` job.
 
-Per step: stop checks (iterations, tokens, deadline) → memory snapshot with
+Per step: stop checks (iterations, tree iterations, tokens, deadline) → memory snapshot with
 the system prompt → LLM call (streamed by default; tokens and tool-call
 events published as they arrive) → append the assistant message → if there
 are no tool calls, finish → else run every call as a tool job, concurrently,
@@ -17,7 +17,16 @@ import logging
 import time
 from typing import Any
 
-from smith_client.errors import SmithError, TurnCancelledError, UnknownAgentError, error_from_exception
+import orjson
+from pydantic import ValidationError
+
+from smith_client.errors import (
+    ConfigurationError,
+    SmithError,
+    TurnCancelledError,
+    UnknownAgentError,
+    error_from_exception,
+)
 from smith_client.eventlog import DEFAULT_TURN_TTL
 from smith_client.events import (
     MESSAGE,
@@ -26,15 +35,17 @@ from smith_client.events import (
     TOOL_CALL_STARTED,
     TOOL_RESULT,
     TURN_COMPLETED,
+    TURN_CANCELLED,
     TURN_FAILED,
+    TURN_RESUMED,
     TURN_STARTED,
 )
 from smith_client.jobs import ToolJob, ToolOutcome, TurnJob
-from smith_client.messages import AssistantMessage, ToolCall, ToolMessage
+from smith_client.messages import AssistantMessage, ToolCall, ToolMessage, message_from_json
 from smith_worker.app import AgentSpec
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
-from smith_worker.lease import ConversationLease
+from smith_worker.turn_state import FINISH_LUA, StaleAttemptError, TurnAttempt
 from smith_worker.llm import LlmClient
 from smith_worker.llm.types import (
     LlmRequest,
@@ -62,74 +73,180 @@ def done_message(outcomes: list[ToolOutcome]) -> AssistantMessage | None:
     return None
 
 
+class CancelRequested(Exception):
+    """The turn's state asks it to stop (found between steps); ``reason`` is cancel or interrupt."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class TurnRunner:
-    """Runs one :class:`TurnJob` on a turn worker."""
+    """Runs one attempt of one :class:`TurnJob` on a turn worker (see :mod:`smith_worker.turn_state`)."""
 
     def __init__(self, rt: WorkerRuntime, job: TurnJob) -> None:
         self.rt = rt
         self.job = job
         self.store = ConversationStore(rt.redis, rt.keys, job.conversation_id)
+        self.attempt = TurnAttempt(rt.redis, rt.keys, job.turn_id, job.conversation_id, rt.worker_id)
         self.agent_path = [job.agent]
         self._stream_calls: dict[int, ToolCall] = {}
+        self._task: asyncio.Task[Any] | None = None
+        self._cancel_requested = False
+        self._lease_lost = False
+
+    def request_cancel(self) -> None:
+        """A caller asked to cancel (control message): stop the running step now, not at the next check."""
+        self._cancel_requested = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def _on_lease_lost(self) -> None:
+        self._lease_lost = True
+        if self._task is not None:
+            self._task.cancel()
 
     async def run(self) -> None:
-        """Run the turn under the conversation's lease; publish its terminal event."""
+        """Run the turn if this attempt gets it; end it with exactly one terminal event, or hand it off."""
+        outcome = await self.attempt.begin()
+        if outcome != "go":
+            logger.info("turn %s not run here: %s", self.job.turn_id, outcome)
+            return
+        self._task = asyncio.current_task()
+        self.rt.running_turns[self.job.turn_id] = self
+        self.attempt.start_renewing(self._on_lease_lost)
         spec = self.rt.app.get_agent(self.job.agent)
-        lease = ConversationLease(
-            self.rt.redis, self.rt.keys.conversation_lease(self.job.conversation_id), self.job.turn_id
-        )
         try:
-            async with lease:
-                await self._set_state("running")
-                await self.publish(TURN_STARTED, {"conversation_id": self.job.conversation_id, "agent": self.job.agent})
-                if spec is None:
-                    raise UnknownAgentError(f"this worker does not serve agent {self.job.agent!r}", agent=self.job.agent,
-                                            known=sorted(self.rt.app.agents))
-                final = await self._loop(spec)
-                await self._set_state("completed", result=final.model_dump_json())
-                await self.publish(TURN_COMPLETED, {"message": final.model_dump(mode="json")})
+            await self._run_attempt(spec)
         except asyncio.CancelledError:
-            raise
+            await asyncio.shield(self._after_task_cancelled(spec))
+        except CancelRequested as request:
+            await self._cancelled(spec, request.reason)
+        except StaleAttemptError:
+            logger.warning("turn %s: attempt %d was superseded; stopped", self.job.turn_id, self.attempt.attempt)
         except Exception as exc:  # every failure ends as turn.failed, never as a crashed worker
             await self._fail(error_from_exception(exc), spec)
+        finally:
+            self.rt.running_turns.pop(self.job.turn_id, None)
+            await self.attempt.stop_renewing()
+
+    async def _run_attempt(self, spec: AgentSpec | None) -> None:
+        state = await self.attempt.state()
+        if self.attempt.attempt > 1:
+            await self.publish(TURN_RESUMED, {"attempt": self.attempt.attempt})
+        else:
+            await self.publish(TURN_STARTED, {"conversation_id": self.job.conversation_id, "agent": self.job.agent})
+        if spec is None:
+            raise UnknownAgentError(f"this worker does not serve agent {self.job.agent!r}", agent=self.job.agent,
+                                    known=sorted(self.rt.app.agents))
+        await self._check_cancel()
+        await self.attempt.wait_for_head()
+        start = await self.attempt.append_user(self.job.message)
+        if "history_start" not in state:  # appended now, not by an earlier attempt
+            await self._announce(spec, self.job.message)
+        final = await self._loop(spec, start)
+        await self._finish("completed", "result", final.model_dump_json(), TURN_COMPLETED,
+                           {"message": final.model_dump(mode="json")})
+
+    async def _after_task_cancelled(self, spec: AgentSpec | None) -> None:
+        """Why was the task cancelled? A caller's cancel, a lost lease, or the worker shutting down."""
+        if self._lease_lost:
+            return  # another attempt owns the turn now; this one must not write
+        if self._cancel_requested:
+            reason = (await self.attempt.state()).get("cancel_requested") or "cancel"
+            await self._cancelled(spec, reason)
+            return
+        count = await self.attempt.requeue()  # worker shutdown: hand the turn off, it resumes elsewhere
+        logger.info("turn %s handed off at shutdown (re-enqueue #%d)", self.job.turn_id, count)
+
+    async def _check_cancel(self) -> None:
+        reason = await self.rt.redis.hget(self.rt.keys.turn_state(self.job.turn_id), "cancel_requested")
+        if reason:
+            raise CancelRequested(reason.decode())
+
+    async def _cancelled(self, spec: AgentSpec | None, reason: str) -> None:
+        """End the turn as cancelled: keep its completed messages, answer its dangling tool calls."""
+        try:
+            await self._repair_dangling_calls(spec)
+            await self._finish("cancelled", "cancel_requested", reason, TURN_CANCELLED, {"reason": reason})
+        except StaleAttemptError:
+            pass
+
+    async def _repair_dangling_calls(self, spec: AgentSpec | None) -> None:
+        """Give every tool call of the last assistant message a tool message (seed §13.3 pairing invariant)."""
+        messages = await self._turn_messages()
+        last = messages[-1] if messages else None
+        if not isinstance(last, AssistantMessage) or not last.tool_calls:
+            return
+        step = sum(isinstance(m, AssistantMessage) for m in messages)
+        repaired = []
+        for index, call in enumerate(last.tool_calls):
+            raw = await self.rt.redis.get(self.rt.keys.tool_result(self.job.turn_id, step, index))
+            outcome = ToolOutcome.model_validate_json(raw) if raw else ToolOutcome(
+                content=error_content("the turn was cancelled before this tool call finished"), is_error=True)
+            repaired.append(ToolMessage(tool_call_id=call.id, name=call.name, content=outcome.content,
+                                        is_error=outcome.is_error))
+        await self.attempt.append(*repaired)
 
     async def _fail(self, error: SmithError, spec: AgentSpec | None) -> None:
         logger.error("turn %s failed: %r", self.job.turn_id, error)
         hook_sets = [self.rt.app.hooks] + ([spec.hooks] if spec else [])
         await fire("on_error", error, *hook_sets)
-        await self._set_state("failed", error=error.to_payload())
-        await self.publish(TURN_FAILED, {"error": error.to_payload()})
+        try:
+            await self._finish("failed", "error", orjson.dumps(error.to_payload()).decode(), TURN_FAILED,
+                               {"error": error.to_payload()})
+        except StaleAttemptError:
+            pass
 
     async def publish(self, type: str, data: dict[str, Any]) -> int:
-        return await self.rt.events.publish(self.job.turn_id, type, data, self.agent_path)
+        """Publish an event of this turn, fenced by the attempt. Raises :class:`StaleAttemptError`."""
+        seq = await self.rt.events.publish(self.job.turn_id, type, data, self.agent_path, attempt=self.attempt.attempt)
+        if seq < 0:
+            raise StaleAttemptError(self.job.turn_id)
+        return seq
 
-    async def _set_state(self, status: str, **fields: Any) -> None:
-        key = self.rt.keys.turn_state(self.job.turn_id)
-        mapping = {"status": status, "conversation_id": self.job.conversation_id, "agent": self.job.agent,
-                   "updated_at": time.time()}
-        mapping.update({k: v if isinstance(v, str) else str(v) for k, v in fields.items()})
+    async def _finish(self, status: str, field: str, value: str, event_type: str, data: dict[str, Any]) -> None:
+        """The terminal event and the final state, in one transaction, fenced by the attempt."""
+        keys, args = self.attempt.finish_script_args(status, field, value, DEFAULT_TURN_TTL)
         async with self.rt.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping=mapping)
-            pipe.expire(key, DEFAULT_TURN_TTL)
-            await pipe.execute()
+            self.rt.events.publish_in(pipe, self.job.turn_id, event_type, data, self.agent_path, self.attempt.attempt)
+            pipe.eval(FINISH_LUA, len(keys), *keys, *args)
+            seq, finished = await pipe.execute()
+        if seq < 0 or not finished:
+            raise StaleAttemptError(self.job.turn_id)
+
+    async def _turn_messages(self) -> list[Any]:
+        """This turn's messages: the history from its user message on."""
+        start = (await self.attempt.state()).get("history_start")
+        return (await self.store.messages())[int(start):] if start is not None else []
 
     # ---- the loop -------------------------------------------------------
 
-    async def _loop(self, spec: AgentSpec) -> AssistantMessage:
+    async def _loop(self, spec: AgentSpec, start: int) -> AssistantMessage:
+        """Run model steps until a final answer; a re-run resumes after the last completed step."""
         cfg = spec.config
         llm = LlmClient(self.rt.settings.llm_config(spec.llm), self.rt.http)
         deadline = None if cfg.deadline is None else time.monotonic() + cfg.deadline
-        await self._append(spec, self.job.message)
-        iterations = total_tokens = tool_rounds = 0
+        done = (await self.store.messages())[start + 1:]
+        replies = [m for m in done if isinstance(m, AssistantMessage)]
+        pending = done[-1] if done and isinstance(done[-1], AssistantMessage) else None
+        iterations = len(replies)
+        total_tokens = sum(m.usage.total for m in replies if m.usage)
+        tool_rounds = sum(1 for m in replies if m.tool_calls and m is not pending)
         while True:
-            iterations += 1
-            self._check_limits(spec, iterations, total_tokens, deadline)
-            response = await self._call_model(spec, llm, tool_rounds)
-            message = response.message
-            if message.usage is not None:
-                total_tokens += message.usage.total
-            await self._append(spec, message)
+            if pending is None:
+                await self._check_cancel()
+                await self._drain_inbox(spec, closing=False)
+                iterations += 1
+                tree_iterations = await self._count_tree_step()
+                self._check_limits(spec, iterations, tree_iterations, total_tokens, deadline)
+                pending = (await self._call_model(spec, llm, tool_rounds)).message
+                total_tokens += pending.usage.total if pending.usage else 0
+                await self._append(spec, pending)
+            message, pending = pending, None
             if not message.tool_calls:
+                if await self._drain_inbox(spec, closing=True):
+                    continue  # a merged user message arrived: answer it in this turn
                 return message
             outcomes = await self._run_tools(spec, iterations, message.tool_calls)
             final = done_message(outcomes)
@@ -137,11 +254,45 @@ class TurnRunner:
                 return final
             tool_rounds += 1
 
-    def _check_limits(self, spec: AgentSpec, iterations: int, total_tokens: int, deadline: float | None) -> None:
-        """Stop conditions of seed §15.3; each ends the turn with ``TurnCancelledError(operation=<limit>)``."""
+    async def _drain_inbox(self, spec: AgentSpec, closing: bool) -> bool:
+        """Append user messages merged into this turn (``multitask="merge"``); True if there were any."""
+        moved = [message_from_json(raw) for raw in await self.attempt.drain_inbox(closing)]
+        for message in moved:
+            await self._announce(spec, message)
+        return bool(moved)
+
+    async def _count_tree_step(self) -> int:
+        """Count one model call against the agent tree (seed §14.2 ``tree_state->iterations += 1``).
+
+        The counter is a Redis key per root turn (DESIGN.md §2), so sub-agents
+        running in other tasks or processes share it. Until sub-agents exist
+        the root turn is the whole tree. A re-run of the turn after a crash
+        keeps counting on the same key: the tree budget errs on the safe side.
+        Returns the tree's count including this step.
+        """
+        key = self.rt.keys.tree_iterations(self.job.turn_id)
+        async with self.rt.redis.pipeline(transaction=True) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, DEFAULT_TURN_TTL)
+            count, _ = await pipe.execute()
+        return int(count)
+
+    def _check_limits(
+        self, spec: AgentSpec, iterations: int, tree_iterations: int, total_tokens: int, deadline: float | None
+    ) -> None:
+        """Stop conditions of seed §15.3, checked before each model call (§15.2 step 4b).
+
+        Each ends the turn with ``TurnCancelledError(operation=<limit name>)``.
+        ``deadline`` is a ``time.monotonic()`` instant; it does not preempt an
+        in-flight model call or tool round, it is checked between steps.
+        """
         cfg = spec.config
         if iterations > cfg.max_iterations:
             raise TurnCancelledError(f"turn exceeded max_iterations={cfg.max_iterations}", "max_iterations")
+        if tree_iterations > cfg.tree_max_iterations:
+            raise TurnCancelledError(
+                f"agent tree exceeded tree_max_iterations={cfg.tree_max_iterations}", "tree_max_iterations"
+            )
         if cfg.max_total_tokens is not None and total_tokens > cfg.max_total_tokens:
             raise TurnCancelledError(
                 f"turn used {total_tokens} tokens, over max_total_tokens={cfg.max_total_tokens}", "max_total_tokens"
@@ -154,7 +305,7 @@ class TurnRunner:
         request = LlmRequest(
             messages=await self.store.snapshot(spec.system_prompt),
             tools=tools,
-            sampling=SamplingParams(**self.job.sampling) if self.job.sampling else None,
+            sampling=self._sampling(),
             tool_choice=spec.tool_choice_for(tool_rounds) if tools else None,
         )
         stream = self.job.stream if self.job.stream is not None else spec.config.stream_default
@@ -166,6 +317,15 @@ class TurnRunner:
             await self.publish(TOOL_CALL_STARTED, {"id": call.id, "name": call.name, "index": index})
             await self.publish(TOOL_CALL_COMPLETED, self._call_data(index, call))
         return response
+
+    def _sampling(self) -> SamplingParams | None:
+        """The turn's sampling override (seed §15.1 ``AgentRequest.sampling``); a malformed one is a ConfigurationError."""
+        if not self.job.sampling:
+            return None
+        try:
+            return SamplingParams(**self.job.sampling)
+        except ValidationError as exc:  # the caller's mistake, not an internal error
+            raise ConfigurationError(f"invalid per-turn sampling: {exc}", setting="sampling") from exc
 
     async def _tool_schemas(self, spec: AgentSpec) -> list[ToolSchema]:
         """Native tools of the agent, then each of its sources' tools, in declaration order."""
@@ -196,11 +356,15 @@ class TurnRunner:
         return {"id": call.id, "name": call.name, "index": index, "arguments": call.arguments}
 
     async def _append(self, spec: AgentSpec, *messages: Any) -> None:
-        """Append to the history, publish a ``message`` event and fire ``on_message`` for each."""
-        await self.store.append(*messages)
+        """Append to the history (fenced), then announce each message."""
+        await self.attempt.append(*messages)
         for message in messages:
-            await self.publish(MESSAGE, {"message": message.model_dump(mode="json")})
-            await fire("on_message", message, self.rt.app.hooks, spec.hooks)
+            await self._announce(spec, message)
+
+    async def _announce(self, spec: AgentSpec, message: Any) -> None:
+        """Publish a ``message`` event and fire ``on_message`` for a message now in the history."""
+        await self.publish(MESSAGE, {"message": message.model_dump(mode="json")})
+        await fire("on_message", message, self.rt.app.hooks, spec.hooks)
 
     # ---- tools ------------------------------------------------------------
 
@@ -224,6 +388,8 @@ class TurnRunner:
             outcome, produced_here = ToolOutcome(content=error_content(f"unknown tool: {call.name}"), is_error=True), True
         else:
             job.timeout = timeout
+            native = self.rt.app.tools.find(call.name)
+            job.idempotent = native.idempotent if native is not None else False
             assert self.rt.tool_waiter is not None
             outcome, produced_here = await self.rt.tool_waiter.run(job)
         if produced_here:  # otherwise the tool worker published it

@@ -14,7 +14,7 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 from arq.connections import ArqRedis
@@ -27,6 +27,7 @@ from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
+from smith_worker.sweeper import sweep_forever
 
 logger = logging.getLogger("agent_smith.worker")
 
@@ -55,30 +56,41 @@ class WorkerRuntime:
     http: httpx.AsyncClient | None = None
     replies: ReplyListener | None = None
     tool_waiter: ToolJobWaiter | None = None
-    _heartbeat: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: Turns running in this process, by turn id; their runners take cancel requests.
+    running_turns: dict[str, Any] = field(default_factory=dict)
+    _background: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.settings.prefix)
         self.events = EventLog(self.redis, self.keys)
         self.worker_id = self.worker_id or new_worker_id(self.queue)
 
+    def on_control(self, turn_id: str) -> None:
+        """A control message: cancel ``turn_id`` if it runs here (its state says why)."""
+        runner = self.running_turns.get(turn_id)
+        if runner is not None:
+            runner.request_cancel()
+
     async def start(self) -> None:
         """Open the HTTP client and reply channel (turn workers) and register this worker."""
         if self.queue == "turns":
             self.http = httpx.AsyncClient(timeout=None)
-            self.replies = ReplyListener(self.redis, self.keys.worker_replies_channel(self.worker_id))
+            self.replies = ReplyListener(
+                self.redis, self.keys.worker_replies_channel(self.worker_id), self.keys.control_channel, self.on_control
+            )
             await self.replies.start()
             self.tool_waiter = ToolJobWaiter(self.redis, self.keys, self.replies)
+            self._background.append(asyncio.create_task(sweep_forever(self.redis, self.keys)))
         await self._register()
-        self._heartbeat = asyncio.create_task(self._heartbeat_loop())
+        self._background.append(asyncio.create_task(self._heartbeat_loop()))
         logger.info("worker %s started on queue %s", self.worker_id, self.queue)
 
     async def stop(self) -> None:
         """Unregister and close what :meth:`start` opened."""
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
+        for task in self._background:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+                await task
         with contextlib.suppress(Exception):
             await unregister_worker(self.redis, self.keys, self.worker_id)
         for source in self.app.sources.values():

@@ -64,6 +64,11 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     rt: WorkerRuntime = ctx["runtime"]
     job = ToolJob.model_validate(payload)
     started = time.monotonic()
+    if await rt.redis.exists(job.result_key):
+        return {"is_error": False, "stored": False}  # already answered: never run a call twice
+    # who runs it: lets a resumed turn tell a live runner from a dead one
+    marker = rt.keys.tool_started(job.turn_id, job.step, job.index)
+    await rt.redis.set(marker, rt.worker_id, ex=DEFAULT_TURN_TTL)
     result = await _invoke(rt, job)
     outcome = ToolOutcome(
         content=truncate_content(result.content, job.result_max_bytes),

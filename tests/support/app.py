@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 
+import redis
 import redis.asyncio as aioredis
 
-from smith_worker import AgentConfig, SmithApp, ToolContext
+from smith_worker import AgentConfig, Hooks, SmithApp, ToolContext
 
 app = SmithApp()
 
@@ -65,3 +66,57 @@ def finish(answer: str) -> dict:
 app.agent("default", system_prompt="You are a test agent.", tools=[add, sleepy, boom, whoami, finish])
 app.agent("plain", system_prompt="No tools here.")
 app.agent("limited", tools=[add], config=AgentConfig(max_iterations=2))
+
+
+# ---- agents for the loop's stop conditions, hooks and tool_choice (issue 3) ----
+
+# the tree budget (2 model calls) is smaller than the turn's own (8), so only the tree limit can stop it
+app.agent("tree_limited", tools=[add], config=AgentConfig(max_iterations=8, tree_max_iterations=2))
+# tests script usage of 120 tokens for the first call: the second step is refused
+app.agent("token_limited", tools=[add], config=AgentConfig(max_total_tokens=100))
+# tests stream the first reply slower than this (seconds); the deadline is checked before the next step
+app.agent("deadline_limited", tools=[add], config=AgentConfig(deadline=0.4))
+# a named tool_choice on the first call, reset to "auto" after a tool round (seed §15 tool_choice control)
+app.agent("named_choice", tools=[add], tool_choice="add")
+
+
+def _record_sync(name: str, value: str) -> None:
+    """:func:`_record` for sync hooks, which run on the worker's event loop and cannot await."""
+    client = redis.Redis.from_url(os.environ["SMITH_REDIS_URL"])
+    try:
+        client.rpush(_marker_key(name), value)
+        client.expire(_marker_key(name), 3600)
+    finally:
+        client.close()
+
+
+def _raising_hook(name: str, is_async: bool):
+    """A hook that records ``name`` under the ``hooks`` marker, then raises (seed §16.3: must not fail the turn)."""
+    if is_async:
+
+        async def hook(_arg: object) -> None:
+            await _record("hooks", name)
+            raise RuntimeError(f"{name} hook fails on purpose")
+
+    else:
+
+        def hook(_arg: object) -> None:
+            _record_sync("hooks", name)
+            raise RuntimeError(f"{name} hook fails on purpose")
+
+    hook.__name__ = name
+    return hook
+
+
+# every hook raises; sync and async ones are mixed so both call paths of invoke_hook are exercised
+app.agent(
+    "hooked",
+    tools=[add],
+    hooks=Hooks(
+        on_message=_raising_hook("on_message", is_async=True),
+        on_tool_call=_raising_hook("on_tool_call", is_async=False),
+        on_tool_result=_raising_hook("on_tool_result", is_async=True),
+        on_stream_event=_raising_hook("on_stream_event", is_async=False),
+        on_error=_raising_hook("on_error", is_async=True),
+    ),
+)

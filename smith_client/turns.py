@@ -1,0 +1,242 @@
+"""Turn submission, handles and cancellation: the client's half of the turn state machine.
+
+A turn's state lives in the hash ``{p}:turn:{id}:state`` (TTL 24 h after the
+turn ends, DESIGN.md §8): ``status`` (queued → running → completed | failed |
+cancelled), the request ``fingerprint``, ``attempt`` (the fencing token,
+incremented by each worker attempt), ``result`` / ``error``, and
+``cancel_requested``, and ``job`` (the payload, so a sweeper can re-enqueue
+the turn after a crash). Each conversation keeps ``{p}:conv:{id}:turns``, the
+FIFO of its unfinished turns; a worker runs a turn only when it is at the head.
+
+Submission is one Lua script, so concurrent callers with the same turn id see
+exactly one turn (the first writer creates it, the others attach), and the
+conversation's multitask policy is decided atomically:
+
+* ``enqueue`` (default): FIFO after the conversation's unfinished turns;
+* ``reject``: :class:`ConversationBusyError` when one is unfinished;
+* ``interrupt``: the unfinished turns are cancelled (reason ``interrupt``), then this one runs;
+* ``merge``: the message joins the newest unfinished turn before its next model
+  call (steering); if that turn is already closing, it is enqueued instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+
+from smith_client.errors import (
+    ConflictError,
+    ConversationBusyError,
+    InvalidRequestError,
+    SmithTimeoutError,
+    TurnCancelledError,
+    error_from_payload,
+)
+from smith_client.events import TURN_CANCELLED, TURN_COMPLETED, TURN_FAILED, Event
+from smith_client.jobs import RUN_TURN, TurnJob
+from smith_client.messages import AssistantMessage
+
+if TYPE_CHECKING:
+    from smith_client.client import SmithClient
+
+Multitask = Literal["enqueue", "reject", "interrupt", "merge"]
+MULTITASK_POLICIES = ("enqueue", "reject", "interrupt", "merge")
+TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
+
+#: Lifetime of a conversation's bookkeeping (its FIFO of unfinished turns), seconds: 30 days.
+CONVERSATION_TTL = 30 * 24 * 3600
+
+_SUBMIT_LUA = """
+local prefix, turn_id, fp, conv, agent, policy, msg, now, turn_ttl, conv_ttl, job = unpack(ARGV)
+local state, conv_list = KEYS[1], KEYS[2]
+local existing = redis.call('HGET', state, 'fingerprint')
+if existing then
+  if existing ~= fp then return {'conflict', turn_id} end
+  return {'attach', turn_id, redis.call('HGET', state, 'status')}
+end
+local active = {}
+for _, id in ipairs(redis.call('LRANGE', conv_list, 0, -1)) do
+  local st = redis.call('HGET', prefix .. ':turn:' .. id .. ':state', 'status')
+  if st == false or st == 'completed' or st == 'failed' or st == 'cancelled' then
+    redis.call('LREM', conv_list, 0, id)
+  else
+    table.insert(active, id)
+  end
+end
+if #active > 0 then
+  if policy == 'reject' then return {'busy', active[1]} end
+  if policy == 'merge' then
+    local target = active[#active]
+    if redis.call('HGET', prefix .. ':turn:' .. target .. ':state', 'inbox_closed') ~= '1' then
+      local inbox = prefix .. ':turn:' .. target .. ':inbox'
+      redis.call('RPUSH', inbox, msg)
+      redis.call('EXPIRE', inbox, turn_ttl)
+      return {'merged', target}
+    end
+  end
+end
+redis.call('HSET', state, 'status', 'queued', 'fingerprint', fp, 'conversation_id', conv,
+           'agent', agent, 'created_at', now, 'attempt', 0, 'job', job)
+redis.call('EXPIRE', state, turn_ttl)
+redis.call('RPUSH', conv_list, turn_id)
+redis.call('EXPIRE', conv_list, conv_ttl)
+if policy == 'interrupt' then
+  for _, id in ipairs(active) do
+    redis.call('HSET', prefix .. ':turn:' .. id .. ':state', 'cancel_requested', 'interrupt')
+    redis.call('PUBLISH', prefix .. ':control', id)
+  end
+end
+return {'new', turn_id}
+"""
+
+# A turn that never started is cancelled here; a started one (attempt > 0) is
+# cancelled by its worker, which repairs the history first.
+_CANCEL_LUA = """
+local prefix, turn_id, reason = unpack(ARGV)
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return 'missing' end
+if st == 'completed' or st == 'failed' or st == 'cancelled' then return st end
+redis.call('HSET', KEYS[1], 'cancel_requested', reason)
+if st == 'queued' and redis.call('HGET', KEYS[1], 'attempt') == '0' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelled')
+  redis.call('LREM', KEYS[2], 0, turn_id)
+  return 'cancelled_queued'
+end
+redis.call('PUBLISH', prefix .. ':control', turn_id)
+return 'cancelling'
+"""
+
+
+def fingerprint(job: TurnJob) -> str:
+    """A digest of what makes two requests "the same turn" (conversation, agent, message, options)."""
+    body = {k: v for k, v in job.model_dump(mode="json").items() if k not in ("turn_id", "submitted_at")}
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What submitting a turn did: ``outcome`` is new, attach or merged; ``turn_id`` the turn to follow."""
+
+    outcome: Literal["new", "attach", "merged"]
+    turn_id: str
+    status: str = "queued"
+
+
+async def submit(client: "SmithClient", job: TurnJob, multitask: str) -> Submission:
+    """Create (or join) the turn for ``job`` and enqueue it when it needs a worker.
+
+    Raises :class:`ConflictError` (same turn id, different request),
+    :class:`ConversationBusyError` (``reject`` policy) or :class:`InvalidRequestError`.
+    """
+    if multitask not in MULTITASK_POLICIES:
+        raise InvalidRequestError(f"multitask must be one of {MULTITASK_POLICIES}, got {multitask!r}", field="multitask")
+    keys = client.keys
+    reply = await client.redis.eval(
+        _SUBMIT_LUA,
+        2,
+        keys.turn_state(job.turn_id),
+        keys.conversation_turns(job.conversation_id),
+        keys.prefix, job.turn_id, fingerprint(job), job.conversation_id, job.agent, multitask,
+        job.message.model_dump_json(), time.time(), client.events.ttl, CONVERSATION_TTL, job.model_dump_json(),
+    )  # fmt: skip
+    outcome, turn_id = reply[0].decode(), reply[1].decode()
+    if outcome == "conflict":
+        raise ConflictError(f"turn {turn_id} exists with a different request", turn_id=turn_id)
+    if outcome == "busy":
+        raise ConversationBusyError(
+            f"conversation {job.conversation_id} has an unfinished turn ({turn_id})",
+            conversation_id=job.conversation_id, active_turn_id=turn_id,
+        )  # fmt: skip
+    status = reply[2].decode() if outcome == "attach" and len(reply) > 2 and reply[2] else "queued"
+    if outcome == "new" or (outcome == "attach" and status == "queued"):
+        # Enqueueing again on attach covers a first caller that died between the two
+        # steps; arq ignores a second enqueue of a queued or running job id.
+        await client.redis.enqueue_job(
+            RUN_TURN, job.model_dump(mode="json"), _job_id=keys.turn_job_id(job.turn_id), _queue_name=keys.turns_queue
+        )
+    return Submission(outcome, turn_id, status)  # type: ignore[arg-type]
+
+
+class TurnHandle:
+    """A turn seen from any process: its status, events, result, and cancel.
+
+    Get one from :meth:`SmithClient.submit` or :meth:`SmithClient.turn`.
+    """
+
+    def __init__(self, client: "SmithClient", turn_id: str) -> None:
+        self.client = client
+        self.turn_id = turn_id
+
+    def __repr__(self) -> str:
+        return f"TurnHandle({self.turn_id!r})"
+
+    async def state(self) -> dict[str, str]:
+        """The raw state hash (empty when the turn is unknown or expired)."""
+        raw = await self.client.redis.hgetall(self.client.keys.turn_state(self.turn_id))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    async def status(self) -> str:
+        """``queued``, ``running``, ``completed``, ``failed``, ``cancelled``, or ``unknown``."""
+        return (await self.state()).get("status", "unknown")
+
+    async def events(self, after_seq: int = 0, timeout: float | None = None) -> AsyncIterator[Event]:
+        """Every event with ``seq > after_seq``, exactly once and in order, then live ones until the end.
+
+        Raises :class:`EventsTrimmedError` when the asked-for events are no longer kept.
+        """
+        async for event in self.client.follow(self.turn_id, after_seq, timeout):
+            yield event
+
+    async def result(self, timeout: float | None = None) -> AssistantMessage:
+        """Wait for the final message (``timeout`` seconds, None = forever).
+
+        Raises the turn's typed error, :class:`TurnCancelledError` for a
+        cancelled turn, or :class:`SmithTimeoutError`.
+        """
+        done = self._outcome(await self.state())
+        if done is not None:
+            return done
+        async for event in self.events(timeout=timeout):
+            if event.type == TURN_COMPLETED:
+                return event.final_message()
+            if event.type in (TURN_FAILED, TURN_CANCELLED):
+                return self._raise_terminal(event)
+        raise SmithTimeoutError(f"turn {self.turn_id} ended without a terminal event", operation="result")
+
+    @staticmethod
+    def _raise_terminal(event: Event) -> Any:
+        if event.type == TURN_FAILED:
+            raise event.error()
+        raise TurnCancelledError(f"turn was cancelled ({event.data.get('reason')})", operation=event.data.get("reason", "cancel"))
+
+    def _outcome(self, state: dict[str, str]) -> AssistantMessage | None:
+        status = state.get("status")
+        if status == "completed":
+            return AssistantMessage.model_validate_json(state["result"])
+        if status == "failed":
+            raise error_from_payload(orjson.loads(state.get("error") or "{}"))
+        if status == "cancelled":
+            reason = state.get("cancel_requested") or "cancel"
+            raise TurnCancelledError(f"turn was cancelled ({reason})", operation=reason)
+        return None
+
+    async def cancel(self, reason: str = "cancel") -> str:
+        """Ask for the turn to stop; returns what happened: ``cancelled_queued`` (it never started),
+        ``cancelling`` (its worker stops it and publishes ``turn.cancelled``), a terminal status
+        (nothing to do), or ``missing``."""
+        keys = self.client.keys
+        conversation = (await self.state()).get("conversation_id", "")
+        outcome = (
+            await self.client.redis.eval(
+                _CANCEL_LUA, 2, keys.turn_state(self.turn_id), keys.conversation_turns(conversation),
+                keys.prefix, self.turn_id, reason,
+            )  # fmt: skip
+        ).decode()
+        if outcome == "cancelled_queued":
+            await self.client.events.publish(self.turn_id, TURN_CANCELLED, {"reason": reason})
+        return outcome

@@ -1,0 +1,50 @@
+"""Crash recovery: re-enqueue turns whose worker stopped renewing their lease.
+
+Every turn worker runs :func:`sweep_forever`. One pass is one
+``ZRANGEBYSCORE`` on ``{p}:running`` (turn id → lease expiry); only expired
+entries cost more, and the re-enqueue script takes each turn at most once
+(DESIGN.md §8; issue 4: arq alone would wait for the job's in-progress key,
+job timeout + 10 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from smith_client.keys import Keys
+from smith_worker.turn_state import requeue_turn
+
+logger = logging.getLogger("agent_smith.worker")
+
+#: Seconds between sweeps.
+SWEEP_INTERVAL = 2.0
+
+
+async def sweep_once(redis: Any, keys: Keys) -> list[str]:
+    """Re-enqueue every turn whose lease has expired; return their ids."""
+    expired = await redis.zrangebyscore(keys.running, "-inf", int(time.time() * 1000))
+    taken = []
+    for raw in expired:
+        turn_id = raw.decode()
+        if await requeue_turn(redis, keys, turn_id):
+            taken.append(turn_id)
+        else:  # finished or already taken meanwhile: drop a stale entry
+            state = await redis.hget(keys.turn_state(turn_id), "status")
+            if state != b"running":
+                await redis.zrem(keys.running, turn_id)
+    return taken
+
+
+async def sweep_forever(redis: Any, keys: Keys, interval: float = SWEEP_INTERVAL) -> None:
+    """Run :func:`sweep_once` every ``interval`` seconds until cancelled; errors are logged, never raised."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            recovered = await sweep_once(redis, keys)
+            if recovered:
+                logger.warning("re-enqueued turns whose worker stopped: %s", recovered)
+        except Exception:
+            logger.warning("sweep failed", exc_info=True)

@@ -1,0 +1,277 @@
+"""Worker side of the turn state machine: attempts, leases, fencing, checkpoints (DESIGN.md §8).
+
+Every run of a turn is an *attempt*. :meth:`TurnAttempt.begin` atomically
+moves the turn to ``running`` and increments its ``attempt`` number, which is
+the fencing token: every write of the attempt (history appends, events, the
+final state) is a Lua script that first checks the turn's current attempt,
+so a stalled or stale attempt cannot write after another took over.
+
+While it runs, the attempt renews a short lease (``lease`` seconds, renewed
+every ``lease / 3``) in the turn's state and in ``{p}:running``; a sweeper
+(:mod:`smith_worker.sweeper`) re-enqueues a turn whose lease expired, under a
+new arq job id, so recovery does not wait for arq's in-progress key (job
+timeout + 10 s, arq-notes.md §1.6).
+
+The history is the checkpoint: the user message is appended once per turn
+id (its index kept as ``history_start``), assistant and tool messages are
+appended whole, so a re-run reads where the turn stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from smith_client.errors import ParseError
+from smith_client.jobs import RUN_TURN, TurnJob
+from smith_client.keys import Keys
+from smith_client.messages import message_to_json
+from smith_worker.history import DEFAULT_HISTORY_TTL
+
+logger = logging.getLogger("agent_smith.worker")
+
+#: Seconds a turn's lease lives without renewal (renewed every third of it).
+DEFAULT_LEASE = 10.0
+
+_BEGIN = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return {'missing'} end
+if st == 'completed' or st == 'failed' or st == 'cancelled' then return {'done', st} end
+if st == 'running' and tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') > tonumber(ARGV[3]) then
+  return {'busy'}
+end
+local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+local until_ms = tonumber(ARGV[3]) + tonumber(ARGV[4])
+redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[2], 'lease_until', until_ms)
+redis.call('ZADD', KEYS[2], until_ms, ARGV[1])
+redis.call('EXPIRE', KEYS[2], 86400)
+return {'go', attempt}
+"""
+
+_RENEW = """
+if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] or redis.call('HGET', KEYS[1], 'status') ~= 'running' then
+  return 0
+end
+local until_ms = tonumber(ARGV[3]) + tonumber(ARGV[4])
+redis.call('HSET', KEYS[1], 'lease_until', until_ms)
+redis.call('ZADD', KEYS[2], until_ms, ARGV[1])
+return 1
+"""
+
+# ARGV[2] is the owner's attempt (a hand-off at shutdown) or '' (the sweeper,
+# which may only take a turn whose lease has expired).
+_REQUEUE = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return 0 end
+if ARGV[2] == '' and tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') > tonumber(ARGV[3]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'status', 'queued', 'lease_until', 0)
+redis.call('ZREM', KEYS[2], ARGV[1])
+return redis.call('HINCRBY', KEYS[1], 'requeues', 1)
+"""
+
+FINISH_LUA = """
+if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[3], ARGV[4], ARGV[5], 'inbox_closed', '1', 'lease_until', 0)
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('LREM', KEYS[3], 0, ARGV[1])
+redis.call('DEL', KEYS[4])
+return 1
+"""
+
+_APPEND_USER = """
+if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return -1 end
+local start = redis.call('HGET', KEYS[1], 'history_start')
+if start then return tonumber(start) end
+local n = redis.call('RPUSH', KEYS[2], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('HSET', KEYS[1], 'history_start', n - 1)
+return n - 1
+"""
+
+_APPEND = """
+if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return -1 end
+local n = redis.call('RPUSH', KEYS[2], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return n
+"""
+
+# Moves merged user messages into the history. With ARGV[3] == '1' and nothing
+# to move, closes the inbox (the turn is finishing), atomically with the check.
+_DRAIN_INBOX = """
+if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return false end
+local msgs = redis.call('LRANGE', KEYS[2], 0, -1)
+if #msgs > 0 then
+  redis.call('RPUSH', KEYS[3], unpack(msgs))
+  redis.call('EXPIRE', KEYS[3], ARGV[2])
+  redis.call('DEL', KEYS[2])
+elseif ARGV[3] == '1' then
+  redis.call('HSET', KEYS[1], 'inbox_closed', '1')
+end
+return msgs
+"""
+
+_HEAD = """
+for _, id in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  if id == ARGV[2] then return 1 end
+  local st = redis.call('HGET', ARGV[1] .. ':turn:' .. id .. ':state', 'status')
+  if st == false or st == 'completed' or st == 'failed' or st == 'cancelled' then
+    redis.call('LREM', KEYS[1], 0, id)
+  else
+    return 0
+  end
+end
+return 1
+"""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class StaleAttemptError(Exception):
+    """This attempt is no longer the turn's current one: it must stop without writing."""
+
+
+class TurnAttempt:
+    """One attempt at running one turn (see the module docstring).
+
+    ``lease`` is seconds. ``on_lost`` is called (once) when renewal finds the
+    lease taken over, so the owner can stop its task.
+    """
+
+    def __init__(
+        self,
+        redis: Any,
+        keys: Keys,
+        turn_id: str,
+        conversation_id: str,
+        worker_id: str,
+        *,
+        lease: float = DEFAULT_LEASE,
+        history_ttl: int = DEFAULT_HISTORY_TTL,
+    ) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.turn_id = turn_id
+        self.conversation_id = conversation_id
+        self.worker_id = worker_id
+        self.lease_ms = int(lease * 1000)
+        self.history_ttl = history_ttl
+        self.attempt = 0
+        self._renewer: asyncio.Task[None] | None = None
+        self._state = keys.turn_state(turn_id)
+        self._history = keys.history(conversation_id)
+
+    async def begin(self) -> str:
+        """Take the turn: ``"go"`` (this attempt runs it), ``"done"``, ``"busy"`` (another live attempt) or ``"missing"``."""
+        reply = await self.redis.eval(
+            _BEGIN, 2, self._state, self.keys.running, self.turn_id, self.worker_id, _now_ms(), self.lease_ms
+        )
+        outcome = reply[0].decode()
+        if outcome == "go":
+            self.attempt = int(reply[1])
+        return outcome
+
+    def start_renewing(self, on_lost: Callable[[], None]) -> None:
+        """Renew the lease every third of its life until :meth:`stop_renewing`."""
+        self._renewer = asyncio.create_task(self._renew_loop(on_lost))
+
+    async def stop_renewing(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+
+    async def _renew_loop(self, on_lost: Callable[[], None]) -> None:
+        while True:
+            await asyncio.sleep(self.lease_ms / 3000)
+            try:
+                renewed = await self.redis.eval(
+                    _RENEW, 2, self._state, self.keys.running, self.turn_id, self.attempt, _now_ms(), self.lease_ms
+                )
+            except Exception:  # a Redis blip: the lease has slack for two more tries
+                logger.warning("turn %s: lease renewal failed", self.turn_id, exc_info=True)
+                continue
+            if not renewed:
+                logger.warning("turn %s: attempt %d lost its lease", self.turn_id, self.attempt)
+                on_lost()
+                return
+
+    async def state(self) -> dict[str, str]:
+        raw = await self.redis.hgetall(self._state)
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    async def wait_for_head(self, interval: float = 0.05) -> None:
+        """Wait until this turn is the oldest unfinished turn of its conversation (FIFO, one at a time)."""
+        conv_turns = self.keys.conversation_turns(self.conversation_id)
+        while not await self.redis.eval(_HEAD, 1, conv_turns, self.keys.prefix, self.turn_id):
+            await asyncio.sleep(interval)
+
+    async def append_user(self, message: BaseModel) -> int:
+        """Append the turn's user message once per turn id; return its index in the history."""
+        index = await self.redis.eval(
+            _APPEND_USER, 2, self._state, self._history, self.attempt, message_to_json(message), self.history_ttl
+        )
+        if index < 0:
+            raise StaleAttemptError(self.turn_id)
+        return int(index)
+
+    async def append(self, *messages: BaseModel) -> None:
+        """Append whole messages to the history, fenced. Raises :class:`StaleAttemptError`."""
+        if not messages:
+            return
+        blobs = [message_to_json(m) for m in messages]
+        if await self.redis.eval(_APPEND, 2, self._state, self._history, self.attempt, self.history_ttl, *blobs) < 0:
+            raise StaleAttemptError(self.turn_id)
+
+    async def drain_inbox(self, closing: bool) -> list[bytes]:
+        """Move merged user messages into the history; when ``closing`` and none are waiting, close the inbox."""
+        moved = await self.redis.eval(
+            _DRAIN_INBOX, 3, self._state, self.keys.turn_inbox(self.turn_id), self._history,
+            self.attempt, self.history_ttl, "1" if closing else "0",
+        )  # fmt: skip
+        if moved is None:
+            raise StaleAttemptError(self.turn_id)
+        return list(moved)
+
+    def finish_script_args(self, status: str, field: str, value: str, ttl: int) -> tuple[list[str], list[Any]]:
+        """Keys and args of :data:`FINISH_LUA`, the fenced final write (committed with the terminal event)."""
+        keys = [self._state, self.keys.running, self.keys.conversation_turns(self.conversation_id),
+                self.keys.turn_inbox(self.turn_id)]
+        return keys, [self.turn_id, self.attempt, status, field, value, ttl]
+
+    async def requeue(self) -> int:
+        """Hand the turn off (worker shutdown): back to ``queued`` and re-enqueued under a new job id."""
+        return await requeue_turn(self.redis, self.keys, self.turn_id, str(self.attempt))
+
+
+async def requeue_turn(redis: Any, keys: Keys, turn_id: str, attempt: str = "") -> int:
+    """Put a running turn back on the turns queue; with ``attempt=""`` only if its lease expired.
+
+    Returns the re-enqueue number, or 0 when the turn was not taken. The new
+    job id is unique per re-enqueue, so arq's leftover keys of the old job
+    (its in-progress key survives a crash) cannot block it.
+    """
+    state = keys.turn_state(turn_id)
+    count = int(await redis.eval(_REQUEUE, 2, state, keys.running, turn_id, attempt, _now_ms()))
+    if count:
+        payload = await redis.hget(state, "job")
+        if payload is None:
+            raise ParseError(f"turn {turn_id} has no stored job payload")
+        job = TurnJob.model_validate_json(payload)
+        await redis.enqueue_job(
+            RUN_TURN, job.model_dump(mode="json"), _job_id=keys.turn_rerun_job_id(turn_id, count),
+            _queue_name=keys.turns_queue,
+        )  # fmt: skip
+        logger.info("turn %s re-enqueued (re-enqueue #%d)", turn_id, count)
+    return count
+

@@ -1,0 +1,74 @@
+"""An API key never leaves the worker's own configuration (seed §16.4; issue 3 acceptance 4).
+
+One turn with a tool call runs on an extra pair of worker processes (their own
+prefix) configured with ``SMITH_LLM_API_KEY`` and DEBUG logging, so the LLM
+client logs request headers and bodies. Everything the turn wrote to Redis is
+captured with ``MONITOR`` (job payloads, tool results, history, events, the
+replay log), plus its events as the client received them and the workers' log
+files. The key must appear in none of them, while the scripted server did
+receive it as ``Authorization: Bearer <key>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+
+import pytest
+from redis.asyncio import Redis
+
+from smith_client import SmithClient
+from tests.conftest import start_workers, wait_for_workers, worker_env
+from tests.integration.test_turns import collect
+from tests.support.scripted_llm import Reply, Script
+
+pytestmark = pytest.mark.integration
+
+
+async def _monitor(redis_url: str, commands: list[str], ready: asyncio.Event) -> None:
+    """Append every command the Redis server executes (from any client) to ``commands``."""
+    redis = Redis.from_url(redis_url)
+    try:
+        async with redis.monitor() as monitor:
+            ready.set()
+            while True:
+                commands.append((await monitor.next_command())["command"])
+    finally:
+        await redis.aclose()
+
+
+async def test_api_key_appears_in_no_event_log_or_job_payload(redis_url, scripted_llm, scenario):
+    api_key = f"sk-secret-{uuid.uuid4().hex}"
+    prefix = f"secret{uuid.uuid4().hex[:8]}"
+    env = worker_env(redis_url, prefix, scripted_llm.base_url, SMITH_LLM_API_KEY=api_key, SMITH_LOG_LEVEL="DEBUG")
+    key, marker = scenario(Script(Reply.tool_calls([("add", {"a": 2, "b": 2})]), Reply.text("four")))
+
+    commands: list[str] = []
+    ready = asyncio.Event()
+    monitor = asyncio.create_task(_monitor(redis_url, commands, ready))
+    await ready.wait()
+    procs = start_workers("tests.support.app:app", env, ["turns", "tools"], prefix)
+    try:
+        await wait_for_workers(redis_url, prefix, len(procs))
+        async with SmithClient.from_url(redis_url, prefix=prefix) as client:
+            events = await collect(client, f"{marker} 2+2?", f"conv-{key}")
+            history = await client.history(f"conv-{key}")
+    finally:
+        for proc in procs:
+            proc.stop()  # stopped first so the log files are complete
+        monitor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await monitor
+
+    assert events[-1].type == "turn.completed" and events[-1].final_message().content == "four"
+    requests = scripted_llm.requests_for(key)
+    assert len(requests) == 2 and all(r.headers["authorization"] == f"Bearer {api_key}" for r in requests)
+
+    logs = "\n".join(proc.log_path.read_text(errors="replace") for proc in procs)
+    written = "\n".join(commands)
+    # the captures are real: the wire was logged (redacted) and the payloads went through Redis
+    assert "'Authorization': '<redacted>'" in logs and "sse frame" in logs
+    assert "run_turn" in written and "run_tool" in written and '"four"' in written.replace('\\"', '"')
+    for captured in (logs, written, *(e.model_dump_json() for e in events), *(m.model_dump_json() for m in history)):
+        assert api_key not in captured

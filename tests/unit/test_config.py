@@ -1,0 +1,17 @@
+"""Loop and LLM-client defaults are the seed's (§15.1 ``AgentConfig``, §8.1 ``LlmClientConfig``, §6.3)."""
+
+from smith_worker.config import AgentConfig
+from smith_worker.llm import LlmClientConfig
+
+
+def test_agent_config_defaults_are_the_seeds():
+    cfg = AgentConfig()
+    assert (cfg.max_iterations, cfg.tree_max_iterations, cfg.deadline, cfg.max_total_tokens) == (16, 50, None, None)
+    assert cfg.default_tool_timeout == 30.0  # seconds
+    assert cfg.tool_result_max_bytes == 64 * 1024 and cfg.stream_default is True
+
+
+def test_llm_client_config_defaults_are_the_seeds():
+    cfg = LlmClientConfig(base_url="http://127.0.0.1:8080/v1", model="m")
+    assert cfg.api_key is None and cfg.request_timeout == 60.0 and cfg.max_retries == 3
+    assert (cfg.backoff_base, cfg.max_retry_after, cfg.include_usage) == (0.5, 60.0, True)
