@@ -15,6 +15,9 @@ Event types and their ``data``:
 ``message``             ``{message}``: a message appended to the history (stored form)
 ``turn.completed``      ``{message}``: the final :class:`AssistantMessage` (stored form)
 ``turn.failed``         ``{error: {kind, message, fields}}``
+``mcp.event``           ``{alias, kind, message, fields}``: an MCP server's lifecycle event
+                        (``connected``, ``disconnected``, ``reconnecting``, ``reconnect_failed``)
+                        or notification (``kind`` ``notification``, ``fields`` ``{method, params}``)
 ``turn.cancelled``      ``{reason}``: cancelled by a caller (``cancel``) or by a newer turn (``interrupt``)
 ``turn.resumed``        ``{attempt}``: a re-run after a worker crash or shutdown took the turn over
 ======================  ==========================================================
@@ -40,6 +43,7 @@ TOOL_RESULT = "tool.result"
 MESSAGE = "message"
 TURN_COMPLETED = "turn.completed"
 TURN_FAILED = "turn.failed"
+MCP_EVENT = "mcp.event"
 TURN_CANCELLED = "turn.cancelled"
 TURN_RESUMED = "turn.resumed"
 

@@ -19,6 +19,7 @@ key                               what                                    lifeti
 ``{p}:toolres:{t}:{step}:{i}``    a tool call's result                     ``turn_ttl``
 ``{p}:workers``                   live workers (ZSET id → expiry ms)       pruned by workers; 1 day TTL
 ``{p}:worker:{w}``                one worker's registration                heartbeat TTL
+``{p}:mcp:{alias}:tools``         an MCP server's tool schemas (JSON)      the server's ``schema_cache_ttl`` (300 s)
 ``{p}:running``                   running turns (ZSET id → lease expiry)   turn workers remove on finish; sweeper; 1 day TTL
 ``{p}:conv:{c}:turns``            the conversation's unfinished turns      ``history_ttl``; finished turns removed
 ``{p}:turn:{t}:inbox``            user messages merged into a turn         ``turn_ttl``
@@ -93,6 +94,10 @@ class Keys:
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}"
+
+    def mcp_tools(self, alias: str) -> str:
+        """Cached tool schemas of MCP server ``alias``, for turn workers (written with a TTL)."""
+        return f"{self.prefix}:mcp:{alias}:tools"
 
     def worker_replies_channel(self, worker_id: str) -> str:
         """Pub/sub channel on which tool workers notify a turn worker of finished tool jobs."""

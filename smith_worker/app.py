@@ -168,6 +168,42 @@ class SmithApp:
         self.sources[source.name] = source
         return source
 
+    def mcp_server(
+        self,
+        alias: str,
+        *,
+        command: str | None = None,
+        args: list[str] | tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        url: str | None = None,
+        bearer_token: str | None = None,
+        headers: dict[str, str] | None = None,
+        request_timeout: float = 30.0,
+        allow: list[str] | None = None,
+        deny: list[str] | None = None,
+        tools_required: bool = False,
+        reconnect_on_transport_error: bool = True,
+    ) -> ToolSource:
+        """Declare an MCP server (seed §11.2) as a tool source named ``alias``; agents use it with
+        ``sources=[alias]`` and see its tools as ``mcp_<alias>__<tool>``.
+
+        A stdio server takes ``command`` (+ ``args``, ``env``, ``cwd``); a
+        Streamable HTTP server takes ``url`` (+ ``bearer_token``, ``headers``).
+        ``request_timeout`` is seconds; ``allow`` / ``deny`` filter original
+        tool names (deny wins). Nothing starts here: each worker process starts
+        the server on first use and pools it. Raises :class:`ConfigurationError`
+        for an invalid configuration or a duplicate source name.
+        """
+        from smith_worker.mcp import McpServerSource, ServerConfig  # keeps the MCP modules out of apps without MCP
+
+        config = ServerConfig(
+            alias=alias, command=command, args=tuple(args), env=env, cwd=cwd, url=url, bearer_token=bearer_token,
+            headers=headers, request_timeout=request_timeout, allow=allow, deny=deny, tools_required=tools_required,
+            reconnect_on_transport_error=reconnect_on_transport_error,
+        )
+        return self.add_source(McpServerSource(config))
+
     def source_for(self, tool_name: str, allowed: list[str] | None = None) -> ToolSource | None:
         """The source owning ``tool_name`` (among ``allowed`` names when given), or None."""
         for name, source in self.sources.items():

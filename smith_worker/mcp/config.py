@@ -12,7 +12,6 @@ pool (research/mcp-notes.md §7.9). All durations are seconds.
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -57,7 +56,7 @@ class ServerConfig:
 
     * ``request_timeout``: budget of one MCP request (a tool call, a resource read).
     * ``allow`` / ``deny``: original MCP tool names (``read_resource`` names the
-      synthetic resource reader); deny wins; ``allow=None`` allows all.
+      synthetic resource reader); deny wins; no (or an empty) allow list allows all (seed §11.2).
     * ``tools_required``: a failing ``tools/list`` fails the connection instead
       of leaving the server without tools (seed §11.6).
     * ``reconnect_on_transport_error``: retry once after a transport error when
@@ -186,12 +185,7 @@ class ServerConfig:
         return self.redact(f"{self.kind}: {target}")
 
     def allowed(self, original_name: str) -> bool:
-        """Whether the filter lets ``original_name`` through (deny wins; no allow list = all)."""
+        """Whether the filter lets ``original_name`` through (deny wins; an empty allow list = all)."""
         if original_name in (self.deny or ()):
             return False
-        return self.allow is None or original_name in self.allow
-
-
-def default_python() -> str:
-    """The interpreter running this worker (handy as ``command`` for Python servers)."""
-    return sys.executable
+        return not self.allow or original_name in self.allow

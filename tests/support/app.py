@@ -120,3 +120,45 @@ app.agent(
         on_error=_raising_hook("on_error", is_async=True),
     ),
 )
+
+
+# ---- durability tests (issue 4) ---------------------------------------------
+
+
+@app.tool(timeout=30.0)
+async def slow_tool(seconds: float, ctx: ToolContext) -> str:
+    """Sleep `seconds`; records its start and cancellation (for cancel tests)."""
+    await _record(f"slow:{ctx.turn_id}", "started")
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        await asyncio.shield(_record(f"slow:{ctx.turn_id}", "cancelled"))
+        raise
+    return "slept"
+
+
+@app.tool(timeout=30.0)
+async def counted(label: str, seconds: float = 0.0) -> str:
+    """Counts its executions under `label` (not idempotent: a crash must never re-run it), then sleeps."""
+    await _record(f"counted:{label}", "run")
+    await asyncio.sleep(seconds)
+    return f"counted {label}"
+
+
+app.agent("durable", tools=[slow_tool, counted, add])
+
+
+# ---- MCP (issue 5): the lab stdio server, pooled per worker process ---------------------------
+import sys as _sys  # noqa: E402
+
+from tests.support.mcp_servers import LAB_SERVER as _LAB_SERVER  # noqa: E402
+
+
+async def _record_mcp_event(event: object) -> None:
+    """Agent-level on_mcp_event hook: records the event kinds per agent (key ``<prefix>:test:mcp-hook``)."""
+    await _record("mcp-hook", event.to_data()["kind"])  # type: ignore[attr-defined]
+
+
+app.mcp_server("lab", command=_sys.executable, args=[_LAB_SERVER], request_timeout=10.0, deny=["crash"])
+app.agent("mcp", system_prompt="You can use the lab MCP server.", tools=[add], sources=["lab"],
+          hooks=Hooks(on_mcp_event=_record_mcp_event))

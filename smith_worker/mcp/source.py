@@ -1,0 +1,180 @@
+"""An MCP server as a :class:`~smith_worker.sources.ToolSource` (seed §11.7, §11.8; issue 5 item 6).
+
+* **Turn workers** need schemas before the model sees the tools
+  (:meth:`McpServerSource.schemas`): the live catalog of this process's own
+  connection if there is one, else the copy cached in Redis
+  (``Keys.mcp_tools(alias)``, TTL ``schema_cache_ttl``), else discovery in
+  this process's pool (a cold start), which also fills the cache.
+* **Tool workers** run the calls (:meth:`McpServerSource.call`) through
+  their own pool. Every process that (re)discovers a server, after a
+  connect or a ``notifications/tools/list_changed``, rewrites the cache.
+* Events of a call go to the turn's stream as ``mcp.event`` and to the
+  agent's ``on_mcp_event`` hook; the app-level hook gets every event once.
+
+Tool names are ``mcp_<alias>__<tool>``; ``mcp_<alias>__read_resource(uri)``
+reads a resource. Every failure becomes an error :class:`ToolResult`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from smith_client.errors import SmithError
+from smith_client.events import MCP_EVENT
+from smith_worker.hooks import Hooks, fire
+from smith_worker.llm.types import ToolSchema
+from smith_worker.mcp.catalog import Catalog
+from smith_worker.mcp.config import ServerConfig
+from smith_worker.mcp.events import McpEvent
+from smith_worker.mcp.server import ServerHandle
+from smith_worker.tools import ToolContext, ToolResult, error_result
+
+if TYPE_CHECKING:
+    from smith_worker.runtime import WorkerRuntime
+
+logger = logging.getLogger("agent_smith.mcp")
+
+#: Seconds of the tool job's budget kept back so the pool's own (typed) timeout fires before the job's.
+JOB_MARGIN = 0.25
+#: Seconds a finished call waits for its queued events to reach the turn's stream (before ``tool.result``).
+EVENT_FLUSH_TIMEOUT = 0.5
+
+
+@dataclass(eq=False)
+class TurnSink:
+    """Events of the requests of one turn: its stream (``mcp.event``) and its agent's hooks."""
+
+    rt: WorkerRuntime
+    turn_id: str
+    agent_path: list[str]
+    hooks: Hooks | None
+
+    @property
+    def key(self) -> str:
+        return self.turn_id
+
+    async def emit(self, event: McpEvent) -> None:
+        await self.rt.events.publish(self.turn_id, MCP_EVENT, event.to_data(), self.agent_path)
+        if self.hooks is not None:
+            await fire("on_mcp_event", event, self.hooks)
+
+
+class McpServerSource:
+    """The tools of one MCP server for the agents that list its alias in ``sources``.
+
+    ``config`` is its :class:`ServerConfig`; ``handle`` (the pooled server of
+    this process) is created on first use unless given.
+    """
+
+    def __init__(self, config: ServerConfig, handle: ServerHandle | None = None) -> None:
+        self.config = config
+        self.name = config.alias
+        self.handle = handle or ServerHandle(config)
+        self._rt: WorkerRuntime | None = None
+        self.handle.catalog_listeners.append(self._cache_catalog)
+        self.handle.events.listeners.append(self._app_hooks)
+
+    # ---- ToolSource -------------------------------------------------------------
+
+    def owns(self, tool_name: str) -> bool:
+        """Names starting with ``mcp_<alias>__``."""
+        return tool_name.startswith(self.config.tool_prefix)
+
+    def timeout_for(self, tool_name: str) -> float:
+        """``request_timeout + connect_timeout`` seconds: a call may have to start the server first."""
+        return self.config.request_timeout + self.config.connect_timeout
+
+    async def schemas(self, rt: WorkerRuntime) -> list[ToolSchema]:
+        """The server's tools now (see module doc).
+
+        A server that cannot be reached raises its typed error when
+        ``tools_required``, else it offers no tools this time (logged).
+        """
+        self._rt = rt
+        conn = self.handle.connection
+        if conn is not None:
+            return list(conn.catalog.schemas)
+        cached = await self._read_cache(rt)
+        if cached is not None:
+            return cached
+        try:
+            catalog = await self.handle.catalog()
+        except SmithError as exc:
+            if self.config.tools_required:
+                raise
+            logger.warning("MCP server %r unavailable; its tools are not offered this turn: %s", self.name, exc.message)
+            return []
+        return list(catalog.schemas)
+
+    async def call(self, rt: WorkerRuntime, tool_name: str, arguments: dict, ctx: ToolContext) -> ToolResult:
+        """Run one call on this process's pooled server. Never raises except cancellation."""
+        self._rt = rt
+        sink = self._sink(rt, ctx)
+        deadline = ctx.deadline - JOB_MARGIN if ctx.deadline else None
+        try:
+            result = await self._call(tool_name, arguments, deadline, sink)
+        except SmithError as exc:
+            result = error_result(exc.message)
+        except Exception as exc:  # a bug must not crash the tool job (seed §10.4)
+            logger.exception("MCP server %r: call of %s failed unexpectedly", self.name, tool_name)
+            result = error_result(f"{type(exc).__name__}: {exc}")
+        await self.handle.events.drain(EVENT_FLUSH_TIMEOUT)  # the call's events precede its tool.result
+        return result
+
+    async def close(self) -> None:
+        """Stop this process's server (worker shutdown)."""
+        await self.handle.close()
+
+    # ---- extras -------------------------------------------------------------------
+
+    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None,
+                         timeout: float | None = None) -> list[Any]:
+        """Prompt ``name`` rendered as Smith messages (seed §11.8). Raises :class:`McpError` on non-text content."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return await self.handle.get_prompt(name, arguments, deadline=deadline)
+
+    # ---- internals ------------------------------------------------------------------
+
+    async def _call(self, tool_name: str, arguments: dict, deadline: float | None, sink: TurnSink | None) -> ToolResult:
+        catalog = await self.handle.catalog(deadline, sink)
+        if tool_name not in catalog.routes:
+            return error_result(f"unknown tool: {tool_name}")
+        if catalog.is_reader(tool_name):
+            uri = arguments.get("uri")
+            if not isinstance(uri, str) or not uri:
+                return error_result("read_resource needs a 'uri' string argument")
+            return await self.handle.read_resource(uri, deadline=deadline, sink=sink)
+        original = catalog.resolve(tool_name)
+        assert original is not None
+        if not self.config.allowed(original):  # the filter holds at call time too
+            return error_result(f"tool {tool_name!r} is not allowed")
+        return await self.handle.call_tool(original, arguments, deadline=deadline, sink=sink)
+
+    @staticmethod
+    def _sink(rt: WorkerRuntime, ctx: ToolContext) -> TurnSink | None:
+        if not ctx.turn_id:
+            return None
+        spec = rt.app.get_agent(ctx.agent) if ctx.agent else None
+        return TurnSink(rt, ctx.turn_id, [ctx.agent] if ctx.agent else [], spec.hooks if spec else None)
+
+    async def _app_hooks(self, event: McpEvent) -> None:
+        if self._rt is not None:
+            await fire("on_mcp_event", event, self._rt.app.hooks)
+
+    async def _read_cache(self, rt: WorkerRuntime) -> list[ToolSchema] | None:
+        try:
+            raw = await rt.redis.get(rt.keys.mcp_tools(self.name))
+            return Catalog.schemas_from_json(raw) if raw else None
+        except Exception as exc:  # a cache problem only costs a discovery
+            logger.warning("MCP server %r: tool cache unreadable: %s", self.name, exc)
+            return None
+
+    async def _cache_catalog(self, catalog: Catalog) -> None:
+        rt = self._rt
+        if rt is None:
+            return
+        key = rt.keys.mcp_tools(self.name)
+        await rt.redis.set(key, catalog.to_json(), ex=max(1, int(self.config.schema_cache_ttl)))

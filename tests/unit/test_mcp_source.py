@@ -1,0 +1,99 @@
+"""``McpServerSource``: schemas for turn workers (Redis cache), calls on tool workers, events, shutdown.
+
+Runs the bundled example server (smith_worker/demo/mcp_server_example.py) against the suite's
+private redis-server; two apps stand for two worker processes (a turn worker and a tool worker).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+import pytest
+
+import smith_worker.demo as demo_package
+from smith_worker import Hooks, SmithApp
+from smith_worker.config import Settings
+from smith_worker.runtime import WorkerRuntime, connect_redis
+from smith_worker.tools import ToolContext
+from tests.support.mcp_helpers import eventually_async, exists, lab_config
+
+EXAMPLE = str(Path(demo_package.__file__).with_name("mcp_server_example.py"))
+
+
+def build_app(prefix: str, redis_url: str, heard: list, extra_lab: bool = False) -> SmithApp:
+    app = SmithApp(settings=Settings(redis_url=redis_url, prefix=prefix))
+    app.hooks.on_mcp_event = lambda event: heard.append(("app", event.to_data()["kind"]))
+    app.mcp_server("example", command=sys.executable, args=[EXAMPLE], deny=["now"])
+    sources = ["example"]
+    if extra_lab:
+        from smith_worker.mcp import McpServerSource
+
+        app.add_source(McpServerSource(lab_config("stubborn", "--ignore-eof")))
+        sources.append("stubborn")
+    app.agent("a", sources=sources, hooks=Hooks(on_mcp_event=lambda event: heard.append(("agent", event))))
+    return app
+
+
+def runtime(app: SmithApp, queue: str) -> WorkerRuntime:
+    return WorkerRuntime(app=app, queue=queue, settings=app.settings, redis=connect_redis(app.settings.redis_url))
+
+
+def context(tool_name: str, turn_id: str) -> ToolContext:
+    return ToolContext(call_id="c1", tool_name=tool_name, turn_id=turn_id, agent="a", budget=20.0,
+                       deadline=time.monotonic() + 20.0, worker_id="w")
+
+
+@pytest.fixture
+def prefix():
+    return f"mcp{uuid.uuid4().hex[:8]}"
+
+
+async def test_turn_side_discovers_once_then_reads_the_cache_and_tool_side_calls(redis_url, prefix):
+    heard_turns, heard_tools = [], []
+    turns = runtime(build_app(prefix, redis_url, heard_turns), "turns")
+    tools = runtime(build_app(prefix, redis_url, heard_tools, extra_lab=True), "tools")
+    turn_source, tool_source = turns.app.sources["example"], tools.app.sources["example"]
+    try:
+        # cold cache: the turn worker discovers in its own pool and fills the cache (with a TTL)
+        names = [s.name for s in await turn_source.schemas(turns)]
+        assert names == ["mcp_example__echo", "mcp_example__read_resource"]  # "now" denied
+        key = turns.keys.mcp_tools("example")
+        assert await eventually_async(lambda: turns.redis.exists(key))  # written by a background task
+        assert 0 < await turns.redis.ttl(key) <= 300
+        # another process with a cold pool reads the cache and starts nothing
+        assert [s.name for s in await tool_source.schemas(tools)] == names
+        assert tool_source.handle.pid is None
+
+        turn_id = f"turn-{uuid.uuid4().hex[:6]}"
+        result = await tool_source.call(tools, "mcp_example__echo", {"text": "hi"}, context("mcp_example__echo", turn_id))
+        assert (result.content, result.is_error) == ("hi", False)
+        resource = await tool_source.call(tools, "mcp_example__read_resource", {"uri": "example://info"},
+                                          context("mcp_example__read_resource", turn_id))
+        assert "example MCP server" in resource.content
+        for name in ("mcp_example__now", "mcp_example__nope"):  # denied and unknown: error results, no traffic
+            refused = await tool_source.call(tools, name, {}, context(name, turn_id))
+            assert refused.is_error and "unknown tool" in orjson.loads(refused.content)["message"]
+        messages = await tool_source.get_prompt("greet", {"name": "Neo"})
+        assert "Neo" in messages[0].content
+
+        # the call's events reached the turn's stream and the agent's hook; the app hook heard them once
+        events = [e for e in await tools.events.read(turn_id) if e.type == "mcp.event"]
+        assert events and events[0].data["alias"] == "example" and events[0].data["kind"] == "connected"
+        assert ("app", "connected") in heard_tools
+        assert any(who == "agent" and event.server_alias == "example" for who, event in heard_tools)
+
+        # a second server that ignores stdin EOF, started on the same tool worker
+        stubborn = await tools.app.sources["stubborn"].call(tools, "mcp_stubborn__echo", {"text": "x"},
+                                                          context("mcp_stubborn__echo", turn_id))
+        assert stubborn.content == "x"
+        pids = [turn_source.handle.pid, tool_source.handle.pid, tools.app.sources["stubborn"].handle.pid]
+        assert all(exists(pid) for pid in pids)
+    finally:
+        await turns.stop()
+        await tools.stop()  # worker shutdown: every MCP server goes, the EOF-ignoring one included
+    assert all(not exists(pid) for pid in pids)
+
