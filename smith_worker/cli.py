@@ -4,6 +4,7 @@
 * ``smith ask "question"`` runs one turn; ``smith chat`` is a REPL. Tokens go
   to stdout as they arrive; one status line per tool call and result goes to
   stderr (seed §19).
+* ``smith --conversation ID keys`` lists that conversation's Redis keys and TTLs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, TextIO
 import orjson
 
 from smith_client import SmithClient, SmithError
+from smith_client.hygiene import conversation_keys
 from smith_client.events import TOKEN, TOOL_CALL_COMPLETED, TOOL_RESULT, TURN_COMPLETED, TURN_FAILED, Event
 from smith_worker.app import SmithApp
 
@@ -118,8 +120,15 @@ async def _run_chat(args: argparse.Namespace) -> int:
                     printer._status(f"[error] {exc!r}")
 
 
+async def _run_keys(args: argparse.Namespace) -> int:
+    async with SmithClient.from_url(args.redis_url, prefix=args.prefix) as client:
+        for info in await conversation_keys(client.redis, client.keys, args.conversation):
+            print(f"{info.ttl:>9}  {info.type:<7} {info.key}")
+    return 0
+
+
 def smith_main(argv: list[str] | None = None) -> None:
-    """Entry point of ``smith``: ``smith ask "question"`` or ``smith chat``."""
+    """Entry point of ``smith``: ``smith ask "question"``, ``smith chat``, ``smith keys --conversation ID``."""
     parser = argparse.ArgumentParser(prog="smith", description="Talk to Agent Smith agents.")
     parser.add_argument("--redis-url", default=os.environ.get("SMITH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--prefix", default=os.environ.get("SMITH_PREFIX", "smith"))
@@ -130,9 +139,11 @@ def smith_main(argv: list[str] | None = None) -> None:
     ask = sub.add_parser("ask", help="run one turn and print it")
     ask.add_argument("question")
     sub.add_parser("chat", help="an interactive conversation")
+    sub.add_parser("keys", help="list the conversation's Redis keys and their TTLs (seconds)")
     args = parser.parse_args(argv)
+    commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys}
     try:
-        code = asyncio.run(_run_ask(args) if args.command == "ask" else _run_chat(args))
+        code = asyncio.run(commands[args.command](args))
     except SmithError as exc:
         print(f"smith: {exc!r}", file=sys.stderr)
         code = 1

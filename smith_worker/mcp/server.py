@@ -564,6 +564,7 @@ class ServerHandle:
             return
         if self._conn is conn:
             self._conn = None
+            self.state = State.IDLE if reason in ("idle", "shutdown") else State.BACKOFF
         tail = conn.capture.tail_text().splitlines()[-10:] if conn.capture is not None else []
         self.events.emit(LifecycleEvent(LifecycleKind.DISCONNECTED, self.alias, f"disconnected: {reason}",
                                         {"generation": conn.generation, "reason": reason,

@@ -7,6 +7,7 @@ nothing of the SDK is mocked. Timing assertions use generous ceilings (the box i
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import statistics
@@ -40,6 +41,37 @@ async def lab(tmp_path_factory):
     handle = ServerHandle(lab_config(log=log, max_concurrency=20))
     yield handle, log
     await handle.close()
+
+
+class Collect(logging.Handler):
+    """Keeps the messages of ``agent_smith.mcp`` records."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+async def misfits():
+    """Badly behaved servers, started concurrently: ``(handles, catalog-or-error by alias, log messages)``."""
+    handles = {h.alias: h for h in (
+        ServerHandle(lab_config("noisy", "--noisy")),
+        ServerHandle(lowlevel_config("plain", "tools-only", idle_timeout=1.0)),
+        ServerHandle(lowlevel_config("req", "broken-list", tools_required=True, backoff_base=30)),
+        ServerHandle(lowlevel_config("opt", "broken-list")),
+    )}
+    collect = Collect()
+    logger = logging.getLogger("agent_smith.mcp")
+    logger.addHandler(collect)
+    try:
+        started = await asyncio.gather(*(h.catalog() for h in handles.values()), return_exceptions=True)
+        yield handles, dict(zip(handles, started)), collect.messages
+    finally:
+        logger.removeHandler(collect)
+        await asyncio.gather(*(h.close() for h in handles.values()))
 
 
 async def timed(coro):
@@ -210,51 +242,32 @@ async def test_hung_server_is_detected_killed_and_replaced():
         await handle.close()
 
 
-async def test_non_json_stdout_lines_are_ignored(caplog):
-    handle = ServerHandle(lab_config("noisy", "--noisy"))
-    try:
-        for i in range(5):
-            assert (await handle.call_tool("echo", {"text": f"n{i}"})).content == f"n{i}"
-        assert "not a JSON-RPC message" in caplog.text
-    finally:
-        await handle.close()
+async def test_non_json_stdout_lines_are_ignored(misfits):
+    handles, started, messages = misfits
+    handle = handles["noisy"]
+    assert "mcp_noisy__echo" in started["noisy"].tool_names()
+    for i in range(5):
+        assert (await handle.call_tool("echo", {"text": f"n{i}"})).content == f"n{i}"
+    assert any("not a JSON-RPC message" in m and "this is not JSON" in m for m in messages)
 
 
-async def test_server_without_resources_or_prompts_pagination_and_idle_stop(caplog):
-    handle = ServerHandle(lowlevel_config("plain", "tools-only", idle_timeout=0.5))
-    try:
-        catalog = await handle.catalog()
-        assert catalog.tool_names() == ["mcp_plain__echo", "mcp_plain__pid", "mcp_plain__noop"]  # three pages
-        assert "prompts/list unavailable" in caplog.text  # advertised but unsupported: warn and continue
-        assert (await handle.call_tool("echo", {"text": "x"})).content == "x"
-        pid = handle.pid
-        assert await eventually(lambda: not exists(pid), timeout=5)  # idle: stopped cleanly
-        assert handle.state is State.IDLE
-        assert (await handle.call_tool("pid", {})).content != str(pid)  # cold start on the next call
-    finally:
-        await handle.close()
-
-
-async def test_failing_tools_list_fails_the_server_only_if_required():
-    required = ServerHandle(lowlevel_config("req", "broken-list", tools_required=True, backoff_base=30))
-    optional = ServerHandle(lowlevel_config("opt", "broken-list"))
-    try:
-        failure, catalog = await asyncio.gather(required.catalog(), optional.catalog(), return_exceptions=True)
-        assert isinstance(failure, McpProtocolError) and failure.rpc_code == -32603
-        assert catalog.tool_names() == ["mcp_opt__read_resource"]
-        assert (await optional.read_resource("broken://readme")).content == "still readable"
-    finally:
-        await asyncio.gather(required.close(), optional.close())
-
-
-async def test_close_kills_a_server_that_ignores_stdin_eof():
-    handle = ServerHandle(lab_config("stubborn", "--ignore-eof"))
-    await handle.catalog()
+async def test_server_without_resources_or_prompts_pagination_and_idle_stop(misfits):
+    handles, started, messages = misfits
+    handle = handles["plain"]
+    assert started["plain"].tool_names() == ["mcp_plain__echo", "mcp_plain__pid", "mcp_plain__noop"]  # 3 pages
+    assert any("prompts/list unavailable" in m for m in messages)  # advertised, unsupported: warn and continue
+    assert (await handle.call_tool("echo", {"text": "x"})).content == "x"
     pid = handle.pid
-    started = time.monotonic()
-    await handle.close()
-    assert time.monotonic() - started < 8
-    assert await eventually(lambda: not exists(pid))
+    assert await eventually(lambda: not exists(pid), timeout=6)  # idle: stopped cleanly, reaped
+    assert handle.state is State.IDLE and handle.connection is None  # the next call would cold-start
+
+
+async def test_failing_tools_list_fails_the_server_only_if_required(misfits):
+    handles, started, _ = misfits
+    failure, catalog = started["req"], started["opt"]
+    assert isinstance(failure, McpProtocolError) and failure.rpc_code == -32603
+    assert catalog.tool_names() == ["mcp_opt__read_resource"]
+    assert (await handles["opt"].read_resource("broken://readme")).content == "still readable"
 
 
 async def test_worker_death_takes_its_servers_along():

@@ -57,6 +57,7 @@ async def test_turn_side_discovers_once_then_reads_the_cache_and_tool_side_calls
     turns = runtime(build_app(prefix, redis_url, heard_turns), "turns")
     tools = runtime(build_app(prefix, redis_url, heard_tools, extra_lab=True), "tools")
     turn_source, tool_source = turns.app.sources["example"], tools.app.sources["example"]
+    pids: list[int | None] = []
     try:
         # cold cache: the turn worker discovers in its own pool and fills the cache (with a TTL)
         names = [s.name for s in await turn_source.schemas(turns)]

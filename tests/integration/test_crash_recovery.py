@@ -1,0 +1,140 @@
+"""Issue 4: turns survive a killed turn worker (kill -9) and a SIGTERM under load.
+
+These tests run their own fleet (two turn workers, one tool worker, own
+prefix), since they kill workers. Recovery waits for the turn's lease (10 s)
+to expire, so each takes ~15 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import uuid
+
+import pytest
+
+from smith_client import SmithClient
+from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
+from smith_client.registry import live_workers
+from smith_worker.local.processes import ManagedProcess
+from tests.conftest import start_workers, wait_for_workers, worker_env
+from tests.support.scripted_llm import Reply, Script
+
+pytestmark = [pytest.mark.integration]
+
+
+class Fleet:
+    """Worker processes of one prefix; `ensure` tops the turn workers back up after a kill."""
+
+    def __init__(self, redis_url: str, llm_url: str) -> None:
+        self.redis_url = redis_url
+        self.prefix = f"crash{uuid.uuid4().hex[:6]}"
+        self.env = worker_env(redis_url, self.prefix, llm_url)
+        self.procs: list[ManagedProcess] = start_workers("tests.support.app:app", self.env, ["tools"], self.prefix)
+
+    async def ensure(self, turn_workers: int) -> None:
+        alive = [p for p in self.procs if p.alive()]
+        missing = turn_workers + 1 - len(alive)
+        if missing > 0:
+            self.procs += start_workers("tests.support.app:app", self.env, ["turns"] * missing, self.prefix)
+        await wait_for_workers(self.redis_url, self.prefix, turn_workers + 1)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+
+
+@pytest.fixture(scope="module")
+async def fleet(redis_url, scripted_llm):
+    fleet = Fleet(redis_url, scripted_llm.base_url)
+    yield fleet
+    fleet.stop()
+
+
+@pytest.fixture
+async def fleet_client(fleet):
+    await fleet.ensure(turn_workers=2)
+    async with SmithClient.from_url(fleet.redis_url, prefix=fleet.prefix) as client:
+        yield client
+
+
+async def worker_pid_running(client: SmithClient, turn_id: str) -> int:
+    """The pid of the turn worker running ``turn_id`` (from its state: worker id ``host:pid:turns:…``)."""
+    for _ in range(200):
+        state = await client.turn(turn_id).state()
+        if state.get("status") == "running" and state.get("worker"):
+            return int(state["worker"].split(":")[1])
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"turn {turn_id} never ran")
+
+
+async def wait_for(client: SmithClient, turn_id: str, event_type: str) -> None:
+    async for event in client.turn(turn_id).events():
+        if event.type == event_type:
+            return
+
+
+def assert_clean_stream(events: list) -> None:
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))  # no duplicated or missing seq
+    assert events[-1].type == "turn.completed"
+    assert "turn.cancelled" not in [e.type for e in events]
+
+
+async def test_kill_9_during_the_model_stream(fleet_client, scenario):
+    gate = threading.Event()
+    key, marker = scenario(Script(Reply.text("resumed answer", chunk_size=3, gate=gate)))
+    conv = f"conv-{key}"
+    handle = await fleet_client.submit(f"{marker} talk", conversation_id=conv, agent="plain")
+    pid = await worker_pid_running(fleet_client, handle.turn_id)
+    await wait_for(fleet_client, handle.turn_id, "turn.started")
+    os.kill(pid, signal.SIGKILL)
+    gate.set()
+    reply = await handle.result(timeout=60)  # acceptance: within 30 s (lease 10 s + sweep 2 s + rerun)
+    assert reply.content == "resumed answer"
+    events = [e async for e in handle.events()]
+    assert_clean_stream(events)
+    assert [e.data["attempt"] for e in events if e.type == "turn.resumed"] == [2]
+    history = await fleet_client.history(conv)
+    assert [type(m) for m in history] == [UserMessage, AssistantMessage]  # no duplicate message
+
+
+async def test_kill_9_during_a_tool_wait_reuses_the_tool_result(fleet_client, scenario, prefix):
+    label = uuid.uuid4().hex[:8]
+    key, marker = scenario(Script(Reply.tool_calls([("counted", {"label": label, "seconds": 2})]), Reply.text("done")))
+    conv = f"conv-{key}"
+    handle = await fleet_client.submit(f"{marker} count", conversation_id=conv, agent="durable")
+    pid = await worker_pid_running(fleet_client, handle.turn_id)
+    await wait_for(fleet_client, handle.turn_id, "tool_call.completed")
+    os.kill(pid, signal.SIGKILL)
+    assert (await handle.result(timeout=60)).content == "done"
+    runs = await fleet_client.redis.lrange(f"{fleet_client.keys.prefix}:test:counted:{label}", 0, -1)
+    assert runs == [b"run"]  # the completed tool was not executed twice
+    events = [e async for e in handle.events()]
+    assert_clean_stream(events)
+    assert "turn.resumed" in [e.type for e in events]
+    history = await fleet_client.history(conv)
+    assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, AssistantMessage]
+    assert history[2].content == f"counted {label}"
+
+
+async def test_sigterm_under_load_hands_turns_off(fleet_client, fleet, scenario):
+    _, marker = scenario(Script(Reply.text("steady " * 20, chunk_size=7, delay=0.1)))
+    handles = await asyncio.gather(*(
+        fleet_client.submit(f"{marker} n{i}", conversation_id=f"load-{uuid.uuid4().hex[:6]}", agent="plain")
+        for i in range(20)
+    ))
+    pids = {await worker_pid_running(fleet_client, h.turn_id) for h in handles}
+    victim = next(iter(pids))
+    os.kill(victim, signal.SIGTERM)
+    results = await asyncio.gather(*(h.result(timeout=90) for h in handles))
+    assert all(r.content == "steady " * 20 for r in results)  # none lost
+    resumed = 0
+    for handle in handles:
+        events = [e async for e in handle.events()]
+        assert_clean_stream(events)  # a handed-off turn publishes no turn.cancelled
+        resumed += "turn.resumed" in [e.type for e in events]
+    assert resumed >= 1
+    workers = await live_workers(fleet_client.redis, fleet_client.keys)
+    assert all(str(victim) != w["id"].split(":")[1] for w in workers)  # the victim unregistered
