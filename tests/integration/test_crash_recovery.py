@@ -32,17 +32,18 @@ class Fleet:
         self.redis_url = redis_url
         self.prefix = f"crash{uuid.uuid4().hex[:6]}"
         self.env = worker_env(redis_url, self.prefix, llm_url)
-        self.procs: list[ManagedProcess] = start_workers("tests.support.app:app", self.env, ["tools"], self.prefix)
+        self.procs: dict[str, list[ManagedProcess]] = {"turns": [], "tools": []}
 
-    async def ensure(self, turn_workers: int) -> None:
-        alive = [p for p in self.procs if p.alive()]
-        missing = turn_workers + 1 - len(alive)
-        if missing > 0:
-            self.procs += start_workers("tests.support.app:app", self.env, ["turns"] * missing, self.prefix)
-        await wait_for_workers(self.redis_url, self.prefix, turn_workers + 1)
+    async def ensure(self, turns: int = 2, tools: int = 1) -> None:
+        for queue, wanted in (("turns", turns), ("tools", tools)):
+            self.procs[queue] = [p for p in self.procs[queue] if p.alive()]
+            missing = wanted - len(self.procs[queue])
+            if missing > 0:
+                self.procs[queue] += start_workers("tests.support.app:app", self.env, [queue] * missing, self.prefix)
+        await wait_for_workers(self.redis_url, self.prefix, turns + tools)
 
     def stop(self) -> None:
-        for proc in self.procs:
+        for proc in self.procs["turns"] + self.procs["tools"]:
             proc.stop()
 
 
@@ -55,7 +56,7 @@ async def fleet(redis_url, scripted_llm):
 
 @pytest.fixture
 async def fleet_client(fleet):
-    await fleet.ensure(turn_workers=2)
+    await fleet.ensure(turns=2, tools=1)
     async with SmithClient.from_url(fleet.redis_url, prefix=fleet.prefix) as client:
         yield client
 
@@ -138,3 +139,31 @@ async def test_sigterm_under_load_hands_turns_off(fleet_client, fleet, scenario)
     assert resumed >= 1
     workers = await live_workers(fleet_client.redis, fleet_client.keys)
     assert all(str(victim) != w["id"].split(":")[1] for w in workers)  # the victim unregistered
+
+
+async def tool_worker_running(client: SmithClient, turn_id: str, step: int = 1, index: int = 0) -> int:
+    """The pid of the tool worker that started a call (from its started marker)."""
+    for _ in range(200):
+        worker = await client.redis.get(client.keys.tool_started(turn_id, step, index))
+        if worker:
+            return int(worker.decode().split(":")[1])
+        await asyncio.sleep(0.05)
+    raise AssertionError("the tool call never started")
+
+
+@pytest.mark.parametrize("tool, runs, expect_error", [("counted", 1, True), ("counted_idempotent", 2, False)])
+async def test_kill_9_of_the_tool_worker(fleet_client, fleet, scenario, tool, runs, expect_error):
+    await fleet.ensure(turns=2, tools=2)  # a second tool worker to re-run an idempotent call
+    label = uuid.uuid4().hex[:8]
+    key, marker = scenario(Script(Reply.tool_calls([(tool, {"label": label, "seconds": 4})]), Reply.text("after")))
+    handle = await fleet_client.submit(f"{marker} go", conversation_id=f"conv-{key}", agent="durable")
+    os.kill(await tool_worker_running(fleet_client, handle.turn_id), signal.SIGKILL)
+    assert (await handle.result(timeout=60)).content == "after"
+    executions = await fleet_client.redis.lrange(f"{fleet_client.keys.prefix}:test:counted:{label}", 0, -1)
+    assert len(executions) == runs  # a call that may have had effects is never silently re-run
+    tool_message = (await fleet_client.history(f"conv-{key}"))[2]
+    assert tool_message.is_error is expect_error
+    if expect_error:
+        assert "interrupted" in tool_message.content
+    else:
+        assert tool_message.content == f"counted {label}"

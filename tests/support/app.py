@@ -145,7 +145,15 @@ async def counted(label: str, seconds: float = 0.0) -> str:
     return f"counted {label}"
 
 
-app.agent("durable", tools=[slow_tool, counted, add])
+@app.tool(timeout=30.0, idempotent=True)
+async def counted_idempotent(label: str, seconds: float = 0.0) -> str:
+    """Like `counted`, but declared idempotent: safe to re-run when its tool worker died."""
+    await _record(f"counted:{label}", "run")
+    await asyncio.sleep(seconds)
+    return f"counted {label}"
+
+
+app.agent("durable", tools=[slow_tool, counted, counted_idempotent, add])
 
 
 # ---- MCP (issue 5): the lab stdio server, pooled per worker process ---------------------------

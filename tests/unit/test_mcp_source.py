@@ -6,6 +6,7 @@ private redis-server; two apps stand for two worker processes (a turn worker and
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 import uuid
@@ -59,8 +60,10 @@ async def test_turn_side_discovers_once_then_reads_the_cache_and_tool_side_calls
     turn_source, tool_source = turns.app.sources["example"], tools.app.sources["example"]
     pids: list[int | None] = []
     try:
-        # cold cache: the turn worker discovers in its own pool and fills the cache (with a TTL)
-        names = [s.name for s in await turn_source.schemas(turns)]
+        # cold cache: the turn worker discovers in its own pool and fills the cache (with a TTL);
+        # meanwhile the tool worker starts a server that ignores stdin EOF (for the shutdown check below)
+        schemas, _ = await asyncio.gather(turn_source.schemas(turns), tools.app.sources["stubborn"].handle.catalog())
+        names = [s.name for s in schemas]
         assert names == ["mcp_example__echo", "mcp_example__read_resource"]  # "now" denied
         key = turns.keys.mcp_tools("example")
         assert await eventually_async(lambda: turns.redis.exists(key))  # written by a background task
@@ -87,14 +90,12 @@ async def test_turn_side_discovers_once_then_reads_the_cache_and_tool_side_calls
         assert ("app", "connected") in heard_tools
         assert any(who == "agent" and event.server_alias == "example" for who, event in heard_tools)
 
-        # a second server that ignores stdin EOF, started on the same tool worker
         stubborn = await tools.app.sources["stubborn"].call(tools, "mcp_stubborn__echo", {"text": "x"},
                                                           context("mcp_stubborn__echo", turn_id))
         assert stubborn.content == "x"
         pids = [turn_source.handle.pid, tool_source.handle.pid, tools.app.sources["stubborn"].handle.pid]
         assert all(exists(pid) for pid in pids)
-    finally:
-        await turns.stop()
-        await tools.stop()  # worker shutdown: every MCP server goes, the EOF-ignoring one included
+    finally:  # worker shutdown: every MCP server goes, the EOF-ignoring one included
+        await asyncio.gather(turns.stop(), tools.stop())
     assert all(not exists(pid) for pid in pids)
 

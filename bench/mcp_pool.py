@@ -1,0 +1,160 @@
+"""MCP call latency: pooled vs a fresh connection per call, and through a tool job, side by side in one run.
+
+1. **At the pool**, on the bundled stdio example server
+   (``smith_worker/demo/mcp_server_example.py``): ``echo`` called sequentially,
+   then concurrently (a semaphore of 20 over all calls), plus ``ping``.
+2. **Fresh connection per call**: a new pooled handle for every call (spawn
+   through the launcher, ``initialize``, discovery, the call, close): what a
+   runtime without pooling pays.
+3. **Through a tool job** (unless ``--no-jobs``): a private redis-server, the
+   scripted chat-completions server and one turn worker + one tool worker
+   serving ``tests.support.app:app``; turns of agent ``mcp`` call
+   ``mcp_lab__echo`` (stdio lab server, pooled in the tool worker) and, for
+   comparison, the native tool ``add``. Reported: the tool hop
+   ``tool_call.completed`` → ``tool.result`` (enqueue, pickup, call, store,
+   publish), first MCP call (cold start in the tool worker) excluded.
+
+Usage: ``.venv/bin/python bench/mcp_pool.py [--calls 500] [--fresh 10] [--turns 30] [--no-jobs]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from smith_client import SmithClient  # noqa: E402
+from smith_worker.local.processes import start_redis_server  # noqa: E402
+from smith_worker.mcp import ServerConfig, ServerHandle  # noqa: E402
+from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: E402
+from tests.support.scripted_llm import Reply, Script, ScriptedLlmServer, scenario_marker  # noqa: E402
+
+EXAMPLE = str(ROOT / "smith_worker" / "demo" / "mcp_server_example.py")
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def summary(values: list[float]) -> str:
+    ms = [v * 1000 for v in values]
+    return f"p50 {statistics.median(ms):.2f} ms, p99 {pct(ms, 0.99):.2f} ms (n={len(ms)})"
+
+
+def example_config() -> ServerConfig:
+    return ServerConfig("example", command=sys.executable, args=[EXAMPLE])
+
+
+async def timed(coro) -> float:
+    started = time.perf_counter()
+    await coro
+    return time.perf_counter() - started
+
+
+async def pooled(calls: int) -> dict[str, object]:
+    handle = ServerHandle(example_config())
+    try:
+        startup = await timed(handle.catalog())
+        for _ in range(50):  # warm-up
+            await handle.call_tool("echo", {"text": "warm"})
+        sequential = [await timed(handle.call_tool("echo", {"text": f"s{i}"})) for i in range(calls)]
+        gate = asyncio.Semaphore(20)
+
+        async def one(i: int) -> float:
+            async with gate:
+                return await timed(handle.call_tool("echo", {"text": f"c{i}"}))
+
+        started = time.perf_counter()
+        concurrent = await asyncio.gather(*(one(i) for i in range(calls)))
+        throughput = calls / (time.perf_counter() - started)
+        pings = [await timed(handle.ping()) for _ in range(100)]
+    finally:
+        await handle.close()
+    return {"startup": startup, "sequential": sequential, "concurrent": concurrent, "throughput": throughput,
+            "ping": pings}
+
+
+async def fresh(calls: int) -> list[float]:
+    async def once() -> None:
+        handle = ServerHandle(example_config())
+        try:
+            await handle.call_tool("echo", {"text": "fresh"})
+        finally:
+            await handle.close()
+
+    return [await timed(once()) for _ in range(calls)]
+
+
+async def tool_hop(client: SmithClient, text: str, conversation: str, agent: str) -> float:
+    start = hop = None
+    async for event in client.stream(text, conversation_id=conversation, agent=agent, timeout=60):
+        if event.type == "tool_call.completed":
+            start = event.ts
+        elif event.type == "tool.result" and start is not None:
+            hop = event.ts - start
+        elif event.type == "turn.failed":
+            raise RuntimeError(event.data)
+    assert hop is not None
+    return hop
+
+
+async def through_jobs(turns: int) -> dict[str, list[float]]:
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    redis_proc, redis_url = start_redis_server()
+    with ScriptedLlmServer() as llm:
+        mcp_key, native_key = uuid.uuid4().hex[:10], uuid.uuid4().hex[:10]
+        llm.add_scenario(mcp_key, Script(Reply.tool_calls([("mcp_lab__echo", {"text": "hi"})]), Reply.text("ok")))
+        llm.add_scenario(native_key, Script(Reply.tool_calls([("add", {"a": 1, "b": 2})]), Reply.text("3")))
+        procs = start_workers("tests.support.app:app", worker_env(redis_url, prefix, llm.base_url),
+                              ["turns", "tools"], prefix)
+        try:
+            await wait_for_workers(redis_url, prefix, 2)
+            async with SmithClient.from_url(redis_url, prefix=prefix) as client:
+                cold = await tool_hop(client, scenario_marker(mcp_key), "cold", "mcp")
+                out: dict[str, list[float]] = {"cold": [cold], "mcp": [], "native": []}
+                for i in range(turns):
+                    out["mcp"].append(await tool_hop(client, scenario_marker(mcp_key), f"m{i}", "mcp"))
+                    out["native"].append(await tool_hop(client, scenario_marker(native_key), f"n{i}", "mcp"))
+                return out
+        finally:
+            for proc in procs:
+                proc.stop()
+            redis_proc.stop()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--fresh", type=int, default=10)
+    parser.add_argument("--turns", type=int, default=30)
+    parser.add_argument("--no-jobs", action="store_true")
+    args = parser.parse_args()
+
+    pool = await pooled(args.calls)
+    per_call = await fresh(args.fresh)
+    seq = pool["sequential"]
+    print(f"stdio example server ({sys.executable})")
+    print(f"| pool start (spawn + initialize + discovery) | {pool['startup'] * 1000:.0f} ms |")
+    print(f"| pooled, {args.calls} sequential calls | {summary(seq)} |")
+    print(f"| pooled, {args.calls} concurrent calls (20 at a time) | {summary(pool['concurrent'])}, "
+          f"{pool['throughput']:.0f} calls/s |")
+    print(f"| pooled ping | {summary(pool['ping'])} |")
+    print(f"| fresh connection per call (spawn, initialize, discovery, call, close) | {summary(per_call)} |")
+    print(f"| fresh / pooled median | x{statistics.median(per_call) / statistics.median(seq):.0f} |")
+    if not args.no_jobs:
+        jobs = await through_jobs(args.turns)
+        print(f"| tool hop, MCP tool (pooled in the tool worker) | {summary(jobs['mcp'])} |")
+        print(f"| tool hop, native tool, same run | {summary(jobs['native'])} |")
+        print(f"| tool hop, first MCP call (cold start in the tool worker) | {jobs['cold'][0] * 1000:.0f} ms |")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
