@@ -131,8 +131,8 @@ def start_redis_server(port: int | None = None, log_path: Path | None = None) ->
         raise ConfigurationError("redis-server is not installed (apt-get install redis-server)", setting="redis")
     port = port or free_port()
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--loglevel", "warning"]
-    proc = ManagedProcess(argv, log_path=log_path, grace=5.0).start()
+            "--loglevel", "warning", "--logfile", str(log_path) if log_path else "/dev/null"]
+    proc = ManagedProcess(argv, grace=5.0).start()
     url = f"redis://127.0.0.1:{port}/0"
     wait_until(lambda: redis_answers(url), 10.0, "redis-server")
     return proc, url

@@ -1,0 +1,109 @@
+"""Cancellation and recovery times through real processes (issue 4's 1 s and 30 s targets).
+
+Starts a private redis-server, the scripted chat-completions server, two turn
+workers and one tool worker, then measures from the client:
+
+* cancel mid-stream: ``handle.cancel()`` → ``turn.cancelled`` received;
+* kill -9 of the turn worker mid-stream → ``turn.resumed`` and → ``turn.completed``;
+* SIGTERM of the turn worker mid-stream → ``turn.resumed`` (hand-off).
+
+Usage: ``.venv/bin/python bench/durability.py [--cancels 20]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from smith_client import SmithClient  # noqa: E402
+from smith_worker.local.processes import start_redis_server  # noqa: E402
+from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: E402
+from tests.support.scripted_llm import Reply, ScriptedLlmServer, Script, scenario_marker  # noqa: E402
+
+APP = "tests.support.app:app"
+
+
+async def first_event(client: SmithClient, turn_id: str, wanted: str) -> float:
+    async for event in client.turn(turn_id).events():
+        if event.type == wanted:
+            return time.monotonic()
+    raise RuntimeError(f"no {wanted}")
+
+
+async def cancel_latency(client: SmithClient, llm: ScriptedLlmServer, runs: int) -> list[float]:
+    key = uuid.uuid4().hex[:8]
+    llm.add_scenario(key, Script(Reply.text("tick " * 400, chunk_size=5, delay=0.05)))
+    out = []
+    for i in range(runs):
+        handle = await client.submit(scenario_marker(key), conversation_id=f"cancel-{key}-{i}", agent="plain")
+        await first_event(client, handle.turn_id, "token")
+        started = time.monotonic()
+        await handle.cancel()
+        out.append(await first_event(client, handle.turn_id, "turn.cancelled") - started)
+    return out
+
+
+async def worker_pid(client: SmithClient, turn_id: str) -> int:
+    while True:
+        state = await client.turn(turn_id).state()
+        if state.get("status") == "running" and state.get("worker"):
+            return int(state["worker"].split(":")[1])
+        await asyncio.sleep(0.02)
+
+
+async def recovery(client: SmithClient, llm: ScriptedLlmServer, signum: int) -> tuple[float, float]:
+    gate = threading.Event()
+    key = uuid.uuid4().hex[:8]
+    llm.add_scenario(key, Script(Reply.text("recovered", chunk_size=3, gate=gate)))
+    handle = await client.submit(scenario_marker(key), conversation_id=f"rec-{key}", agent="plain")
+    await first_event(client, handle.turn_id, "turn.started")
+    pid = await worker_pid(client, handle.turn_id)
+    killed = time.monotonic()
+    os.kill(pid, signum)
+    gate.set()
+    resumed = await first_event(client, handle.turn_id, "turn.resumed")
+    completed = await first_event(client, handle.turn_id, "turn.completed")
+    return resumed - killed, completed - killed
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cancels", type=int, default=20)
+    args = parser.parse_args()
+    redis_proc, redis_url = start_redis_server()
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    procs = []
+    try:
+        with ScriptedLlmServer() as llm:
+            env = worker_env(redis_url, prefix, llm.base_url)
+            procs = start_workers(APP, env, ["turns", "turns", "tools"], prefix)
+            await wait_for_workers(redis_url, prefix, 3)
+            async with SmithClient.from_url(redis_url, prefix=prefix) as client:
+                cancels = await cancel_latency(client, llm, args.cancels)
+                kill = await recovery(client, llm, signal.SIGKILL)
+                procs += start_workers(APP, env, ["turns"], prefix)
+                await wait_for_workers(redis_url, prefix, 3)
+                term = await recovery(client, llm, signal.SIGTERM)
+    finally:
+        for proc in procs:
+            proc.stop()
+        redis_proc.stop()
+    ms = [c * 1000 for c in cancels]
+    print(f"cancel mid-stream → turn.cancelled   p50 {statistics.median(ms):6.1f} ms   max {max(ms):6.1f} ms  (n={len(ms)})")
+    print(f"kill -9 mid-stream → turn.resumed     {kill[0]:6.2f} s   → turn.completed {kill[1]:6.2f} s")
+    print(f"SIGTERM mid-stream → turn.resumed     {term[0]:6.2f} s   → turn.completed {term[1]:6.2f} s")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
