@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 from arq.connections import ArqRedis
 from redis.asyncio import ConnectionPool
@@ -29,7 +29,7 @@ from smith_client.keys import ID_PATTERN, Keys
 from smith_client.messages import AssistantMessage, UserMessage, messages_from_json_list
 from smith_client.registry import live_agents
 from smith_client.serialization import job_deserializer, job_serializer
-from smith_client.turns import TurnHandle, submit
+from smith_client.turns import MULTITASK_POLICIES, TurnHandle, submit
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 #: Largest user message accepted, in UTF-8 bytes.
@@ -53,6 +53,17 @@ def _check_text(text: Any) -> str:
     if len(text.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
         raise InvalidRequestError(f"text is larger than {MAX_MESSAGE_BYTES} bytes", field="text")
     return text
+
+
+class TurnOptions(TypedDict, total=False):
+    """Options of one turn request (see :meth:`SmithClient.send`)."""
+
+    conversation_id: Required[str]
+    agent: str
+    turn_id: str | None
+    multitask: str
+    sampling: dict[str, Any] | None
+    stream: bool | None
 
 
 class SmithClient:
@@ -86,25 +97,16 @@ class SmithClient:
         if self._owns_redis:
             await self.redis.aclose(close_connection_pool=True)
 
-    async def send(
-        self,
-        text: str,
-        *,
-        conversation_id: str,
-        agent: str = "default",
-        turn_id: str | None = None,
-        multitask: str = "enqueue",
-        sampling: dict[str, Any] | None = None,
-        stream: bool | None = None,
-        timeout: float | None = None,
-    ) -> AssistantMessage:
+    async def send(self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]) -> AssistantMessage:
         """Run one turn and return its final assistant message.
 
-        ``turn_id`` is an idempotency key: the same id sent again (with the same
-        request) attaches to the existing turn instead of starting another.
-        ``multitask`` is the policy when the conversation already has an
-        unfinished turn (see :mod:`smith_client.turns`). ``timeout`` (seconds,
-        None = wait forever) bounds the wait, not the turn.
+        ``options`` are :class:`TurnOptions`: ``conversation_id`` (required),
+        ``agent``, ``turn_id`` (an idempotency key: the same id sent again with
+        the same request attaches to the existing turn instead of starting
+        another), ``multitask`` (the policy when the conversation already has
+        an unfinished turn, see :mod:`smith_client.turns`), ``sampling`` and
+        ``stream`` (per-turn model options). ``timeout`` (seconds, None = wait
+        forever) bounds the wait, not the turn.
 
         Raises :class:`InvalidRequestError` / :class:`UnknownAgentError` /
         :class:`ConversationBusyError` / :class:`ConflictError` before
@@ -112,16 +114,7 @@ class SmithClient:
         ``LlmApiError``) when it fails; :class:`TurnCancelledError` when it is
         cancelled; :class:`SmithTimeoutError` on ``timeout``.
         """
-        async for event in self.stream(
-            text,
-            conversation_id=conversation_id,
-            agent=agent,
-            turn_id=turn_id,
-            multitask=multitask,
-            sampling=sampling,
-            stream=stream,
-            timeout=timeout,
-        ):
+        async for event in self.stream(text, timeout=timeout, **options):
             if event.type == TURN_COMPLETED:
                 return event.final_message()
             if event.terminal:
@@ -129,25 +122,17 @@ class SmithClient:
         raise SmithTimeoutError("turn event stream ended without a terminal event", operation="send")
 
     async def stream(
-        self,
-        text: str,
-        *,
-        conversation_id: str,
-        agent: str = "default",
-        turn_id: str | None = None,
-        multitask: str = "enqueue",
-        sampling: dict[str, Any] | None = None,
-        stream: bool | None = None,
-        timeout: float | None = None,
+        self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
     ) -> AsyncIterator[Event]:
         """Run one turn and yield its events, ending with ``turn.completed``, ``turn.failed`` or ``turn.cancelled``.
 
-        Validation errors are raised at the first iteration, before anything is
-        enqueued. A caller attaching to an existing turn (same ``turn_id``)
-        gets all of its events from the start; a ``merge`` caller gets the
-        events of the turn it joined from the moment it joined.
+        Options and errors as for :meth:`send`; validation errors are raised at
+        the first iteration, before anything is enqueued. A caller attaching to
+        an existing turn (same ``turn_id``) gets all of its events from the
+        start; a ``merge`` caller gets the events of the turn it joined from the
+        moment it joined.
         """
-        job = await self._prepare(text, conversation_id, agent, turn_id, sampling, stream)
+        job, multitask = await self._prepare(text, **options)
         pubsub = self.redis.pubsub()
         try:
             # subscribe before submitting, so no live event is missed
@@ -162,19 +147,9 @@ class SmithClient:
         finally:
             await pubsub.aclose()
 
-    async def submit(
-        self,
-        text: str,
-        *,
-        conversation_id: str,
-        agent: str = "default",
-        turn_id: str | None = None,
-        multitask: str = "enqueue",
-        sampling: dict[str, Any] | None = None,
-        stream: bool | None = None,
-    ) -> TurnHandle:
-        """Start a background turn and return its handle at once (errors as for :meth:`send`)."""
-        job = await self._prepare(text, conversation_id, agent, turn_id, sampling, stream)
+    async def submit(self, text: str, **options: Unpack[TurnOptions]) -> TurnHandle:
+        """Start a background turn and return its handle at once (options and errors as for :meth:`send`)."""
+        job, multitask = await self._prepare(text, **options)
         submission = await submit(self, job, multitask)
         return TurnHandle(self, submission.turn_id)
 
@@ -201,21 +176,27 @@ class SmithClient:
     async def _prepare(
         self,
         text: Any,
-        conversation_id: Any,
-        agent: Any,
-        turn_id: Any,
-        sampling: dict[str, Any] | None,
-        stream: bool | None,
-    ) -> TurnJob:
+        conversation_id: Any = None,
+        agent: Any = "default",
+        turn_id: Any = None,
+        multitask: Any = "enqueue",
+        sampling: Any = None,
+        stream: Any = None,
+    ) -> tuple[TurnJob, str]:
+        """Validate a request (raising :class:`InvalidRequestError` / :class:`UnknownAgentError`) into a job."""
         _check_text(text)
         _check_id(conversation_id, "conversation_id")
         _check_id(agent, "agent")
         if turn_id is not None:
             _check_id(turn_id, "turn_id")
+        if multitask not in MULTITASK_POLICIES:
+            raise InvalidRequestError(f"multitask must be one of {MULTITASK_POLICIES}, got {multitask!r}", field="multitask")
         if sampling is not None and not isinstance(sampling, dict):
             raise InvalidRequestError("sampling must be a dict", field="sampling")
+        if stream is not None and not isinstance(stream, bool):
+            raise InvalidRequestError("stream must be a bool or None", field="stream")
         await self._check_agent(agent)
-        return TurnJob(
+        job = TurnJob(
             turn_id=turn_id or uuid.uuid4().hex,
             conversation_id=conversation_id,
             agent=agent,
@@ -224,6 +205,7 @@ class SmithClient:
             stream=stream,
             submitted_at=time.time(),
         )
+        return job, multitask
 
     async def _check_agent(self, agent: str) -> None:
         served = await live_agents(self.redis, self.keys)

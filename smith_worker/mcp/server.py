@@ -617,11 +617,14 @@ class ServerHandle:
 
     async def _attempt(self, conn: Connection, request: Request, deadline: float) -> Any:
         budget = round(max(0.0, deadline - time.monotonic()), 3)
-        try:
-            async with asyncio.timeout(budget):
-                await self._sem.acquire()
-        except TimeoutError:
-            raise timeout_error(self.alias, request.operation + " (waiting for a free slot)", budget) from None
+        if self._sem.locked():  # wait for a slot within the deadline (the common path skips the timer)
+            try:
+                async with asyncio.timeout(budget):
+                    await self._sem.acquire()
+            except TimeoutError:
+                raise timeout_error(self.alias, request.operation + " (waiting for a free slot)", budget) from None
+        else:
+            await self._sem.acquire()
         conn.inflight += 1
         try:
             if conn.lost.done():
