@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from arq.constants import in_progress_key_prefix, job_key_prefix
 from pydantic import BaseModel
 
 from smith_client.errors import ParseError
@@ -119,18 +120,23 @@ end
 return msgs
 """
 
+# Returns '' when this turn may run (it is the oldest unfinished one), else the
+# id of the turn ahead of it; finished or vanished turns are dropped on the way.
 _HEAD = """
 for _, id in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
-  if id == ARGV[2] then return 1 end
+  if id == ARGV[2] then return '' end
   local st = redis.call('HGET', ARGV[1] .. ':turn:' .. id .. ':state', 'status')
   if st == false or st == 'completed' or st == 'failed' or st == 'cancelled' then
     redis.call('LREM', KEYS[1], 0, id)
   else
-    return 0
+    return id
   end
 end
-return 1
+return ''
 """
+
+#: Seconds a turn waits behind a queued turn before checking that turn still has an arq job.
+STUCK_HEAD_CHECK = 5.0
 
 
 def _now_ms() -> int:
@@ -211,9 +217,18 @@ class TurnAttempt:
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     async def wait_for_head(self, interval: float = 0.05) -> None:
-        """Wait until this turn is the oldest unfinished turn of its conversation (FIFO, one at a time)."""
+        """Wait until this turn is the oldest unfinished turn of its conversation (FIFO, one at a time).
+
+        Every :data:`STUCK_HEAD_CHECK` seconds it makes sure the turn ahead can
+        still run: a queued turn whose job is gone (its submitter died between
+        the two steps of a submit) is enqueued again.
+        """
         conv_turns = self.keys.conversation_turns(self.conversation_id)
-        while not await self.redis.eval(_HEAD, 1, conv_turns, self.keys.prefix, self.turn_id):
+        next_check = time.monotonic() + STUCK_HEAD_CHECK
+        while ahead := (await self.redis.eval(_HEAD, 1, conv_turns, self.keys.prefix, self.turn_id)).decode():
+            if time.monotonic() > next_check:
+                await ensure_enqueued(self.redis, self.keys, ahead)
+                next_check = time.monotonic() + STUCK_HEAD_CHECK
             await asyncio.sleep(interval)
 
     async def append_user(self, message: BaseModel) -> int:
@@ -252,6 +267,24 @@ class TurnAttempt:
     async def requeue(self) -> int:
         """Hand the turn off (worker shutdown): back to ``queued`` and re-enqueued under a new job id."""
         return await requeue_turn(self.redis, self.keys, self.turn_id, str(self.attempt))
+
+
+async def ensure_enqueued(redis: Any, keys: Keys, turn_id: str) -> bool:
+    """Enqueue a queued turn whose arq job is missing; True if it had to. Safe to race (arq dedupes job ids)."""
+    state = {k.decode(): v.decode() for k, v in (await redis.hgetall(keys.turn_state(turn_id))).items()}
+    if state.get("status") != "queued" or "job" not in state:
+        return False
+    requeues = int(state.get("requeues") or 0)
+    job_id = keys.turn_rerun_job_id(turn_id, requeues) if requeues else keys.turn_job_id(turn_id)
+    if await redis.exists(job_key_prefix + job_id, in_progress_key_prefix + job_id):
+        return False
+    job = TurnJob.model_validate_json(state["job"])
+    queued = await redis.enqueue_job(
+        RUN_TURN, job.model_dump(mode="json"), _job_id=job_id, _queue_name=keys.turns_queue
+    )
+    if queued is not None:
+        logger.warning("turn %s had no job; enqueued it again", turn_id)
+    return queued is not None
 
 
 async def requeue_turn(redis: Any, keys: Keys, turn_id: str, attempt: str = "") -> int:
