@@ -131,16 +131,16 @@ class TurnRunner:
             await self.attempt.stop_renewing()
 
     async def _run_attempt(self, spec: AgentSpec | None) -> None:
+        if spec is None:
+            raise UnknownAgentError(f"this worker does not serve agent {self.job.agent!r}", agent=self.job.agent,
+                                    known=sorted(self.rt.app.agents))
+        await self._check_cancel()
+        await self.attempt.wait_for_head()  # turns of one conversation run one at a time, in order
         state = await self.attempt.state()
         if self.attempt.attempt > 1:
             await self.publish(TURN_RESUMED, {"attempt": self.attempt.attempt})
         else:
             await self.publish(TURN_STARTED, {"conversation_id": self.job.conversation_id, "agent": self.job.agent})
-        if spec is None:
-            raise UnknownAgentError(f"this worker does not serve agent {self.job.agent!r}", agent=self.job.agent,
-                                    known=sorted(self.rt.app.agents))
-        await self._check_cancel()
-        await self.attempt.wait_for_head()
         start = await self.attempt.append_user(self.job.message)
         if "history_start" not in state:  # appended now, not by an earlier attempt
             await self._announce(spec, self.job.message)
