@@ -2,7 +2,8 @@
 
 1. **At the pool**, on the bundled stdio example server
    (``smith_worker/demo/mcp_server_example.py``): ``echo`` called sequentially,
-   then concurrently (a semaphore of 20 over all calls), plus ``ping``.
+   then concurrently (a semaphore of 20 over all calls), plus ``ping``; and,
+   as the floor, the SDK's ``ClientSession`` called directly on the same server.
 2. **Fresh connection per call**: a new pooled handle for every call (spawn
    through the launcher, ``initialize``, discovery, the call, close): what a
    runtime without pooling pays.
@@ -82,6 +83,20 @@ async def pooled(calls: int) -> dict[str, object]:
             "ping": pings}
 
 
+async def raw_sdk(calls: int) -> list[float]:
+    """The floor: the SDK's own ``ClientSession`` on the same server, called directly (no pool)."""
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    async with stdio_client(StdioServerParameters(command=sys.executable, args=[EXAMPLE])) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            await session.list_tools()
+            for _ in range(50):
+                await session.call_tool("echo", {"text": "warm"})
+            return [await timed(session.call_tool("echo", {"text": f"r{i}"})) for i in range(calls)]
+
+
 async def fresh(calls: int) -> list[float]:
     async def once() -> None:
         handle = ServerHandle(example_config())
@@ -139,11 +154,13 @@ async def main() -> None:
     args = parser.parse_args()
 
     pool = await pooled(args.calls)
+    floor = await raw_sdk(args.calls)
     per_call = await fresh(args.fresh)
     seq = pool["sequential"]
     print(f"stdio example server ({sys.executable})")
     print(f"| pool start (spawn + initialize + discovery) | {pool['startup'] * 1000:.0f} ms |")
     print(f"| pooled, {args.calls} sequential calls | {summary(seq)} |")
+    print(f"| SDK ClientSession alone, {args.calls} sequential calls (floor, no pool) | {summary(floor)} |")
     print(f"| pooled, {args.calls} concurrent calls (20 at a time) | {summary(pool['concurrent'])}, "
           f"{pool['throughput']:.0f} calls/s |")
     print(f"| pooled ping | {summary(pool['ping'])} |")

@@ -182,7 +182,7 @@ class SmithApp:
         request_timeout: float = 30.0,
         allow: list[str] | None = None,
         deny: list[str] | None = None,
-        tools_required: bool = False,
+        tools_required: bool = True,
         reconnect_on_transport_error: bool = True,
     ) -> ToolSource:
         """Declare an MCP server (seed §11.2) as a tool source named ``alias``; agents use it with

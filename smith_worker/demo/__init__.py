@@ -1,4 +1,5 @@
-"""The demo app (seed §19): agent ``default`` with ``calculator`` and ``read_local_file``.
+"""The demo app (seed §19): agent ``default`` with ``calculator``, ``read_local_file`` and the
+tools of the bundled MCP example server (``mcp_example__echo``, ``mcp_example__now``).
 
 Run it with ``smith-worker smith_worker.demo:app --queue turns`` and
 ``--queue tools``, then ``smith ask "What is 17*23?"``. The sandbox of
@@ -14,6 +15,7 @@ calls a tool by itself but gives schema-valid arguments for a named
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from smith_worker.app import SmithApp
@@ -37,6 +39,18 @@ def read_local_file(path: str) -> str:
     return _read_local_file(path, Path(os.environ.get("SMITH_DEMO_FS") or DEFAULT_SANDBOX))
 
 
+# The bundled MCP example server (seed §19): its tools reach the model as mcp_example__echo and
+# mcp_example__now; each worker process starts it on first use and pools it. The synthetic
+# resource reader is left out (allow list): with its longer description in the prompt, the
+# 135M demo model's forced calculator arguments came out with a raw control character.
+app.mcp_server(
+    "example",
+    command=sys.executable,
+    args=[str(Path(__file__).with_name("mcp_server_example.py"))],
+    allow=["echo", "now"],
+)
+
+
 app.agent(
     "default",
     system_prompt=(
@@ -44,6 +58,7 @@ app.agent(
         "read_local_file to read files. After a tool result, answer briefly with the result."
     ),
     tools=[calculator, read_local_file],
+    sources=["example"],
     tool_choice="calculator",
     # llama-cpp-python's chatml-function-calling format refuses a streamed "auto"
     # ("Automatic streaming tool choice is not supported"), so answer with "none".

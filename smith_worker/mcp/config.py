@@ -91,7 +91,7 @@ class ServerConfig:
     request_timeout: float = 30.0
     allow: Sequence[str] | None = None
     deny: Sequence[str] | None = None
-    tools_required: bool = False
+    tools_required: bool = True  # seed §11.2
     reconnect_on_transport_error: bool = True
     idempotent_tools: Sequence[str] = ()
     connect_timeout: float = 20.0

@@ -49,7 +49,7 @@ from typing import Any
 
 import anyio
 
-from smith_client.errors import SmithError
+from smith_client.errors import SmithError, TransportError
 from smith_worker.mcp import adapt
 from smith_worker.mcp.catalog import Catalog, Discovery, build_catalog
 from smith_worker.mcp.config import ServerConfig
@@ -342,11 +342,14 @@ class ServerHandle:
     async def ready(self, deadline: float) -> Connection:
         """The live connection, starting or waiting for one until ``deadline`` (monotonic instant).
 
+        A connect attempt that fails with a transport error is followed by one
+        more (the owner's next generation) when ``reconnect_on_transport_error``.
         Raises :class:`TransportError` (shutting down, circuit open, connect
         failed), :class:`McpProtocolError` (handshake/discovery failed),
         :class:`SmithTimeoutError` (not ready by ``deadline``).
         """
         self._bind()
+        retry = self.config.reconnect_on_transport_error
         while True:
             if self._closing:
                 raise transport_error(self.alias, "connect", "the pool is shutting down")
@@ -365,6 +368,12 @@ class ServerHandle:
                     conn = await asyncio.shield(pending)
             except TimeoutError:
                 raise timeout_error(self.alias, "connect", round(deadline - now, 3)) from None
+            except TransportError:
+                if not retry:
+                    raise
+                retry = False  # a transport failure while connecting: wait for the owner's next attempt, once
+                logger.info("MCP server %r: connect failed; waiting for one more attempt", self.alias)
+                continue
             if not conn.lost.done():
                 return conn
 
@@ -402,6 +411,8 @@ class ServerHandle:
         try:
             while not self._stop.is_set():
                 end = await self._run_generation()
+                if end.reason == "idle" and self._next is not None and not self._next.done():
+                    continue  # a request arrived while the idle server was stopping: start again
                 if end.reason in ("shutdown", "idle") or self._stop.is_set():
                     break
                 failures_in_row = 1 if end.was_ready else failures_in_row + 1
@@ -476,6 +487,9 @@ class ServerHandle:
                 if self._next is not None:
                     _settle(self._next, error)
         finally:
+            conn = self._conn
+            if conn is not None and conn.generation == generation:  # ended by an error: never leave it published
+                self._end(conn, end.reason)
             if capture is not None:
                 await capture.close()
         return end

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -19,16 +20,41 @@ from tests.support.mcp_servers import HTTP_SERVER
 TOKEN = "tok-5d1f9c0e-very-secret"
 
 
-@pytest.fixture(scope="module")
-def http_ports():
-    proc = subprocess.Popen([sys.executable, HTTP_SERVER, "--token", TOKEN], stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline().split()
+class HttpServers:
+    """The server process; :meth:`restart` replaces it on the same ports (sessions are forgotten)."""
+
+    def __init__(self) -> None:
+        self.ports = (0, 0)
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> HttpServers:
+        self.proc = subprocess.Popen([sys.executable, HTTP_SERVER, "--token", TOKEN, "--ports", *map(str, self.ports)],
+                                     stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline().split()
         assert line[:1] == ["PORTS"], line
-        yield int(line[1]), int(line[2])
-    finally:
-        proc.kill()
-        proc.wait()
+        self.ports = (int(line[1]), int(line[2]))
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture(scope="module")
+def http_servers():
+    servers = HttpServers().start()
+    yield servers
+    servers.stop()
+
+
+@pytest.fixture(scope="module")
+def http_ports(http_servers):
+    return http_servers.ports
 
 
 def http_config(alias: str, port: int, token: str = TOKEN, **options) -> ServerConfig:
@@ -72,3 +98,21 @@ async def test_wrong_token_is_a_typed_error_without_the_token(http_ports, caplog
     finally:
         await handle.close()
     assert "wrong-token-123" not in info.value.message and "wrong-token-123" not in caplog.text
+
+
+async def test_a_restarted_server_gets_a_new_session_after_one_retry(http_servers):
+    """The old session is gone (HTTP 404, or the stream ends): a read-only request reconnects and is sent
+    once more; later calls use the new session (runs last: it restarts the module's server)."""
+    handle = ServerHandle(http_config("web-restart", http_servers.ports[0], backoff_base=0.05))
+    try:
+        assert (await handle.call_tool("echo", {"text": "before"})).content == "before"
+        first = handle.connection.generation
+        http_servers.restart()
+        await handle.ping(deadline=time.monotonic() + 10)  # read-only: retried on the new connection
+        assert handle.connection.generation > first
+        assert (await handle.call_tool("echo", {"text": "after"})).content == "after"
+        seen = (await handle.call_tool("seen_requests", {})).structured["result"]
+    finally:
+        await handle.close()
+    sessions = {r["session"] for r in seen if r["session"]}
+    assert len(sessions) == 1  # the new server only ever saw the new session (after its initialize)

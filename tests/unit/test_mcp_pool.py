@@ -61,7 +61,7 @@ async def misfits():
         ServerHandle(lab_config("noisy", "--noisy")),
         ServerHandle(lowlevel_config("plain", "tools-only", idle_timeout=1.0)),
         ServerHandle(lowlevel_config("req", "broken-list", tools_required=True, backoff_base=30)),
-        ServerHandle(lowlevel_config("opt", "broken-list")),
+        ServerHandle(lowlevel_config("opt", "broken-list", tools_required=False)),
     )}
     collect = Collect()
     logger = logging.getLogger("agent_smith.mcp")

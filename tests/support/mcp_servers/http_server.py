@@ -6,7 +6,8 @@ and record every request (method, ``Mcp-Session-Id``, whether the bearer
 token matched (never the token itself), ``X-Lab``, response content type), which the ``seen_requests`` tool returns.
 Tools: ``echo``, ``seen_requests``, ``slow(seconds)``.
 
-Prints ``PORTS <json_port> <sse_port>`` on stdout once listening.
+Prints ``PORTS <json_port> <sse_port>`` on stdout once listening (``--ports`` binds given ones,
+e.g. to restart on the same ports).
 """
 
 from __future__ import annotations
@@ -70,19 +71,19 @@ def guard(app: Any, token: str, seen: list[dict[str, Any]]) -> Any:
     return asgi
 
 
-def listen() -> socket.socket:
+def listen(port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     return sock
 
 
-async def main(token: str) -> None:
+async def main(token: str, ports_wanted: list[int]) -> None:
     servers, ports = [], []
-    for name, json_response in (("lab-json", True), ("lab-sse", False)):
+    for (name, json_response), port in zip((("lab-json", True), ("lab-sse", False)), ports_wanted):
         seen: list[dict[str, Any]] = []
         app = build(name, seen).streamable_http_app(json_response=json_response)
-        sock = listen()
+        sock = listen(port)
         ports.append(sock.getsockname()[1])
         config = uvicorn.Config(guard(app, token, seen), log_level="warning", lifespan="on")
         servers.append(uvicorn.Server(config).serve(sockets=[sock]))
@@ -93,4 +94,6 @@ async def main(token: str) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--token", required=True)
-    asyncio.run(main(parser.parse_args().token))
+    parser.add_argument("--ports", type=int, nargs=2, default=[0, 0], help="ports to bind (0: any free port)")
+    flags = parser.parse_args()
+    asyncio.run(main(flags.token, flags.ports))
