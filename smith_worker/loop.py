@@ -45,7 +45,7 @@ from smith_client.messages import AssistantMessage, ToolCall, ToolMessage, messa
 from smith_worker.app import AgentSpec
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
-from smith_worker.turn_state import FINISH_LUA, StaleAttemptError, TurnAttempt
+from smith_worker.turn_state import FINISH_LUA, StaleAttemptError, TurnAttempt, park, wake_head
 from smith_worker.llm import LlmClient
 from smith_worker.llm.types import (
     LlmRequest,
@@ -109,6 +109,9 @@ class TurnRunner:
     async def run(self) -> None:
         """Run the turn if this attempt gets it; end it with exactly one terminal event, or hand it off."""
         outcome = await self.attempt.begin()
+        if outcome == "wait":
+            await park(self.rt.redis, self.rt.keys, self.job.turn_id, self.job.conversation_id)
+            return
         if outcome != "go":
             logger.info("turn %s not run here: %s", self.job.turn_id, outcome)
             return
@@ -135,7 +138,6 @@ class TurnRunner:
             raise UnknownAgentError(f"this worker does not serve agent {self.job.agent!r}", agent=self.job.agent,
                                     known=sorted(self.rt.app.agents))
         await self._check_cancel()
-        await self.attempt.wait_for_head()  # turns of one conversation run one at a time, in order
         state = await self.attempt.state()
         if self.attempt.attempt > 1:
             await self.publish(TURN_RESUMED, {"attempt": self.attempt.attempt})
@@ -214,6 +216,8 @@ class TurnRunner:
             seq, finished = await pipe.execute()
         if seq < 0 or not finished:
             raise StaleAttemptError(self.job.turn_id)
+        # the conversation's next turn may run now
+        await wake_head(self.rt.redis, self.rt.keys, self.job.conversation_id)
 
     async def _turn_messages(self) -> list[Any]:
         """This turn's messages: the history from its user message on."""

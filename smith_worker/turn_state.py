@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from arq.constants import in_progress_key_prefix, job_key_prefix
 from pydantic import BaseModel
 
 from smith_client.errors import ParseError
@@ -40,12 +39,24 @@ logger = logging.getLogger("agent_smith.worker")
 #: Seconds a turn's lease lives without renewal (renewed every third of it).
 DEFAULT_LEASE = 10.0
 
+# KEYS: state, running, conversation turns. ARGV: turn id, worker id, now ms, lease ms, prefix.
+# Only the oldest unfinished turn of a conversation may run: a later one gets
+# {'wait', <id ahead>} and parks, holding no worker slot while it waits.
 _BEGIN = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {'missing'} end
 if st == 'completed' or st == 'failed' or st == 'cancelled' then return {'done', st} end
 if st == 'running' and tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') > tonumber(ARGV[3]) then
   return {'busy'}
+end
+for _, id in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
+  if id == ARGV[1] then break end
+  local other = redis.call('HGET', ARGV[5] .. ':turn:' .. id .. ':state', 'status')
+  if other == false or other == 'completed' or other == 'failed' or other == 'cancelled' then
+    redis.call('LREM', KEYS[3], 0, id)
+  else
+    return {'wait', id}
+  end
 end
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 local until_ms = tonumber(ARGV[3]) + tonumber(ARGV[4])
@@ -120,11 +131,9 @@ end
 return msgs
 """
 
-# Returns '' when this turn may run (it is the oldest unfinished one), else the
-# id of the turn ahead of it; finished or vanished turns are dropped on the way.
+# The conversation's oldest unfinished turn id ('' if none); drops finished ones on the way.
 _HEAD = """
 for _, id in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
-  if id == ARGV[2] then return '' end
   local st = redis.call('HGET', ARGV[1] .. ':turn:' .. id .. ':state', 'status')
   if st == false or st == 'completed' or st == 'failed' or st == 'cancelled' then
     redis.call('LREM', KEYS[1], 0, id)
@@ -135,8 +144,9 @@ end
 return ''
 """
 
-#: Seconds a turn waits behind a queued turn before checking that turn still has an arq job.
-STUCK_HEAD_CHECK = 5.0
+#: Seconds between the checks of a parked turn (one waiting behind an earlier turn of its conversation).
+#: The turn that finishes wakes the next one at once; this only covers a wake-up that was lost.
+PARK_RECHECK = 15.0
 
 
 def _now_ms() -> int:
@@ -178,10 +188,12 @@ class TurnAttempt:
         self._history = keys.history(conversation_id)
 
     async def begin(self) -> str:
-        """Take the turn: ``"go"`` (this attempt runs it), ``"done"``, ``"busy"`` (another live attempt) or ``"missing"``."""
+        """Take the turn: ``"go"`` (this attempt runs it), ``"wait"`` (an earlier turn of the
+        conversation is unfinished), ``"done"``, ``"busy"`` (another live attempt) or ``"missing"``."""
         reply = await self.redis.eval(
-            _BEGIN, 2, self._state, self.keys.running, self.turn_id, self.worker_id, _now_ms(), self.lease_ms
-        )
+            _BEGIN, 3, self._state, self.keys.running, self.keys.conversation_turns(self.conversation_id),
+            self.turn_id, self.worker_id, _now_ms(), self.lease_ms, self.keys.prefix,
+        )  # fmt: skip
         outcome = reply[0].decode()
         if outcome == "go":
             self.attempt = int(reply[1])
@@ -215,21 +227,6 @@ class TurnAttempt:
     async def state(self) -> dict[str, str]:
         raw = await self.redis.hgetall(self._state)
         return {k.decode(): v.decode() for k, v in raw.items()}
-
-    async def wait_for_head(self, interval: float = 0.05) -> None:
-        """Wait until this turn is the oldest unfinished turn of its conversation (FIFO, one at a time).
-
-        Every :data:`STUCK_HEAD_CHECK` seconds it makes sure the turn ahead can
-        still run: a queued turn whose job is gone (its submitter died between
-        the two steps of a submit) is enqueued again.
-        """
-        conv_turns = self.keys.conversation_turns(self.conversation_id)
-        next_check = time.monotonic() + STUCK_HEAD_CHECK
-        while ahead := (await self.redis.eval(_HEAD, 1, conv_turns, self.keys.prefix, self.turn_id)).decode():
-            if time.monotonic() > next_check:
-                await ensure_enqueued(self.redis, self.keys, ahead)
-                next_check = time.monotonic() + STUCK_HEAD_CHECK
-            await asyncio.sleep(interval)
 
     async def append_user(self, message: BaseModel) -> int:
         """Append the turn's user message once per turn id; return its index in the history."""
@@ -269,22 +266,38 @@ class TurnAttempt:
         return await requeue_turn(self.redis, self.keys, self.turn_id, str(self.attempt))
 
 
-async def ensure_enqueued(redis: Any, keys: Keys, turn_id: str) -> bool:
-    """Enqueue a queued turn whose arq job is missing; True if it had to. Safe to race (arq dedupes job ids)."""
-    state = {k.decode(): v.decode() for k, v in (await redis.hgetall(keys.turn_state(turn_id))).items()}
-    if state.get("status") != "queued" or "job" not in state:
+async def _enqueue_turn(redis: Any, keys: Keys, turn_id: str, job_id: str, defer: float | None = None) -> bool:
+    """Enqueue ``run_turn`` for a turn from its stored payload; False when arq already has that job id."""
+    payload = await redis.hget(keys.turn_state(turn_id), "job")
+    if payload is None:
         return False
-    requeues = int(state.get("requeues") or 0)
-    job_id = keys.turn_rerun_job_id(turn_id, requeues) if requeues else keys.turn_job_id(turn_id)
-    if await redis.exists(job_key_prefix + job_id, in_progress_key_prefix + job_id):
-        return False
-    job = TurnJob.model_validate_json(state["job"])
+    job = TurnJob.model_validate_json(payload)
     queued = await redis.enqueue_job(
-        RUN_TURN, job.model_dump(mode="json"), _job_id=job_id, _queue_name=keys.turns_queue
+        RUN_TURN, job.model_dump(mode="json"), _job_id=job_id, _queue_name=keys.turns_queue, _defer_by=defer
     )
-    if queued is not None:
-        logger.warning("turn %s had no job; enqueued it again", turn_id)
     return queued is not None
+
+
+async def park(redis: Any, keys: Keys, turn_id: str, conversation_id: str) -> None:
+    """A turn waits behind an earlier one: give up the worker slot, come back in :data:`PARK_RECHECK` seconds.
+
+    It also makes sure the conversation's oldest turn can run (:func:`wake_head`),
+    in case the wake-up of a finished turn was lost with its worker.
+    """
+    await _enqueue_turn(redis, keys, turn_id, f"{keys.turn_job_id(turn_id)}:w{_now_ms()}", defer=PARK_RECHECK)
+    await wake_head(redis, keys, conversation_id)
+
+
+async def wake_head(redis: Any, keys: Keys, conversation_id: str) -> str:
+    """Enqueue the conversation's oldest unfinished turn if it is queued; return its id ('' if none).
+
+    Called when a turn ends (the next one runs at once) and by parked turns.
+    The job id ``<turn job>:kick`` is fixed, so arq keeps at most one pending.
+    """
+    head = (await redis.eval(_HEAD, 1, keys.conversation_turns(conversation_id), keys.prefix)).decode()
+    if head and await redis.hget(keys.turn_state(head), "status") == b"queued":
+        await _enqueue_turn(redis, keys, head, f"{keys.turn_job_id(head)}:kick")
+    return head
 
 
 async def requeue_turn(redis: Any, keys: Keys, turn_id: str, attempt: str = "") -> int:
@@ -297,14 +310,9 @@ async def requeue_turn(redis: Any, keys: Keys, turn_id: str, attempt: str = "") 
     state = keys.turn_state(turn_id)
     count = int(await redis.eval(_REQUEUE, 2, state, keys.running, turn_id, attempt, _now_ms()))
     if count:
-        payload = await redis.hget(state, "job")
-        if payload is None:
+        if not await redis.hexists(state, "job"):
             raise ParseError(f"turn {turn_id} has no stored job payload")
-        job = TurnJob.model_validate_json(payload)
-        await redis.enqueue_job(
-            RUN_TURN, job.model_dump(mode="json"), _job_id=keys.turn_rerun_job_id(turn_id, count),
-            _queue_name=keys.turns_queue,
-        )  # fmt: skip
+        await _enqueue_turn(redis, keys, turn_id, keys.turn_rerun_job_id(turn_id, count))
         logger.info("turn %s re-enqueued (re-enqueue #%d)", turn_id, count)
     return count
 

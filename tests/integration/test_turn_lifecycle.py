@@ -211,3 +211,22 @@ async def test_a_queued_turn_whose_job_was_lost_is_enqueued_again(client, scenar
     second = await client.submit("b", conversation_id=conv, agent="plain")
     assert (await second.result(timeout=40)).content == "first, recovered"  # same conversation, same script
     assert (await client.turn(lost.turn_id).result(timeout=5)).content == "first, recovered"
+
+
+async def test_a_long_queue_on_one_conversation_does_not_block_others(client, scenario):
+    gate = threading.Event()
+    _, hot_marker = scenario(Script(Reply.text("slow", chunk_size=2, gate=gate)))
+    _, cold_marker = scenario(Script(Reply.text("cold answer")))
+    hot = uid("hot")
+    first = await client.submit(f"{hot_marker} first", conversation_id=hot, agent="plain")
+    waiting = await asyncio.gather(*(
+        client.submit(f"more {i}", conversation_id=hot, agent="plain") for i in range(150)
+    ))  # more than the turn worker's 100 job slots
+    await asyncio.sleep(1.0)  # let the worker take (and park) the waiting turns
+    reply = await client.send(f"{cold_marker} hi", conversation_id=uid("cold"), agent="plain", timeout=20)
+    assert reply.content == "cold answer"
+    assert {await h.status() for h in waiting[:20]} == {"queued"}  # parked, not holding slots
+    for handle in waiting:
+        await handle.cancel()
+    gate.set()
+    assert (await first.result(timeout=30)).content == "slow"
