@@ -18,17 +18,26 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Required, TypedDict, Unpack
 
+import orjson
 from arq.connections import ArqRedis
+from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 from redis.asyncio import ConnectionPool
 
-from smith_client.errors import InvalidRequestError, SmithTimeoutError, UnknownAgentError
+from smith_client.errors import (
+    InvalidRequestError,
+    SmithTimeoutError,
+    TurnNotFoundError,
+    UnknownAgentError,
+)
 from smith_client.eventlog import EventLog
 from smith_client.events import TURN_COMPLETED, Event, event_from_json
-from smith_client.jobs import TurnJob
+from smith_client.jobs import Sampling, TurnJob
 from smith_client.keys import ID_PATTERN, Keys
 from smith_client.messages import AssistantMessage, UserMessage, messages_from_json_list
 from smith_client.registry import live_agents
 from smith_client.serialization import job_deserializer, job_serializer
+from smith_client.redis_errors import typed_redis_errors
 from smith_client.turns import MULTITASK_POLICIES, TurnHandle, submit
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -50,9 +59,47 @@ def _check_text(text: Any) -> str:
         raise InvalidRequestError(f"text must be a string, got {type(text).__name__}", field="text")
     if not text.strip():
         raise InvalidRequestError("text must not be empty", field="text")
-    if len(text.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(f"text is not valid Unicode (lone surrogate at {exc.start})", field="text") from exc
+    if size > MAX_MESSAGE_BYTES:
         raise InvalidRequestError(f"text is larger than {MAX_MESSAGE_BYTES} bytes", field="text")
     return text
+
+
+def _check_sampling(sampling: Any) -> dict[str, Any] | None:
+    """Validate per-turn sampling against the contract (:class:`Sampling`); returns its JSON form."""
+    if sampling is None:
+        return None
+    if not isinstance(sampling, dict):
+        raise InvalidRequestError("sampling must be a dict", field="sampling")
+    try:
+        checked = Sampling.model_validate(sampling)
+        as_json = checked.model_dump(mode="json", exclude_defaults=True)
+        orjson.dumps(as_json)
+    except (ValidationError, PydanticSerializationError, TypeError) as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()) if isinstance(
+            exc, ValidationError) else str(exc)
+        raise InvalidRequestError(f"invalid sampling: {problems}", field="sampling") from exc
+    if checked.reserved_keys():
+        raise InvalidRequestError(f"sampling.extra may not set {checked.reserved_keys()}", field="sampling")
+    return as_json
+
+
+def _check_timeout(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise InvalidRequestError(f"timeout must be a positive number of seconds or None, got {timeout!r}",
+                                  field="timeout")
+    return float(timeout)
+
+
+def _check_seq(after_seq: Any) -> int:
+    if isinstance(after_seq, bool) or not isinstance(after_seq, int) or after_seq < 0:
+        raise InvalidRequestError(f"after_seq must be an integer >= 0, got {after_seq!r}", field="after_seq")
+    return after_seq
 
 
 class TurnOptions(TypedDict, total=False):
@@ -97,6 +144,7 @@ class SmithClient:
         if self._owns_redis:
             await self.redis.aclose(close_connection_pool=True)
 
+    @typed_redis_errors
     async def send(self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]) -> AssistantMessage:
         """Run one turn and return its final assistant message.
 
@@ -121,6 +169,7 @@ class SmithClient:
                 TurnHandle._raise_terminal(event)
         raise SmithTimeoutError("turn event stream ended without a terminal event", operation="send")
 
+    @typed_redis_errors
     async def stream(
         self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
     ) -> AsyncIterator[Event]:
@@ -132,6 +181,7 @@ class SmithClient:
         start; a ``merge`` caller gets the events of the turn it joined from the
         moment it joined.
         """
+        timeout = _check_timeout(timeout)
         job, multitask = await self._prepare(text, **options)
         pubsub = self.redis.pubsub()
         try:
@@ -147,6 +197,7 @@ class SmithClient:
         finally:
             await pubsub.aclose()
 
+    @typed_redis_errors
     async def submit(self, text: str, **options: Unpack[TurnOptions]) -> TurnHandle:
         """Start a background turn and return its handle at once (options and errors as for :meth:`send`)."""
         job, multitask = await self._prepare(text, **options)
@@ -157,8 +208,15 @@ class SmithClient:
         """A handle on an existing turn, from any process (e.g. a web request after a reload)."""
         return TurnHandle(self, _check_id(turn_id, "turn_id"))
 
+    @typed_redis_errors
     async def follow(self, turn_id: str, after_seq: int = 0, timeout: float | None = None) -> AsyncIterator[Event]:
-        """Events of ``turn_id`` with ``seq > after_seq``: replayed from the log, then live, until terminal."""
+        """Events of ``turn_id`` with ``seq > after_seq``: replayed from the log, then live, until terminal.
+
+        Raises :class:`InvalidRequestError` for a bad argument, :class:`TurnNotFoundError`
+        for an unknown turn, :class:`EventsTrimmedError`, :class:`SmithTimeoutError`.
+        """
+        _check_id(turn_id, "turn_id")
+        after_seq, timeout = _check_seq(after_seq), _check_timeout(timeout)
         pubsub = self.redis.pubsub()
         try:
             await pubsub.subscribe(self.keys.turn_events_channel(turn_id))
@@ -167,6 +225,7 @@ class SmithClient:
         finally:
             await pubsub.aclose()
 
+    @typed_redis_errors
     async def history(self, conversation_id: str) -> list[Any]:
         """All messages of a conversation, oldest first (stored form, ``is_error`` included)."""
         _check_id(conversation_id, "conversation_id")
@@ -191,8 +250,7 @@ class SmithClient:
             _check_id(turn_id, "turn_id")
         if multitask not in MULTITASK_POLICIES:
             raise InvalidRequestError(f"multitask must be one of {MULTITASK_POLICIES}, got {multitask!r}", field="multitask")
-        if sampling is not None and not isinstance(sampling, dict):
-            raise InvalidRequestError("sampling must be a dict", field="sampling")
+        sampling = _check_sampling(sampling)
         if stream is not None and not isinstance(stream, bool):
             raise InvalidRequestError("stream must be a bool or None", field="stream")
         await self._check_agent(agent)
@@ -214,13 +272,28 @@ class SmithClient:
                 f"no live worker serves agent {agent!r} (served: {sorted(served)})", agent=agent, known=sorted(served)
             )
 
+    async def _ended(self, turn_id: str, seen_any: bool) -> bool:
+        """With no event pending: True when the turn is over (nothing more will come).
+
+        Raises :class:`TurnNotFoundError` for a turn nobody knows.
+        """
+        status = await self.redis.hget(self.keys.turn_state(turn_id), "status")
+        if status is None and not seen_any and await self.events.last_seq(turn_id) == 0:
+            raise TurnNotFoundError(f"no turn {turn_id!r} (never submitted, or expired)", turn_id=turn_id)
+        return status in (b"completed", b"failed", b"cancelled")
+
     async def _follow(
         self, pubsub: Any, turn_id: str, after_seq: int, timeout: float | None, poll_interval: float = 1.0
     ) -> AsyncIterator[Event]:
-        """Yield the turn's events with ``seq > after_seq`` exactly once, in order, until terminal."""
+        """Yield the turn's events with ``seq > after_seq`` exactly once, in order, until terminal.
+
+        Returns at once when the turn already ended at or before ``after_seq``.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         last = after_seq
         pending = await self.events.read(turn_id, last)
+        if not pending and await self._ended(turn_id, seen_any=after_seq > 0):
+            return
         while True:
             for event in pending:
                 if event.seq != last + 1:
@@ -234,6 +307,8 @@ class SmithClient:
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=poll_interval)
             if message is None:
                 pending = await self.events.read(turn_id, last)
+                if not pending and await self._ended(turn_id, seen_any=True):
+                    return
                 continue
             event = event_from_json(message["data"])
             pending = [event] if event.seq <= last + 1 else await self.events.read(turn_id, last)

@@ -203,6 +203,15 @@ class EventsTrimmedError(SmithError):
         super().__init__(message, turn_id=turn_id, after_seq=after_seq, first_seq=first_seq)
 
 
+class TurnNotFoundError(SmithError):
+    """No turn has this id (never submitted here, or expired). Fields: ``turn_id``."""
+
+    field_names = ("turn_id",)
+
+    def __init__(self, message: str, turn_id: str = "") -> None:
+        super().__init__(message, turn_id=turn_id)
+
+
 class InternalError(SmithError):
     """An unexpected exception inside a worker. Fields: ``exception_type`` (str)."""
 
@@ -231,6 +240,7 @@ ERROR_CLASSES: dict[str, type[SmithError]] = {
         ConflictError,
         ConversationBusyError,
         EventsTrimmedError,
+        TurnNotFoundError,
         InternalError,
     )
 }
@@ -253,6 +263,11 @@ def error_from_payload(payload: dict[str, Any]) -> SmithError:
         return cls(message, **known)
     except TypeError:
         return SmithError(message)
+
+
+def error_from_redis(exc: BaseException, endpoint: str = "") -> SmithError:
+    """A Redis failure (connection refused, timeout, server error) as a typed :class:`TransportError`."""
+    return TransportError(f"Redis: {type(exc).__name__}: {exc}", operation="redis", endpoint_or_server=endpoint)
 
 
 def error_from_exception(exc: BaseException) -> SmithError:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from smith_client.messages import ToolCall, UserMessage
 
@@ -16,6 +16,34 @@ RUN_TURN = "run_turn"
 RUN_TOOL = "run_tool"
 
 TurnStatus = Literal["queued", "running", "completed", "failed"]
+
+
+#: Request fields the framework owns; ``Sampling.extra`` may not set them (seed §8.2).
+RESERVED_REQUEST_KEYS = frozenset({"model", "messages", "tools", "tool_choice", "stream"})
+
+
+class Sampling(BaseModel):
+    """Per-turn model options (seed §8.1 ``SamplingParams``); ``None`` / empty means "the server decides".
+
+    ``temperature`` in [0, 2], ``top_p`` in [0, 1], ``max_tokens`` ≥ 1 (tokens),
+    ``stop`` up to 16 strings, ``response_format`` passed through, ``extra``
+    provider-specific fields merged last (JSON values; no reserved key, see
+    :data:`RESERVED_REQUEST_KEYS`: the client refuses them before a turn is
+    enqueued, the worker's LLM client with a ``ConfigurationError``).
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop: list[str] = Field(default_factory=list, max_length=16)
+    response_format: dict[str, Any] | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    def reserved_keys(self) -> list[str]:
+        """Reserved request fields that ``extra`` tries to set (refused: seed §8.2)."""
+        return sorted(RESERVED_REQUEST_KEYS & self.extra.keys())
 
 
 class TurnJob(BaseModel):

@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass
 
 #: Allowed characters for ids chosen by callers (turn ids, conversation ids, agent names).
-ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:@-]{1,200}$")
+ID_PATTERN = re.compile(r"[A-Za-z0-9_.:@-]{1,200}\Z")
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from smith_client.errors import (
 from smith_client.events import TURN_CANCELLED, TURN_COMPLETED, TURN_FAILED, Event
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.messages import AssistantMessage
+from smith_client.redis_errors import typed_redis_errors
 
 if TYPE_CHECKING:
     from smith_client.client import SmithClient
@@ -175,15 +176,18 @@ class TurnHandle:
     def __repr__(self) -> str:
         return f"TurnHandle({self.turn_id!r})"
 
+    @typed_redis_errors
     async def state(self) -> dict[str, str]:
         """The raw state hash (empty when the turn is unknown or expired)."""
         raw = await self.client.redis.hgetall(self.client.keys.turn_state(self.turn_id))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
+    @typed_redis_errors
     async def status(self) -> str:
         """``queued``, ``running``, ``completed``, ``failed``, ``cancelled``, or ``unknown``."""
         return (await self.state()).get("status", "unknown")
 
+    @typed_redis_errors
     async def events(self, after_seq: int = 0, timeout: float | None = None) -> AsyncIterator[Event]:
         """Every event with ``seq > after_seq``, exactly once and in order, then live ones until the end.
 
@@ -192,6 +196,7 @@ class TurnHandle:
         async for event in self.client.follow(self.turn_id, after_seq, timeout):
             yield event
 
+    @typed_redis_errors
     async def result(self, timeout: float | None = None) -> AssistantMessage:
         """Wait for the final message (``timeout`` seconds, None = forever).
 
@@ -225,10 +230,13 @@ class TurnHandle:
             raise TurnCancelledError(f"turn was cancelled ({reason})", operation=reason)
         return None
 
+    @typed_redis_errors
     async def cancel(self, reason: str = "cancel") -> str:
         """Ask for the turn to stop; returns what happened: ``cancelled_queued`` (it never started),
         ``cancelling`` (its worker stops it and publishes ``turn.cancelled``), a terminal status
         (nothing to do), or ``missing``."""
+        if not isinstance(reason, str) or not reason:
+            raise InvalidRequestError(f"reason must be a non-empty string, got {reason!r}", field="reason")
         keys = self.client.keys
         conversation = (await self.state()).get("conversation_id", "")
         outcome = (

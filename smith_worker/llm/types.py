@@ -12,6 +12,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from smith_client.jobs import Sampling
 from smith_client.messages import AssistantMessage, Message, TokenUsage
 
 
@@ -34,22 +35,13 @@ class ToolSchema(BaseModel):
         }
 
 
-class SamplingParams(BaseModel):
-    """Sampling knobs (seed §8.1); ``None`` / empty means "not set, let the server decide".
+class SamplingParams(Sampling):
+    """Sampling knobs (seed §8.1): the contract's :class:`~smith_client.jobs.Sampling`, plus merging.
 
     ``extra`` holds provider-specific request fields merged last into the
-    body; it must not contain a reserved key (``model``, ``messages``,
-    ``tools``, ``tool_choice``, ``stream``) — see :func:`LlmClient.build_body`.
+    body; a reserved key (``model``, ``messages``, ``tools``, ``tool_choice``,
+    ``stream``) is refused (seed §8.2).
     """
-
-    model_config = ConfigDict(extra="forbid")
-
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    stop: list[str] = Field(default_factory=list)
-    response_format: dict[str, Any] | None = None
-    extra: dict[str, Any] = Field(default_factory=dict)
 
     def merged_with(self, override: SamplingParams | None) -> SamplingParams:
         """These params (the defaults) with ``override``'s set fields applied (seed §8.2 steps 1-2).

@@ -101,3 +101,65 @@ def test_smith_ask_cli_streams_tokens_and_tool_status(redis_url, prefix, scenari
     assert proc.stdout.strip() == "It is 5."
     assert '[tool call] add({"a":2,"b":3})' in proc.stderr
     assert "[tool result] add -> 5 (worker " in proc.stderr and ":tools:" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"text": "lone \ud800 surrogate"}, "text"),
+        ({"sampling": {"temperature": "hot"}}, "sampling"),
+        ({"sampling": {"temperature": -5}}, "sampling"),
+        ({"sampling": {"temperature": float("nan")}}, "sampling"),
+        ({"sampling": {"foo": 1}}, "sampling"),
+        ({"sampling": {"extra": {"model": "other"}}}, "sampling"),
+        ({"sampling": {"top_p": object()}}, "sampling"),
+        ({"stream": "yes"}, "stream"),
+        ({"timeout": "x"}, "timeout"),
+        ({"timeout": -1}, "timeout"),
+        ({"multitask": "sometimes"}, "multitask"),
+        ({"conversation_id": "abc\n"}, "conversation_id"),
+    ],
+)
+async def test_more_bad_input_is_refused_before_enqueue(client, kwargs, field):
+    args = {"conversation_id": "conv-valid2"} | kwargs
+    text = args.pop("text", "hello")
+    before = await queued_turns(client)
+    with pytest.raises(InvalidRequestError) as err:
+        await client.send(text, **args)
+    assert err.value.field == field
+    assert await queued_turns(client) == before
+    assert await client.history("conv-valid2") == []  # nothing stored either
+
+
+async def test_unknown_and_finished_turns_do_not_hang(client, scenario):
+    from smith_client.errors import TurnNotFoundError
+
+    with pytest.raises(TurnNotFoundError):
+        async for _ in client.turn("never-submitted").events():
+            pass
+    with pytest.raises(TurnNotFoundError):
+        await client.turn("never-submitted").result(timeout=30)
+    _, marker = scenario(Script(Reply.text("done")))
+    handle = await client.submit(f"{marker} x", conversation_id="conv-finished", agent="plain")
+    await handle.result(timeout=30)
+    last = (await client.events.read(handle.turn_id))[-1].seq
+    assert [e async for e in handle.events(after_seq=last)] == []  # returns at once
+    assert [e async for e in handle.events(after_seq=10**6)] == []
+    for bad in (-5, 2.5, "2", True):
+        with pytest.raises(InvalidRequestError):
+            async for _ in handle.events(after_seq=bad):
+                pass
+    with pytest.raises(InvalidRequestError):
+        await handle.cancel(reason=None)
+
+
+async def test_redis_down_is_a_typed_transport_error():
+    from smith_client.errors import TransportError
+    from smith_worker.local.processes import free_port
+
+    async with SmithClient.from_url(f"redis://127.0.0.1:{free_port()}/0") as down:
+        with pytest.raises(TransportError) as err:
+            await down.send("hi", conversation_id="c")
+        assert err.value.operation == "redis"
+        with pytest.raises(TransportError):
+            await down.turn("t").status()

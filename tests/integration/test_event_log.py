@@ -48,6 +48,8 @@ class LossyPubSub:
 
 async def test_follow_fills_gaps_from_the_log(log_client):
     turn = "t-gaps"
+    await log_client.redis.hset(log_client.keys.turn_state(turn), "status", "running")  # a known turn
+    await log_client.redis.expire(log_client.keys.turn_state(turn), 60)
     pubsub = log_client.redis.pubsub()
     await pubsub.subscribe(log_client.keys.turn_events_channel(turn))
 
