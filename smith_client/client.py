@@ -13,6 +13,7 @@ which covers a lost pub/sub message.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -39,6 +40,8 @@ from smith_client.registry import live_agents
 from smith_client.serialization import job_deserializer, job_serializer
 from smith_client.redis_errors import typed_redis_errors
 from smith_client.turns import MULTITASK_POLICIES, TurnHandle, submit
+
+logger = logging.getLogger("agent_smith")
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 #: Largest user message accepted, in UTF-8 bytes.
@@ -267,7 +270,10 @@ class SmithClient:
 
     async def _check_agent(self, agent: str) -> None:
         served = await live_agents(self.redis, self.keys)
-        if served is not None and agent not in served:
+        if served is None:
+            logger.warning("no turn worker is registered under prefix %r: the turn waits in the queue "
+                           "(check SMITH_PREFIX and SMITH_REDIS_URL match the workers')", self.keys.prefix)
+        elif agent not in served:
             raise UnknownAgentError(
                 f"no live worker serves agent {agent!r} (served: {sorted(served)})", agent=agent, known=sorted(served)
             )

@@ -91,10 +91,15 @@ def _short(text: str, limit: int = 200) -> str:
 
 
 async def _ask(client: SmithClient, text: str, args: argparse.Namespace, printer: StreamPrinter) -> bool:
+    handle = await client.submit(text, conversation_id=args.conversation, agent=args.agent)
     ok = False
-    async for event in client.stream(text, conversation_id=args.conversation, agent=args.agent, timeout=args.timeout):
-        printer(event)
-        ok = event.type == TURN_COMPLETED
+    try:
+        async for event in handle.events(timeout=args.timeout):  # replayed from seq 1: nothing missed
+            printer(event)
+            ok = event.type == TURN_COMPLETED
+    except asyncio.CancelledError:  # Ctrl-C stops the turn, not only the printing
+        await asyncio.shield(handle.cancel())
+        raise
     return ok
 
 
@@ -117,7 +122,7 @@ async def _run_chat(args: argparse.Namespace) -> int:
                 try:
                     await _ask(client, line, args, printer)
                 except SmithError as exc:
-                    printer._status(f"[error] {exc!r}")
+                    printer._status(f"[error] {exc.kind}: {exc.message}")
 
 
 async def _run_keys(args: argparse.Namespace) -> int:
@@ -145,7 +150,7 @@ def smith_main(argv: list[str] | None = None) -> None:
     try:
         code = asyncio.run(commands[args.command](args))
     except SmithError as exc:
-        print(f"smith: {exc!r}", file=sys.stderr)
+        print(f"smith: {exc.kind}: {exc.message}", file=sys.stderr)
         code = 1
     except KeyboardInterrupt:
         code = 130
