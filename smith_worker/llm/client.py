@@ -272,10 +272,14 @@ class LlmClient:
     # -- retry loop (seed §6.3) --------------------------------------------
 
     async def _with_retries(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        started = time.monotonic()
         for number in itertools.count(1):
             try:
                 return await attempt()
             except _RetryableFailure as failure:
+                if number > 1:  # say how long it really took: N attempts, not one budget
+                    failure.error.message += f" (after {number} attempts in {time.monotonic() - started:.1f} s)"
+                    failure.error.args = (failure.error.message,)
                 delay = self._retry_delay(failure, number)
                 logger.warning(
                     "LLM request failed (%s); retry %d/%d in %.2fs",

@@ -360,6 +360,7 @@ async def test_stalled_server_times_out_and_is_retried(harness, stream):
             else:
                 await client.complete(request_for(key))
     assert (info.value.operation, info.value.budget) == ("chat_completions", 0.3)
+    assert "(after 2 attempts in " in info.value.message  # the real cost, not one budget
     assert harness.server.attempts(key) == 2
     assert harness.sleeps == [0.5 + JITTER]
     assert await harness.server.wait_until_async(lambda: all(r.closed_early for r in harness.server.requests_for(key)))
