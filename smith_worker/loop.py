@@ -1,13 +1,14 @@
-"""The agent loop of one turn (seed §15.2), run by the ``run_turn`` job.
+"""The agent loop of one turn (seed §15.2): model steps and tool rounds.
 
-Per step: stop checks (iterations, tree iterations, tokens, deadline) → memory snapshot with
-the system prompt → LLM call (streamed by default; tokens and tool-call
-events published as they arrive) → append the assistant message → if there
-are no tool calls, finish → else run every call as a tool job, concurrently,
-and append the tool messages in the order of ``tool_calls`` (seed §10.4).
+Per step: stop checks (iterations, tree iterations, tokens, deadline) →
+memory snapshot with the system prompt → LLM call (streamed by default;
+tokens and tool-call events published as they arrive) → append the assistant
+message → if there are no tool calls, finish → else run every call as a tool
+job, concurrently, and append the tool messages in the order of
+``tool_calls`` (seed §10.4). A re-run resumes after the last completed step.
 
-A turn never raises out of :meth:`TurnRunner.run`: a failure becomes a
-``turn.failed`` event with the typed error, and the worker keeps serving.
+The turn's lifecycle around it (attempts, cancellation, terminal events) is
+:mod:`smith_worker.turn`.
 """
 
 from __future__ import annotations
@@ -15,17 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 from pydantic import ValidationError
 
 from smith_client.errors import (
     ConfigurationError,
-    SmithError,
     TurnCancelledError,
-    UnknownAgentError,
-    error_from_exception,
 )
 from smith_client.eventlog import DEFAULT_TURN_TTL
 from smith_client.events import (
@@ -34,18 +32,13 @@ from smith_client.events import (
     TOOL_CALL_COMPLETED,
     TOOL_CALL_STARTED,
     TOOL_RESULT,
-    TURN_COMPLETED,
-    TURN_CANCELLED,
-    TURN_FAILED,
-    TURN_RESUMED,
-    TURN_STARTED,
 )
 from smith_client.jobs import ToolJob, ToolOutcome, TurnJob
 from smith_client.messages import AssistantMessage, ToolCall, ToolMessage, message_from_json
 from smith_worker.app import AgentSpec
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
-from smith_worker.turn_state import FINISH_LUA, StaleAttemptError, TurnAttempt, park, wake_head
+from smith_worker.turn_state import TurnAttempt
 from smith_worker.llm import LlmClient
 from smith_worker.llm.types import (
     LlmRequest,
@@ -73,158 +66,31 @@ def done_message(outcomes: list[ToolOutcome]) -> AssistantMessage | None:
     return None
 
 
-class CancelRequested(Exception):
-    """The turn's state asks it to stop (found between steps); ``reason`` is cancel or interrupt."""
+class AgentLoop:
+    """The steps of one attempt of one turn. ``publish`` and ``check_cancel`` come from its
+    :class:`~smith_worker.turn.TurnRunner` (fenced events; the cancel flag)."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class TurnRunner:
-    """Runs one attempt of one :class:`TurnJob` on a turn worker (see :mod:`smith_worker.turn_state`)."""
-
-    def __init__(self, rt: WorkerRuntime, job: TurnJob) -> None:
+    def __init__(
+        self,
+        rt: WorkerRuntime,
+        job: TurnJob,
+        attempt: TurnAttempt,
+        store: ConversationStore,
+        publish: Callable[[str, dict[str, Any]], Awaitable[int]],
+        check_cancel: Callable[[], Awaitable[None]],
+    ) -> None:
         self.rt = rt
         self.job = job
-        self.store = ConversationStore(rt.redis, rt.keys, job.conversation_id)
-        self.attempt = TurnAttempt(rt.redis, rt.keys, job.turn_id, job.conversation_id, rt.worker_id)
+        self.attempt = attempt
+        self.store = store
+        self.publish = publish
+        self._check_cancel = check_cancel
         self.agent_path = [job.agent]
         self._stream_calls: dict[int, ToolCall] = {}
-        self._task: asyncio.Task[Any] | None = None
-        self._cancel_requested = False
-        self._lease_lost = False
 
-    def request_cancel(self) -> None:
-        """A caller asked to cancel (control message): stop the running step now, not at the next check."""
-        self._cancel_requested = True
-        if self._task is not None:
-            self._task.cancel()
-
-    def _on_lease_lost(self) -> None:
-        self._lease_lost = True
-        if self._task is not None:
-            self._task.cancel()
-
-    async def run(self) -> None:
-        """Run the turn if this attempt gets it; end it with exactly one terminal event, or hand it off."""
-        outcome = await self.attempt.begin()
-        if outcome == "wait":
-            await park(self.rt.redis, self.rt.keys, self.job.turn_id, self.job.conversation_id)
-            return
-        if outcome != "go":
-            logger.info("turn %s not run here: %s", self.job.turn_id, outcome)
-            return
-        self._task = asyncio.current_task()
-        self.rt.running_turns[self.job.turn_id] = self
-        self.attempt.start_renewing(self._on_lease_lost)
-        spec = self.rt.app.get_agent(self.job.agent)
-        try:
-            await self._run_attempt(spec)
-        except asyncio.CancelledError:
-            await asyncio.shield(self._after_task_cancelled(spec))
-        except CancelRequested as request:
-            await self._cancelled(spec, request.reason)
-        except StaleAttemptError:
-            logger.warning("turn %s: attempt %d was superseded; stopped", self.job.turn_id, self.attempt.attempt)
-        except Exception as exc:  # every failure ends as turn.failed, never as a crashed worker
-            await self._fail(error_from_exception(exc), spec)
-        finally:
-            self.rt.running_turns.pop(self.job.turn_id, None)
-            await self.attempt.stop_renewing()
-
-    async def _run_attempt(self, spec: AgentSpec | None) -> None:
-        if spec is None:
-            raise UnknownAgentError(f"this worker does not serve agent {self.job.agent!r}", agent=self.job.agent,
-                                    known=sorted(self.rt.app.agents))
-        await self._check_cancel()
-        state = await self.attempt.state()
-        if self.attempt.attempt > 1:
-            await self.publish(TURN_RESUMED, {"attempt": self.attempt.attempt})
-        else:
-            await self.publish(TURN_STARTED, {"conversation_id": self.job.conversation_id, "agent": self.job.agent})
-        start = await self.attempt.append_user(self.job.message)
-        if "history_start" not in state:  # appended now, not by an earlier attempt
-            await self._announce(spec, self.job.message)
-        final = await self._loop(spec, start)
-        await self._finish("completed", "result", final.model_dump_json(), TURN_COMPLETED,
-                           {"message": final.model_dump(mode="json")})
-
-    async def _after_task_cancelled(self, spec: AgentSpec | None) -> None:
-        """Why was the task cancelled? A caller's cancel, a lost lease, or the worker shutting down."""
-        if self._lease_lost:
-            return  # another attempt owns the turn now; this one must not write
-        if self._cancel_requested:
-            reason = (await self.attempt.state()).get("cancel_requested") or "cancel"
-            await self._cancelled(spec, reason)
-            return
-        count = await self.attempt.requeue()  # worker shutdown: hand the turn off, it resumes elsewhere
-        logger.info("turn %s handed off at shutdown (re-enqueue #%d)", self.job.turn_id, count)
-
-    async def _check_cancel(self) -> None:
-        reason = await self.rt.redis.hget(self.rt.keys.turn_state(self.job.turn_id), "cancel_requested")
-        if reason:
-            raise CancelRequested(reason.decode())
-
-    async def _cancelled(self, spec: AgentSpec | None, reason: str) -> None:
-        """End the turn as cancelled: keep its completed messages, answer its dangling tool calls."""
-        try:
-            await self._repair_dangling_calls(spec)
-            await self._finish("cancelled", "cancel_requested", reason, TURN_CANCELLED, {"reason": reason})
-        except StaleAttemptError:
-            pass
-
-    async def _repair_dangling_calls(self, spec: AgentSpec | None) -> None:
-        """Give every tool call of the last assistant message a tool message (seed §13.3 pairing invariant)."""
-        messages = await self._turn_messages()
-        last = messages[-1] if messages else None
-        if not isinstance(last, AssistantMessage) or not last.tool_calls:
-            return
-        step = sum(isinstance(m, AssistantMessage) for m in messages)
-        repaired = []
-        for index, call in enumerate(last.tool_calls):
-            raw = await self.rt.redis.get(self.rt.keys.tool_result(self.job.turn_id, step, index))
-            outcome = ToolOutcome.model_validate_json(raw) if raw else ToolOutcome(
-                content=error_content("the turn was cancelled before this tool call finished"), is_error=True)
-            repaired.append(ToolMessage(tool_call_id=call.id, name=call.name, content=outcome.content,
-                                        is_error=outcome.is_error))
-        await self.attempt.append(*repaired)
-
-    async def _fail(self, error: SmithError, spec: AgentSpec | None) -> None:
-        logger.error("turn %s failed: %r", self.job.turn_id, error)
-        hook_sets = [self.rt.app.hooks] + ([spec.hooks] if spec else [])
-        await fire("on_error", error, *hook_sets)
-        try:
-            await self._finish("failed", "error", orjson.dumps(error.to_payload()).decode(), TURN_FAILED,
-                               {"error": error.to_payload()})
-        except StaleAttemptError:
-            pass
-
-    async def publish(self, type: str, data: dict[str, Any]) -> int:
-        """Publish an event of this turn, fenced by the attempt. Raises :class:`StaleAttemptError`."""
-        seq = await self.rt.events.publish(self.job.turn_id, type, data, self.agent_path, attempt=self.attempt.attempt)
-        if seq < 0:
-            raise StaleAttemptError(self.job.turn_id)
-        return seq
-
-    async def _finish(self, status: str, field: str, value: str, event_type: str, data: dict[str, Any]) -> None:
-        """The terminal event and the final state, in one transaction, fenced by the attempt."""
-        keys, args = self.attempt.finish_script_args(status, field, value, DEFAULT_TURN_TTL)
-        async with self.rt.redis.pipeline(transaction=True) as pipe:
-            self.rt.events.publish_in(pipe, self.job.turn_id, event_type, data, self.agent_path, self.attempt.attempt)
-            pipe.eval(FINISH_LUA, len(keys), *keys, *args)
-            seq, finished = await pipe.execute()
-        if seq < 0 or not finished:
-            raise StaleAttemptError(self.job.turn_id)
-        # the conversation's next turn may run now
-        await wake_head(self.rt.redis, self.rt.keys, self.job.conversation_id)
-
-    async def _turn_messages(self) -> list[Any]:
-        """This turn's messages: the history from its user message on."""
-        start = (await self.attempt.state()).get("history_start")
-        return (await self.store.messages())[int(start):] if start is not None else []
-
-    # ---- the loop -------------------------------------------------------
+    async def run(self, spec: AgentSpec, start: int) -> AssistantMessage:
+        """Run model steps from history index ``start`` (the turn's user message) until a final answer."""
+        return await self._loop(spec, start)
 
     async def _loop(self, spec: AgentSpec, start: int) -> AssistantMessage:
         """Run model steps until a final answer; a re-run resumes after the last completed step."""
@@ -262,7 +128,7 @@ class TurnRunner:
         """Append user messages merged into this turn (``multitask="merge"``); True if there were any."""
         moved = [message_from_json(raw) for raw in await self.attempt.drain_inbox(closing)]
         for message in moved:
-            await self._announce(spec, message)
+            await self.announce(spec, message)
         return bool(moved)
 
     async def _count_tree_step(self) -> int:
@@ -363,14 +229,12 @@ class TurnRunner:
         """Append to the history (fenced), then announce each message."""
         await self.attempt.append(*messages)
         for message in messages:
-            await self._announce(spec, message)
+            await self.announce(spec, message)
 
-    async def _announce(self, spec: AgentSpec, message: Any) -> None:
+    async def announce(self, spec: AgentSpec, message: Any) -> None:
         """Publish a ``message`` event and fire ``on_message`` for a message now in the history."""
         await self.publish(MESSAGE, {"message": message.model_dump(mode="json")})
         await fire("on_message", message, self.rt.app.hooks, spec.hooks)
-
-    # ---- tools ------------------------------------------------------------
 
     async def _run_tools(self, spec: AgentSpec, step: int, calls: list[ToolCall]) -> list[ToolOutcome]:
         for call in calls:
@@ -423,3 +287,4 @@ class TurnRunner:
             result_key=keys.tool_result(self.job.turn_id, step, index),
             result_max_bytes=spec.config.tool_result_max_bytes,
         )
+

@@ -26,7 +26,7 @@ from smith_client.jobs import RUN_TOOL, RUN_TURN, TurnJob
 from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
-from smith_worker.loop import TurnRunner
+from smith_worker.turn import TurnRunner
 from smith_worker.runtime import Queue, WorkerRuntime, connect_redis
 from smith_worker.tool_runner import run_tool
 

@@ -119,11 +119,23 @@ async def test_streaming_is_the_default(client, scenario, scripted_llm):
     [{"extra": {"model": "someone-else"}}, {"extra": {"stream": False}}, {"temprature": 0.1}],
     ids=["reserved-model", "reserved-stream", "unknown-field"],
 )
-async def test_bad_sampling_fails_the_turn_with_configuration_error(client, scenario, scripted_llm, sampling):
+async def test_bad_sampling_is_refused_by_the_client_and_by_the_worker(client, scenario, scripted_llm, sampling):
+    from smith_client import InvalidRequestError
+    from smith_client.jobs import TurnJob
+    from smith_client.messages import UserMessage
+    from smith_client.turns import submit
+
     key, marker = scenario(Script(Reply.text("never")))
-    events = await collect(client, f"{marker} hi", f"conv-{key}", agent="plain", sampling=sampling)
-    error = events[-1].error()
-    assert error.kind == "ConfigurationError" and error.setting.startswith("sampling")
+    with pytest.raises(InvalidRequestError) as refused:  # the client checks before enqueueing
+        await client.send(f"{marker} hi", conversation_id=f"conv-{key}", agent="plain", sampling=sampling)
+    assert refused.value.field == "sampling"
+    # a producer that skips the client's checks: the worker refuses it, typed, before any model call
+    job = TurnJob(turn_id=f"raw-{key}", conversation_id=f"conv-{key}", agent="plain",
+                  message=UserMessage(content=f"{marker} hi"), sampling=sampling)
+    await submit(client, job, "enqueue")
+    with pytest.raises(Exception) as failed:
+        await client.turn(job.turn_id).result(timeout=30)
+    assert failed.value.kind == "ConfigurationError" and failed.value.setting.startswith("sampling")
     assert scripted_llm.requests_for(key) == []  # refused before any request was sent
 
 
