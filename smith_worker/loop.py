@@ -52,7 +52,7 @@ from smith_worker.llm.types import (
 )
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.tool_runner import tool_result_event
-from smith_worker.tools import error_content
+from smith_worker.tools import ToolContext, error_content
 
 logger = logging.getLogger("agent_smith.agent")
 
@@ -200,8 +200,10 @@ class AgentLoop:
     async def _tool_schemas(self, spec: AgentSpec) -> list[ToolSchema]:
         """Native tools of the agent, then each of its sources' tools, in declaration order."""
         schemas = self.rt.app.tools.schemas(spec.tools)
+        asking = ToolContext(call_id="", tool_name="", turn_id=self.job.turn_id,
+                             conversation_id=self.job.conversation_id, agent=spec.name, worker_id=self.rt.worker_id)
         for name in spec.sources:
-            schemas += await self.rt.app.sources[name].schemas(self.rt)
+            schemas += await self.rt.app.sources[name].schemas(self.rt, asking)
         return schemas
 
     async def _on_stream_event(self, spec: AgentSpec, event: StreamEvent) -> None:

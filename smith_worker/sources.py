@@ -31,8 +31,12 @@ class ToolSource(Protocol):
         """The call budget of ``tool_name``, in seconds."""
         ...
 
-    async def schemas(self, rt: "WorkerRuntime") -> list[ToolSchema]:
-        """The tools this source offers now (turn worker; may read a cache in Redis)."""
+    async def schemas(self, rt: "WorkerRuntime", ctx: ToolContext | None = None) -> list[ToolSchema]:
+        """The tools this source offers now (turn worker; may read a cache in Redis).
+
+        ``ctx`` names the turn asking (``turn_id``, ``agent``), so events of a
+        discovery it triggers reach that turn's stream.
+        """
         ...
 
     async def call(self, rt: "WorkerRuntime", tool_name: str, arguments: dict, ctx: ToolContext) -> ToolResult:

@@ -87,11 +87,13 @@ class McpServerSource:
         """``request_timeout + connect_timeout`` seconds: a call may have to start the server first."""
         return self.config.request_timeout + self.config.connect_timeout
 
-    async def schemas(self, rt: WorkerRuntime) -> list[ToolSchema]:
+    async def schemas(self, rt: WorkerRuntime, ctx: ToolContext | None = None) -> list[ToolSchema]:
         """The server's tools now (see module doc).
 
-        A server that cannot be reached raises its typed error when
-        ``tools_required``, else it offers no tools this time (logged).
+        With ``ctx`` (the turn asking), a discovery started here reports its
+        lifecycle events on that turn's stream. A server that cannot be reached
+        raises its typed error when ``tools_required``, else it offers no tools
+        this time (logged).
         """
         self._rt = rt
         conn = self.handle.connection
@@ -101,7 +103,7 @@ class McpServerSource:
         if cached is not None:
             return cached
         try:
-            catalog = await self.handle.catalog()
+            catalog = await self.handle.catalog(None, self._sink(rt, ctx) if ctx is not None else None)
         except SmithError as exc:
             if self.config.tools_required:
                 raise

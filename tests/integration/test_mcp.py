@@ -46,6 +46,9 @@ async def test_a_turn_calls_mcp_tools_end_to_end(client, scenario, scripted_llm,
     assert any(e.data["kind"] == "notification" and e.data["fields"]["method"] == "notifications/message"
                and e.data["fields"]["params"]["data"] == "psst" for e in mcp_events)
     assert all(e.data["alias"] == "lab" for e in mcp_events)
+    # two connections, both reported on this turn's stream: the turn worker's discovery (schemas for
+    # the model) and the tool worker's pooled server that ran the calls
+    assert [e.data["kind"] for e in mcp_events].count("connected") == 2
     seqs = [e.seq for e in events]
     assert seqs == list(range(1, len(events) + 1))
     # the turn worker cached the schemas for every other turn worker, with a TTL
