@@ -157,9 +157,15 @@ async def test_kill_9_of_the_tool_worker(fleet_client, fleet, scenario, tool, ru
     label = uuid.uuid4().hex[:8]
     key, marker = scenario(Script(Reply.tool_calls([(tool, {"label": label, "seconds": 4})]), Reply.text("after")))
     handle = await fleet_client.submit(f"{marker} go", conversation_id=f"conv-{key}", agent="durable")
-    os.kill(await tool_worker_running(fleet_client, handle.turn_id), signal.SIGKILL)
+    pid = await tool_worker_running(fleet_client, handle.turn_id)
+    runs_key = f"{fleet_client.keys.prefix}:test:counted:{label}"
+    for _ in range(200):  # kill it mid-call: after the tool has started its work
+        if await fleet_client.redis.llen(runs_key):
+            break
+        await asyncio.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
     assert (await handle.result(timeout=60)).content == "after"
-    executions = await fleet_client.redis.lrange(f"{fleet_client.keys.prefix}:test:counted:{label}", 0, -1)
+    executions = await fleet_client.redis.lrange(runs_key, 0, -1)
     assert len(executions) == runs  # a call that may have had effects is never silently re-run
     tool_message = (await fleet_client.history(f"conv-{key}"))[2]
     assert tool_message.is_error is expect_error
