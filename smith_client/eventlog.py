@@ -30,10 +30,12 @@ DEFAULT_LOG_MAX_LEN = 100_000
 # KEYS: seq counter, log stream, channel[, turn state]. ARGV: event JSON without
 # its opening brace, max length, ttl seconds[, attempt]. The seq is spliced in as
 # the first field so no JSON library is needed inside Redis (cjson would turn []
-# into {}). With a state key, the event is dropped (-1) unless the turn's current
-# attempt is ARGV[4]: the fencing token that keeps a stale attempt silent.
+# into {}). With a state key, the event is dropped (-1) unless the turn is
+# running and its current attempt is ARGV[4]: the fencing token that keeps a
+# stale attempt silent, and nothing follows a turn's terminal event.
 _PUBLISH_LUA = """
-if KEYS[4] and redis.call('HGET', KEYS[4], 'attempt') ~= ARGV[4] then
+if KEYS[4] and (redis.call('HGET', KEYS[4], 'attempt') ~= ARGV[4]
+                or redis.call('HGET', KEYS[4], 'status') ~= 'running') then
   return -1
 end
 local seq = redis.call('INCR', KEYS[1])
@@ -83,8 +85,8 @@ class EventLog:
     ) -> int:
         """Append one event to the turn's log and publish it; return its ``seq``.
 
-        With ``attempt``, publish only while that attempt is the turn's current
-        one (fencing, DESIGN.md §8) and return -1 otherwise.
+        With ``attempt``, publish only while the turn runs and that attempt is
+        its current one (fencing, DESIGN.md §8); return -1 otherwise.
         """
         keys, args = self._publish_call(turn_id, type, data, agent_path, attempt)
         return int(await self._script(keys=keys, args=args))

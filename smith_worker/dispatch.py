@@ -166,9 +166,6 @@ class ToolJobWaiter:
             reason = "interrupted: the tool worker running it stopped" if job_id == "" else (
                 f"timed out after {job.timeout:g} s (no tool worker answered)")
             return await self._give_up(job, job_id, reason)
-        except asyncio.CancelledError:  # the turn was cancelled: stop the tool job too
-            await asyncio.shield(abort_job(self._redis, self._keys.tools_queue, job_id))
-            raise
         finally:
             self._listener.discard(job.result_key)
 

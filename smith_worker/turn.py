@@ -30,6 +30,7 @@ from smith_client.events import (
 from smith_client.jobs import ToolOutcome, TurnJob
 from smith_client.messages import AssistantMessage, ToolMessage
 from smith_worker.app import AgentSpec
+from smith_worker.dispatch import abort_job
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
 from smith_worker.turn_state import FINISH_LUA, StaleAttemptError, TurnAttempt, park, wake_head
@@ -149,8 +150,11 @@ class TurnRunner:
             return
         step = sum(isinstance(m, AssistantMessage) for m in messages)
         repaired = []
+        keys = self.rt.keys
         for index, call in enumerate(last.tool_calls):
-            raw = await self.rt.redis.get(self.rt.keys.tool_result(self.job.turn_id, step, index))
+            raw = await self.rt.redis.get(keys.tool_result(self.job.turn_id, step, index))
+            if raw is None:  # still queued or running: stop it (only a real cancel does; a hand-off re-attaches)
+                await abort_job(self.rt.redis, keys.tools_queue, keys.tool_job_id(self.job.turn_id, step, index))
             outcome = ToolOutcome.model_validate_json(raw) if raw else ToolOutcome(
                 content=error_content("the turn was cancelled before this tool call finished"), is_error=True)
             repaired.append(ToolMessage(tool_call_id=call.id, name=call.name, content=outcome.content,

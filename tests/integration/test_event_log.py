@@ -69,10 +69,14 @@ async def test_follow_fills_gaps_from_the_log(log_client):
 
 async def test_fenced_publish_is_dropped_for_a_stale_attempt(log_client):
     turn = "t-fenced"
-    await log_client.redis.hset(log_client.keys.turn_state(turn), "attempt", 2)
-    await log_client.redis.expire(log_client.keys.turn_state(turn), 60)
+    state = log_client.keys.turn_state(turn)
+    await log_client.redis.hset(state, mapping={"attempt": 2, "status": "running"})
+    await log_client.redis.expire(state, 60)
     assert await log_client.events.publish(turn, "token", {"text": "old"}, attempt=1) == -1
     assert await log_client.events.publish(turn, "token", {"text": "new"}, attempt=2) == 1
+    # once the turn has ended, even its current attempt publishes nothing more
+    await log_client.redis.hset(state, "status", "completed")
+    assert await log_client.events.publish(turn, "turn.cancelled", {"reason": "late"}, attempt=2) == -1
     assert [e.data["text"] for e in await log_client.events.read(turn)] == ["new"]
 
 
