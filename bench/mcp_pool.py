@@ -2,8 +2,9 @@
 
 1. **At the pool**, on the bundled stdio example server
    (``smith_worker/demo/mcp_server_example.py``): ``echo`` called sequentially,
-   then concurrently (a semaphore of 20 over all calls), plus ``ping``; and,
-   as the floor, the SDK's ``ClientSession`` called directly on the same server.
+   side by side with the floor, the SDK's ``ClientSession`` called directly on
+   another instance of the same server (alternating blocks of 50 calls); then
+   concurrently (a semaphore of 20 over all calls), plus ``ping``.
 2. **Fresh connection per call**: a new pooled handle for every call (spawn
    through the launcher, ``initialize``, discovery, the call, close): what a
    runtime without pooling pays.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -60,13 +62,34 @@ async def timed(coro) -> float:
     return time.perf_counter() - started
 
 
-async def pooled(calls: int) -> dict[str, object]:
+async def pooled(calls: int, block: int = 50) -> dict[str, object]:
+    """Pooled calls and, side by side, the floor: the SDK's own ``ClientSession`` on the same server script.
+
+    Sequential calls alternate between the two in blocks of ``block`` (the order
+    flipping every block), so load on a shared machine hits both alike.
+    """
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
     handle = ServerHandle(example_config())
     try:
         startup = await timed(handle.catalog())
-        for _ in range(50):  # warm-up
-            await handle.call_tool("echo", {"text": "warm"})
-        sequential = [await timed(handle.call_tool("echo", {"text": f"s{i}"})) for i in range(calls)]
+        async with stdio_client(StdioServerParameters(command=sys.executable, args=[EXAMPLE])) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                await session.list_tools()
+                for _ in range(50):  # warm-up
+                    await handle.call_tool("echo", {"text": "warm"})
+                    await session.call_tool("echo", {"text": "warm"})
+                sides = {
+                    "pool": (lambda i: handle.call_tool("echo", {"text": f"s{i}"}), []),
+                    "sdk": (lambda i: session.call_tool("echo", {"text": f"r{i}"}), []),
+                }
+                for first in range(0, calls, block):
+                    order = ("pool", "sdk") if (first // block) % 2 == 0 else ("sdk", "pool")
+                    for side in order:
+                        call, out = sides[side]
+                        out += [await timed(call(i)) for i in range(first, min(calls, first + block))]
         gate = asyncio.Semaphore(20)
 
         async def one(i: int) -> float:
@@ -79,22 +102,8 @@ async def pooled(calls: int) -> dict[str, object]:
         pings = [await timed(handle.ping()) for _ in range(100)]
     finally:
         await handle.close()
-    return {"startup": startup, "sequential": sequential, "concurrent": concurrent, "throughput": throughput,
-            "ping": pings}
-
-
-async def raw_sdk(calls: int) -> list[float]:
-    """The floor: the SDK's own ``ClientSession`` on the same server, called directly (no pool)."""
-    from mcp.client.session import ClientSession
-    from mcp.client.stdio import StdioServerParameters, stdio_client
-
-    async with stdio_client(StdioServerParameters(command=sys.executable, args=[EXAMPLE])) as (read, write):
-        async with ClientSession(read, write) as session:
-            await session.initialize()
-            await session.list_tools()
-            for _ in range(50):
-                await session.call_tool("echo", {"text": "warm"})
-            return [await timed(session.call_tool("echo", {"text": f"r{i}"})) for i in range(calls)]
+    return {"startup": startup, "sequential": sides["pool"][1], "floor": sides["sdk"][1], "concurrent": concurrent,
+            "throughput": throughput, "ping": pings}
 
 
 async def fresh(calls: int) -> list[float]:
@@ -154,13 +163,14 @@ async def main() -> None:
     args = parser.parse_args()
 
     pool = await pooled(args.calls)
-    floor = await raw_sdk(args.calls)
     per_call = await fresh(args.fresh)
-    seq = pool["sequential"]
-    print(f"stdio example server ({sys.executable})")
+    seq, floor = pool["sequential"], pool["floor"]
+    print(f"stdio example server ({sys.executable}); load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
+          f"{os.cpu_count()} CPUs")
     print(f"| pool start (spawn + initialize + discovery) | {pool['startup'] * 1000:.0f} ms |")
     print(f"| pooled, {args.calls} sequential calls | {summary(seq)} |")
-    print(f"| SDK ClientSession alone, {args.calls} sequential calls (floor, no pool) | {summary(floor)} |")
+    print(f"| SDK ClientSession alone, same server, {args.calls} sequential calls interleaved with the pooled ones "
+          f"(floor, no pool) | {summary(floor)} |")
     print(f"| pooled, {args.calls} concurrent calls (20 at a time) | {summary(pool['concurrent'])}, "
           f"{pool['throughput']:.0f} calls/s |")
     print(f"| pooled ping | {summary(pool['ping'])} |")

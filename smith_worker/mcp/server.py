@@ -17,9 +17,9 @@ A :class:`ServerHandle` owns at most one live :class:`Connection` at a time.
   open a circuit for ``circuit_cooldown``: requests then fail at once with
   :class:`TransportError`.
 * **Requests** run in the caller's task, straight on the shared session,
-  under a per-server semaphore. Each one races the connection's loss
-  future, so it fails fast with a typed error when the server dies, whatever
-  the SDK does. On a loss it is sent once more on the next generation when
+  under a per-server semaphore, with no task of their own. Each one races
+  the connection's loss future (which cancels it, see :meth:`ServerHandle._race`),
+  so it fails fast with a typed error when the server dies. On a loss it is sent once more on the next generation when
   it cannot have run twice (never sent, or read-only, or a configured
   idempotent tool); a ``tools/call`` that may have reached the server is
   never replayed (seed §11.2). A cancelled or timed-out call makes the SDK
@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 import random
 import time
@@ -45,7 +46,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 
@@ -72,8 +73,6 @@ logger = logging.getLogger("agent_smith.mcp")
 
 #: Seconds a request may outlive its own deadline before the pool's backstop fires (the SDK's timeout fires first).
 BACKSTOP_GRACE = 1.0
-#: Seconds a cancelled request gets to let the SDK write ``notifications/cancelled``.
-CANCEL_GRACE = 1.0
 #: Seconds :meth:`ServerHandle.close` waits for the owner (the SDK's stdio teardown takes at most ~6.5 s).
 CLOSE_TIMEOUT = 8.0
 #: Failed pings in a row that restart a server.
@@ -169,6 +168,34 @@ def _jitter(delay: float) -> float:
     return delay * random.uniform(0.8, 1.2)
 
 
+class _Interrupt:
+    """Cancels one task for the pool's own reasons (connection lost, backstop), at most once, while armed.
+
+    :meth:`disarm` stops it and says whether the task's cancellation is ours
+    alone (then it has been taken back with ``uncancel``).
+    """
+
+    __slots__ = ("armed", "reason", "task")
+
+    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+        assert task is not None
+        self.task = task
+        self.armed = True
+        self.reason: str | None = None
+
+    def fire(self, reason: str) -> None:
+        if self.armed and self.reason is None:
+            self.reason = reason
+            self.task.cancel()
+
+    def on_lost(self, _lost: asyncio.Future[str]) -> None:
+        self.fire("lost")
+
+    def disarm(self) -> bool:
+        self.armed = False
+        return self.reason is not None and self.task.uncancel() == 0
+
+
 class ServerHandle:
     """A pooled MCP server (see module doc). ``config`` is its :class:`ServerConfig`.
 
@@ -197,6 +224,8 @@ class ServerHandle:
         self._background: set[asyncio.Task[Any]] = set()
         self._refresh_pending: set[int] = set()
         self._last_tools: list[str] | None = None
+        self._tag_prefix = uuid.uuid4().hex[:12] + "-"  # call tags: unique per handle, cheap per call
+        self._tag_seq = itertools.count(1)
 
     # ---- public operations ---------------------------------------------------
 
@@ -232,7 +261,7 @@ class ServerHandle:
         retried when the call may have reached the server),
         :class:`SmithTimeoutError`, :class:`McpProtocolError`, ``CancelledError``.
         """
-        tag = uuid.uuid4().hex
+        tag = f"{self._tag_prefix}{next(self._tag_seq)}"
 
         async def run(conn: Connection, timeout: float) -> Any:
             async def progress(value: float, total: float | None, message: str | None) -> None:
@@ -471,7 +500,6 @@ class ServerHandle:
             async with open_transport(config, capture) as (t_read, t_write):
                 link = Link(self.alias, t_read, t_write, on_lost=partial(self._on_lost, generation, lost))
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(link.read_pump)
                     tg.start_soon(link.write_pump)
                     try:
                         await self._serve(generation, link, lost, capture, end, tg)
@@ -651,35 +679,46 @@ class ServerHandle:
             self._sem.release()
 
     async def _race(self, conn: Connection, request: Request, deadline: float, budget: float) -> Any:
-        """Run the request against the connection's loss; map the outcome (see :meth:`_outcome`)."""
+        """Run the request in this task against the connection's loss and a backstop timer; map the outcome.
+
+        No task per call: the loss (a done callback on ``conn.lost``) or the
+        backstop (``BACKSTOP_GRACE`` s past the SDK's own timeout) cancels this
+        task, and that cancellation is turned into :class:`ConnectionLost` or a
+        timeout (the SDK then sends ``notifications/cancelled``; the link's
+        write side never blocks, so it cannot hold the caller). A cancellation
+        from outside (turn cancelled, tool timeout) propagates unchanged.
+        """
         remaining = max(0.001, deadline - time.monotonic())
-        task = asyncio.ensure_future(request.run(conn, remaining))
-        task.add_done_callback(_consume)
+        guard = _Interrupt(asyncio.current_task())
+        conn.lost.add_done_callback(guard.on_lost)
+        timer = asyncio.get_running_loop().call_later(remaining + BACKSTOP_GRACE, guard.fire, "backstop")
         try:
-            await asyncio.wait({task, conn.lost}, timeout=remaining + BACKSTOP_GRACE,
-                               return_when=asyncio.FIRST_COMPLETED)
+            result = await request.run(conn, remaining)
         except asyncio.CancelledError:
-            task.cancel()  # the SDK sends notifications/cancelled (shielded, bounded)
-            await asyncio.wait({task}, timeout=CANCEL_GRACE)
-            raise
-        if task.done():
-            return self._outcome(conn, request, task, budget)
-        task.cancel()
-        if conn.lost.done():
-            raise ConnectionLost(conn.lost.result(), self._maybe_sent(conn, request))
-        self._count_timeout(conn)
-        raise timeout_error(self.alias, request.operation, budget)
+            if not guard.disarm():
+                raise
+            if conn.lost.done():
+                raise ConnectionLost(conn.lost.result(), self._maybe_sent(conn, request)) from None
+            self._count_timeout(conn)
+            raise timeout_error(self.alias, request.operation, budget) from None
+        except Exception as exc:  # noqa: BLE001 - every SDK failure is mapped to a typed error
+            guard.disarm()
+            self._failed(conn, request, exc, budget)
+        else:
+            guard.disarm()
+            conn.last_activity = time.monotonic()
+            conn.timeouts = 0
+            return result
+        finally:
+            timer.cancel()
+            conn.lost.remove_done_callback(guard.on_lost)
 
     @staticmethod
     def _maybe_sent(conn: Connection, request: Request) -> bool:
         return request.tag is None or request.tag in conn.link.sent
 
-    def _outcome(self, conn: Connection, request: Request, task: asyncio.Task[Any], budget: float) -> Any:
-        exc = task.exception()
-        if exc is None:
-            conn.last_activity = time.monotonic()
-            conn.timeouts = 0
-            return task.result()
+    def _failed(self, conn: Connection, request: Request, exc: Exception, budget: float) -> NoReturn:
+        """Map a failed request: :class:`ConnectionLost` (to retry or report) or a typed Smith error."""
         if is_session_terminated(exc):  # HTTP 404 on our session id: nothing ran, reconnect
             self._end(conn, "session terminated")
             raise ConnectionLost("session terminated", maybe_sent=False)
