@@ -116,9 +116,15 @@ class EventLog:
         return keys, args
 
     def publish_in(
-        self, pipe: Any, turn_id: str, type: str, data: dict[str, Any], agent_path: list[str], attempt: int
+        self,
+        pipe: Any,
+        turn_id: str,
+        type: str,
+        data: dict[str, Any],
+        agent_path: list[str] | None = None,
+        attempt: int | None = None,
     ) -> None:
-        """Queue a fenced :meth:`publish` on a transaction pipeline (to commit it with other writes)."""
+        """Queue a :meth:`publish` (fenced with ``attempt``) on a pipeline, to send it with other commands."""
         keys, args = self._publish_call(turn_id, type, data, agent_path, attempt)
         pipe.eval(_PUBLISH_LUA, len(keys), *keys, *args)
 

@@ -66,9 +66,17 @@ def done_message(outcomes: list[ToolOutcome]) -> AssistantMessage | None:
     return None
 
 
+class CancelRequested(Exception):
+    """The turn's state asks it to stop (found between steps); ``reason`` is cancel or interrupt."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class AgentLoop:
-    """The steps of one attempt of one turn. ``publish`` and ``check_cancel`` come from its
-    :class:`~smith_worker.turn.TurnRunner` (fenced events; the cancel flag)."""
+    """The steps of one attempt of one turn. ``publish`` (fenced events) comes from its
+    :class:`~smith_worker.turn.TurnRunner`."""
 
     def __init__(
         self,
@@ -77,14 +85,12 @@ class AgentLoop:
         attempt: TurnAttempt,
         store: ConversationStore,
         publish: Callable[[str, dict[str, Any]], Awaitable[int]],
-        check_cancel: Callable[[], Awaitable[None]],
     ) -> None:
         self.rt = rt
         self.job = job
         self.attempt = attempt
         self.store = store
         self.publish = publish
-        self._check_cancel = check_cancel
         self.agent_path = [job.agent]
         self._stream_calls: dict[int, ToolCall] = {}
 
@@ -105,10 +111,8 @@ class AgentLoop:
         tool_rounds = sum(1 for m in replies if m.tool_calls and m is not pending)
         while True:
             if pending is None:
-                await self._check_cancel()
-                await self._drain_inbox(spec, closing=False)
+                tree_iterations = await self._begin_step(spec)
                 iterations += 1
-                tree_iterations = await self._count_tree_step()
                 self._check_limits(spec, iterations, tree_iterations, total_tokens, deadline)
                 pending = (await self._call_model(spec, llm, tool_rounds)).message
                 total_tokens += pending.usage.total if pending.usage else 0
@@ -126,25 +130,35 @@ class AgentLoop:
 
     async def _drain_inbox(self, spec: AgentSpec, closing: bool) -> bool:
         """Append user messages merged into this turn (``multitask="merge"``); True if there were any."""
-        moved = [message_from_json(raw) for raw in await self.attempt.drain_inbox(closing)]
-        for message in moved:
-            await self.announce(spec, message)
+        return await self._announce_merged(spec, await self.attempt.drain_inbox(closing))
+
+    async def _announce_merged(self, spec: AgentSpec, moved: list[bytes]) -> bool:
+        for raw in moved:
+            await self.announce(spec, message_from_json(raw))
         return bool(moved)
 
-    async def _count_tree_step(self) -> int:
-        """Count one model call against the agent tree (seed §14.2 ``tree_state->iterations += 1``).
+    async def _begin_step(self, spec: AgentSpec) -> int:
+        """Before a model call, in one round trip: the cancel flag, merged messages, the tree count.
 
-        The counter is a Redis key per root turn (DESIGN.md §2), so sub-agents
-        running in other tasks or processes share it. Until sub-agents exist
-        the root turn is the whole tree. A re-run of the turn after a crash
-        keeps counting on the same key: the tree budget errs on the safe side.
-        Returns the tree's count including this step.
+        Raises :class:`CancelRequested` when the turn's state asks it to stop.
+        Merged user messages (``multitask="merge"``) join the history here, so
+        the model sees them in this call. The tree counter (seed §14.2
+        ``tree_state->iterations += 1``) is a Redis key per root turn
+        (DESIGN.md §2), so sub-agents in other tasks or processes can share it;
+        until they exist the root turn is the whole tree, and a re-run after a
+        crash keeps counting on the same key (the budget errs on the safe
+        side). Returns the tree's count including this step.
         """
-        key = self.rt.keys.tree_iterations(self.job.turn_id)
-        async with self.rt.redis.pipeline(transaction=True) as pipe:
-            pipe.incr(key)
-            pipe.expire(key, DEFAULT_TURN_TTL)
-            count, _ = await pipe.execute()
+        tree = self.rt.keys.tree_iterations(self.job.turn_id)
+        async with self.rt.redis.pipeline(transaction=False) as pipe:
+            pipe.hget(self.rt.keys.turn_state(self.job.turn_id), "cancel_requested")
+            pipe.eval(*self.attempt.drain_inbox_args(closing=False))
+            pipe.incr(tree)
+            pipe.expire(tree, DEFAULT_TURN_TTL)
+            cancel, moved, count, _ = await pipe.execute()
+        if cancel:
+            raise CancelRequested(cancel.decode())
+        await self._announce_merged(spec, self.attempt.drained(moved))
         return int(count)
 
     def _check_limits(

@@ -64,11 +64,14 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     rt: WorkerRuntime = ctx["runtime"]
     job = ToolJob.model_validate(payload)
     started = time.monotonic()
-    if await rt.redis.exists(job.result_key):
-        return {"is_error": False, "stored": False}  # already answered: never run a call twice
-    # who runs it: lets a resumed turn tell a live runner from a dead one
-    marker = rt.keys.tool_started(job.turn_id, job.step, job.index)
-    await rt.redis.set(marker, rt.worker_id, ex=DEFAULT_TURN_TTL)
+    # one round trip: is it answered already, and mark who runs it (lets a resumed
+    # turn tell a live runner from a dead one)
+    async with rt.redis.pipeline(transaction=False) as pipe:
+        pipe.exists(job.result_key)
+        pipe.set(rt.keys.tool_started(job.turn_id, job.step, job.index), rt.worker_id, ex=DEFAULT_TURN_TTL)
+        answered, _ = await pipe.execute()
+    if answered:
+        return {"is_error": False, "stored": False}  # never run a call twice
     result = await _invoke(rt, job)
     outcome = ToolOutcome(
         content=truncate_content(result.content, job.result_max_bytes),
@@ -77,8 +80,10 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
         worker=rt.worker_id,
     )
     stored = await rt.redis.set(job.result_key, outcome.model_dump_json(), nx=True, ex=DEFAULT_TURN_TTL)
-    if stored:
-        await rt.events.publish(job.turn_id, TOOL_RESULT, tool_result_event(job, outcome), job.agent_path)
-        await rt.redis.publish(job.reply_channel, job.result_key)
+    if stored:  # the event, then the waiting turn's wake-up, in one round trip
+        async with rt.redis.pipeline(transaction=False) as pipe:
+            rt.events.publish_in(pipe, job.turn_id, TOOL_RESULT, tool_result_event(job, outcome), job.agent_path)
+            pipe.publish(job.reply_channel, job.result_key)
+            await pipe.execute()
     logger.debug("tool %s ran in %.3f s (stored=%s)", job.call.name, time.monotonic() - started, bool(stored))
     return {"is_error": outcome.is_error, "stored": bool(stored)}

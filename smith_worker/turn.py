@@ -34,19 +34,11 @@ from smith_worker.dispatch import abort_job
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
 from smith_worker.turn_state import FINISH_LUA, StaleAttemptError, TurnAttempt, park, wake_head
-from smith_worker.loop import AgentLoop
+from smith_worker.loop import AgentLoop, CancelRequested
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.tools import error_content
 
 logger = logging.getLogger("agent_smith.agent")
-
-
-class CancelRequested(Exception):
-    """The turn's state asks it to stop (found between steps); ``reason`` is cancel or interrupt."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class TurnRunner:
@@ -58,7 +50,7 @@ class TurnRunner:
         self.store = ConversationStore(rt.redis, rt.keys, job.conversation_id)
         self.attempt = TurnAttempt(rt.redis, rt.keys, job.turn_id, job.conversation_id, rt.worker_id)
         self.agent_path = [job.agent]
-        self.loop = AgentLoop(rt, job, self.attempt, self.store, self.publish, self._check_cancel)
+        self.loop = AgentLoop(rt, job, self.attempt, self.store, self.publish)
         self._task: asyncio.Task[Any] | None = None
         self._cancel_requested = False
         self._lease_lost = False

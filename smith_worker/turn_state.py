@@ -247,13 +247,18 @@ class TurnAttempt:
 
     async def drain_inbox(self, closing: bool) -> list[bytes]:
         """Move merged user messages into the history; when ``closing`` and none are waiting, close the inbox."""
-        moved = await self.redis.eval(
-            _DRAIN_INBOX, 3, self._state, self.keys.turn_inbox(self.turn_id), self._history,
-            self.attempt, self.history_ttl, "1" if closing else "0",
-        )  # fmt: skip
-        if moved is None:
+        return self.drained(await self.redis.eval(*self.drain_inbox_args(closing)))
+
+    def drain_inbox_args(self, closing: bool) -> tuple[Any, ...]:
+        """The ``EVAL`` arguments of :meth:`drain_inbox`, to send it in a pipeline with other commands."""
+        return (_DRAIN_INBOX, 3, self._state, self.keys.turn_inbox(self.turn_id), self._history,
+                self.attempt, self.history_ttl, "1" if closing else "0")  # fmt: skip
+
+    def drained(self, reply: Any) -> list[bytes]:
+        """The moved messages from a drain's reply. Raises :class:`StaleAttemptError` when fenced off."""
+        if reply is None:
             raise StaleAttemptError(self.turn_id)
-        return list(moved)
+        return list(reply)
 
     def finish_script_args(self, status: str, field: str, value: str, ttl: int) -> tuple[list[str], list[Any]]:
         """Keys and args of :data:`FINISH_LUA`, the fenced final write (committed with the terminal event)."""
