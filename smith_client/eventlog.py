@@ -24,6 +24,8 @@ from smith_client.keys import Keys
 
 #: Default lifetime of a turn's log and counter after its last event (seconds): 24 h (DESIGN.md §8).
 DEFAULT_TURN_TTL = 24 * 3600
+#: ``attempt`` value for a publish that needs the turn running, whatever its attempt (tool workers).
+WHILE_RUNNING = -1
 #: Default cap on the entries of one turn's replay log (approximate trimming).
 DEFAULT_LOG_MAX_LEN = 100_000
 
@@ -31,11 +33,12 @@ DEFAULT_LOG_MAX_LEN = 100_000
 # its opening brace, max length, ttl seconds[, attempt]. The seq is spliced in as
 # the first field so no JSON library is needed inside Redis (cjson would turn []
 # into {}). With a state key, the event is dropped (-1) unless the turn is
-# running and its current attempt is ARGV[4]: the fencing token that keeps a
-# stale attempt silent, and nothing follows a turn's terminal event.
+# running and (when ARGV[4] is not '') its current attempt is ARGV[4]: the
+# fencing token that keeps a stale attempt silent. Nothing follows a turn's
+# terminal event.
 _PUBLISH_LUA = """
-if KEYS[4] and (redis.call('HGET', KEYS[4], 'attempt') ~= ARGV[4]
-                or redis.call('HGET', KEYS[4], 'status') ~= 'running') then
+if KEYS[4] and (redis.call('HGET', KEYS[4], 'status') ~= 'running'
+                or (ARGV[4] ~= '' and redis.call('HGET', KEYS[4], 'attempt') ~= ARGV[4])) then
   return -1
 end
 local seq = redis.call('INCR', KEYS[1])
@@ -86,10 +89,14 @@ class EventLog:
         """Append one event to the turn's log and publish it; return its ``seq``.
 
         With ``attempt``, publish only while the turn runs and that attempt is
-        its current one (fencing, DESIGN.md §8); return -1 otherwise.
+        its current one (fencing, DESIGN.md §8; :data:`WHILE_RUNNING`: any
+        attempt); return -1 otherwise.
         """
         keys, args = self._publish_call(turn_id, type, data, agent_path, attempt)
         return int(await self._script(keys=keys, args=args))
+
+    # ``attempt`` for the publish helpers: an attempt number fences on that attempt
+    # and a running turn; WHILE_RUNNING on a running turn only (tool workers); None: no fence.
 
     def _publish_call(
         self, turn_id: str, type: str, data: dict[str, Any], agent_path: list[str] | None, attempt: int | None
@@ -112,7 +119,7 @@ class EventLog:
         args: list[Any] = [body[1:], self._max_len, self._ttl]
         if attempt is not None:
             keys.append(self._keys.turn_state(turn_id))
-            args.append(attempt)
+            args.append("" if attempt == WHILE_RUNNING else attempt)
         return keys, args
 
     def publish_in(

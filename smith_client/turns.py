@@ -15,8 +15,10 @@ conversation's multitask policy is decided atomically:
 * ``enqueue`` (default): FIFO after the conversation's unfinished turns;
 * ``reject``: :class:`ConversationBusyError` when one is unfinished;
 * ``interrupt``: the unfinished turns are cancelled (reason ``interrupt``), then this one runs;
-* ``merge``: the message joins the newest unfinished turn before its next model
-  call (steering); if that turn is already closing, it is enqueued instead.
+* ``merge``: the message joins the running turn before its next model call
+  (steering); if that turn is not running yet, or already closing, it is
+  enqueued instead. A merged message is kept in the history even when the turn
+  it joined is cancelled or fails before answering it.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ if #active > 0 then
   if policy == 'reject' then return {'busy', active[1]} end
   if policy == 'merge' then
     local target = active[#active]
-    if redis.call('HGET', prefix .. ':turn:' .. target .. ':state', 'inbox_closed') ~= '1' then
+    local tstate = prefix .. ':turn:' .. target .. ':state'
+    if redis.call('HGET', tstate, 'status') == 'running' and redis.call('HGET', tstate, 'inbox_closed') ~= '1' then
       local inbox = prefix .. ':turn:' .. target .. ':inbox'
       redis.call('RPUSH', inbox, msg)
       redis.call('EXPIRE', inbox, turn_ttl)

@@ -184,6 +184,7 @@ class SmithApp:
         deny: list[str] | None = None,
         tools_required: bool = True,
         reconnect_on_transport_error: bool = True,
+        **pool_options: Any,
     ) -> ToolSource:
         """Declare an MCP server (seed §11.2) as a tool source named ``alias``; agents use it with
         ``sources=[alias]`` and see its tools as ``mcp_<alias>__<tool>``.
@@ -191,16 +192,19 @@ class SmithApp:
         A stdio server takes ``command`` (+ ``args``, ``env``, ``cwd``); a
         Streamable HTTP server takes ``url`` (+ ``bearer_token``, ``headers``).
         ``request_timeout`` is seconds; ``allow`` / ``deny`` filter original
-        tool names (deny wins). Nothing starts here: each worker process starts
-        the server on first use and pools it. Raises :class:`ConfigurationError`
-        for an invalid configuration or a duplicate source name.
+        tool names (deny wins). ``pool_options`` are the other fields of
+        :class:`~smith_worker.mcp.ServerConfig` (e.g. ``connect_timeout``,
+        ``idempotent_tools``, ``max_concurrency``, ``idle_timeout``). Nothing
+        starts here: each worker process starts the server on first use and
+        pools it. Raises :class:`ConfigurationError` for an invalid
+        configuration or a duplicate source name.
         """
         from smith_worker.mcp import McpServerSource, ServerConfig  # keeps the MCP modules out of apps without MCP
 
         config = ServerConfig(
             alias=alias, command=command, args=tuple(args), env=env, cwd=cwd, url=url, bearer_token=bearer_token,
             headers=headers, request_timeout=request_timeout, allow=allow, deny=deny, tools_required=tools_required,
-            reconnect_on_transport_error=reconnect_on_transport_error,
+            reconnect_on_transport_error=reconnect_on_transport_error, **pool_options,
         )
         return self.add_source(McpServerSource(config))
 

@@ -116,7 +116,7 @@ class AgentLoop:
                 self._check_limits(spec, iterations, tree_iterations, total_tokens, deadline)
                 pending = (await self._call_model(spec, llm, tool_rounds)).message
                 total_tokens += pending.usage.total if pending.usage else 0
-                await self._append(spec, pending)
+                await self.append(spec, pending)
             message, pending = pending, None
             if not message.tool_calls:
                 if await self._drain_inbox(spec, closing=True):
@@ -241,7 +241,7 @@ class AgentLoop:
     def _call_data(index: int, call: ToolCall) -> dict[str, Any]:
         return {"id": call.id, "name": call.name, "index": index, "arguments": call.arguments}
 
-    async def _append(self, spec: AgentSpec, *messages: Any) -> None:
+    async def append(self, spec: AgentSpec, *messages: Any) -> None:
         """Append to the history (fenced), then announce each message."""
         await self.attempt.append(*messages)
         for message in messages:
@@ -260,7 +260,7 @@ class AgentLoop:
             ToolMessage(tool_call_id=call.id, name=call.name, content=outcome.content, is_error=outcome.is_error)
             for call, outcome in zip(calls, outcomes)
         ]
-        await self._append(spec, *messages)
+        await self.append(spec, *messages)
         for message in messages:
             await fire("on_tool_result", message, self.rt.app.hooks, spec.hooks)
         return list(outcomes)

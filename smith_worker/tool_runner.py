@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from smith_client.eventlog import DEFAULT_TURN_TTL
+from smith_client.eventlog import DEFAULT_TURN_TTL, WHILE_RUNNING
 from smith_client.events import TOOL_RESULT
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_worker.runtime import WorkerRuntime
@@ -82,7 +82,8 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     stored = await rt.redis.set(job.result_key, outcome.model_dump_json(), nx=True, ex=DEFAULT_TURN_TTL)
     if stored:  # the event, then the waiting turn's wake-up, in one round trip
         async with rt.redis.pipeline(transaction=False) as pipe:
-            rt.events.publish_in(pipe, job.turn_id, TOOL_RESULT, tool_result_event(job, outcome), job.agent_path)
+            rt.events.publish_in(pipe, job.turn_id, TOOL_RESULT, tool_result_event(job, outcome), job.agent_path,
+                                 WHILE_RUNNING)  # never after the turn's terminal event
             pipe.publish(job.reply_channel, job.result_key)
             await pipe.execute()
     logger.debug("tool %s ran in %.3f s (stored=%s)", job.call.name, time.monotonic() - started, bool(stored))

@@ -141,17 +141,27 @@ class TurnRunner:
         if not isinstance(last, AssistantMessage) or not last.tool_calls:
             return
         step = sum(isinstance(m, AssistantMessage) for m in messages)
-        repaired = []
-        keys = self.rt.keys
-        for index, call in enumerate(last.tool_calls):
-            raw = await self.rt.redis.get(keys.tool_result(self.job.turn_id, step, index))
-            if raw is None:  # still queued or running: stop it (only a real cancel does; a hand-off re-attaches)
-                await abort_job(self.rt.redis, keys.tools_queue, keys.tool_job_id(self.job.turn_id, step, index))
-            outcome = ToolOutcome.model_validate_json(raw) if raw else ToolOutcome(
-                content=error_content("the turn was cancelled before this tool call finished"), is_error=True)
-            repaired.append(ToolMessage(tool_call_id=call.id, name=call.name, content=outcome.content,
-                                        is_error=outcome.is_error))
-        await self.attempt.append(*repaired)
+        outcomes = [await self._settle_call(step, index) for index in range(len(last.tool_calls))]
+        repaired = [ToolMessage(tool_call_id=call.id, name=call.name, content=o.content, is_error=o.is_error)
+                    for call, o in zip(last.tool_calls, outcomes)]
+        if spec is not None:
+            await self.loop.append(spec, *repaired)
+        else:
+            await self.attempt.append(*repaired)
+
+    async def _settle_call(self, step: int, index: int) -> ToolOutcome:
+        """One outcome for a call of a cancelled turn: its real result, or (claimed first, like a
+        timeout) a cancellation error; then its job is stopped. A hand-off never comes here: it re-attaches."""
+        keys, redis = self.rt.keys, self.rt.redis
+        result_key = keys.tool_result(self.job.turn_id, step, index)
+        started = await redis.exists(keys.tool_started(self.job.turn_id, step, index))
+        reason = ("the turn was cancelled while this tool call was running; it was stopped and may have partly run"
+                  if started else "the turn was cancelled before this tool call started")
+        cancelled = ToolOutcome(content=error_content(reason), is_error=True)
+        if await redis.set(result_key, cancelled.model_dump_json(), nx=True, ex=DEFAULT_TURN_TTL):
+            await abort_job(redis, keys.tools_queue, keys.tool_job_id(self.job.turn_id, step, index))
+            return cancelled
+        return ToolOutcome.model_validate_json(await redis.get(result_key))  # the tool finished first
 
     async def _fail(self, error: SmithError, spec: AgentSpec | None) -> None:
         logger.error("turn %s failed: %r", self.job.turn_id, error)

@@ -89,12 +89,19 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 return redis.call('HINCRBY', KEYS[1], 'requeues', 1)
 """
 
+# Merged user messages the turn did not get to (it was cancelled or failed first)
+# are kept: moved to the history, after what the turn completed.
 FINISH_LUA = """
 if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[3], ARGV[4], ARGV[5], 'inbox_closed', '1', 'lease_until', 0)
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('LREM', KEYS[3], 0, ARGV[1])
+local merged = redis.call('LRANGE', KEYS[4], 0, -1)
+if #merged > 0 then
+  redis.call('RPUSH', KEYS[5], unpack(merged))
+  redis.call('EXPIRE', KEYS[5], ARGV[7])
+end
 redis.call('DEL', KEYS[4])
 return 1
 """
@@ -263,8 +270,8 @@ class TurnAttempt:
     def finish_script_args(self, status: str, field: str, value: str, ttl: int) -> tuple[list[str], list[Any]]:
         """Keys and args of :data:`FINISH_LUA`, the fenced final write (committed with the terminal event)."""
         keys = [self._state, self.keys.running, self.keys.conversation_turns(self.conversation_id),
-                self.keys.turn_inbox(self.turn_id)]
-        return keys, [self.turn_id, self.attempt, status, field, value, ttl]
+                self.keys.turn_inbox(self.turn_id), self._history]
+        return keys, [self.turn_id, self.attempt, status, field, value, ttl, self.history_ttl]
 
     async def requeue(self) -> int:
         """Hand the turn off (worker shutdown): back to ``queued`` and re-enqueued under a new job id."""

@@ -230,3 +230,48 @@ async def test_a_long_queue_on_one_conversation_does_not_block_others(client, sc
         await handle.cancel()
     gate.set()
     assert (await first.result(timeout=30)).content == "slow"
+
+
+async def test_cancel_racing_a_finishing_tool_keeps_history_and_result_in_agreement(client, scenario):
+    """A cancel that lands as a tool finishes: one outcome wins, and history, result key and events agree."""
+    conversations = []
+
+    async def one(i: int) -> None:
+        label = uuid.uuid4().hex[:8]
+        key, marker = scenario(Script(Reply.tool_calls([("counted", {"label": label, "seconds": 0.35})]),
+                                      Reply.text("after")))
+        conv = f"conv-{key}"
+        handle = await client.submit(f"{marker} go", conversation_id=conv, agent="durable")
+        async for event in handle.events():
+            if event.type == "tool_call.completed":
+                break
+        await asyncio.sleep(0.25 + 0.01 * i)  # around the moment the tool finishes
+        await handle.cancel()
+        conversations.append((conv, handle.turn_id))
+
+    await asyncio.gather(*(one(i) for i in range(20)))
+    for conv, turn_id in conversations:
+        events = [e async for e in client.turn(turn_id).events(timeout=30)]
+        assert events[-1].terminal and [e.type for e in events].count(events[-1].type) == 1
+        logged = await client.events.read(turn_id)
+        assert logged[-1].terminal  # nothing was published after the terminal event
+        tool_message = next(m for m in await client.history(conv) if isinstance(m, ToolMessage))
+        stored = await client.redis.get(client.keys.tool_result(turn_id, 1, 0))
+        assert orjson.loads(stored)["content"] == tool_message.content  # one outcome, everywhere
+
+
+async def test_a_merged_message_survives_the_interrupt_of_the_turn_it_joined(client, scenario):
+    conv = uid("conv")
+    _, marker = scenario(Script(Reply.tool_calls([("slow_tool", {"seconds": 3})]), Reply.text("never")))
+    first = await client.submit(f"{marker} A", conversation_id=conv, agent="durable")
+    async for event in first.events():
+        if event.type == "tool_call.completed":
+            break
+    merged = await client.submit("B: also this", conversation_id=conv, agent="durable", multitask="merge")
+    assert merged.turn_id == first.turn_id
+    third = await client.submit("C: new topic", conversation_id=conv, agent="plain", multitask="interrupt")
+    with pytest.raises(TurnCancelledError):
+        await merged.result(timeout=30)
+    await third.result(timeout=30)
+    contents = [m.content for m in await client.history(conv) if isinstance(m, UserMessage)]
+    assert contents[1:] == ["B: also this", "C: new topic"]  # kept, in order

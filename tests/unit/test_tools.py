@@ -165,3 +165,13 @@ def test_app_registration_errors():
     assert spec.tool_choice_for(0) == "required" and spec.tool_choice_for(1) == "auto"
     with pytest.raises(ConfigurationError):
         app.agent("a")
+
+
+def test_mcp_server_takes_pool_options():
+    app = SmithApp()
+    source = app.mcp_server("fs", command="true", connect_timeout=2.0, idempotent_tools=["read"])
+    assert (source.config.connect_timeout, source.config.idempotent_tools) == (2.0, ("read",))
+    with pytest.raises(ConfigurationError):
+        app.mcp_server("other", command="true", connect_timeout=-1)
+    with pytest.raises(TypeError):
+        app.mcp_server("third", command="true", no_such_option=1)
