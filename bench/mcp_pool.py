@@ -38,18 +38,9 @@ from smith_worker.local.processes import start_redis_server  # noqa: E402
 from smith_worker.mcp import ServerConfig, ServerHandle  # noqa: E402
 from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: E402
 from tests.support.scripted_llm import Reply, Script, ScriptedLlmServer, scenario_marker  # noqa: E402
+from bench.stats import summary  # noqa: E402
 
 EXAMPLE = str(ROOT / "smith_worker" / "demo" / "mcp_server_example.py")
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def summary(values: list[float]) -> str:
-    ms = [v * 1000 for v in values]
-    return f"p50 {statistics.median(ms):.2f} ms, p99 {pct(ms, 0.99):.2f} ms (n={len(ms)})"
 
 
 def example_config() -> ServerConfig:

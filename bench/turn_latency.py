@@ -30,21 +30,12 @@ from smith_client import SmithClient  # noqa: E402
 from smith_worker.local.processes import start_redis_server  # noqa: E402
 from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: E402
 from tests.support.scripted_llm import Reply, ScriptedLlmServer, Script, scenario_marker  # noqa: E402
+from bench.stats import summary  # noqa: E402
 
 CONFIGS = {
     "tuned (poll 0.02 s turns / 0.01 s tools)": {},
     "arq default polling (0.5 s)": {"SMITH_TURN_POLL_DELAY": "0.5", "SMITH_TOOL_POLL_DELAY": "0.5"},
 }
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def summary(values: list[float]) -> str:
-    ms = [v * 1000 for v in values]
-    return f"p50 {statistics.median(ms):7.1f} ms   p99 {pct(ms, 0.99):7.1f} ms   (n={len(ms)})"
 
 
 async def one_turn(client: SmithClient, text: str, conversation: str) -> tuple[float, float | None, list[float]]:

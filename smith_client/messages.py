@@ -107,15 +107,20 @@ def message_to_json(message: BaseModel) -> bytes:
     return orjson.dumps(message.model_dump(mode="json"))
 
 
-def message_from_json(raw: bytes | str) -> SystemMessage | UserMessage | AssistantMessage | ToolMessage:
-    """Parse stored-form JSON bytes. Raises ``ParseError``."""
+def parse_json_object(raw: bytes | str, what: str) -> dict[str, Any]:
+    """Parse JSON that must be an object; ``what`` names it in the :class:`ParseError` (with the offset)."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise ParseError(f"invalid message JSON: {exc.msg}", offset=exc.pos) from exc
+        raise ParseError(f"invalid JSON in {what}: {exc.msg}", offset=exc.pos) from exc
     if not isinstance(data, dict):
-        raise ParseError("message JSON is not an object")
-    return message_from_dict(data)
+        raise ParseError(f"{what} is not a JSON object")
+    return data
+
+
+def message_from_json(raw: bytes | str) -> SystemMessage | UserMessage | AssistantMessage | ToolMessage:
+    """Parse stored-form JSON bytes. Raises ``ParseError``."""
+    return message_from_dict(parse_json_object(raw, "message"))
 
 
 def to_openai(message: BaseModel) -> dict[str, Any]:

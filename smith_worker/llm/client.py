@@ -47,7 +47,7 @@ from smith_client.errors import (
     SmithTimeoutError,
     TransportError,
 )
-from smith_client.messages import assistant_from_openai, to_openai
+from smith_client.messages import assistant_from_openai, parse_json_object, to_openai
 from smith_worker.llm.stream import ChatStreamDecoder
 from smith_worker.llm.types import (
     LlmClientConfig,
@@ -409,12 +409,7 @@ def parse_completion(raw: bytes) -> LlmResponse:
     Raises ``ParseError`` (bad JSON or shape) or ``LlmApiError``
     (``http_status=200``) when the body is an ``{"error": ...}`` object.
     """
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ParseError(f"invalid JSON in chat completion: {exc.msg}", offset=exc.pos) from exc
-    if not isinstance(data, dict):
-        raise ParseError("chat completion is not a JSON object")
+    data = parse_json_object(raw, "chat completion")
     text = raw.decode("utf-8", errors="replace")
     if data.get("error") is not None:
         raise LlmApiError(f"chat completion error: {_error_message(text)}", 200, text)
