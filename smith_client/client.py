@@ -288,6 +288,16 @@ class SmithClient:
             raise TurnNotFoundError(f"no turn {turn_id!r} (never submitted, or expired)", turn_id=turn_id)
         return status in (b"completed", b"failed", b"cancelled")
 
+    async def _catch_up(self, turn_id: str, last: int, seen_any: bool) -> tuple[list[Event], bool]:
+        """Events after ``last`` from the log, and whether the turn is over with nothing more to come."""
+        pending = await self.events.read(turn_id, last)
+        if pending or not await self._ended(turn_id, seen_any):
+            return pending, False
+        # The terminal event and the terminal status are written together, but the
+        # status may have been read after the log: read the log again.
+        pending = await self.events.read(turn_id, last)
+        return pending, not pending
+
     async def _follow(
         self, pubsub: Any, turn_id: str, after_seq: int, timeout: float | None, poll_interval: float = 1.0
     ) -> AsyncIterator[Event]:
@@ -297,8 +307,8 @@ class SmithClient:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         last = after_seq
-        pending = await self.events.read(turn_id, last)
-        if not pending and await self._ended(turn_id, seen_any=after_seq > 0):
+        pending, over = await self._catch_up(turn_id, last, seen_any=after_seq > 0)
+        if over:
             return
         while True:
             for event in pending:
@@ -312,8 +322,8 @@ class SmithClient:
                 raise SmithTimeoutError(f"turn {turn_id} did not finish in time", operation="send", budget=timeout)
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=poll_interval)
             if message is None:
-                pending = await self.events.read(turn_id, last)
-                if not pending and await self._ended(turn_id, seen_any=True):
+                pending, over = await self._catch_up(turn_id, last, seen_any=True)
+                if over:
                     return
                 continue
             event = event_from_json(message["data"])

@@ -275,3 +275,18 @@ async def test_a_merged_message_survives_the_interrupt_of_the_turn_it_joined(cli
     await third.result(timeout=30)
     contents = [m.content for m in await client.history(conv) if isinstance(m, UserMessage)]
     assert contents[1:] == ["B: also this", "C: new topic"]  # kept, in order
+
+
+async def test_a_follower_never_misses_the_terminal_event_of_a_quick_cancel(client, scenario):
+    """The terminal status and event are written together; a follower that sees the status first still yields
+    the event (this raced before: the follower stopped one event short)."""
+    for _ in range(15):
+        _, marker = scenario(Script(Reply.text("tick " * 200, chunk_size=5, delay=0.05)))
+        handle = await client.submit(f"{marker} go", conversation_id=uid("conv"), agent="plain")
+        async for event in handle.events():
+            if event.type == "token":
+                break
+        await handle.cancel()
+        events = [e async for e in handle.events(timeout=10)]
+        assert events[-1].type == "turn.cancelled"
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
