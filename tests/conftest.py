@@ -8,6 +8,7 @@ scenario key and conversation id.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import uuid
@@ -77,17 +78,24 @@ async def wait_for_workers(redis_url: str, prefix: str, count: int, timeout: flo
         await client.aclose()
 
 
-@pytest.fixture(scope="session")
-async def workers(redis_url, prefix, scripted_llm):
-    """One turn worker and one tool worker serving ``tests.support.app:app``."""
-    env = worker_env(redis_url, prefix, scripted_llm.base_url)
-    procs = start_workers("tests.support.app:app", env, ["turns", "tools"], prefix)
+@contextlib.asynccontextmanager
+async def worker_pair(app: str, redis_url: str, prefix: str, env: dict[str, str]):
+    """A turn worker and a tool worker for ``app``, registered before the body runs, stopped after it."""
+    procs = start_workers(app, env, ["turns", "tools"], prefix)
     try:
         await wait_for_workers(redis_url, prefix, len(procs))
         yield procs
     finally:
         for proc in procs:
             proc.stop()
+
+
+@pytest.fixture(scope="session")
+async def workers(redis_url, prefix, scripted_llm):
+    """One turn worker and one tool worker serving ``tests.support.app:app``."""
+    env = worker_env(redis_url, prefix, scripted_llm.base_url)
+    async with worker_pair("tests.support.app:app", redis_url, prefix, env) as procs:
+        yield procs
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 from smith_client import SmithClient
 from smith_worker.local.llm_server import LocalModelServer
-from tests.conftest import LOGS, start_workers, wait_for_workers, worker_env
+from tests.conftest import LOGS, worker_pair, worker_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_llm]
 
@@ -24,13 +24,8 @@ def local_model():
 async def demo_workers(redis_url, local_model):
     prefix = f"local{uuid.uuid4().hex[:6]}"
     env = worker_env(redis_url, prefix, local_model.base_url, SMITH_LLM_MODEL=local_model.model)
-    procs = start_workers("smith_worker.demo:app", env, ["turns", "tools"], prefix)
-    try:
-        await wait_for_workers(redis_url, prefix, len(procs))
+    async with worker_pair("smith_worker.demo:app", redis_url, prefix, env):
         yield prefix
-    finally:
-        for proc in procs:
-            proc.stop()
 
 
 async def test_calculator_turn_against_the_local_model(redis_url, demo_workers):
