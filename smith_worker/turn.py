@@ -97,8 +97,9 @@ class TurnRunner:
         if spec is None:
             raise UnknownAgentError(f"this worker does not serve agent {self.job.agent!r}", agent=self.job.agent,
                                     known=sorted(self.rt.app.agents))
-        await self._check_cancel()
-        state = await self.attempt.state()
+        state = await self.attempt.state()  # one read: the cancel flag and whether the user message is in
+        if state.get("cancel_requested"):
+            raise CancelRequested(state["cancel_requested"])
         if self.attempt.attempt > 1:
             await self.publish(TURN_RESUMED, {"attempt": self.attempt.attempt})
         else:
@@ -120,11 +121,6 @@ class TurnRunner:
             return
         count = await self.attempt.requeue()  # worker shutdown: hand the turn off, it resumes elsewhere
         logger.info("turn %s handed off at shutdown (re-enqueue #%d)", self.job.turn_id, count)
-
-    async def _check_cancel(self) -> None:
-        reason = await self.rt.redis.hget(self.rt.keys.turn_state(self.job.turn_id), "cancel_requested")
-        if reason:
-            raise CancelRequested(reason.decode())
 
     async def _cancelled(self, spec: AgentSpec | None, reason: str) -> None:
         """End the turn as cancelled: keep its completed messages, answer its dangling tool calls."""
