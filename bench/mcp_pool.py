@@ -38,7 +38,7 @@ from smith_worker.local.processes import start_redis_server  # noqa: E402
 from smith_worker.mcp import ServerConfig, ServerHandle  # noqa: E402
 from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: E402
 from tests.support.scripted_llm import Reply, Script, ScriptedLlmServer, scenario_marker  # noqa: E402
-from bench.stats import summary  # noqa: E402
+from bench.stats import summary, tool_hop_and_delivery  # noqa: E402
 
 EXAMPLE = str(ROOT / "smith_worker" / "demo" / "mcp_server_example.py")
 
@@ -109,14 +109,7 @@ async def fresh(calls: int) -> list[float]:
 
 
 async def tool_hop(client: SmithClient, text: str, conversation: str, agent: str) -> float:
-    start = hop = None
-    async for event in client.stream(text, conversation_id=conversation, agent=agent, timeout=60):
-        if event.type == "tool_call.completed":
-            start = event.ts
-        elif event.type == "tool.result" and start is not None:
-            hop = event.ts - start
-        elif event.type == "turn.failed":
-            raise RuntimeError(event.data)
+    hop, _ = await tool_hop_and_delivery(client.stream(text, conversation_id=conversation, agent=agent, timeout=60))
     assert hop is not None
     return hop
 

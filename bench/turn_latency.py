@@ -30,7 +30,7 @@ from smith_client import SmithClient  # noqa: E402
 from smith_worker.local.processes import start_redis_server  # noqa: E402
 from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: E402
 from tests.support.scripted_llm import Reply, ScriptedLlmServer, Script, scenario_marker  # noqa: E402
-from bench.stats import summary  # noqa: E402
+from bench.stats import summary, tool_hop_and_delivery  # noqa: E402
 
 CONFIGS = {
     "tuned (poll 0.02 s turns / 0.01 s tools)": {},
@@ -40,16 +40,7 @@ CONFIGS = {
 
 async def one_turn(client: SmithClient, text: str, conversation: str) -> tuple[float, float | None, list[float]]:
     started = time.time()
-    hop_start = hop = None
-    delivery: list[float] = []
-    async for event in client.stream(text, conversation_id=conversation, timeout=60):
-        delivery.append(time.time() - event.ts)
-        if event.type == "tool_call.completed":
-            hop_start = event.ts
-        elif event.type == "tool.result" and hop_start is not None:
-            hop = event.ts - hop_start
-        elif event.type == "turn.failed":
-            raise RuntimeError(event.data)
+    hop, delivery = await tool_hop_and_delivery(client.stream(text, conversation_id=conversation, timeout=60))
     return time.time() - started, hop, delivery
 
 
