@@ -67,15 +67,19 @@ class Keys:
         return f"{self.prefix}:tool:{turn_id}:{step}:{index}"
 
     def turn_events_channel(self, turn_id: str) -> str:
+        """Pub/sub channel of a turn's live events."""
         return f"{self.prefix}:turn:{turn_id}:events"
 
     def turn_log(self, turn_id: str) -> str:
+        """Redis Stream holding a turn's events (entry id ``0-<seq>``), for replay."""
         return f"{self.prefix}:turn:{turn_id}:log"
 
     def turn_seq(self, turn_id: str) -> str:
+        """Counter assigning a turn's event sequence numbers."""
         return f"{self.prefix}:turn:{turn_id}:seq"
 
     def turn_state(self, turn_id: str) -> str:
+        """Hash of a turn's state (see :mod:`smith_client.turns`)."""
         return f"{self.prefix}:turn:{turn_id}:state"
 
     def tree_iterations(self, root_turn_id: str) -> str:
@@ -83,16 +87,20 @@ class Keys:
         return f"{self.prefix}:tree:{root_turn_id}:iterations"
 
     def history(self, conversation_id: str) -> str:
+        """List of a conversation's messages (stored form)."""
         return f"{self.prefix}:conv:{conversation_id}:history"
 
     def tool_result(self, turn_id: str, step: int, index: int) -> str:
+        """A tool call's outcome (:class:`~smith_client.jobs.ToolOutcome` JSON); first writer wins."""
         return f"{self.prefix}:toolres:{turn_id}:{step}:{index}"
 
     @property
     def workers(self) -> str:
+        """ZSET of live workers: worker id → registration expiry (epoch ms)."""
         return f"{self.prefix}:workers"
 
     def worker(self, worker_id: str) -> str:
+        """One worker's registration (JSON: queue, agents, tools, pid, host)."""
         return f"{self.prefix}:worker:{worker_id}"
 
     def mcp_tools(self, alias: str) -> str:

@@ -79,6 +79,7 @@ class SmithApp:
 
     @property
     def settings(self) -> Settings:
+        """The deployment settings (from the environment unless given)."""
         if self._settings is None:
             self._settings = Settings.from_env()
         return self._settings
@@ -159,6 +160,7 @@ class SmithApp:
         return name
 
     def get_agent(self, name: str) -> AgentSpec | None:
+        """The agent declared as ``name``, or None."""
         return self.agents.get(name)
 
     def add_source(self, source: ToolSource) -> ToolSource:

@@ -71,6 +71,7 @@ class ReplyListener:
         self._task = asyncio.create_task(self._run(pubsub))
 
     async def stop(self) -> None:
+        """Unsubscribe and stop dispatching."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -81,6 +82,7 @@ class ReplyListener:
         return self._waiters.setdefault(result_key, asyncio.Event())
 
     def discard(self, result_key: str) -> None:
+        """Forget the waiter of ``result_key``."""
         self._waiters.pop(result_key, None)
 
     async def _run(self, pubsub: Any) -> None:

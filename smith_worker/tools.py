@@ -153,6 +153,7 @@ class Tool:
 
     @property
     def name(self) -> str:
+        """The tool's name as the model sees it."""
         return self.schema.name
 
     async def invoke(self, arguments: dict[str, Any], ctx: ToolContext, timeout: float | None = None) -> ToolResult:
@@ -237,6 +238,7 @@ class ToolRegistry:
         self._tools[tool.name] = tool
 
     def find(self, name: str) -> Tool | None:
+        """The tool registered as ``name``, or None."""
         return self._tools.get(name)
 
     def schemas(self, names: list[str] | None = None) -> list[ToolSchema]:
@@ -244,6 +246,7 @@ class ToolRegistry:
         return [t.schema for t in self._tools.values() if names is None or t.name in names]
 
     def names(self) -> list[str]:
+        """Registered tool names, in insertion order."""
         return list(self._tools)
 
     def __len__(self) -> int:

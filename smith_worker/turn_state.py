@@ -211,6 +211,7 @@ class TurnAttempt:
         self._renewer = asyncio.create_task(self._renew_loop(on_lost))
 
     async def stop_renewing(self) -> None:
+        """Stop the lease renewal task (the attempt is over)."""
         if self._renewer is not None:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -232,6 +233,7 @@ class TurnAttempt:
                 return
 
     async def state(self) -> dict[str, str]:
+        """The turn's state hash, decoded."""
         raw = await self.redis.hgetall(self._state)
         return {k.decode(): v.decode() for k, v in raw.items()}
 

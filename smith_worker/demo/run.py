@@ -63,6 +63,7 @@ async def _agents_ready(redis_url: str, prefix: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the demo; returns the exit code (0: a streamed turn with a tool call on the tool worker)."""
     parser = argparse.ArgumentParser(description="Run one real streamed turn end to end.")
     parser.add_argument("question", nargs="?", default=DEFAULT_QUESTION)
     args = parser.parse_args(argv)

@@ -82,6 +82,7 @@ class LocalModelServer:
         self._startup_timeout = startup_timeout
 
     def start(self) -> "LocalModelServer":
+        """Start the server and wait until it answers; raises ConfigurationError / SmithTimeoutError."""
         if importlib.util.find_spec("llama_cpp") is None:
             raise ConfigurationError(
                 "llama-cpp-python is not installed: pip install '.[local-llm]'", setting="SMITH_LLM_BASE_URL"
@@ -95,6 +96,7 @@ class LocalModelServer:
         return self
 
     def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL)."""
         self._process.stop()
 
     def __enter__(self) -> "LocalModelServer":
@@ -105,6 +107,7 @@ class LocalModelServer:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Serve the local model in the foreground (``--port``, default 8080)."""
     parser = argparse.ArgumentParser(description="Serve the local model on 127.0.0.1.")
     parser.add_argument("--port", type=int, default=8080)
     args = parser.parse_args(argv)

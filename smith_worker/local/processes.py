@@ -71,6 +71,7 @@ class ManagedProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> "ManagedProcess":
+        """Start the process (its own session, so it can be stopped as a group)."""
         log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 - closed in stop()
         self._log = log
         self.proc = subprocess.Popen(
@@ -80,13 +81,16 @@ class ManagedProcess:
 
     @property
     def pid(self) -> int:
+        """The child's process id."""
         assert self.proc is not None
         return self.proc.pid
 
     def alive(self) -> bool:
+        """True while the process runs."""
         return self.proc is not None and self.proc.poll() is None
 
     def signal(self, signum: int) -> None:
+        """Send ``signum`` if the process still runs."""
         if self.alive():
             assert self.proc is not None
             self.proc.send_signal(signum)
