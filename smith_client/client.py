@@ -23,8 +23,8 @@ import orjson
 from arq.connections import ArqRedis
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
-from redis.asyncio import ConnectionPool
 
+from smith_client.connection import connect_redis
 from smith_client.errors import (
     InvalidRequestError,
     SmithTimeoutError,
@@ -37,7 +37,6 @@ from smith_client.jobs import Sampling, TurnJob
 from smith_client.keys import ID_PATTERN, Keys
 from smith_client.messages import AssistantMessage, UserMessage, messages_from_json_list
 from smith_client.registry import live_agents
-from smith_client.serialization import job_deserializer, job_serializer
 from smith_client.redis_errors import typed_redis_errors
 from smith_client.turns import MULTITASK_POLICIES, TurnHandle, submit
 
@@ -132,9 +131,7 @@ class SmithClient:
     @classmethod
     def from_url(cls, redis_url: str = DEFAULT_REDIS_URL, *, prefix: str = "smith") -> "SmithClient":
         """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``)."""
-        pool = ConnectionPool.from_url(redis_url)
-        redis = ArqRedis(pool, job_serializer=job_serializer, job_deserializer=job_deserializer)
-        return cls(redis, prefix=prefix, owns_redis=True)
+        return cls(connect_redis(redis_url), prefix=prefix, owns_redis=True)
 
     async def __aenter__(self) -> "SmithClient":
         return self

@@ -18,12 +18,10 @@ from typing import Any, Literal
 
 import httpx
 from arq.connections import ArqRedis
-from redis.asyncio import ConnectionPool
 
 from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
 from smith_client.registry import DEFAULT_REGISTRATION_TTL, register_worker, unregister_worker
-from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
@@ -37,11 +35,6 @@ Queue = Literal["turns", "tools"]
 def new_worker_id(queue: str) -> str:
     """``<host>:<pid>:<queue>:<random>``: unique per process start."""
     return f"{socket.gethostname()}:{os.getpid()}:{queue}:{uuid.uuid4().hex[:6]}"
-
-
-def connect_redis(url: str) -> ArqRedis:
-    """An ArqRedis client using the project's JSON job serializer."""
-    return ArqRedis(ConnectionPool.from_url(url), job_serializer=job_serializer, job_deserializer=job_deserializer)
 
 
 @dataclass

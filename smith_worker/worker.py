@@ -27,7 +27,8 @@ from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.turn import TurnRunner
-from smith_worker.runtime import Queue, WorkerRuntime, connect_redis
+from smith_client.connection import connect_redis
+from smith_worker.runtime import Queue, WorkerRuntime
 from smith_worker.tool_runner import run_tool
 
 #: Minimum ``queue_read_limit`` (arq-notes.md §4.2: at least 2x the fleet's concurrency on the queue).

@@ -18,7 +18,8 @@ import pytest
 import smith_worker.demo as demo_package
 from smith_worker import Hooks, SmithApp
 from smith_worker.config import Settings
-from smith_worker.runtime import WorkerRuntime, connect_redis
+from smith_client.connection import connect_redis
+from smith_worker.runtime import WorkerRuntime
 from smith_worker.tools import ToolContext
 from tests.support.mcp_helpers import eventually_async, exists, lab_config
 
