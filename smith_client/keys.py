@@ -24,6 +24,7 @@ key                               what                                    lifeti
 ``{p}:conv:{c}:turns``            the conversation's unfinished turns      ``history_ttl``; finished turns removed
 ``{p}:turn:{t}:inbox``            user messages merged into a turn         ``turn_ttl``
 ``{p}:toolres:{t}:{s}:{i}:started``  which tool worker started a call      ``turn_ttl``
+``{p}:conv:{c}:skills``           the conversation's active skills (list)  ``history_ttl`` after the last activation or step
 ================================  ======================================  ==========================
 
 ``{p}:worker:{w}:replies`` and ``{p}:control`` are pub/sub channels (no key).
@@ -33,6 +34,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+#: Idle lifetime of a conversation's keys (history, active skills), in seconds: 30 days (DESIGN.md §8).
+DEFAULT_HISTORY_TTL = 30 * 24 * 3600
 
 #: Allowed characters for ids chosen by callers (turn ids, conversation ids, agent names).
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:@-]{1,200}\Z")
@@ -89,6 +93,13 @@ class Keys:
     def history(self, conversation_id: str) -> str:
         """List of a conversation's messages (stored form)."""
         return f"{self.prefix}:conv:{conversation_id}:history"
+
+    def conversation_skills(self, conversation_id: str) -> str:
+        """List of the skill names active in a conversation, in activation order (see :mod:`smith_client.skills`).
+
+        Part of the conversation's state: a conversation clear deletes it with the history.
+        """
+        return f"{self.prefix}:conv:{conversation_id}:skills"
 
     def tool_result(self, turn_id: str, step: int, index: int) -> str:
         """A tool call's outcome (:class:`~smith_client.jobs.ToolOutcome` JSON); first writer wins."""

@@ -30,9 +30,8 @@ from pydantic import BaseModel
 
 from smith_client.errors import ParseError
 from smith_client.jobs import RUN_TURN, TurnJob
-from smith_client.keys import Keys
+from smith_client.keys import DEFAULT_HISTORY_TTL, Keys
 from smith_client.messages import message_to_json
-from smith_worker.history import DEFAULT_HISTORY_TTL
 
 logger = logging.getLogger("agent_smith.worker")
 
