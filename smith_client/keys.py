@@ -111,7 +111,7 @@ class Keys:
         return f"{self.prefix}:workers"
 
     def worker(self, worker_id: str) -> str:
-        """One worker's registration (JSON: queue, agents, tools, pid, host)."""
+        """One worker's registration (JSON: queue, agents, skills, tools, pid, host)."""
         return f"{self.prefix}:worker:{worker_id}"
 
     def mcp_tools(self, alias: str) -> str:

@@ -286,3 +286,22 @@ async def test_defaults_come_first_and_unserved_names_are_skipped(caplog):
     assert [s.name for s in conversation.active] == ["zed", "ay"]  # defaults first; "zed" once
     assert "skill 'gone' is active in a conversation but this worker does not serve it" in caplog.text
     assert conversation.system_prompt("") == "# Skill: zed\nZ.\n\n# Skill: ay\nA."
+
+
+async def test_a_resumed_step_reads_the_active_skills_once():
+    import fakeredis
+
+    from smith_client.keys import Keys
+
+    redis = fakeredis.FakeAsyncRedis()
+    keys = Keys("u")
+    app = SmithApp()
+    app.skill(Skill("notes", tools=[lookup]))
+    spec = app.agent("a")
+    await redis.rpush(keys.conversation_skills("c"), "notes")
+    conversation = ConversationSkills(app.skills, app.sources, keys, "c")
+    await conversation.ensure(spec, redis)  # a re-run resuming at its tool calls: nothing was read yet
+    assert [s.name for s in conversation.active] == ["notes"]
+    await redis.delete(keys.conversation_skills("c"))
+    await conversation.ensure(spec, redis)  # read already in this step: kept
+    assert conversation.route(spec, "notes__lookup").skill == "notes"
