@@ -57,6 +57,13 @@ def test_skill_md_front_matter_and_body_load(tmp_path):
     assert load_skill(beside).context_data == [1, 2]
 
 
+def test_server_configs_are_kept_as_given():
+    from smith_worker.mcp import ServerConfig
+
+    config = ServerConfig(alias="files", command="files-server")
+    assert Skill("s", mcp_servers=[config]).servers == [config]
+
+
 def test_skill_json_mcp_servers_become_server_configs(tmp_path):
     directory = write(tmp_path / "m", {
         "skill.json": manifest(mcp_servers=[{"alias": "files", "command": "files-server", "args": ["--ro"]}]),
@@ -147,6 +154,8 @@ def test_tool_names_are_checked():
         Skill("s", tools=["lookup"])
     with pytest.raises(SkillError, match="not JSON-able"):
         Skill("s", context_data={"when": object()})
+    with pytest.raises(SkillError, match="must be a ServerConfig or a dict"):
+        Skill("s", mcp_servers=["files"])
 
 
 # ---- context size ---------------------------------------------------------------------------------
@@ -183,6 +192,9 @@ def test_skill_mcp_servers_are_pooled_sources_shared_by_alias():
     app.skill(Skill("one", mcp_servers=[server]))
     app.skill(Skill("two", mcp_servers=[dict(server)]))  # the same server: one pooled source
     assert list(app.sources) == ["files"]
+    assert app.sources["files"].config is app.skills.get("one").servers[0]  # the first binding's config
+    assert app.skills.target("missing", "one__x", app.sources) == (None, None)
+    assert app.skills.target("one", "mcp_files__read", app.sources) == (None, app.sources["files"])
     with pytest.raises(ConfigurationError, match="alias 'files' is registered with another configuration"):
         app.skill(Skill("three", mcp_servers=[{"alias": "files", "command": "other"}]))
     assert "three" not in app.skills
