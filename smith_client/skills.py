@@ -75,17 +75,13 @@ async def active(redis: Redis, keys: Keys, conversation_id: str) -> list[str]:
     return decode(await redis.lrange(keys.conversation_skills(conversation_id), 0, -1))
 
 
-def queue_read(pipe: Any, keys: Keys, conversation_id: str, ttl: int = DEFAULT_HISTORY_TTL) -> int:
-    """Add the read of the active skills (and a refresh of their TTL, seconds) to a pipeline.
-
-    Returns how many replies it adds; :func:`decode` takes the first of them.
-    Lets a turn worker read the skills in the same round trip as its other
-    per-step reads.
-    """
+def queue_read(pipe: Any, keys: Keys, conversation_id: str, ttl: int = DEFAULT_HISTORY_TTL) -> None:
+    """Add the read of the active skills (and a refresh of their TTL, seconds) to a pipeline, as its
+    last commands; :func:`decode` takes the first of their replies. Lets a turn worker read the
+    skills in the same round trip as its other per-step reads."""
     key = keys.conversation_skills(conversation_id)
     pipe.lrange(key, 0, -1)
     pipe.expire(key, ttl)
-    return 2
 
 
 def decode(raw: list[bytes | str]) -> list[str]:

@@ -64,12 +64,12 @@ class ConversationSkills:
         #: The skills of the current step, in order (None until read).
         self.active: list[Skill] | None = None
 
-    def queue_read(self, pipe: Any) -> int:
-        """Queue this step's read on ``pipe``; returns how many replies :meth:`take` expects."""
-        return skill_state.queue_read(pipe, self._keys, self._conversation_id, self._ttl)
+    def queue_read(self, pipe: Any) -> None:
+        """Queue this step's read as the last commands of ``pipe``."""
+        skill_state.queue_read(pipe, self._keys, self._conversation_id, self._ttl)
 
     def take(self, spec: AgentSpec, replies: list[Any]) -> None:
-        """Set the step's active skills from the replies of :meth:`queue_read`."""
+        """Set the step's active skills from the pipeline's replies to :meth:`queue_read` (all of them, in order)."""
         self.active = self._resolve(spec, skill_state.decode(replies[0]))
 
     async def ensure(self, spec: AgentSpec, redis: Any) -> None:

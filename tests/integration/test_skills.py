@@ -105,18 +105,17 @@ async def test_skills_shape_requests_run_tools_and_follow_the_conversation_to_an
     assert note["budget"] == 7.0  # a plain callable skill tool gets the agent's default_tool_timeout
     assert results["mcp_lab__echo"]["content"] == "from a skill" and ":tools:" in results["mcp_lab__echo"]["worker"]
 
-    # turn 2, on turn worker B only: the same active skills
-    worker_a = skill_workers.procs[0]
-    worker_a.stop()
+    # turn 2, on turn worker B only (started before A stops, so a turn worker is always alive): the same skills
     (worker_b,) = start_workers(APP, skill_workers.env, ["turns"], f"{skill_workers.prefix}-b")
     skill_workers.procs.append(worker_b)
-    await wait_for_workers(redis_url, skill_workers.prefix, 2)
-    reply = await sclient.send(f"{marker} t2", conversation_id=conv, timeout=60)
-    assert reply.content == "still here"
+    await wait_for_workers(redis_url, skill_workers.prefix, 3)
+    skill_workers.procs[0].stop()
+    events = [e async for e in sclient.stream(f"{marker} t2", conversation_id=conv, timeout=60)]
+    assert events[-1].final_message().content == "still here"
+    ran_on = (await sclient.redis.hget(sclient.keys.turn_state(events[-1].turn_id), "worker")).decode()
+    assert ran_on.split(":")[1] == str(worker_b.pid)
     second = scripted_llm.requests_for(key)[2]
     assert system_of(second) == expected and list(tools_of(second)) == offered
-    ran_on = await last_turn_worker(sclient, conv)
-    assert ran_on.split(":")[1] == str(worker_b.pid)
 
     # deactivation removes the skill's section and tools and restores the app tool it shadowed
     await sclient.deactivate_skill(conv, "notes")
@@ -133,18 +132,6 @@ async def test_skills_shape_requests_run_tools_and_follow_the_conversation_to_an
     info = {k.key: k.ttl for k in await conversation_keys(sclient.redis, sclient.keys, conv)}
     assert 0 < info[sclient.keys.conversation_skills(conv)] <= DEFAULT_HISTORY_TTL
     assert info[sclient.keys.conversation_skills(conv)] > DEFAULT_HISTORY_TTL - 120
-
-
-async def last_turn_worker(client: SmithClient, conversation_id: str) -> str:
-    """The worker id recorded in the state of the conversation's latest turn."""
-    latest, worker = 0.0, ""
-    async for key in client.redis.scan_iter(match=client.keys.turn_state("*"), count=1000):
-        state = await client.redis.hgetall(key)
-        if state.get(b"conversation_id") == conversation_id.encode():
-            job = orjson.loads(state[b"job"])
-            if job["submitted_at"] > latest:
-                latest, worker = job["submitted_at"], state[b"worker"].decode()
-    return worker
 
 
 async def test_an_activation_during_a_turn_takes_effect_at_its_next_step(sclient, scenario, scripted_llm):
