@@ -24,6 +24,7 @@ from arq.connections import ArqRedis
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
+from smith_client import skills
 from smith_client.connection import connect_redis
 from smith_client.errors import (
     InvalidRequestError,
@@ -37,7 +38,6 @@ from smith_client.events import TURN_COMPLETED, Event, event_from_json
 from smith_client.jobs import Sampling, TurnJob
 from smith_client.keys import ID_PATTERN, Keys
 from smith_client.messages import AssistantMessage, UserMessage, messages_from_json_list
-from smith_client import skills
 from smith_client.registry import live_agents, live_skills
 from smith_client.redis_errors import typed_redis_errors
 from smith_client.turns import MULTITASK_POLICIES, TurnHandle, submit
