@@ -56,7 +56,8 @@ class FrontMatter(BaseModel):
 
 
 def load_skill(path: str | Path, *, context_max_bytes: int = DEFAULT_SKILL_CONTEXT_MAX_BYTES) -> Skill:
-    """Read the skill in directory ``path`` (see the module doc).
+    """Read the skill in directory ``path`` (see the module doc); a path to its ``skill.json`` or
+    ``SKILL.md`` names the same directory.
 
     ``context_max_bytes`` caps the serialized context data (UTF-8 bytes; seed
     §12.4 ``skill_context_max_bytes``). Raises :class:`SkillError` for a
@@ -65,6 +66,8 @@ def load_skill(path: str | Path, *, context_max_bytes: int = DEFAULT_SKILL_CONTE
     config, a bad name or oversized context data.
     """
     directory = Path(path)
+    if directory.name in (MANIFEST, SKILL_MD) and directory.is_file():
+        directory = directory.parent
     if not directory.is_dir():
         raise SkillError(f"{directory}: not a skill directory")
     manifest, skill_md = directory / MANIFEST, directory / SKILL_MD

@@ -45,6 +45,7 @@ def test_skill_json_with_a_context_file_loads():
     assert skill.context_data == {"sources": ["arxiv", "acl"], "max_results": 3}
     assert skill.context_json == '{"sources":["arxiv","acl"],"max_results":3}'
     assert skill.description == "Answer with cited sources."
+    assert load_skill(SKILLS / "research" / "skill.json") == skill  # the manifest's path names its directory
 
 
 def test_skill_md_front_matter_and_body_load(tmp_path):
