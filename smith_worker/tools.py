@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,6 +90,34 @@ def normalize_result(value: Any) -> ToolResult:
         return ToolResult(content=orjson.dumps(value).decode(), structured=value)
     except TypeError as exc:
         return error_result(f"tool returned a value that is not JSON-able: {exc}")
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def scrub_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate (not encodable as UTF-8) replaced by U+FFFD, as a UTF-8 decoder would."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def bounded_structured(value: Any, max_bytes: int) -> Any:
+    """A tool's ``structured`` value to store: ``None`` when its compact JSON exceeds ``max_bytes`` bytes.
+
+    The model only ever sees the (truncated) content, so an oversized value is
+    dropped; a ``{"_done": true, ...}`` sentinel (seed §15.3) keeps ``_done``
+    and ``final_message``, which end the turn.
+    """
+    if value is None:
+        return None
+    try:
+        size = len(orjson.dumps(value))
+    except TypeError:
+        return None
+    if size <= max_bytes:
+        return value
+    if isinstance(value, dict) and value.get("_done") is True:
+        return {"_done": True, "final_message": value.get("final_message", "")}
+    return None
 
 
 TRUNCATION_MARKER = "\n…[truncated, original size {size} bytes]"
