@@ -71,7 +71,7 @@ async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
         worker_id=rt.worker_id,
     )
     if tool is not None:
-        return await tool.invoke(job.call.arguments, ctx, timeout=job.timeout)
+        return await tool.invoke(job.call.arguments, ctx, timeout=job.timeout, executors=rt.executors)
     assert source is not None
     try:
         async with asyncio.timeout(job.timeout):  # the source's own timeouts should fire first

@@ -16,6 +16,8 @@ waiting on its tools never holds the slots its tools need (arq-notes.md
 
 from __future__ import annotations
 
+import functools
+import signal
 from typing import Any
 
 from arq.worker import Worker, func
@@ -84,4 +86,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         job_deserializer=job_deserializer,
     )
     options.update(overrides)
-    return Worker(**options)
+    worker = Worker(ctx={"runtime": runtime}, **options)
+    # stop polling, let running jobs finish (job_completion_wait), then end run(): the drain before a restart
+    runtime.stop_taking_jobs = functools.partial(worker.handle_sig_wait_for_completion, signal.SIGUSR1)
+    return worker
