@@ -114,9 +114,9 @@ def redact_error(error: SmithError) -> SmithError:
     """``error`` with its message and every text field passed through :func:`redact_text` (changed in place)."""
     error.message = redact_text(error.message)
     error.args = (error.message,)
-    for name, value in list(error.fields.items()):
+    for name, value in error.fields.items():  # a fresh dict of the field attributes
         if isinstance(value, str):
-            error.fields[name] = redact_text(value)
+            setattr(error, name, redact_text(value))
     return error
 
 

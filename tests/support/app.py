@@ -215,5 +215,17 @@ def big_done(kib: int) -> dict:
     return {"_done": True, "final_message": "done big", "blob": "y" * (kib * 1024)}
 
 
+async def corrupt_result(ctx: ToolContext) -> str:
+    """Stores an unreadable outcome under its own result key first (a tool worker of another version):
+    the turn fails when it reads it. Must be the first call of the turn's first tool round."""
+    client = aioredis.Redis.from_url(os.environ["SMITH_REDIS_URL"])
+    try:
+        await client.set(f"{os.environ.get('SMITH_PREFIX', 'smith')}:toolres:{ctx.turn_id}:1:0", "{not json", ex=3600)
+    finally:
+        await client.aclose()
+    return "written"
+
+
+app.tool(corrupt_result)
 app.agent("contain", tools=[block_sync, sleep_in_process, pid_in_process, add, lone_surrogate, big_structured,
-                            big_done, slow_tool])
+                            big_done, slow_tool, corrupt_result])
