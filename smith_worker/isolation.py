@@ -29,6 +29,7 @@ import contextvars
 import functools
 import logging
 import multiprocessing
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -98,6 +99,10 @@ class ToolExecutors:
         except asyncio.CancelledError:
             future.cancel()  # a running pebble task is stopped by terminating its process
             raise
+
+    def start_processes(self) -> None:
+        """Start the process pool now (at worker start), so the first call does not wait for it."""
+        self._pool().schedule(os.getpid)  # pebble starts its processes on the first task
 
     def _pool(self) -> pebble.ProcessPool:
         if self._process_pool is None:

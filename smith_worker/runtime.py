@@ -27,7 +27,7 @@ from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
 from smith_worker.isolation import ToolExecutors
-from smith_worker.redaction import install_log_redaction, register_secrets, url_credentials
+from smith_worker.redaction import SENSITIVE_HEADERS, install_log_redaction, register_secrets, url_credentials
 from smith_worker.sweeper import sweep_forever
 
 logger = logging.getLogger("agent_smith.worker")
@@ -80,8 +80,18 @@ class WorkerRuntime:
         _, _, redis_password = url_credentials(self.settings.redis_url)
         agent_keys = [getattr(spec.llm, "api_key", None) if not isinstance(spec.llm, dict) else spec.llm.get("api_key")
                       for spec in self.app.agents.values()]
-        register_secrets(self.settings.llm_api_key, llm_password, redis_password, *agent_keys)
+        register_secrets(self.settings.llm_api_key, llm_password, redis_password, *agent_keys, *self._source_secrets())
         install_log_redaction()
+
+    def _source_secrets(self) -> list[str]:
+        """Bearer tokens and sensitive header values of the tool sources (MCP servers over HTTP)."""
+        secrets = []
+        for source in self.app.sources.values():
+            config = getattr(source, "config", None)
+            secrets.append(getattr(config, "bearer_token", None))
+            headers = getattr(config, "headers", None) or {}
+            secrets += [value for name, value in headers.items() if name.lower() in SENSITIVE_HEADERS]
+        return [s for s in secrets if s]
 
     def request_restart(self) -> None:
         """Too many sync-tool threads overran: stop taking jobs, drain, then re-execute (see ``smith-worker``)."""
@@ -100,6 +110,8 @@ class WorkerRuntime:
         if self.queue == "tools":
             self.executors = ToolExecutors(self.settings.tool_max_jobs, self.settings.tool_max_overruns,
                                            self.request_restart, self.settings.tool_processes)
+            if any(self.app.tools.find(name).isolation == "process" for name in self.app.tools.names()):
+                self.executors.start_processes()
         if self.queue == "turns":
             self.http = httpx.AsyncClient(timeout=None)
             self.replies = ReplyListener(

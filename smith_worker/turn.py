@@ -126,7 +126,7 @@ class TurnRunner:
     async def _cancelled(self, spec: AgentSpec | None, reason: str) -> None:
         """End the turn as cancelled: keep its completed messages, answer its dangling tool calls."""
         try:
-            await self._repair_dangling_calls(spec, "cancelled")
+            await self._repair_dangling_calls(spec, "was cancelled")
             await self._finish("cancelled", "cancel_requested", reason, TURN_CANCELLED, {"reason": reason})
         except StaleAttemptError:
             pass
@@ -134,7 +134,7 @@ class TurnRunner:
     async def _repair_dangling_calls(self, spec: AgentSpec | None, ending: str) -> None:
         """Give every tool call of the last assistant message a tool message (seed §13.3 pairing invariant).
 
-        ``ending`` ("cancelled" or "failed") says why, in the error content of calls without a result.
+        ``ending`` ("was cancelled" or "failed") says why, in the error content of calls without a result.
         """
         messages = await self._turn_messages()
         last = messages[-1] if messages else None

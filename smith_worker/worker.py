@@ -27,6 +27,7 @@ from smith_client.jobs import RUN_TOOL, RUN_TURN, TurnJob
 from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
+from smith_worker.redaction import redact_error
 from smith_worker.turn import TurnRunner, fail_unreadable_turn
 from smith_client.connection import connect_redis
 from smith_worker.runtime import Queue, WorkerRuntime
@@ -45,7 +46,7 @@ async def run_turn(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
         turn_id = str(payload.get("turn_id", "")) if isinstance(payload, dict) else ""
         if turn_id:
             error = InvalidRequestError(f"malformed turn payload: {exc}", field="payload")
-            await fail_unreadable_turn(rt, turn_id, error)
+            await fail_unreadable_turn(rt, turn_id, redact_error(error))
         return
     await TurnRunner(rt, job).run()
 

@@ -92,9 +92,11 @@ async def test_overrunning_sync_tools_never_starve_the_worker_and_a_process_tool
     assert after[0]["draining"] is False and after[0]["overrunning_threads"] == 0
 
     # the process-isolated tool's process is gone, not left sleeping
-    pid = int((await client.redis.lrange(f"{client.keys.prefix}:test:proc:{handle.turn_id}", 0, -1))[0])
+    pids = await client.redis.lrange(f"{client.keys.prefix}:test:proc:{handle.turn_id}", 0, -1)
+    assert len(pids) == 1, "the process-isolated tool never started"
+    pid = int(pids[0])
     assert pid != tools_proc.pid
-    assert await eventually(lambda: asyncio.sleep(0, gone(pid)), 10)
+    assert await eventually(lambda: asyncio.to_thread(gone, pid), 10)
 
 
 async def test_a_process_isolated_tool_returns_its_result(fleet, scenario):

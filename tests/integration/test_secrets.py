@@ -39,42 +39,6 @@ async def _monitor(redis_url: str, commands: list[str], ready: asyncio.Event) ->
         await redis.aclose()
 
 
-async def test_api_key_appears_in_no_event_log_or_job_payload(redis_url, scripted_llm, scenario):
-    api_key = f"sk-secret-{uuid.uuid4().hex}"
-    prefix = f"secret{uuid.uuid4().hex[:8]}"
-    env = worker_env(redis_url, prefix, scripted_llm.base_url, SMITH_LLM_API_KEY=api_key, SMITH_LOG_LEVEL="DEBUG")
-    key, marker = scenario(Script(Reply.tool_calls([("add", {"a": 2, "b": 2})]), Reply.text("four")))
-
-    commands: list[str] = []
-    ready = asyncio.Event()
-    monitor = asyncio.create_task(_monitor(redis_url, commands, ready))
-    await ready.wait()
-    procs = start_workers("tests.support.app:app", env, ["turns", "tools"], prefix)
-    try:
-        await wait_for_workers(redis_url, prefix, len(procs))
-        async with SmithClient.from_url(redis_url, prefix=prefix) as client:
-            events = await collect(client, f"{marker} 2+2?", f"conv-{key}")
-            history = await client.history(f"conv-{key}")
-    finally:
-        for proc in procs:
-            proc.stop()  # stopped first so the log files are complete
-        monitor.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await monitor
-
-    assert events[-1].type == "turn.completed" and events[-1].final_message().content == "four"
-    requests = scripted_llm.requests_for(key)
-    assert len(requests) == 2 and all(r.headers["authorization"] == f"Bearer {api_key}" for r in requests)
-
-    logs = "\n".join(proc.log_path.read_text(errors="replace") for proc in procs)
-    written = "\n".join(commands)
-    # the captures are real: the wire was logged (redacted) and the payloads went through Redis
-    assert "'Authorization': '<redacted>'" in logs and "sse frame" in logs
-    assert "run_turn" in written and "run_tool" in written and '"four"' in written.replace('\\"', '"')
-    for captured in (logs, written, *(e.model_dump_json() for e in events), *(m.model_dump_json() for m in history)):
-        assert api_key not in captured
-
-
 async def _all_values(redis: Redis) -> str:
     """Every key and value in the database, whatever its type, as one text."""
     readers = {
@@ -90,6 +54,53 @@ async def _all_values(redis: Redis) -> str:
         kind = await redis.type(key)
         parts.append(f"{key!r} {await readers[kind](key)!r}" if kind in readers else repr(key))
     return "\n".join(parts)
+
+
+async def _captured_turn(redis_url: str, prefix: str, env: dict[str, str], text: str, conversation: str):
+    """Run one turn on a worker pair of its own, capturing every Redis command (MONITOR) meanwhile.
+
+    Returns ``(events, history, stored values, commands, procs)``; the workers are stopped
+    first so their log files are complete.
+    """
+    commands: list[str] = []
+    ready = asyncio.Event()
+    monitor = asyncio.create_task(_monitor(redis_url, commands, ready))
+    await ready.wait()
+    procs = start_workers("tests.support.app:app", env, ["turns", "tools"], prefix)
+    try:
+        await wait_for_workers(redis_url, prefix, len(procs))
+        async with SmithClient.from_url(redis_url, prefix=prefix) as client:
+            events = await collect(client, text, conversation)
+            history = await client.history(conversation)
+            stored = await _all_values(client.redis)
+    finally:
+        for proc in procs:
+            proc.stop()
+        monitor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await monitor
+    return events, history, stored, commands, procs
+
+
+async def test_api_key_appears_in_no_event_log_or_job_payload(redis_url, scripted_llm, scenario):
+    api_key = f"sk-secret-{uuid.uuid4().hex}"
+    prefix = f"secret{uuid.uuid4().hex[:8]}"
+    env = worker_env(redis_url, prefix, scripted_llm.base_url, SMITH_LLM_API_KEY=api_key, SMITH_LOG_LEVEL="DEBUG")
+    key, marker = scenario(Script(Reply.tool_calls([("add", {"a": 2, "b": 2})]), Reply.text("four")))
+
+    events, history, _, commands, procs = await _captured_turn(redis_url, prefix, env, f"{marker} 2+2?", f"conv-{key}")
+
+    assert events[-1].type == "turn.completed" and events[-1].final_message().content == "four"
+    requests = scripted_llm.requests_for(key)
+    assert len(requests) == 2 and all(r.headers["authorization"] == f"Bearer {api_key}" for r in requests)
+
+    logs = "\n".join(proc.log_path.read_text(errors="replace") for proc in procs)
+    written = "\n".join(commands)
+    # the captures are real: the wire was logged (redacted) and the payloads went through Redis
+    assert "'Authorization': '<redacted>'" in logs and "sse frame" in logs
+    assert "run_turn" in written and "run_tool" in written and '"four"' in written.replace('\\"', '"')
+    for captured in (logs, written, *(e.model_dump_json() for e in events), *(m.model_dump_json() for m in history)):
+        assert api_key not in captured
 
 
 async def test_echoed_credentials_appear_in_no_event_redis_value_or_log_line(redis_url, scripted_llm, scenario):
@@ -108,23 +119,8 @@ async def test_echoed_credentials_appear_in_no_event_redis_value_or_log_line(red
         return Reply.error(401, {"error": {"message": echoed, "type": "invalid_request_error"}})
 
     key, marker = scenario(handler)
-    commands: list[str] = []
-    ready = asyncio.Event()
-    monitor = asyncio.create_task(_monitor(redis_url, commands, ready))
-    await ready.wait()
-    procs = start_workers("tests.support.app:app", env, ["turns", "tools"], prefix)
-    try:
-        await wait_for_workers(redis_url, prefix, len(procs))
-        async with SmithClient.from_url(redis_url, prefix=prefix) as client:
-            events = await collect(client, f"{marker} 1+1?", f"conv-{key}")
-            history = await client.history(f"conv-{key}")
-            stored = await _all_values(client.redis)
-    finally:
-        for proc in procs:
-            proc.stop()
-        monitor.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await monitor
+    events, history, stored, commands, procs = await _captured_turn(redis_url, prefix, env, f"{marker} 1+1?",
+                                                                    f"conv-{key}")
 
     failed = events[-1]
     assert failed.type == "turn.failed" and failed.data["error"]["kind"] == "LlmApiError"

@@ -92,9 +92,10 @@ def test_runtime_registers_the_redis_password_and_llm_credentials():
                         llm_api_key=key)
     app = SmithApp(settings)
     app.agent("other", llm={"api_key": f"agent-{key}"})
+    app.mcp_server("remote", url="http://127.0.0.1:1/mcp", bearer_token=f"mcp-{key}", headers={"X-Api-Key": f"hdr-{key}"})
     rt = WorkerRuntime(app=app, queue="turns", settings=settings, redis=fakeredis.FakeAsyncRedis())
     rt.protect_secrets()
-    assert {redis_pw, llm_pw, key, f"agent-{key}"} <= registered_secrets()
+    assert {redis_pw, llm_pw, key, f"agent-{key}", f"mcp-{key}", f"hdr-{key}"} <= registered_secrets()
 
 
 async def test_base_url_userinfo_becomes_a_basic_authorization_header(server):
