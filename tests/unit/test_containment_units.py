@@ -142,3 +142,39 @@ async def test_abort_set_expires_and_the_hygiene_report_covers_it():
     assert await keys_without_ttl(redis, keys) == []
     await redis.persist(ARQ_ABORT_SET)
     assert await keys_without_ttl(redis, keys) == [ARQ_ABORT_SET]
+
+
+def test_scrub_surrogates_and_bounded_structured():
+    from smith_worker.tools import bounded_structured, scrub_surrogates
+
+    assert scrub_surrogates("a\ud800b\udfffc") == "a\ufffdb\ufffdc"
+    assert bounded_structured({"x": 1}, 100) == {"x": 1}
+    assert bounded_structured({"x": "y" * 200}, 100) is None
+    assert bounded_structured({"_done": True, "final_message": "bye", "x": "y" * 200}, 100) == {
+        "_done": True, "final_message": "bye"}
+    assert bounded_structured(None, 1) is None
+
+
+async def test_executors_count_overrunning_threads_and_call_on_limit_once():
+    import asyncio
+    import threading
+
+    from smith_worker.isolation import ToolExecutors
+
+    release = threading.Event()
+    calls: list[int] = []
+    executors = ToolExecutors(job_slots=2, overrun_limit=2, on_limit=lambda: calls.append(executors.overrunning))
+    assert executors.threads._max_workers == 4  # one thread per job slot, plus the overrun allowance
+    for _ in range(3):
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await executors.run_in_thread(release.wait, {})
+    assert executors.overrunning == 3 and calls == [2] and executors.limit_reached
+    assert await executors.run_in_thread(lambda x: x * 2, {"x": 21}) == 42  # a slot is still free
+    release.set()
+    for _ in range(100):
+        if executors.overrunning == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert executors.overrunning == 0
+    executors.close()
