@@ -20,6 +20,7 @@ import pytest
 from redis.asyncio import Redis
 
 from smith_client import SmithClient
+from smith_worker.local.processes import start_redis_server
 from tests.conftest import start_workers, wait_for_workers, worker_env
 from tests.integration.test_turns import collect
 from tests.support.scripted_llm import Reply, Script
@@ -103,9 +104,19 @@ async def test_api_key_appears_in_no_event_log_or_job_payload(redis_url, scripte
         assert api_key not in captured
 
 
-async def test_echoed_credentials_appear_in_no_event_redis_value_or_log_line(redis_url, scripted_llm, scenario):
-    """Issue 9 acceptance 2: an LLM 401 body echoing the API key, credentials in the base URL,
-    the root logger at DEBUG (httpx, httpcore, mcp and arq included)."""
+@pytest.fixture
+def protected_redis(tmp_path):
+    """A private redis-server that requires a password; yields ``(url, password)``."""
+    redis_password = f"redis-{uuid.uuid4().hex}"
+    proc, url = start_redis_server(log_path=tmp_path / "redis.log", password=redis_password)
+    yield url, redis_password
+    proc.stop()
+
+
+async def test_echoed_credentials_appear_in_no_event_redis_value_or_log_line(protected_redis, scripted_llm, scenario):
+    """Issue 9 acceptance 2: an LLM 401 body echoing the API key, credentials in the base URL, a
+    password-protected Redis, the root logger at DEBUG (httpx, httpcore, mcp and arq included)."""
+    redis_url, redis_password = protected_redis
     api_key = f"sk-live-{uuid.uuid4().hex}"
     password = f"pw-{uuid.uuid4().hex}"
     prefix = f"leak{uuid.uuid4().hex[:8]}"
@@ -134,7 +145,7 @@ async def test_echoed_credentials_appear_in_no_event_redis_value_or_log_line(red
     basic = base64.b64encode(f"smithuser:{password}".encode()).decode()
     captures = (logs, "\n".join(commands), stored, *(e.model_dump_json() for e in events),
                 *(m.model_dump_json() for m in history))
-    for secret in (api_key, password, basic):
+    for secret in (api_key, password, basic, redis_password):
         assert not [c for c in captures if secret in c]
     arq_lines = [line for line in logs.splitlines() if " arq." in line]
     assert arq_lines and not [line for line in arq_lines if "1+1?" in line]  # arq logs no job arguments
