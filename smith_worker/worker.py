@@ -12,6 +12,10 @@ waiting on its tools never holds the slots its tools need (arq-notes.md
 * ``health_check_interval`` 10 s instead of an hour;
 * ``max_tries`` 1 for tools: a tool call is never silently re-run after a
   crash; 3 for turns.
+
+A tool worker whose overrunning sync-tool threads reach their limit
+(:mod:`smith_worker.isolation`) stops taking jobs and drains like at a
+signal; ``smith-worker`` then re-executes itself.
 """
 
 from __future__ import annotations
