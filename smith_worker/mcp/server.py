@@ -87,6 +87,10 @@ LIST_CHANGED = frozenset({
     "notifications/prompts/list_changed",
 })
 
+#: Notifications about one request: the SDK hands progress to that request's own callback (by progress
+#: token, which is the request id), so the message handler must not broadcast them to every turn.
+PER_REQUEST = frozenset({"notifications/progress", "notifications/cancelled"})
+
 CatalogListener = Callable[[Catalog], Awaitable[None]]
 
 
@@ -224,6 +228,7 @@ class ServerHandle:
         self._background: set[asyncio.Task[Any]] = set()
         self._refresh_pending: set[int] = set()
         self._last_tools: list[str] | None = None
+        self._task_required_logged: list[str] = []
         self._tag_prefix = uuid.uuid4().hex[:12] + "-"  # call tags: unique per handle, cheap per call
         self._tag_seq = itertools.count(1)
 
@@ -584,6 +589,10 @@ class ServerHandle:
             self._end(conn, "shutdown")
 
     def _announce(self, catalog: Catalog) -> None:
+        if catalog.task_required and catalog.task_required != self._task_required_logged:
+            logger.info("MCP server %r: not offering tools that require task-augmented execution "
+                        "(MCP tasks are not supported): %s", self.alias, ", ".join(catalog.task_required))
+        self._task_required_logged = catalog.task_required
         for listener in self.catalog_listeners:
             self._spawn(listener(catalog))
 
@@ -742,13 +751,16 @@ class ServerHandle:
     # ---- notifications -----------------------------------------------------------
 
     async def _on_message(self, generation: int, message: Any) -> None:
-        """SDK ``message_handler``: server notifications and transport exceptions."""
+        """SDK ``message_handler``: server-wide notifications (to every attached turn) and transport exceptions.
+
+        Per-request notifications (:data:`PER_REQUEST`) reach only their call: the SDK tees them here too.
+        """
         if isinstance(message, Exception):
             logger.warning("MCP server %r: transport reported %s: %s", self.alias, type(message).__name__,
                            self.config.redact(str(message))[:200])
             return
         method = getattr(message, "method", None)
-        if not isinstance(method, str):
+        if not isinstance(method, str) or method in PER_REQUEST:
             return
         params = getattr(message, "params", None)
         data = params.model_dump(by_alias=True, mode="json", exclude_none=True) if params is not None else {}

@@ -75,6 +75,7 @@ def listen(port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
+    sock.listen(128)  # connections queue from now on, so the PORTS line means "ready"
     return sock
 
 
