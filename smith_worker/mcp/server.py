@@ -64,6 +64,7 @@ from smith_worker.mcp.errors import (
     timeout_error,
     transport_error,
 )
+from smith_worker.mcp.http import SESSION_EXPIRED
 from smith_worker.mcp.events import EventRouter, EventSink, LifecycleEvent, LifecycleKind, Notification
 from smith_worker.mcp.link import CALL_TAG, Link
 from smith_worker.mcp.transport import StderrCapture, open_transport
@@ -502,8 +503,9 @@ class ServerHandle:
         capture = self._capture = StderrCapture(config) if config.kind == "stdio" else None
         lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         try:
-            async with open_transport(config, capture) as (t_read, t_write):
-                link = Link(self.alias, t_read, t_write, on_lost=partial(self._on_lost, generation, lost))
+            on_lost = partial(self._on_lost, generation, lost)
+            async with open_transport(config, capture, on_lost) as (t_read, t_write):
+                link = Link(self.alias, t_read, t_write, on_lost=on_lost)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(link.write_pump)
                     try:
@@ -651,6 +653,9 @@ class ServerHandle:
             except Exception as exc:
                 if is_connection_loss(exc):
                     return
+                if is_session_terminated(exc):
+                    self._end(conn, SESSION_EXPIRED)
+                    return
                 failures += 1
                 logger.warning("MCP server %r: ping failed (%d in a row): %s", self.alias, failures, exc)
                 if failures >= MAX_PING_FAILURES:
@@ -728,17 +733,16 @@ class ServerHandle:
 
     def _failed(self, conn: Connection, request: Request, exc: Exception, budget: float) -> NoReturn:
         """Map a failed request: :class:`ConnectionLost` (to retry or report) or a typed Smith error."""
-        if is_session_terminated(exc):  # HTTP 404 on our session id: nothing ran, reconnect
-            self._end(conn, "session terminated")
-            raise ConnectionLost("session terminated", maybe_sent=False)
+        if is_session_terminated(exc):  # the server forgot our session: reconnect; resend only what is safe
+            self._end(conn, SESSION_EXPIRED)
+            raise ConnectionLost(conn.lost.result(), self._maybe_sent(conn, request))
         if is_connection_loss(exc):
             self._end(conn, "transport error")
             raise ConnectionLost(conn.lost.result(), self._maybe_sent(conn, request))
         error = map_error(self.alias, request.operation, exc, budget)
         if error.kind == "SmithTimeoutError":
             self._count_timeout(conn)
-        else:
-            conn.last_activity = time.monotonic()
+        else:  # an answer, but not proof of a healthy session: the health ping still runs (issue 12)
             conn.timeouts = 0
         raise error from None
 
