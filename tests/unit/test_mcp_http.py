@@ -202,3 +202,35 @@ async def test_failed_calls_do_not_suppress_the_health_ping(http_ports):
         await handle.close()
     session = seen[-1]["session"]  # this connection's requests (the server's list is shared by the module)
     assert [r for r in seen if r["session"] == session and r["rpc"] == "ping"]
+
+
+async def test_a_forgotten_session_resends_read_only_requests_but_not_a_tools_call(http_ports):
+    """Issue 12 build 2: the server forgets our session (here: a DELETE for it from elsewhere); a ``ping``
+    answered 404 is sent once more on a new session and succeeds; a ``tools/call`` answered 404 becomes one
+    typed error (not resent) and the next call succeeds."""
+    import httpx2
+
+    url = f"http://127.0.0.1:{http_ports[0]}/mcp"
+    handle = ServerHandle(http_config("web-forgot", http_ports[0]))
+
+    async def forget_session() -> None:
+        session = (await _seen(handle))[-1]["session"]
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as other:
+            assert (await other.delete(url, headers={"mcp-session-id": session})).status_code == 200
+
+    try:
+        await handle.catalog()
+        await forget_session()
+        await handle.ping()  # read-only: resent on the next connection
+        assert handle.connection.generation == 2
+        await forget_session()
+        with pytest.raises(TransportError) as info:
+            await handle.call_tool("echo", {"text": "lost"})
+        assert "session expired" in info.value.message and "not retried" in info.value.message
+        assert (await handle.call_tool("echo", {"text": "next"})).content == "next"
+        seen = await _seen(handle)
+    finally:
+        await handle.close()
+    # the lost tools/call was sent once, never again: the next echo the server saw is the "next" call
+    assert [r["status"] for r in seen if r["tool"] == "echo"][-2:] == [404, 200]
+    assert [r["status"] for r in seen if r["rpc"] == "ping"][-2:] == [404, 200]

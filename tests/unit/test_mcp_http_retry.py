@@ -121,3 +121,15 @@ def test_rpc_method_of_a_request():
     assert rpc_method(post) == "tools/call"
     assert rpc_method(httpx2.Request("GET", "http://h/mcp")) is None
     assert rpc_method(httpx2.Request("POST", "http://h/mcp", content=b"[1, 2]")) is None
+
+
+def test_json_rpc_errors_that_say_the_session_is_unknown():
+    from mcp.shared.exceptions import MCPError
+
+    from smith_worker.mcp.errors import is_session_terminated
+
+    assert is_session_terminated(MCPError(code=-32600, message="Session terminated"))  # the SDK's 404
+    assert is_session_terminated(MCPError(code=-32000, message="Bad Request: No valid session ID provided"))
+    assert is_session_terminated(MCPError(code=-32600, message="Session not found"))
+    assert not is_session_terminated(MCPError(code=-32602, message="Invalid params: session_name is required"))
+    assert not is_session_terminated(ValueError("session not found"))  # not a JSON-RPC error
