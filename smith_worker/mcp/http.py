@@ -14,7 +14,8 @@ default transport and, per HTTP request:
   itself) and ``DELETE`` (best effort at close) are not retried.
 * **Detects a lost session**: HTTP 400 or 404 on a request that carries an
   ``Mcp-Session-Id`` (the server restarted or expired it), unless the body is a
-  JSON-RPC error about something else (METHOD_NOT_FOUND, INVALID_PARAMS…). It
+  JSON-RPC error about something else (one that does not mention the session:
+  any such 400, or a 404 with METHOD_NOT_FOUND / INVALID_PARAMS). It
   then calls ``on_session_lost("session expired")`` before the SDK sees the
   answer, so the pool ends the connection (reconnect, re-initialize) and the
   request fails as a lost connection, not as a protocol error.
@@ -72,7 +73,9 @@ def says_session_lost(status: int, body: bytes) -> bool:
     error = data.get("error") if isinstance(data, dict) else None
     if not isinstance(error, dict):
         return True
-    return "session" in str(error.get("message", "")).lower() or error.get("code") not in _NOT_ABOUT_SESSION
+    if "session" in str(error.get("message", "")).lower():
+        return True
+    return status == 404 and error.get("code") not in _NOT_ABOUT_SESSION
 
 
 class McpHttpTransport(httpx2.AsyncBaseTransport):

@@ -23,7 +23,17 @@ A :class:`ServerHandle` owns at most one live :class:`Connection` at a time.
   it cannot have run twice (never sent, or read-only, or a configured
   idempotent tool); a ``tools/call`` that may have reached the server is
   never replayed (seed §11.2). A cancelled or timed-out call makes the SDK
-  send ``notifications/cancelled``.
+  send ``notifications/cancelled``. An HTTP server that no longer knows
+  our session (HTTP 400/404 on our session id, seen by
+  :mod:`~smith_worker.mcp.http`, or a JSON-RPC error saying so) ends the
+  connection the same way (``disconnected``, reason ``session expired``):
+  the next generation re-initializes; a failed ``tools/call`` is not resent.
+  Only successful answers count as activity, so failing requests never
+  hold off the health ping.
+* **Progress** notifications reach only the turn of the call they belong
+  to (the SDK routes them by progress token, which is the request id);
+  server-wide notifications (logging, ``*/list_changed``) reach every
+  turn attached to the server.
 * **Events**: lifecycle events and server notifications go through the
   handle's :class:`~smith_worker.mcp.events.EventRouter` to hooks, logs and
   the turns with a request in flight.
@@ -653,7 +663,7 @@ class ServerHandle:
             except Exception as exc:
                 if is_connection_loss(exc):
                     return
-                if is_session_terminated(exc):
+                if self._session_gone(exc):
                     self._end(conn, SESSION_EXPIRED)
                     return
                 failures += 1
@@ -733,7 +743,7 @@ class ServerHandle:
 
     def _failed(self, conn: Connection, request: Request, exc: Exception, budget: float) -> NoReturn:
         """Map a failed request: :class:`ConnectionLost` (to retry or report) or a typed Smith error."""
-        if is_session_terminated(exc):  # the server forgot our session: reconnect; resend only what is safe
+        if self._session_gone(exc):  # the server forgot our session: reconnect; resend only what is safe
             self._end(conn, SESSION_EXPIRED)
             raise ConnectionLost(conn.lost.result(), self._maybe_sent(conn, request))
         if is_connection_loss(exc):
@@ -745,6 +755,10 @@ class ServerHandle:
         else:  # an answer, but not proof of a healthy session: the health ping still runs (issue 12)
             conn.timeouts = 0
         raise error from None
+
+    def _session_gone(self, exc: Exception) -> bool:
+        """An HTTP server's JSON-RPC error saying it does not know our session (stdio has no sessions)."""
+        return self.config.kind == "http" and is_session_terminated(exc)
 
     def _count_timeout(self, conn: Connection) -> None:
         conn.timeouts += 1

@@ -98,6 +98,8 @@ def _rpc_error(code: int, message: str) -> bytes:
     (400, _rpc_error(-32000, "Bad Request: No valid session ID provided"), True),  # server-everything
     (404, b"<html>not found</html>", True),
     (400, _rpc_error(-32602, "Invalid params: text is required"), False),  # about the request, not the session
+    (400, _rpc_error(-32600, "Bad Request: Unsupported protocol version"), False),
+    (404, _rpc_error(-32600, "Not Found"), True),
     (404, _rpc_error(-32601, "Method not found"), False),
     (500, _rpc_error(-32603, "session store exploded"), False),
 ])
