@@ -17,6 +17,9 @@ from pydantic import ValidationError
 
 from smith_client.errors import McpError, McpProtocolError, SmithError, SmithTimeoutError, TransportError
 
+#: The end reason of a connection whose HTTP session the server no longer knows.
+SESSION_EXPIRED = "session expired"
+
 _SESSION_GONE = re.compile(r"session\b.*\b(terminated|not found|unknown|expired|invalid)"
                            r"|\b(unknown|invalid|expired|no valid) session", re.IGNORECASE)
 

@@ -35,6 +35,7 @@ from typing import Any
 import httpx2
 import orjson
 
+from smith_worker.mcp.errors import SESSION_EXPIRED
 from smith_worker.retry import RetryPolicy, parse_retry_after, retryable_status
 
 logger = logging.getLogger("agent_smith.mcp")
@@ -47,7 +48,6 @@ STALE_SESSION_STATUSES = frozenset({400, 404})
 _NOT_ABOUT_SESSION = frozenset({-32601, -32602, -32700})
 
 SESSION_HEADER = "mcp-session-id"
-SESSION_EXPIRED = "session expired"
 
 
 def rpc_method(request: httpx2.Request) -> str | None:

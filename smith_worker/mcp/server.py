@@ -66,6 +66,7 @@ from smith_worker.mcp.catalog import Catalog, Discovery, build_catalog
 from smith_worker.mcp.config import ServerConfig
 from smith_worker.mcp.discovery import discover, initialize
 from smith_worker.mcp.errors import (
+    SESSION_EXPIRED,
     ConnectionLost,
     is_connection_loss,
     is_session_terminated,
@@ -74,7 +75,6 @@ from smith_worker.mcp.errors import (
     timeout_error,
     transport_error,
 )
-from smith_worker.mcp.http import SESSION_EXPIRED
 from smith_worker.mcp.events import EventRouter, EventSink, LifecycleEvent, LifecycleKind, Notification
 from smith_worker.mcp.link import CALL_TAG, Link
 from smith_worker.mcp.transport import StderrCapture, open_transport
