@@ -124,7 +124,8 @@ class McpHttpTransport(httpx2.AsyncBaseTransport):
             await self._before_retry(failure, method or request.method, number, delay)
 
     async def _session_lost(self, request: httpx2.Request, response: httpx2.Response) -> bool:
-        if SESSION_HEADER not in request.headers or response.status_code not in STALE_SESSION_STATUSES:
+        if (request.method == "DELETE"  # closing the session anyway (and a restarted server never knew it)
+                or SESSION_HEADER not in request.headers or response.status_code not in STALE_SESSION_STATUSES):
             return False
         body = await response.aread()  # small error body; the SDK reads the cached copy
         if not says_session_lost(response.status_code, body):
