@@ -36,9 +36,10 @@ from smith_client.errors import (
 from smith_client.eventlog import EventLog
 from smith_client.events import TURN_COMPLETED, Event, event_from_json
 from smith_client.jobs import Sampling, TurnJob
-from smith_client.keys import ID_PATTERN, Keys
+from smith_client.keys import ID_PATTERN, Keys, lifetimes_from_env
 from smith_client.messages import AssistantMessage, UserMessage, messages_from_json_list
 from smith_client.registry import live_agents, live_skills
+from smith_client import turn_record as record
 from smith_client.redis_errors import typed_redis_errors
 from smith_client.turns import MULTITASK_POLICIES, TurnHandle, submit
 
@@ -127,18 +128,29 @@ class SmithClient:
 
     Use ``SmithClient.from_url(url, prefix=...)``, as ``async with`` or closing
     with :meth:`aclose`. Safe to share between concurrent tasks of one event loop.
+    ``turn_ttl`` / ``history_ttl`` (seconds) are the lifetimes of what the client
+    writes (a turn's state, a conversation's FIFO and skills); None reads
+    ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL`` (defaults 24 h / 30 days, DESIGN.md §8).
     """
 
-    def __init__(self, redis: ArqRedis, *, prefix: str = "smith", owns_redis: bool = False) -> None:
+    def __init__(
+        self, redis: ArqRedis, *, prefix: str = "smith", owns_redis: bool = False,
+        turn_ttl: int | None = None, history_ttl: int | None = None,
+    ) -> None:  # fmt: skip
         self.redis = redis
-        self.keys = Keys(prefix)
+        env_turn_ttl, env_history_ttl = lifetimes_from_env()
+        self.keys = Keys(prefix, turn_ttl or env_turn_ttl, history_ttl or env_history_ttl)
         self.events = EventLog(redis, self.keys)
         self._owns_redis = owns_redis
 
     @classmethod
-    def from_url(cls, redis_url: str = DEFAULT_REDIS_URL, *, prefix: str = "smith") -> "SmithClient":
-        """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``)."""
-        return cls(connect_redis(redis_url), prefix=prefix, owns_redis=True)
+    def from_url(
+        cls, redis_url: str = DEFAULT_REDIS_URL, *, prefix: str = "smith",
+        turn_ttl: int | None = None, history_ttl: int | None = None,
+    ) -> "SmithClient":  # fmt: skip
+        """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``); see the class for the rest."""
+        return cls(connect_redis(redis_url), prefix=prefix, owns_redis=True, turn_ttl=turn_ttl,
+                   history_ttl=history_ttl)
 
     async def __aenter__(self) -> "SmithClient":
         return self
@@ -339,10 +351,10 @@ class SmithClient:
 
         Raises :class:`TurnNotFoundError` for a turn nobody knows.
         """
-        status = await self.redis.hget(self.keys.turn_state(turn_id), "status")
+        status = await self.redis.hget(self.keys.turn_state(turn_id), record.STATUS)
         if status is None and not seen_any and await self.events.last_seq(turn_id) == 0:
             raise TurnNotFoundError(f"no turn {turn_id!r} (never submitted, or expired)", turn_id=turn_id)
-        return status in (b"completed", b"failed", b"cancelled")
+        return record.is_terminal(status)
 
     async def _catch_up(self, turn_id: str, last: int, seen_any: bool) -> tuple[list[Event], bool]:
         """Events after ``last`` from the log, and whether the turn is over with nothing more to come."""

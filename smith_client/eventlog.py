@@ -18,66 +18,29 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
+from smith_client import scripts
 from smith_client.errors import EventsTrimmedError
 from smith_client.events import PROTOCOL_VERSION, Event, event_from_json
 from smith_client.keys import Keys
 
-#: Default lifetime of a turn's log and counter after its last event (seconds): 24 h (DESIGN.md §8).
-DEFAULT_TURN_TTL = 24 * 3600
 #: ``attempt`` value for a publish that needs the turn running, whatever its attempt (tool workers).
 WHILE_RUNNING = -1
 #: Default cap on the entries of one turn's replay log (approximate trimming).
 DEFAULT_LOG_MAX_LEN = 100_000
 
-# KEYS: seq counter, log stream, channel[, turn state]. ARGV: event JSON without
-# its opening brace, max length, ttl seconds[, attempt]. The seq is spliced in as
-# the first field so no JSON library is needed inside Redis (cjson would turn []
-# into {}). With a state key, the event is dropped (-1) unless the turn is
-# running and (when ARGV[4] is not '') its current attempt is ARGV[4]: the
-# fencing token that keeps a stale attempt silent. Nothing follows a turn's
-# terminal event. With a fifth key (a "published once" marker, which needs the
-# state key), the event is published only if the marker is absent (else 0), and
-# the marker is set with it: an event several processes may try to publish
-# (a tool result landing while its turn changes attempts) goes out exactly once.
-_PUBLISH_LUA = """
-if KEYS[4] and (redis.call('HGET', KEYS[4], 'status') ~= 'running'
-                or (ARGV[4] ~= '' and redis.call('HGET', KEYS[4], 'attempt') ~= ARGV[4])) then
-  return -1
-end
-if KEYS[5] then
-  if redis.call('EXISTS', KEYS[5]) == 1 then return 0 end
-  redis.call('SET', KEYS[5], '1', 'EX', ARGV[3])
-end
-local seq = redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-local payload = '{"seq":' .. seq .. ',' .. ARGV[1]
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '0-' .. seq, 'e', payload)
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-redis.call('PUBLISH', KEYS[3], payload)
-return seq
-"""
-
 
 class EventLog:
     """Publish and read the events of turns.
 
-    ``ttl`` (seconds) is how long the log outlives a turn's last event;
-    ``max_len`` caps the entries kept per turn.
+    The log outlives a turn's last event by ``keys.turn_ttl`` seconds;
+    ``max_len`` caps the entries kept per turn. The script is ``lua/publish.lua``.
     """
 
-    def __init__(
-        self,
-        redis: Redis,
-        keys: Keys,
-        *,
-        ttl: int = DEFAULT_TURN_TTL,
-        max_len: int = DEFAULT_LOG_MAX_LEN,
-    ) -> None:
+    def __init__(self, redis: Redis, keys: Keys, *, max_len: int = DEFAULT_LOG_MAX_LEN) -> None:
         self._redis = redis
         self._keys = keys
-        self._ttl = ttl
+        self._ttl = keys.turn_ttl
         self._max_len = max_len
-        self._script = redis.register_script(_PUBLISH_LUA)
 
     @property
     def ttl(self) -> int:
@@ -103,7 +66,7 @@ class EventLog:
         the event; return 0 when it was already set.
         """
         keys, args = self._publish_call(turn_id, type, data, agent_path, attempt, once_key)
-        return int(await self._script(keys=keys, args=args))
+        return int(await scripts.PUBLISH(self._redis, keys, args))
 
     # ``attempt`` for the publish helpers: an attempt number fences on that attempt
     # and a running turn; WHILE_RUNNING on a running turn only (tool workers); None: no fence.
@@ -145,9 +108,10 @@ class EventLog:
         attempt: int | None = None,
         once_key: str | None = None,
     ) -> None:
-        """Queue a :meth:`publish` (fenced with ``attempt``, once per ``once_key``) on a pipeline."""
+        """Queue a :meth:`publish` (fenced with ``attempt``, once per ``once_key``) on a pipeline;
+        run it with :func:`smith_client.scripts.execute`."""
         keys, args = self._publish_call(turn_id, type, data, agent_path, attempt, once_key)
-        pipe.eval(_PUBLISH_LUA, len(keys), *keys, *args)
+        scripts.PUBLISH.queue(pipe, keys, args)
 
     async def read(self, turn_id: str, after_seq: int = 0, count: int | None = None) -> list[Event]:
         """Events with ``seq > after_seq`` from the replay log, in order.

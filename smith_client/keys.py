@@ -5,40 +5,62 @@ Every name starts with the deployment's prefix (``SMITH_PREFIX``, default
 arq's own keys (``arq:job:<id>``, ``arq:result:<id>``, ``arq:in-progress:<id>``)
 are global per database, so queue names and job ids carry the prefix too.
 
-Lifetimes (DESIGN.md §8; every key has a TTL or an owner):
+Lifetimes (DESIGN.md §8; every key has a TTL or an owner). ``turn_ttl`` and
+``history_ttl`` are the two configurable ones (:attr:`Keys.turn_ttl`,
+:attr:`Keys.history_ttl`; ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL``, read by
+:func:`lifetimes_from_env` for workers and clients alike); the others are the
+constants below the table.
 
-================================  ======================================  ==========================
-key                               what                                    lifetime
-================================  ======================================  ==========================
-``{p}:turns`` / ``{p}:tools``     arq queues (ZSET)                        owned by arq (members removed at job end)
-``{p}:turn:{t}:seq``              event sequence counter                   ``turn_ttl`` after the last event
-``{p}:turn:{t}:log``              replay log (Redis Stream)                ``turn_ttl`` after the last event
-``{p}:turn:{t}:state``            turn status and result (hash)            ``turn_ttl``
-``{p}:tree:{r}:iterations``       model calls of a root turn's agent tree  ``turn_ttl`` after the last step
-``{p}:conv:{c}:history``          conversation messages (list)             ``history_ttl`` after the last write
-``{p}:toolres:{t}:{step}:{i}``    a tool call's result                     ``turn_ttl``
-``{p}:workers``                   live workers (ZSET id → expiry ms)       pruned by workers; 1 day TTL
-``{p}:worker:{w}``                one worker's registration                heartbeat TTL
-``{p}:mcp:{alias}:tools``         an MCP server's tool schemas (JSON)      the server's ``schema_cache_ttl`` (300 s)
-``{p}:running``                   running turns (ZSET id → lease expiry)   turn workers remove on finish; sweeper; 1 day TTL
-``{p}:conv:{c}:turns``            the conversation's unfinished turns      ``history_ttl``; finished turns removed
-``{p}:turn:{t}:inbox``            user messages merged into a turn         ``turn_ttl``
-``{p}:toolres:{t}:{s}:{i}:started``  which tool worker started a call      ``turn_ttl``
-``{p}:conv:{c}:skills``           the conversation's active skills (list)  ``history_ttl`` after the last activation or step
-``{p}:toolres:{t}:{s}:{i}:published``  the call's ``tool.result`` is out     ``turn_ttl``
-``arq:abort``                     arq's abort requests (global ZSET)      entries pruned after 60 s; key TTL 60 s
-================================  ======================================  ==========================
+=======================================  ======================================  ==========================
+key                                      what                                    lifetime
+=======================================  ======================================  ==========================
+``{p}:turns`` / ``{p}:tools``            arq queues (ZSET)                        owned by arq (members removed at job end)
+``{p}:turn:{t}:seq``                     event sequence counter                   ``turn_ttl`` after the last event
+``{p}:turn:{t}:log``                     replay log (Redis Stream)                ``turn_ttl`` after the last event
+``{p}:turn:{t}:state``                   turn status and result (hash)            ``turn_ttl``
+``{p}:tree:{r}:iterations``              model calls of a root turn's agent tree  ``turn_ttl`` after the last step
+``{p}:conv:{c}:history``                 conversation messages (list)             ``history_ttl`` after the last write
+``{p}:toolres:{t}:{step}:{i}``           a tool call's result                     ``turn_ttl``
+``{p}:workers``                          live workers (ZSET id → expiry ms)       pruned by workers; :data:`WORKERS_TTL`
+``{p}:worker:{w}``                       one worker's registration                :data:`REGISTRATION_TTL` (heartbeat)
+``{p}:mcp:{alias}:tools``                an MCP server's tool schemas (JSON)      the server's ``schema_cache_ttl`` (300 s)
+``{p}:running``                          running turns (ZSET id → lease expiry)   turn workers remove on finish; sweeper; :data:`RUNNING_TTL`
+``{p}:conv:{c}:turns``                   the conversation's unfinished turns      ``history_ttl``; finished turns removed
+``{p}:conv:{c}:statuses``                unfinished turn id → status (hash)       ``history_ttl``; finished turns removed
+``{p}:turn:{t}:inbox``                   user messages merged into a turn         ``turn_ttl``
+``{p}:toolres:{t}:{s}:{i}:started``      which tool worker started a call         ``turn_ttl``
+``{p}:conv:{c}:skills``                  the conversation's active skills (list)  ``history_ttl`` after the last activation or step
+``{p}:toolres:{t}:{s}:{i}:published``    the call's ``tool.result`` is out        ``turn_ttl``
+``arq:job:{id}`` / ``arq:in-progress:…`` arq's job and in-progress keys           owned by arq
+``arq:abort``                            arq's abort requests (global ZSET)      entries pruned after :data:`ABORT_ENTRY_TTL`; key TTL the same
+=======================================  ======================================  ==========================
 
 ``{p}:worker:{w}:replies`` and ``{p}:control`` are pub/sub channels (no key).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-#: Idle lifetime of a conversation's keys (history, active skills), in seconds: 30 days (DESIGN.md §8).
+from arq.constants import abort_jobs_ss, in_progress_key_prefix, job_key_prefix
+
+from smith_client.errors import ConfigurationError
+
+#: Idle lifetime of a conversation's keys (history, FIFO, statuses, active skills), seconds: 30 days (DESIGN.md §8).
 DEFAULT_HISTORY_TTL = 30 * 24 * 3600
+#: Lifetime of a turn's keys (state, log, counter, tool results) after its last write, seconds: 24 h (DESIGN.md §8).
+DEFAULT_TURN_TTL = 24 * 3600
+#: TTL of the ``{p}:running`` and ``{p}:workers`` ZSETs, refreshed on every write, seconds: 1 day.
+RUNNING_TTL = 24 * 3600
+WORKERS_TTL = 24 * 3600
+#: A worker registration's lifetime without a heartbeat, seconds (renewed every third of it).
+REGISTRATION_TTL = 15
+#: How long an abort request stays in arq's abort set, seconds. arq never prunes it (arq #485).
+ABORT_ENTRY_TTL = 60
 
 #: Allowed characters for ids chosen by callers (turn ids, conversation ids, agent names).
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:@-]{1,200}\Z")
@@ -46,11 +68,43 @@ ID_PATTERN = re.compile(r"[A-Za-z0-9_.:@-]{1,200}\Z")
 JOB_SUFFIX = "#"
 
 
+def now_ms() -> int:
+    """The current epoch time in milliseconds (lease expiries, registration expiries, job-id stamps)."""
+    return int(time.time() * 1000)
+
+
+def _env_seconds(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigurationError(f"{name} must be a positive number of seconds, got {raw!r}", setting=name)
+    return value
+
+
+def lifetimes_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """``(turn_ttl, history_ttl)`` in seconds from ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL``
+    (defaults :data:`DEFAULT_TURN_TTL`, :data:`DEFAULT_HISTORY_TTL`). Raises
+    :class:`~smith_client.errors.ConfigurationError` on a value that is not a positive integer."""
+    env = os.environ if env is None else env
+    return (_env_seconds(env, "SMITH_TURN_TTL", DEFAULT_TURN_TTL),
+            _env_seconds(env, "SMITH_HISTORY_TTL", DEFAULT_HISTORY_TTL))
+
+
 @dataclass(frozen=True)
 class Keys:
-    """Names for one deployment prefix. All methods return ``str``."""
+    """Names (and the two configurable lifetimes) for one deployment prefix. All name methods return ``str``.
+
+    ``turn_ttl`` and ``history_ttl`` are seconds (see the module docstring's table).
+    """
 
     prefix: str = "smith"
+    turn_ttl: int = DEFAULT_TURN_TTL
+    history_ttl: int = DEFAULT_HISTORY_TTL
 
     @property
     def turns_queue(self) -> str:
@@ -135,6 +189,13 @@ class Keys:
         """List of the conversation's unfinished turn ids, oldest first: the FIFO of ``multitask="enqueue"``."""
         return f"{self.prefix}:conv:{conversation_id}:turns"
 
+    def conversation_statuses(self, conversation_id: str) -> str:
+        """Hash of the conversation's unfinished turns: turn id → status, kept by the turn scripts.
+
+        A turn leaves it when it ends, so walking the FIFO needs no other turn's key.
+        """
+        return f"{self.prefix}:conv:{conversation_id}:statuses"
+
     def turn_inbox(self, turn_id: str) -> str:
         """User messages merged into a running turn (``multitask="merge"``)."""
         return f"{self.prefix}:turn:{turn_id}:inbox"
@@ -171,3 +232,20 @@ class Keys:
     def tool_result_published(self, turn_id: str, step: int, index: int) -> str:
         """Marker set atomically with a call's ``tool.result`` event, so the event is published once."""
         return f"{self.tool_result(turn_id, step, index)}:published"
+
+    # arq's own names (global per database), from arq.constants: arq 0.28 is pinned (pyproject.toml).
+
+    @staticmethod
+    def arq_job(job_id: str) -> str:
+        """arq's key holding a queued job's payload."""
+        return job_key_prefix + job_id
+
+    @staticmethod
+    def arq_in_progress(job_id: str) -> str:
+        """arq's key that exists while a job runs."""
+        return in_progress_key_prefix + job_id
+
+    @property
+    def arq_abort_set(self) -> str:
+        """arq's ZSET of abort requests (job id → request epoch ms)."""
+        return abort_jobs_ss

@@ -11,13 +11,12 @@ live worker serves (issue 14 rule 5).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
 from redis.asyncio import Redis
 
-from smith_client.keys import Keys
+from smith_client.keys import Keys, now_ms
 
 #: Seconds a registration lives without a heartbeat.
 DEFAULT_REGISTRATION_TTL = 15
@@ -25,15 +24,11 @@ DEFAULT_REGISTRATION_TTL = 15
 WORKERS_SET_TTL = 24 * 3600
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 async def register_worker(
     redis: Redis, keys: Keys, worker_id: str, info: dict[str, Any], ttl: int = DEFAULT_REGISTRATION_TTL
 ) -> None:
     """Write or refresh one worker's registration (``info`` must be JSON-able)."""
-    now = _now_ms()
+    now = now_ms()
     async with redis.pipeline(transaction=True) as pipe:
         pipe.set(keys.worker(worker_id), orjson.dumps(info), ex=ttl)
         pipe.zadd(keys.workers, {worker_id: now + ttl * 1000})
@@ -52,7 +47,7 @@ async def unregister_worker(redis: Redis, keys: Keys, worker_id: str) -> None:
 
 async def live_workers(redis: Redis, keys: Keys) -> list[dict[str, Any]]:
     """Registrations of the workers whose heartbeat has not expired."""
-    ids = await redis.zrangebyscore(keys.workers, _now_ms(), "+inf")
+    ids = await redis.zrangebyscore(keys.workers, now_ms(), "+inf")
     if not ids:
         return []
     raws = await redis.mget([keys.worker(i.decode() if isinstance(i, bytes) else i) for i in ids])

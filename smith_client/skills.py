@@ -6,7 +6,7 @@ not per worker, because the next turn may run on another worker; every turn
 worker reads the list once per step, so an activation made while a turn runs
 takes effect at that turn's next step.
 
-Lifetime: the conversation's history's (``DEFAULT_HISTORY_TTL`` after the last
+Lifetime: the conversation's history's (``Keys.history_ttl`` after the last
 activation, refreshed by every step of a turn), and a conversation clear
 deletes it with the history. Deactivating the last skill deletes the key.
 """
@@ -17,24 +17,12 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from smith_client import scripts
 from smith_client.errors import InvalidRequestError
-from smith_client.keys import DEFAULT_HISTORY_TTL, Keys
+from smith_client.keys import Keys
 
 #: Longest declared skill name accepted, in characters.
 SKILL_NAME_MAX = 200
-
-# KEYS: the conversation's skills list. ARGV: name, TTL seconds. Appends the name
-# unless present (an activation keeps its first position), refreshes the TTL; 1 if added.
-_ACTIVATE = """
-local added = 0
-if redis.call('LPOS', KEYS[1], ARGV[1]) == false then
-  redis.call('RPUSH', KEYS[1], ARGV[1])
-  added = 1
-end
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-return added
-"""
-
 
 def skill_name_problem(name: Any) -> str | None:
     """Why ``name`` cannot be a declared skill name, or None: it must be a ``str`` of
@@ -56,13 +44,13 @@ def check_skill_name(name: Any) -> str:
     return name
 
 
-async def activate(redis: Redis, keys: Keys, conversation_id: str, name: str,
-                   ttl: int = DEFAULT_HISTORY_TTL) -> bool:
+async def activate(redis: Redis, keys: Keys, conversation_id: str, name: str) -> bool:
     """Append ``name`` to the conversation's active skills (a no-op if active); True if it was added.
 
-    ``ttl`` is seconds. Atomic: concurrent activations never duplicate a name.
+    The list lives ``keys.history_ttl`` seconds. Atomic: concurrent activations never duplicate a name.
     """
-    return bool(await redis.eval(_ACTIVATE, 1, keys.conversation_skills(conversation_id), name, ttl))
+    key = keys.conversation_skills(conversation_id)
+    return bool(await scripts.ACTIVATE_SKILL(redis, [key], [name, keys.history_ttl]))
 
 
 async def deactivate(redis: Redis, keys: Keys, conversation_id: str, name: str) -> bool:
@@ -75,13 +63,13 @@ async def active(redis: Redis, keys: Keys, conversation_id: str) -> list[str]:
     return decode(await redis.lrange(keys.conversation_skills(conversation_id), 0, -1))
 
 
-def queue_read(pipe: Any, keys: Keys, conversation_id: str, ttl: int = DEFAULT_HISTORY_TTL) -> None:
-    """Add the read of the active skills (and a refresh of their TTL, seconds) to a pipeline, as its
+def queue_read(pipe: Any, keys: Keys, conversation_id: str) -> None:
+    """Add the read of the active skills (and a refresh of their TTL, ``keys.history_ttl``) to a pipeline, as its
     last commands; :func:`decode` takes the first of their replies. Lets a turn worker read the
     skills in the same round trip as its other per-step reads."""
     key = keys.conversation_skills(conversation_id)
     pipe.lrange(key, 0, -1)
-    pipe.expire(key, ttl)
+    pipe.expire(key, keys.history_ttl)
 
 
 def decode(raw: list[bytes | str]) -> list[str]:

@@ -42,78 +42,18 @@ from smith_client.errors import (
 from smith_client.events import TURN_CANCELLED, TURN_COMPLETED, TURN_FAILED, Event
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.messages import AssistantMessage
+from smith_client import scripts
+from smith_client import turn_record as record
+from smith_client.keys import Keys
 from smith_client.redis_errors import typed_redis_errors
+from smith_client.turn_record import decode_state
 
 if TYPE_CHECKING:
     from smith_client.client import SmithClient
 
-Multitask = Literal["enqueue", "reject", "interrupt", "merge"]
 MULTITASK_POLICIES = ("enqueue", "reject", "interrupt", "merge")
-TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
-
-#: Lifetime of a conversation's bookkeeping (its FIFO of unfinished turns), seconds: 30 days.
-CONVERSATION_TTL = 30 * 24 * 3600
-
-_SUBMIT_LUA = """
-local prefix, turn_id, fp, conv, agent, policy, msg, now, turn_ttl, conv_ttl, job = unpack(ARGV)
-local state, conv_list = KEYS[1], KEYS[2]
-local existing = redis.call('HGET', state, 'fingerprint')
-if existing then
-  if existing ~= fp then return {'conflict', turn_id} end
-  return {'attach', turn_id, redis.call('HGET', state, 'status')}
-end
-local active = {}
-for _, id in ipairs(redis.call('LRANGE', conv_list, 0, -1)) do
-  local st = redis.call('HGET', prefix .. ':turn:' .. id .. ':state', 'status')
-  if st == false or st == 'completed' or st == 'failed' or st == 'cancelled' then
-    redis.call('LREM', conv_list, 0, id)
-  else
-    table.insert(active, id)
-  end
-end
-if #active > 0 then
-  if policy == 'reject' then return {'busy', active[1]} end
-  if policy == 'merge' then
-    local target = active[#active]
-    local tstate = prefix .. ':turn:' .. target .. ':state'
-    if redis.call('HGET', tstate, 'status') == 'running' and redis.call('HGET', tstate, 'inbox_closed') ~= '1' then
-      local inbox = prefix .. ':turn:' .. target .. ':inbox'
-      redis.call('RPUSH', inbox, msg)
-      redis.call('EXPIRE', inbox, turn_ttl)
-      return {'merged', target}
-    end
-  end
-end
-redis.call('HSET', state, 'status', 'queued', 'fingerprint', fp, 'conversation_id', conv,
-           'agent', agent, 'created_at', now, 'attempt', 0, 'job', job)
-redis.call('EXPIRE', state, turn_ttl)
-redis.call('RPUSH', conv_list, turn_id)
-redis.call('EXPIRE', conv_list, conv_ttl)
-if policy == 'interrupt' then
-  for _, id in ipairs(active) do
-    redis.call('HSET', prefix .. ':turn:' .. id .. ':state', 'cancel_requested', 'interrupt')
-    redis.call('PUBLISH', prefix .. ':control', id)
-  end
-end
-return {'new', turn_id}
-"""
-
-# A turn that never started is cancelled here; a started one (attempt > 0) is
-# cancelled by its worker, which repairs the history first.
-_CANCEL_LUA = """
-local prefix, turn_id, reason = unpack(ARGV)
-local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return 'missing' end
-if st == 'completed' or st == 'failed' or st == 'cancelled' then return st end
-redis.call('HSET', KEYS[1], 'cancel_requested', reason)
-if st == 'queued' and redis.call('HGET', KEYS[1], 'attempt') == '0' then
-  redis.call('HSET', KEYS[1], 'status', 'cancelled')
-  redis.call('LREM', KEYS[2], 0, turn_id)
-  return 'cancelled_queued'
-end
-redis.call('PUBLISH', prefix .. ':control', turn_id)
-return 'cancelling'
-"""
+#: ``SUBMIT`` calls before giving up when the conversation's unfinished turns keep changing under it.
+_SUBMIT_TRIES = 8
 
 
 def fingerprint(job: TurnJob) -> str:
@@ -140,14 +80,7 @@ async def submit(client: "SmithClient", job: TurnJob, multitask: str) -> Submiss
     if multitask not in MULTITASK_POLICIES:
         raise InvalidRequestError(f"multitask must be one of {MULTITASK_POLICIES}, got {multitask!r}", field="multitask")
     keys = client.keys
-    reply = await client.redis.eval(
-        _SUBMIT_LUA,
-        2,
-        keys.turn_state(job.turn_id),
-        keys.conversation_turns(job.conversation_id),
-        keys.prefix, job.turn_id, fingerprint(job), job.conversation_id, job.agent, multitask,
-        job.message.model_dump_json(), time.time(), client.events.ttl, CONVERSATION_TTL, job.model_dump_json(),
-    )  # fmt: skip
+    reply = await _run_submit(client.redis, keys, job, multitask)
     outcome, turn_id = reply[0].decode(), reply[1].decode()
     if outcome == "conflict":
         raise ConflictError(f"turn {turn_id} exists with a different request", turn_id=turn_id)
@@ -166,6 +99,26 @@ async def submit(client: "SmithClient", job: TurnJob, multitask: str) -> Submiss
     return Submission(outcome, turn_id, status)  # type: ignore[arg-type]
 
 
+async def _run_submit(redis: Any, keys: Keys, job: TurnJob, multitask: str) -> list[Any]:
+    """The ``SUBMIT`` script's reply. ``merge`` and ``interrupt`` touch other turns of the
+    conversation; the script names them (``keys`` reply) and is called again with their keys."""
+    base = [keys.turn_state(job.turn_id), keys.conversation_turns(job.conversation_id),
+            keys.conversation_statuses(job.conversation_id)]
+    args = [job.turn_id, fingerprint(job), job.conversation_id, job.agent, multitask, job.message.model_dump_json(),
+            time.time(), keys.turn_ttl, keys.history_ttl, job.model_dump_json(), keys.control_channel]
+    others: list[str] = []
+    for _ in range(_SUBMIT_TRIES):
+        other_keys = [key for other in others for key in (keys.turn_state(other), keys.turn_inbox(other))]
+        reply: list[Any] = await scripts.SUBMIT(redis, base + other_keys, args + others)
+        if reply[0] != b"keys":
+            return reply
+        others = [raw.decode() for raw in reply[1:]]
+    raise ConversationBusyError(
+        f"conversation {job.conversation_id}'s unfinished turns kept changing; try again",
+        conversation_id=job.conversation_id, active_turn_id=others[0] if others else "",
+    )  # fmt: skip
+
+
 class TurnHandle:
     """A turn seen from any process: its status, events, result, and cancel.
 
@@ -181,9 +134,8 @@ class TurnHandle:
 
     @typed_redis_errors
     async def state(self) -> dict[str, str]:
-        """The raw state hash (empty when the turn is unknown or expired)."""
-        raw = await self.client.redis.hgetall(self.client.keys.turn_state(self.turn_id))
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        """The raw state hash (fields in :mod:`smith_client.turn_record`; empty when the turn is unknown or expired)."""
+        return decode_state(await self.client.redis.hgetall(self.client.keys.turn_state(self.turn_id)))
 
     @typed_redis_errors
     async def status(self) -> str:
@@ -223,13 +175,13 @@ class TurnHandle:
         raise TurnCancelledError(f"turn was cancelled ({event.data.get('reason')})", operation=event.data.get("reason", "cancel"))
 
     def _outcome(self, state: dict[str, str]) -> AssistantMessage | None:
-        status = state.get("status")
-        if status == "completed":
-            return AssistantMessage.model_validate_json(state["result"])
-        if status == "failed":
-            raise error_from_payload(orjson.loads(state.get("error") or "{}"))
-        if status == "cancelled":
-            reason = state.get("cancel_requested") or "cancel"
+        status = state.get(record.STATUS)
+        if status == record.COMPLETED:
+            return AssistantMessage.model_validate_json(state[record.RESULT])
+        if status == record.FAILED:
+            raise error_from_payload(orjson.loads(state.get(record.ERROR) or "{}"))
+        if status == record.CANCELLED:
+            reason = state.get(record.CANCEL_REQUESTED) or "cancel"
             raise TurnCancelledError(f"turn was cancelled ({reason})", operation=reason)
         return None
 
@@ -241,13 +193,11 @@ class TurnHandle:
         if not isinstance(reason, str) or not reason:
             raise InvalidRequestError(f"reason must be a non-empty string, got {reason!r}", field="reason")
         keys = self.client.keys
-        conversation = (await self.state()).get("conversation_id", "")
-        outcome = (
-            await self.client.redis.eval(
-                _CANCEL_LUA, 2, keys.turn_state(self.turn_id), keys.conversation_turns(conversation),
-                keys.prefix, self.turn_id, reason,
-            )  # fmt: skip
-        ).decode()
+        conversation = (await self.state()).get(record.CONVERSATION_ID, "")
+        script_keys = [keys.turn_state(self.turn_id), keys.conversation_turns(conversation),
+                       keys.conversation_statuses(conversation)]
+        reply = await scripts.CANCEL(self.client.redis, script_keys, [self.turn_id, reason, keys.control_channel])
+        outcome = reply.decode()
         if outcome == "cancelled_queued":
             await self.client.events.publish(self.turn_id, TURN_CANCELLED, {"reason": reason})
         return outcome

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+from smith_client.keys import DEFAULT_HISTORY_TTL, DEFAULT_TURN_TTL, lifetimes_from_env
 from typing import Any
 
 from smith_client.errors import ConfigurationError
@@ -52,6 +54,10 @@ class Settings:
                                  make a tool worker drain and restart
     ``SMITH_TOOL_PROCESSES``     processes for ``isolation="process"``  4
                                  tools, per tool worker
+    ``SMITH_TURN_TTL``           lifetime of a turn's keys after its    86400 (24 h)
+                                 last write, seconds (DESIGN.md §8)
+    ``SMITH_HISTORY_TTL``        idle lifetime of a conversation's      2592000 (30 days)
+                                 keys, seconds (DESIGN.md §8)
     ===========================  =====================================  ==================
     """
 
@@ -68,11 +74,14 @@ class Settings:
     tool_poll_delay: float = 0.01
     tool_max_overruns: int = DEFAULT_OVERRUN_LIMIT
     tool_processes: int = DEFAULT_TOOL_PROCESSES
+    turn_ttl: int = DEFAULT_TURN_TTL
+    history_ttl: int = DEFAULT_HISTORY_TTL
 
     @classmethod
     def from_env(cls) -> "Settings":
         """Read ``SMITH_*`` variables; raises :class:`ConfigurationError` on a malformed number."""
         env = os.environ
+        turn_ttl, history_ttl = lifetimes_from_env(env)
         return cls(
             redis_url=env.get("SMITH_REDIS_URL") or cls.redis_url,
             prefix=env.get("SMITH_PREFIX") or cls.prefix,
@@ -87,6 +96,8 @@ class Settings:
             tool_poll_delay=_env_float("SMITH_TOOL_POLL_DELAY", cls.tool_poll_delay),
             tool_max_overruns=_env_int("SMITH_TOOL_MAX_OVERRUNS", cls.tool_max_overruns),
             tool_processes=_env_int("SMITH_TOOL_PROCESSES", cls.tool_processes),
+            turn_ttl=turn_ttl,
+            history_ttl=history_ttl,
         )
 
     def llm_config(self, override: dict[str, Any] | LlmClientConfig | None = None) -> LlmClientConfig:

@@ -24,18 +24,14 @@ from collections.abc import Callable
 from typing import Any
 
 from arq.connections import ArqRedis
-from arq.constants import abort_jobs_ss, in_progress_key_prefix, job_key_prefix
 from redis.asyncio import Redis
 
-from smith_client.eventlog import DEFAULT_TURN_TTL
 from smith_client.jobs import RUN_TOOL, ToolJob, ToolOutcome
-from smith_client.keys import Keys
+from smith_client.keys import ABORT_ENTRY_TTL, Keys, now_ms
+from smith_worker.tasks import cancel_and_wait
 from smith_worker.tools import error_content
 
 logger = logging.getLogger("agent_smith.tool")
-
-#: How long an abort request stays in arq's abort set (seconds). arq never prunes it (arq #485).
-ABORT_ENTRY_TTL = 60.0
 
 
 class ReplyListener:
@@ -72,10 +68,7 @@ class ReplyListener:
 
     async def stop(self) -> None:
         """Unsubscribe and stop dispatching."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     def register(self, result_key: str) -> asyncio.Event:
         """An event set when ``result_key`` is announced on the channel."""
@@ -111,27 +104,45 @@ class ReplyListener:
             waiter.set()
 
 
-async def abort_job(redis: Redis, queue: str, job_id: str) -> None:
-    """Abort an arq job whether it is queued or running.
+async def abort_job(redis: Redis, keys: Keys, job_id: str) -> None:
+    """Abort an arq job of the tools queue whether it is queued or running.
 
     A running job is cancelled by its worker at the next poll (worker
     ``allow_abort_jobs``); a queued one is also removed from the queue so it
     never starts. Old abort entries are pruned, since arq never does (#485)
     and a stale entry would cancel a later job with the same id; the set
-    itself expires :data:`ABORT_ENTRY_TTL` seconds after the last abort.
+    itself expires :data:`~smith_client.keys.ABORT_ENTRY_TTL` seconds after the last abort.
     """
-    now_ms = int(time.time() * 1000)
+    now = now_ms()
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.zadd(abort_jobs_ss, {job_id: now_ms})
-        pipe.zremrangebyscore(abort_jobs_ss, "-inf", now_ms - int(ABORT_ENTRY_TTL * 1000))
+        pipe.zadd(keys.arq_abort_set, {job_id: now})
+        pipe.zremrangebyscore(keys.arq_abort_set, "-inf", now - ABORT_ENTRY_TTL * 1000)
         # when the set expires, its newest entry is ABORT_ENTRY_TTL old: nothing live is lost
-        pipe.expire(abort_jobs_ss, int(ABORT_ENTRY_TTL))
+        pipe.expire(keys.arq_abort_set, ABORT_ENTRY_TTL)
         await pipe.execute()
-    if not await redis.exists(in_progress_key_prefix + job_id):
+    if not await redis.exists(keys.arq_in_progress(job_id)):
         async with redis.pipeline(transaction=True) as pipe:
-            pipe.zrem(queue, job_id)
-            pipe.delete(job_key_prefix + job_id)
+            pipe.zrem(keys.tools_queue, job_id)
+            pipe.delete(keys.arq_job(job_id))
             await pipe.execute()
+
+
+async def settle_call(redis: Redis, keys: Keys, job_id: str, result_key: str, ended: ToolOutcome) -> ToolOutcome:
+    """The one outcome of a tool call the turn side stops waiting for (first writer wins).
+
+    ``ended`` is stored under ``result_key`` unless a result is there already
+    (``SET NX``, ``keys.turn_ttl`` seconds); when it is, the stored one is
+    returned (the tool finished first; an unreadable one counts as none).
+    When ``ended`` won, the call's job (``job_id``; "" for none) is aborted.
+    """
+    if await redis.set(result_key, ended.model_dump_json(), nx=True, ex=keys.turn_ttl):
+        if job_id:
+            await abort_job(redis, keys, job_id)
+        return ended
+    try:
+        return ToolOutcome.model_validate_json(await redis.get(result_key) or b"")
+    except ValueError:
+        return ended
 
 
 class ToolJobWaiter:
@@ -148,14 +159,12 @@ class ToolJobWaiter:
         *,
         pickup_grace: float = 10.0,
         recheck_interval: float = 1.0,
-        result_ttl: int = DEFAULT_TURN_TTL,
     ) -> None:
         self._redis = redis
         self._keys = keys
         self._listener = listener
         self._grace = pickup_grace
         self._recheck = recheck_interval
-        self._result_ttl = result_ttl
 
     async def run(self, job: ToolJob) -> tuple[ToolOutcome, bool]:
         """Return ``(outcome, produced_here)``; ``produced_here`` is True when this side wrote a timeout error."""
@@ -192,7 +201,7 @@ class ToolJobWaiter:
             if await self._runner_died(job):
                 if not job.idempotent:
                     return None, ""  # never silently re-run a call that may have had effects
-                job_id = self._keys.tool_rerun_job_id(job.turn_id, job.step, job.index, int(time.time() * 1000))
+                job_id = self._keys.tool_rerun_job_id(job.turn_id, job.step, job.index, now_ms())
                 await self._enqueue(job, job_id)
                 deadline = time.monotonic() + job.timeout + self._grace
         return None, job_id
@@ -207,16 +216,9 @@ class ToolJobWaiter:
         return True
 
     async def _give_up(self, job: ToolJob, job_id: str, reason: str) -> tuple[ToolOutcome, bool]:
-        if job_id:
-            await abort_job(self._redis, self._keys.tools_queue, job_id)
-        outcome = ToolOutcome(content=error_content(f"tool {job.call.name!r} {reason}"), is_error=True)
-        stored = await self._redis.set(
-            job.result_key, outcome.model_dump_json(), nx=True, ex=self._result_ttl
-        )
-        if stored:
-            return outcome, True
-        late = await self._stored(job.result_key)  # the real result won the race
-        return (late, False) if late is not None else (outcome, True)
+        ended = ToolOutcome(content=error_content(f"tool {job.call.name!r} {reason}"), is_error=True)
+        outcome = await settle_call(self._redis, self._keys, job_id, job.result_key, ended)
+        return outcome, outcome is ended
 
     async def _stored(self, result_key: str) -> ToolOutcome | None:
         raw = await self._redis.get(result_key)

@@ -25,7 +25,8 @@ from smith_client.errors import (
     ConfigurationError,
     TurnCancelledError,
 )
-from smith_client.eventlog import DEFAULT_TURN_TTL
+from smith_client import scripts
+from smith_client import turn_record as record
 from smith_client.events import (
     MESSAGE,
     TOKEN,
@@ -152,14 +153,17 @@ class AgentLoop:
         crash keeps counting on the same key (the budget errs on the safe
         side). Returns the tree's count including this step.
         """
-        tree = self.rt.keys.tree_iterations(self.job.turn_id)
-        async with self.rt.redis.pipeline(transaction=False) as pipe:
-            pipe.hget(self.rt.keys.turn_state(self.job.turn_id), "cancel_requested")
-            pipe.eval(*self.attempt.drain_inbox_args(closing=False))
+        keys = self.rt.keys
+        tree = keys.tree_iterations(self.job.turn_id)
+
+        def fill(pipe: Any) -> None:
+            pipe.hget(keys.turn_state(self.job.turn_id), record.CANCEL_REQUESTED)
+            self.attempt.queue_drain_inbox(pipe)
             pipe.incr(tree)
-            pipe.expire(tree, DEFAULT_TURN_TTL)
+            pipe.expire(tree, keys.turn_ttl)
             self.skills.queue_read(pipe)
-            cancel, moved, count, _, *skills = await pipe.execute()
+
+        cancel, moved, count, _, *skills = await scripts.execute(self.rt.redis, fill, transaction=False)
         if cancel:
             raise CancelRequested(cancel.decode())
         self.skills.take(spec, skills)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import httpx
 from arq.connections import ArqRedis
 
+from smith_client import scripts
 from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
 from smith_client.registry import DEFAULT_REGISTRATION_TTL, register_worker, unregister_worker
@@ -29,6 +30,7 @@ from smith_worker.dispatch import ReplyListener, ToolJobWaiter
 from smith_worker.isolation import ToolExecutors
 from smith_worker.redaction import SENSITIVE_HEADERS, install_log_redaction, register_secrets, url_credentials
 from smith_worker.sweeper import sweep_forever
+from smith_worker.tasks import cancel_and_wait
 
 logger = logging.getLogger("agent_smith.worker")
 
@@ -63,7 +65,7 @@ class WorkerRuntime:
     _background: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
-        self.keys = Keys(self.settings.prefix)
+        self.keys = Keys(self.settings.prefix, self.settings.turn_ttl, self.settings.history_ttl)
         self.events = EventLog(self.redis, self.keys)
         self.worker_id = self.worker_id or new_worker_id(self.queue)
 
@@ -107,6 +109,7 @@ class WorkerRuntime:
     async def start(self) -> None:
         """Open the HTTP client and reply channel (turn workers) or the tool pools (tool workers); register."""
         self.protect_secrets()
+        await scripts.load_all(self.redis)  # before any pipeline sends EVALSHA (see smith_client.scripts)
         if self.queue == "tools":
             self.executors = ToolExecutors(self.settings.tool_max_jobs, self.settings.tool_max_overruns,
                                            self.request_restart, self.settings.tool_processes)
@@ -127,9 +130,7 @@ class WorkerRuntime:
     async def stop(self) -> None:
         """Unregister and close what :meth:`start` opened."""
         for task in self._background:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         with contextlib.suppress(Exception):
             await unregister_worker(self.redis, self.keys, self.worker_id)
         for source in self.app.sources.values():

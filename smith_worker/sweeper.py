@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
-from smith_client.keys import Keys
+from smith_client import turn_record as record
+from smith_client.keys import Keys, now_ms
 from smith_worker.turn_state import requeue_turn
 
 logger = logging.getLogger("agent_smith.worker")
@@ -25,15 +25,16 @@ SWEEP_INTERVAL = 2.0
 
 async def sweep_once(redis: Any, keys: Keys) -> list[str]:
     """Re-enqueue every turn whose lease has expired; return their ids."""
-    expired = await redis.zrangebyscore(keys.running, "-inf", int(time.time() * 1000))
+    expired = await redis.zrangebyscore(keys.running, "-inf", now_ms())
     taken = []
     for raw in expired:
         turn_id = raw.decode()
-        if await requeue_turn(redis, keys, turn_id):
+        conversation = await redis.hget(keys.turn_state(turn_id), record.CONVERSATION_ID)
+        if conversation is not None and await requeue_turn(redis, keys, turn_id, conversation.decode()):
             taken.append(turn_id)
         else:  # finished or already taken meanwhile: drop a stale entry
-            state = await redis.hget(keys.turn_state(turn_id), "status")
-            if state != b"running":
+            status = await redis.hget(keys.turn_state(turn_id), record.STATUS)
+            if status != record.RUNNING.encode():
                 await redis.zrem(keys.running, turn_id)
     return taken
 

@@ -13,7 +13,8 @@ import logging
 import time
 from typing import Any
 
-from smith_client.eventlog import DEFAULT_TURN_TTL, WHILE_RUNNING
+from smith_client import scripts
+from smith_client.eventlog import WHILE_RUNNING
 from smith_client.events import TOOL_RESULT
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_worker.runtime import WorkerRuntime
@@ -99,19 +100,21 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     # turn tell a live runner from a dead one)
     async with rt.redis.pipeline(transaction=False) as pipe:
         pipe.exists(job.result_key)
-        pipe.set(rt.keys.tool_started(job.turn_id, job.step, job.index), rt.worker_id, ex=DEFAULT_TURN_TTL)
+        pipe.set(rt.keys.tool_started(job.turn_id, job.step, job.index), rt.worker_id, ex=rt.keys.turn_ttl)
         answered, _ = await pipe.execute()
     if answered:
         return {"is_error": False, "stored": False}  # never run a call twice
     outcome = stored_outcome(await _invoke(rt, job), job.result_max_bytes, rt.worker_id)
-    stored = await rt.redis.set(job.result_key, outcome.model_dump_json(), nx=True, ex=DEFAULT_TURN_TTL)
+    stored = await rt.redis.set(job.result_key, outcome.model_dump_json(), nx=True, ex=rt.keys.turn_ttl)
     if stored:  # the event, then the waiting turn's wake-up, in one round trip
         once = rt.keys.tool_result_published(job.turn_id, job.step, job.index)
-        async with rt.redis.pipeline(transaction=False) as pipe:
+
+        def fill(pipe: Any) -> None:
             # never after the turn's terminal event, and never twice (a turn between attempts publishes it on resume)
             rt.events.publish_in(pipe, job.turn_id, TOOL_RESULT, tool_result_event(job, outcome), job.agent_path,
                                  WHILE_RUNNING, once_key=once)
-            pipe.publish(job.reply_channel, job.result_key)
-            await pipe.execute()
+            pipe.publish(job.reply_channel, job.result_key)  # a repeat after NOSCRIPT only wakes the waiter again
+
+        await scripts.execute(rt.redis, fill, transaction=False)
     logger.debug("tool %s ran in %.3f s (stored=%s)", job.call.name, time.monotonic() - started, bool(stored))
     return {"is_error": outcome.is_error, "stored": bool(stored)}

@@ -19,7 +19,8 @@ from typing import Any
 import orjson
 
 from smith_client.errors import SmithError, UnknownAgentError, error_from_exception
-from smith_client.eventlog import DEFAULT_TURN_TTL
+from smith_client import scripts
+from smith_client import turn_record as record
 from smith_client.events import (
     TURN_COMPLETED,
     TURN_CANCELLED,
@@ -30,10 +31,10 @@ from smith_client.events import (
 from smith_client.jobs import ToolOutcome, TurnJob
 from smith_client.messages import AssistantMessage, ToolMessage
 from smith_worker.app import AgentSpec
-from smith_worker.dispatch import abort_job
+from smith_worker.dispatch import settle_call
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
-from smith_worker.turn_state import FINISH_LUA, StaleAttemptError, TurnAttempt, park, wake_head
+from smith_worker.turn_state import StaleAttemptError, TurnAttempt, park, wake_head
 from smith_worker.loop import AgentLoop, CancelRequested
 from smith_worker.redaction import redact_error
 from smith_worker.runtime import WorkerRuntime
@@ -152,20 +153,14 @@ class TurnRunner:
     async def _settle_call(self, step: int, index: int, ending: str) -> ToolOutcome:
         """One outcome for a call of a cancelled or failed turn: its real result, or (claimed first, like
         a timeout) an error saying the turn ended; then its job is stopped. A hand-off never comes here:
-        it re-attaches. A stored result this worker cannot read counts as none."""
-        keys, redis = self.rt.keys, self.rt.redis
-        result_key = keys.tool_result(self.job.turn_id, step, index)
-        started = await redis.exists(keys.tool_started(self.job.turn_id, step, index))
+        it re-attaches."""
+        keys, turn_id = self.rt.keys, self.job.turn_id
+        started = await self.rt.redis.exists(keys.tool_started(turn_id, step, index))
         reason = (f"the turn {ending} while this tool call was running; it was stopped and may have partly run"
                   if started else f"the turn {ending} before this tool call started")
         ended = ToolOutcome(content=error_content(reason), is_error=True)
-        if await redis.set(result_key, ended.model_dump_json(), nx=True, ex=DEFAULT_TURN_TTL):
-            await abort_job(redis, keys.tools_queue, keys.tool_job_id(self.job.turn_id, step, index))
-            return ended
-        try:
-            return ToolOutcome.model_validate_json(await redis.get(result_key) or b"")  # the tool finished first
-        except ValueError:
-            return ended
+        return await settle_call(self.rt.redis, keys, keys.tool_job_id(turn_id, step, index),
+                                 keys.tool_result(turn_id, step, index), ended)
 
     async def _fail(self, error: SmithError, spec: AgentSpec | None) -> None:
         """End the turn as failed: the error (secrets redacted) in its state and event, dangling calls answered."""
@@ -194,11 +189,11 @@ class TurnRunner:
 
     async def _finish(self, status: str, field: str, value: str, event_type: str, data: dict[str, Any]) -> None:
         """The terminal event and the final state, in one transaction, fenced by the attempt."""
-        keys, args = self.attempt.finish_script_args(status, field, value, DEFAULT_TURN_TTL)
-        async with self.rt.redis.pipeline(transaction=True) as pipe:
+        def fill(pipe: Any) -> None:
             self.rt.events.publish_in(pipe, self.job.turn_id, event_type, data, self.agent_path, self.attempt.attempt)
-            pipe.eval(FINISH_LUA, len(keys), *keys, *args)
-            seq, finished = await pipe.execute()
+            self.attempt.queue_finish(pipe, status, field, value)
+
+        seq, finished = await scripts.execute(self.rt.redis, fill, transaction=True)
         if seq < 0 or not finished:
             raise StaleAttemptError(self.job.turn_id)
         # the conversation's next turn may run now
@@ -222,19 +217,18 @@ async def fail_unreadable_turn(rt: WorkerRuntime, turn_id: str, error: SmithErro
     """
     keys, redis = rt.keys, rt.redis
     state_key = keys.turn_state(turn_id)
+    await scripts.load_all(redis)  # a rare path: a NOSCRIPT inside the transaction would apply it in part
     async with redis.pipeline(transaction=True) as pipe:
         await pipe.watch(state_key)
-        status, conversation = await pipe.hmget(state_key, "status", "conversation_id")
-        if status is None or status.decode() in ("completed", "failed", "cancelled"):
+        status, conversation = await pipe.hmget(state_key, [record.STATUS, record.CONVERSATION_ID])
+        if status is None or record.is_terminal(status):
             return False
         conversation_id = conversation.decode() if conversation else ""
         pipe.multi()
         rt.events.publish_in(pipe, turn_id, TURN_FAILED, {"error": error.to_payload()})
-        pipe.hset(state_key, mapping={"status": "failed", "error": orjson.dumps(error.to_payload()).decode(),
-                                      "inbox_closed": "1", "lease_until": 0})
-        pipe.expire(state_key, DEFAULT_TURN_TTL)
-        pipe.zrem(keys.running, turn_id)
-        pipe.lrem(keys.conversation_turns(conversation_id), 0, turn_id)
+        script_keys = [state_key, keys.running, keys.conversation_turns(conversation_id),
+                       keys.conversation_statuses(conversation_id)]
+        scripts.FAIL_UNREAD.queue(pipe, script_keys, [turn_id, orjson.dumps(error.to_payload()).decode(), keys.turn_ttl])
         await pipe.execute()
     logger.error("turn %s failed: %r", turn_id, error)
     if conversation_id:

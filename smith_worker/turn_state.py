@@ -20,9 +20,7 @@ appended whole, so a re-run reads where the turn stopped.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,133 +28,21 @@ from pydantic import BaseModel
 
 from smith_client.errors import ParseError
 from smith_client.jobs import RUN_TURN, TurnJob
-from smith_client.keys import DEFAULT_HISTORY_TTL, Keys
+from smith_client import scripts
+from smith_client import turn_record as record
+from smith_client.keys import RUNNING_TTL, Keys, now_ms
 from smith_client.messages import message_to_json
+from smith_client.turn_record import decode_state
+from smith_worker.tasks import cancel_and_wait
 
 logger = logging.getLogger("agent_smith.worker")
 
 #: Seconds a turn's lease lives without renewal (renewed every third of it).
 DEFAULT_LEASE = 10.0
 
-# KEYS: state, running, conversation turns. ARGV: turn id, worker id, now ms, lease ms, prefix.
-# Only the oldest unfinished turn of a conversation may run: a later one gets
-# {'wait', <id ahead>} and parks, holding no worker slot while it waits.
-_BEGIN = """
-local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return {'missing'} end
-if st == 'completed' or st == 'failed' or st == 'cancelled' then return {'done', st} end
-if st == 'running' and tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') > tonumber(ARGV[3]) then
-  return {'busy'}
-end
-for _, id in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
-  if id == ARGV[1] then break end
-  local other = redis.call('HGET', ARGV[5] .. ':turn:' .. id .. ':state', 'status')
-  if other == false or other == 'completed' or other == 'failed' or other == 'cancelled' then
-    redis.call('LREM', KEYS[3], 0, id)
-  else
-    return {'wait', id}
-  end
-end
-local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-local until_ms = tonumber(ARGV[3]) + tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[2], 'lease_until', until_ms)
-redis.call('ZADD', KEYS[2], until_ms, ARGV[1])
-redis.call('EXPIRE', KEYS[2], 86400)
-return {'go', attempt}
-"""
-
-_RENEW = """
-if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] or redis.call('HGET', KEYS[1], 'status') ~= 'running' then
-  return 0
-end
-local until_ms = tonumber(ARGV[3]) + tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], 'lease_until', until_ms)
-redis.call('ZADD', KEYS[2], until_ms, ARGV[1])
-return 1
-"""
-
-# ARGV[2] is the owner's attempt (a hand-off at shutdown) or '' (the sweeper,
-# which may only take a turn whose lease has expired).
-_REQUEUE = """
-if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
-if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return 0 end
-if ARGV[2] == '' and tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') > tonumber(ARGV[3]) then
-  return 0
-end
-redis.call('HSET', KEYS[1], 'status', 'queued', 'lease_until', 0)
-redis.call('ZREM', KEYS[2], ARGV[1])
-return redis.call('HINCRBY', KEYS[1], 'requeues', 1)
-"""
-
-# Merged user messages the turn did not get to (it was cancelled or failed first)
-# are kept: moved to the history, after what the turn completed.
-FINISH_LUA = """
-if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], 'status', ARGV[3], ARGV[4], ARGV[5], 'inbox_closed', '1', 'lease_until', 0)
-redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('LREM', KEYS[3], 0, ARGV[1])
-local merged = redis.call('LRANGE', KEYS[4], 0, -1)
-if #merged > 0 then
-  redis.call('RPUSH', KEYS[5], unpack(merged))
-  redis.call('EXPIRE', KEYS[5], ARGV[7])
-end
-redis.call('DEL', KEYS[4])
-return 1
-"""
-
-_APPEND_USER = """
-if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return -1 end
-local start = redis.call('HGET', KEYS[1], 'history_start')
-if start then return tonumber(start) end
-local n = redis.call('RPUSH', KEYS[2], ARGV[2])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-redis.call('HSET', KEYS[1], 'history_start', n - 1)
-return n - 1
-"""
-
-_APPEND = """
-if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return -1 end
-local n = redis.call('RPUSH', KEYS[2], unpack(ARGV, 3))
-redis.call('EXPIRE', KEYS[2], ARGV[2])
-return n
-"""
-
-# Moves merged user messages into the history. With ARGV[3] == '1' and nothing
-# to move, closes the inbox (the turn is finishing), atomically with the check.
-_DRAIN_INBOX = """
-if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return false end
-local msgs = redis.call('LRANGE', KEYS[2], 0, -1)
-if #msgs > 0 then
-  redis.call('RPUSH', KEYS[3], unpack(msgs))
-  redis.call('EXPIRE', KEYS[3], ARGV[2])
-  redis.call('DEL', KEYS[2])
-elseif ARGV[3] == '1' then
-  redis.call('HSET', KEYS[1], 'inbox_closed', '1')
-end
-return msgs
-"""
-
-# The conversation's oldest unfinished turn id ('' if none); drops finished ones on the way.
-_HEAD = """
-for _, id in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
-  local st = redis.call('HGET', ARGV[1] .. ':turn:' .. id .. ':state', 'status')
-  if st == false or st == 'completed' or st == 'failed' or st == 'cancelled' then
-    redis.call('LREM', KEYS[1], 0, id)
-  else
-    return id
-  end
-end
-return ''
-"""
-
 #: Seconds between the checks of a parked turn (one waiting behind an earlier turn of its conversation).
 #: The turn that finishes wakes the next one at once; this only covers a wake-up that was lost.
 PARK_RECHECK = 15.0
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class StaleAttemptError(Exception):
@@ -179,7 +65,6 @@ class TurnAttempt:
         worker_id: str,
         *,
         lease: float = DEFAULT_LEASE,
-        history_ttl: int = DEFAULT_HISTORY_TTL,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -187,19 +72,18 @@ class TurnAttempt:
         self.conversation_id = conversation_id
         self.worker_id = worker_id
         self.lease_ms = int(lease * 1000)
-        self.history_ttl = history_ttl
+        self.history_ttl = keys.history_ttl
         self.attempt = 0
         self._renewer: asyncio.Task[None] | None = None
         self._state = keys.turn_state(turn_id)
         self._history = keys.history(conversation_id)
+        self._statuses = keys.conversation_statuses(conversation_id)
 
     async def begin(self) -> str:
         """Take the turn: ``"go"`` (this attempt runs it), ``"wait"`` (an earlier turn of the
         conversation is unfinished), ``"done"``, ``"busy"`` (another live attempt) or ``"missing"``."""
-        reply = await self.redis.eval(
-            _BEGIN, 3, self._state, self.keys.running, self.keys.conversation_turns(self.conversation_id),
-            self.turn_id, self.worker_id, _now_ms(), self.lease_ms, self.keys.prefix,
-        )  # fmt: skip
+        keys = [self._state, self.keys.running, self.keys.conversation_turns(self.conversation_id), self._statuses]
+        reply = await scripts.BEGIN(self.redis, keys, [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL])
         outcome = reply[0].decode()
         if outcome == "go":
             self.attempt = int(reply[1])
@@ -211,18 +95,14 @@ class TurnAttempt:
 
     async def stop_renewing(self) -> None:
         """Stop the lease renewal task (the attempt is over)."""
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+        await cancel_and_wait(self._renewer)
 
     async def _renew_loop(self, on_lost: Callable[[], None]) -> None:
         while True:
             await asyncio.sleep(self.lease_ms / 3000)
             try:
-                renewed = await self.redis.eval(
-                    _RENEW, 2, self._state, self.keys.running, self.turn_id, self.attempt, _now_ms(), self.lease_ms
-                )
+                renewed = await scripts.RENEW(self.redis, [self._state, self.keys.running],
+                                              [self.turn_id, self.attempt, now_ms(), self.lease_ms])
             except Exception:  # a Redis blip: the lease has slack for two more tries
                 logger.warning("turn %s: lease renewal failed", self.turn_id, exc_info=True)
                 continue
@@ -232,15 +112,13 @@ class TurnAttempt:
                 return
 
     async def state(self) -> dict[str, str]:
-        """The turn's state hash, decoded."""
-        raw = await self.redis.hgetall(self._state)
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        """The turn's state hash, decoded (fields in :mod:`smith_client.turn_record`)."""
+        return decode_state(await self.redis.hgetall(self._state))
 
     async def append_user(self, message: BaseModel) -> int:
         """Append the turn's user message once per turn id; return its index in the history."""
-        index = await self.redis.eval(
-            _APPEND_USER, 2, self._state, self._history, self.attempt, message_to_json(message), self.history_ttl
-        )
+        index = await scripts.APPEND_USER(self.redis, [self._state, self._history],
+                                          [self.attempt, message_to_json(message), self.history_ttl])
         if index < 0:
             raise StaleAttemptError(self.turn_id)
         return int(index)
@@ -250,17 +128,21 @@ class TurnAttempt:
         if not messages:
             return
         blobs = [message_to_json(m) for m in messages]
-        if await self.redis.eval(_APPEND, 2, self._state, self._history, self.attempt, self.history_ttl, *blobs) < 0:
+        if await scripts.APPEND(self.redis, [self._state, self._history], [self.attempt, self.history_ttl, *blobs]) < 0:
             raise StaleAttemptError(self.turn_id)
 
     async def drain_inbox(self, closing: bool) -> list[bytes]:
         """Move merged user messages into the history; when ``closing`` and none are waiting, close the inbox."""
-        return self.drained(await self.redis.eval(*self.drain_inbox_args(closing)))
+        keys, args = self._drain_call(closing)
+        return self.drained(await scripts.DRAIN_INBOX(self.redis, keys, args))
 
-    def drain_inbox_args(self, closing: bool) -> tuple[Any, ...]:
-        """The ``EVAL`` arguments of :meth:`drain_inbox`, to send it in a pipeline with other commands."""
-        return (_DRAIN_INBOX, 3, self._state, self.keys.turn_inbox(self.turn_id), self._history,
-                self.attempt, self.history_ttl, "1" if closing else "0")  # fmt: skip
+    def queue_drain_inbox(self, pipe: Any) -> None:
+        """Queue a non-closing :meth:`drain_inbox` on ``pipe`` (a step's round trip); :meth:`drained` reads its reply."""
+        scripts.DRAIN_INBOX.queue(pipe, *self._drain_call(closing=False))
+
+    def _drain_call(self, closing: bool) -> tuple[list[str], list[Any]]:
+        keys = [self._state, self.keys.turn_inbox(self.turn_id), self._history]
+        return keys, [self.attempt, self.history_ttl, "1" if closing else "0"]
 
     def drained(self, reply: Any) -> list[bytes]:
         """The moved messages from a drain's reply. Raises :class:`StaleAttemptError` when fenced off."""
@@ -268,20 +150,23 @@ class TurnAttempt:
             raise StaleAttemptError(self.turn_id)
         return list(reply)
 
-    def finish_script_args(self, status: str, field: str, value: str, ttl: int) -> tuple[list[str], list[Any]]:
-        """Keys and args of :data:`FINISH_LUA`, the fenced final write (committed with the terminal event)."""
+    def queue_finish(self, pipe: Any, status: str, field: str, value: str) -> None:
+        """Queue the fenced final write (``lua/finish.lua``) on ``pipe``, to commit with the terminal event:
+        ``status`` and ``field`` = ``value`` in the state, which then lives ``keys.turn_ttl`` seconds.
+        Its reply is 0 when this attempt was fenced off."""
         keys = [self._state, self.keys.running, self.keys.conversation_turns(self.conversation_id),
-                self.keys.turn_inbox(self.turn_id), self._history]
-        return keys, [self.turn_id, self.attempt, status, field, value, ttl, self.history_ttl]
+                self.keys.turn_inbox(self.turn_id), self._history, self._statuses]
+        args = [self.turn_id, self.attempt, status, field, value, self.keys.turn_ttl, self.history_ttl]
+        scripts.FINISH.queue(pipe, keys, args)
 
     async def requeue(self) -> int:
         """Hand the turn off (worker shutdown): back to ``queued`` and re-enqueued under a new job id."""
-        return await requeue_turn(self.redis, self.keys, self.turn_id, str(self.attempt))
+        return await requeue_turn(self.redis, self.keys, self.turn_id, self.conversation_id, str(self.attempt))
 
 
 async def _enqueue_turn(redis: Any, keys: Keys, turn_id: str, job_id: str, defer: float | None = None) -> bool:
     """Enqueue ``run_turn`` for a turn from its stored payload; False when arq already has that job id."""
-    payload = await redis.hget(keys.turn_state(turn_id), "job")
+    payload = await redis.hget(keys.turn_state(turn_id), record.JOB)
     if payload is None:
         return False
     job = TurnJob.model_validate_json(payload)
@@ -297,7 +182,7 @@ async def park(redis: Any, keys: Keys, turn_id: str, conversation_id: str) -> No
     It also makes sure the conversation's oldest turn can run (:func:`wake_head`),
     in case the wake-up of a finished turn was lost with its worker.
     """
-    await _enqueue_turn(redis, keys, turn_id, keys.turn_park_job_id(turn_id, _now_ms()), defer=PARK_RECHECK)
+    await _enqueue_turn(redis, keys, turn_id, keys.turn_park_job_id(turn_id, now_ms()), defer=PARK_RECHECK)
     await wake_head(redis, keys, conversation_id)
 
 
@@ -307,23 +192,29 @@ async def wake_head(redis: Any, keys: Keys, conversation_id: str) -> str:
     Called when a turn ends (the next one runs at once) and by parked turns.
     The job id (:meth:`Keys.turn_kick_job_id`) is fixed, so arq keeps at most one pending.
     """
-    head = (await redis.eval(_HEAD, 1, keys.conversation_turns(conversation_id), keys.prefix)).decode()
-    if head and await redis.hget(keys.turn_state(head), "status") == b"queued":
+    fifo, statuses = keys.conversation_turns(conversation_id), keys.conversation_statuses(conversation_id)
+    reply = await scripts.HEAD(redis, [fifo, statuses])
+    if not reply:
+        return ""
+    head = reply[0].decode()
+    if reply[1] == record.QUEUED.encode():
         await _enqueue_turn(redis, keys, head, keys.turn_kick_job_id(head))
     return head
 
 
-async def requeue_turn(redis: Any, keys: Keys, turn_id: str, attempt: str = "") -> int:
-    """Put a running turn back on the turns queue; with ``attempt=""`` only if its lease expired.
+async def requeue_turn(redis: Any, keys: Keys, turn_id: str, conversation_id: str, attempt: str = "") -> int:
+    """Put a running turn of ``conversation_id`` back on the turns queue; with ``attempt=""`` only if its
+    lease expired.
 
     Returns the re-enqueue number, or 0 when the turn was not taken. The new
     job id is unique per re-enqueue, so arq's leftover keys of the old job
     (its in-progress key survives a crash) cannot block it.
     """
     state = keys.turn_state(turn_id)
-    count = int(await redis.eval(_REQUEUE, 2, state, keys.running, turn_id, attempt, _now_ms()))
+    script_keys = [state, keys.running, keys.conversation_statuses(conversation_id)]
+    count = int(await scripts.REQUEUE(redis, script_keys, [turn_id, attempt, now_ms()]))
     if count:
-        if not await redis.hexists(state, "job"):
+        if not await redis.hexists(state, record.JOB):
             raise ParseError(f"turn {turn_id} has no stored job payload")
         await _enqueue_turn(redis, keys, turn_id, keys.turn_rerun_job_id(turn_id, count))
         logger.info("turn %s re-enqueued (re-enqueue #%d)", turn_id, count)

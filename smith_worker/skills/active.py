@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from smith_client import skills as skill_state
-from smith_client.keys import DEFAULT_HISTORY_TTL, Keys
+from smith_client.keys import Keys
 from smith_worker.llm.types import ToolSchema
 from smith_worker.skills.catalog import SkillCatalog
 from smith_worker.skills.model import Skill
@@ -49,24 +49,22 @@ def compose_system_prompt(base: str, skills: list[Skill]) -> str:
 class ConversationSkills:
     """The active skills of one conversation for the steps of one turn attempt.
 
-    ``catalog`` and ``sources`` are the app's; ``ttl`` (seconds) is the
-    history's, refreshed on the activation record at every step so both
-    expire together.
+    ``catalog`` and ``sources`` are the app's; the activation record's TTL
+    (``keys.history_ttl``) is refreshed at every step so it expires with the history.
     """
 
     def __init__(self, catalog: SkillCatalog, sources: Mapping[str, ToolSource], keys: Keys,
-                 conversation_id: str, ttl: int = DEFAULT_HISTORY_TTL) -> None:
+                 conversation_id: str) -> None:
         self._catalog = catalog
         self._sources = sources
         self._keys = keys
         self._conversation_id = conversation_id
-        self._ttl = ttl
         #: The skills of the current step, in order (None until read).
         self.active: list[Skill] | None = None
 
     def queue_read(self, pipe: Any) -> None:
         """Queue this step's read as the last commands of ``pipe``."""
-        skill_state.queue_read(pipe, self._keys, self._conversation_id, self._ttl)
+        skill_state.queue_read(pipe, self._keys, self._conversation_id)
 
     def take(self, spec: AgentSpec, replies: list[Any]) -> None:
         """Set the step's active skills from the pipeline's replies to :meth:`queue_read` (all of them, in order)."""

@@ -15,7 +15,8 @@ from smith_client.hygiene import ARQ_ABORT_SET, keys_without_ttl
 from smith_client.keys import Keys
 from smith_client.messages import UserMessage
 from smith_worker.config import Settings
-from smith_worker.dispatch import ABORT_ENTRY_TTL, abort_job
+from smith_client.keys import ABORT_ENTRY_TTL
+from smith_worker.dispatch import abort_job
 from smith_worker.llm import LlmClient, LlmClientConfig, LlmRequest
 from smith_worker.redaction import (
     REDACTED,
@@ -137,7 +138,7 @@ def test_default_max_response_bytes_is_4_mib():
 async def test_abort_set_expires_and_the_hygiene_report_covers_it():
     redis = fakeredis.FakeAsyncRedis()
     keys = Keys("hyg")
-    await abort_job(redis, keys.tools_queue, keys.tool_job_id("t", 1, 0))
+    await abort_job(redis, keys, keys.tool_job_id("t", 1, 0))
     assert 0 < await redis.ttl(ARQ_ABORT_SET) <= ABORT_ENTRY_TTL
     assert await keys_without_ttl(redis, keys) == []
     await redis.persist(ARQ_ABORT_SET)

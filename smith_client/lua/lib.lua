@@ -1,0 +1,22 @@
+-- Shared by every script: the loader (smith_client/scripts.py) puts this file before each one.
+-- Field names of a turn's state hash are those of smith_client/turn_record.py.
+
+-- The statuses after which a turn changes no more.
+local TERMINAL = {completed = true, failed = true, cancelled = true}
+
+-- Walk a conversation's FIFO of turn ids (oldest first) up to `stop_at` (or its end),
+-- dropping the turns that are no longer in `statuses`, the conversation's hash of
+-- unfinished turns (turn id -> status), which the scripts that end a turn update.
+-- Returns the unfinished ids, oldest first.
+local function unfinished_turns(fifo, statuses, stop_at)
+  local active = {}
+  for _, id in ipairs(redis.call('LRANGE', fifo, 0, -1)) do
+    if id == stop_at then break end
+    if redis.call('HEXISTS', statuses, id) == 0 then
+      redis.call('LREM', fifo, 0, id)
+    else
+      table.insert(active, id)
+    end
+  end
+  return active
+end

@@ -1,0 +1,47 @@
+-- Create (or attach to) a turn and apply the conversation's multitask policy (smith_client/turns.py).
+-- KEYS: state, conversation FIFO, conversation statuses, then for each turn named in ARGV[12..]:
+--       its state, its inbox.
+-- ARGV: turn id, fingerprint, conversation, agent, policy, message JSON, now (epoch s),
+--       turn TTL s, conversation TTL s, job JSON, control channel, then the ids of the other
+--       turns this call may touch (merge: the last unfinished one; interrupt: all unfinished ones).
+-- Returns {'conflict', id} | {'attach', id, status} | {'busy', id} | {'merged', id} | {'new', id}
+--       | {'keys', ids...}: the turns to touch are not those given; call again naming these.
+local turn_id, fp, conv, agent, policy, msg, now, turn_ttl, conv_ttl, job, control = unpack(ARGV, 1, 11)
+local state, fifo, statuses = KEYS[1], KEYS[2], KEYS[3]
+local existing = redis.call('HGET', state, 'fingerprint')
+if existing then
+  if existing ~= fp then return {'conflict', turn_id} end
+  return {'attach', turn_id, redis.call('HGET', state, 'status')}
+end
+local active = unfinished_turns(fifo, statuses)
+if #active > 0 then
+  if policy == 'reject' then return {'busy', active[1]} end
+  local wanted = {}
+  if policy == 'merge' then wanted = {active[#active]} elseif policy == 'interrupt' then wanted = active end
+  local given = {unpack(ARGV, 12)}
+  local same = #given == #wanted
+  for i, id in ipairs(wanted) do same = same and given[i] == id end
+  if not same then return {'keys', unpack(wanted)} end
+  if policy == 'merge' then
+    local tstate, inbox = KEYS[4], KEYS[5]
+    if redis.call('HGET', tstate, 'status') == 'running' and redis.call('HGET', tstate, 'inbox_closed') ~= '1' then
+      redis.call('RPUSH', inbox, msg)
+      redis.call('EXPIRE', inbox, turn_ttl)
+      return {'merged', wanted[1]}
+    end
+  end
+end
+redis.call('HSET', state, 'status', 'queued', 'fingerprint', fp, 'conversation_id', conv,
+           'agent', agent, 'created_at', now, 'attempt', 0, 'job', job)
+redis.call('EXPIRE', state, turn_ttl)
+redis.call('RPUSH', fifo, turn_id)
+redis.call('EXPIRE', fifo, conv_ttl)
+redis.call('HSET', statuses, turn_id, 'queued')
+redis.call('EXPIRE', statuses, conv_ttl)
+if policy == 'interrupt' then
+  for i, id in ipairs(active) do
+    redis.call('HSET', KEYS[2 + 2 * i], 'cancel_requested', 'interrupt')
+    redis.call('PUBLISH', control, id)
+  end
+end
+return {'new', turn_id}

@@ -1,0 +1,93 @@
+"""The Lua scripts of the turn protocol: ``smith_client/lua/*.lua``, called with ``EVALSHA``.
+
+Each script is read once per process (with ``lua/lib.lua``, the helpers they
+share, put in front) and named by its SHA1. Calls send ``EVALSHA``; a
+``NOSCRIPT`` reply (a Redis restart or ``SCRIPT FLUSH`` emptied the script
+cache) loads every script with ``SCRIPT LOAD`` and repeats the call once.
+Inside a pipeline, :meth:`LuaScript.queue` adds an ``EVALSHA`` and
+:func:`execute` runs the pipeline with the same repair, so no call sends a
+script's text each time and nothing sends ``SCRIPT EXISTS`` before a pipeline
+(as redis-py's ``Script`` objects do). Every key a script touches comes in
+``KEYS``, built by :class:`~smith_client.keys.Keys`; no script builds a key name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from importlib import resources
+from typing import Any
+
+from redis.asyncio.client import Pipeline
+from redis.exceptions import NoScriptError
+
+def _read(name: str) -> str:
+    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+
+
+class LuaScript:
+    """One script of ``smith_client/lua``; ``name`` is its file name without ``.lua``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source = _read("lib") + "\n" + _read(name)
+        self.sha = hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+        _ALL.append(self)
+
+    async def __call__(self, redis: Any, keys: Sequence[str], args: Sequence[Any] = ()) -> Any:
+        """Run the script (``EVALSHA``; on ``NOSCRIPT`` load all scripts and retry once)."""
+        try:
+            return await redis.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await load_all(redis)
+            return await redis.evalsha(self.sha, len(keys), *keys, *args)
+
+    def queue(self, pipe: Pipeline, keys: Sequence[str], args: Sequence[Any] = ()) -> None:
+        """Add a call of the script to ``pipe``; run the pipeline with :func:`execute`."""
+        pipe.evalsha(self.sha, len(keys), *keys, *args)
+
+
+_ALL: list[LuaScript] = []
+
+
+async def load_all(redis: Any) -> None:
+    """``SCRIPT LOAD`` every script, in one round trip (worker start-up, or after ``NOSCRIPT``)."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for script in _ALL:
+            pipe.script_load(script.source)
+        await pipe.execute()
+
+
+async def execute(redis: Any, fill: Callable[[Pipeline], None], *, transaction: bool) -> list[Any]:
+    """Build a pipeline with ``fill`` and run it; on ``NOSCRIPT``, load the scripts and run it again.
+
+    Safe to repeat because a flushed script cache fails every ``EVALSHA`` of the
+    pipeline alike; callers keep their other commands idempotent (reads, ``SET``
+    with TTL, ``EXPIRE``, ``PUBLISH`` of a wake-up) or accept a counter
+    counting one more (the tree's model calls, which errs on the safe side).
+    """
+    for attempt in range(2):
+        try:
+            async with redis.pipeline(transaction=transaction) as pipe:
+                fill(pipe)
+                return list(await pipe.execute())
+        except NoScriptError:
+            if attempt:
+                raise
+            await load_all(redis)
+    raise AssertionError("unreachable")
+
+
+PUBLISH = LuaScript("publish")
+SUBMIT = LuaScript("submit")
+CANCEL = LuaScript("cancel")
+ACTIVATE_SKILL = LuaScript("activate_skill")
+BEGIN = LuaScript("begin")
+RENEW = LuaScript("renew")
+REQUEUE = LuaScript("requeue")
+FINISH = LuaScript("finish")
+FAIL_UNREAD = LuaScript("fail_unread")
+APPEND_USER = LuaScript("append_user")
+APPEND = LuaScript("append")
+DRAIN_INBOX = LuaScript("drain_inbox")
+HEAD = LuaScript("head")

@@ -1,0 +1,66 @@
+"""A turn's durable record: the fields of its state hash, its statuses, one decoder.
+
+The state hash ``{p}:turn:{id}:state`` (:meth:`~smith_client.keys.Keys.turn_state`)
+is written by the client (submission, cancel of a queued turn) and by workers
+(attempts, the final write), always through the scripts of
+:mod:`smith_client.scripts`, and read by the client, the worker and the
+sweeper through :func:`decode_state`. The Lua files use these same field names.
+
+``status`` goes queued → running → completed | failed | cancelled (a hand-off
+or a crashed worker puts a running turn back to queued).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+QUEUED = "queued"
+RUNNING = "running"
+COMPLETED = "completed"
+FAILED = "failed"
+CANCELLED = "cancelled"
+#: Statuses after which a turn changes no more.
+TERMINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
+
+# Field names of the state hash.
+STATUS = "status"
+#: The request digest (:func:`smith_client.turns.fingerprint`): same turn id + other request = conflict.
+FINGERPRINT = "fingerprint"
+CONVERSATION_ID = "conversation_id"
+AGENT = "agent"
+#: Epoch seconds (float) of the submission.
+CREATED_AT = "created_at"
+#: The fencing token: incremented by each worker attempt (DESIGN.md §8).
+ATTEMPT = "attempt"
+#: The :class:`~smith_client.jobs.TurnJob` JSON, so a turn can be re-enqueued after a crash.
+JOB = "job"
+#: The worker id of the current attempt.
+WORKER = "worker"
+#: Epoch ms until which the current attempt's lease holds.
+LEASE_UNTIL = "lease_until"
+#: Index of the turn's user message in the conversation's history, once appended.
+HISTORY_START = "history_start"
+#: ``"1"`` once the turn takes no more merged messages (it is finishing).
+INBOX_CLOSED = "inbox_closed"
+#: Why the turn was asked to stop: ``cancel`` or ``interrupt``.
+CANCEL_REQUESTED = "cancel_requested"
+#: The final :class:`~smith_client.messages.AssistantMessage` JSON of a completed turn.
+RESULT = "result"
+#: The error payload JSON (:meth:`~smith_client.errors.SmithError.to_payload`) of a failed turn.
+ERROR = "error"
+#: How many times the turn was re-enqueued (crash recovery, hand-offs).
+REQUEUES = "requeues"
+
+
+def decode_state(raw: dict[Any, Any]) -> dict[str, str]:
+    """The state hash from ``HGETALL`` (bytes or str keys and values) as ``str`` → ``str``; empty when unknown."""
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def is_terminal(status: bytes | str | None) -> bool:
+    """True when ``status`` (as read from Redis, or None) is a terminal status."""
+    return status is not None and _text(status) in TERMINAL_STATUSES
