@@ -1,7 +1,8 @@
 """``make demo``: one real streamed turn through every part, then everything stopped.
 
 1. Redis: ``SMITH_REDIS_URL`` if it answers, else a private ``redis-server`` on a free port.
-2. The model: ``SMITH_LLM_BASE_URL`` if set, else the local model server (SmolLM2-135M).
+2. The model: ``SMITH_LLM_BASE_URL`` if set, else the local model server (SmolLM2-135M on
+   xllamacpp, used with ``json_schema`` tool calling and temperature 0).
 3. One turn worker and one tool worker for :mod:`smith_worker.demo`.
 4. ``smith ask``-style turn: tokens to stdout, tool status lines to stderr.
 
@@ -80,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(redis_proc.stop)
         env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_PREFIX=prefix)
         if not os.environ.get("SMITH_LLM_BASE_URL"):
-            _status("starting the local model server (SmolLM2-135M via llama-cpp-python)")
+            _status("starting the local model server (SmolLM2-135M via xllamacpp, json_schema tool calling)")
             model = stack.enter_context(LocalModelServer(log_path=logs / "llm.log"))
-            env.update(SMITH_LLM_BASE_URL=model.base_url, SMITH_LLM_MODEL=model.model)
+            env.update(model.client_env())
         for queue in ("turns", "tools"):
             worker = ManagedProcess(worker_argv("smith_worker.demo:app", queue), env=env, log_path=logs / f"{queue}.log")
             stack.enter_context(worker)
