@@ -9,6 +9,10 @@ unrelated), located by path without importing the package;
 server (streaming, ``/health``, ``/metrics``) inside the calling process, so
 :class:`LocalModelServer` starts ``python -m smith_worker.local.llm_server
 --port N`` as a child process it can stop. Its default temperature is 0.
+It computes on ``SMITH_LOCAL_MODEL_THREADS`` threads (default 1): on a busy
+2-core machine llama.cpp's spinning thread pool with 2 threads fell to ~2
+tokens/s while 1 thread kept 25-50 tokens/s (BENCHMARKS.md); a bigger GGUF
+on an idle machine wants more.
 
 This server (with SmolLM2's chat template) drops ``tools`` from the prompt and
 ignores a named ``tool_choice``, so clients of it use
@@ -37,6 +41,18 @@ from smith_worker.local.processes import ManagedProcess, free_port, wait_until
 MODEL_ALIAS = "smollm2-135m-instruct"
 #: Context window of the embedded server, in tokens.
 CONTEXT_TOKENS = 4096
+#: Compute threads unless ``SMITH_LOCAL_MODEL_THREADS`` says otherwise (see the module doc).
+DEFAULT_THREADS = 1
+
+
+def model_threads() -> int:
+    """``SMITH_LOCAL_MODEL_THREADS`` (a positive integer) or :data:`DEFAULT_THREADS`; else ``ConfigurationError``."""
+    raw = os.environ.get("SMITH_LOCAL_MODEL_THREADS") or str(DEFAULT_THREADS)
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigurationError(
+            f"SMITH_LOCAL_MODEL_THREADS must be a positive integer, got {raw!r}", setting="SMITH_LOCAL_MODEL_THREADS"
+        )
+    return int(raw)
 
 
 def find_model_path() -> Path:
@@ -61,8 +77,8 @@ def find_model_path() -> Path:
     )
 
 
-def serve(model: Path, port: int) -> None:
-    """Serve ``model`` on ``127.0.0.1:port`` in this process until SIGTERM or SIGINT.
+def serve(model: Path, port: int, threads: int = DEFAULT_THREADS) -> None:
+    """Serve ``model`` on ``127.0.0.1:port`` with ``threads`` compute threads, in this process, until SIGTERM or SIGINT.
 
     Raises :class:`ConfigurationError` when ``xllamacpp`` is not installed.
     """
@@ -78,6 +94,8 @@ def serve(model: Path, port: int) -> None:
     params.hostnames = ["127.0.0.1"]
     params.port = port
     params.n_ctx = CONTEXT_TOKENS
+    params.cpuparams.n_threads = threads
+    params.cpuparams_batch.n_threads = threads
     params.sampling.temp = 0.0  # greedy by default: the 135M model's sampled output wanders
     params.endpoint_metrics = True
     stop = threading.Event()
@@ -112,6 +130,7 @@ class LocalModelServer:
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.model = MODEL_ALIAS
         self.model_path = find_model_path()
+        model_threads()  # a bad setting fails here, not in the child
         env = dict(os.environ, SMITH_LOCAL_MODEL=str(self.model_path))
         self._process = ManagedProcess(server_argv(self.port), env=env, log_path=log_path, grace=5.0)
         self._startup_timeout = startup_timeout
@@ -153,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Serve the local model on 127.0.0.1.")
     parser.add_argument("--port", type=int, default=8080)
     args = parser.parse_args(argv)
-    serve(find_model_path(), args.port)
+    serve(find_model_path(), args.port, model_threads())
 
 
 if __name__ == "__main__":

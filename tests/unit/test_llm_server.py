@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from smith_client.errors import ConfigurationError
-from smith_worker.local.llm_server import LocalModelServer, find_model_path
+from smith_worker.local.llm_server import DEFAULT_THREADS, LocalModelServer, find_model_path, model_threads
 
 
 def test_bundled_model_is_found_and_smith_local_model_overrides_it(monkeypatch, tmp_path):
@@ -28,3 +28,14 @@ def test_clients_of_the_embedded_model_use_json_schema_at_temperature_0(monkeypa
     env = LocalModelServer(port=1).client_env()
     assert env["SMITH_LLM_TOOL_CALLING"] == "json_schema" and float(env["SMITH_LLM_TEMPERATURE"]) == 0
     assert env["SMITH_LLM_BASE_URL"] == "http://127.0.0.1:1/v1"
+
+
+def test_threads_default_to_one_and_must_be_positive(monkeypatch):
+    monkeypatch.delenv("SMITH_LOCAL_MODEL_THREADS", raising=False)
+    assert model_threads() == DEFAULT_THREADS == 1
+    monkeypatch.setenv("SMITH_LOCAL_MODEL_THREADS", "3")
+    assert model_threads() == 3
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("SMITH_LOCAL_MODEL_THREADS", bad)
+        with pytest.raises(ConfigurationError):
+            model_threads()
