@@ -52,3 +52,18 @@ def test_chat_repl_through_a_pty(redis_url, scripted_llm, scenario, tmp_path):
         child.close(force=True)
     assert child.exitstatus == 0, child.before
     assert demo_processes(redis_url) == []
+
+
+def test_smith_chat_leaves_on_exit(redis_url):
+    """`smith chat` is the same REPL; /exit leaves it with status 0 (no worker needed: no turn is sent)."""
+    child = pexpect.spawn(sys.executable, ["-c", "from smith_worker.cli import smith_main; smith_main()",
+                                           "--redis-url", redis_url, "chat"],
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), encoding="utf-8", timeout=30)
+    try:
+        child.expect(r"\[conversation cli-\d+\]")
+        child.expect_exact("you> ")
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, child.before
