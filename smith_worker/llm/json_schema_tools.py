@@ -196,7 +196,8 @@ def rewrite_request(req: LlmRequest, defaults: SamplingParams) -> LlmRequest:
             setting="response_format",
         )
     schema = reply_schema(req.tools, req.tool_choice)
-    response_format = {"type": "json_schema", "json_schema": {"name": "reply", "strict": True, "schema": schema}}
+    # no "strict": OpenAI's strict mode refuses a root anyOf; llama.cpp and vLLM constrain decoding either way
+    response_format = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
     sampling = (req.sampling or SamplingParams()).model_copy(update={"response_format": response_format})
     messages = wire_messages(req.messages, tool_prompt(req.tools, req.tool_choice))
     return LlmRequest(messages=messages, sampling=sampling)
