@@ -11,9 +11,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-#: arq's global ZSET of abort requests; the runtime gives it a TTL on every abort (arq never prunes it, #485).
-ARQ_ABORT_SET = "arq:abort"
-
+from smith_client import turn_record as record
 from smith_client.keys import Keys
 
 
@@ -44,12 +42,11 @@ async def _describe(redis: Redis, names: list[str]) -> list[KeyInfo]:
 async def conversation_keys(redis: Redis, keys: Keys, conversation_id: str) -> list[KeyInfo]:
     """Every key of one conversation and of its turns, with TTLs. Scans the turn states (a diagnostic, O(keys))."""
     names = [keys.history(conversation_id), keys.conversation_turns(conversation_id),
-             keys.conversation_skills(conversation_id)]
+             keys.conversation_statuses(conversation_id), keys.conversation_skills(conversation_id)]
     async for state_key in redis.scan_iter(match=keys.turn_state("*"), count=1000):
-        if await redis.hget(state_key, "conversation_id") != conversation_id.encode():
+        if await redis.hget(state_key, record.CONVERSATION_ID) != conversation_id.encode():
             continue
-        turn_id = state_key.decode()[len(keys.prefix) + len(":turn:"): -len(":state")]
-        for pattern in (f"{keys.prefix}:turn:{turn_id}:*", f"{keys.prefix}:toolres:{turn_id}:*"):
+        for pattern in keys.turn_patterns(keys.turn_id_of_state(state_key.decode())):
             names += [k.decode() async for k in redis.scan_iter(match=pattern, count=1000)]
     return await _describe(redis, names)
 
@@ -57,8 +54,8 @@ async def conversation_keys(redis: Redis, keys: Keys, conversation_id: str) -> l
 async def keys_without_ttl(redis: Redis, keys: Keys) -> list[str]:
     """Keys of this prefix (arq's keys of its jobs and arq's abort set included) with no TTL and no documented owner."""
     owned = owned_keys(keys)
-    found = [ARQ_ABORT_SET] if await redis.ttl(ARQ_ABORT_SET) == -1 else []
-    for pattern in (f"{keys.prefix}:*", f"arq:*:{keys.prefix}:*"):
+    found = [keys.arq_abort_set] if await redis.ttl(keys.arq_abort_set) == -1 else []
+    for pattern in (keys.all_pattern, keys.arq_pattern):
         async for raw in redis.scan_iter(match=pattern, count=1000):
             name = raw.decode()
             if name not in owned and await redis.ttl(name) == -1:

@@ -249,3 +249,24 @@ class Keys:
     def arq_abort_set(self) -> str:
         """arq's ZSET of abort requests (job id → request epoch ms)."""
         return abort_jobs_ss
+
+    # SCAN patterns (diagnostics and clean-up: smith_client.hygiene, the demo).
+
+    @property
+    def all_pattern(self) -> str:
+        """Matches every key of this prefix."""
+        return f"{self.prefix}:*"
+
+    @property
+    def arq_pattern(self) -> str:
+        """Matches arq's keys of this prefix's jobs (``arq:job:{p}:…``, ``arq:in-progress:{p}:…``, …)."""
+        return f"arq:*:{self.prefix}:*"
+
+    def turn_patterns(self, turn_id: str) -> tuple[str, str]:
+        """Match every key of one turn: its ``turn:`` keys and its tool calls' ``toolres:`` keys."""
+        return f"{self.prefix}:turn:{turn_id}:*", f"{self.prefix}:toolres:{turn_id}:*"
+
+    def turn_id_of_state(self, state_key: str) -> str:
+        """The turn id in a :meth:`turn_state` key name (the inverse of that method)."""
+        head, tail = self.turn_state(""), ":state"
+        return state_key[len(head) - len(tail): -len(tail)]

@@ -11,7 +11,7 @@ import fakeredis
 import pytest
 
 from smith_client.errors import LlmApiError, ParseError
-from smith_client.hygiene import ARQ_ABORT_SET, keys_without_ttl
+from smith_client.hygiene import keys_without_ttl
 from smith_client.keys import Keys
 from smith_client.messages import UserMessage
 from smith_worker.config import Settings
@@ -139,10 +139,10 @@ async def test_abort_set_expires_and_the_hygiene_report_covers_it():
     redis = fakeredis.FakeAsyncRedis()
     keys = Keys("hyg")
     await abort_job(redis, keys, keys.tool_job_id("t", 1, 0))
-    assert 0 < await redis.ttl(ARQ_ABORT_SET) <= ABORT_ENTRY_TTL
+    assert 0 < await redis.ttl(keys.arq_abort_set) <= ABORT_ENTRY_TTL
     assert await keys_without_ttl(redis, keys) == []
-    await redis.persist(ARQ_ABORT_SET)
-    assert await keys_without_ttl(redis, keys) == [ARQ_ABORT_SET]
+    await redis.persist(keys.arq_abort_set)
+    assert await keys_without_ttl(redis, keys) == [keys.arq_abort_set]
 
 
 def test_scrub_surrogates_and_bounded_structured():
