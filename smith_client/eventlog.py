@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 
 from smith_client import scripts
 from smith_client.errors import EventsTrimmedError
-from smith_client.events import PROTOCOL_VERSION, Event, event_from_json
+from smith_client.events import PROTOCOL_VERSION, Event, EventData, event_from_json
 from smith_client.keys import Keys
 
 #: ``attempt`` value for a publish that needs the turn running, whatever its attempt (tool workers).
@@ -50,14 +50,13 @@ class EventLog:
     async def publish(
         self,
         turn_id: str,
-        type: str,
-        data: dict[str, Any],
+        data: EventData,
         agent_path: list[str] | None = None,
         *,
         attempt: int | None = None,
         once_key: str | None = None,
     ) -> int:
-        """Append one event to the turn's log and publish it; return its ``seq``.
+        """Append one event (its type is ``data``'s) to the turn's log and publish it; return its ``seq``.
 
         With ``attempt``, publish only while the turn runs and that attempt is
         its current one (fencing, DESIGN.md §8; :data:`WHILE_RUNNING`: any
@@ -65,14 +64,14 @@ class EventLog:
         publish only if that marker key is absent, setting it atomically with
         the event; return 0 when it was already set.
         """
-        keys, args = self._publish_call(turn_id, type, data, agent_path, attempt, once_key)
+        keys, args = self._publish_call(turn_id, data, agent_path, attempt, once_key)
         return int(await scripts.PUBLISH(self._redis, keys, args))
 
     # ``attempt`` for the publish helpers: an attempt number fences on that attempt
     # and a running turn; WHILE_RUNNING on a running turn only (tool workers); None: no fence.
 
     def _publish_call(
-        self, turn_id: str, type: str, data: dict[str, Any], agent_path: list[str] | None, attempt: int | None,
+        self, turn_id: str, data: EventData, agent_path: list[str] | None, attempt: int | None,
         once_key: str | None = None,
     ) -> tuple[list[str], list[Any]]:
         body = orjson.dumps(
@@ -81,8 +80,8 @@ class EventLog:
                 "turn_id": turn_id,
                 "ts": time.time(),
                 "agent_path": agent_path or [],
-                "type": type,
-                "data": data,
+                "type": data.event_type,
+                "data": data.to_wire(),
             }
         )
         keys = [
@@ -102,15 +101,14 @@ class EventLog:
         self,
         pipe: Any,
         turn_id: str,
-        type: str,
-        data: dict[str, Any],
+        data: EventData,
         agent_path: list[str] | None = None,
         attempt: int | None = None,
         once_key: str | None = None,
     ) -> None:
         """Queue a :meth:`publish` (fenced with ``attempt``, once per ``once_key``) on a pipeline;
         run it with :func:`smith_client.scripts.execute`."""
-        keys, args = self._publish_call(turn_id, type, data, agent_path, attempt, once_key)
+        keys, args = self._publish_call(turn_id, data, agent_path, attempt, once_key)
         scripts.PUBLISH.queue(pipe, keys, args)
 
     async def read(self, turn_id: str, after_seq: int = 0, count: int | None = None) -> list[Event]:

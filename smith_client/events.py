@@ -25,12 +25,13 @@ Event types and their ``data``:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from smith_client.errors import ParseError, SmithError, error_from_payload
+from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.messages import AssistantMessage
 
 PROTOCOL_VERSION = 1
@@ -51,8 +52,137 @@ TURN_RESUMED = "turn.resumed"
 TERMINAL_TYPES = frozenset({TURN_COMPLETED, TURN_FAILED, TURN_CANCELLED})
 
 
+class EventData(BaseModel):
+    """The ``data`` of one event type; ``event_type`` is the event's ``type`` on the wire.
+
+    Fields a newer worker adds are kept (``extra="allow"``), so an older client
+    still reads the ones it knows.
+    """
+
+    model_config = ConfigDict(extra="allow")
+    event_type: ClassVar[str] = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON-able ``data`` as published."""
+        return self.model_dump(mode="json")
+
+
+class TurnStartedData(EventData):
+    """``turn.started``: the first attempt of a turn began."""
+
+    event_type: ClassVar[str] = TURN_STARTED
+    conversation_id: str
+    agent: str
+
+
+class TokenData(EventData):
+    """``token``: a piece of the assistant's content, as it streams."""
+
+    event_type: ClassVar[str] = TOKEN
+    text: str
+
+
+class ToolCallStartedData(EventData):
+    """``tool_call.started``: the model began tool call ``index`` (0-based position in its ``tool_calls``)."""
+
+    event_type: ClassVar[str] = TOOL_CALL_STARTED
+    id: str
+    name: str
+    index: int
+
+
+class ToolCallCompletedData(ToolCallStartedData):
+    """``tool_call.completed``: the call's arguments, parsed (a JSON object)."""
+
+    event_type: ClassVar[str] = TOOL_CALL_COMPLETED
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResultData(EventData):
+    """``tool.result``: a call's outcome; ``worker`` is the tool worker's id (None when the turn side wrote it:
+    an unknown tool, a timeout, an ended turn)."""
+
+    event_type: ClassVar[str] = TOOL_RESULT
+    tool_call_id: str
+    name: str
+    index: int
+    content: str
+    is_error: bool
+    worker: str | None = None
+
+
+class MessageData(EventData):
+    """``message``: a message appended to the history, in its stored form (see :mod:`smith_client.messages`)."""
+
+    event_type: ClassVar[str] = MESSAGE
+    message: dict[str, Any]
+
+
+class TurnCompletedData(EventData):
+    """``turn.completed``: the final assistant message."""
+
+    event_type: ClassVar[str] = TURN_COMPLETED
+    message: AssistantMessage
+
+
+class ErrorData(BaseModel):
+    """A typed error on the wire (:meth:`~smith_client.errors.SmithError.to_payload`)."""
+
+    model_config = ConfigDict(extra="allow")
+    kind: str
+    message: str
+    fields: dict[str, Any] = Field(default_factory=dict)
+
+
+class TurnFailedData(EventData):
+    """``turn.failed``: the error that ended the turn."""
+
+    event_type: ClassVar[str] = TURN_FAILED
+    error: ErrorData
+
+
+class McpEventData(EventData):
+    """``mcp.event``: an MCP server's lifecycle event (``connected``, ``disconnected``, ``reconnecting``,
+    ``reconnect_failed``) or notification (``kind`` ``notification``, ``fields`` ``{method, params}``)."""
+
+    event_type: ClassVar[str] = MCP_EVENT
+    alias: str
+    kind: str
+    message: str
+    fields: dict[str, Any] = Field(default_factory=dict)
+
+
+class TurnCancelledData(EventData):
+    """``turn.cancelled``: ``reason`` is ``cancel`` (a caller) or ``interrupt`` (a newer turn)."""
+
+    event_type: ClassVar[str] = TURN_CANCELLED
+    reason: str
+
+
+class TurnResumedData(EventData):
+    """``turn.resumed``: attempt ``attempt`` (2, 3, …) took the turn over after a worker crash or shutdown."""
+
+    event_type: ClassVar[str] = TURN_RESUMED
+    attempt: int
+
+
+class UnknownData(EventData):
+    """The ``data`` of an event type this client does not know (a newer worker): every field kept."""
+
+
+#: The data model of each known event type.
+DATA_MODELS: dict[str, type[EventData]] = {
+    model.event_type: model
+    for model in (TurnStartedData, TokenData, ToolCallStartedData, ToolCallCompletedData, ToolResultData,
+                  MessageData, TurnCompletedData, TurnFailedData, McpEventData, TurnCancelledData, TurnResumedData)
+}
+
+
 class Event(BaseModel):
-    """One stream event (see the module docstring for types and data)."""
+    """One stream event (see the module docstring for types and data).
+
+    ``data`` is the wire dict; :attr:`payload` is the same data as its typed model.
+    """
 
     v: int = PROTOCOL_VERSION
     turn_id: str
@@ -67,17 +197,34 @@ class Event(BaseModel):
         """True for ``turn.completed`` / ``turn.failed`` / ``turn.cancelled``."""
         return self.type in TERMINAL_TYPES
 
+    @property
+    def payload(self) -> EventData:
+        """``data`` as the model of :attr:`type` (:data:`DATA_MODELS`); :class:`UnknownData` for a type this
+        client does not know. Raises ``ParseError`` when the data of a known type does not fit its model."""
+        model = DATA_MODELS.get(self.type, UnknownData)
+        try:
+            return model.model_validate(self.data)
+        except ValidationError as exc:
+            raise ParseError(f"invalid data of a {self.type!r} event: {exc}") from exc
+
     def final_message(self) -> AssistantMessage:
         """The final message of a ``turn.completed`` event. Raises ``ParseError`` otherwise."""
-        if self.type != TURN_COMPLETED:
+        payload = self.payload
+        if not isinstance(payload, TurnCompletedData):
             raise ParseError(f"event {self.type!r} carries no final message")
-        return AssistantMessage.model_validate(self.data["message"])
+        return payload.message
 
     def error(self) -> SmithError:
         """The typed error of a ``turn.failed`` event. Raises ``ParseError`` otherwise."""
         if self.type != TURN_FAILED:
             raise ParseError(f"event {self.type!r} carries no error")
         return error_from_payload(self.data.get("error") or {})
+
+
+def tool_result_data(job: ToolJob, outcome: ToolOutcome) -> ToolResultData:
+    """The ``tool.result`` data of ``job``'s call with ``outcome`` (published by whichever side produced it)."""
+    return ToolResultData(tool_call_id=job.call.id, name=job.call.name, index=job.index, content=outcome.content,
+                          is_error=outcome.is_error, worker=outcome.worker)
 
 
 def event_from_json(raw: bytes | str) -> Event:

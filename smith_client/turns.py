@@ -39,7 +39,7 @@ from smith_client.errors import (
     TurnCancelledError,
     error_from_payload,
 )
-from smith_client.events import TURN_CANCELLED, TURN_COMPLETED, TURN_FAILED, Event
+from smith_client.events import TURN_CANCELLED, TURN_COMPLETED, TURN_FAILED, Event, TurnCancelledData
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.messages import AssistantMessage
 from smith_client import scripts
@@ -172,7 +172,9 @@ class TurnHandle:
     def _raise_terminal(event: Event) -> Any:
         if event.type == TURN_FAILED:
             raise event.error()
-        raise TurnCancelledError(f"turn was cancelled ({event.data.get('reason')})", operation=event.data.get("reason", "cancel"))
+        payload = event.payload
+        reason = payload.reason if isinstance(payload, TurnCancelledData) else "cancel"
+        raise TurnCancelledError(f"turn was cancelled ({reason})", operation=reason)
 
     def _outcome(self, state: dict[str, str]) -> AssistantMessage | None:
         status = state.get(record.STATUS)
@@ -199,5 +201,5 @@ class TurnHandle:
         reply = await scripts.CANCEL(self.client.redis, script_keys, [self.turn_id, reason, keys.control_channel])
         outcome = reply.decode()
         if outcome == "cancelled_queued":
-            await self.client.events.publish(self.turn_id, TURN_CANCELLED, {"reason": reason})
+            await self.client.events.publish(self.turn_id, TurnCancelledData(reason=reason))
         return outcome

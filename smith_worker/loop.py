@@ -28,11 +28,12 @@ from smith_client.errors import (
 from smith_client import scripts
 from smith_client import turn_record as record
 from smith_client.events import (
-    MESSAGE,
-    TOKEN,
-    TOOL_CALL_COMPLETED,
-    TOOL_CALL_STARTED,
-    TOOL_RESULT,
+    EventData,
+    MessageData,
+    TokenData,
+    ToolCallCompletedData,
+    ToolCallStartedData,
+    tool_result_data,
 )
 from smith_client.jobs import ToolJob, ToolOutcome, TurnJob
 from smith_client.messages import AssistantMessage, ToolCall, ToolMessage, message_from_json
@@ -53,7 +54,6 @@ from smith_worker.llm.types import (
 )
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.skills import ConversationSkills
-from smith_worker.tool_runner import tool_result_event
 from smith_worker.tools import ToolContext, ToolRoute, error_content
 
 logger = logging.getLogger("agent_smith.agent")
@@ -66,6 +66,10 @@ def done_message(outcomes: list[ToolOutcome]) -> AssistantMessage | None:
         if not outcome.is_error and isinstance(data, dict) and data.get("_done") is True:
             return AssistantMessage(content=str(data.get("final_message", "")))
     return None
+
+
+def _completed_data(index: int, call: ToolCall) -> ToolCallCompletedData:
+    return ToolCallCompletedData(id=call.id, name=call.name, index=index, arguments=call.arguments)
 
 
 class CancelRequested(Exception):
@@ -86,7 +90,7 @@ class AgentLoop:
         job: TurnJob,
         attempt: TurnAttempt,
         store: ConversationStore,
-        publish: Callable[[str, dict[str, Any]], Awaitable[int]],
+        publish: Callable[[EventData], Awaitable[int]],
     ) -> None:
         self.rt = rt
         self.job = job
@@ -207,8 +211,8 @@ class AgentLoop:
             return await llm.complete_stream(request, lambda ev: self._on_stream_event(spec, ev))
         response = await llm.complete(request)
         for index, call in enumerate(response.message.tool_calls):
-            await self.publish(TOOL_CALL_STARTED, {"id": call.id, "name": call.name, "index": index})
-            await self.publish(TOOL_CALL_COMPLETED, self._call_data(index, call))
+            await self.publish(ToolCallStartedData(id=call.id, name=call.name, index=index))
+            await self.publish(_completed_data(index, call))
         return response
 
     def _sampling(self) -> SamplingParams | None:
@@ -233,10 +237,10 @@ class AgentLoop:
     async def _on_stream_event(self, spec: AgentSpec, event: StreamEvent) -> None:
         """Publish stream events as they arrive (tokens, tool-call start and completion)."""
         if isinstance(event, StreamTokenDelta):
-            await self.publish(TOKEN, {"text": event.text})
+            await self.publish(TokenData(text=event.text))
         elif isinstance(event, StreamToolCallStarted):
             self._stream_calls[event.index] = ToolCall(id=event.id, name=event.name)
-            await self.publish(TOOL_CALL_STARTED, {"id": event.id, "name": event.name, "index": event.index})
+            await self.publish(ToolCallStartedData(id=event.id, name=event.name, index=event.index))
         elif isinstance(event, StreamToolCallCompleted):
             started = self._stream_calls.get(event.index)
             call = ToolCall(
@@ -244,12 +248,8 @@ class AgentLoop:
                 name=event.name or (started.name if started else ""),
                 arguments=event.arguments,
             )
-            await self.publish(TOOL_CALL_COMPLETED, self._call_data(event.index, call))
+            await self.publish(_completed_data(event.index, call))
         await fire("on_stream_event", event, self.rt.app.hooks, spec.hooks)
-
-    @staticmethod
-    def _call_data(index: int, call: ToolCall) -> dict[str, Any]:
-        return {"id": call.id, "name": call.name, "index": index, "arguments": call.arguments}
 
     async def append(self, spec: AgentSpec, *messages: Any) -> None:
         """Append to the history (fenced), then announce each message."""
@@ -259,7 +259,7 @@ class AgentLoop:
 
     async def announce(self, spec: AgentSpec, message: Any) -> None:
         """Publish a ``message`` event and fire ``on_message`` for a message now in the history."""
-        await self.publish(MESSAGE, {"message": message.model_dump(mode="json")})
+        await self.publish(MessageData(message=message.model_dump(mode="json")))
         await fire("on_message", message, self.rt.app.hooks, spec.hooks)
 
     async def _run_tools(self, spec: AgentSpec, step: int, calls: list[ToolCall]) -> list[ToolOutcome]:
@@ -293,7 +293,7 @@ class AgentLoop:
         """Publish ``tool.result`` unless the tool worker already did: a result that landed while the
         turn was between attempts (its publish was refused) goes out now, exactly once."""
         once = self.rt.keys.tool_result_published(job.turn_id, job.step, job.index)
-        seq = await self.rt.events.publish(job.turn_id, TOOL_RESULT, tool_result_event(job, outcome),
+        seq = await self.rt.events.publish(job.turn_id, tool_result_data(job, outcome),
                                            self.agent_path, attempt=self.attempt.attempt, once_key=once)
         if seq < 0:
             raise StaleAttemptError(job.turn_id)

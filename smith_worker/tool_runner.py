@@ -15,7 +15,7 @@ from typing import Any
 
 from smith_client import scripts
 from smith_client.eventlog import WHILE_RUNNING
-from smith_client.events import TOOL_RESULT
+from smith_client.events import tool_result_data
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.redaction import redact_text
@@ -31,18 +31,6 @@ from smith_worker.tools import (
 )
 
 logger = logging.getLogger("agent_smith.tool")
-
-
-def tool_result_event(job: ToolJob, outcome: ToolOutcome) -> dict[str, Any]:
-    """The ``data`` of a ``tool.result`` event."""
-    return {
-        "tool_call_id": job.call.id,
-        "name": job.call.name,
-        "index": job.index,
-        "content": outcome.content,
-        "is_error": outcome.is_error,
-        "worker": outcome.worker,
-    }
 
 
 def stored_outcome(result: ToolResult, max_bytes: int, worker: str) -> ToolOutcome:
@@ -111,7 +99,7 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
 
         def fill(pipe: Any) -> None:
             # never after the turn's terminal event, and never twice (a turn between attempts publishes it on resume)
-            rt.events.publish_in(pipe, job.turn_id, TOOL_RESULT, tool_result_event(job, outcome), job.agent_path,
+            rt.events.publish_in(pipe, job.turn_id, tool_result_data(job, outcome), job.agent_path,
                                  WHILE_RUNNING, once_key=once)
             pipe.publish(job.reply_channel, job.result_key)  # a repeat after NOSCRIPT only wakes the waiter again
 

@@ -22,11 +22,12 @@ from smith_client.errors import SmithError, UnknownAgentError, error_from_except
 from smith_client import scripts
 from smith_client import turn_record as record
 from smith_client.events import (
-    TURN_COMPLETED,
-    TURN_CANCELLED,
-    TURN_FAILED,
-    TURN_RESUMED,
-    TURN_STARTED,
+    EventData,
+    TurnCancelledData,
+    TurnCompletedData,
+    TurnFailedData,
+    TurnResumedData,
+    TurnStartedData,
 )
 from smith_client.jobs import ToolOutcome, TurnJob
 from smith_client.messages import AssistantMessage, ToolMessage
@@ -103,15 +104,14 @@ class TurnRunner:
         if state.get("cancel_requested"):
             raise CancelRequested(state["cancel_requested"])
         if self.attempt.attempt > 1:
-            await self.publish(TURN_RESUMED, {"attempt": self.attempt.attempt})
+            await self.publish(TurnResumedData(attempt=self.attempt.attempt))
         else:
-            await self.publish(TURN_STARTED, {"conversation_id": self.job.conversation_id, "agent": self.job.agent})
+            await self.publish(TurnStartedData(conversation_id=self.job.conversation_id, agent=self.job.agent))
         start = await self.attempt.append_user(self.job.message)
         if "history_start" not in state:  # appended now, not by an earlier attempt
             await self.loop.announce(spec, self.job.message)
         final = await self.loop.run(spec, start)
-        await self._finish("completed", "result", final.model_dump_json(), TURN_COMPLETED,
-                           {"message": final.model_dump(mode="json")})
+        await self._finish(record.COMPLETED, record.RESULT, final.model_dump_json(), TurnCompletedData(message=final))
 
     async def _after_task_cancelled(self, spec: AgentSpec | None) -> None:
         """Why was the task cancelled? A caller's cancel, a lost lease, or the worker shutting down."""
@@ -128,7 +128,7 @@ class TurnRunner:
         """End the turn as cancelled: keep its completed messages, answer its dangling tool calls."""
         try:
             await self._repair_dangling_calls(spec, "was cancelled")
-            await self._finish("cancelled", "cancel_requested", reason, TURN_CANCELLED, {"reason": reason})
+            await self._finish(record.CANCELLED, record.CANCEL_REQUESTED, reason, TurnCancelledData(reason=reason))
         except StaleAttemptError:
             pass
 
@@ -175,22 +175,22 @@ class TurnRunner:
         except Exception:  # the failure itself must still be recorded
             logger.warning("turn %s: answering its dangling tool calls failed", self.job.turn_id, exc_info=True)
         try:
-            await self._finish("failed", "error", orjson.dumps(error.to_payload()).decode(), TURN_FAILED,
-                               {"error": error.to_payload()})
+            await self._finish(record.FAILED, record.ERROR, orjson.dumps(error.to_payload()).decode(),
+                               TurnFailedData.model_validate({"error": error.to_payload()}))
         except StaleAttemptError:
             pass
 
-    async def publish(self, type: str, data: dict[str, Any]) -> int:
+    async def publish(self, data: EventData) -> int:
         """Publish an event of this turn, fenced by the attempt. Raises :class:`StaleAttemptError`."""
-        seq = await self.rt.events.publish(self.job.turn_id, type, data, self.agent_path, attempt=self.attempt.attempt)
+        seq = await self.rt.events.publish(self.job.turn_id, data, self.agent_path, attempt=self.attempt.attempt)
         if seq < 0:
             raise StaleAttemptError(self.job.turn_id)
         return seq
 
-    async def _finish(self, status: str, field: str, value: str, event_type: str, data: dict[str, Any]) -> None:
+    async def _finish(self, status: str, field: str, value: str, data: EventData) -> None:
         """The terminal event and the final state, in one transaction, fenced by the attempt."""
         def fill(pipe: Any) -> None:
-            self.rt.events.publish_in(pipe, self.job.turn_id, event_type, data, self.agent_path, self.attempt.attempt)
+            self.rt.events.publish_in(pipe, self.job.turn_id, data, self.agent_path, self.attempt.attempt)
             self.attempt.queue_finish(pipe, status, field, value)
 
         seq, finished = await scripts.execute(self.rt.redis, fill, transaction=True)
@@ -225,7 +225,7 @@ async def fail_unreadable_turn(rt: WorkerRuntime, turn_id: str, error: SmithErro
             return False
         conversation_id = conversation.decode() if conversation else ""
         pipe.multi()
-        rt.events.publish_in(pipe, turn_id, TURN_FAILED, {"error": error.to_payload()})
+        rt.events.publish_in(pipe, turn_id, TurnFailedData.model_validate({"error": error.to_payload()}))
         script_keys = [state_key, keys.running, keys.conversation_turns(conversation_id),
                        keys.conversation_statuses(conversation_id)]
         scripts.FAIL_UNREAD.queue(pipe, script_keys, [turn_id, orjson.dumps(error.to_payload()).decode(), keys.turn_ttl])

@@ -3,7 +3,7 @@
 Starts what ``make demo`` starts (Redis unless ``SMITH_REDIS_URL`` answers,
 the embedded model unless ``SMITH_LLM_BASE_URL`` is set, a turn and a tool
 worker serving :mod:`smith_worker.demo`: calculator, read_local_file and the
-bundled MCP example server), then runs :class:`~smith_worker.repl.ChatRepl`:
+bundled MCP example server), then runs :class:`~smith_client.repl.ChatRepl`:
 tokens to stdout, tool status lines to stderr; ``/reset``, ``/exit``,
 Ctrl-D, and Ctrl-C to cancel a running turn. Child logs go to ``.demo-logs/``.
 """
@@ -15,9 +15,9 @@ import contextlib
 from pathlib import Path
 
 from smith_client import SmithClient
-from smith_worker.cli import StreamPrinter
+from smith_client.cli import StreamPrinter
 from smith_worker.demo.run import start_services
-from smith_worker.repl import ChatRepl
+from smith_client.repl import ChatRepl
 
 
 async def _chat(redis_url: str, prefix: str) -> int:

@@ -22,10 +22,10 @@ import uuid
 from pathlib import Path
 
 from smith_client import SmithClient
-from smith_client.events import TOKEN, TOOL_RESULT, TURN_COMPLETED
+from smith_client.events import TokenData, ToolResultData, TurnCompletedData
 from smith_client.keys import Keys
 from smith_client.registry import live_agents
-from smith_worker.cli import StreamPrinter
+from smith_client.cli import StreamPrinter
 from smith_worker.local.llm_server import LocalModelServer
 from smith_worker.local.processes import ManagedProcess, redis_answers, start_redis_server, wait_until, worker_argv
 
@@ -42,9 +42,10 @@ async def _turn(redis_url: str, prefix: str, question: str) -> bool:
     async with SmithClient.from_url(redis_url, prefix=prefix) as client:
         async for event in client.stream(question, conversation_id=f"demo-{uuid.uuid4().hex[:8]}", timeout=300):
             printer(event)
-            tokens |= event.type == TOKEN and bool(event.data["text"])
-            tool_on_worker |= event.type == TOOL_RESULT and bool(event.data.get("worker")) and not event.data["is_error"]
-            completed |= event.type == TURN_COMPLETED
+            data = event.payload
+            tokens |= isinstance(data, TokenData) and bool(data.text)
+            tool_on_worker |= isinstance(data, ToolResultData) and bool(data.worker) and not data.is_error
+            completed |= isinstance(data, TurnCompletedData)
     _status(f"turn completed={completed} tool_ran_on_worker={tool_on_worker} streamed_tokens={tokens}")
     return completed and tool_on_worker and tokens
 

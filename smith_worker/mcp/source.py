@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from smith_client.errors import SmithError
-from smith_client.events import MCP_EVENT
+from smith_client.events import McpEventData
 from smith_worker.hooks import Hooks, fire
 from smith_worker.llm.types import ToolSchema
 from smith_worker.mcp.catalog import Catalog
@@ -57,7 +57,7 @@ class TurnSink:
         return self.turn_id
 
     async def emit(self, event: McpEvent) -> None:
-        await self.rt.events.publish(self.turn_id, MCP_EVENT, event.to_data(), self.agent_path)
+        await self.rt.events.publish(self.turn_id, McpEventData.model_validate(event.to_data()), self.agent_path)
         if self.hooks is not None:
             await fire("on_mcp_event", event, self.hooks)
 

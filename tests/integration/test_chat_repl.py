@@ -56,7 +56,7 @@ def test_chat_repl_through_a_pty(redis_url, scripted_llm, scenario, tmp_path):
 
 def test_smith_chat_leaves_on_exit(redis_url):
     """`smith chat` is the same REPL; /exit leaves it with status 0 (no worker needed: no turn is sent)."""
-    child = pexpect.spawn(sys.executable, ["-c", "from smith_worker.cli import smith_main; smith_main()",
+    child = pexpect.spawn(sys.executable, ["-c", "from smith_client.cli import smith_main; smith_main()",
                                            "--redis-url", redis_url, "chat"],
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), encoding="utf-8", timeout=30)
     try:

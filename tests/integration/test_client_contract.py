@@ -93,7 +93,7 @@ async def test_a_finished_turn_replays_from_the_log(client, scenario):
 def test_smith_ask_cli_streams_tokens_and_tool_status(redis_url, prefix, scenario):
     _, marker = scenario(Script(Reply.tool_calls([("add", {"a": 2, "b": 3})]), Reply.text("It is 5.")))
     proc = subprocess.run(
-        [sys.executable, "-c", "from smith_worker.cli import smith_main; smith_main()",
+        [sys.executable, "-c", "from smith_client.cli import smith_main; smith_main()",
          "--redis-url", redis_url, "--prefix", prefix, "--timeout", "60", "ask", f"{marker} 2+3?"],
         capture_output=True, text=True, timeout=120,
     )

@@ -38,7 +38,7 @@ async def test_500_turns_leave_no_key_without_ttl_or_owner(client, scenario, red
     assert any(":toolres:" in info.key for info in report)
     assert all(info.ttl > 0 for info in report)
     proc = subprocess.run(
-        [sys.executable, "-c", "from smith_worker.cli import smith_main; smith_main()", "--redis-url", redis_url,
+        [sys.executable, "-c", "from smith_client.cli import smith_main; smith_main()", "--redis-url", redis_url,
          "--prefix", prefix, "--conversation", f"hyg-{run}-0", "keys"],
         capture_output=True, text=True, timeout=60,
     )
