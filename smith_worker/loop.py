@@ -231,8 +231,8 @@ class AgentLoop:
         asking = ToolContext(call_id="", tool_name="", turn_id=self.job.turn_id,
                              conversation_id=self.job.conversation_id, agent=spec.name, worker_id=self.rt.worker_id)
         for name in spec.sources:
-            schemas += await self.rt.app.sources[name].schemas(self.rt, asking)
-        return await self.skills.tools(schemas, self.rt, asking)
+            schemas += await self.rt.app.sources[name].schemas(asking)
+        return await self.skills.tools(schemas, asking)
 
     async def _on_stream_event(self, spec: AgentSpec, event: StreamEvent) -> None:
         """Publish stream events as they arrive (tokens, tool-call start and completion)."""

@@ -29,6 +29,7 @@ from smith_worker.config import Settings
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
 from smith_worker.isolation import ToolExecutors
 from smith_worker.redaction import SENSITIVE_HEADERS, install_log_redaction, register_secrets, url_credentials
+from smith_worker.sources import SourceContext
 from smith_worker.sweeper import sweep_forever
 from smith_worker.tasks import cancel_and_wait
 
@@ -68,6 +69,11 @@ class WorkerRuntime:
         self.keys = Keys(self.settings.prefix, self.settings.turn_ttl, self.settings.history_ttl)
         self.events = EventLog(self.redis, self.keys)
         self.worker_id = self.worker_id or new_worker_id(self.queue)
+
+    def source_context(self) -> SourceContext:
+        """What the app's tool sources may use of this process."""
+        return SourceContext(self.redis, self.keys, self.events, self.worker_id, self.app.hooks,
+                             {name: spec.hooks for name, spec in self.app.agents.items()})
 
     def on_control(self, turn_id: str) -> None:
         """A control message: cancel ``turn_id`` if it runs here (its state says why)."""
@@ -110,6 +116,8 @@ class WorkerRuntime:
         """Open the HTTP client and reply channel (turn workers) or the tool pools (tool workers); register."""
         self.protect_secrets()
         await scripts.load_all(self.redis)  # before any pipeline sends EVALSHA (see smith_client.scripts)
+        for source in self.app.sources.values():
+            await source.start(self.source_context())
         if self.queue == "tools":
             self.executors = ToolExecutors(self.settings.tool_max_jobs, self.settings.tool_max_overruns,
                                            self.request_restart, self.settings.tool_processes)

@@ -3,18 +3,39 @@
 A source contributes tool schemas to the agents that use it (turn side) and
 runs calls of the tools it owns (tool-worker side). Tool names of a source
 carry its own prefix, e.g. ``mcp_<alias>__<tool>`` (seed §11.7), so
-:meth:`ToolSource.owns` is a cheap name test.
+:meth:`ToolSource.owns` is a cheap name test. A source gets what it may use
+of its worker process as a :class:`SourceContext` at :meth:`ToolSource.start`
+(worker start-up), never the whole runtime.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
+from smith_client.eventlog import EventLog
+from smith_client.keys import Keys
+from smith_worker.hooks import Hooks
 from smith_worker.llm.types import ToolSchema
 from smith_worker.tools import ToolContext, ToolResult
 
-if TYPE_CHECKING:
-    from smith_worker.runtime import WorkerRuntime
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What a tool source may use in its worker process.
+
+    ``redis`` and ``keys`` (caches such as ``Keys.mcp_tools``), ``events`` (to
+    publish on a turn's stream), ``app_hooks`` and ``agent_hooks`` (each agent's
+    hooks by name), ``worker_id``.
+    """
+
+    redis: Any
+    keys: Keys
+    events: EventLog
+    worker_id: str
+    app_hooks: Hooks
+    agent_hooks: Mapping[str, Hooks]
 
 
 @runtime_checkable
@@ -22,6 +43,10 @@ class ToolSource(Protocol):
     """What the loop and the tool runner need from a source of tools."""
 
     name: str
+
+    async def start(self, ctx: SourceContext) -> None:
+        """Worker start-up: keep ``ctx`` for later calls (no server is started here)."""
+        ...
 
     def owns(self, tool_name: str) -> bool:
         """True when ``tool_name`` belongs to this source."""
@@ -31,15 +56,15 @@ class ToolSource(Protocol):
         """The call budget of ``tool_name``, in seconds."""
         ...
 
-    async def schemas(self, rt: "WorkerRuntime", ctx: ToolContext | None = None) -> list[ToolSchema]:
+    async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:
         """The tools this source offers now (turn worker; may read a cache in Redis).
 
-        ``ctx`` names the turn asking (``turn_id``, ``agent``), so events of a
+        ``asking`` names the turn asking (``turn_id``, ``agent``), so events of a
         discovery it triggers reach that turn's stream.
         """
         ...
 
-    async def call(self, rt: "WorkerRuntime", tool_name: str, arguments: dict, ctx: ToolContext) -> ToolResult:
+    async def call(self, tool_name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         """Run one call on a tool worker. Errors become error results; never raises except cancellation."""
         ...
 

@@ -74,7 +74,7 @@ async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
     assert source is not None
     try:
         async with asyncio.timeout(job.timeout):  # the source's own timeouts should fire first
-            return await source.call(rt, job.call.name, job.call.arguments, ctx)
+            return await source.call(job.call.name, job.call.arguments, ctx)
     except TimeoutError:
         return error_result(f"tool {job.call.name!r} timed out after {job.timeout:g} s")
 

@@ -15,7 +15,7 @@ Modules, one concern each: :mod:`.config` (``ServerConfig``),
 :mod:`.naming` (public names), :mod:`.catalog` (filter + schemas),
 :mod:`.discovery` (handshake + listings), :mod:`.transport` (SDK
 transports, stderr, parent-death launcher), :mod:`.link` (read/write pumps),
-:mod:`.server` (owner task, restarts, requests), :mod:`.pool`,
+:mod:`.server` (owner task, restarts, requests),
 :mod:`.adapt` (results → Smith values), :mod:`.events`, :mod:`.errors`,
 :mod:`.source` (the ``ToolSource``).
 """
@@ -23,7 +23,6 @@ transports, stderr, parent-death launcher), :mod:`.link` (read/write pumps),
 from smith_worker.mcp.catalog import Catalog
 from smith_worker.mcp.config import PROTOCOL_VERSION, ServerConfig
 from smith_worker.mcp.events import LifecycleEvent, LifecycleKind, McpEvent, Notification
-from smith_worker.mcp.pool import McpPool
 from smith_worker.mcp.server import ServerHandle, State
 from smith_worker.mcp.source import McpServerSource
 
@@ -33,7 +32,6 @@ __all__ = [
     "LifecycleEvent",
     "LifecycleKind",
     "McpEvent",
-    "McpPool",
     "McpServerSource",
     "Notification",
     "ServerConfig",

@@ -20,9 +20,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from smith_client.errors import SmithError
+from smith_client.eventlog import EventLog
 from smith_client.events import McpEventData
 from smith_worker.hooks import Hooks, fire
 from smith_worker.llm.types import ToolSchema
@@ -30,10 +31,8 @@ from smith_worker.mcp.catalog import Catalog
 from smith_worker.mcp.config import ServerConfig
 from smith_worker.mcp.events import McpEvent
 from smith_worker.mcp.server import ServerHandle
+from smith_worker.sources import SourceContext
 from smith_worker.tools import ToolContext, ToolResult, error_result
-
-if TYPE_CHECKING:
-    from smith_worker.runtime import WorkerRuntime
 
 logger = logging.getLogger("agent_smith.mcp")
 
@@ -47,7 +46,7 @@ EVENT_FLUSH_TIMEOUT = 0.5
 class TurnSink:
     """Events of the requests of one turn: its stream (``mcp.event``) and its agent's hooks."""
 
-    rt: WorkerRuntime
+    events: EventLog
     turn_id: str
     agent_path: list[str]
     hooks: Hooks | None
@@ -57,7 +56,7 @@ class TurnSink:
         return self.turn_id
 
     async def emit(self, event: McpEvent) -> None:
-        await self.rt.events.publish(self.turn_id, McpEventData.model_validate(event.to_data()), self.agent_path)
+        await self.events.publish(self.turn_id, McpEventData.model_validate(event.to_data()), self.agent_path)
         if self.hooks is not None:
             await fire("on_mcp_event", event, self.hooks)
 
@@ -73,11 +72,15 @@ class McpServerSource:
         self.config = config
         self.name = config.alias
         self.handle = handle or ServerHandle(config)
-        self._rt: WorkerRuntime | None = None
+        self._ctx: SourceContext | None = None
         self.handle.catalog_listeners.append(self._cache_catalog)
         self.handle.events.listeners.append(self._app_hooks)
 
     # ---- ToolSource -------------------------------------------------------------
+
+    async def start(self, ctx: SourceContext) -> None:
+        """Keep the worker's context (the server itself starts on first use)."""
+        self._ctx = ctx
 
     def owns(self, tool_name: str) -> bool:
         """Names starting with ``mcp_<alias>__``."""
@@ -87,23 +90,22 @@ class McpServerSource:
         """``request_timeout + connect_timeout`` seconds: a call may have to start the server first."""
         return self.config.request_timeout + self.config.connect_timeout
 
-    async def schemas(self, rt: WorkerRuntime, ctx: ToolContext | None = None) -> list[ToolSchema]:
+    async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:
         """The server's tools now (see module doc).
 
-        With ``ctx`` (the turn asking), a discovery started here reports its
+        With ``asking`` (the turn asking), a discovery started here reports its
         lifecycle events on that turn's stream. A server that cannot be reached
         raises its typed error when ``tools_required``, else it offers no tools
         this time (logged).
         """
-        self._rt = rt
         conn = self.handle.connection
         if conn is not None:
             return list(conn.catalog.schemas)
-        cached = await self._read_cache(rt)
+        cached = await self._read_cache()
         if cached is not None:
             return cached
         try:
-            catalog = await self.handle.catalog(None, self._sink(rt, ctx) if ctx is not None else None)
+            catalog = await self.handle.catalog(None, self._sink(asking) if asking is not None else None)
         except SmithError as exc:
             if self.config.tools_required:
                 raise
@@ -111,10 +113,9 @@ class McpServerSource:
             return []
         return list(catalog.schemas)
 
-    async def call(self, rt: WorkerRuntime, tool_name: str, arguments: dict, ctx: ToolContext) -> ToolResult:
+    async def call(self, tool_name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         """Run one call on this process's pooled server. Never raises except cancellation."""
-        self._rt = rt
-        sink = self._sink(rt, ctx)
+        sink = self._sink(ctx)
         deadline = ctx.deadline - JOB_MARGIN if ctx.deadline else None
         try:
             result = await self._call(tool_name, arguments, deadline, sink)
@@ -155,28 +156,29 @@ class McpServerSource:
             return error_result(f"tool {tool_name!r} is not allowed")
         return await self.handle.call_tool(original, arguments, deadline=deadline, sink=sink)
 
-    @staticmethod
-    def _sink(rt: WorkerRuntime, ctx: ToolContext) -> TurnSink | None:
-        if not ctx.turn_id:
+    def _sink(self, ctx: ToolContext) -> TurnSink | None:
+        if not ctx.turn_id or self._ctx is None:
             return None
-        spec = rt.app.get_agent(ctx.agent) if ctx.agent else None
-        return TurnSink(rt, ctx.turn_id, [ctx.agent] if ctx.agent else [], spec.hooks if spec else None)
+        hooks = self._ctx.agent_hooks.get(ctx.agent) if ctx.agent else None
+        return TurnSink(self._ctx.events, ctx.turn_id, [ctx.agent] if ctx.agent else [], hooks)
 
     async def _app_hooks(self, event: McpEvent) -> None:
-        if self._rt is not None:
-            await fire("on_mcp_event", event, self._rt.app.hooks)
+        if self._ctx is not None:
+            await fire("on_mcp_event", event, self._ctx.app_hooks)
 
-    async def _read_cache(self, rt: WorkerRuntime) -> list[ToolSchema] | None:
+    async def _read_cache(self) -> list[ToolSchema] | None:
+        if self._ctx is None:
+            return None
         try:
-            raw = await rt.redis.get(rt.keys.mcp_tools(self.name))
+            raw = await self._ctx.redis.get(self._ctx.keys.mcp_tools(self.name))
             return Catalog.schemas_from_json(raw) if raw else None
         except Exception as exc:  # a cache problem only costs a discovery
             logger.warning("MCP server %r: tool cache unreadable: %s", self.name, exc)
             return None
 
     async def _cache_catalog(self, catalog: Catalog) -> None:
-        rt = self._rt
-        if rt is None:
+        ctx = self._ctx
+        if ctx is None:
             return
-        key = rt.keys.mcp_tools(self.name)
-        await rt.redis.set(key, catalog.to_json(), ex=max(1, int(self.config.schema_cache_ttl)))
+        key = ctx.keys.mcp_tools(self.name)
+        await ctx.redis.set(key, catalog.to_json(), ex=max(1, int(self.config.schema_cache_ttl)))

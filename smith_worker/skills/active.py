@@ -20,19 +20,28 @@ a tool it shadowed visible again.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from smith_client import skills as skill_state
 from smith_client.keys import Keys
 from smith_worker.llm.types import ToolSchema
 from smith_worker.skills.catalog import SkillCatalog
 from smith_worker.skills.model import Skill
+from smith_worker.config import AgentConfig
 from smith_worker.sources import ToolSource
 from smith_worker.tools import ToolContext, ToolRoute
 
-if TYPE_CHECKING:
-    from smith_worker.app import AgentSpec
-    from smith_worker.runtime import WorkerRuntime
+
+
+class AgentSpec(Protocol):
+    """What the active skills read of an agent (:class:`smith_worker.app.AgentSpec` has it): its default
+    skills and its config (the default tool timeout)."""
+
+    @property
+    def skills(self) -> list[str]: ...
+
+    @property
+    def config(self) -> AgentConfig: ...
 
 
 def compose_system_prompt(base: str, skills: list[Skill]) -> str:
@@ -79,7 +88,7 @@ class ConversationSkills:
         """``base`` with the sections of the active skills (:func:`compose_system_prompt`)."""
         return compose_system_prompt(base, self.active or [])
 
-    async def tools(self, base: list[ToolSchema], rt: WorkerRuntime, ctx: ToolContext) -> list[ToolSchema]:
+    async def tools(self, base: list[ToolSchema], ctx: ToolContext) -> list[ToolSchema]:
         """The step's effective tool set: ``base`` (the agent's own), then the active skills' tools (see module doc).
 
         ``ctx`` names the turn asking, so an MCP discovery reports on its stream.
@@ -91,7 +100,7 @@ class ConversationSkills:
                 self._put(table, tool.schema(), f"skill {skill.name!r}")
         for skill in skills:
             for alias in skill.aliases:
-                for schema in await self._sources[alias].schemas(rt, ctx):
+                for schema in await self._sources[alias].schemas(ctx):
                     self._put(table, schema, f"skill {skill.name!r} (MCP server {alias!r})")
         return [schema for schema, _ in table.values()]
 

@@ -40,8 +40,12 @@ def build_app(prefix: str, redis_url: str, heard: list, extra_lab: bool = False)
     return app
 
 
-def runtime(app: SmithApp, queue: str) -> WorkerRuntime:
-    return WorkerRuntime(app=app, queue=queue, settings=app.settings, redis=connect_redis(app.settings.redis_url))
+async def runtime(app: SmithApp, queue: str) -> WorkerRuntime:
+    """A runtime whose sources were started (as at worker start-up), without the rest of its start."""
+    rt = WorkerRuntime(app=app, queue=queue, settings=app.settings, redis=connect_redis(app.settings.redis_url))
+    for source in app.sources.values():
+        await source.start(rt.source_context())
+    return rt
 
 
 def context(tool_name: str, turn_id: str) -> ToolContext:
@@ -56,31 +60,31 @@ def prefix():
 
 async def test_turn_side_discovers_once_then_reads_the_cache_and_tool_side_calls(redis_url, prefix):
     heard_turns, heard_tools = [], []
-    turns = runtime(build_app(prefix, redis_url, heard_turns), "turns")
-    tools = runtime(build_app(prefix, redis_url, heard_tools, extra_lab=True), "tools")
+    turns = await runtime(build_app(prefix, redis_url, heard_turns), "turns")
+    tools = await runtime(build_app(prefix, redis_url, heard_tools, extra_lab=True), "tools")
     turn_source, tool_source = turns.app.sources["example"], tools.app.sources["example"]
     pids: list[int | None] = []
     try:
         # cold cache: the turn worker discovers in its own pool and fills the cache (with a TTL);
         # meanwhile the tool worker starts a server that ignores stdin EOF (for the shutdown check below)
-        schemas, _ = await asyncio.gather(turn_source.schemas(turns), tools.app.sources["stubborn"].handle.catalog())
+        schemas, _ = await asyncio.gather(turn_source.schemas(), tools.app.sources["stubborn"].handle.catalog())
         names = [s.name for s in schemas]
         assert names == ["mcp_example__echo", "mcp_example__read_resource"]  # "now" denied
         key = turns.keys.mcp_tools("example")
         assert await eventually_async(lambda: turns.redis.exists(key))  # written by a background task
         assert 0 < await turns.redis.ttl(key) <= 300
         # another process with a cold pool reads the cache and starts nothing
-        assert [s.name for s in await tool_source.schemas(tools)] == names
+        assert [s.name for s in await tool_source.schemas()] == names
         assert tool_source.handle.pid is None
 
         turn_id = f"turn-{uuid.uuid4().hex[:6]}"
-        result = await tool_source.call(tools, "mcp_example__echo", {"text": "hi"}, context("mcp_example__echo", turn_id))
+        result = await tool_source.call("mcp_example__echo", {"text": "hi"}, context("mcp_example__echo", turn_id))
         assert (result.content, result.is_error) == ("hi", False)
-        resource = await tool_source.call(tools, "mcp_example__read_resource", {"uri": "example://info"},
+        resource = await tool_source.call("mcp_example__read_resource", {"uri": "example://info"},
                                           context("mcp_example__read_resource", turn_id))
         assert "example MCP server" in resource.content
         for name in ("mcp_example__now", "mcp_example__nope"):  # denied and unknown: error results, no traffic
-            refused = await tool_source.call(tools, name, {}, context(name, turn_id))
+            refused = await tool_source.call(name, {}, context(name, turn_id))
             assert refused.is_error and "unknown tool" in orjson.loads(refused.content)["message"]
         messages = await tool_source.get_prompt("greet", {"name": "Neo"})
         assert "Neo" in messages[0].content
@@ -91,7 +95,7 @@ async def test_turn_side_discovers_once_then_reads_the_cache_and_tool_side_calls
         assert ("app", "connected") in heard_tools
         assert any(who == "agent" and event.server_alias == "example" for who, event in heard_tools)
 
-        stubborn = await tools.app.sources["stubborn"].call(tools, "mcp_stubborn__echo", {"text": "x"},
+        stubborn = await tools.app.sources["stubborn"].call("mcp_stubborn__echo", {"text": "x"},
                                                           context("mcp_stubborn__echo", turn_id))
         assert stubborn.content == "x"
         pids = [turn_source.handle.pid, tool_source.handle.pid, tools.app.sources["stubborn"].handle.pid]

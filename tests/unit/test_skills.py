@@ -232,7 +232,7 @@ class FakeSource:
     def timeout_for(self, tool_name: str) -> float:
         return 12.0
 
-    async def schemas(self, rt, ctx=None):
+    async def schemas(self, ctx=None):
         return [ToolSchema(name=self.tool, description=f"MCP {self.tool}")]
 
 
@@ -262,8 +262,8 @@ async def test_tool_set_order_collisions_and_routes(caplog):
     base = [ToolSchema(name="notes__lookup", description="The app's lookup."), ToolSchema(name="add")]
     ctx = ToolContext(call_id="", tool_name="")
     with caplog.at_level(logging.WARNING, logger="agent_smith.skill"):
-        tools = await conversation.tools(base, SimpleNamespace(), ctx)  # type: ignore[arg-type]
-        await conversation.tools(base, SimpleNamespace(), ctx)  # type: ignore[arg-type]
+        tools = await conversation.tools(base, ctx)
+        await conversation.tools(base, ctx)
     assert [t.name for t in tools] == ["notes__lookup", "add", "notes__search", "other__lookup", "mcp_web__search"]
     assert tools[0].description == "Look a note up."  # the skill's, registered last, wins
     warnings = [r.getMessage() for r in caplog.records]
@@ -286,7 +286,7 @@ async def test_mcp_tools_of_active_skills_come_last_and_win(caplog):
     native = Skill("mcp_web", tools=[search])  # prefixes its tool exactly like MCP server "web" does
     bound = Skill("bound", mcp_servers=[{"alias": "web", "command": "web-server"}])
     conversation, spec = step_skills([native, bound], ["bound", "mcp_web"])
-    tools = await conversation.tools([], SimpleNamespace(), ToolContext(call_id="", tool_name=""))  # type: ignore[arg-type]
+    tools = await conversation.tools([], ToolContext(call_id="", tool_name=""))
     assert [(t.name, t.description) for t in tools] == [("mcp_web__search", "MCP mcp_web__search")]
     assert "'mcp_web__search' of skill 'bound' (MCP server 'web') replaces the one of skill 'mcp_web'" in caplog.text
     route = conversation.route(spec, "mcp_web__search")
