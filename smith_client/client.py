@@ -41,7 +41,7 @@ from smith_client.messages import AssistantMessage, UserMessage, messages_from_j
 from smith_client.registry import live_agents, live_skills
 from smith_client import turn_record as record
 from smith_client.redis_errors import typed_redis_errors
-from smith_client.turns import MULTITASK_POLICIES, TurnHandle, submit
+from smith_client.turns import MULTITASK_POLICIES, TurnHandle, raise_for_terminal, submit
 
 logger = logging.getLogger("agent_smith")
 
@@ -185,7 +185,7 @@ class SmithClient:
             if event.type == TURN_COMPLETED:
                 return event.final_message()
             if event.terminal:
-                TurnHandle._raise_terminal(event)
+                raise_for_terminal(event)
         raise SmithTimeoutError("turn event stream ended without a terminal event", operation="send")
 
     @typed_redis_errors

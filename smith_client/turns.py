@@ -27,7 +27,7 @@ import hashlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, NoReturn, Protocol
 
 import orjson
 
@@ -44,12 +44,33 @@ from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.messages import AssistantMessage
 from smith_client import scripts
 from smith_client import turn_record as record
+from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
 from smith_client.redis_errors import typed_redis_errors
 from smith_client.turn_record import decode_state
 
-if TYPE_CHECKING:
-    from smith_client.client import SmithClient
+
+
+class TurnBackend(Protocol):
+    """What submitting and handling turns needs of a client (:class:`~smith_client.client.SmithClient` is one)."""
+
+    redis: Any
+    keys: Keys
+    events: EventLog
+
+    def follow(self, turn_id: str, after_seq: int = 0, timeout: float | None = None) -> AsyncIterator[Event]:
+        """The turn's events after ``after_seq``, exactly once and in order, until its terminal event."""
+        ...
+
+
+def raise_for_terminal(event: Event) -> NoReturn:
+    """Raise what a ``turn.failed`` (its typed error) or ``turn.cancelled`` (:class:`TurnCancelledError`,
+    ``operation`` = the reason) event means for a caller waiting for the answer."""
+    if event.type == TURN_FAILED:
+        raise event.error()
+    payload = event.payload
+    reason = payload.reason if isinstance(payload, TurnCancelledData) else "cancel"
+    raise TurnCancelledError(f"turn was cancelled ({reason})", operation=reason)
 
 MULTITASK_POLICIES = ("enqueue", "reject", "interrupt", "merge")
 #: ``SUBMIT`` calls before giving up when the conversation's unfinished turns keep changing under it.
@@ -71,7 +92,7 @@ class Submission:
     status: str = "queued"
 
 
-async def submit(client: "SmithClient", job: TurnJob, multitask: str) -> Submission:
+async def submit(client: TurnBackend, job: TurnJob, multitask: str) -> Submission:
     """Create (or join) the turn for ``job`` and enqueue it when it needs a worker.
 
     Raises :class:`ConflictError` (same turn id, different request),
@@ -125,7 +146,7 @@ class TurnHandle:
     Get one from :meth:`SmithClient.submit` or :meth:`SmithClient.turn`.
     """
 
-    def __init__(self, client: "SmithClient", turn_id: str) -> None:
+    def __init__(self, client: TurnBackend, turn_id: str) -> None:
         self.client = client
         self.turn_id = turn_id
 
@@ -165,16 +186,8 @@ class TurnHandle:
             if event.type == TURN_COMPLETED:
                 return event.final_message()
             if event.type in (TURN_FAILED, TURN_CANCELLED):
-                return self._raise_terminal(event)
+                raise_for_terminal(event)
         raise SmithTimeoutError(f"turn {self.turn_id} ended without a terminal event", operation="result")
-
-    @staticmethod
-    def _raise_terminal(event: Event) -> Any:
-        if event.type == TURN_FAILED:
-            raise event.error()
-        payload = event.payload
-        reason = payload.reason if isinstance(payload, TurnCancelledData) else "cancel"
-        raise TurnCancelledError(f"turn was cancelled ({reason})", operation=reason)
 
     def _outcome(self, state: dict[str, str]) -> AssistantMessage | None:
         status = state.get(record.STATUS)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -28,19 +27,17 @@ from smith_client.errors import (
 from smith_client import scripts
 from smith_client import turn_record as record
 from smith_client.events import (
-    EventData,
-    MessageData,
     TokenData,
     ToolCallCompletedData,
     ToolCallStartedData,
     tool_result_data,
 )
-from smith_client.jobs import ToolJob, ToolOutcome, TurnJob
+from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.messages import AssistantMessage, ToolCall, ToolMessage, message_from_json
 from smith_worker.app import AgentSpec
-from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
-from smith_worker.turn_state import StaleAttemptError, TurnAttempt
+from smith_worker.context import AgentContext
+from smith_worker.fencing import StaleAttemptError
 from smith_worker.llm import LlmClient
 from smith_worker.llm.types import (
     LlmRequest,
@@ -52,7 +49,6 @@ from smith_worker.llm.types import (
     StreamToolCallStarted,
     ToolSchema,
 )
-from smith_worker.runtime import WorkerRuntime
 from smith_worker.skills import ConversationSkills
 from smith_worker.tools import ToolContext, ToolRoute, error_content
 
@@ -81,34 +77,29 @@ class CancelRequested(Exception):
 
 
 class AgentLoop:
-    """The steps of one attempt of one turn. ``publish`` (fenced events) comes from its
-    :class:`~smith_worker.turn.TurnRunner`."""
+    """The steps of one agent in one attempt of one turn; everything it uses comes from ``ctx``
+    (:class:`~smith_worker.context.AgentContext`), and it never calls back into the turn lifecycle."""
 
-    def __init__(
-        self,
-        rt: WorkerRuntime,
-        job: TurnJob,
-        attempt: TurnAttempt,
-        store: ConversationStore,
-        publish: Callable[[EventData], Awaitable[int]],
-    ) -> None:
-        self.rt = rt
-        self.job = job
-        self.attempt = attempt
-        self.store = store
-        self.publish = publish
-        self.agent_path = [job.agent]
+    def __init__(self, ctx: AgentContext) -> None:
+        self.ctx = ctx
+        self.rt = ctx.runtime
+        self.job = ctx.job
+        self.attempt = ctx.attempt
+        self.store = ctx.store
+        self.publish = ctx.publish
+        self.agent_path = ctx.agent_path
         self._stream_calls: dict[int, ToolCall] = {}
-        self.skills = ConversationSkills(rt.app.skills, rt.app.sources, rt.keys, job.conversation_id)
+        self.skills = ConversationSkills(self.rt.app.skills, self.rt.app.sources, self.rt.keys,
+                                         ctx.job.conversation_id)
 
-    async def run(self, spec: AgentSpec, start: int) -> AssistantMessage:
+    async def run(self, start: int) -> AssistantMessage:
         """Run model steps from history index ``start`` (the turn's user message) until a final answer."""
-        return await self._loop(spec, start)
+        return await self._loop(self.ctx.spec, start)
 
     async def _loop(self, spec: AgentSpec, start: int) -> AssistantMessage:
         """Run model steps until a final answer; a re-run resumes after the last completed step."""
         cfg = spec.config
-        llm = LlmClient(self.rt.settings.llm_config(spec.llm), self.rt.http)
+        llm = LlmClient(self.rt.settings.llm_config(spec.llm), self.ctx.services.http)
         deadline = None if cfg.deadline is None else time.monotonic() + cfg.deadline
         done = (await self.store.messages())[start + 1:]
         replies = [m for m in done if isinstance(m, AssistantMessage)]
@@ -123,7 +114,7 @@ class AgentLoop:
                 self._check_limits(spec, iterations, tree_iterations, total_tokens, deadline)
                 pending = (await self._call_model(spec, llm, tool_rounds)).message
                 total_tokens += pending.usage.total if pending.usage else 0
-                await self.append(spec, pending)
+                await self.ctx.append(pending)
             message, pending = pending, None
             if not message.tool_calls:
                 if await self._drain_inbox(spec, closing=True):
@@ -137,11 +128,11 @@ class AgentLoop:
 
     async def _drain_inbox(self, spec: AgentSpec, closing: bool) -> bool:
         """Append user messages merged into this turn (``multitask="merge"``); True if there were any."""
-        return await self._announce_merged(spec, await self.attempt.drain_inbox(closing))
+        return await self._announce_merged(await self.attempt.drain_inbox(closing))
 
-    async def _announce_merged(self, spec: AgentSpec, moved: list[bytes]) -> bool:
+    async def _announce_merged(self, moved: list[bytes]) -> bool:
         for raw in moved:
-            await self.announce(spec, message_from_json(raw))
+            await self.ctx.announce(message_from_json(raw))
         return bool(moved)
 
     async def _begin_step(self, spec: AgentSpec) -> int:
@@ -152,16 +143,16 @@ class AgentLoop:
         Merged user messages (``multitask="merge"``) join the history here, so
         the model sees them in this call. The tree counter (seed §14.2
         ``tree_state->iterations += 1``) is a Redis key per root turn
-        (DESIGN.md §2), so sub-agents in other tasks or processes can share it;
-        until they exist the root turn is the whole tree, and a re-run after a
-        crash keeps counting on the same key (the budget errs on the safe
-        side). Returns the tree's count including this step.
+        (``ctx.tree_counter``, DESIGN.md §2), so sub-agents in other tasks or
+        processes share it, as they share the root turn's cancel flag
+        (``ctx.cancel_state``); a re-run after a crash keeps counting on the
+        same key (the budget errs on the safe side). Returns the tree's count
+        including this step.
         """
-        keys = self.rt.keys
-        tree = keys.tree_iterations(self.job.turn_id)
+        keys, tree = self.rt.keys, self.ctx.tree_counter
 
         def fill(pipe: Any) -> None:
-            pipe.hget(keys.turn_state(self.job.turn_id), record.CANCEL_REQUESTED)
+            pipe.hget(self.ctx.cancel_state, record.CANCEL_REQUESTED)
             self.attempt.queue_drain_inbox(pipe)
             pipe.incr(tree)
             pipe.expire(tree, keys.turn_ttl)
@@ -171,7 +162,7 @@ class AgentLoop:
         if cancel:
             raise CancelRequested(cancel.decode())
         self.skills.take(spec, skills)
-        await self._announce_merged(spec, self.attempt.drained(moved))
+        await self._announce_merged(self.attempt.drained(moved))
         return int(count)
 
     def _check_limits(
@@ -228,7 +219,7 @@ class AgentLoop:
         """Native tools of the agent, then each of its sources' tools, in declaration order, then
         the tools of the active skills (seed §12.3)."""
         schemas = self.rt.app.tools.schemas(spec.tools)
-        asking = ToolContext(call_id="", tool_name="", turn_id=self.job.turn_id,
+        asking = ToolContext(call_id="", tool_name="", turn_id=self.ctx.turn_id,
                              conversation_id=self.job.conversation_id, agent=spec.name, worker_id=self.rt.worker_id)
         for name in spec.sources:
             schemas += await self.rt.app.sources[name].schemas(asking)
@@ -251,17 +242,6 @@ class AgentLoop:
             await self.publish(_completed_data(event.index, call))
         await fire("on_stream_event", event, self.rt.app.hooks, spec.hooks)
 
-    async def append(self, spec: AgentSpec, *messages: Any) -> None:
-        """Append to the history (fenced), then announce each message."""
-        await self.attempt.append(*messages)
-        for message in messages:
-            await self.announce(spec, message)
-
-    async def announce(self, spec: AgentSpec, message: Any) -> None:
-        """Publish a ``message`` event and fire ``on_message`` for a message now in the history."""
-        await self.publish(MessageData(message=message.model_dump(mode="json")))
-        await fire("on_message", message, self.rt.app.hooks, spec.hooks)
-
     async def _run_tools(self, spec: AgentSpec, step: int, calls: list[ToolCall]) -> list[ToolOutcome]:
         await self.skills.ensure(spec, self.rt.redis)  # a re-run may resume here, before any model call
         for call in calls:
@@ -271,7 +251,7 @@ class AgentLoop:
             ToolMessage(tool_call_id=call.id, name=call.name, content=outcome.content, is_error=outcome.is_error)
             for call, outcome in zip(calls, outcomes)
         ]
-        await self.append(spec, *messages)
+        await self.ctx.append(*messages)
         for message in messages:
             await fire("on_tool_result", message, self.rt.app.hooks, spec.hooks)
         return list(outcomes)
@@ -283,8 +263,7 @@ class AgentLoop:
             outcome, produced_here = ToolOutcome(content=error_content(f"unknown tool: {call.name}"), is_error=True), True
         else:
             job.timeout, job.idempotent, job.skill = route.timeout, route.idempotent, route.skill
-            assert self.rt.tool_waiter is not None
-            outcome, produced_here = await self.rt.tool_waiter.run(job)
+            outcome, produced_here = await self.ctx.services.tool_waiter.run(job)
         if produced_here or self.attempt.attempt > 1:  # else the tool worker published it
             await self._publish_result_once(job, outcome)
         return outcome
@@ -315,7 +294,7 @@ class AgentLoop:
     def _tool_job(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolJob:
         keys = self.rt.keys
         return ToolJob(
-            turn_id=self.job.turn_id,
+            turn_id=self.ctx.turn_id,
             conversation_id=self.job.conversation_id,
             agent=spec.name,
             agent_path=self.agent_path,
@@ -324,7 +303,7 @@ class AgentLoop:
             call=call,
             timeout=spec.config.default_tool_timeout,
             reply_channel=keys.worker_replies_channel(self.rt.worker_id),
-            result_key=keys.tool_result(self.job.turn_id, step, index),
+            result_key=keys.tool_result(self.ctx.turn_id, step, index),
             result_max_bytes=spec.config.tool_result_max_bytes,
         )
 

@@ -1,8 +1,10 @@
-"""Per-process state of a worker: Redis, the event log, the HTTP client, identity.
+"""Per-process state of a worker: Redis, the event log, identity, and the services of its role.
 
-Created at worker start-up and closed at shutdown (DESIGN.md §2: one
-``httpx.AsyncClient`` per worker process). Job functions find it in the arq
-context as ``ctx["runtime"]``.
+Created at worker start-up and closed at shutdown. A turn worker also has
+:class:`TurnServices` (DESIGN.md §2: one ``httpx.AsyncClient`` per worker
+process, the reply listener, the tool-job waiter, its running turns); a tool
+worker has its sync-tool pools. Job functions find the runtime in the arq
+context as ``ctx["runtime"]`` and a turn worker's services as ``ctx["turn_services"]``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal, Protocol
 
 import httpx
 from arq.connections import ArqRedis
@@ -38,6 +40,30 @@ logger = logging.getLogger("agent_smith.worker")
 Queue = Literal["turns", "tools"]
 
 
+class Cancellable(Protocol):
+    """A running turn that takes cancel requests (:class:`smith_worker.turn.TurnRunner`)."""
+
+    def request_cancel(self) -> None:
+        """Stop the turn's running step now; its state says why."""
+        ...
+
+
+@dataclass
+class TurnServices:
+    """What only a turn worker has: the LLM HTTP client, the reply listener (tool-job replies and
+    control messages), the tool-job waiter, and the turns running in this process by turn id."""
+
+    http: httpx.AsyncClient
+    replies: ReplyListener
+    tool_waiter: ToolJobWaiter
+    running_turns: dict[str, Cancellable] = field(default_factory=dict)
+
+    async def close(self) -> None:
+        """Stop listening and close the HTTP client."""
+        await self.replies.stop()
+        await self.http.aclose()
+
+
 def new_worker_id(queue: str) -> str:
     """``<host>:<pid>:<queue>:<random>``: unique per process start."""
     return f"{socket.gethostname()}:{os.getpid()}:{queue}:{uuid.uuid4().hex[:6]}"
@@ -52,11 +78,8 @@ class WorkerRuntime:
     settings: Settings
     redis: ArqRedis
     worker_id: str = ""
-    http: httpx.AsyncClient | None = None
-    replies: ReplyListener | None = None
-    tool_waiter: ToolJobWaiter | None = None
-    #: Turns running in this process, by turn id; their runners take cancel requests.
-    running_turns: dict[str, Any] = field(default_factory=dict)
+    #: A turn worker's services (None on tool workers and before :meth:`start`).
+    turn_services: TurnServices | None = None
     #: Thread and process pools of a tool worker's sync tools (None on turn workers).
     executors: ToolExecutors | None = None
     #: Called (on the event loop) to make the arq worker stop taking jobs and drain; set by ``build_worker``.
@@ -77,7 +100,7 @@ class WorkerRuntime:
 
     def on_control(self, turn_id: str) -> None:
         """A control message: cancel ``turn_id`` if it runs here (its state says why)."""
-        runner = self.running_turns.get(turn_id)
+        runner = self.turn_services.running_turns.get(turn_id) if self.turn_services else None
         if runner is not None:
             runner.request_cancel()
 
@@ -124,12 +147,12 @@ class WorkerRuntime:
             if any(self.app.tools.find(name).isolation == "process" for name in self.app.tools.names()):
                 self.executors.start_processes()
         if self.queue == "turns":
-            self.http = httpx.AsyncClient(timeout=None)
-            self.replies = ReplyListener(
+            replies = ReplyListener(
                 self.redis, self.keys.worker_replies_channel(self.worker_id), self.keys.control_channel, self.on_control
             )
-            await self.replies.start()
-            self.tool_waiter = ToolJobWaiter(self.redis, self.keys, self.replies)
+            await replies.start()
+            self.turn_services = TurnServices(httpx.AsyncClient(timeout=None), replies,
+                                              ToolJobWaiter(self.redis, self.keys, replies))
             self._background.append(asyncio.create_task(sweep_forever(self.redis, self.keys)))
         await self._register()
         self._background.append(asyncio.create_task(self._heartbeat_loop()))
@@ -146,10 +169,8 @@ class WorkerRuntime:
                 await source.close()
             except Exception:  # one failing source must not keep the others open
                 logger.warning("closing tool source %s failed", source.name, exc_info=True)
-        if self.replies is not None:
-            await self.replies.stop()
-        if self.http is not None:
-            await self.http.aclose()
+        if self.turn_services is not None:
+            await self.turn_services.close()
         if self.executors is not None:
             self.executors.close()
         logger.info("worker %s stopped", self.worker_id)

@@ -35,10 +35,12 @@ from smith_worker.app import AgentSpec
 from smith_worker.dispatch import settle_call
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
-from smith_worker.turn_state import StaleAttemptError, TurnAttempt, park, wake_head
+from smith_worker.context import AgentContext
+from smith_worker.fencing import StaleAttemptError
+from smith_worker.turn_state import TurnAttempt, park, wake_head
 from smith_worker.loop import AgentLoop, CancelRequested
 from smith_worker.redaction import redact_error
-from smith_worker.runtime import WorkerRuntime
+from smith_worker.runtime import TurnServices, WorkerRuntime
 from smith_worker.tools import error_content
 
 logger = logging.getLogger("agent_smith.agent")
@@ -47,13 +49,15 @@ logger = logging.getLogger("agent_smith.agent")
 class TurnRunner:
     """Runs one attempt of one :class:`TurnJob` on a turn worker (see the module docstring)."""
 
-    def __init__(self, rt: WorkerRuntime, job: TurnJob) -> None:
+    def __init__(self, rt: WorkerRuntime, services: TurnServices, job: TurnJob) -> None:
         self.rt = rt
+        self.services = services
         self.job = job
         self.store = ConversationStore(rt.redis, rt.keys, job.conversation_id)
         self.attempt = TurnAttempt(rt.redis, rt.keys, job.turn_id, job.conversation_id, rt.worker_id)
         self.agent_path = [job.agent]
-        self.loop = AgentLoop(rt, job, self.attempt, self.store, self.publish)
+        #: What the agent loop gets (built once the agent is known).
+        self.ctx: AgentContext | None = None
         self._task: asyncio.Task[Any] | None = None
         self._cancel_requested = False
         self._lease_lost = False
@@ -79,7 +83,7 @@ class TurnRunner:
             logger.info("turn %s not run here: %s", self.job.turn_id, outcome)
             return
         self._task = asyncio.current_task()
-        self.rt.running_turns[self.job.turn_id] = self
+        self.services.running_turns[self.job.turn_id] = self
         self.attempt.start_renewing(self._on_lease_lost)
         spec = self.rt.app.get_agent(self.job.agent)
         try:
@@ -93,13 +97,15 @@ class TurnRunner:
         except Exception as exc:  # every failure ends as turn.failed, never as a crashed worker
             await self._fail(error_from_exception(exc), spec)
         finally:
-            self.rt.running_turns.pop(self.job.turn_id, None)
+            self.services.running_turns.pop(self.job.turn_id, None)
             await self.attempt.stop_renewing()
 
     async def _run_attempt(self, spec: AgentSpec | None) -> None:
         if spec is None:
             raise UnknownAgentError(f"this worker does not serve agent {self.job.agent!r}", agent=self.job.agent,
                                     known=sorted(self.rt.app.agents))
+        self.ctx = AgentContext(self.job, spec, self.agent_path, self.job.turn_id, self.job.turn_id, self.attempt,
+                                self.store, self.publish, self.rt, self.services)
         state = await self.attempt.state()  # one read: the cancel flag and whether the user message is in
         if state.get("cancel_requested"):
             raise CancelRequested(state["cancel_requested"])
@@ -109,8 +115,8 @@ class TurnRunner:
             await self.publish(TurnStartedData(conversation_id=self.job.conversation_id, agent=self.job.agent))
         start = await self.attempt.append_user(self.job.message)
         if "history_start" not in state:  # appended now, not by an earlier attempt
-            await self.loop.announce(spec, self.job.message)
-        final = await self.loop.run(spec, start)
+            await self.ctx.announce(self.job.message)
+        final = await AgentLoop(self.ctx).run(start)
         await self._finish(record.COMPLETED, record.RESULT, final.model_dump_json(), TurnCompletedData(message=final))
 
     async def _after_task_cancelled(self, spec: AgentSpec | None) -> None:
@@ -145,8 +151,8 @@ class TurnRunner:
         outcomes = [await self._settle_call(step, index, ending) for index in range(len(last.tool_calls))]
         repaired = [ToolMessage(tool_call_id=call.id, name=call.name, content=o.content, is_error=o.is_error)
                     for call, o in zip(last.tool_calls, outcomes)]
-        if spec is not None:
-            await self.loop.append(spec, *repaired)
+        if self.ctx is not None:
+            await self.ctx.append(*repaired)
         else:
             await self.attempt.append(*repaired)
 

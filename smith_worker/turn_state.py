@@ -33,6 +33,7 @@ from smith_client import turn_record as record
 from smith_client.keys import RUNNING_TTL, Keys, now_ms
 from smith_client.messages import message_to_json
 from smith_client.turn_record import decode_state
+from smith_worker.fencing import StaleAttemptError
 from smith_worker.tasks import cancel_and_wait
 
 logger = logging.getLogger("agent_smith.worker")
@@ -43,10 +44,6 @@ DEFAULT_LEASE = 10.0
 #: Seconds between the checks of a parked turn (one waiting behind an earlier turn of its conversation).
 #: The turn that finishes wakes the next one at once; this only covers a wake-up that was lost.
 PARK_RECHECK = 15.0
-
-
-class StaleAttemptError(Exception):
-    """This attempt is no longer the turn's current one: it must stop without writing."""
 
 
 class TurnAttempt:

@@ -34,7 +34,7 @@ from smith_worker.config import Settings
 from smith_worker.redaction import redact_error
 from smith_worker.turn import TurnRunner, fail_unreadable_turn
 from smith_client.connection import connect_redis
-from smith_worker.runtime import Queue, WorkerRuntime
+from smith_worker.runtime import Queue, TurnServices, WorkerRuntime
 from smith_worker.tool_runner import run_tool
 
 #: Minimum ``queue_read_limit`` (arq-notes.md §4.2: at least 2x the fleet's concurrency on the queue).
@@ -44,6 +44,7 @@ MIN_QUEUE_READ_LIMIT = 1000
 async def run_turn(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
     """arq job function: run one turn. A malformed payload fails the turn, never the worker."""
     rt: WorkerRuntime = ctx["runtime"]
+    services: TurnServices = ctx["turn_services"]
     try:
         job = TurnJob.model_validate(payload)
     except ValueError as exc:
@@ -52,7 +53,7 @@ async def run_turn(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
             error = InvalidRequestError(f"malformed turn payload: {exc}", field="payload")
             await fail_unreadable_turn(rt, turn_id, redact_error(error))
         return
-    await TurnRunner(rt, job).run()
+    await TurnRunner(rt, services, job).run()
 
 
 def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> Worker:
@@ -64,6 +65,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
     async def on_startup(ctx: dict[str, Any]) -> None:
         ctx["runtime"] = runtime
         await runtime.start()
+        ctx["turn_services"] = runtime.turn_services
 
     async def on_shutdown(ctx: dict[str, Any]) -> None:
         await runtime.stop()

@@ -1,0 +1,70 @@
+"""What one agent loop receives: :class:`AgentContext`, built by the turn lifecycle.
+
+The lifecycle (:mod:`smith_worker.turn`) owns attempts, fencing and terminal
+events; it builds an :class:`AgentContext` and hands it to
+:class:`~smith_worker.loop.AgentLoop`, which never calls back into it. Every
+write the loop makes goes through the context: fenced ``publish``, ``append``
+(history + ``message`` event + ``on_message`` hooks), the attempt's inbox.
+
+The context is ready for nested agents (seed §14): the loop reads its agent
+path, the root turn whose budget counter and cancel flag it shares, and the
+turn whose stream it publishes on from here, never from ``job.agent`` /
+``job.turn_id``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from smith_client.events import EventData, MessageData
+from smith_client.jobs import TurnJob
+from smith_worker.app import AgentSpec
+from smith_worker.fencing import AttemptWrites
+from smith_worker.history import ConversationStore
+from smith_worker.hooks import fire
+from smith_worker.runtime import TurnServices, WorkerRuntime
+
+
+@dataclass
+class AgentContext:
+    """Everything one agent loop needs for one attempt of one turn.
+
+    ``agent_path`` names the agent (root first); ``root_turn_id`` is the turn
+    whose agent tree shares the iteration budget and whose cancel flag stops
+    every loop of the tree; ``turn_id`` is the turn whose stream and tool-result
+    keys this loop uses. ``publish`` is fenced by the attempt.
+    """
+
+    job: TurnJob
+    spec: AgentSpec
+    agent_path: list[str]
+    root_turn_id: str
+    turn_id: str
+    attempt: AttemptWrites
+    store: ConversationStore
+    publish: Callable[[EventData], Awaitable[int]]
+    runtime: WorkerRuntime
+    services: TurnServices
+
+    async def append(self, *messages: Any) -> None:
+        """Append to the history (fenced), then :meth:`announce` each message."""
+        await self.attempt.append(*messages)
+        for message in messages:
+            await self.announce(message)
+
+    async def announce(self, message: Any) -> None:
+        """Publish a ``message`` event and fire ``on_message`` for a message now in the history."""
+        await self.publish(MessageData(message=message.model_dump(mode="json")))
+        await fire("on_message", message, self.runtime.app.hooks, self.spec.hooks)
+
+    @property
+    def tree_counter(self) -> str:
+        """The Redis counter of the model calls of this agent's tree (seed §14.2)."""
+        return self.runtime.keys.tree_iterations(self.root_turn_id)
+
+    @property
+    def cancel_state(self) -> str:
+        """The state hash whose ``cancel_requested`` field stops this loop: the root turn's."""
+        return self.runtime.keys.turn_state(self.root_turn_id)

@@ -1,0 +1,40 @@
+"""Fencing of a turn's attempts (DESIGN.md §8): the error a superseded attempt stops with, and the
+fenced writes the agent loop may make (implemented by :class:`smith_worker.turn_state.TurnAttempt`)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+
+class StaleAttemptError(Exception):
+    """This attempt is no longer the turn's current one: it must stop without writing."""
+
+
+class AttemptWrites(Protocol):
+    """The fenced writes of the current attempt (:class:`smith_worker.turn_state.TurnAttempt`).
+
+    Each raises :class:`StaleAttemptError` when another attempt took the turn over.
+    """
+
+    @property
+    def attempt(self) -> int:
+        """The attempt number (the fencing token): 1 on a first run, more on a resume."""
+        ...
+
+    async def append(self, *messages: BaseModel) -> None:
+        """Append whole messages to the history."""
+        ...
+
+    async def drain_inbox(self, closing: bool) -> list[bytes]:
+        """Move merged user messages into the history; when ``closing`` and none wait, close the inbox."""
+        ...
+
+    def queue_drain_inbox(self, pipe: Any) -> None:
+        """Queue a non-closing drain on ``pipe``; :meth:`drained` reads its reply."""
+        ...
+
+    def drained(self, reply: Any) -> list[bytes]:
+        """The moved messages from a queued drain's reply."""
+        ...
