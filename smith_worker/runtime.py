@@ -25,6 +25,8 @@ from smith_client.registry import DEFAULT_REGISTRATION_TTL, register_worker, unr
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
+from smith_worker.health import heartbeat_forever, heartbeat_path, remove_heartbeat
+from smith_worker.metrics import WorkerMetrics
 from smith_worker.sweeper import sweep_forever
 
 logger = logging.getLogger("agent_smith.worker")
@@ -51,12 +53,18 @@ class WorkerRuntime:
     tool_waiter: ToolJobWaiter | None = None
     #: Turns running in this process, by turn id; their runners take cancel requests.
     running_turns: dict[str, Any] = field(default_factory=dict)
+    metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
     _background: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.settings.prefix)
         self.events = EventLog(self.redis, self.keys)
         self.worker_id = self.worker_id or new_worker_id(self.queue)
+
+    @property
+    def queue_name(self) -> str:
+        """The arq queue (Redis sorted set) this worker serves."""
+        return self.keys.turns_queue if self.queue == "turns" else self.keys.tools_queue
 
     def on_control(self, turn_id: str) -> None:
         """A control message: cancel ``turn_id`` if it runs here (its state says why)."""
@@ -74,6 +82,9 @@ class WorkerRuntime:
             await self.replies.start()
             self.tool_waiter = ToolJobWaiter(self.redis, self.keys, self.replies)
             self._background.append(asyncio.create_task(sweep_forever(self.redis, self.keys)))
+        self._background.append(asyncio.create_task(heartbeat_forever(heartbeat_path(self.settings, self.queue))))
+        if self.settings.metrics_port:
+            self.metrics.serve(self.settings.metrics_port, self.redis, self.queue_name, lambda: len(self.running_turns))
         await self._register()
         self._background.append(asyncio.create_task(self._heartbeat_loop()))
         logger.info("worker %s started on queue %s", self.worker_id, self.queue)
@@ -84,6 +95,8 @@ class WorkerRuntime:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        remove_heartbeat(heartbeat_path(self.settings, self.queue))
+        self.metrics.close()
         with contextlib.suppress(Exception):
             await unregister_worker(self.redis, self.keys, self.worker_id)
         for source in self.app.sources.values():

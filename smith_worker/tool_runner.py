@@ -79,6 +79,7 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
         structured=result.structured,
         worker=rt.worker_id,
     )
+    rt.metrics.record_tool_call(job.call.name, outcome.is_error, time.monotonic() - started)
     stored = await rt.redis.set(job.result_key, outcome.model_dump_json(), nx=True, ex=DEFAULT_TURN_TTL)
     if stored:  # the event, then the waiting turn's wake-up, in one round trip
         async with rt.redis.pipeline(transaction=False) as pipe:

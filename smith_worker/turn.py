@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import orjson
@@ -54,6 +55,7 @@ class TurnRunner:
         self._task: asyncio.Task[Any] | None = None
         self._cancel_requested = False
         self._lease_lost = False
+        self._started = time.monotonic()
 
     def request_cancel(self) -> None:
         """A caller asked to cancel (control message): stop the running step now, not at the next check."""
@@ -185,6 +187,7 @@ class TurnRunner:
             seq, finished = await pipe.execute()
         if seq < 0 or not finished:
             raise StaleAttemptError(self.job.turn_id)
+        self.rt.metrics.record_turn(self.job.agent, status, time.monotonic() - self._started)
         # the conversation's next turn may run now
         await wake_head(self.rt.redis, self.rt.keys, self.job.conversation_id)
 

@@ -27,7 +27,6 @@ from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.turn import TurnRunner
-from smith_client.connection import connect_redis
 from smith_worker.runtime import Queue, WorkerRuntime
 from smith_worker.tool_runner import run_tool
 
@@ -52,7 +51,7 @@ async def run_turn(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
 def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> Worker:
     """An arq :class:`Worker` serving ``queue`` for ``app``. ``overrides`` go to ``Worker(...)``."""
     settings = settings or app.settings
-    redis = connect_redis(settings.redis_url)
+    redis = settings.connect_redis()
     runtime = WorkerRuntime(app=app, queue=queue, settings=settings, redis=redis)
 
     async def on_startup(ctx: dict[str, Any]) -> None:
@@ -70,7 +69,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         max_jobs, poll_delay, completion_wait = settings.tool_max_jobs, settings.tool_poll_delay, 10
     options: dict[str, Any] = dict(
         functions=functions,
-        queue_name=runtime.keys.turns_queue if queue == "turns" else runtime.keys.tools_queue,
+        queue_name=runtime.queue_name,
         redis_pool=redis,
         on_startup=on_startup,
         on_shutdown=on_shutdown,
