@@ -34,6 +34,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from arq.constants import abort_jobs_ss, in_progress_key_prefix, job_key_prefix, result_key_prefix, retry_key_prefix
+
 #: Allowed characters for ids chosen by callers (turn ids, conversation ids, agent names).
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:@-]{1,200}\Z")
 
@@ -136,3 +138,17 @@ class Keys:
     def turn_rerun_job_id(self, turn_id: str, attempt: int) -> str:
         """arq job id of a re-enqueued turn (a crash or a handed-off turn); unique per re-enqueue."""
         return f"{self.turn_job_id(turn_id)}:r{attempt}"
+
+    @property
+    def acl_patterns(self) -> list[str]:
+        """Redis ACL key (``~``) and channel (``&``) patterns covering everything this prefix uses.
+
+        Its own keys and channels, plus arq's per-job keys of its job ids (which
+        all start with the prefix) and arq's abort set, which arq shares per
+        database. A plain ``~arq:*`` would also let a tenant read another
+        tenant's queued job payloads. See :mod:`smith_client.acl`.
+        """
+        p = self.prefix
+        arq_keys = [f"~{kind}{p}:*" for kind in (job_key_prefix, in_progress_key_prefix, result_key_prefix,
+                                                  retry_key_prefix)]
+        return [f"~{p}:*", *arq_keys, f"~{abort_jobs_ss}", f"&{p}:*"]

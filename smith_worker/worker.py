@@ -32,6 +32,9 @@ from smith_worker.tool_runner import run_tool
 
 #: Minimum ``queue_read_limit`` (arq-notes.md §4.2: at least 2x the fleet's concurrency on the queue).
 MIN_QUEUE_READ_LIMIT = 1000
+#: Seconds a stopping tool worker waits for running tool calls (arq ``job_completion_wait``); deploy/
+#: manifests give the process longer than this between SIGTERM and SIGKILL.
+TOOL_JOB_COMPLETION_WAIT = 10
 
 
 async def run_turn(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
@@ -66,7 +69,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         max_jobs, poll_delay, completion_wait = settings.turn_max_jobs, settings.turn_poll_delay, 0
     else:
         functions = [func(run_tool, name=RUN_TOOL, timeout=settings.tool_job_timeout, max_tries=1, keep_result=60)]
-        max_jobs, poll_delay, completion_wait = settings.tool_max_jobs, settings.tool_poll_delay, 10
+        max_jobs, poll_delay, completion_wait = settings.tool_max_jobs, settings.tool_poll_delay, TOOL_JOB_COMPLETION_WAIT
     options: dict[str, Any] = dict(
         functions=functions,
         queue_name=runtime.queue_name,
