@@ -89,6 +89,7 @@ class TurnRunner:
             await self._cancelled(spec, request.reason)
         except StaleAttemptError:
             logger.warning("turn %s: attempt %d was superseded; stopped", self.job.turn_id, self.attempt.attempt)
+            await self.attempt.requeue_if_regressed()
         except Exception as exc:  # every failure ends as turn.failed, never as a crashed worker
             await self._fail(error_from_exception(exc), spec)
         finally:

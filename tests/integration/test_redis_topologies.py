@@ -103,6 +103,13 @@ async def wait_registered(client: SmithClient, count: int, timeout: float = 60.0
             await asyncio.sleep(0.2)
 
 
+async def until(check, timeout: float, what: str) -> None:
+    """Poll ``check`` (a plain function) without blocking the event loop."""
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.05)
+
+
 def stop_all(procs) -> None:
     for proc in procs:
         proc.signal(signal.SIGCONT)
@@ -188,3 +195,115 @@ async def test_tls_verifies_the_server_certificate(tls_server):
     async with SmithClient.from_url(tls_server.url("tenant-a", ca=tls_server.other_ca), prefix="tenant-a") as client:
         with pytest.raises(SmithError, match="certificate verify failed"):
             await client.history("anything")
+
+
+# ---------------------------------------------------------------- Sentinel
+
+class SentinelSet:
+    """A primary, its replica and three sentinels (quorum 2) watching them, all on 127.0.0.1."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.primary_port, self.replica_port = free_port(), free_port()
+        self.primary = start([REDIS_SERVER, "--port", str(self.primary_port), *SERVER_FLAGS],
+                             directory / "primary.log", port=self.primary_port)
+        self.replica = start([REDIS_SERVER, "--port", str(self.replica_port), "--replicaof", "127.0.0.1",
+                              str(self.primary_port), *SERVER_FLAGS], directory / "replica.log", port=self.replica_port)
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.sentinels = [self._sentinel(port) for port in self.sentinel_ports]
+        wait_until(self._watching, 30.0, "sentinels to see the replica and each other", interval=0.3)
+
+    @property
+    def addresses(self) -> str:
+        return ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+
+    def _sentinel(self, port: int) -> ManagedProcess:
+        conf = self.directory / f"sentinel-{port}.conf"  # sentinels rewrite their configuration file
+        conf.write_text(f"port {port}\nbind 127.0.0.1\n"
+                        f"sentinel monitor {MASTER} 127.0.0.1 {self.primary_port} 2\n"
+                        f"sentinel down-after-milliseconds {MASTER} 1000\n"
+                        f"sentinel failover-timeout {MASTER} 4000\n")
+        return start([REDIS_SENTINEL, str(conf), "--loglevel", "warning"], self.directory / f"sentinel-{port}.log",
+                     port=port)
+
+    def ask(self, port: int, *command: str):
+        client = sync_redis.Redis(port=port, socket_timeout=2, decode_responses=True)
+        try:
+            return client.execute_command(*command)
+        finally:
+            client.close()
+
+    def _watching(self) -> bool:
+        return all(len(self.ask(p, "SENTINEL", "REPLICAS", MASTER)) == 1
+                   and len(self.ask(p, "SENTINEL", "SENTINELS", MASTER)) == 2 for p in self.sentinel_ports)
+
+    def master_port(self) -> int:
+        return int(self.ask(self.sentinel_ports[0], "SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER)[1])
+
+    def stop(self) -> None:
+        stop_all([*self.sentinels, self.replica, self.primary])
+
+
+@pytest.fixture(scope="session")
+def sentinel_set(tmp_path_factory):
+    sentinels = SentinelSet(tmp_path_factory.mktemp("sentinel"))
+    yield sentinels
+    sentinels.stop()
+
+
+def sentinel_client(sentinels: SentinelSet, prefix: str) -> SmithClient:
+    # the URL's host is ignored with Sentinel: the sentinels name the master
+    return SmithClient.from_url("redis://master-from-sentinel/0", prefix=prefix, sentinels=sentinels.addresses,
+                                sentinel_master=MASTER)
+
+
+async def send_outcome(client: SmithClient, marker: str, conversation: str) -> object:
+    """The final message or the typed error of one turn; a 120 s wait that runs out is a hang."""
+    try:
+        return await client.send(f"{marker} go", conversation_id=conversation, timeout=120)
+    except SmithError as exc:
+        return exc
+
+
+async def test_turns_continue_through_a_sentinel_failover_and_lost_turns_end_typed(sentinel_set, scripted_llm,
+                                                                                  scenario):
+    prefix = "sentinel"
+    env = worker_env("redis://master-from-sentinel/0", prefix, scripted_llm.base_url,
+                     SMITH_REDIS_SENTINELS=sentinel_set.addresses, SMITH_REDIS_SENTINEL_MASTER=MASTER)
+    procs = start_workers("tests.support.app:app", env, ["turns", "tools"], "sentinel")
+    gate = threading.Event()
+    client = sentinel_client(sentinel_set, prefix)
+    try:
+        await wait_registered(client, 2)
+        _, slow = scenario(Script(Reply.tool_calls([("add", {"a": 1, "b": 2})], delay=0.05),
+                                  Reply.text("three", delay=0.1)))
+        load = [asyncio.create_task(send_outcome(client, slow, f"load-{i}")) for i in range(12)]
+        primary = sync_redis.Redis(port=sentinel_set.primary_port)
+        await until(lambda: primary.zcard(client.keys.running) >= 3, 30, "turns running")
+
+        # Writes the replica never receives: freeze it, cut its link, start a turn, kill the primary.
+        _, held = scenario(Script(Reply.text("too late", gate=gate)))
+        sentinel_set.replica.signal(signal.SIGSTOP)
+        primary.execute_command("CLIENT", "KILL", "TYPE", "replica")
+        lost = await client.submit(f"{held} hello", conversation_id="lost")
+        await until(lambda: primary.hget(client.keys.turn_state(lost.turn_id), "status") == b"running", 10,
+                    "the doomed turn to start")
+        sentinel_set.primary.proc.kill()
+        sentinel_set.replica.signal(signal.SIGCONT)
+        killed_at = time.monotonic()
+
+        with pytest.raises(TurnNotFoundError):
+            await lost.result(timeout=120)
+        outcomes = await asyncio.wait_for(asyncio.gather(*load), 150)
+        assert sentinel_set.master_port() == sentinel_set.replica_port
+        after = [await send_outcome(client, slow, f"after-{i}") for i in range(3)]
+    finally:
+        gate.set()
+        await client.aclose()
+        stop_all(procs)
+    completed = [o for o in outcomes if isinstance(o, AssistantMessage)]
+    hung = [o for o in outcomes if isinstance(o, SmithTimeoutError) and o.operation == "send"]
+    assert hung == [] and all(isinstance(o, (AssistantMessage, SmithError)) for o in outcomes), outcomes
+    assert len(completed) >= 6, outcomes  # only turns that wrote in the cut-off moment may be lost
+    assert [o.content for o in after] == ["three"] * 3, after
+    assert time.monotonic() - killed_at < 150
