@@ -61,7 +61,7 @@ def parse_sentinels(value: str | Sequence[str | tuple[str, int]] | None) -> list
         if not host or not port.isdigit():
             raise ConfigurationError(f"a Sentinel address must be host:port, got {item!r}",
                                      setting="SMITH_REDIS_SENTINELS")
-        addresses.append((host, int(port)))
+        addresses.append((host.strip("[]"), int(port)))  # [v6]:port
     return addresses
 
 
