@@ -166,7 +166,8 @@ async def _run_keys(args: argparse.Namespace) -> int:
 
 
 def smith_main(argv: list[str] | None = None) -> None:
-    """Entry point of ``smith``: ``smith ask "question"``, ``smith chat``, ``smith keys --conversation ID``, ``smith status``."""
+    """Entry point of ``smith``: ``smith ask "question"``, ``smith chat``, ``smith keys --conversation ID``,
+    ``smith status``."""
     parser = argparse.ArgumentParser(prog="smith", description="Talk to Agent Smith agents.")
     parser.add_argument("--redis-url", default=os.environ.get("SMITH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--prefix", default=os.environ.get("SMITH_PREFIX", "smith"))

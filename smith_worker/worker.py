@@ -69,7 +69,8 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         max_jobs, poll_delay, completion_wait = settings.turn_max_jobs, settings.turn_poll_delay, 0
     else:
         functions = [func(run_tool, name=RUN_TOOL, timeout=settings.tool_job_timeout, max_tries=1, keep_result=60)]
-        max_jobs, poll_delay, completion_wait = settings.tool_max_jobs, settings.tool_poll_delay, TOOL_JOB_COMPLETION_WAIT
+        max_jobs, poll_delay = settings.tool_max_jobs, settings.tool_poll_delay
+        completion_wait = TOOL_JOB_COMPLETION_WAIT
     options: dict[str, Any] = dict(
         functions=functions,
         queue_name=runtime.queue_name,

@@ -6,7 +6,7 @@ last test stops it), scraped with ``curl``.
 
 from __future__ import annotations
 
-import os
+import asyncio
 import shutil
 import signal
 import socket
@@ -16,11 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
+from arq.constants import in_progress_key_prefix
 from prometheus_client.parser import text_string_to_metric_families
 
 from smith_client import SmithClient
 from smith_worker.local.processes import ManagedProcess, free_port, redis_answers, wait_until
-from smith_worker.metrics import WorkerMetrics
+from smith_client.connection import connect_redis
+from smith_worker.metrics import QueueCollector, WorkerMetrics
 from tests.conftest import start_workers, wait_for_workers, worker_env
 from tests.support.scripted_llm import Reply, Script
 
@@ -86,6 +88,10 @@ def family_names(queue_samples: dict) -> set[str]:
     return {name for name, _ in queue_samples}
 
 
+#: The issue's metric names, as exposed samples (counters end in _total, histograms have _bucket).
+ALL_METRICS = {"smith_turns_total", "smith_turn_duration_seconds_bucket", "smith_tool_calls_total",
+               "smith_tool_duration_seconds_bucket", "smith_queue_length", "smith_queue_wait_seconds",
+               "smith_turns_running", "smith_worker_up", "smith_llm_requests_total", "smith_llm_tokens_total"}
 METRICS_AT_FIRST_SCRAPE = {"smith_queue_length", "smith_queue_wait_seconds", "smith_turns_running", "smith_worker_up",
                            "smith_turn_duration_seconds_count", "smith_tool_duration_seconds_count"}
 
@@ -101,7 +107,10 @@ async def test_metrics_are_served_from_the_first_scrape_and_move_after_a_tool_tu
         assert (await client.send(f"{marker} 2+3?", conversation_id="ops-metrics", timeout=60)).content == "5"
 
     turns, tools = fleet.scrape("turns"), fleet.scrape("tools")
-    delta = lambda samples, queue, name, **labels: value(samples, name, **labels) - value(before[queue], name, **labels)  # noqa: E731
+
+    def delta(samples: dict, queue: str, name: str, **labels: str) -> float:
+        return value(samples, name, **labels) - value(before[queue], name, **labels)
+
     assert delta(turns, "turns", "smith_turns_total", agent="default", status="completed") == 1
     assert delta(turns, "turns", "smith_turn_duration_seconds_count") == 1
     assert delta(turns, "turns", "smith_llm_requests_total", status="ok") == 2
@@ -110,16 +119,10 @@ async def test_metrics_are_served_from_the_first_scrape_and_move_after_a_tool_tu
     assert delta(tools, "tools", "smith_tool_calls_total", tool="add", status="ok") == 1
     assert delta(tools, "tools", "smith_tool_duration_seconds_count") == 1
     assert value(turns, "smith_turns_running") == 0
+    assert ALL_METRICS <= family_names(turns) | family_names(tools)
 
 
 async def test_queue_gauges_are_read_from_redis_at_scrape_time(redis_url):
-    import asyncio
-
-    from arq.constants import in_progress_key_prefix
-
-    from smith_client.connection import connect_redis
-    from smith_worker.metrics import QueueCollector
-
     redis = connect_redis(redis_url)
     queue = f"qc{time.time_ns()}:turns"
     now_ms = time.time() * 1000
@@ -138,8 +141,6 @@ async def test_queue_gauges_are_read_from_redis_at_scrape_time(redis_url):
 
 
 async def test_a_taken_metrics_port_warns_and_the_worker_goes_on(redis_url, caplog):
-    from smith_client.connection import connect_redis
-
     redis = connect_redis(redis_url)
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
