@@ -15,6 +15,7 @@ from arq.connections import ArqRedis
 from smith_client.connection import connect_redis
 from smith_client.errors import ConfigurationError
 from smith_worker.llm.types import LlmClientConfig
+from smith_worker.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
 from smith_worker.tools import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
 
 
@@ -50,6 +51,10 @@ class Settings:
     ``SMITH_TOOL_JOB_TIMEOUT``   hard cap on one tool job, seconds      300
     ``SMITH_TURN_POLL_DELAY``    turn queue poll interval, seconds      0.02
     ``SMITH_TOOL_POLL_DELAY``    tool queue poll interval, seconds      0.01
+    ``SMITH_TOOL_MAX_OVERRUNS``  overrunning sync-tool threads that     10
+                                 make a tool worker drain and restart
+    ``SMITH_TOOL_PROCESSES``     processes for ``isolation="process"``  4
+                                 tools, per tool worker
     ``SMITH_REDIS_SENTINELS``    Sentinel ``host:port`` list (commas)   unset (no Sentinel)
     ``SMITH_REDIS_SENTINEL_MASTER``  name of the Sentinel-monitored master  unset
     ``SMITH_METRICS_PORT``       Prometheus ``/metrics`` port           unset (no metrics)
@@ -71,6 +76,8 @@ class Settings:
     tool_job_timeout: float = 300.0
     turn_poll_delay: float = 0.02
     tool_poll_delay: float = 0.01
+    tool_max_overruns: int = DEFAULT_OVERRUN_LIMIT
+    tool_processes: int = DEFAULT_TOOL_PROCESSES
     redis_sentinels: str | None = None
     redis_sentinel_master: str | None = None
     metrics_port: int | None = None
@@ -92,6 +99,8 @@ class Settings:
             tool_job_timeout=_env_float("SMITH_TOOL_JOB_TIMEOUT", cls.tool_job_timeout),
             turn_poll_delay=_env_float("SMITH_TURN_POLL_DELAY", cls.turn_poll_delay),
             tool_poll_delay=_env_float("SMITH_TOOL_POLL_DELAY", cls.tool_poll_delay),
+            tool_max_overruns=_env_int("SMITH_TOOL_MAX_OVERRUNS", cls.tool_max_overruns),
+            tool_processes=_env_int("SMITH_TOOL_PROCESSES", cls.tool_processes),
             redis_sentinels=env.get("SMITH_REDIS_SENTINELS") or None,
             redis_sentinel_master=env.get("SMITH_REDIS_SENTINEL_MASTER") or None,
             metrics_port=_env_int("SMITH_METRICS_PORT", 0) or None,
