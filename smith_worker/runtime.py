@@ -114,6 +114,10 @@ class WorkerRuntime:
 
     async def start(self) -> None:
         """Open the HTTP client and reply channel (turn workers) or the tool pools (tool workers); register."""
+        # first: liveness and /metrics are process-local and must work while start-up waits on Redis
+        self._background.append(asyncio.create_task(heartbeat_forever(heartbeat_path(self.settings, self.queue))))
+        if self.settings.metrics_port:
+            self.metrics.serve(self.settings.metrics_port, self.redis, self.queue_name, lambda: len(self.running_turns))
         self.protect_secrets()
         if self.queue == "tools":
             self.executors = ToolExecutors(self.settings.tool_max_jobs, self.settings.tool_max_overruns,
@@ -128,9 +132,6 @@ class WorkerRuntime:
             await self.replies.start()
             self.tool_waiter = ToolJobWaiter(self.redis, self.keys, self.replies)
             self._background.append(asyncio.create_task(sweep_forever(self.redis, self.keys)))
-        self._background.append(asyncio.create_task(heartbeat_forever(heartbeat_path(self.settings, self.queue))))
-        if self.settings.metrics_port:
-            self.metrics.serve(self.settings.metrics_port, self.redis, self.queue_name, lambda: len(self.running_turns))
         await self._register()
         self._background.append(asyncio.create_task(self._heartbeat_loop()))
         logger.info("worker %s started on queue %s", self.worker_id, self.queue)
