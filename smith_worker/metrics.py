@@ -86,9 +86,13 @@ class QueueCollector(Collector):
         return float(length), wait
 
     def collect(self) -> Iterator[Metric]:
-        try:
-            length, wait = asyncio.run_coroutine_threadsafe(self.read(), self.loop).result(SCRAPE_REDIS_TIMEOUT)
+        future = None
+        try:  # the loop may be closed already (worker shutting down): that is a failed read too
+            future = asyncio.run_coroutine_threadsafe(self.read(), self.loop)
+            length, wait = future.result(SCRAPE_REDIS_TIMEOUT)
         except Exception:  # Redis down or slow: the series stay, with no value to give
+            if future is not None:
+                future.cancel()
             logger.warning("metrics: reading queue %s failed", self.queue, exc_info=True)
             length = wait = math.nan
         yield self._gauge("smith_queue_length", "Jobs in the arq queue (queued, running, deferred).", length)
