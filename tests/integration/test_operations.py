@@ -138,6 +138,12 @@ async def test_queue_gauges_are_read_from_redis_at_scrape_time(redis_url):
     finally:
         await redis.delete(queue, in_progress_key_prefix + "running-job")
         await redis.aclose()
+    down = connect_redis(f"redis://127.0.0.1:{free_port()}/0")
+    nothing = QueueCollector(down, queue, asyncio.get_running_loop())
+    values = await asyncio.to_thread(lambda: {f.name: f.samples[0].value for f in nothing.collect()})
+    await down.aclose()
+    assert set(values) == {"smith_queue_length", "smith_queue_wait_seconds"}  # still present, no value: NaN
+    assert all(v != v for v in values.values())
 
 
 async def test_a_taken_metrics_port_warns_and_the_worker_goes_on(redis_url, caplog):
