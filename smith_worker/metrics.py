@@ -86,6 +86,7 @@ class QueueCollector(Collector):
         return float(length), wait
 
     def collect(self) -> Iterator[Metric]:
+        """Both gauges for this scrape; NaN values when Redis did not answer in time."""
         future = None
         try:  # the loop may be closed already (worker shutting down): that is a failed read too
             future = asyncio.run_coroutine_threadsafe(self.read(), self.loop)
