@@ -24,11 +24,12 @@ install-demo: $(DEMO_STAMP)
 
 install: $(STAMP)
 
-# Tests start private redis-server processes; `make demo` uses SMITH_REDIS_URL when it answers.
+# Tests start private redis-server and redis-sentinel processes (the Sentinel failover test);
+# `make demo` uses SMITH_REDIS_URL when it answers.
 redis-server:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  echo "installing Debian's redis-server"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@command -v redis-server >/dev/null 2>&1 && command -v redis-sentinel >/dev/null 2>&1 || { \
+	  echo "installing Debian's redis-server and redis-sentinel"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-sentinel >/dev/null; }
 
 demo: install-demo redis-server
 	$(BIN)/python -m smith_worker.demo.run

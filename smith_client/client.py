@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Required, TypedDict, Unpack
 
 import orjson
@@ -136,9 +136,21 @@ class SmithClient:
         self._owns_redis = owns_redis
 
     @classmethod
-    def from_url(cls, redis_url: str = DEFAULT_REDIS_URL, *, prefix: str = "smith") -> "SmithClient":
-        """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``)."""
-        return cls(connect_redis(redis_url), prefix=prefix, owns_redis=True)
+    def from_url(
+        cls,
+        redis_url: str = DEFAULT_REDIS_URL,
+        *,
+        prefix: str = "smith",
+        sentinels: str | Sequence[str | tuple[str, int]] | None = None,
+        sentinel_master: str | None = None,
+    ) -> "SmithClient":
+        """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``, ``rediss://user:pw@host:6380/0``).
+
+        With ``sentinels`` (``"host:port,host:port"``) and ``sentinel_master``
+        the client follows the master through Sentinel (see :func:`connect_redis`).
+        """
+        redis = connect_redis(redis_url, sentinels=sentinels, sentinel_master=sentinel_master)
+        return cls(redis, prefix=prefix, owns_redis=True)
 
     async def __aenter__(self) -> "SmithClient":
         return self
@@ -337,11 +349,15 @@ class SmithClient:
     async def _ended(self, turn_id: str, seen_any: bool) -> bool:
         """With no event pending: True when the turn is over (nothing more will come).
 
-        Raises :class:`TurnNotFoundError` for a turn nobody knows.
+        Raises :class:`TurnNotFoundError` for a turn nobody knows, and for a
+        followed turn whose state and log vanished (expired, or lost in a
+        Sentinel failover by asynchronous replication), so a follower never
+        waits for events that cannot come.
         """
         status = await self.redis.hget(self.keys.turn_state(turn_id), "status")
-        if status is None and not seen_any and await self.events.last_seq(turn_id) == 0:
-            raise TurnNotFoundError(f"no turn {turn_id!r} (never submitted, or expired)", turn_id=turn_id)
+        if status is None and await self.events.last_seq(turn_id) == 0:
+            why = "lost: its keys are gone" if seen_any else "never submitted, or expired"
+            raise TurnNotFoundError(f"no turn {turn_id!r} ({why})", turn_id=turn_id)
         return status in (b"completed", b"failed", b"cancelled")
 
     async def _catch_up(self, turn_id: str, last: int, seen_any: bool) -> tuple[list[Event], bool]:

@@ -12,6 +12,7 @@ live worker serves (issue 14 rule 5).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -76,3 +77,34 @@ async def live_skills(redis: Redis, keys: Keys) -> set[str] | None:
     """Declared names of the skills served by live turn workers (which compose the prompts),
     or ``None`` when no turn worker is registered."""
     return await _served_by_turn_workers(redis, keys, "skills")
+
+
+@dataclass
+class QueueStatus:
+    """One arq queue: its length (ZCARD: queued, running and deferred jobs) and the live workers serving it."""
+
+    length: int
+    workers: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class FleetStatus:
+    """What ``smith status`` prints: the two queues by name, and the number of running turns."""
+
+    queues: dict[str, QueueStatus]
+    running_turns: int
+
+
+async def fleet_status(redis: Redis, keys: Keys) -> FleetStatus:
+    """Queue lengths, running turns (``{p}:running``) and live workers per queue of one prefix."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zcard(keys.turns_queue)
+        pipe.zcard(keys.tools_queue)
+        pipe.zcount(keys.running, _now_ms(), "+inf")
+        turns_length, tools_length, running = await pipe.execute()
+    workers = await live_workers(redis, keys)
+    queues = {
+        keys.turns_queue: QueueStatus(turns_length, [w for w in workers if w.get("queue") == "turns"]),
+        keys.tools_queue: QueueStatus(tools_length, [w for w in workers if w.get("queue") == "tools"]),
+    }
+    return FleetStatus(queues, running)
