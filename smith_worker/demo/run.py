@@ -18,6 +18,7 @@ import contextlib
 import os
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from smith_client import SmithClient
@@ -62,12 +63,14 @@ async def _agents_ready(redis_url: str, prefix: str) -> bool:
         return "default" in (await live_agents(client.redis, Keys(prefix)) or set())
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the demo; returns the exit code (0: a streamed turn with a tool call on the tool worker)."""
-    parser = argparse.ArgumentParser(description="Run one real streamed turn end to end.")
-    parser.add_argument("question", nargs="?", default=DEFAULT_QUESTION)
-    args = parser.parse_args(argv)
-    logs = Path(".demo-logs")
+@contextlib.contextmanager
+def deployment(logs: Path) -> Iterator[tuple[str, str]]:
+    """Redis, the model and one turn + one tool worker for :mod:`smith_worker.demo`; yields ``(redis_url, prefix)``.
+
+    Steps 1-3 of the module docstring; everything it started is stopped on exit,
+    and its keys are removed from a Redis it borrowed. Logs go to ``logs``.
+    Raises ``TimeoutError`` when the turn worker does not register in 30 s.
+    """
     logs.mkdir(exist_ok=True)
     prefix = f"smith-demo-{uuid.uuid4().hex[:6]}"  # never touches a developer's own keys
     with contextlib.ExitStack() as stack:
@@ -87,11 +90,19 @@ def main(argv: list[str] | None = None) -> int:
             worker = ManagedProcess(worker_argv("smith_worker.demo:app", queue), env=env, log_path=logs / f"{queue}.log")
             stack.enter_context(worker)
         wait_until(lambda: asyncio.run(_agents_ready(redis_url, prefix)), 30.0, "turn worker", interval=0.3)
+        yield redis_url, prefix
+    _status("stopped everything it started")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; returns the exit code (0: a streamed turn with a tool call on the tool worker)."""
+    parser = argparse.ArgumentParser(description="Run one real streamed turn end to end.")
+    parser.add_argument("question", nargs="?", default=DEFAULT_QUESTION)
+    args = parser.parse_args(argv)
+    with deployment(Path(".demo-logs")) as (redis_url, prefix):
         _status(f"asking: {args.question}")
         ok = asyncio.run(_turn(redis_url, prefix, args.question))
-    _status("stopped everything it started")
     return 0 if ok else 1
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -15,6 +15,7 @@ import pytest
 from smith_worker.local.processes import ManagedProcess, free_port, wait_until
 from tests.conftest import LOGS, ROOT
 from tests.support.scripted_llm import Reply, Script
+from tests.support.web import serves
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 
@@ -32,15 +33,8 @@ def web(redis_url, prefix):
     LOGS.mkdir(parents=True, exist_ok=True)
     proc = ManagedProcess(argv, env=env, log_path=LOGS / "web-example.log").start()
     base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            return httpx.get(base + "/", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        wait_until(up, 30.0, "the web example")
+        wait_until(lambda: serves(base + "/"), 30.0, "the web example")
         yield base
     finally:
         proc.stop()
