@@ -18,7 +18,7 @@ from arq.constants import expires_extra_ms, job_key_prefix, result_key_prefix
 from arq.jobs import serialize_job
 
 from smith_client.events import Event
-from smith_client.protocol import Call, Enqueue, Operation, Receive, Subscribe, T, Transaction
+from smith_client.protocol import Call, Enqueue, Operation, Subscribe, T, Transaction
 from smith_client.redis_errors import typed_redis_errors
 from smith_client.serialization import job_serializer
 

@@ -1,4 +1,4 @@
-"""Turn submission, handles and cancellation: the client's half of the turn state machine.
+"""Turn submission, state and cancellation (as operations, see :mod:`smith_client.protocol`): the client's half of the turn state machine.
 
 A turn's state lives in the hash ``{p}:turn:{id}:state`` (TTL 24 h after the
 turn ends, DESIGN.md §8): ``status`` (queued → running → completed | failed |
@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import orjson
 
