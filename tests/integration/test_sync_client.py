@@ -107,3 +107,23 @@ def test_cancel_from_a_sync_handle(sync_client, scenario):
     assert rest[-1].type == "turn.cancelled" and [e.seq for e in rest] == list(range(first.seq + 1, rest[-1].seq + 1))
     with pytest.raises(TurnCancelledError):
         handle.result(timeout=60)
+
+
+def test_the_blocking_enqueue_writes_arq_jobs_once_per_job_id(sync_client, prefix):
+    from arq.constants import job_key_prefix
+    from arq.jobs import deserialize_job
+
+    from smith_client.protocol import Enqueue
+    from smith_client.serialization import job_deserializer
+
+    queue, job_id = f"{prefix}:test-queue", f"{prefix}:job-{uuid.uuid4().hex}"  # a queue no worker serves
+    request = Enqueue("run_turn", {"turn_id": "x"}, job_id, queue)
+    try:
+        assert sync_client.runner._enqueue_job(request) is True
+        assert sync_client.runner._enqueue_job(request) is False  # like arq: one job per id
+        job = deserialize_job(sync_client.redis.get(job_key_prefix + job_id), deserializer=job_deserializer)
+        assert (job.function, list(job.args), job.kwargs) == ("run_turn", [{"turn_id": "x"}], {})
+        assert sync_client.redis.zscore(queue, job_id) is not None
+        assert 0 < sync_client.redis.pttl(job_key_prefix + job_id) <= 86_400_000
+    finally:
+        sync_client.redis.delete(queue, job_key_prefix + job_id)
