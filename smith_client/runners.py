@@ -7,6 +7,7 @@ Redis failures come out as :class:`~smith_client.errors.TransportError`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -90,9 +91,10 @@ class AsyncRunner:
 
     async def run(self, op: Operation[T]) -> T:
         """Run an operation that yields no events; return its result."""
-        async for item in self._drive(op, _Session()):
-            if isinstance(item, _Done):
-                return item.value
+        async with contextlib.aclosing(self._drive(op, _Session())) as items:
+            async for item in items:
+                if isinstance(item, _Done):
+                    return item.value
         raise AssertionError("an operation always ends with its result")
 
     async def iterate(self, op: Operation[Any], pubsub: Any = None) -> AsyncIterator[Event]:
