@@ -124,14 +124,15 @@ def rendered(page) -> list[int]:
 def test_a_browser_streams_a_turn_resumes_after_a_reload_and_cancels(web, browser, scenario, redis_url, prefix):
     answer = "a long streamed answer that keeps coming while the page reloads " * 2
     _, marker = scenario(Script(Reply.tool_calls([("add", {"a": 40, "b": 2})]),
-                                Reply.text(answer, chunk_size=2, delay=0.05)))
+                                Reply.text(answer, chunk_size=2, delay=0.1)))  # ~7 s of tokens
     page = browser.new_page()
     page.goto(web + "/")
     page.fill("#text", f"{marker} please add")
     page.click("#send")
     page.wait_for_function("window.renderedSeqs.length >= 12")  # tokens arrive live
     assert "result add -> 42" in page.inner_text("#tools")
-    before = rendered(page)
+    before, partial = rendered(page), page.inner_text("#answer")
+    assert page.inner_text("#status") == "streaming" and 0 < len(partial) < len(answer)  # tokens shown live
     page.reload()  # mid-stream
     page.wait_for_function("document.getElementById('status').textContent === 'completed'", timeout=60_000)
     seqs = rendered(page)
