@@ -130,6 +130,7 @@ async def turn_events(
         raise TurnNotFoundError(f"no turn {turn_id!r} (never submitted, or expired)", turn_id=turn_id)
     if status in TERMINAL_STATUSES and cursor >= last:
         return Response(status_code=204)
+    await smith.events.read(turn_id, cursor, count=1)  # EventsTrimmedError (410) now, not mid-stream
 
     async def messages() -> AsyncIterator[ServerSentEvent]:
         yield ServerSentEvent(comment="stream open", retry=RETRY_MS)
@@ -141,5 +142,8 @@ async def turn_events(
 
 @app.post("/turns/{turn_id}/cancel")
 async def cancel_turn(turn_id: str, request: Request) -> dict[str, str]:
-    """Ask the turn to stop; answers ``{"outcome"}`` as :meth:`TurnHandle.cancel` does."""
-    return {"outcome": await _smith(request).turn(turn_id).cancel()}
+    """Ask the turn to stop; answers ``{"outcome"}`` as :meth:`TurnHandle.cancel` does (404 for an unknown turn)."""
+    outcome = await _smith(request).turn(turn_id).cancel()
+    if outcome == "missing":
+        raise TurnNotFoundError(f"no turn {turn_id!r} (never submitted, or expired)", turn_id=turn_id)
+    return {"outcome": outcome}

@@ -11,7 +11,9 @@ import uuid
 
 import httpx
 import pytest
+import redis
 
+from smith_client.keys import Keys
 from smith_worker.local.processes import ManagedProcess, free_port, wait_until
 from tests.conftest import LOGS, ROOT
 from tests.support.scripted_llm import Reply, Script
@@ -87,7 +89,7 @@ def test_curl_resumes_after_last_event_id_and_gets_204_once_finished(web, scenar
     assert again.stdout.startswith("HTTP/1.1 204")
 
 
-def test_the_api_answers_idempotently_and_with_typed_errors(web, scenario):
+def test_the_api_answers_idempotently_and_with_typed_errors(web, scenario, redis_url, prefix):
     _, marker = scenario(Script(Reply.text("ok")))
     key = f"idem-{uuid.uuid4().hex}"
     conversation = f"conv-{uuid.uuid4().hex[:8]}"
@@ -101,8 +103,13 @@ def test_the_api_answers_idempotently_and_with_typed_errors(web, scenario):
     assert other.status_code == 409 and other.json()["error"]["kind"] == "ConflictError"
     assert httpx.post(f"{web}/conversations/{conversation}/turns", json={"text": " "}).status_code == 422
     assert httpx.get(f"{web}/turns/nope-{uuid.uuid4().hex}/events").status_code == 404
+    assert httpx.post(f"{web}/turns/nope-{uuid.uuid4().hex}/cancel").status_code == 404
+    assert httpx.get(f"{web}/turns/{key}/events", headers={"Last-Event-ID": "x"}).status_code == 422
     full = httpx.get(f"{web}/turns/{key}/events?after=0", timeout=30)  # ?after= for fetch clients
     assert [int(m["id"]) for m in sse_messages(full.text)[0]][0] == 1
+    redis.Redis.from_url(redis_url).delete(Keys(prefix).turn_log(key))  # as if the log had expired
+    gone = httpx.get(f"{web}/turns/{key}/events?after=0")
+    assert gone.status_code == 410 and gone.json()["error"]["kind"] == "EventsTrimmedError"
 
 
 @pytest.fixture(scope="module")
