@@ -21,6 +21,7 @@ from smith_client.errors import (
     TransportError,
     TurnCancelledError,
     UnknownAgentError,
+    UnknownSkillError,
 )
 from smith_client.events import Event
 from smith_client.sync_client import SyncSmithClient
@@ -60,5 +61,6 @@ __all__ = [
     "TurnHandle",
     "TurnCancelledError",
     "UnknownAgentError",
+    "UnknownSkillError",
     "UserMessage",
 ]

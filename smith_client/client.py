@@ -20,6 +20,7 @@ from typing import Any, Unpack
 from arq.connections import ArqRedis
 
 from smith_client import operations as ops
+from smith_client import skills
 from smith_client.connection import connect_redis
 from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
@@ -94,6 +95,39 @@ class ClientAPI:
     def history(self, conversation_id: str) -> Any:
         """All messages of a conversation, oldest first (stored form, ``is_error`` included)."""
         return self.runner.run(ops.history(self.keys, conversation_id))
+
+    def activate_skill(self, conversation_id: str, name: str) -> Any:
+        """Activate skill ``name`` (its declared name) on a conversation, after the skills active already.
+
+        Any registered skill can be activated on any conversation, whatever
+        agent runs it; the activation is stored in Redis, so every worker's next
+        step sees it (a running turn at its next model call), and lives as long
+        as the conversation's history (issue 14). Activating an active skill
+        does nothing (it keeps its place in the activation order).
+
+        Raises :class:`InvalidRequestError` for a bad id or name and
+        :class:`UnknownSkillError` when live turn workers are registered and
+        none serves ``name``; in both cases nothing changes. With no turn
+        worker registered at all it logs a warning and accepts.
+        """
+        return self.runner.run(skills.activate_checked(self.keys, conversation_id, name))
+
+    def deactivate_skill(self, conversation_id: str, name: str) -> Any:
+        """Deactivate skill ``name`` on a conversation; deactivating an inactive skill does nothing.
+
+        Takes effect at the next step of any turn, like an activation. An
+        agent's default skills (``app.agent(..., skills=[...])``) stay active
+        for that agent. Raises :class:`InvalidRequestError` for a bad id or name.
+        """
+        return self.runner.run(skills.deactivate_checked(self.keys, conversation_id, name))
+
+    def active_skills(self, conversation_id: str) -> Any:
+        """Declared names (``list[str]``) of the skills activated on a conversation, in activation order.
+
+        An agent's default skills are not listed: they belong to the agent, not
+        to the conversation. Raises :class:`InvalidRequestError` for a bad id.
+        """
+        return self.runner.run(skills.active_checked(self.keys, conversation_id))
 
 
 class TurnHandle:

@@ -24,7 +24,7 @@ from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, messages_from_json_list
 from smith_client.protocol import Call, Operation, Receive, Subscribe
 
-from smith_client.registry import read_live_agents
+from smith_client.registry import read_served
 from smith_client.turns import outcome_from_event, outcome_from_state, read_state, submit_turn
 from smith_client.validation import build_turn_job, check_id, check_seq, check_served, check_timeout
 
@@ -38,7 +38,7 @@ def prepare(keys: Keys, text: Any, options: dict[str, Any]) -> Operation[tuple[T
     """Check a request into its job and multitask policy (raising :class:`InvalidRequestError`
     / :class:`UnknownAgentError`); warns when no turn worker is registered."""
     job, multitask = build_turn_job(text, **options)
-    if not check_served(job.agent, (yield from read_live_agents(keys))):
+    if not check_served(job.agent, (yield from read_served(keys, "agents"))):
         logger.warning("no turn worker is registered under prefix %r: the turn waits in the queue "
                        "(check SMITH_PREFIX and SMITH_REDIS_URL match the workers')", keys.prefix)
     return job, multitask
