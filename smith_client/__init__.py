@@ -1,7 +1,8 @@
 """Agent Smith client contract: messages, events, errors, job payloads and the thin client.
 
-A web app installs only this package (``SmithClient`` for asyncio, ``SyncSmithClient`` for WSGI) (it depends on redis, arq, pydantic and
-orjson). See DESIGN.md §1 and §3.
+A web app installs only this package (it depends on redis, arq, pydantic and
+orjson) and uses ``SmithClient`` (asyncio) or ``SyncSmithClient`` (blocking,
+for WSGI). See DESIGN.md §1 and §3.
 """
 
 from smith_client.client import SmithClient, TurnHandle
