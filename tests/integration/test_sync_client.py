@@ -127,3 +127,15 @@ def test_the_blocking_enqueue_writes_arq_jobs_once_per_job_id(sync_client, prefi
         assert 0 < sync_client.redis.pttl(job_key_prefix + job_id) <= 86_400_000
     finally:
         sync_client.redis.delete(queue, job_key_prefix + job_id)
+
+
+def test_redis_down_is_a_typed_transport_error_for_the_blocking_client_too():
+    from smith_client.errors import TransportError
+    from smith_worker.local.processes import free_port
+
+    with SyncSmithClient.from_url(f"redis://127.0.0.1:{free_port()}/0") as down:
+        with pytest.raises(TransportError) as err:
+            down.send("hi", conversation_id="c")
+        assert err.value.operation == "redis"
+        with pytest.raises(TransportError):
+            list(down.follow("t"))
