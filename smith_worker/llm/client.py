@@ -25,15 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import inspect
 import itertools
 import logging
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import timezone
 from typing import Any, TypeVar
 
 import httpx
@@ -48,6 +45,7 @@ from smith_client.errors import (
     TransportError,
 )
 from smith_client.messages import assistant_from_openai, parse_json_object, to_openai
+from smith_worker.llm.json_schema_tools import JsonReplyReader, rewrite_request
 from smith_worker.llm.stream import ChatStreamDecoder
 from smith_worker.llm.types import (
     LlmClientConfig,
@@ -61,13 +59,12 @@ from smith_worker.llm.types import (
     StreamToolCallStarted,
 )
 from smith_worker.redaction import redact_body, redact_headers, redact_text
+from smith_worker.retry import BACKOFF_CAP, BACKOFF_JITTER, RetryPolicy, parse_retry_after
 
 logger = logging.getLogger("agent_smith.llm")
 
 OPERATION = "chat_completions"
 RESERVED_BODY_KEYS = frozenset({"model", "messages", "tools", "tool_choice", "stream"})
-BACKOFF_CAP = 8.0  # seconds
-BACKOFF_JITTER = 0.25  # seconds, upper bound of the uniform jitter
 
 OnEvent = Callable[[StreamEvent], Awaitable[None] | None]
 _T = TypeVar("_T")
@@ -135,8 +132,12 @@ class LlmClient:
         sampling fields (config defaults, then the request's set fields),
         ``stream`` (+ ``stream_options.include_usage`` when streaming and
         configured), then ``sampling.extra`` last. Raises
-        ``ConfigurationError`` when ``extra`` holds a reserved key.
+        ``ConfigurationError`` when ``extra`` holds a reserved key. With
+        ``tool_calling="json_schema"`` the request is first rewritten without
+        tool fields (:func:`~smith_worker.llm.json_schema_tools.rewrite_request`).
         """
+        if self.config.tool_calling == "json_schema":
+            req = rewrite_request(req, self.config.default_sampling)
         sampling = self.config.default_sampling.merged_with(req.sampling)
         _check_reserved(sampling.extra)
         body: dict[str, Any] = {"model": self.config.model, "messages": [to_openai(m) for m in req.messages]}
@@ -168,7 +169,9 @@ class LlmClient:
     async def complete(self, req: LlmRequest) -> LlmResponse:
         """Post a non-streamed request and parse the completion (seed §8.3). Errors: see class doc."""
         content, headers = self._prepare(req, stream=False)
-        return await self._with_retries(lambda: self._complete_once(content, headers))
+        response = await self._with_retries(lambda: self._complete_once(content, headers))
+        reader = self._json_reply(req)
+        return reader.finish(response) if reader else response
 
     async def complete_stream(self, req: LlmRequest, on_event: OnEvent) -> LlmResponse:
         """Post a streamed request; call ``on_event(event)`` for each event as it arrives (seed §9.5).
@@ -180,7 +183,16 @@ class LlmClient:
         stream ended; errors: see class doc.
         """
         content, headers = self._prepare(req, stream=True)
-        return await self._with_retries(lambda: self._stream_once(content, headers, on_event))
+        reader = self._json_reply(req, on_event)
+        if reader is None:
+            return await self._with_retries(lambda: self._stream_once(content, headers, on_event))
+        return reader.finish(await self._with_retries(lambda: self._stream_once(content, headers, reader.on_event)))
+
+    def _json_reply(self, req: LlmRequest, on_event: OnEvent | None = None) -> JsonReplyReader | None:
+        """The reader mapping a json_schema reply back to tool calls or content (None in native mode)."""
+        if self.config.tool_calling == "json_schema" and req.tools:
+            return JsonReplyReader(on_event)
+        return None
 
     def _prepare(self, req: LlmRequest, *, stream: bool) -> tuple[bytes, dict[str, str]]:
         content = orjson.dumps(self.build_body(req, stream=stream))
@@ -312,24 +324,17 @@ class LlmClient:
 
     def _retry_delay(self, failure: _RetryableFailure, number: int) -> float:
         """Seconds to wait before retrying after failed attempt ``number``; raises the error to give up."""
-        if failure.retry_after is not None and failure.retry_after > self.config.max_retry_after:
-            logger.debug(
-                "not retrying: Retry-After %.1fs exceeds max_retry_after %.1fs",
-                failure.retry_after,
-                self.config.max_retry_after,
-            )
+        delay = self._policy().delay(number, failure.retry_after, self._rng)
+        if delay is None:
             raise failure.error from failure.__cause__
-        if number > self.config.max_retries:
-            logger.debug("not retrying: %d retries exhausted", self.config.max_retries)
-            raise failure.error from failure.__cause__
-        if failure.retry_after is not None:
-            return failure.retry_after
-        return self.backoff_delay(number)
+        return delay
+
+    def _policy(self) -> RetryPolicy:
+        return RetryPolicy(self.config.max_retries, self.config.backoff_base, self.config.max_retry_after)
 
     def backoff_delay(self, number: int) -> float:
         """``backoff_base * 2**(number-1) + uniform(0, 0.25)`` seconds, capped at 8 s (seed §6.3)."""
-        delay = self.config.backoff_base * 2 ** (number - 1) + self._rng() * BACKOFF_JITTER
-        return min(delay, BACKOFF_CAP)
+        return self._policy().backoff(number, self._rng)
 
 
 # -- helpers -------------------------------------------------------------------
@@ -410,28 +415,6 @@ def _error_message(body: str) -> str:
         if isinstance(error, str):
             return error[:200]
     return body[:200]
-
-
-def parse_retry_after(value: str | None, *, now: Callable[[], float] = time.time) -> float | None:
-    """A ``Retry-After`` header in seconds (RFC 9110 §10.2.3): delay-seconds or an HTTP date.
-
-    Returns ``None`` when absent or unparseable; a date in the past gives 0.
-    """
-    if not value or not value.strip():
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value.strip())
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-        seconds = when.timestamp() - now()
-    if not math.isfinite(seconds):
-        return None
-    return max(0.0, seconds)
 
 
 def parse_completion(raw: bytes) -> LlmResponse:
