@@ -1,7 +1,8 @@
 """The one place Redis connections are built, for the client and the workers.
 
 Every process of a deployment (``SmithClient``, turn and tool workers, the
-CLI) connects through :func:`connect_redis`, so connection options (timeouts,
+CLI) connects through :func:`connect_redis`, and ``SyncSmithClient`` through
+:func:`connect_sync_redis`, so connection options (timeouts,
 TLS, Sentinel) are decided here once.
 
 Supported topologies:
@@ -27,12 +28,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import redis as sync_redis
 from arq.connections import ArqRedis
 from redis.asyncio import ConnectionPool
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
+from redis.retry import Retry as SyncRetry
+from redis.sentinel import Sentinel as SyncSentinel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -82,25 +86,53 @@ def connect_redis(
     Connects lazily: no command is sent until the first use. Raises
     :class:`ConfigurationError` when only one of the two Sentinel options is given.
     """
-    addresses = parse_sentinels(sentinels)
-    if bool(addresses) != bool(sentinel_master):
-        raise ConfigurationError("Sentinel needs both SMITH_REDIS_SENTINELS and SMITH_REDIS_SENTINEL_MASTER",
-                                 setting="SMITH_REDIS_SENTINEL_MASTER")
+    addresses = _sentinel_addresses(sentinels, sentinel_master)
     if not addresses:
         return ArqRedis(ConnectionPool.from_url(url), job_serializer=job_serializer, job_deserializer=job_deserializer)
     assert sentinel_master is not None
-    redis = Sentinel(addresses).master_for(sentinel_master, redis_class=ArqRedis, **_master_options(url))
+    options = _master_options(url, Retry(ExponentialBackoff(cap=1.0, base=0.1), SENTINEL_RETRIES))
+    redis = Sentinel(addresses).master_for(sentinel_master, redis_class=ArqRedis, **options)
     redis.job_serializer, redis.job_deserializer = job_serializer, job_deserializer  # master_for takes no such options
     return redis
 
 
-def _master_options(url: str) -> dict[str, Any]:
+def connect_sync_redis(
+    url: str,
+    *,
+    sentinels: str | Sequence[str | tuple[str, int]] | None = None,
+    sentinel_master: str | None = None,
+) -> sync_redis.Redis:
+    """A blocking :class:`redis.Redis` for ``url``, for :class:`SyncSmithClient`; options as :func:`connect_redis`.
+
+    Its connection pool is thread-safe (one connection per command in flight).
+    Connects lazily: no command is sent until the first use.
+    """
+    addresses = _sentinel_addresses(sentinels, sentinel_master)
+    if not addresses:
+        return sync_redis.Redis(connection_pool=sync_redis.ConnectionPool.from_url(url))
+    assert sentinel_master is not None
+    options = _master_options(url, SyncRetry(ExponentialBackoff(cap=1.0, base=0.1), SENTINEL_RETRIES))
+    return SyncSentinel(addresses).master_for(sentinel_master, **options)
+
+
+def _sentinel_addresses(
+    sentinels: str | Sequence[str | tuple[str, int]] | None, sentinel_master: str | None
+) -> list[tuple[str, int]]:
+    """The Sentinel addresses, or ``[]`` for a direct connection; both options or neither."""
+    addresses = parse_sentinels(sentinels)
+    if bool(addresses) != bool(sentinel_master):
+        raise ConfigurationError("Sentinel needs both SMITH_REDIS_SENTINELS and SMITH_REDIS_SENTINEL_MASTER",
+                                 setting="SMITH_REDIS_SENTINEL_MASTER")
+    return addresses
+
+
+def _master_options(url: str, retry: Retry | SyncRetry) -> dict[str, Any]:
     """Connection options of the Sentinel-managed master connections, from ``url``."""
     options = parse_url(url)
     for address_part in ("host", "port", "path"):  # the Sentinels name the master
         options.pop(address_part, None)
     # SentinelConnectionPool picks its own (TLS or plain) connection class from ``ssl``
     options["ssl"] = options.pop("connection_class", None) is SSLConnection or options.get("ssl", False)
-    options["retry"] = Retry(ExponentialBackoff(cap=1.0, base=0.1), SENTINEL_RETRIES)
+    options["retry"] = retry
     options["retry_on_error"] = [RedisConnectionError, RedisTimeoutError]
     return options

@@ -19,6 +19,8 @@ import orjson
 from redis.asyncio import Redis
 
 from smith_client.keys import Keys
+from smith_client.protocol import Call, Operation
+from smith_client.runners import AsyncRunner
 
 #: Seconds a registration lives without a heartbeat.
 DEFAULT_REGISTRATION_TTL = 15
@@ -51,32 +53,38 @@ async def unregister_worker(redis: Redis, keys: Keys, worker_id: str) -> None:
         await pipe.execute()
 
 
-async def live_workers(redis: Redis, keys: Keys) -> list[dict[str, Any]]:
-    """Registrations of the workers whose heartbeat has not expired."""
-    ids = await redis.zrangebyscore(keys.workers, _now_ms(), "+inf")
+def read_live_workers(keys: Keys) -> Operation[list[dict[str, Any]]]:
+    """Operation: the registrations of the workers whose heartbeat has not expired."""
+    ids = yield Call("zrangebyscore", (keys.workers, _now_ms(), "+inf"))
     if not ids:
         return []
-    raws = await redis.mget([keys.worker(i.decode() if isinstance(i, bytes) else i) for i in ids])
+    raws = yield Call("mget", ([keys.worker(i.decode() if isinstance(i, bytes) else i) for i in ids],))
     return [orjson.loads(raw) for raw in raws if raw]
 
 
-async def _served_by_turn_workers(redis: Redis, keys: Keys, field: str) -> set[str] | None:
-    """The union of a registration list ``field`` over live turn workers; ``None`` when none is registered."""
-    turn_workers = [w for w in await live_workers(redis, keys) if w.get("queue") == "turns"]
+def read_served(keys: Keys, field: str) -> Operation[set[str] | None]:
+    """Operation: the union of a registration list ``field`` (``agents``, ``skills``) over live turn
+    workers; ``None`` when no turn worker is registered."""
+    turn_workers = [w for w in (yield from read_live_workers(keys)) if w.get("queue") == "turns"]
     if not turn_workers:
         return None
     return {name for worker in turn_workers for name in worker.get(field, [])}
 
 
+async def live_workers(redis: Redis, keys: Keys) -> list[dict[str, Any]]:
+    """Registrations of the workers whose heartbeat has not expired."""
+    return await AsyncRunner(redis).run(read_live_workers(keys))
+
+
 async def live_agents(redis: Redis, keys: Keys) -> set[str] | None:
     """Agents served by live turn workers, or ``None`` when no turn worker is registered."""
-    return await _served_by_turn_workers(redis, keys, "agents")
+    return await AsyncRunner(redis).run(read_served(keys, "agents"))
 
 
 async def live_skills(redis: Redis, keys: Keys) -> set[str] | None:
     """Declared names of the skills served by live turn workers (which compose the prompts),
     or ``None`` when no turn worker is registered."""
-    return await _served_by_turn_workers(redis, keys, "skills")
+    return await AsyncRunner(redis).run(read_served(keys, "skills"))
 
 
 @dataclass

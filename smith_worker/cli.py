@@ -87,15 +87,21 @@ def restart_process() -> None:
 
 
 class StreamPrinter:
-    """Prints a turn's events: tokens to ``out``, tool status lines to ``err``."""
+    """Prints a turn's events: tokens to ``out``, tool status lines to ``err``.
+
+    An agent that does not stream publishes no ``token`` events, so its answer
+    is printed from the final message of ``turn.completed``.
+    """
 
     def __init__(self, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
         self.out = out
         self.err = err
+        self._streamed: set[str] = set()  # turns whose answer arrived as tokens
 
     def __call__(self, event: Event) -> None:
         data = event.data
         if event.type == TOKEN:
+            self._streamed.add(event.turn_id)
             self.out.write(data["text"])
             self.out.flush()
         elif event.type == TOOL_CALL_COMPLETED:
@@ -104,6 +110,9 @@ class StreamPrinter:
             label = "error" if data["is_error"] else "result"
             self._status(f"[tool {label}] {data['name']} -> {_short(data['content'])} (worker {data['worker']})")
         elif event.type == TURN_COMPLETED:
+            if event.turn_id not in self._streamed:
+                self.out.write(event.final_message().content or "")
+            self._streamed.discard(event.turn_id)
             self.out.write("\n")
             self.out.flush()
         elif event.type == TURN_FAILED:
