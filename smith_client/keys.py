@@ -46,7 +46,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from arq.constants import abort_jobs_ss, in_progress_key_prefix, job_key_prefix
+from arq.constants import abort_jobs_ss, in_progress_key_prefix, job_key_prefix, result_key_prefix, retry_key_prefix
 
 from smith_client.errors import ConfigurationError
 
@@ -105,6 +105,13 @@ class Keys:
     prefix: str = "smith"
     turn_ttl: int = DEFAULT_TURN_TTL
     history_ttl: int = DEFAULT_HISTORY_TTL
+
+    @classmethod
+    def configured(cls, prefix: str, turn_ttl: int | None = None, history_ttl: int | None = None) -> Keys:
+        """Keys with the given lifetimes (seconds); None reads ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL``
+        (:func:`lifetimes_from_env`). Raises :class:`~smith_client.errors.ConfigurationError` on a bad variable."""
+        env_turn_ttl, env_history_ttl = lifetimes_from_env()
+        return cls(prefix, turn_ttl or env_turn_ttl, history_ttl or env_history_ttl)
 
     @property
     def turns_queue(self) -> str:
@@ -245,6 +252,11 @@ class Keys:
         """arq's key that exists while a job runs."""
         return in_progress_key_prefix + job_id
 
+    @staticmethod
+    def arq_result(job_id: str) -> str:
+        """arq's key holding a finished job's result."""
+        return result_key_prefix + job_id
+
     @property
     def arq_abort_set(self) -> str:
         """arq's ZSET of abort requests (job id → request epoch ms)."""
@@ -270,3 +282,17 @@ class Keys:
         """The turn id in a :meth:`turn_state` key name (the inverse of that method)."""
         head, tail = self.turn_state(""), ":state"
         return state_key[len(head) - len(tail): -len(tail)]
+
+    @property
+    def acl_patterns(self) -> list[str]:
+        """Redis ACL key (``~``) and channel (``&``) patterns covering everything this prefix uses.
+
+        Its own keys and channels, plus arq's per-job keys of its job ids (which
+        all start with the prefix) and arq's abort set, which arq shares per
+        database. A plain ``~arq:*`` would also let a tenant read another
+        tenant's queued job payloads. See :mod:`smith_client.acl`.
+        """
+        p = self.prefix
+        arq_keys = [f"~{kind}{p}:*" for kind in (job_key_prefix, in_progress_key_prefix, result_key_prefix,
+                                                  retry_key_prefix)]
+        return [f"~{p}:*", *arq_keys, f"~{abort_jobs_ss}", f"&{p}:*"]

@@ -14,6 +14,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from arq.connections import ArqRedis
+
+from smith_client.connection import connect_redis
 from smith_client.errors import ConfigurationError
 from smith_worker.llm.types import LlmClientConfig
 from smith_worker.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
@@ -62,7 +65,14 @@ class Settings:
                                  last write, seconds (DESIGN.md §8)
     ``SMITH_HISTORY_TTL``        idle lifetime of a conversation's      2592000 (30 days)
                                  keys, seconds (DESIGN.md §8)
+    ``SMITH_REDIS_SENTINELS``    Sentinel ``host:port`` list (commas)   unset (no Sentinel)
+    ``SMITH_REDIS_SENTINEL_MASTER``  name of the Sentinel-monitored master  unset
+    ``SMITH_METRICS_PORT``       Prometheus ``/metrics`` port           unset (no metrics)
+    ``SMITH_HEARTBEAT_FILE``     liveness file touched every 5 s        ``<tmp>/smith-<queue>-<pid>.heartbeat``
     ===========================  =====================================  ==================
+
+    ``SMITH_REDIS_URL`` may be ``rediss://`` (TLS) and carry an ACL user and
+    password; see :mod:`smith_client.connection`.
     """
 
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -82,6 +92,10 @@ class Settings:
     tool_processes: int = DEFAULT_TOOL_PROCESSES
     turn_ttl: int = DEFAULT_TURN_TTL
     history_ttl: int = DEFAULT_HISTORY_TTL
+    redis_sentinels: str | None = None
+    redis_sentinel_master: str | None = None
+    metrics_port: int | None = None
+    heartbeat_file: str | None = None
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -106,7 +120,15 @@ class Settings:
             tool_processes=_env_int("SMITH_TOOL_PROCESSES", cls.tool_processes),
             turn_ttl=turn_ttl,
             history_ttl=history_ttl,
+            redis_sentinels=env.get("SMITH_REDIS_SENTINELS") or None,
+            redis_sentinel_master=env.get("SMITH_REDIS_SENTINEL_MASTER") or None,
+            metrics_port=_env_int("SMITH_METRICS_PORT", 0) or None,
+            heartbeat_file=env.get("SMITH_HEARTBEAT_FILE") or None,
         )
+
+    def connect_redis(self) -> ArqRedis:
+        """A Redis client for these settings (URL, or Sentinel when configured)."""
+        return connect_redis(self.redis_url, sentinels=self.redis_sentinels, sentinel_master=self.redis_sentinel_master)
 
     def llm_config(self, override: dict[str, Any] | LlmClientConfig | None = None) -> LlmClientConfig:
         """The LLM settings of the environment, with an agent's ``llm`` override applied on top."""

@@ -29,6 +29,8 @@ from smith_client.registry import DEFAULT_REGISTRATION_TTL, register_worker, unr
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
+from smith_worker.health import heartbeat_forever, heartbeat_path, remove_heartbeat
+from smith_worker.metrics import WorkerMetrics
 from smith_worker.isolation import ToolExecutors
 from smith_worker.redaction import SENSITIVE_HEADERS, install_log_redaction, register_secrets, url_credentials
 from smith_worker.sources import SourceContext
@@ -80,6 +82,7 @@ class WorkerRuntime:
     worker_id: str = ""
     #: A turn worker's services (None on tool workers and before :meth:`start`).
     turn_services: TurnServices | None = None
+    metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
     #: Thread and process pools of a tool worker's sync tools (None on turn workers).
     executors: ToolExecutors | None = None
     #: Called (on the event loop) to make the arq worker stop taking jobs and drain; set by ``build_worker``.
@@ -93,10 +96,19 @@ class WorkerRuntime:
         self.events = EventLog(self.redis, self.keys)
         self.worker_id = self.worker_id or new_worker_id(self.queue)
 
+    def _running_count(self) -> int:
+        """Turns running in this process (0 on a tool worker), for the metrics."""
+        return len(self.turn_services.running_turns) if self.turn_services else 0
+
     def source_context(self) -> SourceContext:
         """What the app's tool sources may use of this process."""
         return SourceContext(self.redis, self.keys, self.events, self.worker_id, self.app.hooks,
                              {name: spec.hooks for name, spec in self.app.agents.items()})
+
+    @property
+    def queue_name(self) -> str:
+        """The arq queue (Redis sorted set) this worker serves."""
+        return self.keys.turns_queue if self.queue == "turns" else self.keys.tools_queue
 
     def on_control(self, turn_id: str) -> None:
         """A control message: cancel ``turn_id`` if it runs here (its state says why)."""
@@ -137,6 +149,10 @@ class WorkerRuntime:
 
     async def start(self) -> None:
         """Open the HTTP client and reply channel (turn workers) or the tool pools (tool workers); register."""
+        # first: liveness and /metrics are process-local and must work while start-up waits on Redis
+        self._background.append(asyncio.create_task(heartbeat_forever(heartbeat_path(self.settings, self.queue))))
+        if self.settings.metrics_port:
+            self.metrics.serve(self.settings.metrics_port, self.redis, self.queue_name, self._running_count)
         self.protect_secrets()
         await scripts.load_all(self.redis)  # before any pipeline sends EVALSHA (see smith_client.scripts)
         for source in self.app.sources.values():
@@ -162,6 +178,8 @@ class WorkerRuntime:
         """Unregister and close what :meth:`start` opened."""
         for task in self._background:
             await cancel_and_wait(task)
+        remove_heartbeat(heartbeat_path(self.settings, self.queue))
+        self.metrics.close()
         with contextlib.suppress(Exception):
             await unregister_worker(self.redis, self.keys, self.worker_id)
         for source in self.app.sources.values():

@@ -160,6 +160,16 @@ class TurnAttempt:
         """Hand the turn off (worker shutdown): back to ``queued`` and re-enqueued under a new job id."""
         return await requeue_turn(self.redis, self.keys, self.turn_id, self.conversation_id, str(self.attempt))
 
+    async def requeue_if_regressed(self) -> bool:
+        """After this attempt was fenced off: re-enqueue the turn when its state fell back to ``queued``
+        behind this attempt (its writes were lost in a Redis failover), so it runs again instead of
+        waiting for a job that no longer exists. True when it was re-enqueued."""
+        count = int(await scripts.REGRESSED(self.redis, [self._state], [self.attempt]))
+        if count:
+            await _enqueue_turn(self.redis, self.keys, self.turn_id, self.keys.turn_rerun_job_id(self.turn_id, count))
+            logger.warning("turn %s: state fell back behind attempt %d; re-enqueued", self.turn_id, self.attempt)
+        return bool(count)
+
 
 async def _enqueue_turn(redis: Any, keys: Keys, turn_id: str, job_id: str, defer: float | None = None) -> bool:
     """Enqueue ``run_turn`` for a turn from its stored payload; False when arq already has that job id."""
