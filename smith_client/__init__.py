@@ -8,6 +8,8 @@ from smith_client.client import SmithClient
 from smith_client.errors import (
     ConfigurationError,
     ConflictError,
+    ContextOverflowError,
+    ConversationBusyError,
     InternalError,
     InvalidRequestError,
     LlmApiError,
@@ -37,6 +39,8 @@ __all__ = [
     "AssistantMessage",
     "ConfigurationError",
     "ConflictError",
+    "ContextOverflowError",
+    "ConversationBusyError",
     "Event",
     "InternalError",
     "InvalidRequestError",

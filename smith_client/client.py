@@ -26,6 +26,7 @@ from pydantic_core import PydanticSerializationError
 
 from smith_client.connection import connect_redis
 from smith_client.errors import (
+    ConversationBusyError,
     InvalidRequestError,
     SmithTimeoutError,
     TurnNotFoundError,
@@ -45,6 +46,17 @@ logger = logging.getLogger("agent_smith")
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 #: Largest user message accepted, in UTF-8 bytes.
 MAX_MESSAGE_BYTES = 1_000_000
+
+# KEYS: the conversation's unfinished-turn list, then its message and memory keys. ARGV: prefix.
+# Returns the id of an unfinished turn (nothing deleted), or '' after deleting every key.
+_CLEAR_LUA = """
+for _, id in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  local st = redis.call('HGET', ARGV[1] .. ':turn:' .. id .. ':state', 'status')
+  if st and st ~= 'completed' and st ~= 'failed' and st ~= 'cancelled' then return id end
+end
+redis.call('DEL', unpack(KEYS))
+return ''
+"""
 
 
 def _check_id(value: Any, field: str) -> str:
@@ -224,6 +236,27 @@ class SmithClient:
                 yield event
         finally:
             await pubsub.aclose()
+
+    @typed_redis_errors
+    async def clear(self, conversation_id: str) -> None:
+        """Remove a conversation's messages and memory state (its summary), in one atomic step.
+
+        Raises :class:`ConversationBusyError` (``active_turn_id`` set) and
+        changes nothing while the conversation has an unfinished (queued or
+        running) turn; :class:`InvalidRequestError` for a bad id. Finished
+        turns keep their own state (results, events) until it expires.
+        """
+        _check_id(conversation_id, "conversation_id")
+        keys = self.keys
+        busy = await self.redis.eval(
+            _CLEAR_LUA, 1 + len(keys.conversation_memory(conversation_id)),
+            keys.conversation_turns(conversation_id), *keys.conversation_memory(conversation_id), keys.prefix,
+        )  # fmt: skip
+        if busy:
+            raise ConversationBusyError(
+                f"conversation {conversation_id} has an unfinished turn ({busy.decode()}); cancel it or wait",
+                conversation_id=conversation_id, active_turn_id=busy.decode(),
+            )  # fmt: skip
 
     @typed_redis_errors
     async def history(self, conversation_id: str) -> list[Any]:

@@ -16,6 +16,8 @@ key                               what                                    lifeti
 ``{p}:turn:{t}:state``            turn status and result (hash)            ``turn_ttl``
 ``{p}:tree:{r}:iterations``       model calls of a root turn's agent tree  ``turn_ttl`` after the last step
 ``{p}:conv:{c}:history``          conversation messages (list)             ``history_ttl`` after the last write
+``{p}:conv:{c}:trimmed``          messages trimmed from the history's head ``history_ttl`` after the last write
+``{p}:conv:{c}:summary``          SummaryMemory's summary + coverage      ``history_ttl`` after the last write
 ``{p}:toolres:{t}:{step}:{i}``    a tool call's result                     ``turn_ttl``
 ``{p}:workers``                   live workers (ZSET id → expiry ms)       pruned by workers; 1 day TTL
 ``{p}:worker:{w}``                one worker's registration                heartbeat TTL
@@ -89,6 +91,19 @@ class Keys:
     def history(self, conversation_id: str) -> str:
         """List of a conversation's messages (stored form)."""
         return f"{self.prefix}:conv:{conversation_id}:history"
+
+    def history_trimmed(self, conversation_id: str) -> str:
+        """Counter of messages trimmed from the head of the history: list index + this = absolute position."""
+        return f"{self.prefix}:conv:{conversation_id}:trimmed"
+
+    def conversation_summary(self, conversation_id: str) -> str:
+        """Hash of ``SummaryMemory``'s state: ``text`` and ``covers`` (absolute position it summarises up to)."""
+        return f"{self.prefix}:conv:{conversation_id}:summary"
+
+    def conversation_memory(self, conversation_id: str) -> list[str]:
+        """Every key holding a conversation's messages or memory state (what ``SmithClient.clear`` deletes)."""
+        return [self.history(conversation_id), self.history_trimmed(conversation_id),
+                self.conversation_summary(conversation_id)]
 
     def tool_result(self, turn_id: str, step: int, index: int) -> str:
         """A tool call's outcome (:class:`~smith_client.jobs.ToolOutcome` JSON); first writer wins."""

@@ -21,6 +21,7 @@ from smith_client.keys import ID_PATTERN
 from smith_worker.config import AgentConfig, Settings
 from smith_worker.hooks import Hooks
 from smith_worker.llm.types import LlmClientConfig
+from smith_worker.memory import FullMemory, Memory
 from smith_worker.sources import ToolSource
 from smith_worker.tools import DEFAULT_TOOL_TIMEOUT, Tool, ToolRegistry, make_tool
 
@@ -36,7 +37,8 @@ class AgentSpec:
     on the first model call ("auto", "required", "none", or a tool name, which
     becomes a named choice); with ``reset_tool_choice`` it becomes
     ``tool_choice_after_tools`` ("auto" by default) after a tool round, as the
-    OpenAI Agents SDK does to avoid loops.
+    OpenAI Agents SDK does to avoid loops. ``memory`` computes what of the
+    conversation the model sees at each step (:mod:`smith_worker.memory`).
     """
 
     name: str
@@ -49,6 +51,7 @@ class AgentSpec:
     tool_choice_after_tools: ToolChoice = "auto"
     hooks: Hooks = field(default_factory=Hooks)
     sources: list[str] = field(default_factory=list)
+    memory: Memory = field(default_factory=FullMemory)
 
     def tool_choice_for(self, tool_rounds: int) -> ToolChoice | None:
         """The ``tool_choice`` to send after ``tool_rounds`` completed tool rounds.
@@ -123,13 +126,18 @@ class SmithApp:
         tool_choice_after_tools: ToolChoice = "auto",
         hooks: Hooks | None = None,
         sources: list[str] | None = None,
+        memory: Memory | None = None,
     ) -> AgentSpec:
         """Declare an agent. ``tools`` are tool names or registered functions; ``sources``
-        names tool sources added with :meth:`add_source` (e.g. MCP server aliases).
+        names tool sources added with :meth:`add_source` (e.g. MCP server aliases);
+        ``memory`` is a :class:`~smith_worker.memory.Memory` (default :class:`FullMemory`).
 
         Raises :class:`ConfigurationError` for a bad name, a duplicate agent, an
-        unregistered tool or an unknown source.
+        unregistered tool, an unknown source or a ``memory`` that is not a Memory.
         """
+        if memory is not None and not isinstance(memory, Memory):
+            raise ConfigurationError(f"agent memory must be a Memory (e.g. RollingWindowMemory), got {memory!r}",
+                                     setting="memory")
         for source in sources or []:
             if source not in self.sources:
                 raise ConfigurationError(f"agent source {source!r} is not a registered source", setting="sources")
@@ -148,6 +156,7 @@ class SmithApp:
             tool_choice_after_tools=tool_choice_after_tools,
             hooks=hooks or Hooks(),
             sources=list(sources or []),
+            memory=memory if memory is not None else FullMemory(),
         )
         self.agents[name] = spec
         return spec

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from smith_client.errors import ConfigurationError
+from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES
 from smith_worker.llm.types import LlmClientConfig
 from smith_worker.tools import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
 
@@ -47,6 +48,9 @@ class Settings:
     ``SMITH_TOOL_JOB_TIMEOUT``   hard cap on one tool job, seconds      300
     ``SMITH_TURN_POLL_DELAY``    turn queue poll interval, seconds      0.02
     ``SMITH_TOOL_POLL_DELAY``    tool queue poll interval, seconds      0.01
+    ``SMITH_HISTORY_MAX_MESSAGES`` messages a conversation's stored    10000
+                                 history keeps (oldest trimmed, whole
+                                 tool-call groups at a time)
     ===========================  =====================================  ==================
     """
 
@@ -61,6 +65,7 @@ class Settings:
     tool_job_timeout: float = 300.0
     turn_poll_delay: float = 0.02
     tool_poll_delay: float = 0.01
+    history_max_messages: int = DEFAULT_HISTORY_MAX_MESSAGES
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -78,6 +83,7 @@ class Settings:
             tool_job_timeout=_env_float("SMITH_TOOL_JOB_TIMEOUT", cls.tool_job_timeout),
             turn_poll_delay=_env_float("SMITH_TURN_POLL_DELAY", cls.turn_poll_delay),
             tool_poll_delay=_env_float("SMITH_TOOL_POLL_DELAY", cls.tool_poll_delay),
+            history_max_messages=_env_int("SMITH_HISTORY_MAX_MESSAGES", cls.history_max_messages),
         )
 
     def llm_config(self, override: dict[str, Any] | LlmClientConfig | None = None) -> LlmClientConfig:
