@@ -218,7 +218,6 @@ app.agent("brittle", tools=[add], sources=["brittle"])
 async def _pause_after_final(message: object) -> None:
     """Holds the turn after a `_done` final message is in the history, so a test can kill its worker there."""
     if getattr(message, "role", "") == "assistant" and getattr(message, "content", "") == "all done":
-        await _record("final-appended", "yes")
         await asyncio.sleep(30)
 
 
