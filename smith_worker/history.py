@@ -30,10 +30,11 @@ DEFAULT_HISTORY_TTL = 30 * 24 * 3600
 DEFAULT_HISTORY_MAX_MESSAGES = 10_000
 
 #: Lua function ``trim(history, trimmed, max, ttl)``: drop the oldest messages beyond ``max``,
-#: moving the cut forward past tool messages so a tool-call group goes whole; prepended to
-#: every script that appends to a history.
+#: moving the cut forward past tool messages so a tool-call group goes whole, and refresh the
+#: trimmed counter's TTL with the history's; prepended to every script that appends to a history.
 TRIM_LUA = """
 local function trim(history, trimmed, max, ttl)
+  redis.call('EXPIRE', trimmed, ttl)  -- lives as long as the history: positions depend on it
   local len = redis.call('LLEN', history)
   local cut = len - tonumber(max)
   if cut <= 0 then return end

@@ -5,7 +5,8 @@ absolute position of the first message the summary does *not* cover). It is
 written by one script, both fields at once, and only forward (a larger
 ``covers``), so a summary written by a crashed or stale attempt is either
 complete and used, or absent (design rule 5). Every turn of the
-conversation, on any worker, reads it; its TTL is the history's.
+conversation, on any worker, reads it; each read refreshes its TTL to the
+history's, so it lives while the conversation is active.
 """
 
 from __future__ import annotations
@@ -84,7 +85,10 @@ class SummaryMemory(Memory):
     async def select(self, ctx: MemoryContext) -> list[Any]:
         """The summary (if any) and the messages after it; summarises first when that is over ``threshold``."""
         key = ctx.keys.conversation_summary(ctx.conversation_id)
-        text, covers = await ctx.redis.hmget(key, "text", "covers")
+        async with ctx.redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(key, "text", "covers")
+            pipe.expire(key, ctx.history_ttl)  # in use: it lives as long as the conversation is active
+            (text, covers), _ = await pipe.execute()
         old = text.decode() if text is not None else ""
         chunk = await ctx.store.read(int(covers) if covers is not None else 0)
         messages = chunk.messages

@@ -13,7 +13,7 @@ import threading
 import orjson
 import pytest
 
-from smith_client import ConversationBusyError
+from smith_client import ContextOverflowError, ConversationBusyError
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
 from smith_worker.memory.summary import DEFAULT_SUMMARY_PROMPT, SUMMARY_HEADING
 from tests.conftest import start_workers, wait_for_workers, worker_env
@@ -203,6 +203,16 @@ async def test_failed_summary_call_falls_back_to_the_window(client, scenario, sc
     assert max(len(v) for v in views) == SUMMARY["threshold"]  # RollingWindowMemory(max_messages=threshold)
     assert not await client.redis.exists(client.keys.conversation_summary(conversation))
     assert len(await client.history(conversation)) == 30
+
+
+async def test_a_turn_too_big_for_the_window_fails_with_context_overflow_error(client, scenario, scripted_llm):
+    key, marker = scenario(Reply.text("never"))
+    with pytest.raises(ContextOverflowError) as raised:  # re-raised on the client as the same class
+        await client.send(f"{marker} " + "x" * 3000, conversation_id=f"conv-{key}", agent="windowed", timeout=30)
+    assert raised.value.limit == "max_chars" and raised.value.budget == WINDOW["max_chars"]
+    assert raised.value.size > WINDOW["max_chars"]
+    assert scripted_llm.requests_for(key) == []  # refused before the model call
+    assert len(await client.history(f"conv-{key}")) == 1  # the user message is kept
 
 
 async def test_a_turn_that_failed_after_its_model_asked_for_a_tool_leaves_a_repaired_history(

@@ -1,6 +1,6 @@
 """Loop and LLM-client defaults are the seed's (§15.1 ``AgentConfig``, §8.1 ``LlmClientConfig``, §6.3)."""
 
-from smith_worker.config import AgentConfig
+from smith_worker.config import AgentConfig, Settings
 from smith_worker.llm import LlmClientConfig
 
 
@@ -15,3 +15,9 @@ def test_llm_client_config_defaults_are_the_seeds():
     cfg = LlmClientConfig(base_url="http://127.0.0.1:8080/v1", model="m")
     assert cfg.api_key is None and cfg.request_timeout == 60.0 and cfg.max_retries == 3
     assert (cfg.backoff_base, cfg.max_retry_after, cfg.include_usage) == (0.5, 60.0, True)
+
+
+def test_history_max_messages_defaults_to_10000_and_reads_the_environment(monkeypatch):
+    assert Settings.from_env().history_max_messages == 10_000
+    monkeypatch.setenv("SMITH_HISTORY_MAX_MESSAGES", "500")
+    assert Settings.from_env().history_max_messages == 500

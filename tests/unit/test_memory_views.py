@@ -18,7 +18,7 @@ from smith_worker import FullMemory, RollingWindowMemory, SummaryMemory
 from smith_worker.history import ConversationStore
 from smith_worker.memory import MemoryContext, is_well_formed, wire_size
 from smith_worker.memory.pairing import pending_repair
-from smith_worker.memory.summary import SUMMARY_HEADING
+from smith_worker.memory.summary import _SAVE, SUMMARY_HEADING
 from smith_worker.turn_state import TurnAttempt
 
 
@@ -216,3 +216,21 @@ async def test_trimming_keeps_whole_groups_and_positions_stay_absolute(convo):
     assert tail[2].tool_call_id == "d" and orjson.loads(tail[2].content)["error"] is True
     assert position == len(appended) + 3
     assert 0 < await convo.redis.ttl(keys.history_trimmed(cid)) <= 30 * 24 * 3600
+
+
+async def test_conversations_never_see_each_others_summary_and_a_summary_only_moves_forward(redis):
+    keys = Keys(f"u{uuid.uuid4().hex[:6]}")
+    a, b = Convo(redis, keys), Convo(redis, keys)
+    memory = SummaryMemory(threshold=6, keep_recent=2)
+    history = tool_turn(0) + tool_turn(1)
+    for convo in (a, b):
+        await convo.push(history)
+    view_a = await memory.view(a.ctx(5))
+    assert isinstance(view_a[0], SystemMessage) and len(a.summaries) == 1
+    view_b = await memory.view(b.ctx(5))  # b summarises its own messages, not a's summary
+    assert len(b.summaries) == 1 and "Summary so far" not in b.summaries[0][1].content
+    summary_a = await redis.hgetall(keys.conversation_summary(a.cid))
+    # a stale attempt writing an older summary later does not replace the newer one
+    assert await redis.eval(_SAVE, 1, keys.conversation_summary(a.cid), "stale", 1, 60) == 0
+    assert await redis.hgetall(keys.conversation_summary(a.cid)) == summary_a
+    assert view_b[0] == view_a[0]  # same wording of the first summary, in each conversation's own key
