@@ -97,10 +97,6 @@ class ConversationStore:
         self._keys = (keys.history(conversation_id), keys.history_trimmed(conversation_id))
         self.bytes_read = 0
 
-    async def messages(self) -> list[Any]:
-        """All stored messages, oldest first."""
-        return (await self.read(0)).messages
-
     async def read(self, first: int, end: int | None = None) -> HistorySlice:
         """Messages at positions ``first`` (clamped to the oldest stored) up to ``end`` (exclusive; None = all)."""
         return self._slice(await self._redis.eval(_READ, 2, *self._keys, first, "" if end is None else end, "range"))
