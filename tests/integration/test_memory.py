@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from smith_client import ContextOverflowError, ConversationBusyError
-from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
+from smith_client.messages import AssistantMessage, ToolMessage
 from smith_worker.memory.summary import DEFAULT_SUMMARY_PROMPT, SUMMARY_HEADING
 from tests.conftest import start_workers, wait_for_workers, worker_env
 from tests.integration.test_turns import collect, of_type
