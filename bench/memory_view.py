@@ -100,7 +100,7 @@ async def measure(redis: aioredis.Redis, memory: Memory, history: list, steps: i
         (summarising if summaries > count else plain).append((elapsed, sent, len(view)))
         await redis.rpush(keys.history(cid), message_to_json(new[-1]))
         end += len(new)
-    await redis.delete(*keys.conversation_memory(cid))
+    await redis.delete(*keys.conversation_state(cid))
     return plain, summarising
 
 

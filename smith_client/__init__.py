@@ -23,6 +23,7 @@ from smith_client.errors import (
     TransportError,
     TurnCancelledError,
     UnknownAgentError,
+    UnknownSkillError,
 )
 from smith_client.events import Event
 from smith_client.messages import (
@@ -61,5 +62,6 @@ __all__ = [
     "TransportError",
     "TurnCancelledError",
     "UnknownAgentError",
+    "UnknownSkillError",
     "UserMessage",
 ]

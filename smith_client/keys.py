@@ -17,7 +17,7 @@ key                               what                                    lifeti
 ``{p}:tree:{r}:iterations``       model calls of a root turn's agent tree  ``turn_ttl`` after the last step
 ``{p}:conv:{c}:history``          conversation messages (list)             ``history_ttl`` after the last write
 ``{p}:conv:{c}:trimmed``          messages trimmed from the history's head ``history_ttl`` after the last write
-``{p}:conv:{c}:summary``          SummaryMemory's summary + coverage      ``history_ttl`` after the last write
+``{p}:conv:{c}:summary``          SummaryMemory's summary + coverage      ``history_ttl`` after the last read or write
 ``{p}:toolres:{t}:{step}:{i}``    a tool call's result                     ``turn_ttl``
 ``{p}:workers``                   live workers (ZSET id → expiry ms)       pruned by workers; 1 day TTL
 ``{p}:worker:{w}``                one worker's registration                heartbeat TTL
@@ -26,6 +26,7 @@ key                               what                                    lifeti
 ``{p}:conv:{c}:turns``            the conversation's unfinished turns      ``history_ttl``; finished turns removed
 ``{p}:turn:{t}:inbox``            user messages merged into a turn         ``turn_ttl``
 ``{p}:toolres:{t}:{s}:{i}:started``  which tool worker started a call      ``turn_ttl``
+``{p}:conv:{c}:skills``           the conversation's active skills (list)  ``history_ttl`` after the last activation or step
 ================================  ======================================  ==========================
 
 ``{p}:worker:{w}:replies`` and ``{p}:control`` are pub/sub channels (no key).
@@ -35,6 +36,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+#: Idle lifetime of a conversation's keys (history, active skills), in seconds: 30 days (DESIGN.md §8).
+DEFAULT_HISTORY_TTL = 30 * 24 * 3600
 
 #: Allowed characters for ids chosen by callers (turn ids, conversation ids, agent names).
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:@-]{1,200}\Z")
@@ -92,6 +96,13 @@ class Keys:
         """List of a conversation's messages (stored form)."""
         return f"{self.prefix}:conv:{conversation_id}:history"
 
+    def conversation_skills(self, conversation_id: str) -> str:
+        """List of the skill names active in a conversation, in activation order (see :mod:`smith_client.skills`).
+
+        Part of the conversation's state: a conversation clear deletes it with the history.
+        """
+        return f"{self.prefix}:conv:{conversation_id}:skills"
+
     def history_trimmed(self, conversation_id: str) -> str:
         """Counter of messages trimmed from the head of the history: list index + this = absolute position."""
         return f"{self.prefix}:conv:{conversation_id}:trimmed"
@@ -100,10 +111,11 @@ class Keys:
         """Hash of ``SummaryMemory``'s state: ``text`` and ``covers`` (absolute position it summarises up to)."""
         return f"{self.prefix}:conv:{conversation_id}:summary"
 
-    def conversation_memory(self, conversation_id: str) -> list[str]:
-        """Every key holding a conversation's messages or memory state (what ``SmithClient.clear`` deletes)."""
+    def conversation_state(self, conversation_id: str) -> list[str]:
+        """Every key of a conversation's own state: messages, memory state, active skills (what
+        ``SmithClient.clear`` deletes)."""
         return [self.history(conversation_id), self.history_trimmed(conversation_id),
-                self.conversation_summary(conversation_id)]
+                self.conversation_summary(conversation_id), self.conversation_skills(conversation_id)]
 
     def tool_result(self, turn_id: str, step: int, index: int) -> str:
         """A tool call's outcome (:class:`~smith_client.jobs.ToolOutcome` JSON); first writer wins."""
@@ -115,7 +127,7 @@ class Keys:
         return f"{self.prefix}:workers"
 
     def worker(self, worker_id: str) -> str:
-        """One worker's registration (JSON: queue, agents, tools, pid, host)."""
+        """One worker's registration (JSON: queue, agents, skills, tools, pid, host)."""
         return f"{self.prefix}:worker:{worker_id}"
 
     def mcp_tools(self, alias: str) -> str:

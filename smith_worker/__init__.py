@@ -10,6 +10,7 @@ from smith_worker.app import AgentSpec, SmithApp
 from smith_worker.config import AgentConfig, Settings
 from smith_worker.hooks import Hooks
 from smith_worker.memory import FullMemory, Memory, MemoryContext, RollingWindowMemory, SummaryMemory, strip_orphans
+from smith_worker.skills import Skill, load_skill
 from smith_worker.tools import Tool, ToolContext, ToolRegistry, ToolResult, make_tool
 
 __all__ = [
@@ -21,12 +22,14 @@ __all__ = [
     "MemoryContext",
     "RollingWindowMemory",
     "Settings",
+    "Skill",
     "SmithApp",
     "SummaryMemory",
     "Tool",
     "ToolContext",
     "ToolRegistry",
     "ToolResult",
+    "load_skill",
     "make_tool",
     "strip_orphans",
 ]

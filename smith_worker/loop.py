@@ -53,8 +53,9 @@ from smith_worker.llm.types import (
     ToolSchema,
 )
 from smith_worker.runtime import WorkerRuntime
+from smith_worker.skills import ConversationSkills
 from smith_worker.tool_runner import tool_result_event
-from smith_worker.tools import ToolContext, error_content
+from smith_worker.tools import ToolContext, ToolRoute, error_content
 
 logger = logging.getLogger("agent_smith.agent")
 
@@ -95,6 +96,7 @@ class AgentLoop:
         self.publish = publish
         self.agent_path = [job.agent]
         self._stream_calls: dict[int, ToolCall] = {}
+        self.skills = ConversationSkills(rt.app.skills, rt.app.sources, rt.keys, job.conversation_id)
 
     async def run(self, spec: AgentSpec, start: int) -> AssistantMessage:
         """Run model steps from history position ``start`` (the turn's user message) until a final answer."""
@@ -148,7 +150,8 @@ class AgentLoop:
         return bool(moved)
 
     async def _begin_step(self, spec: AgentSpec) -> int:
-        """Before a model call, in one round trip: the cancel flag, merged messages, the tree count.
+        """Before a model call, in one round trip: the cancel flag, merged messages, the tree count,
+        the conversation's active skills (so an activation takes effect at the next step).
 
         Raises :class:`CancelRequested` when the turn's state asks it to stop.
         Merged user messages (``multitask="merge"``) join the history here, so
@@ -165,9 +168,11 @@ class AgentLoop:
             pipe.eval(*self.attempt.drain_inbox_args(closing=False))
             pipe.incr(tree)
             pipe.expire(tree, DEFAULT_TURN_TTL)
-            cancel, moved, count, _ = await pipe.execute()
+            self.skills.queue_read(pipe)
+            cancel, moved, count, _, *skills = await pipe.execute()
         if cancel:
             raise CancelRequested(cancel.decode())
+        self.skills.take(spec, skills)
         await self._announce_merged(spec, self.attempt.drained(moved))
         return int(count)
 
@@ -197,9 +202,9 @@ class AgentLoop:
     async def _call_model(self, spec: AgentSpec, llm: LlmClient, memory: MemoryContext,
                           tool_rounds: int) -> LlmResponse:
         tools = await self._tool_schemas(spec)
-        system = [SystemMessage(content=spec.system_prompt)] if spec.system_prompt else []
+        prompt = self.skills.system_prompt(spec.system_prompt)
         request = LlmRequest(
-            messages=system + await spec.memory.view(memory),
+            messages=([SystemMessage(content=prompt)] if prompt else []) + await spec.memory.view(memory),
             tools=tools,
             sampling=self._sampling(),
             tool_choice=spec.tool_choice_for(tool_rounds) if tools else None,
@@ -224,13 +229,14 @@ class AgentLoop:
             raise ConfigurationError(f"invalid per-turn sampling: {exc}", setting="sampling") from exc
 
     async def _tool_schemas(self, spec: AgentSpec) -> list[ToolSchema]:
-        """Native tools of the agent, then each of its sources' tools, in declaration order."""
+        """Native tools of the agent, then each of its sources' tools, in declaration order, then
+        the tools of the active skills (seed §12.3)."""
         schemas = self.rt.app.tools.schemas(spec.tools)
         asking = ToolContext(call_id="", tool_name="", turn_id=self.job.turn_id,
                              conversation_id=self.job.conversation_id, agent=spec.name, worker_id=self.rt.worker_id)
         for name in spec.sources:
             schemas += await self.rt.app.sources[name].schemas(self.rt, asking)
-        return schemas
+        return await self.skills.tools(schemas, self.rt, asking)
 
     async def _on_stream_event(self, spec: AgentSpec, event: StreamEvent) -> None:
         """Publish stream events as they arrive (tokens, tool-call start and completion)."""
@@ -268,6 +274,7 @@ class AgentLoop:
         """Run a step's calls; append their tool messages and, after a ``_done`` result, its final message
         in the same append, so a crash cannot fall between them (issue 13 design rule 4). Returns that
         final message, or None."""
+        await self.skills.ensure(spec, self.rt.redis)  # a re-run may resume here, before any model call
         for call in calls:
             await fire("on_tool_call", call, self.rt.app.hooks, spec.hooks)
         outcomes = await asyncio.gather(*(self._run_tool(spec, step, i, c) for i, c in enumerate(calls)))
@@ -283,26 +290,30 @@ class AgentLoop:
 
     async def _run_tool(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolOutcome:
         job = self._tool_job(spec, step, index, call)
-        timeout = self._timeout_for(spec, call.name)
-        if timeout is None:
+        route = self._route(spec, call.name)
+        if route is None:
             outcome, produced_here = ToolOutcome(content=error_content(f"unknown tool: {call.name}"), is_error=True), True
         else:
-            job.timeout = timeout
-            native = self.rt.app.tools.find(call.name)
-            job.idempotent = native.idempotent if native is not None else False
+            job.timeout, job.idempotent, job.skill = route.timeout, route.idempotent, route.skill
             assert self.rt.tool_waiter is not None
             outcome, produced_here = await self.rt.tool_waiter.run(job)
         if produced_here:  # otherwise the tool worker published it
             await self.publish(TOOL_RESULT, tool_result_event(job, outcome))
         return outcome
 
-    def _timeout_for(self, spec: AgentSpec, tool_name: str) -> float | None:
-        """The budget (seconds) of a tool this agent may call, or None when it may not call it."""
+    def _route(self, spec: AgentSpec, tool_name: str) -> ToolRoute | None:
+        """How a call of ``tool_name`` runs this step, or None when this agent may not call it.
+
+        An active skill's tool shadows the agent's own of the same name (seed §12.3: last registered wins).
+        """
+        route = self.skills.route(spec, tool_name)
+        if route is not None:
+            return route
         tool = self.rt.app.tools.find(tool_name) if tool_name in spec.tools else None
         if tool is not None:
-            return tool.timeout
+            return ToolRoute(tool.timeout, tool.idempotent)
         source = self.rt.app.source_for(tool_name, spec.sources)
-        return source.timeout_for(tool_name) if source is not None else None
+        return ToolRoute(source.timeout_for(tool_name)) if source is not None else None
 
     def _tool_job(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolJob:
         keys = self.rt.keys

@@ -104,6 +104,7 @@ class WorkerRuntime:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "agents": sorted(self.app.agents) if self.queue == "turns" else [],
+            "skills": self.app.skills.names(),
             "tools": self.app.tools.names() if self.queue == "tools" else [],
         }
         await register_worker(self.redis, self.keys, self.worker_id, info, DEFAULT_REGISTRATION_TTL)

@@ -17,7 +17,8 @@ from smith_client.eventlog import DEFAULT_TURN_TTL, WHILE_RUNNING
 from smith_client.events import TOOL_RESULT
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_worker.runtime import WorkerRuntime
-from smith_worker.tools import ToolContext, ToolResult, error_result, truncate_content
+from smith_worker.sources import ToolSource
+from smith_worker.tools import Tool, ToolContext, ToolResult, error_result, truncate_content
 
 logger = logging.getLogger("agent_smith.tool")
 
@@ -34,9 +35,17 @@ def tool_result_event(job: ToolJob, outcome: ToolOutcome) -> dict[str, Any]:
     }
 
 
-async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
+def _target(rt: WorkerRuntime, job: ToolJob) -> tuple[Tool | None, ToolSource | None]:
+    """The native tool or the source running the call; a skill's own when the job names a skill
+    (a skill tool may shadow an app tool of the same name, seed §12.3)."""
+    if job.skill:
+        return rt.app.skills.target(job.skill, job.call.name, rt.app.sources)
     tool = rt.app.tools.find(job.call.name)
-    source = rt.app.source_for(job.call.name) if tool is None else None
+    return tool, (rt.app.source_for(job.call.name) if tool is None else None)
+
+
+async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
+    tool, source = _target(rt, job)
     if tool is None and source is None:
         return error_result(f"unknown tool: {job.call.name}")
     ctx = ToolContext(

@@ -31,9 +31,9 @@ from pydantic import BaseModel
 
 from smith_client.errors import ParseError
 from smith_client.jobs import RUN_TURN, TurnJob
-from smith_client.keys import Keys
+from smith_client.keys import DEFAULT_HISTORY_TTL, Keys
 from smith_client.messages import message_to_json
-from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES, DEFAULT_HISTORY_TTL, TRIM_LUA, Repair
+from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES, TRIM_LUA, Repair
 
 logger = logging.getLogger("agent_smith.worker")
 

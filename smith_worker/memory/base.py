@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from smith_client.keys import Keys
-from smith_worker.history import DEFAULT_HISTORY_TTL, ConversationStore
+from smith_client.keys import DEFAULT_HISTORY_TTL, Keys
+from smith_worker.history import ConversationStore
 from smith_worker.memory.pairing import well_formed
 
 #: A non-streaming model call with the agent's model: request messages → the reply's text.
