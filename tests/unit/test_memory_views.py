@@ -166,7 +166,8 @@ async def test_summary_is_made_once_per_crossing_and_covers_the_old_summary(conv
     assert 0 < await convo.redis.ttl(convo.keys.conversation_summary(convo.cid)) <= 30 * 24 * 3600
 
 
-async def test_failed_summary_falls_back_to_the_window_and_publishes_an_event(convo):
+async def test_failed_summary_falls_back_to_the_window_and_publishes_an_event(convo, caplog):
+    caplog.set_level("WARNING", logger="agent_smith.agent")
     memory = SummaryMemory(threshold=8, keep_recent=3)
     history = []
     for n in range(4):
@@ -178,6 +179,7 @@ async def test_failed_summary_falls_back_to_the_window_and_publishes_an_event(co
     assert view == history[-5:]  # RollingWindowMemory(max_messages=8), from a user message
     assert [t for t, _ in convo.events] == [MEMORY_SUMMARY_FAILED]
     assert convo.events[0][1]["error"]["kind"] == "InternalError"
+    assert any("summary call failed" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
     assert await convo.redis.exists(convo.keys.conversation_summary(convo.cid)) == 0
 
 
@@ -234,3 +236,15 @@ async def test_conversations_never_see_each_others_summary_and_a_summary_only_mo
     assert await redis.eval(_SAVE, 1, keys.conversation_summary(a.cid), "stale", 1, 60) == 0
     assert await redis.hgetall(keys.conversation_summary(a.cid)) == summary_a
     assert view_b[0] == view_a[0]  # same wording of the first summary, in each conversation's own key
+
+
+async def test_window_reads_further_pages_until_a_limit_or_the_oldest_message(convo):
+    history = []
+    for n in range(60):
+        history += tool_turn(n)  # 300 messages: the 64-message pages must be read back to the start
+    await convo.push(history)
+    start = len(history) - 5
+    assert await RollingWindowMemory(max_chars=10_000_000).view(convo.ctx(start)) == history
+    view = await RollingWindowMemory(max_chars=20_000).view(convo.ctx(start))
+    assert 64 < len(view) < len(history) and view == history[-len(view):]
+    assert isinstance(view[0], UserMessage) and sum(map(wire_size, view)) <= 20_000
