@@ -112,9 +112,14 @@ def _check_timeout(timeout: Any) -> float | None:
     return float(timeout)
 
 
+#: Largest ``after_seq`` accepted: Redis stream ids and counters are signed 64-bit.
+MAX_SEQ = 2**63 - 1
+
+
 def _check_seq(after_seq: Any) -> int:
-    if isinstance(after_seq, bool) or not isinstance(after_seq, int) or after_seq < 0:
-        raise InvalidRequestError(f"after_seq must be an integer >= 0, got {after_seq!r}", field="after_seq")
+    if isinstance(after_seq, bool) or not isinstance(after_seq, int) or not 0 <= after_seq <= MAX_SEQ:
+        raise InvalidRequestError(f"after_seq must be an integer in [0, 2**63-1], got {after_seq!r}",
+                                  field="after_seq")
     return after_seq
 
 

@@ -27,7 +27,7 @@ from smith_worker.llm.types import LlmClientConfig
 from smith_worker.memory import FullMemory, Memory
 from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
 from smith_worker.sources import ToolSource
-from smith_worker.tools import DEFAULT_TOOL_TIMEOUT, Tool, ToolRegistry, make_tool
+from smith_worker.tools import DEFAULT_TOOL_TIMEOUT, Isolation, Tool, ToolRegistry, make_tool
 
 ToolChoice = str | dict[str, Any]
 
@@ -107,15 +107,21 @@ class SmithApp:
         parameters: dict[str, Any] | None = None,
         timeout: float = DEFAULT_TOOL_TIMEOUT,
         idempotent: bool = False,
+        isolation: Isolation = "thread",
     ) -> Any:
         """Register a tool; usable as ``@app.tool`` or ``@app.tool(timeout=5.0)``.
 
-        ``timeout`` is seconds. Raises :class:`ConfigurationError` on a name collision.
+        ``timeout`` is seconds. A sync tool runs in a thread, which Python
+        cannot stop: past its timeout it runs on (counted; too many make the
+        tool worker restart). ``isolation="process"`` runs it in a pool
+        process killed at its timeout instead (module-level function, picklable
+        arguments and result). Raises :class:`ConfigurationError` on a name collision.
         """
 
         def register(func: Callable[..., Any]) -> Callable[..., Any]:
             tool = make_tool(
-                func, name=name, description=description, parameters=parameters, timeout=timeout, idempotent=idempotent
+                func, name=name, description=description, parameters=parameters, timeout=timeout,
+                idempotent=idempotent, isolation=isolation,
             )
             if not self.tools.add(tool):
                 raise ConfigurationError(f"tool {tool.name!r} is already registered", setting="tools")

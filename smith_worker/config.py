@@ -13,6 +13,7 @@ from typing import Any
 from smith_client.errors import ConfigurationError
 from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES
 from smith_worker.llm.types import LlmClientConfig
+from smith_worker.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
 from smith_worker.tools import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
 
 
@@ -48,10 +49,14 @@ class Settings:
     ``SMITH_TOOL_JOB_TIMEOUT``   hard cap on one tool job, seconds      300
     ``SMITH_TURN_POLL_DELAY``    turn queue poll interval, seconds      0.02
     ``SMITH_TOOL_POLL_DELAY``    tool queue poll interval, seconds      0.01
-    ``SMITH_HISTORY_MAX_MESSAGES`` messages a conversation's stored    10000
-                                 history keeps (oldest trimmed, whole
-                                 tool-call groups at a time)
+    ``SMITH_TOOL_MAX_OVERRUNS``  overrunning sync-tool threads that     10
+                                 make a tool worker drain and restart
+    ``SMITH_TOOL_PROCESSES``     processes for ``isolation="process"``  4
+                                 tools, per tool worker
     ===========================  =====================================  ==================
+
+    ``SMITH_HISTORY_MAX_MESSAGES`` (default 10000): messages a conversation's
+    stored history keeps; the oldest are trimmed, whole tool-call groups at a time.
     """
 
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -65,6 +70,8 @@ class Settings:
     tool_job_timeout: float = 300.0
     turn_poll_delay: float = 0.02
     tool_poll_delay: float = 0.01
+    tool_max_overruns: int = DEFAULT_OVERRUN_LIMIT
+    tool_processes: int = DEFAULT_TOOL_PROCESSES
     history_max_messages: int = DEFAULT_HISTORY_MAX_MESSAGES
 
     @classmethod
@@ -83,6 +90,8 @@ class Settings:
             tool_job_timeout=_env_float("SMITH_TOOL_JOB_TIMEOUT", cls.tool_job_timeout),
             turn_poll_delay=_env_float("SMITH_TURN_POLL_DELAY", cls.turn_poll_delay),
             tool_poll_delay=_env_float("SMITH_TOOL_POLL_DELAY", cls.tool_poll_delay),
+            tool_max_overruns=_env_int("SMITH_TOOL_MAX_OVERRUNS", cls.tool_max_overruns),
+            tool_processes=_env_int("SMITH_TOOL_PROCESSES", cls.tool_processes),
             history_max_messages=_env_int("SMITH_HISTORY_MAX_MESSAGES", cls.history_max_messages),
         )
 

@@ -40,7 +40,7 @@ from smith_worker.app import AgentSpec
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
 from smith_worker.memory import MemoryContext
-from smith_worker.turn_state import TurnAttempt
+from smith_worker.turn_state import StaleAttemptError, TurnAttempt
 from smith_worker.llm import LlmClient
 from smith_worker.llm.types import (
     LlmRequest,
@@ -297,9 +297,18 @@ class AgentLoop:
             job.timeout, job.idempotent, job.skill = route.timeout, route.idempotent, route.skill
             assert self.rt.tool_waiter is not None
             outcome, produced_here = await self.rt.tool_waiter.run(job)
-        if produced_here:  # otherwise the tool worker published it
-            await self.publish(TOOL_RESULT, tool_result_event(job, outcome))
+        if produced_here or self.attempt.attempt > 1:  # else the tool worker published it
+            await self._publish_result_once(job, outcome)
         return outcome
+
+    async def _publish_result_once(self, job: ToolJob, outcome: ToolOutcome) -> None:
+        """Publish ``tool.result`` unless the tool worker already did: a result that landed while the
+        turn was between attempts (its publish was refused) goes out now, exactly once."""
+        once = self.rt.keys.tool_result_published(job.turn_id, job.step, job.index)
+        seq = await self.rt.events.publish(job.turn_id, TOOL_RESULT, tool_result_event(job, outcome),
+                                           self.agent_path, attempt=self.attempt.attempt, once_key=once)
+        if seq < 0:
+            raise StaleAttemptError(job.turn_id)
 
     def _route(self, spec: AgentSpec, tool_name: str) -> ToolRoute | None:
         """How a call of ``tool_name`` runs this step, or None when this agent may not call it.
