@@ -1,5 +1,8 @@
 """Loop and LLM-client defaults are the seed's (§15.1 ``AgentConfig``, §8.1 ``LlmClientConfig``, §6.3)."""
 
+import pytest
+
+from smith_client.errors import ConfigurationError
 from smith_worker.config import AgentConfig, Settings
 from smith_worker.llm import LlmClientConfig
 
@@ -21,3 +24,16 @@ def test_history_max_messages_defaults_to_10000_and_reads_the_environment(monkey
     assert Settings.from_env().history_max_messages == 10_000
     monkeypatch.setenv("SMITH_HISTORY_MAX_MESSAGES", "500")
     assert Settings.from_env().history_max_messages == 500
+
+
+def test_tool_calling_and_temperature_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SMITH_LLM_TOOL_CALLING", "json_schema")
+    monkeypatch.setenv("SMITH_LLM_TEMPERATURE", "0")
+    config = Settings.from_env().llm_config()
+    assert config.tool_calling == "json_schema" and config.default_sampling.temperature == 0.0
+    assert Settings.from_env().llm_config({"tool_calling": "native"}).tool_calling == "native"  # an agent's override wins
+    monkeypatch.delenv("SMITH_LLM_TEMPERATURE")
+    assert Settings.from_env().llm_config().default_sampling.temperature is None
+    monkeypatch.setenv("SMITH_LLM_TOOL_CALLING", "grammar")
+    with pytest.raises(ConfigurationError):
+        Settings.from_env().llm_config()
