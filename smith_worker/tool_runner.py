@@ -104,6 +104,7 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     if answered:
         return {"is_error": False, "stored": False}  # never run a call twice
     outcome = stored_outcome(await _invoke(rt, job), job.result_max_bytes, rt.worker_id)
+    rt.metrics.record_tool_call(job.call.name, outcome.is_error, time.monotonic() - started)
     stored = await rt.redis.set(job.result_key, outcome.model_dump_json(), nx=True, ex=DEFAULT_TURN_TTL)
     if stored:  # the event, then the waiting turn's wake-up, in one round trip
         once = rt.keys.tool_result_published(job.turn_id, job.step, job.index)
