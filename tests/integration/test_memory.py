@@ -13,13 +13,13 @@ import threading
 import orjson
 import pytest
 
-from smith_client import ContextOverflowError, ConversationBusyError
+from smith_client import ContextOverflowError, ConversationBusyError, SyncSmithClient
 from smith_client.messages import AssistantMessage, ToolMessage
 from smith_worker.memory.summary import DEFAULT_SUMMARY_PROMPT, SUMMARY_HEADING
 from tests.conftest import start_workers, wait_for_workers, worker_env
 from tests.integration.test_turns import collect, of_type
 from tests.support.app import SUMMARY, WINDOW
-from tests.support.scripted_llm import Reply
+from tests.support.scripted_llm import Reply, Script
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 
@@ -292,3 +292,19 @@ async def test_done_final_message_is_in_the_history_and_the_next_turn_sees_it(cl
 
     await client.send(f"{marker} and now?", conversation_id=conversation)
     assert {"role": "assistant", "content": "all done"} in scripted_llm.requests_for(key)[-1].messages
+
+
+def test_the_blocking_client_clears_too_and_refuses_while_a_turn_runs(redis_url, prefix, scenario, scripted_llm):
+    gate = threading.Event()
+    key, marker = scenario(Script(Reply.text("held back", gate=gate)))
+    conversation = f"conv-{key}"
+    with SyncSmithClient.from_url(redis_url, prefix=prefix) as sync:
+        handle = sync.submit(f"{marker} hold", conversation_id=conversation, agent="plain")
+        assert scripted_llm.wait_until(lambda: len(scripted_llm.requests_for(key)) == 1, 10)
+        with pytest.raises(ConversationBusyError):
+            sync.clear(conversation)
+        assert len(sync.history(conversation)) == 1
+        gate.set()
+        assert handle.result(timeout=30).content == "held back"
+        sync.clear(conversation)
+        assert sync.history(conversation) == []
