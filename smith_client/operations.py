@@ -103,7 +103,8 @@ def clear(keys: Keys, conversation_id: Any) -> Operation[None]:
     """
     check_id(conversation_id, "conversation_id")
     state = keys.conversation_state(conversation_id)
-    busy = yield Call("eval", (_CLEAR_LUA, 1 + len(state), keys.conversation_turns(conversation_id), *state, keys.prefix))
+    busy = yield Call("eval", (_CLEAR_LUA, 1 + len(state), keys.conversation_turns(conversation_id), *state,
+                               keys.prefix))
     if busy:
         raise ConversationBusyError(
             f"conversation {conversation_id} has an unfinished turn ({busy.decode()}); cancel it or wait",

@@ -134,8 +134,9 @@ class AgentLoop:
     def _memory_context(self, llm: LlmClient, start: int) -> MemoryContext:
         """What the agent's memory may use at each step (seed §13.1): the history, a summary call, events."""
 
-        async def summarize(messages: list[Any]) -> str:
-            return (await llm.complete(LlmRequest(messages=messages))).message.content
+        async def summarize(messages: list[Any]) -> str:  # a model call like any other: counted in the metrics
+            response = await self.rt.metrics.count_llm_request(llm.complete(LlmRequest(messages=messages)))
+            return response.message.content
 
         return MemoryContext(store=self.store, turn_start=start, summarize=summarize, publish=self.publish,
                              redis=self.rt.redis, keys=self.rt.keys, conversation_id=self.job.conversation_id,
