@@ -186,7 +186,9 @@ def block_sync(seconds: float) -> str:
     return "unblocked"
 
 
-@app.tool(timeout=1.0, isolation="process")
+# 5 s, not 1 s: the call may come right after the tool worker re-executed itself, while its pool
+# process is still importing this module on a loaded machine; the kill at the timeout is what is tested.
+@app.tool(timeout=5.0, isolation="process")
 def sleep_in_process(seconds: float, ctx: ToolContext) -> str:
     """Records its process id under `proc:<turn id>`, then sleeps `seconds` in that process."""
     _record_sync(f"proc:{ctx.turn_id}", str(os.getpid()))
