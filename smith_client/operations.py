@@ -16,14 +16,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from smith_client.errors import SmithTimeoutError, TurnNotFoundError
+from smith_client import scripts
 from smith_client import turn_record as record
+from smith_client.errors import ConversationBusyError, SmithTimeoutError, TurnNotFoundError
 from smith_client.eventlog import last_seq, read_events
 from smith_client.events import Event, event_from_json
 from smith_client.jobs import TurnJob
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, messages_from_json_list
-from smith_client.protocol import Call, Operation, Receive, Subscribe
+from smith_client.protocol import Call, Operation, Receive, RunScript, Subscribe
 
 from smith_client.registry import read_served
 from smith_client.turns import outcome_from_event, outcome_from_state, read_state, submit_turn
@@ -83,6 +84,22 @@ def result(keys: Keys, turn_id: str, timeout: Any = None) -> Operation[Assistant
     if done is not None:
         return done
     return outcome_from_event((yield from _terminal_event(follow(keys, turn_id, 0, timeout), "result")))
+
+
+def clear(keys: Keys, conversation_id: Any) -> Operation[None]:
+    """Operation of ``clear``: delete a conversation's own keys unless it has an unfinished turn.
+
+    Raises :class:`ConversationBusyError` (nothing deleted) or :class:`InvalidRequestError`.
+    """
+    check_id(conversation_id, "conversation_id")
+    script_keys = (keys.conversation_turns(conversation_id), keys.conversation_statuses(conversation_id),
+                   *keys.conversation_state(conversation_id))
+    busy = yield RunScript(scripts.CLEAR, script_keys)
+    if busy:
+        raise ConversationBusyError(
+            f"conversation {conversation_id} has an unfinished turn ({busy.decode()}); cancel it or wait",
+            conversation_id=conversation_id, active_turn_id=busy.decode(),
+        )  # fmt: skip
 
 
 def history(keys: Keys, conversation_id: Any) -> Operation[list[Any]]:

@@ -13,8 +13,9 @@ new arq job id, so recovery does not wait for arq's in-progress key (job
 timeout + 10 s, arq-notes.md §1.6).
 
 The history is the checkpoint: the user message is appended once per turn
-id (its index kept as ``history_start``), assistant and tool messages are
-appended whole, so a re-run reads where the turn stopped.
+id (its absolute position kept as ``history_start``, :mod:`smith_worker.history`),
+assistant and tool messages are appended whole, so a re-run reads where the
+turn stopped. Every append trims the history to ``history_max`` messages.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from smith_client.keys import RUNNING_TTL, Keys, now_ms
 from smith_client.messages import message_to_json
 from smith_client.turn_record import decode_state
 from smith_worker.fencing import StaleAttemptError
+from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES, Repair
 from smith_worker.tasks import cancel_and_wait
 
 logger = logging.getLogger("agent_smith.worker")
@@ -50,7 +52,8 @@ class TurnAttempt:
     """One attempt at running one turn (see the module docstring).
 
     ``lease`` is seconds. ``on_lost`` is called (once) when renewal finds the
-    lease taken over, so the owner can stop its task.
+    lease taken over, so the owner can stop its task. ``history_max`` is the
+    number of messages the stored history keeps (``SMITH_HISTORY_MAX_MESSAGES``).
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class TurnAttempt:
         worker_id: str,
         *,
         lease: float = DEFAULT_LEASE,
+        history_max: int = DEFAULT_HISTORY_MAX_MESSAGES,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -70,11 +74,13 @@ class TurnAttempt:
         self.worker_id = worker_id
         self.lease_ms = int(lease * 1000)
         self.history_ttl = keys.history_ttl
+        self.history_max = history_max
         self.attempt = 0
         self._renewer: asyncio.Task[None] | None = None
         self._state = keys.turn_state(turn_id)
         self._history = keys.history(conversation_id)
         self._statuses = keys.conversation_statuses(conversation_id)
+        self._trimmed = keys.history_trimmed(conversation_id)
 
     async def begin(self) -> str:
         """Take the turn: ``"go"`` (this attempt runs it), ``"wait"`` (an earlier turn of the
@@ -112,10 +118,20 @@ class TurnAttempt:
         """The turn's state hash, decoded (fields in :mod:`smith_client.turn_record`)."""
         return decode_state(await self.redis.hgetall(self._state))
 
-    async def append_user(self, message: BaseModel) -> int:
-        """Append the turn's user message once per turn id; return its index in the history."""
-        index = await scripts.APPEND_USER(self.redis, [self._state, self._history],
-                                          [self.attempt, message_to_json(message), self.history_ttl])
+    async def append_user(self, message: BaseModel, repair: Repair | None = None) -> int:
+        """Append the turn's user message once per turn id; return its absolute position in the history.
+
+        ``repair`` (error tool messages for dangling tool calls of an earlier
+        turn) is inserted in the same script, so the history is repaired once
+        (issue 13 design rule 3); it is skipped if the history changed since
+        it was computed.
+        """
+        extra: list[Any] = []
+        if repair is not None:
+            extra = [repair.end, repair.position, *(message_to_json(m) for m in repair.messages)]
+        index = await scripts.APPEND_USER(self.redis, [self._state, self._history, self._trimmed],
+                                          [self.attempt, message_to_json(message), self.history_ttl, self.history_max,
+                                           *extra])
         if index < 0:
             raise StaleAttemptError(self.turn_id)
         return int(index)
@@ -125,7 +141,9 @@ class TurnAttempt:
         if not messages:
             return
         blobs = [message_to_json(m) for m in messages]
-        if await scripts.APPEND(self.redis, [self._state, self._history], [self.attempt, self.history_ttl, *blobs]) < 0:
+        reply = await scripts.APPEND(self.redis, [self._state, self._history, self._trimmed],
+                                     [self.attempt, self.history_ttl, self.history_max, *blobs])
+        if reply < 0:
             raise StaleAttemptError(self.turn_id)
 
     async def drain_inbox(self, closing: bool) -> list[bytes]:
@@ -138,8 +156,8 @@ class TurnAttempt:
         scripts.DRAIN_INBOX.queue(pipe, *self._drain_call(closing=False))
 
     def _drain_call(self, closing: bool) -> tuple[list[str], list[Any]]:
-        keys = [self._state, self.keys.turn_inbox(self.turn_id), self._history]
-        return keys, [self.attempt, self.history_ttl, "1" if closing else "0"]
+        keys = [self._state, self.keys.turn_inbox(self.turn_id), self._history, self._trimmed]
+        return keys, [self.attempt, self.history_ttl, "1" if closing else "0", self.history_max]
 
     def drained(self, reply: Any) -> list[bytes]:
         """The moved messages from a drain's reply. Raises :class:`StaleAttemptError` when fenced off."""
