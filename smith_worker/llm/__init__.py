@@ -1,41 +1,36 @@
 """The LLM client: chat-completions requests, SSE streaming, retries (seed §8, §9, §6.3)."""
 
-from smith_worker.llm.client import LlmClient, OnEvent, events_for_response, parse_completion, parse_retry_after
-from smith_worker.llm.sse import SseEvent, SseParser
-from smith_worker.llm.stream import ChatStreamAssembler, ChatStreamDecoder
-from smith_worker.llm.types import (
-    LlmClientConfig,
-    LlmRequest,
-    LlmResponse,
-    SamplingParams,
-    StreamEvent,
-    StreamFinished,
-    StreamTokenDelta,
-    StreamToolCallCompleted,
-    StreamToolCallStarted,
-    ToolChoice,
-    ToolSchema,
-)
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "ChatStreamAssembler",
-    "ChatStreamDecoder",
-    "LlmClient",
-    "LlmClientConfig",
-    "LlmRequest",
-    "LlmResponse",
-    "OnEvent",
-    "SamplingParams",
-    "SseEvent",
-    "SseParser",
-    "StreamEvent",
-    "StreamFinished",
-    "StreamTokenDelta",
-    "StreamToolCallCompleted",
-    "StreamToolCallStarted",
-    "ToolChoice",
-    "ToolSchema",
-    "events_for_response",
-    "parse_completion",
-    "parse_retry_after",
-]
+from smith_worker.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names for type checkers; at run time each loads its module on first use
+    from smith_worker.llm.client import LlmClient, OnEvent, events_for_response, parse_completion, parse_retry_after
+    from smith_worker.llm.sse import SseEvent, SseParser
+    from smith_worker.llm.stream import ChatStreamAssembler, ChatStreamDecoder
+    from smith_worker.llm.types import LlmClientConfig, LlmRequest, LlmResponse, SamplingParams, StreamEvent, StreamFinished, StreamTokenDelta, StreamToolCallCompleted, StreamToolCallStarted, ToolChoice, ToolSchema
+
+_EXPORTS = {
+    "ChatStreamAssembler": "stream",
+    "ChatStreamDecoder": "stream",
+    "LlmClient": "client",
+    "LlmClientConfig": "types",
+    "LlmRequest": "types",
+    "LlmResponse": "types",
+    "OnEvent": "client",
+    "SamplingParams": "types",
+    "SseEvent": "sse",
+    "SseParser": "sse",
+    "StreamEvent": "types",
+    "StreamFinished": "types",
+    "StreamTokenDelta": "types",
+    "StreamToolCallCompleted": "types",
+    "StreamToolCallStarted": "types",
+    "ToolChoice": "types",
+    "ToolSchema": "types",
+    "events_for_response": "client",
+    "parse_completion": "client",
+    "parse_retry_after": "client",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -44,7 +44,8 @@ from smith_client.errors import (
     SmithTimeoutError,
     TransportError,
 )
-from smith_client.messages import assistant_from_openai, parse_json_object, to_openai
+from smith_client.messages import parse_json_object
+from smith_worker.llm.wire import assistant_from_openai, to_openai
 from smith_worker.llm.json_schema_tools import JsonReplyReader, rewrite_request
 from smith_worker.llm.stream import ChatStreamDecoder
 from smith_worker.llm.types import (

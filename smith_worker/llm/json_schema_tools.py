@@ -36,7 +36,8 @@ from typing import Any
 import orjson
 
 from smith_client.errors import ConfigurationError, ParseError
-from smith_client.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolMessage, UserMessage, parse_arguments
+from smith_client.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolMessage, UserMessage
+from smith_worker.llm.wire import parse_arguments
 from smith_worker.llm.types import (
     LlmRequest,
     LlmResponse,

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 
 from smith_client.errors import LlmApiError, ParseError
-from smith_client.messages import AssistantMessage, TokenUsage, ToolCall, parse_arguments, usage_from_openai
+from smith_client.messages import AssistantMessage, TokenUsage, ToolCall, parse_json_object
+from smith_worker.llm.wire import parse_arguments, usage_from_openai
 from smith_worker.llm.sse import SseEvent, SseParser
 from smith_worker.llm.types import (
     LlmResponse,
@@ -321,15 +321,7 @@ class ChatStreamDecoder:
 
 
 def _load_chunk(text: str, offset: int) -> dict[str, Any]:
-    try:
-        chunk = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise ParseError(
-            f"invalid JSON in stream frame at byte {offset} (position {exc.pos}): {exc.msg}", offset=offset
-        ) from exc
-    if not isinstance(chunk, dict):
-        raise ParseError("stream frame is not a JSON object", offset=offset)
-    return chunk
+    return parse_json_object(text, f"stream frame at byte {offset}", offset=offset)
 
 
 def _raise_stream_error(chunk: dict[str, Any], text: str) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 
 from smith_client.errors import ConfigurationError, ContextOverflowError
-from smith_client.messages import UserMessage, to_openai
+from smith_client.messages import UserMessage
+from smith_worker.llm.wire import to_openai
 from smith_worker.memory.base import Memory, MemoryContext
 
 #: Bytes per token in token estimates (seed §13.2: "~4 chars/token", counted in UTF-8 bytes).

@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from smith_client.errors import ConfigurationError, LlmApiError, ParseError, SmithTimeoutError, TransportError
-from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage, to_openai
+from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
+from smith_worker.llm.wire import to_openai
 from smith_worker.llm import (
     LlmClient,
     LlmClientConfig,
