@@ -15,7 +15,6 @@ from smith_client.messages import ToolCall, UserMessage
 RUN_TURN = "run_turn"
 RUN_TOOL = "run_tool"
 
-TurnStatus = Literal["queued", "running", "completed", "failed"]
 
 
 #: Request fields the framework owns; ``Sampling.extra`` may not set them (seed §8.2).

@@ -26,6 +26,7 @@ from smith_worker.hooks import Hooks
 from smith_worker.llm.types import LlmClientConfig
 from smith_worker.memory import FullMemory, Memory
 from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
+from smith_worker.native import NativeTools
 from smith_worker.sources import ToolSource
 from smith_worker.tools import DEFAULT_TOOL_TIMEOUT, Isolation, Tool, ToolRegistry, make_tool
 
@@ -86,6 +87,8 @@ class SmithApp:
                  skill_context_max_bytes: int = DEFAULT_SKILL_CONTEXT_MAX_BYTES) -> None:
         self._settings = settings
         self.tools = ToolRegistry()
+        #: The app's Python tools as a tool source (started with the other sources at worker start-up).
+        self.native = NativeTools(self.tools)
         self.skills = SkillCatalog(skill_context_max_bytes)
         self.agents: dict[str, AgentSpec] = {}
         self.hooks = Hooks()
@@ -268,9 +271,15 @@ class SmithApp:
         )
         return self.add_source(McpServerSource(config))
 
-    def source_for(self, tool_name: str, allowed: list[str] | None = None) -> ToolSource | None:
-        """The source owning ``tool_name`` (among ``allowed`` names when given), or None."""
-        for name, source in self.sources.items():
-            if (allowed is None or name in allowed) and source.owns(tool_name):
-                return source
-        return None
+    def all_sources(self) -> list[ToolSource]:
+        """Every tool source of the app: its Python tools, then the added sources (worker start-up and shutdown)."""
+        return [self.native, *self.sources.values()]
+
+    def sources_for(self, spec: AgentSpec) -> list[ToolSource]:
+        """The tool sources of one agent, in the order its tools are offered: its Python tools
+        (``spec.tools``), then its ``spec.sources`` in declaration order."""
+        return [self.native.restricted(spec.tools), *(self.sources[name] for name in spec.sources)]
+
+    def owner_of(self, tool_name: str) -> ToolSource | None:
+        """The source that runs ``tool_name`` on a tool worker (a Python tool first), or None."""
+        return next((source for source in self.all_sources() if source.owns(tool_name)), None)

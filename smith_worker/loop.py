@@ -232,11 +232,11 @@ class AgentLoop:
     async def _tool_schemas(self, spec: AgentSpec) -> list[ToolSchema]:
         """Native tools of the agent, then each of its sources' tools, in declaration order, then
         the tools of the active skills (seed §12.3)."""
-        schemas = self.rt.app.tools.schemas(spec.tools)
+        schemas: list[ToolSchema] = []
         asking = ToolContext(call_id="", tool_name="", turn_id=self.ctx.turn_id,
                              conversation_id=self.job.conversation_id, agent=spec.name, worker_id=self.rt.worker_id)
-        for name in spec.sources:
-            schemas += await self.rt.app.sources[name].schemas(asking)
+        for source in self.rt.app.sources_for(spec):
+            schemas += await source.schemas(asking)
         return await self.skills.tools(schemas, asking)
 
     async def _on_stream_event(self, spec: AgentSpec, event: StreamEvent) -> None:
@@ -303,11 +303,10 @@ class AgentLoop:
         route = self.skills.route(spec, tool_name)
         if route is not None:
             return route
-        tool = self.rt.app.tools.find(tool_name) if tool_name in spec.tools else None
-        if tool is not None:
-            return ToolRoute(tool.timeout, tool.idempotent)
-        source = self.rt.app.source_for(tool_name, spec.sources)
-        return ToolRoute(source.timeout_for(tool_name)) if source is not None else None
+        source = next((s for s in self.rt.app.sources_for(spec) if s.owns(tool_name)), None)
+        if source is None:
+            return None
+        return ToolRoute(source.timeout_for(tool_name), source.idempotent(tool_name))
 
     def _tool_job(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolJob:
         keys = self.rt.keys

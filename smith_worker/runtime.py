@@ -103,7 +103,7 @@ class WorkerRuntime:
     def source_context(self) -> SourceContext:
         """What the app's tool sources may use of this process."""
         return SourceContext(self.redis, self.keys, self.events, self.worker_id, self.app.hooks,
-                             {name: spec.hooks for name, spec in self.app.agents.items()})
+                             {name: spec.hooks for name, spec in self.app.agents.items()}, self.executors)
 
     @property
     def queue_name(self) -> str:
@@ -155,13 +155,13 @@ class WorkerRuntime:
             self.metrics.serve(self.settings.metrics_port, self.redis, self.queue_name, self._running_count)
         self.protect_secrets()
         await scripts.load_all(self.redis)  # before any pipeline sends EVALSHA (see smith_client.scripts)
-        for source in self.app.sources.values():
-            await source.start(self.source_context())
         if self.queue == "tools":
             self.executors = ToolExecutors(self.settings.tool_max_jobs, self.settings.tool_max_overruns,
                                            self.request_restart, self.settings.tool_processes)
             if any(self.app.tools.find(name).isolation == "process" for name in self.app.tools.names()):
                 self.executors.start_processes()
+        for source in self.app.all_sources():  # after the pools: the Python tools run on them
+            await source.start(self.source_context())
         if self.queue == "turns":
             replies = ReplyListener(
                 self.redis, self.keys.worker_replies_channel(self.worker_id), self.keys.control_channel, self.on_control
@@ -182,7 +182,7 @@ class WorkerRuntime:
         self.metrics.close()
         with contextlib.suppress(Exception):
             await unregister_worker(self.redis, self.keys, self.worker_id)
-        for source in self.app.sources.values():
+        for source in self.app.all_sources():
             try:
                 await source.close()
             except Exception:  # one failing source must not keep the others open

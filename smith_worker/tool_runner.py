@@ -21,7 +21,6 @@ from smith_worker.runtime import WorkerRuntime
 from smith_worker.redaction import redact_text
 from smith_worker.sources import ToolSource
 from smith_worker.tools import (
-    Tool,
     ToolContext,
     ToolResult,
     bounded_structured,
@@ -31,6 +30,9 @@ from smith_worker.tools import (
 )
 
 logger = logging.getLogger("agent_smith.tool")
+
+#: Seconds past a call's budget before the runner stops waiting for a source that ignores its own timeout.
+TIMEOUT_GUARD = 0.5
 
 
 def stored_outcome(result: ToolResult, max_bytes: int, worker: str) -> ToolOutcome:
@@ -46,18 +48,17 @@ def stored_outcome(result: ToolResult, max_bytes: int, worker: str) -> ToolOutco
     )
 
 
-def _target(rt: WorkerRuntime, job: ToolJob) -> tuple[Tool | None, ToolSource | None]:
-    """The native tool or the source running the call; a skill's own when the job names a skill
-    (a skill tool may shadow an app tool of the same name, seed §12.3)."""
+def _target(rt: WorkerRuntime, job: ToolJob) -> ToolSource | None:
+    """The source running the call; a skill's own when the job names a skill (a skill tool may
+    shadow an app tool of the same name, seed §12.3)."""
     if job.skill:
-        return rt.app.skills.target(job.skill, job.call.name, rt.app.sources)
-    tool = rt.app.tools.find(job.call.name)
-    return tool, (rt.app.source_for(job.call.name) if tool is None else None)
+        return rt.app.skills.target(job.skill, job.call.name, rt.app.sources, rt.app.native)
+    return rt.app.owner_of(job.call.name)
 
 
 async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
-    tool, source = _target(rt, job)
-    if tool is None and source is None:
+    source = _target(rt, job)
+    if source is None:
         return error_result(f"unknown tool: {job.call.name}")
     ctx = ToolContext(
         call_id=job.call.id,
@@ -69,11 +70,8 @@ async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
         deadline=time.monotonic() + job.timeout,
         worker_id=rt.worker_id,
     )
-    if tool is not None:
-        return await tool.invoke(job.call.arguments, ctx, timeout=job.timeout, executors=rt.executors)
-    assert source is not None
-    try:
-        async with asyncio.timeout(job.timeout):  # the source's own timeouts should fire first
+    try:  # a guard behind the source's own timeout, which fires first with its own message
+        async with asyncio.timeout(job.timeout + TIMEOUT_GUARD):
             return await source.call(job.call.name, job.call.arguments, ctx)
     except TimeoutError:
         return error_result(f"tool {job.call.name!r} timed out after {job.timeout:g} s")

@@ -300,10 +300,6 @@ class ToolRegistry:
         self._tools[tool.name] = tool
         return True
 
-    def replace(self, tool: Tool) -> None:
-        """Register ``tool``, replacing any tool of the same name (keeps its position)."""
-        self._tools[tool.name] = tool
-
     def find(self, name: str) -> Tool | None:
         """The tool registered as ``name``, or None."""
         return self._tools.get(name)

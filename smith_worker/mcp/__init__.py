@@ -25,11 +25,26 @@ from typing import TYPE_CHECKING
 from smith_worker.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names for type checkers; at run time each loads its module on first use
-    from smith_worker.mcp.catalog import Catalog
-    from smith_worker.mcp.config import PROTOCOL_VERSION, ServerConfig
-    from smith_worker.mcp.events import LifecycleEvent, LifecycleKind, McpEvent, Notification
-    from smith_worker.mcp.server import ServerHandle, State
-    from smith_worker.mcp.source import McpServerSource
+    from smith_worker.mcp.catalog import (
+        Catalog as Catalog,
+    )
+    from smith_worker.mcp.config import (
+        PROTOCOL_VERSION as PROTOCOL_VERSION,
+        ServerConfig as ServerConfig,
+    )
+    from smith_worker.mcp.events import (
+        LifecycleEvent as LifecycleEvent,
+        LifecycleKind as LifecycleKind,
+        McpEvent as McpEvent,
+        Notification as Notification,
+    )
+    from smith_worker.mcp.server import (
+        ServerHandle as ServerHandle,
+        State as State,
+    )
+    from smith_worker.mcp.source import (
+        McpServerSource as McpServerSource,
+    )
 
 _EXPORTS = {
     "Catalog": "catalog",

@@ -90,6 +90,10 @@ class McpServerSource:
         """``request_timeout + connect_timeout`` seconds: a call may have to start the server first."""
         return self.config.request_timeout + self.config.connect_timeout
 
+    def idempotent(self, tool_name: str) -> bool:
+        """False: a call may have had effects on the server, so it is never silently re-run."""
+        return False
+
     async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:
         """The server's tools now (see module doc).
 

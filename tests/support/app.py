@@ -268,6 +268,9 @@ class BrittleSource:
     def timeout_for(self, tool_name: str) -> float:
         raise RuntimeError("the brittle source went away")
 
+    def idempotent(self, tool_name: str) -> bool:
+        return False
+
     async def schemas(self, asking: object = None) -> list[ToolSchema]:
         return [ToolSchema(name="brittle__probe", description="Probe something.")]
 
