@@ -6,7 +6,7 @@ workers read API keys from their own configuration (DESIGN.md §9).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
