@@ -13,6 +13,7 @@ which covers a lost pub/sub message.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -26,6 +27,7 @@ from pydantic_core import PydanticSerializationError
 
 from smith_client.connection import connect_redis
 from smith_client.errors import (
+    EventsTrimmedError,
     InvalidRequestError,
     SmithTimeoutError,
     TurnNotFoundError,
@@ -129,9 +131,17 @@ class SmithClient:
         self._owns_redis = owns_redis
 
     @classmethod
-    def from_url(cls, redis_url: str = DEFAULT_REDIS_URL, *, prefix: str = "smith") -> "SmithClient":
-        """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``)."""
-        return cls(connect_redis(redis_url), prefix=prefix, owns_redis=True)
+    def from_url(
+        cls, redis_url: str = DEFAULT_REDIS_URL, *, prefix: str = "smith", socket_timeout: float | None = None
+    ) -> "SmithClient":
+        """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``).
+
+        ``socket_timeout`` (seconds) bounds every Redis connect and command
+        (default ``SMITH_REDIS_SOCKET_TIMEOUT``, else 5 s): with Redis not
+        answering, a call raises :class:`TransportError` after it instead of
+        blocking.
+        """
+        return cls(connect_redis(redis_url, socket_timeout=socket_timeout), prefix=prefix, owns_redis=True)
 
     async def __aenter__(self) -> "SmithClient":
         return self
@@ -162,11 +172,21 @@ class SmithClient:
         ``LlmApiError``) when it fails; :class:`TurnCancelledError` when it is
         cancelled; :class:`SmithTimeoutError` on ``timeout``.
         """
-        async for event in self.stream(text, timeout=timeout, **options):
-            if event.type == TURN_COMPLETED:
-                return event.final_message()
-            if event.terminal:
-                TurnHandle._raise_terminal(event)
+        timeout = _check_timeout(timeout)
+        # One bound on the whole call, Redis commands included: with Redis frozen, a
+        # command would otherwise hold the caller for the socket timeout past ``timeout``.
+        bound = asyncio.timeout(timeout)
+        try:
+            async with bound:
+                async for event in self.stream(text, timeout=timeout, **options):
+                    if event.type == TURN_COMPLETED:
+                        return event.final_message()
+                    if event.terminal:
+                        TurnHandle._raise_terminal(event)
+        except TimeoutError as exc:
+            if not bound.expired():
+                raise
+            raise SmithTimeoutError(f"turn did not finish in {timeout:g} s", operation="send", budget=timeout) from exc
         raise SmithTimeoutError("turn event stream ended without a terminal event", operation="send")
 
     @typed_redis_errors
@@ -281,19 +301,31 @@ class SmithClient:
         Raises :class:`TurnNotFoundError` for a turn nobody knows.
         """
         status = await self.redis.hget(self.keys.turn_state(turn_id), "status")
-        if status is None and not seen_any and await self.events.last_seq(turn_id) == 0:
-            raise TurnNotFoundError(f"no turn {turn_id!r} (never submitted, or expired)", turn_id=turn_id)
+        if status is None:
+            if not seen_any and await self.events.last_seq(turn_id) == 0:
+                raise TurnNotFoundError(f"no turn {turn_id!r} (never submitted, or expired)", turn_id=turn_id)
+            # A followed turn's state outlives its last event (DESIGN.md §8), so it is gone only when
+            # its keys were evicted or deleted: nothing will ever finish it (issue 8).
+            raise TurnNotFoundError(f"turn {turn_id!r} vanished: its keys were deleted or evicted", turn_id=turn_id)
         return status in (b"completed", b"failed", b"cancelled")
 
     async def _catch_up(self, turn_id: str, last: int, seen_any: bool) -> tuple[list[Event], bool]:
         """Events after ``last`` from the log, and whether the turn is over with nothing more to come."""
-        pending = await self.events.read(turn_id, last)
+        pending = await self._read_log(turn_id, last)
         if pending or not await self._ended(turn_id, seen_any):
             return pending, False
         # The terminal event and the terminal status are written together, but the
         # status may have been read after the log: read the log again.
-        pending = await self.events.read(turn_id, last)
+        pending = await self._read_log(turn_id, last)
         return pending, not pending
+
+    async def _read_log(self, turn_id: str, last: int) -> list[Event]:
+        """:meth:`EventLog.read`; a log lost with the turn's state raises :class:`TurnNotFoundError`."""
+        try:
+            return await self.events.read(turn_id, last)
+        except EventsTrimmedError:
+            await self._ended(turn_id, seen_any=True)  # raises TurnNotFoundError when the state is gone too
+            raise
 
     async def _follow(
         self, pubsub: Any, turn_id: str, after_seq: int, timeout: float | None, poll_interval: float = 1.0
@@ -301,10 +333,24 @@ class SmithClient:
         """Yield the turn's events with ``seq > after_seq`` exactly once, in order, until terminal.
 
         Returns at once when the turn already ended at or before ``after_seq``.
+        Every Redis read is bounded by ``timeout`` (:class:`SmithTimeoutError`)
+        as well as by the socket timeout.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+
+        async def bounded(awaitable: Any) -> Any:
+            bound = asyncio.timeout_at(deadline)
+            try:
+                async with bound:
+                    return await awaitable
+            except TimeoutError as exc:
+                if not bound.expired():
+                    raise
+                raise SmithTimeoutError(f"turn {turn_id} did not finish in time", operation="send",
+                                        budget=timeout) from exc
+
         last = after_seq
-        pending, over = await self._catch_up(turn_id, last, seen_any=after_seq > 0)
+        pending, over = await bounded(self._catch_up(turn_id, last, seen_any=after_seq > 0))
         if over:
             return
         while True:
@@ -315,13 +361,13 @@ class SmithClient:
                 yield event
                 if event.terminal:
                     return
-            if deadline is not None and time.monotonic() > deadline:
+            if deadline is not None and asyncio.get_running_loop().time() > deadline:
                 raise SmithTimeoutError(f"turn {turn_id} did not finish in time", operation="send", budget=timeout)
-            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=poll_interval)
+            message = await bounded(pubsub.get_message(ignore_subscribe_messages=True, timeout=poll_interval))
             if message is None:
-                pending, over = await self._catch_up(turn_id, last, seen_any=True)
+                pending, over = await bounded(self._catch_up(turn_id, last, seen_any=True))
                 if over:
                     return
                 continue
             event = event_from_json(message["data"])
-            pending = [event] if event.seq <= last + 1 else await self.events.read(turn_id, last)
+            pending = [event] if event.seq <= last + 1 else await bounded(self._read_log(turn_id, last))

@@ -30,10 +30,13 @@ from redis.asyncio import Redis
 from smith_client.eventlog import DEFAULT_TURN_TTL
 from smith_client.jobs import RUN_TOOL, ToolJob, ToolOutcome
 from smith_client.keys import Keys
+from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
 from smith_worker.tools import error_content
 
 logger = logging.getLogger("agent_smith.tool")
 
+#: Longest single wait for a pub/sub message, seconds; the socket timeout does not apply to it.
+LISTEN_BOUND = 5.0
 #: How long an abort request stays in arq's abort set (seconds). arq never prunes it (arq #485).
 ABORT_ENTRY_TTL = 60.0
 
@@ -52,8 +55,11 @@ class ReplyListener:
         channel: str,
         control_channel: str | None = None,
         on_control: Callable[[str], None] | None = None,
+        *,
+        health: RedisHealth | None = None,
     ) -> None:
         self._redis = redis
+        self._health = health or RedisHealth()
         self.channel = channel
         self._control_channel = control_channel
         self._on_control = on_control
@@ -65,9 +71,9 @@ class ReplyListener:
         return [self.channel] + ([self._control_channel] if self._control_channel else [])
 
     async def start(self) -> None:
-        """Subscribe (before returning, so no reply is missed) and start dispatching."""
+        """Subscribe (before returning, so no reply is missed; waiting while Redis is down) and start dispatching."""
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-        await pubsub.subscribe(*self._channels)
+        await self._health.until_ok("the reply channel", lambda: pubsub.subscribe(*self._channels))
         self._task = asyncio.create_task(self._run(pubsub))
 
     async def stop(self) -> None:
@@ -89,17 +95,25 @@ class ReplyListener:
         try:
             while True:
                 try:
-                    message = await pubsub.get_message(timeout=5.0)
-                except Exception:  # connection lost: waiters fall back to re-checks meanwhile
-                    logger.warning("reply channel %s failed; resubscribing", self.channel, exc_info=True)
-                    await asyncio.sleep(0.5)
-                    await pubsub.subscribe(*self._channels)
+                    message = await pubsub.get_message(timeout=LISTEN_BOUND)
+                except REDIS_DOWN_ERRORS as exc:  # connection lost: waiters fall back to re-checks meanwhile
+                    await asyncio.sleep(self._health.failed("the reply channel", exc))
+                    await self._resubscribe(pubsub)
                     continue
                 if message and message.get("type") == "message":
                     self._dispatch(message["channel"].decode(), message["data"].decode())
         finally:
-            await pubsub.aclose()
+            with contextlib.suppress(*REDIS_DOWN_ERRORS):
+                await pubsub.aclose()
 
+    async def _resubscribe(self, pubsub: Any) -> None:
+        """Subscribe again on a fresh connection, for as long as Redis is down (never gives up)."""
+        async def subscribe() -> None:
+            await pubsub.aclose()  # drops the broken connection; the next subscribe opens a new one
+            await pubsub.subscribe(*self._channels)
+
+        await self._health.until_ok("the reply channel", subscribe)
+        logger.info("reply channel %s subscribed again", self.channel)
 
     def _dispatch(self, channel: str, data: str) -> None:
         if channel == self._control_channel:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import httpx
 from arq.connections import ArqRedis
+from redis.exceptions import ResponseError
 
 from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
@@ -25,6 +26,7 @@ from smith_client.registry import DEFAULT_REGISTRATION_TTL, register_worker, unr
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
+from smith_worker.redis_health import RedisHealth
 from smith_worker.sweeper import sweep_forever
 
 logger = logging.getLogger("agent_smith.worker")
@@ -49,6 +51,8 @@ class WorkerRuntime:
     http: httpx.AsyncClient | None = None
     replies: ReplyListener | None = None
     tool_waiter: ToolJobWaiter | None = None
+    #: Readiness: whether Redis answers this process now (issue 8).
+    health: RedisHealth = field(default_factory=RedisHealth)
     #: Turns running in this process, by turn id; their runners take cancel requests.
     running_turns: dict[str, Any] = field(default_factory=dict)
     _background: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
@@ -65,16 +69,21 @@ class WorkerRuntime:
             runner.request_cancel()
 
     async def start(self) -> None:
-        """Open the HTTP client and reply channel (turn workers) and register this worker."""
+        """Open the HTTP client and reply channel (turn workers) and register this worker.
+
+        Waits (backing off) while Redis does not answer, instead of failing.
+        """
+        await self.health.until_ok("start-up", self._warn_on_eviction)
         if self.queue == "turns":
             self.http = httpx.AsyncClient(timeout=None)
             self.replies = ReplyListener(
-                self.redis, self.keys.worker_replies_channel(self.worker_id), self.keys.control_channel, self.on_control
-            )
+                self.redis, self.keys.worker_replies_channel(self.worker_id), self.keys.control_channel,
+                self.on_control, health=self.health,
+            )  # fmt: skip
             await self.replies.start()
             self.tool_waiter = ToolJobWaiter(self.redis, self.keys, self.replies)
             self._background.append(asyncio.create_task(sweep_forever(self.redis, self.keys)))
-        await self._register()
+        await self.health.until_ok("registration", self._register)
         self._background.append(asyncio.create_task(self._heartbeat_loop()))
         logger.info("worker %s started on queue %s", self.worker_id, self.queue)
 
@@ -97,6 +106,19 @@ class WorkerRuntime:
             await self.http.aclose()
         logger.info("worker %s stopped", self.worker_id)
 
+    async def _warn_on_eviction(self) -> None:
+        """Warn unless Redis's ``maxmemory-policy`` is ``noeviction``: evicting a turn's keys loses the turn."""
+        try:
+            reply = await self.redis.config_get("maxmemory-policy")
+        except ResponseError:  # CONFIG is disabled on some managed Redis services
+            logger.info("could not read Redis maxmemory-policy (CONFIG GET refused); make sure it is noeviction")
+            return
+        policy = next(iter(reply.values()), b"noeviction")
+        policy = policy.decode() if isinstance(policy, bytes) else policy
+        if policy != "noeviction":
+            logger.warning("Redis maxmemory-policy is %r, not 'noeviction': under memory pressure Redis may evict "
+                           "turn state and queued jobs (such turns fail with TurnNotFoundError)", policy)
+
     async def _register(self) -> None:
         info = {
             "id": self.worker_id,
@@ -113,5 +135,7 @@ class WorkerRuntime:
             await asyncio.sleep(DEFAULT_REGISTRATION_TTL / 3)
             try:
                 await self._register()
-            except Exception:  # Redis blip: the next beat retries; the TTL leaves slack for two misses
-                logger.warning("worker %s heartbeat failed", self.worker_id, exc_info=True)
+            except Exception as exc:  # Redis blip: the next beat retries (it re-registers after a Redis restart)
+                self.health.failed("the worker heartbeat", exc)
+            else:
+                self.health.ok()

@@ -12,13 +12,25 @@ waiting on its tools never holds the slots its tools need (arq-notes.md
 * ``health_check_interval`` 10 s instead of an hour;
 * ``max_tries`` 1 for tools: a tool call is never silently re-run after a
   crash; 3 for turns.
+
+:class:`SmithWorker` is arq's ``Worker`` made to outlive Redis (issue 8): arq
+lets a ``ConnectionError`` out of its poll loop, which ends the process. Here
+start-up waits for Redis, and a failed poll iteration backs off with jitter
+and polls again; the process exits only on a signal or a configuration error.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import signal
 from typing import Any
 
+from arq.connections import log_redis_info
+from arq.utils import poll
 from arq.worker import Worker, func
+from redis.exceptions import RedisError
 
 from smith_client.errors import InvalidRequestError
 from smith_client.events import TURN_FAILED
@@ -28,8 +40,11 @@ from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.turn import TurnRunner
 from smith_client.connection import connect_redis
+from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
 from smith_worker.runtime import Queue, WorkerRuntime
 from smith_worker.tool_runner import run_tool
+
+logger = logging.getLogger("agent_smith.worker")
 
 #: Minimum ``queue_read_limit`` (arq-notes.md §4.2: at least 2x the fleet's concurrency on the queue).
 MIN_QUEUE_READ_LIMIT = 1000
@@ -49,8 +64,68 @@ async def run_turn(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
     await TurnRunner(rt, job).run()
 
 
-def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> Worker:
-    """An arq :class:`Worker` serving ``queue`` for ``app``. ``overrides`` go to ``Worker(...)``."""
+class SmithWorker(Worker):
+    """arq's :class:`~arq.worker.Worker` that survives Redis interruptions (see the module docstring).
+
+    ``health`` is the process's :class:`RedisHealth` (its readiness), updated
+    by every poll iteration.
+    """
+
+    def __init__(self, *args: Any, health: RedisHealth, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.health = health
+
+    async def main(self) -> None:
+        """arq's ``main`` (never in burst mode here), waiting for Redis first instead of exiting."""
+        await self.health.until_ok("start-up", lambda: log_redis_info(self.pool, logger.info))
+        self.ctx["redis"] = self.pool
+        if self.on_startup:
+            await self.on_startup(self.ctx)
+        async for _ in poll(self.poll_delay_s):
+            await self._poll_iteration()
+
+    async def close(self) -> None:
+        """arq's ``close``, but a Redis that is down at shutdown does not skip ``on_shutdown``."""
+        if not self._handle_signals:
+            self.handle_sig(signal.SIGUSR1)
+        if not self._pool:
+            return
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        with contextlib.suppress(*REDIS_DOWN_ERRORS):
+            await self.pool.delete(self.health_check_key)
+        if self.on_shutdown:
+            await self.on_shutdown(self.ctx)
+        await self.pool.close(close_connection_pool=True)
+        self._pool = None
+
+    async def _poll_iteration(self) -> None:
+        try:
+            await super()._poll_iteration()
+        except REDIS_DOWN_ERRORS as exc:
+            await asyncio.sleep(self.health.failed("the job poll", exc))
+        else:
+            self.health.ok()
+
+    async def start_jobs(self, job_ids: list[bytes]) -> None:
+        """arq's ``start_jobs`` one id at a time, so a Redis failure cannot leak a job slot.
+
+        arq takes the slot (counter and semaphore) before the pipeline that marks the job
+        in progress; when that pipeline fails the job never starts and the slot is given back here.
+        """
+        for job_id in job_ids:
+            if self.job_counter >= self.max_jobs:
+                return
+            before = self.job_counter
+            try:
+                await super().start_jobs([job_id])
+            except RedisError:
+                if self.job_counter > before and job_id.decode() not in self.tasks:
+                    self._release_sem_dec_counter_on_complete()
+                raise
+
+
+def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> SmithWorker:
+    """A :class:`SmithWorker` serving ``queue`` for ``app``. ``overrides`` go to ``Worker(...)``."""
     settings = settings or app.settings
     redis = connect_redis(settings.redis_url)
     runtime = WorkerRuntime(app=app, queue=queue, settings=settings, redis=redis)
@@ -84,4 +159,4 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         job_deserializer=job_deserializer,
     )
     options.update(overrides)
-    return Worker(**options)
+    return SmithWorker(health=runtime.health, **options)
