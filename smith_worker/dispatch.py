@@ -11,7 +11,8 @@ a lost pub/sub message (arq-notes.md §4.1).
 
 When a job has not answered ``timeout + pickup_grace`` seconds after it was
 enqueued (no tool worker, or a stuck one), the turn records a timeout error
-for the call and aborts the job.
+for the call and aborts the job. A call whose tool worker died while running
+it becomes an error tool message; an idempotent one is re-run once first.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from smith_worker.tools import error_content
 
 logger = logging.getLogger("agent_smith.tool")
 
+#: Re-runs of an idempotent tool call whose tool worker died while running it (issue 8).
+MAX_IDEMPOTENT_RERUNS = 1
 #: Longest single wait for a pub/sub message, seconds; the socket timeout does not apply to it.
 LISTEN_BOUND = 5.0
 #: How long an abort request stays in arq's abort set (seconds). arq never prunes it (arq #485).
@@ -194,6 +197,7 @@ class ToolJobWaiter:
     async def _wait(self, job: ToolJob, job_id: str, wake: asyncio.Event) -> tuple[ToolOutcome | None, str]:
         """Wait for the outcome; returns ``(None, "")`` when the call was lost with its tool worker."""
         deadline = time.monotonic() + job.timeout + self._grace
+        reruns = 0
         while (remaining := deadline - time.monotonic()) > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), min(self._recheck, remaining))
@@ -201,8 +205,11 @@ class ToolJobWaiter:
             if outcome is not None:
                 return outcome, job_id
             if await self._runner_died(job):
-                if not job.idempotent:
-                    return None, ""  # never silently re-run a call that may have had effects
+                # never silently re-run a call that may have had effects; an idempotent one once
+                # at most, since a call that killed its worker twice would go on killing workers
+                if not job.idempotent or reruns >= MAX_IDEMPOTENT_RERUNS:
+                    return None, ""
+                reruns += 1
                 job_id = f"{job_id}:r{int(time.time() * 1000)}"
                 await self._enqueue(job, job_id)
                 deadline = time.monotonic() + job.timeout + self._grace

@@ -6,7 +6,10 @@ the turn while an earlier turn of its conversation is unfinished, runs
 event: ``turn.completed``, ``turn.failed`` (every failure, typed), or
 ``turn.cancelled`` (a caller's cancel or an ``interrupt``, with dangling tool
 calls answered). When the worker shuts down it hands the turn off instead;
-when its lease was lost it stops without writing. A turn never raises out of
+when its lease was lost, or Redis failed, it stops without writing (the
+sweeper resumes it). ``SMITH_TURN_JOB_TIMEOUT`` ends the turn with
+``SmithTimeoutError`` (operation ``turn.job``); a turn started more than
+``SMITH_TURN_MAX_ATTEMPTS`` times (hand-offs not counted) fails. A turn never raises out of
 :meth:`TurnRunner.run`, so the worker keeps serving.
 """
 
@@ -17,8 +20,9 @@ import logging
 from typing import Any
 
 import orjson
+from redis.exceptions import RedisError
 
-from smith_client.errors import SmithError, UnknownAgentError, error_from_exception
+from smith_client.errors import InternalError, SmithError, SmithTimeoutError, UnknownAgentError, error_from_exception
 from smith_client.eventlog import DEFAULT_TURN_TTL
 from smith_client.events import (
     TURN_COMPLETED,
@@ -79,8 +83,22 @@ class TurnRunner:
         self.rt.running_turns[self.job.turn_id] = self
         self.attempt.start_renewing(self._on_lease_lost)
         spec = self.rt.app.get_agent(self.job.agent)
+        job_timeout = asyncio.timeout(self.rt.settings.turn_job_timeout)
         try:
-            await self._run_attempt(spec)
+            async with job_timeout:
+                await self._run_attempt(spec)
+        except TimeoutError as exc:
+            if not job_timeout.expired():
+                await self._fail(error_from_exception(exc), spec)
+            else:  # the job's own bound ends the turn; it is never handed off and re-run (issue 8)
+                budget = self.rt.settings.turn_job_timeout
+                await self._fail(SmithTimeoutError(f"turn job ran out of its {budget:g} s (SMITH_TURN_JOB_TIMEOUT)",
+                                                   operation="turn.job", budget=budget), spec)
+        except RedisError as exc:
+            # Redis is down or frozen: nothing can be written now. The lease runs out and a
+            # sweeper re-enqueues the turn once Redis answers; it resumes from its history.
+            logger.warning("turn %s: attempt %d stopped, Redis failed (%s: %s); it resumes once Redis is back",
+                           self.job.turn_id, self.attempt.attempt, type(exc).__name__, exc)
         except asyncio.CancelledError:
             await asyncio.shield(self._after_task_cancelled(spec))
         except CancelRequested as request:
@@ -100,6 +118,7 @@ class TurnRunner:
         state = await self.attempt.state()  # one read: the cancel flag and whether the user message is in
         if state.get("cancel_requested"):
             raise CancelRequested(state["cancel_requested"])
+        self._check_attempts(state)
         if self.attempt.attempt > 1:
             await self.publish(TURN_RESUMED, {"attempt": self.attempt.attempt})
         else:
@@ -110,6 +129,18 @@ class TurnRunner:
         final = await self.loop.run(spec, start)
         await self._finish("completed", "result", final.model_dump_json(), TURN_COMPLETED,
                            {"message": final.model_dump(mode="json")})
+
+    def _check_attempts(self, state: dict[str, str]) -> None:
+        """Refuse a run past ``SMITH_TURN_MAX_ATTEMPTS``: crashes and lost leases count, hand-offs at a
+        graceful shutdown do not (a rolling deploy must not fail long turns). Raises :class:`InternalError`."""
+        limit = self.rt.settings.turn_max_attempts
+        runs = self.attempt.attempt - int(state.get("handoffs") or 0)
+        if runs > limit:
+            raise InternalError(
+                f"turn was started {runs} times without finishing (limit SMITH_TURN_MAX_ATTEMPTS={limit}): "
+                "each earlier run ended with its worker crashing or losing Redis",
+                exception_type="TurnAttemptsExhausted",
+            )
 
     async def _after_task_cancelled(self, spec: AgentSpec | None) -> None:
         """Why was the task cancelled? A caller's cancel, a lost lease, or the worker shutting down."""

@@ -76,8 +76,9 @@ redis.call('ZADD', KEYS[2], until_ms, ARGV[1])
 return 1
 """
 
-# ARGV[2] is the owner's attempt (a hand-off at shutdown) or '' (the sweeper,
-# which may only take a turn whose lease has expired).
+# ARGV[2] is the owner's attempt (a hand-off at shutdown, counted in 'handoffs':
+# it does not use up one of SMITH_TURN_MAX_ATTEMPTS) or '' (the sweeper, which
+# may only take a turn whose lease has expired).
 _REQUEUE = """
 if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return 0 end
@@ -86,6 +87,7 @@ if ARGV[2] == '' and tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0')
 end
 redis.call('HSET', KEYS[1], 'status', 'queued', 'lease_until', 0)
 redis.call('ZREM', KEYS[2], ARGV[1])
+if ARGV[2] ~= '' then redis.call('HINCRBY', KEYS[1], 'handoffs', 1) end
 return redis.call('HINCRBY', KEYS[1], 'requeues', 1)
 """
 

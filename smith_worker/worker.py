@@ -48,6 +48,9 @@ logger = logging.getLogger("agent_smith.worker")
 
 #: Minimum ``queue_read_limit`` (arq-notes.md §4.2: at least 2x the fleet's concurrency on the queue).
 MIN_QUEUE_READ_LIMIT = 1000
+#: Seconds arq's job timeout adds to ``SMITH_TURN_JOB_TIMEOUT``, so the turn's own bound fires first
+#: and has time to write its terminal event.
+TURN_TIMEOUT_GRACE = 30.0
 
 
 async def run_turn(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
@@ -138,7 +141,9 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         await runtime.stop()
 
     if queue == "turns":
-        functions = [func(run_turn, name=RUN_TURN, timeout=settings.turn_job_timeout, max_tries=3, keep_result=0)]
+        # the turn bounds itself by turn_job_timeout (a typed failure); arq's cancel is only a backstop
+        timeout = settings.turn_job_timeout + TURN_TIMEOUT_GRACE
+        functions = [func(run_turn, name=RUN_TURN, timeout=timeout, max_tries=3, keep_result=0)]
         max_jobs, poll_delay, completion_wait = settings.turn_max_jobs, settings.turn_poll_delay, 0
     else:
         functions = [func(run_tool, name=RUN_TOOL, timeout=settings.tool_job_timeout, max_tries=1, keep_result=60)]
