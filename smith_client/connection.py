@@ -16,6 +16,7 @@ pass their own, shorter bound.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from arq.connections import ArqRedis
 from redis.asyncio import ConnectionPool
@@ -47,6 +48,28 @@ def socket_timeout_from_env() -> float:
     return value
 
 
+class ConnectOutsideLockPool(ConnectionPool):
+    """redis-py's asyncio :class:`ConnectionPool`, connecting new connections outside the pool's lock.
+
+    redis-py 5 (pinned below 6 by arq 0.28) connects while holding the pool
+    lock, so with Redis frozen N concurrent callers queue behind each other's
+    connect timeouts (N x ``socket_timeout``; 17 s seen with 20 callers and a
+    5 s timeout). Connecting outside the lock, as redis-py's own
+    ``BlockingConnectionPool`` does, bounds each caller by one timeout.
+    """
+
+    async def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
+        """A connected connection from the pool (see the class docstring)."""
+        async with self._lock:
+            connection = self.get_available_connection()
+        try:
+            await self.ensure_connection(connection)
+        except BaseException:
+            await self.release(connection)
+            raise
+        return connection
+
+
 def connect_redis(url: str, *, socket_timeout: float | None = None) -> ArqRedis:
     """An :class:`ArqRedis` client for ``url`` (``redis://host:port/db``) using the project's JSON job serializer.
 
@@ -55,7 +78,7 @@ def connect_redis(url: str, *, socket_timeout: float | None = None) -> ArqRedis:
     sent until the first use.
     """
     timeout = socket_timeout if socket_timeout is not None else socket_timeout_from_env()
-    pool = ConnectionPool.from_url(
+    pool = ConnectOutsideLockPool.from_url(
         url,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,

@@ -197,7 +197,6 @@ class ToolJobWaiter:
     async def _wait(self, job: ToolJob, job_id: str, wake: asyncio.Event) -> tuple[ToolOutcome | None, str]:
         """Wait for the outcome; returns ``(None, "")`` when the call was lost with its tool worker."""
         deadline = time.monotonic() + job.timeout + self._grace
-        reruns = 0
         while (remaining := deadline - time.monotonic()) > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), min(self._recheck, remaining))
@@ -205,15 +204,25 @@ class ToolJobWaiter:
             if outcome is not None:
                 return outcome, job_id
             if await self._runner_died(job):
-                # never silently re-run a call that may have had effects; an idempotent one once
-                # at most, since a call that killed its worker twice would go on killing workers
-                if not job.idempotent or reruns >= MAX_IDEMPOTENT_RERUNS:
-                    return None, ""
-                reruns += 1
+                if not job.idempotent or not await self._may_rerun(job):
+                    return None, ""  # never silently re-run a call that may have had effects
                 job_id = f"{job_id}:r{int(time.time() * 1000)}"
                 await self._enqueue(job, job_id)
                 deadline = time.monotonic() + job.timeout + self._grace
         return None, job_id
+
+    async def _may_rerun(self, job: ToolJob) -> bool:
+        """Count a re-run of an idempotent call; False past :data:`MAX_IDEMPOTENT_RERUNS`.
+
+        A call that killed its worker twice would go on killing workers. The count is kept
+        in Redis, so a resumed turn (another attempt, another worker) does not start over.
+        """
+        counter = self._keys.tool_reruns(job.turn_id, job.step, job.index)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.incr(counter)
+            pipe.expire(counter, self._result_ttl)
+            reruns, _ = await pipe.execute()
+        return int(reruns) <= MAX_IDEMPOTENT_RERUNS
 
     async def _runner_died(self, job: ToolJob) -> bool:
         """True when the call was started by a tool worker whose registration has expired (it died)."""

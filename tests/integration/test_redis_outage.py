@@ -10,6 +10,7 @@ loses every key, runs last.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import time
 import uuid
@@ -19,6 +20,9 @@ import pytest
 from smith_client import SmithClient
 from smith_client.errors import SmithTimeoutError, TransportError, TurnNotFoundError
 from smith_client.messages import AssistantMessage
+from smith_worker.app import SmithApp
+from smith_worker.config import Settings
+from smith_worker.runtime import WorkerRuntime
 from smith_worker.local.processes import ManagedProcess, free_port, redis_answers, start_redis_server, wait_until
 from tests.conftest import LOGS, start_workers, wait_for_workers, worker_env
 from tests.support.scripted_llm import Reply, Script
@@ -96,14 +100,16 @@ async def _submit_many(client: SmithClient, scenario, count: int) -> list[str]:
     return ids
 
 
-async def _result_reattaching(client: SmithClient, turn_id: str, deadline: float) -> tuple[AssistantMessage, int]:
-    """Wait for the result; on a TransportError (Redis frozen) re-attach with ``client.turn``. Returns (result, re-attaches)."""
-    reattached = 0
+async def _result_reattaching(client: SmithClient, turn_id: str, deadline: float) -> tuple[AssistantMessage, list[float]]:
+    """Wait (``timeout=None``) for the result; on a TransportError (Redis frozen) re-attach with
+    ``client.turn``. Returns the result and how long each failed wait took (seconds)."""
+    failed_waits = []
     while True:
+        started = time.monotonic()
         try:
-            return await client.turn(turn_id).result(timeout=max(1.0, deadline - time.monotonic())), reattached
+            return await client.turn(turn_id).result(timeout=None), failed_waits
         except TransportError:
-            reattached += 1
+            failed_waits.append(time.monotonic() - started)
             assert time.monotonic() < deadline
             await asyncio.sleep(0.5)
 
@@ -145,6 +151,8 @@ async def test_redis_frozen_for_20s(outage_redis, outage_fleet, scenario):
     prefix, procs = outage_fleet
     async with SmithClient.from_url(outage_redis.url, prefix=prefix) as client:
         ids = await _submit_many(client, scenario, TURNS)
+        deadline = time.monotonic() + 120
+        waiters = [asyncio.create_task(_result_reattaching(client, turn_id, deadline)) for turn_id in ids]
         await asyncio.sleep(1.0)  # turns are running: tool calls and streams in flight
         outage_redis.signal(signal.SIGSTOP)
         frozen_at = time.monotonic()
@@ -162,9 +170,11 @@ async def test_redis_frozen_for_20s(outage_redis, outage_fleet, scenario):
             assert_all_alive(procs)
         finally:
             outage_redis.signal(signal.SIGCONT)
-        deadline = time.monotonic() + 90
-        results = await asyncio.gather(*(_result_reattaching(client, turn_id, deadline) for turn_id in ids))
+        results = await asyncio.gather(*waiters)
     assert all(final.content.startswith("done") for final, _ in results)  # every in-flight turn completed
+    failed_waits = [seconds for _, waits in results for seconds in waits]
+    assert failed_waits, "no wait saw the freeze"
+    assert max(failed_waits) < 5.0 + 10.0  # timeout=None: TransportError after the 5 s socket timeout
     assert_all_alive(procs)
     assert await _new_turn_completes(outage_redis.url, prefix, scenario) < 30.0
 
@@ -172,21 +182,39 @@ async def test_redis_frozen_for_20s(outage_redis, outage_fleet, scenario):
 async def test_redis_killed_and_restarted_empty(outage_redis, outage_fleet, scenario):
     prefix, procs = outage_fleet
     async with SmithClient.from_url(outage_redis.url, prefix=prefix) as client:
-        callers = []
-        for i in range(TURNS):
+        callers, ids = [], [uuid.uuid4().hex for _ in range(TURNS)]
+        for i, turn_id in enumerate(ids):
             _key, marker = turn_script(scenario, str(i))
-            callers.append(asyncio.create_task(
-                client.send(f"{marker} add", conversation_id=f"c-{uuid.uuid4().hex[:8]}", timeout=None)))
+            callers.append(asyncio.create_task(client.send(
+                f"{marker} add", conversation_id=f"c-{uuid.uuid4().hex[:8]}", turn_id=turn_id, timeout=None)))
         await asyncio.sleep(1.5)
         outage_redis.kill()
         await asyncio.sleep(3.0)
         assert_all_alive(procs)
         outage_redis.start()  # same port, no persistence: every key is gone
         outcomes = await asyncio.wait_for(asyncio.gather(*callers, return_exceptions=True), timeout=60)
-    for outcome in outcomes:
-        assert isinstance(outcome, (AssistantMessage, TransportError, TurnNotFoundError)), repr(outcome)
-    wait_until(lambda: redis_answers(outage_redis.url), 10, "redis")
+        for outcome in outcomes:
+            assert isinstance(outcome, (AssistantMessage, TransportError, TurnNotFoundError)), repr(outcome)
+        wait_until(lambda: redis_answers(outage_redis.url), 10, "redis")
+        lost = [turn_id for turn_id, outcome in zip(ids, outcomes) if not isinstance(outcome, AssistantMessage)]
+        for turn_id in lost:  # a caller re-attaching to a turn whose keys were lost is told so
+            with pytest.raises(TurnNotFoundError):
+                await client.turn(turn_id).result(timeout=None)
     assert_all_alive(procs)
     assert await _new_turn_completes(outage_redis.url, prefix, scenario) < 30.0
     await asyncio.sleep(0.5)
     assert_all_alive(procs)
+
+
+async def test_start_up_warns_when_redis_may_evict(outage_redis, caplog):
+    """A worker's start-up check: any maxmemory-policy but noeviction is logged as a warning."""
+    settings = Settings(redis_url=outage_redis.url, prefix=f"evict{uuid.uuid4().hex[:6]}")
+    async with SmithClient.from_url(outage_redis.url) as client:
+        runtime = WorkerRuntime(app=SmithApp(), queue="tools", settings=settings, redis=client.redis)
+        for policy, warned in (("allkeys-lru", True), ("noeviction", False)):
+            await client.redis.config_set("maxmemory-policy", policy)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="agent_smith.worker"):
+                await runtime.start()
+                await runtime.stop()
+            assert ("maxmemory-policy is 'allkeys-lru'" in caplog.text) is warned
