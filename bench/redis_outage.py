@@ -50,12 +50,16 @@ def conv() -> str:
     return f"c-{uuid.uuid4().hex[:8]}"
 
 
-async def result_reattaching(client: SmithClient, turn_id: str) -> None:
+async def result_reattaching(client: SmithClient, turn_id: str) -> list[float]:
+    """Wait with ``timeout=None``, re-attaching after each ``TransportError``; return the failed waits (seconds)."""
+    failed = []
     while True:
+        started = time.monotonic()
         try:
-            await client.turn(turn_id).result(timeout=120)
-            return
+            await client.turn(turn_id).result(timeout=None)
+            return failed
         except TransportError:
+            failed.append(time.monotonic() - started)
             await asyncio.sleep(0.5)
 
 
@@ -87,6 +91,7 @@ async def frozen_send_seconds(url: str, prefix: str, client: SmithClient | None)
 async def freeze(redis_proc, url: str, prefix: str, llm: ScriptedLlmServer, turns: int, seconds: float) -> None:
     async with SmithClient.from_url(url, prefix=prefix) as client:
         ids = [(await client.submit(f"{marker(llm)} add", conversation_id=conv())).turn_id for _ in range(turns)]
+        waiters = [asyncio.create_task(result_reattaching(client, turn_id)) for turn_id in ids]
         await asyncio.sleep(1.0)
         redis_proc.signal(signal.SIGSTOP)
         frozen = time.monotonic()
@@ -96,10 +101,12 @@ async def freeze(redis_proc, url: str, prefix: str, llm: ScriptedLlmServer, turn
         redis_proc.signal(signal.SIGCONT)
         resumed = time.monotonic()
         new_turn = asyncio.create_task(new_turn_seconds(url, prefix, llm, resumed))
-        await asyncio.gather(*(result_reattaching(client, turn_id) for turn_id in ids))
+        failed = [seconds for waits in await asyncio.gather(*waiters) for seconds in waits]
         all_done = time.monotonic() - resumed
         print(f"freeze {seconds:g} s: send(timeout=3) on frozen Redis raised after {pooled[0]:.2f} s ({pooled[1]}, "
               f"pooled client) / {fresh[0]:.2f} s ({fresh[1]}, new client)")
+        print(f"freeze {seconds:g} s: {len(failed)} waits (timeout=None) raised TransportError after "
+              f"{min(failed):.1f}-{max(failed):.1f} s and re-attached")
         print(f"freeze {seconds:g} s: all {turns} in-flight turns completed {all_done:.1f} s after SIGCONT; "
               f"a new turn completed {await new_turn:.1f} s after SIGCONT")
 

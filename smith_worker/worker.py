@@ -113,16 +113,18 @@ class SmithWorker(Worker):
         """arq's ``start_jobs`` one id at a time, so a Redis failure cannot leak a job slot.
 
         arq takes the slot (counter and semaphore) before the pipeline that marks the job
-        in progress; when that pipeline fails the job never starts and the slot is given back here.
+        in progress and gives it back on the errors it expects (``WatchError``, ``ResponseError``);
+        when a connection error or timeout escapes instead, no task was started and the slot is
+        given back here.
         """
         for job_id in job_ids:
             if self.job_counter >= self.max_jobs:
                 return
-            before = self.job_counter
+            prior = self.tasks.get(job_id.decode())
             try:
                 await super().start_jobs([job_id])
             except RedisError:
-                if self.job_counter > before and job_id.decode() not in self.tasks:
+                if self.tasks.get(job_id.decode()) is prior:
                     self._release_sem_dec_counter_on_complete()
                 raise
 

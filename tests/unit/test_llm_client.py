@@ -85,6 +85,13 @@ async def collect(client: LlmClient, req: LlmRequest) -> tuple[Any, list[Any]]:
     return response, events
 
 
+async def call(client: LlmClient, req: LlmRequest, stream: bool) -> Any:
+    """``complete_stream`` (events dropped) or ``complete``."""
+    if stream:
+        return await client.complete_stream(req, lambda e: None)
+    return await client.complete(req)
+
+
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -355,10 +362,7 @@ async def test_stalled_server_times_out_and_is_retried(harness, stream):
     key = harness.scenario(Reply.stall())
     async with harness.client(request_timeout=0.3, max_retries=1) as client:
         with pytest.raises(SmithTimeoutError) as info:
-            if stream:
-                await client.complete_stream(request_for(key), lambda e: None)
-            else:
-                await client.complete(request_for(key))
+            await call(client, request_for(key), stream)
     assert (info.value.operation, info.value.budget) == ("chat_completions", 0.3)
     assert "(after 2 attempts in " in info.value.message  # the real cost, not one budget
     assert harness.server.attempts(key) == 2
@@ -393,10 +397,7 @@ async def test_response_timeout_bounds_the_whole_response_and_is_not_retried(har
     started = time.monotonic()
     async with harness.client(request_timeout=60.0, response_timeout=0.6) as client:
         with pytest.raises(SmithTimeoutError) as info:
-            if stream:
-                await client.complete_stream(request_for(key), lambda e: None)
-            else:
-                await client.complete(request_for(key))
+            await call(client, request_for(key), stream)
     assert (info.value.operation, info.value.budget) == ("llm.response", 0.6)
     assert time.monotonic() - started < 5.0
     assert harness.server.attempts(key) == 1
