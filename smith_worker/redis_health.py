@@ -54,6 +54,8 @@ class RedisHealth:
         self.ready = False
         self.since = time.monotonic()
         self.failures = 0
+        #: Set when the process shuts down: :meth:`until_ok` stops retrying.
+        self.stopping = False
 
     def ok(self) -> None:
         """A Redis command succeeded."""
@@ -73,11 +75,16 @@ class RedisHealth:
         return delay
 
     async def until_ok(self, where: str, call: Callable[[], Awaitable[_T]]) -> _T:
-        """Await ``call()`` until it succeeds, backing off between Redis failures; return its result."""
+        """Await ``call()`` until it succeeds, backing off between Redis failures; return its result.
+
+        Raises ``asyncio.CancelledError`` once :attr:`stopping` is set (the process shuts down).
+        """
         while True:
             try:
                 result = await call()
             except REDIS_DOWN_ERRORS as exc:
+                if self.stopping:
+                    raise asyncio.CancelledError(f"shutting down while Redis is unavailable in {where}") from exc
                 await asyncio.sleep(self.failed(where, exc))
                 continue
             self.ok()

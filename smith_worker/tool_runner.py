@@ -79,6 +79,15 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
         structured=result.structured,
         worker=rt.worker_id,
     )
+    # A call that ran is not lost to a Redis outage: its outcome is stored once Redis answers
+    # again (bounded by the job's timeout), where the resumed turn finds it (issue 8).
+    stored = await rt.health.until_ok("storing a tool result", lambda: _store(rt, job, outcome))
+    logger.debug("tool %s ran in %.3f s (stored=%s)", job.call.name, time.monotonic() - started, bool(stored))
+    return {"is_error": outcome.is_error, "stored": bool(stored)}
+
+
+async def _store(rt: WorkerRuntime, job: ToolJob, outcome: ToolOutcome) -> bool:
+    """Store the outcome (first writer wins); when stored, publish ``tool.result`` and wake the turn."""
     stored = await rt.redis.set(job.result_key, outcome.model_dump_json(), nx=True, ex=DEFAULT_TURN_TTL)
     if stored:  # the event, then the waiting turn's wake-up, in one round trip
         async with rt.redis.pipeline(transaction=False) as pipe:
@@ -86,5 +95,4 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
                                  WHILE_RUNNING)  # never after the turn's terminal event
             pipe.publish(job.reply_channel, job.result_key)
             await pipe.execute()
-    logger.debug("tool %s ran in %.3f s (stored=%s)", job.call.name, time.monotonic() - started, bool(stored))
-    return {"is_error": outcome.is_error, "stored": bool(stored)}
+    return bool(stored)

@@ -77,6 +77,14 @@ class SmithWorker(Worker):
     def __init__(self, *args: Any, health: RedisHealth, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.health = health
+        self.stopping = False
+        self.on_stop = self._on_stop  # arq calls it after cancelling the main task on SIGTERM / SIGINT
+
+    def _on_stop(self, _signum: signal.Signals) -> None:
+        # The main task's cancellation can be lost inside redis-py's reads (Python 3.11's
+        # asyncio.timeout may turn a pending cancel into a TimeoutError that redis-py treats as
+        # "no data"; seen as a worker polling on after SIGTERM): the flag ends the loops anyway.
+        self.stopping = self.health.stopping = True
 
     async def main(self) -> None:
         """arq's ``main`` (never in burst mode here), waiting for Redis first instead of exiting."""
@@ -85,6 +93,8 @@ class SmithWorker(Worker):
         if self.on_startup:
             await self.on_startup(self.ctx)
         async for _ in poll(self.poll_delay_s):
+            if self.stopping:
+                return
             await self._poll_iteration()
 
     async def close(self) -> None:
@@ -102,12 +112,25 @@ class SmithWorker(Worker):
         self._pool = None
 
     async def _poll_iteration(self) -> None:
+        self._reap_finished_jobs()
         try:
             await super()._poll_iteration()
         except REDIS_DOWN_ERRORS as exc:
             await asyncio.sleep(self.health.failed("the job poll", exc))
         else:
             self.health.ok()
+
+    def _reap_finished_jobs(self) -> None:
+        """Drop finished job tasks, logging the error of one that failed.
+
+        arq re-raises such an error from its poll loop (``t.result()``); the error of a job that
+        could not record its end during an outage must not count as a failure of the poll now.
+        """
+        for job_id, task in list(self.tasks.items()):
+            if task.done():
+                del self.tasks[job_id]
+                if not task.cancelled() and task.exception() is not None:
+                    logger.warning("job %s could not record its end: %r", job_id, task.exception())
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
         """arq's ``start_jobs`` one id at a time, so a Redis failure cannot leak a job slot.

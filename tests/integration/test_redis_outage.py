@@ -16,6 +16,7 @@ import time
 import uuid
 
 import pytest
+import redis as sync_redis
 
 from smith_client import SmithClient
 from smith_client.errors import SmithTimeoutError, TransportError, TurnNotFoundError
@@ -80,6 +81,14 @@ async def outage_fleet(outage_redis, scripted_llm):
         proc.stop()
 
 
+def redis_lrange(url: str, key: str) -> list[bytes]:
+    client = sync_redis.Redis.from_url(url, socket_timeout=2)
+    try:
+        return client.lrange(key, 0, -1)
+    finally:
+        client.close()
+
+
 def assert_all_alive(procs: list[ManagedProcess]) -> None:
     assert [p.alive() for p in procs] == [True] * len(procs), "a worker process exited"
 
@@ -128,12 +137,14 @@ async def test_worker_started_with_redis_down_waits_then_serves(scripted_llm, sc
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     prefix = f"late{uuid.uuid4().hex[:6]}"
-    procs = start_workers(APP, worker_env(url, prefix, scripted_llm.base_url), ["turns"], prefix)
+    procs = start_workers(APP, worker_env(url, prefix, scripted_llm.base_url), ["turns", "tools"], prefix)
     redis_proc = None
     try:
         await asyncio.sleep(4.0)  # several failed connection attempts
         assert_all_alive(procs)
         assert not redis_answers(url)
+        procs[1].signal(signal.SIGTERM)  # a signal still ends a worker waiting for Redis
+        wait_until(lambda: not procs[1].alive(), 10.0, "worker exit on SIGTERM")
         redis_proc, _ = start_redis_server(port)
         await wait_for_workers(url, prefix, 1, timeout=30)
         key, marker = scenario(Reply.text("served after Redis came up"))
@@ -150,6 +161,10 @@ async def test_worker_started_with_redis_down_waits_then_serves(scripted_llm, sc
 async def test_redis_frozen_for_20s(outage_redis, outage_fleet, scenario):
     prefix, procs = outage_fleet
     async with SmithClient.from_url(outage_redis.url, prefix=prefix) as client:
+        # a tool call that finishes while Redis is frozen: its result is stored once Redis is back
+        _key, marker = scenario(Script(Reply.tool_calls([("slow_tool", {"seconds": 3})]), Reply.text("done slow")))
+        slow = await client.submit(f"{marker} sleep", conversation_id=f"c-{uuid.uuid4().hex[:8]}", agent="durable")
+        wait_until(lambda: redis_lrange(outage_redis.url, f"{prefix}:test:slow:{slow.turn_id}"), 10, "slow_tool")
         ids = await _submit_many(client, scenario, TURNS)
         deadline = time.monotonic() + 120
         waiters = [asyncio.create_task(_result_reattaching(client, turn_id, deadline)) for turn_id in ids]
@@ -171,6 +186,9 @@ async def test_redis_frozen_for_20s(outage_redis, outage_fleet, scenario):
         finally:
             outage_redis.signal(signal.SIGCONT)
         results = await asyncio.gather(*waiters)
+        assert (await _result_reattaching(client, slow.turn_id, deadline))[0].content == "done slow"
+        tool_message = (await client.history((await slow.state())["conversation_id"]))[2]
+        assert (tool_message.content, tool_message.is_error) == ("slept", False)  # ran once, result kept
     assert all(final.content.startswith("done") for final, _ in results)  # every in-flight turn completed
     failed_waits = [seconds for _, waits in results for seconds in waits]
     assert failed_waits, "no wait saw the freeze"
