@@ -49,6 +49,12 @@ class Settings:
     ``SMITH_TURN_POLL_DELAY``    turn queue poll interval, seconds      0.02
     ``SMITH_TOOL_POLL_DELAY``    tool queue poll interval, seconds      0.01
     ===========================  =====================================  ==================
+
+    ``SMITH_REDIS_SOCKET_TIMEOUT`` (seconds, default 5) bounds every Redis
+    connect and command of clients and workers alike, so it is read where
+    connections are built (:func:`smith_client.connection.connect_redis`).
+    ``SMITH_TURN_MAX_ATTEMPTS`` counts runs ended by a crash, a lost lease or
+    a Redis failure; hand-offs at a graceful shutdown are not counted (issue 8).
     """
 
     redis_url: str = "redis://127.0.0.1:6379/0"
