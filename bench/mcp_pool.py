@@ -16,7 +16,12 @@
    ``tool_call.completed`` → ``tool.result`` (enqueue, pickup, call, store,
    publish), first MCP call (cold start in the tool worker) excluded.
 
-Usage: ``.venv/bin/python bench/mcp_pool.py [--calls 500] [--fresh 10] [--turns 30] [--no-jobs]``
+4. **Streamable HTTP** (``--http``): the loopback test server
+   (``tests/support/mcp_servers/http_server.py``), pooled calls (through the
+   pool's HTTP transport: seed §6.3 retries, session watch) interleaved with
+   the SDK's ``ClientSession`` alone on the same server.
+
+Usage: ``.venv/bin/python bench/mcp_pool.py [--calls 500] [--fresh 10] [--turns 30] [--no-jobs] [--http]``
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -39,6 +45,7 @@ from smith_worker.mcp import ServerConfig, ServerHandle  # noqa: E402
 from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: E402
 from tests.support.scripted_llm import Reply, Script, ScriptedLlmServer, scenario_marker  # noqa: E402
 from bench.stats import summary, tool_hop_and_delivery  # noqa: E402
+from tests.support.mcp_servers import HTTP_SERVER  # noqa: E402
 
 EXAMPLE = str(ROOT / "smith_worker" / "demo" / "mcp_server_example.py")
 
@@ -53,12 +60,25 @@ async def timed(coro) -> float:
     return time.perf_counter() - started
 
 
-async def pooled(calls: int, block: int = 50) -> dict[str, object]:
-    """Pooled calls and, side by side, the floor: the SDK's own ``ClientSession`` on the same server script.
+async def interleaved(pool_call, sdk_call, calls: int, block: int = 50) -> tuple[list[float], list[float]]:
+    """Sequential call times of the pool and of the SDK alone, alternating in blocks of ``block``.
 
-    Sequential calls alternate between the two in blocks of ``block`` (the order
-    flipping every block), so load on a shared machine hits both alike.
+    The order flips every block, so load on a shared machine hits both alike; 50 warm-up calls each first.
     """
+    for _ in range(50):
+        await pool_call(-1)
+        await sdk_call(-1)
+    sides = {"pool": (pool_call, []), "sdk": (sdk_call, [])}
+    for first in range(0, calls, block):
+        order = ("pool", "sdk") if (first // block) % 2 == 0 else ("sdk", "pool")
+        for side in order:
+            call, out = sides[side]
+            out += [await timed(call(i)) for i in range(first, min(calls, first + block))]
+    return sides["pool"][1], sides["sdk"][1]
+
+
+async def pooled(calls: int) -> dict[str, object]:
+    """Pooled calls and, side by side, the floor: the SDK's own ``ClientSession`` on the same server script."""
     from mcp.client.session import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -69,18 +89,8 @@ async def pooled(calls: int, block: int = 50) -> dict[str, object]:
             async with ClientSession(read, write) as session:
                 await session.initialize()
                 await session.list_tools()
-                for _ in range(50):  # warm-up
-                    await handle.call_tool("echo", {"text": "warm"})
-                    await session.call_tool("echo", {"text": "warm"})
-                sides = {
-                    "pool": (lambda i: handle.call_tool("echo", {"text": f"s{i}"}), []),
-                    "sdk": (lambda i: session.call_tool("echo", {"text": f"r{i}"}), []),
-                }
-                for first in range(0, calls, block):
-                    order = ("pool", "sdk") if (first // block) % 2 == 0 else ("sdk", "pool")
-                    for side in order:
-                        call, out = sides[side]
-                        out += [await timed(call(i)) for i in range(first, min(calls, first + block))]
+                sequential, floor = await interleaved(lambda i: handle.call_tool("echo", {"text": f"s{i}"}),
+                                                      lambda i: session.call_tool("echo", {"text": f"r{i}"}), calls)
         gate = asyncio.Semaphore(20)
 
         async def one(i: int) -> float:
@@ -93,8 +103,36 @@ async def pooled(calls: int, block: int = 50) -> dict[str, object]:
         pings = [await timed(handle.ping()) for _ in range(100)]
     finally:
         await handle.close()
-    return {"startup": startup, "sequential": sides["pool"][1], "floor": sides["sdk"][1], "concurrent": concurrent,
+    return {"startup": startup, "sequential": sequential, "floor": floor, "concurrent": concurrent,
             "throughput": throughput, "ping": pings}
+
+
+async def http_pooled(calls: int) -> tuple[list[float], list[float]]:
+    """Streamable HTTP on loopback (tests/support/mcp_servers/http_server.py, JSON responses): pooled calls
+    (through the pool's retrying, session-watching HTTP transport) vs the SDK's ``ClientSession`` alone."""
+    import httpx2
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    token = uuid.uuid4().hex
+    server = subprocess.Popen([sys.executable, HTTP_SERVER, "--token", token], stdout=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{int(server.stdout.readline().split()[1])}/mcp"
+        handle = ServerHandle(ServerConfig("web", url=url, bearer_token=token))
+        try:
+            await handle.catalog()
+            async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http, \
+                    streamable_http_client(url, http_client=http) as (read, write), \
+                    ClientSession(read, write) as session:
+                await session.initialize()
+                await session.list_tools()
+                return await interleaved(lambda i: handle.call_tool("echo", {"text": f"s{i}"}),
+                                         lambda i: session.call_tool("echo", {"text": f"r{i}"}), calls)
+        finally:
+            await handle.close()
+    finally:
+        server.kill()
+        server.wait()
 
 
 async def fresh(calls: int) -> list[float]:
@@ -144,6 +182,7 @@ async def main() -> None:
     parser.add_argument("--fresh", type=int, default=10)
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--no-jobs", action="store_true")
+    parser.add_argument("--http", action="store_true", help="also Streamable HTTP on loopback, pooled vs SDK alone")
     args = parser.parse_args()
 
     pool = await pooled(args.calls)
@@ -160,6 +199,10 @@ async def main() -> None:
     print(f"| pooled ping | {summary(pool['ping'])} |")
     print(f"| fresh connection per call (spawn, initialize, discovery, call, close) | {summary(per_call)} |")
     print(f"| fresh / pooled median | x{statistics.median(per_call) / statistics.median(seq):.0f} |")
+    if args.http:
+        http_seq, http_floor = await http_pooled(args.calls)
+        print(f"| HTTP (loopback, JSON responses), pooled, {args.calls} sequential calls | {summary(http_seq)} |")
+        print(f"| HTTP, SDK ClientSession alone, same server, interleaved (floor) | {summary(http_floor)} |")
     if not args.no_jobs:
         jobs = await through_jobs(args.turns)
         print(f"| tool hop, MCP tool (pooled in the tool worker) | {summary(jobs['mcp'])} |")

@@ -21,6 +21,7 @@ from smith_client.errors import (
     TransportError,
     TurnCancelledError,
     UnknownAgentError,
+    UnknownSkillError,
 )
 from smith_client.events import Event
 from smith_client.messages import (
@@ -57,5 +58,6 @@ __all__ = [
     "TransportError",
     "TurnCancelledError",
     "UnknownAgentError",
+    "UnknownSkillError",
     "UserMessage",
 ]

@@ -25,6 +25,7 @@ from arq.connections import ArqRedis
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
+from smith_client import skills
 from smith_client.connection import connect_redis
 from smith_client.errors import (
     EventsTrimmedError,
@@ -32,13 +33,14 @@ from smith_client.errors import (
     SmithTimeoutError,
     TurnNotFoundError,
     UnknownAgentError,
+    UnknownSkillError,
 )
 from smith_client.eventlog import EventLog
 from smith_client.events import TURN_COMPLETED, Event, event_from_json
 from smith_client.jobs import Sampling, TurnJob
 from smith_client.keys import ID_PATTERN, Keys
 from smith_client.messages import AssistantMessage, UserMessage, messages_from_json_list
-from smith_client.registry import live_agents
+from smith_client.registry import live_agents, live_skills
 from smith_client.redis_errors import typed_redis_errors
 from smith_client.turns import MULTITASK_POLICIES, TurnHandle, submit
 
@@ -100,9 +102,14 @@ def _check_timeout(timeout: Any) -> float | None:
     return float(timeout)
 
 
+#: Largest ``after_seq`` accepted: Redis stream ids and counters are signed 64-bit.
+MAX_SEQ = 2**63 - 1
+
+
 def _check_seq(after_seq: Any) -> int:
-    if isinstance(after_seq, bool) or not isinstance(after_seq, int) or after_seq < 0:
-        raise InvalidRequestError(f"after_seq must be an integer >= 0, got {after_seq!r}", field="after_seq")
+    if isinstance(after_seq, bool) or not isinstance(after_seq, int) or not 0 <= after_seq <= MAX_SEQ:
+        raise InvalidRequestError(f"after_seq must be an integer in [0, 2**63-1], got {after_seq!r}",
+                                  field="after_seq")
     return after_seq
 
 
@@ -252,6 +259,48 @@ class SmithClient:
         raw = await self.redis.lrange(self.keys.history(conversation_id), 0, -1)
         return messages_from_json_list(raw)
 
+    @typed_redis_errors
+    async def activate_skill(self, conversation_id: str, name: str) -> None:
+        """Activate skill ``name`` (its declared name) on a conversation, after the skills active already.
+
+        Any registered skill can be activated on any conversation, whatever
+        agent runs it; the activation is stored in Redis, so every worker's next
+        step sees it (a running turn at its next model call), and lives as long
+        as the conversation's history (issue 14). Activating an active skill
+        does nothing (it keeps its place in the activation order).
+
+        Raises :class:`InvalidRequestError` for a bad id or name and
+        :class:`UnknownSkillError` when live turn workers are registered and
+        none serves ``name``; in both cases nothing changes. With no turn
+        worker registered at all it logs a warning and accepts.
+        """
+        _check_id(conversation_id, "conversation_id")
+        skills.check_skill_name(name)
+        await self._check_skill(name)
+        await skills.activate(self.redis, self.keys, conversation_id, name)
+
+    @typed_redis_errors
+    async def deactivate_skill(self, conversation_id: str, name: str) -> None:
+        """Deactivate skill ``name`` on a conversation; deactivating an inactive skill does nothing.
+
+        Takes effect at the next step of any turn, like an activation. An
+        agent's default skills (``app.agent(..., skills=[...])``) stay active
+        for that agent. Raises :class:`InvalidRequestError` for a bad id or name.
+        """
+        _check_id(conversation_id, "conversation_id")
+        skills.check_skill_name(name)
+        await skills.deactivate(self.redis, self.keys, conversation_id, name)
+
+    @typed_redis_errors
+    async def active_skills(self, conversation_id: str) -> list[str]:
+        """Declared names of the skills activated on a conversation, in activation order.
+
+        An agent's default skills are not listed: they belong to the agent, not
+        to the conversation. Raises :class:`InvalidRequestError` for a bad id.
+        """
+        _check_id(conversation_id, "conversation_id")
+        return await skills.active(self.redis, self.keys, conversation_id)
+
     async def _prepare(
         self,
         text: Any,
@@ -293,6 +342,16 @@ class SmithClient:
         elif agent not in served:
             raise UnknownAgentError(
                 f"no live worker serves agent {agent!r} (served: {sorted(served)})", agent=agent, known=sorted(served)
+            )
+
+    async def _check_skill(self, name: str) -> None:
+        served = await live_skills(self.redis, self.keys)
+        if served is None:
+            logger.warning("no turn worker is registered under prefix %r: skill %r is activated unchecked",
+                           self.keys.prefix, name)
+        elif name not in served:
+            raise UnknownSkillError(
+                f"no live worker serves skill {name!r} (served: {sorted(served)})", skill_name=name, known=sorted(served)
             )
 
     async def _ended(self, turn_id: str, seen_any: bool) -> bool:

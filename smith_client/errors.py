@@ -170,6 +170,18 @@ class UnknownAgentError(SmithError):
         super().__init__(message, agent=agent, known=list(known or []))
 
 
+class UnknownSkillError(SmithError):
+    """No live worker serves the skill asked for (issue 14 rule 5); nothing was changed.
+
+    Fields: ``skill_name`` (the declared name asked for), ``known`` (list[str], the names served).
+    """
+
+    field_names = ("skill_name", "known")
+
+    def __init__(self, message: str, skill_name: str = "", known: list[str] | None = None) -> None:
+        super().__init__(message, skill_name=skill_name, known=list(known or []))
+
+
 class ConflictError(SmithError):
     """The same turn id was sent with a different request. Fields: ``turn_id``."""
 
@@ -237,6 +249,7 @@ ERROR_CLASSES: dict[str, type[SmithError]] = {
         InvalidRequestError,
         ConfigurationError,
         UnknownAgentError,
+        UnknownSkillError,
         ConflictError,
         ConversationBusyError,
         EventsTrimmedError,

@@ -35,11 +35,18 @@ DEFAULT_LOG_MAX_LEN = 100_000
 # into {}). With a state key, the event is dropped (-1) unless the turn is
 # running and (when ARGV[4] is not '') its current attempt is ARGV[4]: the
 # fencing token that keeps a stale attempt silent. Nothing follows a turn's
-# terminal event.
+# terminal event. With a fifth key (a "published once" marker, which needs the
+# state key), the event is published only if the marker is absent (else 0), and
+# the marker is set with it: an event several processes may try to publish
+# (a tool result landing while its turn changes attempts) goes out exactly once.
 _PUBLISH_LUA = """
 if KEYS[4] and (redis.call('HGET', KEYS[4], 'status') ~= 'running'
                 or (ARGV[4] ~= '' and redis.call('HGET', KEYS[4], 'attempt') ~= ARGV[4])) then
   return -1
+end
+if KEYS[5] then
+  if redis.call('EXISTS', KEYS[5]) == 1 then return 0 end
+  redis.call('SET', KEYS[5], '1', 'EX', ARGV[3])
 end
 local seq = redis.call('INCR', KEYS[1])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
@@ -85,21 +92,25 @@ class EventLog:
         agent_path: list[str] | None = None,
         *,
         attempt: int | None = None,
+        once_key: str | None = None,
     ) -> int:
         """Append one event to the turn's log and publish it; return its ``seq``.
 
         With ``attempt``, publish only while the turn runs and that attempt is
         its current one (fencing, DESIGN.md §8; :data:`WHILE_RUNNING`: any
-        attempt); return -1 otherwise.
+        attempt); return -1 otherwise. With ``once_key`` (needs ``attempt``),
+        publish only if that marker key is absent, setting it atomically with
+        the event; return 0 when it was already set.
         """
-        keys, args = self._publish_call(turn_id, type, data, agent_path, attempt)
+        keys, args = self._publish_call(turn_id, type, data, agent_path, attempt, once_key)
         return int(await self._script(keys=keys, args=args))
 
     # ``attempt`` for the publish helpers: an attempt number fences on that attempt
     # and a running turn; WHILE_RUNNING on a running turn only (tool workers); None: no fence.
 
     def _publish_call(
-        self, turn_id: str, type: str, data: dict[str, Any], agent_path: list[str] | None, attempt: int | None
+        self, turn_id: str, type: str, data: dict[str, Any], agent_path: list[str] | None, attempt: int | None,
+        once_key: str | None = None,
     ) -> tuple[list[str], list[Any]]:
         body = orjson.dumps(
             {
@@ -120,6 +131,8 @@ class EventLog:
         if attempt is not None:
             keys.append(self._keys.turn_state(turn_id))
             args.append("" if attempt == WHILE_RUNNING else attempt)
+            if once_key is not None:
+                keys.append(once_key)
         return keys, args
 
     def publish_in(
@@ -130,9 +143,10 @@ class EventLog:
         data: dict[str, Any],
         agent_path: list[str] | None = None,
         attempt: int | None = None,
+        once_key: str | None = None,
     ) -> None:
-        """Queue a :meth:`publish` (fenced with ``attempt``) on a pipeline, to send it with other commands."""
-        keys, args = self._publish_call(turn_id, type, data, agent_path, attempt)
+        """Queue a :meth:`publish` (fenced with ``attempt``, once per ``once_key``) on a pipeline."""
+        keys, args = self._publish_call(turn_id, type, data, agent_path, attempt, once_key)
         pipe.eval(_PUBLISH_LUA, len(keys), *keys, *args)
 
     async def read(self, turn_id: str, after_seq: int = 0, count: int | None = None) -> list[Event]:

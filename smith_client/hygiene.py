@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+#: arq's global ZSET of abort requests; the runtime gives it a TTL on every abort (arq never prunes it, #485).
+ARQ_ABORT_SET = "arq:abort"
+
 from smith_client.keys import Keys
 
 
@@ -40,7 +43,8 @@ async def _describe(redis: Redis, names: list[str]) -> list[KeyInfo]:
 
 async def conversation_keys(redis: Redis, keys: Keys, conversation_id: str) -> list[KeyInfo]:
     """Every key of one conversation and of its turns, with TTLs. Scans the turn states (a diagnostic, O(keys))."""
-    names = [keys.history(conversation_id), keys.conversation_turns(conversation_id)]
+    names = [keys.history(conversation_id), keys.conversation_turns(conversation_id),
+             keys.conversation_skills(conversation_id)]
     async for state_key in redis.scan_iter(match=keys.turn_state("*"), count=1000):
         if await redis.hget(state_key, "conversation_id") != conversation_id.encode():
             continue
@@ -51,9 +55,9 @@ async def conversation_keys(redis: Redis, keys: Keys, conversation_id: str) -> l
 
 
 async def keys_without_ttl(redis: Redis, keys: Keys) -> list[str]:
-    """Keys of this prefix (and arq's keys of its jobs) with no TTL and no documented owner."""
+    """Keys of this prefix (arq's keys of its jobs and arq's abort set included) with no TTL and no documented owner."""
     owned = owned_keys(keys)
-    found = []
+    found = [ARQ_ABORT_SET] if await redis.ttl(ARQ_ABORT_SET) == -1 else []
     for pattern in (f"{keys.prefix}:*", f"arq:*:{keys.prefix}:*"):
         async for raw in redis.scan_iter(match=pattern, count=1000):
             name = raw.decode()

@@ -70,7 +70,9 @@ class ToolJob(BaseModel):
     ``timeout`` is the tool's budget in seconds; ``reply_channel`` is the pub/sub
     channel of the waiting turn worker; ``result_key`` where the result is
     stored; ``result_max_bytes`` the agent's cap on the content (UTF-8 bytes);
-    ``idempotent`` whether the call may be re-run when its tool worker died.
+    ``idempotent`` whether the call may be re-run when its tool worker died;
+    ``skill`` the declared name of the skill owning the tool ("" for the
+    agent's own tools), so the tool worker runs that skill's tool.
     """
 
     turn_id: str
@@ -85,6 +87,7 @@ class ToolJob(BaseModel):
     result_key: str
     result_max_bytes: int = 64 * 1024
     idempotent: bool = False
+    skill: str = ""
 
 
 class ToolOutcome(BaseModel):

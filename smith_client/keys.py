@@ -24,6 +24,9 @@ key                               what                                    lifeti
 ``{p}:conv:{c}:turns``            the conversation's unfinished turns      ``history_ttl``; finished turns removed
 ``{p}:turn:{t}:inbox``            user messages merged into a turn         ``turn_ttl``
 ``{p}:toolres:{t}:{s}:{i}:started``  which tool worker started a call      ``turn_ttl``
+``{p}:conv:{c}:skills``           the conversation's active skills (list)  ``history_ttl`` after the last activation or step
+``{p}:toolres:{t}:{s}:{i}:published``  the call's ``tool.result`` is out     ``turn_ttl``
+``arq:abort``                     arq's abort requests (global ZSET)      entries pruned after 60 s; key TTL 60 s
 ================================  ======================================  ==========================
 
 ``{p}:worker:{w}:replies`` and ``{p}:control`` are pub/sub channels (no key).
@@ -34,8 +37,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+#: Idle lifetime of a conversation's keys (history, active skills), in seconds: 30 days (DESIGN.md §8).
+DEFAULT_HISTORY_TTL = 30 * 24 * 3600
+
 #: Allowed characters for ids chosen by callers (turn ids, conversation ids, agent names).
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:@-]{1,200}\Z")
+#: Separator of the runtime's own job-id suffixes; never allowed in caller ids (:data:`ID_PATTERN`).
+JOB_SUFFIX = "#"
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,13 @@ class Keys:
         """List of a conversation's messages (stored form)."""
         return f"{self.prefix}:conv:{conversation_id}:history"
 
+    def conversation_skills(self, conversation_id: str) -> str:
+        """List of the skill names active in a conversation, in activation order (see :mod:`smith_client.skills`).
+
+        Part of the conversation's state: a conversation clear deletes it with the history.
+        """
+        return f"{self.prefix}:conv:{conversation_id}:skills"
+
     def tool_result(self, turn_id: str, step: int, index: int) -> str:
         """A tool call's outcome (:class:`~smith_client.jobs.ToolOutcome` JSON); first writer wins."""
         return f"{self.prefix}:toolres:{turn_id}:{step}:{index}"
@@ -100,7 +115,7 @@ class Keys:
         return f"{self.prefix}:workers"
 
     def worker(self, worker_id: str) -> str:
-        """One worker's registration (JSON: queue, agents, tools, pid, host)."""
+        """One worker's registration (JSON: queue, agents, skills, tools, pid, host)."""
         return f"{self.prefix}:worker:{worker_id}"
 
     def mcp_tools(self, alias: str) -> str:
@@ -138,5 +153,25 @@ class Keys:
         return f"{self.prefix}:control"
 
     def turn_rerun_job_id(self, turn_id: str, attempt: int) -> str:
-        """arq job id of a re-enqueued turn (a crash or a handed-off turn); unique per re-enqueue."""
-        return f"{self.turn_job_id(turn_id)}:r{attempt}"
+        """arq job id of a re-enqueued turn (a crash or a handed-off turn); unique per re-enqueue.
+
+        Runtime suffixes start with :data:`JOB_SUFFIX` (``#``), which :data:`ID_PATTERN`
+        refuses in caller ids, so a caller's turn id ``X:r1`` never names a re-run of ``X``.
+        """
+        return f"{self.turn_job_id(turn_id)}{JOB_SUFFIX}r{attempt}"
+
+    def turn_park_job_id(self, turn_id: str, at_ms: int) -> str:
+        """arq job id of a parked turn's re-check, enqueued at epoch ms ``at_ms``."""
+        return f"{self.turn_job_id(turn_id)}{JOB_SUFFIX}w{at_ms}"
+
+    def turn_kick_job_id(self, turn_id: str) -> str:
+        """arq job id of the wake-up of a conversation's next turn (fixed: arq keeps at most one pending)."""
+        return f"{self.turn_job_id(turn_id)}{JOB_SUFFIX}kick"
+
+    def tool_rerun_job_id(self, turn_id: str, step: int, index: int, at_ms: int) -> str:
+        """arq job id of an idempotent tool call re-run after its tool worker died (epoch ms ``at_ms``)."""
+        return f"{self.tool_job_id(turn_id, step, index)}{JOB_SUFFIX}r{at_ms}"
+
+    def tool_result_published(self, turn_id: str, step: int, index: int) -> str:
+        """Marker set atomically with a call's ``tool.result`` event, so the event is published once."""
+        return f"{self.tool_result(turn_id, step, index)}:published"

@@ -1,11 +1,12 @@
 """Which workers are alive and which agents they serve.
 
-Each worker process writes ``{p}:worker:{id}`` (JSON: queue, agents, pid,
-host) with a short TTL and refreshes it on a heartbeat; ``{p}:workers`` is a
+Each worker process writes ``{p}:worker:{id}`` (JSON: queue, agents, skills,
+tools, pid, host) with a short TTL and refreshes it on a heartbeat; ``{p}:workers`` is a
 ZSET of worker id → expiry (epoch milliseconds) so clients find live workers
 without SCAN. The client uses :func:`live_agents` to reject an agent no live
 worker serves (issue 2: when no worker is registered at all the turn is
-enqueued and waits).
+enqueued and waits), and :func:`live_skills` to refuse activating a skill no
+live worker serves (issue 14 rule 5).
 """
 
 from __future__ import annotations
@@ -58,9 +59,20 @@ async def live_workers(redis: Redis, keys: Keys) -> list[dict[str, Any]]:
     return [orjson.loads(raw) for raw in raws if raw]
 
 
-async def live_agents(redis: Redis, keys: Keys) -> set[str] | None:
-    """Agents served by live turn workers, or ``None`` when no turn worker is registered."""
+async def _served_by_turn_workers(redis: Redis, keys: Keys, field: str) -> set[str] | None:
+    """The union of a registration list ``field`` over live turn workers; ``None`` when none is registered."""
     turn_workers = [w for w in await live_workers(redis, keys) if w.get("queue") == "turns"]
     if not turn_workers:
         return None
-    return {agent for worker in turn_workers for agent in worker.get("agents", [])}
+    return {name for worker in turn_workers for name in worker.get(field, [])}
+
+
+async def live_agents(redis: Redis, keys: Keys) -> set[str] | None:
+    """Agents served by live turn workers, or ``None`` when no turn worker is registered."""
+    return await _served_by_turn_workers(redis, keys, "agents")
+
+
+async def live_skills(redis: Redis, keys: Keys) -> set[str] | None:
+    """Declared names of the skills served by live turn workers (which compose the prompts),
+    or ``None`` when no turn worker is registered."""
+    return await _served_by_turn_workers(redis, keys, "skills")

@@ -9,6 +9,7 @@ Declare tools and agents on a :class:`SmithApp` and point a worker at it::
 from smith_worker.app import AgentSpec, SmithApp
 from smith_worker.config import AgentConfig, Settings
 from smith_worker.hooks import Hooks
+from smith_worker.skills import Skill, load_skill
 from smith_worker.tools import Tool, ToolContext, ToolRegistry, ToolResult, make_tool
 
 __all__ = [
@@ -16,10 +17,12 @@ __all__ = [
     "AgentSpec",
     "Hooks",
     "Settings",
+    "Skill",
     "SmithApp",
     "Tool",
     "ToolContext",
     "ToolRegistry",
     "ToolResult",
+    "load_skill",
     "make_tool",
 ]

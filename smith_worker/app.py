@@ -8,12 +8,15 @@ It declares tools and agents in Python (DESIGN.md §9)::
     def calculator(expression: str) -> float: ...
 
     app.agent("default", system_prompt="You are helpful.", tools=[calculator])
+
+Skills (:mod:`smith_worker.skills`) are registered with :meth:`SmithApp.skill`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from smith_client.errors import ConfigurationError
@@ -21,8 +24,9 @@ from smith_client.keys import ID_PATTERN
 from smith_worker.config import AgentConfig, Settings
 from smith_worker.hooks import Hooks
 from smith_worker.llm.types import LlmClientConfig
+from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
 from smith_worker.sources import ToolSource
-from smith_worker.tools import DEFAULT_TOOL_TIMEOUT, Tool, ToolRegistry, make_tool
+from smith_worker.tools import DEFAULT_TOOL_TIMEOUT, Isolation, Tool, ToolRegistry, make_tool
 
 ToolChoice = str | dict[str, Any]
 
@@ -36,7 +40,9 @@ class AgentSpec:
     on the first model call ("auto", "required", "none", or a tool name, which
     becomes a named choice); with ``reset_tool_choice`` it becomes
     ``tool_choice_after_tools`` ("auto" by default) after a tool round, as the
-    OpenAI Agents SDK does to avoid loops.
+    OpenAI Agents SDK does to avoid loops. ``skills`` are the declared names of
+    skills active in every conversation this agent runs, before the
+    conversation's own (issue 14).
     """
 
     name: str
@@ -49,6 +55,7 @@ class AgentSpec:
     tool_choice_after_tools: ToolChoice = "auto"
     hooks: Hooks = field(default_factory=Hooks)
     sources: list[str] = field(default_factory=list)
+    skills: list[str] = field(default_factory=list)
 
     def tool_choice_for(self, tool_rounds: int) -> ToolChoice | None:
         """The ``tool_choice`` to send after ``tool_rounds`` completed tool rounds.
@@ -64,15 +71,19 @@ class AgentSpec:
 
 
 class SmithApp:
-    """Tools and agents served by a worker process.
+    """Tools, skills and agents served by a worker process.
 
     ``settings`` defaults to :meth:`Settings.from_env` (read when first used,
     so importing the app module never touches the environment early).
+    ``skill_context_max_bytes`` caps a skill's serialized context data (UTF-8
+    bytes, seed §17.3; 16 KiB).
     """
 
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, *,
+                 skill_context_max_bytes: int = DEFAULT_SKILL_CONTEXT_MAX_BYTES) -> None:
         self._settings = settings
         self.tools = ToolRegistry()
+        self.skills = SkillCatalog(skill_context_max_bytes)
         self.agents: dict[str, AgentSpec] = {}
         self.hooks = Hooks()
         self.sources: dict[str, ToolSource] = {}
@@ -93,15 +104,21 @@ class SmithApp:
         parameters: dict[str, Any] | None = None,
         timeout: float = DEFAULT_TOOL_TIMEOUT,
         idempotent: bool = False,
+        isolation: Isolation = "thread",
     ) -> Any:
         """Register a tool; usable as ``@app.tool`` or ``@app.tool(timeout=5.0)``.
 
-        ``timeout`` is seconds. Raises :class:`ConfigurationError` on a name collision.
+        ``timeout`` is seconds. A sync tool runs in a thread, which Python
+        cannot stop: past its timeout it runs on (counted; too many make the
+        tool worker restart). ``isolation="process"`` runs it in a pool
+        process killed at its timeout instead (module-level function, picklable
+        arguments and result). Raises :class:`ConfigurationError` on a name collision.
         """
 
         def register(func: Callable[..., Any]) -> Callable[..., Any]:
             tool = make_tool(
-                func, name=name, description=description, parameters=parameters, timeout=timeout, idempotent=idempotent
+                func, name=name, description=description, parameters=parameters, timeout=timeout,
+                idempotent=idempotent, isolation=isolation,
             )
             if not self.tools.add(tool):
                 raise ConfigurationError(f"tool {tool.name!r} is already registered", setting="tools")
@@ -123,13 +140,18 @@ class SmithApp:
         tool_choice_after_tools: ToolChoice = "auto",
         hooks: Hooks | None = None,
         sources: list[str] | None = None,
+        skills: list[str] | None = None,
     ) -> AgentSpec:
         """Declare an agent. ``tools`` are tool names or registered functions; ``sources``
-        names tool sources added with :meth:`add_source` (e.g. MCP server aliases).
+        names tool sources added with :meth:`add_source` (e.g. MCP server aliases);
+        ``skills`` names registered skills active by default, in this order.
 
         Raises :class:`ConfigurationError` for a bad name, a duplicate agent, an
-        unregistered tool or an unknown source.
+        unregistered tool, an unknown source or an unregistered skill.
         """
+        for skill in skills or []:
+            if skill not in self.skills:
+                raise ConfigurationError(f"agent skill {skill!r} is not a registered skill", setting="skills")
         for source in sources or []:
             if source not in self.sources:
                 raise ConfigurationError(f"agent source {source!r} is not a registered source", setting="sources")
@@ -148,6 +170,7 @@ class SmithApp:
             tool_choice_after_tools=tool_choice_after_tools,
             hooks=hooks or Hooks(),
             sources=list(sources or []),
+            skills=list(skills or []),
         )
         self.agents[name] = spec
         return spec
@@ -169,6 +192,31 @@ class SmithApp:
             raise ConfigurationError(f"tool source {source.name!r} is already registered", setting="sources")
         self.sources[source.name] = source
         return source
+
+    def skill(self, skill_or_path: Skill | str | Path) -> Skill:
+        """Register a skill: a :class:`Skill`, or a directory loaded with :func:`load_skill`.
+
+        Its native tools reach the model as ``<normalized_name>__<tool>`` and
+        run on tool workers; its MCP servers become tool sources pooled like any
+        other (a server alias already registered must have the same config, and
+        is then shared). Conversations activate it by its declared name.
+        Raises :class:`SkillError` (bad directory, oversized context data) or
+        :class:`ConfigurationError` (normalized name or MCP alias already taken).
+        """
+        skill = skill_or_path if isinstance(skill_or_path, Skill) else load_skill(
+            skill_or_path, context_max_bytes=self.skills.context_max_bytes)
+        for config in skill.servers:
+            existing = self.sources.get(config.alias)
+            if existing is not None and getattr(existing, "config", None) != config:
+                raise ConfigurationError(f"skill {skill.name!r}: MCP server alias {config.alias!r} "
+                                         "is registered with another configuration", setting="mcp_servers")
+        self.skills.add(skill)
+        for config in skill.servers:
+            if config.alias not in self.sources:
+                from smith_worker.mcp import McpServerSource  # only apps with MCP servers load the MCP modules
+
+                self.add_source(McpServerSource(config))
+        return skill
 
     def mcp_server(
         self,

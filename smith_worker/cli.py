@@ -51,7 +51,23 @@ def worker_main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from smith_worker.worker import build_worker  # imported late: keeps `smith --help` light
 
-    build_worker(load_app(args.app), args.queue).run()
+    worker = build_worker(load_app(args.app), args.queue)
+    worker.run()
+    if worker.ctx["runtime"].restart_requested:
+        restart_process()
+
+
+def restart_process() -> None:
+    """Replace this process with a fresh run of the same command (same pid, so supervisors see no exit).
+
+    Used by a tool worker that drained because sync-tool threads overran
+    their timeouts: exec is the only way to get rid of threads Python cannot stop.
+    """
+    logging.getLogger("agent_smith.worker").warning("re-executing %s", " ".join(sys.orig_argv))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
 class StreamPrinter:

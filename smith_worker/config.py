@@ -12,6 +12,7 @@ from typing import Any
 
 from smith_client.errors import ConfigurationError
 from smith_worker.llm.types import LlmClientConfig
+from smith_worker.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
 from smith_worker.tools import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
 
 
@@ -48,6 +49,10 @@ class Settings:
     ``SMITH_TURN_MAX_ATTEMPTS``  runs of one turn (crashes, timeouts)   3
     ``SMITH_TURN_POLL_DELAY``    turn queue poll interval, seconds      0.02
     ``SMITH_TOOL_POLL_DELAY``    tool queue poll interval, seconds      0.01
+    ``SMITH_TOOL_MAX_OVERRUNS``  overrunning sync-tool threads that     10
+                                 make a tool worker drain and restart
+    ``SMITH_TOOL_PROCESSES``     processes for ``isolation="process"``  4
+                                 tools, per tool worker
     ===========================  =====================================  ==================
 
     ``SMITH_REDIS_SOCKET_TIMEOUT`` (seconds, default 5) bounds every Redis
@@ -69,6 +74,8 @@ class Settings:
     turn_max_attempts: int = 3
     turn_poll_delay: float = 0.02
     tool_poll_delay: float = 0.01
+    tool_max_overruns: int = DEFAULT_OVERRUN_LIMIT
+    tool_processes: int = DEFAULT_TOOL_PROCESSES
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -87,6 +94,8 @@ class Settings:
             turn_max_attempts=_env_int("SMITH_TURN_MAX_ATTEMPTS", cls.turn_max_attempts),
             turn_poll_delay=_env_float("SMITH_TURN_POLL_DELAY", cls.turn_poll_delay),
             tool_poll_delay=_env_float("SMITH_TOOL_POLL_DELAY", cls.tool_poll_delay),
+            tool_max_overruns=_env_int("SMITH_TOOL_MAX_OVERRUNS", cls.tool_max_overruns),
+            tool_processes=_env_int("SMITH_TOOL_PROCESSES", cls.tool_processes),
         )
 
     def llm_config(self, override: dict[str, Any] | LlmClientConfig | None = None) -> LlmClientConfig:

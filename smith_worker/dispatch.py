@@ -134,12 +134,15 @@ async def abort_job(redis: Redis, queue: str, job_id: str) -> None:
     A running job is cancelled by its worker at the next poll (worker
     ``allow_abort_jobs``); a queued one is also removed from the queue so it
     never starts. Old abort entries are pruned, since arq never does (#485)
-    and a stale entry would cancel a later job with the same id.
+    and a stale entry would cancel a later job with the same id; the set
+    itself expires :data:`ABORT_ENTRY_TTL` seconds after the last abort.
     """
     now_ms = int(time.time() * 1000)
     async with redis.pipeline(transaction=True) as pipe:
         pipe.zadd(abort_jobs_ss, {job_id: now_ms})
         pipe.zremrangebyscore(abort_jobs_ss, "-inf", now_ms - int(ABORT_ENTRY_TTL * 1000))
+        # when the set expires, its newest entry is ABORT_ENTRY_TTL old: nothing live is lost
+        pipe.expire(abort_jobs_ss, int(ABORT_ENTRY_TTL))
         await pipe.execute()
     if not await redis.exists(in_progress_key_prefix + job_id):
         async with redis.pipeline(transaction=True) as pipe:
@@ -206,7 +209,7 @@ class ToolJobWaiter:
             if await self._runner_died(job):
                 if not job.idempotent or not await self._may_rerun(job):
                     return None, ""  # never silently re-run a call that may have had effects
-                job_id = f"{job_id}:r{int(time.time() * 1000)}"
+                job_id = self._keys.tool_rerun_job_id(job.turn_id, job.step, job.index, int(time.time() * 1000))
                 await self._enqueue(job, job_id)
                 deadline = time.monotonic() + job.timeout + self._grace
         return None, job_id

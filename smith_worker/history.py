@@ -2,7 +2,7 @@
 
 One Redis list per conversation holds the stored form of every message, so
 any worker can run the conversation's next turn. The list lives until the
-conversation has been idle ``DEFAULT_HISTORY_TTL`` seconds (30 days,
+conversation has been idle ``smith_client.keys.DEFAULT_HISTORY_TTL`` seconds (30 days,
 DESIGN.md §8): every write (:mod:`smith_worker.turn_state`) refreshes the TTL.
 """
 
@@ -14,9 +14,6 @@ from redis.asyncio import Redis
 
 from smith_client.keys import Keys
 from smith_client.messages import SystemMessage, messages_from_json_list
-
-#: Idle lifetime of a conversation's history, in seconds (30 days).
-DEFAULT_HISTORY_TTL = 30 * 24 * 3600
 
 
 class ConversationStore:

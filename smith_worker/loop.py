@@ -38,7 +38,7 @@ from smith_client.messages import AssistantMessage, ToolCall, ToolMessage, messa
 from smith_worker.app import AgentSpec
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
-from smith_worker.turn_state import TurnAttempt
+from smith_worker.turn_state import StaleAttemptError, TurnAttempt
 from smith_worker.llm import LlmClient
 from smith_worker.llm.types import (
     LlmRequest,
@@ -51,8 +51,9 @@ from smith_worker.llm.types import (
     ToolSchema,
 )
 from smith_worker.runtime import WorkerRuntime
+from smith_worker.skills import ConversationSkills
 from smith_worker.tool_runner import tool_result_event
-from smith_worker.tools import ToolContext, error_content
+from smith_worker.tools import ToolContext, ToolRoute, error_content
 
 logger = logging.getLogger("agent_smith.agent")
 
@@ -93,6 +94,7 @@ class AgentLoop:
         self.publish = publish
         self.agent_path = [job.agent]
         self._stream_calls: dict[int, ToolCall] = {}
+        self.skills = ConversationSkills(rt.app.skills, rt.app.sources, rt.keys, job.conversation_id)
 
     async def run(self, spec: AgentSpec, start: int) -> AssistantMessage:
         """Run model steps from history index ``start`` (the turn's user message) until a final answer."""
@@ -138,7 +140,8 @@ class AgentLoop:
         return bool(moved)
 
     async def _begin_step(self, spec: AgentSpec) -> int:
-        """Before a model call, in one round trip: the cancel flag, merged messages, the tree count.
+        """Before a model call, in one round trip: the cancel flag, merged messages, the tree count,
+        the conversation's active skills (so an activation takes effect at the next step).
 
         Raises :class:`CancelRequested` when the turn's state asks it to stop.
         Merged user messages (``multitask="merge"``) join the history here, so
@@ -155,9 +158,11 @@ class AgentLoop:
             pipe.eval(*self.attempt.drain_inbox_args(closing=False))
             pipe.incr(tree)
             pipe.expire(tree, DEFAULT_TURN_TTL)
-            cancel, moved, count, _ = await pipe.execute()
+            self.skills.queue_read(pipe)
+            cancel, moved, count, _, *skills = await pipe.execute()
         if cancel:
             raise CancelRequested(cancel.decode())
+        self.skills.take(spec, skills)
         await self._announce_merged(spec, self.attempt.drained(moved))
         return int(count)
 
@@ -187,7 +192,7 @@ class AgentLoop:
     async def _call_model(self, spec: AgentSpec, llm: LlmClient, tool_rounds: int) -> LlmResponse:
         tools = await self._tool_schemas(spec)
         request = LlmRequest(
-            messages=await self.store.snapshot(spec.system_prompt),
+            messages=await self.store.snapshot(self.skills.system_prompt(spec.system_prompt)),
             tools=tools,
             sampling=self._sampling(),
             tool_choice=spec.tool_choice_for(tool_rounds) if tools else None,
@@ -212,13 +217,14 @@ class AgentLoop:
             raise ConfigurationError(f"invalid per-turn sampling: {exc}", setting="sampling") from exc
 
     async def _tool_schemas(self, spec: AgentSpec) -> list[ToolSchema]:
-        """Native tools of the agent, then each of its sources' tools, in declaration order."""
+        """Native tools of the agent, then each of its sources' tools, in declaration order, then
+        the tools of the active skills (seed §12.3)."""
         schemas = self.rt.app.tools.schemas(spec.tools)
         asking = ToolContext(call_id="", tool_name="", turn_id=self.job.turn_id,
                              conversation_id=self.job.conversation_id, agent=spec.name, worker_id=self.rt.worker_id)
         for name in spec.sources:
             schemas += await self.rt.app.sources[name].schemas(self.rt, asking)
-        return schemas
+        return await self.skills.tools(schemas, self.rt, asking)
 
     async def _on_stream_event(self, spec: AgentSpec, event: StreamEvent) -> None:
         """Publish stream events as they arrive (tokens, tool-call start and completion)."""
@@ -253,6 +259,7 @@ class AgentLoop:
         await fire("on_message", message, self.rt.app.hooks, spec.hooks)
 
     async def _run_tools(self, spec: AgentSpec, step: int, calls: list[ToolCall]) -> list[ToolOutcome]:
+        await self.skills.ensure(spec, self.rt.redis)  # a re-run may resume here, before any model call
         for call in calls:
             await fire("on_tool_call", call, self.rt.app.hooks, spec.hooks)
         outcomes = await asyncio.gather(*(self._run_tool(spec, step, i, c) for i, c in enumerate(calls)))
@@ -267,26 +274,39 @@ class AgentLoop:
 
     async def _run_tool(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolOutcome:
         job = self._tool_job(spec, step, index, call)
-        timeout = self._timeout_for(spec, call.name)
-        if timeout is None:
+        route = self._route(spec, call.name)
+        if route is None:
             outcome, produced_here = ToolOutcome(content=error_content(f"unknown tool: {call.name}"), is_error=True), True
         else:
-            job.timeout = timeout
-            native = self.rt.app.tools.find(call.name)
-            job.idempotent = native.idempotent if native is not None else False
+            job.timeout, job.idempotent, job.skill = route.timeout, route.idempotent, route.skill
             assert self.rt.tool_waiter is not None
             outcome, produced_here = await self.rt.tool_waiter.run(job)
-        if produced_here:  # otherwise the tool worker published it
-            await self.publish(TOOL_RESULT, tool_result_event(job, outcome))
+        if produced_here or self.attempt.attempt > 1:  # else the tool worker published it
+            await self._publish_result_once(job, outcome)
         return outcome
 
-    def _timeout_for(self, spec: AgentSpec, tool_name: str) -> float | None:
-        """The budget (seconds) of a tool this agent may call, or None when it may not call it."""
+    async def _publish_result_once(self, job: ToolJob, outcome: ToolOutcome) -> None:
+        """Publish ``tool.result`` unless the tool worker already did: a result that landed while the
+        turn was between attempts (its publish was refused) goes out now, exactly once."""
+        once = self.rt.keys.tool_result_published(job.turn_id, job.step, job.index)
+        seq = await self.rt.events.publish(job.turn_id, TOOL_RESULT, tool_result_event(job, outcome),
+                                           self.agent_path, attempt=self.attempt.attempt, once_key=once)
+        if seq < 0:
+            raise StaleAttemptError(job.turn_id)
+
+    def _route(self, spec: AgentSpec, tool_name: str) -> ToolRoute | None:
+        """How a call of ``tool_name`` runs this step, or None when this agent may not call it.
+
+        An active skill's tool shadows the agent's own of the same name (seed §12.3: last registered wins).
+        """
+        route = self.skills.route(spec, tool_name)
+        if route is not None:
+            return route
         tool = self.rt.app.tools.find(tool_name) if tool_name in spec.tools else None
         if tool is not None:
-            return tool.timeout
+            return ToolRoute(tool.timeout, tool.idempotent)
         source = self.rt.app.source_for(tool_name, spec.sources)
-        return source.timeout_for(tool_name) if source is not None else None
+        return ToolRoute(source.timeout_for(tool_name)) if source is not None else None
 
     def _tool_job(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolJob:
         keys = self.rt.keys

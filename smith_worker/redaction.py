@@ -6,7 +6,17 @@
   matching ``/api[-_]?key/i``, ``/access[-_]?token/i``, ``/bearer/i`` or
   ``/password/i`` (anywhere in the key) becomes ``"<redacted>"``, whatever
   its type; nested objects and arrays are walked.
-* :func:`redact_text` — every occurrence of a known secret string is replaced.
+* :func:`redact_text` — every occurrence of a known secret string is replaced:
+  those given, and those registered for the process with
+  :func:`register_secrets` (API keys, bearer tokens, the Redis password,
+  credentials from a URL); ``Bearer``/``Basic`` credentials and a URL's
+  ``user:password@`` are replaced whatever their value.
+* :func:`redact_error` — a :class:`~smith_client.errors.SmithError` with its
+  message and text fields redacted, before it reaches an event, a turn's
+  state or a log.
+* :class:`RedactingFilter` / :func:`install_log_redaction` — a logging filter
+  on the root handlers applying :func:`redact_text` to every record (message
+  and traceback), and dropping the job arguments from arq's job-start lines.
 * :func:`redact_body` — a body about to be logged: JSON is redacted with
   :func:`redact_json`, anything else is kept as text; known secrets are
   removed from the result either way.
@@ -16,11 +26,16 @@ All functions return new values and never modify their input.
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import orjson
+
+from smith_client.errors import SmithError
 
 REDACTED = "<redacted>"
 
@@ -50,15 +65,59 @@ def redact_json(value: Any) -> Any:
     return value
 
 
-def redact_text(text: str, secrets: Iterable[str | None]) -> str:
-    """``text`` with every occurrence of each non-empty secret replaced by ``"<redacted>"``.
+#: Credentials after an HTTP auth scheme, and the userinfo of a URL.
+_AUTH_VALUE = re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{6,}", re.IGNORECASE)
+_URL_USERINFO = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^/\s@]+@", re.IGNORECASE)
+#: Shorter strings are not registered: replacing them would mangle ordinary text.
+MIN_SECRET_LENGTH = 4
+
+_registered: set[str] = set()
+_lock = threading.Lock()
+
+
+def register_secrets(*secrets: str | None) -> None:
+    """Add literal secrets (API keys, tokens, passwords) that :func:`redact_text` removes everywhere in this process."""
+    with _lock:
+        _registered.update(s for s in secrets if s and len(s) >= MIN_SECRET_LENGTH)
+
+
+def registered_secrets() -> frozenset[str]:
+    """The secrets registered with :func:`register_secrets`."""
+    return frozenset(_registered)
+
+
+def url_credentials(url: str) -> tuple[str, str | None, str | None]:
+    """Split ``scheme://user:password@host/...`` into the URL without userinfo, the user and the password
+    (percent-decoded; ``None`` when absent). A URL without userinfo is returned unchanged."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    return parts._replace(netloc=host).geturl(), unquote(user), unquote(password) if colon else None
+
+
+def redact_text(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """``text`` with every occurrence of each non-empty secret (given or registered) replaced by ``"<redacted>"``,
+    and every ``Bearer``/``Basic`` credential and URL userinfo replaced too.
 
     Longer secrets are replaced first so a secret containing another is
     removed whole.
     """
-    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+    for secret in sorted({s for s in secrets if s} | _registered, key=len, reverse=True):
         text = text.replace(secret, REDACTED)
-    return text
+    text = _AUTH_VALUE.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+    return _URL_USERINFO.sub(lambda m: f"{m.group(1)}{REDACTED}@", text)
+
+
+def redact_error(error: SmithError) -> SmithError:
+    """``error`` with its message and every text field passed through :func:`redact_text` (changed in place)."""
+    error.message = redact_text(error.message)
+    error.args = (error.message,)
+    for name, value in error.fields.items():  # a fresh dict of the field attributes
+        if isinstance(value, str):
+            setattr(error, name, redact_text(value))
+    return error
 
 
 def redact_body(body: str | bytes, secrets: Iterable[str | None] = ()) -> str:
@@ -73,11 +132,49 @@ def redact_body(body: str | bytes, secrets: Iterable[str | None] = ()) -> str:
     return redact_text(text, secrets)
 
 
+_ARQ_JOB_START = "%6.2fs → %s(%s)%s"
+
+
+class RedactingFilter(logging.Filter):
+    """Passes every record, with :func:`redact_text` applied to its message and traceback; arq's job-start
+    line (``→ run_tool(<arguments>)``) loses its arguments, which hold user text and tool arguments."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == _ARQ_JOB_START and isinstance(record.args, tuple) and len(record.args) == 4:
+            record.args = (record.args[0], record.args[1], "…", record.args[3])
+        message = record.getMessage()
+        redacted = redact_text(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact_text(record.exc_text)
+        return True
+
+
+def install_log_redaction(logger: logging.Logger | None = None) -> None:
+    """Add one :class:`RedactingFilter` to each handler of ``logger`` (default: the root logger).
+
+    Handler filters see the records of every logger that propagates there
+    (httpx, httpcore, mcp, arq included); calling this again adds nothing.
+    """
+    for handler in (logger or logging.getLogger()).handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
+
+
 __all__ = [
     "REDACTED",
     "SENSITIVE_HEADERS",
     "SENSITIVE_KEY",
+    "RedactingFilter",
+    "install_log_redaction",
     "redact_body",
+    "redact_error",
+    "register_secrets",
+    "registered_secrets",
+    "url_credentials",
     "redact_headers",
     "redact_json",
     "redact_text",

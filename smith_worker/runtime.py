@@ -14,6 +14,7 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Literal
 
 import httpx
@@ -26,6 +27,8 @@ from smith_client.registry import DEFAULT_REGISTRATION_TTL, register_worker, unr
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
+from smith_worker.isolation import ToolExecutors
+from smith_worker.redaction import SENSITIVE_HEADERS, install_log_redaction, register_secrets, url_credentials
 from smith_worker.redis_health import RedisHealth
 from smith_worker.sweeper import sweep_forever
 
@@ -55,6 +58,12 @@ class WorkerRuntime:
     health: RedisHealth = field(default_factory=RedisHealth)
     #: Turns running in this process, by turn id; their runners take cancel requests.
     running_turns: dict[str, Any] = field(default_factory=dict)
+    #: Thread and process pools of a tool worker's sync tools (None on turn workers).
+    executors: ToolExecutors | None = None
+    #: Called (on the event loop) to make the arq worker stop taking jobs and drain; set by ``build_worker``.
+    stop_taking_jobs: Callable[[], None] | None = None
+    #: Set when the worker drains to restart (too many overrunning tool threads): the CLI re-executes it.
+    restart_requested: bool = False
     _background: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -68,11 +77,48 @@ class WorkerRuntime:
         if runner is not None:
             runner.request_cancel()
 
+    def protect_secrets(self) -> None:
+        """Register this deployment's secrets for redaction and filter every log line (seed §16.4):
+        the LLM API keys (environment and agents), credentials in the LLM base URL and the Redis password."""
+        _, _, llm_password = url_credentials(self.settings.llm_base_url)
+        _, _, redis_password = url_credentials(self.settings.redis_url)
+        agent_keys = [getattr(spec.llm, "api_key", None) if not isinstance(spec.llm, dict) else spec.llm.get("api_key")
+                      for spec in self.app.agents.values()]
+        register_secrets(self.settings.llm_api_key, llm_password, redis_password, *agent_keys, *self._source_secrets())
+        install_log_redaction()
+
+    def _source_secrets(self) -> list[str]:
+        """Bearer tokens and sensitive header values of the tool sources (MCP servers over HTTP)."""
+        secrets = []
+        for source in self.app.sources.values():
+            config = getattr(source, "config", None)
+            secrets.append(getattr(config, "bearer_token", None))
+            headers = getattr(config, "headers", None) or {}
+            secrets += [value for name, value in headers.items() if name.lower() in SENSITIVE_HEADERS]
+        return [s for s in secrets if s]
+
+    def request_restart(self) -> None:
+        """Too many sync-tool threads overran: stop taking jobs, drain, then re-execute (see ``smith-worker``)."""
+        if self.restart_requested:
+            return
+        self.restart_requested = True
+        logger.error("worker %s: %d sync-tool threads overran their timeouts; draining to restart",
+                     self.worker_id, self.executors.overrunning if self.executors else 0)
+        self._background.append(asyncio.create_task(self._register()))  # readiness: "draining"
+        if self.stop_taking_jobs is not None:
+            self.stop_taking_jobs()
+
     async def start(self) -> None:
-        """Open the HTTP client and reply channel (turn workers) and register this worker.
+        """Open the HTTP client and reply channel (turn workers) or the tool pools (tool workers); register.
 
         Waits (backing off) while Redis does not answer, instead of failing.
         """
+        self.protect_secrets()
+        if self.queue == "tools":
+            self.executors = ToolExecutors(self.settings.tool_max_jobs, self.settings.tool_max_overruns,
+                                           self.request_restart, self.settings.tool_processes)
+            if any(self.app.tools.find(name).isolation == "process" for name in self.app.tools.names()):
+                self.executors.start_processes()
         await self.health.until_ok("start-up", self._warn_on_eviction)
         if self.queue == "turns":
             self.http = httpx.AsyncClient(timeout=None)
@@ -104,6 +150,8 @@ class WorkerRuntime:
             await self.replies.stop()
         if self.http is not None:
             await self.http.aclose()
+        if self.executors is not None:
+            self.executors.close()
         logger.info("worker %s stopped", self.worker_id)
 
     async def _warn_on_eviction(self) -> None:
@@ -126,7 +174,10 @@ class WorkerRuntime:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "agents": sorted(self.app.agents) if self.queue == "turns" else [],
+            "skills": self.app.skills.names(),
             "tools": self.app.tools.names() if self.queue == "tools" else [],
+            "draining": self.restart_requested,
+            "overrunning_threads": self.executors.overrunning if self.executors else 0,
         }
         await register_worker(self.redis, self.keys, self.worker_id, info, DEFAULT_REGISTRATION_TTL)
 

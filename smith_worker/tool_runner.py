@@ -17,7 +17,17 @@ from smith_client.eventlog import DEFAULT_TURN_TTL, WHILE_RUNNING
 from smith_client.events import TOOL_RESULT
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_worker.runtime import WorkerRuntime
-from smith_worker.tools import ToolContext, ToolResult, error_result, truncate_content
+from smith_worker.redaction import redact_text
+from smith_worker.sources import ToolSource
+from smith_worker.tools import (
+    Tool,
+    ToolContext,
+    ToolResult,
+    bounded_structured,
+    error_result,
+    scrub_surrogates,
+    truncate_content,
+)
 
 logger = logging.getLogger("agent_smith.tool")
 
@@ -34,9 +44,30 @@ def tool_result_event(job: ToolJob, outcome: ToolOutcome) -> dict[str, Any]:
     }
 
 
-async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
+def stored_outcome(result: ToolResult, max_bytes: int, worker: str) -> ToolOutcome:
+    """What is stored for a finished call: content cut to ``max_bytes`` UTF-8 bytes (lone surrogates
+    become U+FFFD, so the result always serializes), known secrets redacted from error content,
+    ``structured`` dropped when over ``max_bytes`` (see :func:`bounded_structured`)."""
+    content = truncate_content(scrub_surrogates(result.content), max_bytes)
+    return ToolOutcome(
+        content=redact_text(content) if result.is_error else content,
+        is_error=result.is_error,
+        structured=bounded_structured(result.structured, max_bytes),
+        worker=worker,
+    )
+
+
+def _target(rt: WorkerRuntime, job: ToolJob) -> tuple[Tool | None, ToolSource | None]:
+    """The native tool or the source running the call; a skill's own when the job names a skill
+    (a skill tool may shadow an app tool of the same name, seed §12.3)."""
+    if job.skill:
+        return rt.app.skills.target(job.skill, job.call.name, rt.app.sources)
     tool = rt.app.tools.find(job.call.name)
-    source = rt.app.source_for(job.call.name) if tool is None else None
+    return tool, (rt.app.source_for(job.call.name) if tool is None else None)
+
+
+async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
+    tool, source = _target(rt, job)
     if tool is None and source is None:
         return error_result(f"unknown tool: {job.call.name}")
     ctx = ToolContext(
@@ -50,7 +81,7 @@ async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
         worker_id=rt.worker_id,
     )
     if tool is not None:
-        return await tool.invoke(job.call.arguments, ctx, timeout=job.timeout)
+        return await tool.invoke(job.call.arguments, ctx, timeout=job.timeout, executors=rt.executors)
     assert source is not None
     try:
         async with asyncio.timeout(job.timeout):  # the source's own timeouts should fire first
@@ -72,13 +103,7 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
         answered, _ = await pipe.execute()
     if answered:
         return {"is_error": False, "stored": False}  # never run a call twice
-    result = await _invoke(rt, job)
-    outcome = ToolOutcome(
-        content=truncate_content(result.content, job.result_max_bytes),
-        is_error=result.is_error,
-        structured=result.structured,
-        worker=rt.worker_id,
-    )
+    outcome = stored_outcome(await _invoke(rt, job), job.result_max_bytes, rt.worker_id)
     # A call that ran is not lost to a Redis outage: its outcome is stored once Redis answers
     # again (bounded by the job's timeout), where the resumed turn finds it (issue 8).
     stored = await rt.health.until_ok("storing a tool result", lambda: _store(rt, job, outcome))
@@ -90,9 +115,11 @@ async def _store(rt: WorkerRuntime, job: ToolJob, outcome: ToolOutcome) -> bool:
     """Store the outcome (first writer wins); when stored, publish ``tool.result`` and wake the turn."""
     stored = await rt.redis.set(job.result_key, outcome.model_dump_json(), nx=True, ex=DEFAULT_TURN_TTL)
     if stored:  # the event, then the waiting turn's wake-up, in one round trip
+        once = rt.keys.tool_result_published(job.turn_id, job.step, job.index)
         async with rt.redis.pipeline(transaction=False) as pipe:
+            # never after the turn's terminal event, and never twice (a turn between attempts publishes it on resume)
             rt.events.publish_in(pipe, job.turn_id, TOOL_RESULT, tool_result_event(job, outcome), job.agent_path,
-                                 WHILE_RUNNING)  # never after the turn's terminal event
+                                 WHILE_RUNNING, once_key=once)
             pipe.publish(job.reply_channel, job.result_key)
             await pipe.execute()
     return bool(stored)

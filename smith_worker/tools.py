@@ -2,8 +2,10 @@
 
 A tool is a Python callable called as ``fn(**arguments)``; a parameter
 annotated :class:`ToolContext` is injected instead of taken from the
-arguments. Sync callables run in a thread (``asyncio.to_thread``), async ones
-are awaited (seed §10.2). Results normalize to :class:`ToolResult`:
+arguments. Sync callables run in a thread of the tool worker's pool, or with
+``isolation="process"`` in a pool process that is killed at the timeout
+(:mod:`smith_worker.isolation`: Python cannot stop a thread, so an
+overrunning sync tool's thread runs on); async ones are awaited (seed §10.2). Results normalize to :class:`ToolResult`:
 
 * ``str`` → text content;
 * :class:`ToolResult` → unchanged;
@@ -16,16 +18,23 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 
 import orjson
 from pydantic import BaseModel, ConfigDict, create_model
 
 from smith_client.errors import ConfigurationError, SmithTimeoutError
 from smith_worker.llm.types import ToolSchema
+
+if TYPE_CHECKING:
+    from smith_worker.isolation import ToolExecutors
+
+#: Where a sync tool runs: a thread of the worker (default) or a pool process killed at its timeout.
+Isolation = Literal["thread", "process"]
 
 logger = logging.getLogger("agent_smith.tool")
 
@@ -91,6 +100,34 @@ def normalize_result(value: Any) -> ToolResult:
         return error_result(f"tool returned a value that is not JSON-able: {exc}")
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def scrub_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate (not encodable as UTF-8) replaced by U+FFFD, as a UTF-8 decoder would."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def bounded_structured(value: Any, max_bytes: int) -> Any:
+    """A tool's ``structured`` value to store: ``None`` when its compact JSON exceeds ``max_bytes`` bytes.
+
+    The model only ever sees the (truncated) content, so an oversized value is
+    dropped; a ``{"_done": true, ...}`` sentinel (seed §15.3) keeps ``_done``
+    and ``final_message``, which end the turn.
+    """
+    if value is None:
+        return None
+    try:
+        size = len(orjson.dumps(value))
+    except TypeError:
+        return None
+    if size <= max_bytes:
+        return value
+    if isinstance(value, dict) and value.get("_done") is True:
+        return {"_done": True, "final_message": value.get("final_message", "")}
+    return None
+
+
 TRUNCATION_MARKER = "\n…[truncated, original size {size} bytes]"
 
 
@@ -142,7 +179,8 @@ class Tool:
     """A registered native tool: its schema, callable and options.
 
     ``timeout`` is seconds; ``idempotent`` tells the runtime a call may be
-    safely re-run after a crash (DESIGN.md §8).
+    safely re-run after a crash (DESIGN.md §8); ``isolation`` where a sync
+    tool runs (see :mod:`smith_worker.isolation`).
     """
 
     schema: ToolSchema
@@ -150,24 +188,33 @@ class Tool:
     timeout: float = DEFAULT_TOOL_TIMEOUT
     idempotent: bool = False
     context_params: list[str] = field(default_factory=list)
+    isolation: Isolation = "thread"
 
     @property
     def name(self) -> str:
         """The tool's name as the model sees it."""
         return self.schema.name
 
-    async def invoke(self, arguments: dict[str, Any], ctx: ToolContext, timeout: float | None = None) -> ToolResult:
+    async def invoke(
+        self,
+        arguments: dict[str, Any],
+        ctx: ToolContext,
+        timeout: float | None = None,
+        executors: ToolExecutors | None = None,
+    ) -> ToolResult:
         """Call the tool within ``timeout`` seconds (default: its own) and normalize the outcome.
 
         Never raises, except ``asyncio.CancelledError`` when the job is aborted.
-        On timeout the tool's task is cancelled (a sync tool's thread cannot be
-        stopped and runs to its end in the background).
+        On timeout the tool's task is cancelled; a sync tool's thread cannot be
+        stopped and runs to its end, counted as overrunning by ``executors``
+        (the tool worker's; default :func:`~smith_worker.isolation.default_executors`),
+        while a process-isolated tool's process is killed.
         """
         budget = self.timeout if timeout is None else timeout
         deadline = asyncio.timeout(budget)
         try:
             async with deadline:
-                return normalize_result(await self._call(arguments, ctx))
+                return normalize_result(await self._call(arguments, ctx, budget, executors))
         except TimeoutError as exc:
             if not deadline.expired():  # the tool's own TimeoutError, not our budget
                 return error_result(f"{type(exc).__name__}: {exc}")
@@ -177,13 +224,22 @@ class Tool:
             logger.info("tool %r raised %s: %s", self.name, type(exc).__name__, exc)
             return error_result(f"{type(exc).__name__}: {exc}")
 
-    async def _call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+    async def _call(
+        self, arguments: dict[str, Any], ctx: ToolContext, budget: float, executors: ToolExecutors | None
+    ) -> Any:
         kwargs = dict(arguments)
         for name in self.context_params:
             kwargs[name] = ctx
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(**kwargs)
-        result = await asyncio.to_thread(self.fn, **kwargs)
+        if executors is None:
+            from smith_worker.isolation import default_executors  # late: pebble only where tools run
+
+            executors = default_executors()
+        if self.isolation == "process":
+            result = await executors.run_in_process(self.fn, kwargs, budget)
+        else:
+            result = await executors.run_in_thread(self.fn, kwargs)
         if inspect.isawaitable(result):
             return await result
         return result
@@ -197,15 +253,25 @@ def make_tool(
     parameters: dict[str, Any] | None = None,
     timeout: float = DEFAULT_TOOL_TIMEOUT,
     idempotent: bool = False,
+    isolation: Isolation = "thread",
 ) -> Tool:
     """Wrap a callable as a :class:`Tool`.
 
     ``parameters`` is an author-supplied JSON Schema; without it one is derived
     from the type hints. ``description`` defaults to the docstring's first paragraph.
-    Raises :class:`ConfigurationError` for a non-positive timeout.
+    ``isolation="process"`` runs a sync function in a pool process killed at
+    its timeout (:mod:`smith_worker.isolation`). Raises
+    :class:`ConfigurationError` for a non-positive timeout, an unknown
+    isolation, or process isolation of an ``async def``.
     """
     if timeout <= 0:
         raise ConfigurationError(f"tool timeout must be positive, got {timeout}", setting="timeout")
+    if isolation not in ("thread", "process"):
+        raise ConfigurationError(f"tool isolation must be 'thread' or 'process', got {isolation!r}",
+                                 setting="isolation")
+    if isolation == "process" and inspect.iscoroutinefunction(fn):
+        raise ConfigurationError("isolation='process' is for sync functions; an async tool can be cancelled",
+                                 setting="isolation")
     tool_name = name or fn.__name__
     doc = (description if description is not None else inspect.getdoc(fn) or "").strip()
     schema_params = parameters if parameters is not None else schema_from_signature(fn)
@@ -216,6 +282,7 @@ def make_tool(
         timeout=float(timeout),
         idempotent=idempotent,
         context_params=_context_params(fn),
+        isolation=isolation,
     )
 
 
@@ -254,3 +321,14 @@ class ToolRegistry:
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
+
+
+@dataclass(frozen=True)
+class ToolRoute:
+    """How one tool call of a step runs: its budget (``timeout``, seconds), whether it may be
+    re-run after a crash (``idempotent``), and the skill owning the tool (``skill``, its
+    declared name; "" for the agent's own tools), which tells a tool worker where to find it."""
+
+    timeout: float
+    idempotent: bool = False
+    skill: str = ""

@@ -39,6 +39,7 @@ from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
 from smith_worker.turn_state import FINISH_LUA, StaleAttemptError, TurnAttempt, park, wake_head
 from smith_worker.loop import AgentLoop, CancelRequested
+from smith_worker.redaction import redact_error
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.tools import error_content
 
@@ -156,19 +157,22 @@ class TurnRunner:
     async def _cancelled(self, spec: AgentSpec | None, reason: str) -> None:
         """End the turn as cancelled: keep its completed messages, answer its dangling tool calls."""
         try:
-            await self._repair_dangling_calls(spec)
+            await self._repair_dangling_calls(spec, "was cancelled")
             await self._finish("cancelled", "cancel_requested", reason, TURN_CANCELLED, {"reason": reason})
         except StaleAttemptError:
             pass
 
-    async def _repair_dangling_calls(self, spec: AgentSpec | None) -> None:
-        """Give every tool call of the last assistant message a tool message (seed §13.3 pairing invariant)."""
+    async def _repair_dangling_calls(self, spec: AgentSpec | None, ending: str) -> None:
+        """Give every tool call of the last assistant message a tool message (seed §13.3 pairing invariant).
+
+        ``ending`` ("was cancelled" or "failed") says why, in the error content of calls without a result.
+        """
         messages = await self._turn_messages()
         last = messages[-1] if messages else None
         if not isinstance(last, AssistantMessage) or not last.tool_calls:
             return
         step = sum(isinstance(m, AssistantMessage) for m in messages)
-        outcomes = [await self._settle_call(step, index) for index in range(len(last.tool_calls))]
+        outcomes = [await self._settle_call(step, index, ending) for index in range(len(last.tool_calls))]
         repaired = [ToolMessage(tool_call_id=call.id, name=call.name, content=o.content, is_error=o.is_error)
                     for call, o in zip(last.tool_calls, outcomes)]
         if spec is not None:
@@ -176,24 +180,36 @@ class TurnRunner:
         else:
             await self.attempt.append(*repaired)
 
-    async def _settle_call(self, step: int, index: int) -> ToolOutcome:
-        """One outcome for a call of a cancelled turn: its real result, or (claimed first, like a
-        timeout) a cancellation error; then its job is stopped. A hand-off never comes here: it re-attaches."""
+    async def _settle_call(self, step: int, index: int, ending: str) -> ToolOutcome:
+        """One outcome for a call of a cancelled or failed turn: its real result, or (claimed first, like
+        a timeout) an error saying the turn ended; then its job is stopped. A hand-off never comes here:
+        it re-attaches. A stored result this worker cannot read counts as none."""
         keys, redis = self.rt.keys, self.rt.redis
         result_key = keys.tool_result(self.job.turn_id, step, index)
         started = await redis.exists(keys.tool_started(self.job.turn_id, step, index))
-        reason = ("the turn was cancelled while this tool call was running; it was stopped and may have partly run"
-                  if started else "the turn was cancelled before this tool call started")
-        cancelled = ToolOutcome(content=error_content(reason), is_error=True)
-        if await redis.set(result_key, cancelled.model_dump_json(), nx=True, ex=DEFAULT_TURN_TTL):
+        reason = (f"the turn {ending} while this tool call was running; it was stopped and may have partly run"
+                  if started else f"the turn {ending} before this tool call started")
+        ended = ToolOutcome(content=error_content(reason), is_error=True)
+        if await redis.set(result_key, ended.model_dump_json(), nx=True, ex=DEFAULT_TURN_TTL):
             await abort_job(redis, keys.tools_queue, keys.tool_job_id(self.job.turn_id, step, index))
-            return cancelled
-        return ToolOutcome.model_validate_json(await redis.get(result_key))  # the tool finished first
+            return ended
+        try:
+            return ToolOutcome.model_validate_json(await redis.get(result_key) or b"")  # the tool finished first
+        except ValueError:
+            return ended
 
     async def _fail(self, error: SmithError, spec: AgentSpec | None) -> None:
+        """End the turn as failed: the error (secrets redacted) in its state and event, dangling calls answered."""
+        error = redact_error(error)
         logger.error("turn %s failed: %r", self.job.turn_id, error)
         hook_sets = [self.rt.app.hooks] + ([spec.hooks] if spec else [])
         await fire("on_error", error, *hook_sets)
+        try:
+            await self._repair_dangling_calls(spec, "failed")
+        except StaleAttemptError:
+            return
+        except Exception:  # the failure itself must still be recorded
+            logger.warning("turn %s: answering its dangling tool calls failed", self.job.turn_id, exc_info=True)
         try:
             await self._finish("failed", "error", orjson.dumps(error.to_payload()).decode(), TURN_FAILED,
                                {"error": error.to_payload()})
@@ -224,3 +240,34 @@ class TurnRunner:
         start = (await self.attempt.state()).get("history_start")
         return (await self.store.messages())[int(start):] if start is not None else []
 
+
+
+async def fail_unreadable_turn(rt: WorkerRuntime, turn_id: str, error: SmithError) -> bool:
+    """Fail a turn whose payload this worker cannot validate (e.g. sent by a newer client), at once.
+
+    In one transaction, unless the turn already ended: ``turn.failed`` is
+    published, the state becomes ``failed`` with ``error``, and the turn leaves
+    its conversation's queue, whose next turn is then woken, so the
+    conversation is not blocked. Returns False when the turn had ended (or
+    does not exist).
+    """
+    keys, redis = rt.keys, rt.redis
+    state_key = keys.turn_state(turn_id)
+    async with redis.pipeline(transaction=True) as pipe:
+        await pipe.watch(state_key)
+        status, conversation = await pipe.hmget(state_key, "status", "conversation_id")
+        if status is None or status.decode() in ("completed", "failed", "cancelled"):
+            return False
+        conversation_id = conversation.decode() if conversation else ""
+        pipe.multi()
+        rt.events.publish_in(pipe, turn_id, TURN_FAILED, {"error": error.to_payload()})
+        pipe.hset(state_key, mapping={"status": "failed", "error": orjson.dumps(error.to_payload()).decode(),
+                                      "inbox_closed": "1", "lease_until": 0})
+        pipe.expire(state_key, DEFAULT_TURN_TTL)
+        pipe.zrem(keys.running, turn_id)
+        pipe.lrem(keys.conversation_turns(conversation_id), 0, turn_id)
+        await pipe.execute()
+    logger.error("turn %s failed: %r", turn_id, error)
+    if conversation_id:
+        await wake_head(redis, keys, conversation_id)
+    return True

@@ -30,9 +30,8 @@ from pydantic import BaseModel
 
 from smith_client.errors import ParseError
 from smith_client.jobs import RUN_TURN, TurnJob
-from smith_client.keys import Keys
+from smith_client.keys import DEFAULT_HISTORY_TTL, Keys
 from smith_client.messages import message_to_json
-from smith_worker.history import DEFAULT_HISTORY_TTL
 
 logger = logging.getLogger("agent_smith.worker")
 
@@ -300,7 +299,7 @@ async def park(redis: Any, keys: Keys, turn_id: str, conversation_id: str) -> No
     It also makes sure the conversation's oldest turn can run (:func:`wake_head`),
     in case the wake-up of a finished turn was lost with its worker.
     """
-    await _enqueue_turn(redis, keys, turn_id, f"{keys.turn_job_id(turn_id)}:w{_now_ms()}", defer=PARK_RECHECK)
+    await _enqueue_turn(redis, keys, turn_id, keys.turn_park_job_id(turn_id, _now_ms()), defer=PARK_RECHECK)
     await wake_head(redis, keys, conversation_id)
 
 
@@ -308,11 +307,11 @@ async def wake_head(redis: Any, keys: Keys, conversation_id: str) -> str:
     """Enqueue the conversation's oldest unfinished turn if it is queued; return its id ('' if none).
 
     Called when a turn ends (the next one runs at once) and by parked turns.
-    The job id ``<turn job>:kick`` is fixed, so arq keeps at most one pending.
+    The job id (:meth:`Keys.turn_kick_job_id`) is fixed, so arq keeps at most one pending.
     """
     head = (await redis.eval(_HEAD, 1, keys.conversation_turns(conversation_id), keys.prefix)).decode()
     if head and await redis.hget(keys.turn_state(head), "status") == b"queued":
-        await _enqueue_turn(redis, keys, head, f"{keys.turn_job_id(head)}:kick")
+        await _enqueue_turn(redis, keys, head, keys.turn_kick_job_id(head))
     return head
 
 

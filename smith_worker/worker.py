@@ -13,6 +13,10 @@ waiting on its tools never holds the slots its tools need (arq-notes.md
 * ``max_tries`` 1 for tools: a tool call is never silently re-run after a
   crash; 3 for turns.
 
+A tool worker whose overrunning sync-tool threads reach their limit
+(:mod:`smith_worker.isolation`) stops taking jobs and drains like at a
+signal; ``smith-worker`` then re-executes itself.
+
 :class:`SmithWorker` is arq's ``Worker`` made to outlive Redis (issue 8): arq
 lets a ``ConnectionError`` out of its poll loop, which ends the process. Here
 start-up waits for Redis, and a failed poll iteration backs off with jitter
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from typing import Any
@@ -33,12 +38,12 @@ from arq.worker import Worker, func
 from redis.exceptions import RedisError
 
 from smith_client.errors import InvalidRequestError
-from smith_client.events import TURN_FAILED
 from smith_client.jobs import RUN_TOOL, RUN_TURN, TurnJob
 from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
-from smith_worker.turn import TurnRunner
+from smith_worker.redaction import redact_error
+from smith_worker.turn import TurnRunner, fail_unreadable_turn
 from smith_client.connection import connect_redis
 from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
 from smith_worker.runtime import Queue, WorkerRuntime
@@ -62,7 +67,7 @@ async def run_turn(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
         turn_id = str(payload.get("turn_id", "")) if isinstance(payload, dict) else ""
         if turn_id:
             error = InvalidRequestError(f"malformed turn payload: {exc}", field="payload")
-            await rt.events.publish(turn_id, TURN_FAILED, {"error": error.to_payload()})
+            await fail_unreadable_turn(rt, turn_id, redact_error(error))
         return
     await TurnRunner(rt, job).run()
 
@@ -189,4 +194,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         job_deserializer=job_deserializer,
     )
     options.update(overrides)
-    return SmithWorker(health=runtime.health, **options)
+    worker = SmithWorker(ctx={"runtime": runtime}, health=runtime.health, **options)
+    # stop polling, let running jobs finish (job_completion_wait), then end run(): the drain before a restart
+    runtime.stop_taking_jobs = functools.partial(worker.handle_sig_wait_for_completion, signal.SIGUSR1)
+    return worker

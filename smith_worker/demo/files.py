@@ -19,9 +19,12 @@ DEFAULT_MAX_BYTES = 64 * 1024
 DEMO_SANDBOX = Path(__file__).resolve().parent / "demo_fs"
 """The sandbox directory shipped with the demo."""
 
-# O_NOFOLLOW: refuse a final component swapped for a symlink after the check.
+# O_NOFOLLOW: never let the kernel follow a symlink (the walk reads links itself).
 # O_NONBLOCK: opening a FIFO must not hang; it is refused as "not a regular file".
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Symlinks followed for one path before it counts as a loop (Linux's own limit is 40).
+_MAX_SYMLINKS = 40
 
 
 class SandboxError(ValueError):
@@ -36,7 +39,9 @@ def read_local_file(
     Args:
         path: a relative path such as ``"notes/todo.txt"``, resolved against
             ``sandbox``.  Symlinks are followed, but only as long as the real
-            path stays inside the sandbox.
+            path stays inside the sandbox; the walk is race-free (each
+            component opened relative to its parent's descriptor with
+            ``O_NOFOLLOW``), so a symlink swapped meanwhile cannot lead out.
         sandbox: an existing directory (``Path`` or ``str``); everything
             outside its real path is off limits.
         max_bytes: the largest file size accepted, in bytes (a UTF-8 file of
@@ -50,7 +55,7 @@ def read_local_file(
             drive/UNC), contains a NUL byte or a
             ``..`` component, or resolves outside the sandbox; or the target
             is missing ("no such file"), a directory or other non-regular
-            file, larger than ``max_bytes`` (the message gives both sizes),
+            file, a file with more than one hard link, larger than ``max_bytes`` (the message gives both sizes),
             not valid UTF-8, or unreadable.  Also raised if ``sandbox`` is not
             an existing directory.
         ValueError: ``max_bytes`` is not a positive integer.
@@ -59,8 +64,7 @@ def read_local_file(
         raise ValueError(f"max_bytes must be a positive integer, not {max_bytes!r}")
     _check_path_syntax(path)
     root = _resolve_sandbox(sandbox)
-    target = _resolve_inside(root, path)
-    data = _read_regular_file(target, path, max_bytes)
+    data = _read_regular_file(root, path, max_bytes)
     return _decode_utf8(data, path)
 
 
@@ -91,31 +95,82 @@ def _resolve_sandbox(sandbox: Path) -> Path:
     return root
 
 
-def _resolve_inside(root: Path, path: str) -> Path:
-    """Return the real path of ``root / path``, refusing escapes and missing files.
+def _open_inside(root: Path, path: str) -> int:
+    """Open ``path`` inside ``root`` race-free and return the descriptor (the caller closes it).
 
-    The escape check runs before the existence check so that a symlink out of
-    the sandbox is reported as such whether or not its target exists.
+    An ``openat``-style walk: each component is opened relative to the
+    descriptor of its parent directory with ``O_NOFOLLOW``, so the kernel never
+    follows a link on its own. A symlink is read (``readlinkat``) and its
+    target walked the same way from the directory holding it (an absolute
+    target only when it lies under the sandbox's real path); ``..`` pops a
+    directory this walk opened and cannot go above the sandbox. A component
+    swapped for a symlink after it was examined makes its ``O_NOFOLLOW`` open
+    fail, and it is examined again. So whatever changes meanwhile, the file
+    opened is inside the sandbox.
     """
-    candidate = root / path
-    if not Path(os.path.realpath(candidate)).is_relative_to(root):
+    stack = [os.open(root, _DIR_FLAGS)]  # descriptors of the directories from the sandbox down
+    pending = _components(path)
+    hops = 0
+    try:
+        while pending:
+            name = pending.pop()
+            if name == "..":
+                if len(stack) == 1:
+                    raise SandboxError(f"path {path!r} refused: it resolves outside the sandbox")
+                os.close(stack.pop())
+                continue
+            final = not pending
+            try:
+                target = _symlink_target(stack[-1], name)
+                if target is None:
+                    fd = os.open(name, _OPEN_FLAGS if final else _DIR_FLAGS, dir_fd=stack[-1])
+                    if final:
+                        return fd
+                    stack.append(fd)
+                    continue
+            except FileNotFoundError:
+                raise SandboxError(f"no such file: {path!r}") from None
+            except NotADirectoryError:
+                raise SandboxError(f"no such file: {path!r} (a parent is not a directory)") from None
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise SandboxError(f"cannot open {path!r}: {_reason(exc)}") from None
+                target = name  # swapped for a symlink after the check: examine it again
+            hops += 1
+            if hops > _MAX_SYMLINKS:
+                raise SandboxError(f"cannot resolve {path!r}: symlink loop")
+            if target != name and os.path.isabs(target):
+                _restart_at_root(stack, root, target, path)
+                target = os.path.relpath(target, root)
+            pending += _components(target)
+        return os.dup(stack[-1])  # the path names a directory ("." or "sub/"): refused by the caller
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def _components(path: str) -> list[str]:
+    """Components of ``path``, reversed (the next one last, to pop), without empty ones and ``.``."""
+    return [part for part in reversed(path.replace("\\", "/").split("/")) if part not in ("", ".")]
+
+
+def _symlink_target(dir_fd: int, name: str) -> str | None:
+    """The target of ``name`` in ``dir_fd`` if it is a symlink, else None (``lstat`` + ``readlinkat``)."""
+    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    return os.readlink(name, dir_fd=dir_fd) if stat.S_ISLNK(info.st_mode) else None
+
+
+def _restart_at_root(stack: list[int], root: Path, target: str, path: str) -> None:
+    """An absolute symlink target: only one under the sandbox's real path is followed, from the sandbox."""
+    if not Path(os.path.normpath(target)).is_relative_to(root):
         raise SandboxError(f"path {path!r} refused: it resolves outside the sandbox")
-    try:
-        return candidate.resolve(strict=True)
-    except FileNotFoundError:
-        raise SandboxError(f"no such file: {path!r}") from None
-    except NotADirectoryError:
-        raise SandboxError(f"no such file: {path!r} (a parent is not a directory)") from None
-    except (OSError, RuntimeError) as exc:
-        raise SandboxError(f"cannot resolve {path!r}: {_reason(exc)}") from None
+    while len(stack) > 1:
+        os.close(stack.pop())
 
 
-def _read_regular_file(target: Path, path: str, max_bytes: int) -> bytes:
-    """Read the file, checking type and size on the opened descriptor itself."""
-    try:
-        fd = os.open(target, _OPEN_FLAGS)
-    except OSError as exc:
-        raise SandboxError(f"cannot open {path!r}: {_reason(exc)}") from None
+def _read_regular_file(root: Path, path: str, max_bytes: int) -> bytes:
+    """Open race-free inside ``root``; check type, links and size on the opened descriptor itself."""
+    fd = _open_inside(root, path)
     try:
         _check_opened_file(os.fstat(fd), path, max_bytes)
         os.set_blocking(fd, True)
@@ -132,6 +187,8 @@ def _check_opened_file(info: os.stat_result, path: str, max_bytes: int) -> None:
         raise SandboxError(f"{path!r} is a directory, not a file")
     if not stat.S_ISREG(info.st_mode):
         raise SandboxError(f"{path!r} is not a regular file")
+    if info.st_nlink > 1:  # a hard link may name a file outside the sandbox; no walk can tell
+        raise SandboxError(f"{path!r} refused: it has {info.st_nlink} hard links")
     if info.st_size > max_bytes:
         raise _too_large(path, f"{info.st_size} bytes", max_bytes)
 

@@ -25,15 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import inspect
 import itertools
 import logging
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import timezone
 from typing import Any, TypeVar
 
 import httpx
@@ -60,7 +57,8 @@ from smith_worker.llm.types import (
     StreamToolCallCompleted,
     StreamToolCallStarted,
 )
-from smith_worker.redaction import redact_body, redact_headers
+from smith_worker.redaction import redact_body, redact_headers, redact_text
+from smith_worker.retry import BACKOFF_CAP, BACKOFF_JITTER, RetryPolicy, parse_retry_after
 
 logger = logging.getLogger("agent_smith.llm")
 
@@ -68,8 +66,6 @@ OPERATION = "chat_completions"
 #: ``SmithTimeoutError.operation`` when ``response_timeout`` ends a response (issue 8).
 RESPONSE_OPERATION = "llm.response"
 RESERVED_BODY_KEYS = frozenset({"model", "messages", "tools", "tool_choice", "stream"})
-BACKOFF_CAP = 8.0  # seconds
-BACKOFF_JITTER = 0.25  # seconds, upper bound of the uniform jitter
 
 OnEvent = Callable[[StreamEvent], Awaitable[None] | None]
 _T = TypeVar("_T")
@@ -160,8 +156,8 @@ class LlmClient:
             "Content-Type": "application/json",
             "Accept": "text/event-stream" if stream else "application/json",
         }
-        if self.config.api_key:
-            headers["Authorization"] = f"Bearer {self.config.api_key}"
+        if self.config.authorization:
+            headers["Authorization"] = self.config.authorization
         return headers
 
     def _timeout(self) -> httpx.Timeout:
@@ -215,14 +211,15 @@ class LlmClient:
 
     async def _complete_once(self, content: bytes, headers: dict[str, str]) -> LlmResponse:
         with self._network_errors(retryable=True):
-            response = await self._http.post(
-                self.config.chat_completions_url, content=content, headers=headers, timeout=self._timeout()
-            )
+            async with self._http.stream(
+                "POST", self.config.chat_completions_url, content=content, headers=headers, timeout=self._timeout()
+            ) as response:
+                body = await self._read_body(response)
         if not response.is_success:
-            raise _status_failure(response.status_code, response.headers, response.text)
+            raise _status_failure(response.status_code, response.headers, _text(body))
         if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("response body=%s", redact_body(response.content, [self.config.api_key]))
-        return parse_completion(response.content)
+            logger.debug("response body=%s", redact_body(body, [self.config.api_key]))
+        return parse_completion(body)
 
     async def _stream_once(self, content: bytes, headers: dict[str, str], on_event: OnEvent) -> LlmResponse:
         with self._network_errors(retryable=True):
@@ -230,25 +227,41 @@ class LlmClient:
                 "POST", self.config.chat_completions_url, content=content, headers=headers, timeout=self._timeout()
             ) as response:
                 if not response.is_success:
-                    await response.aread()
-                    raise _status_failure(response.status_code, response.headers, response.text)
+                    body = await self._read_body(response)
+                    raise _status_failure(response.status_code, response.headers, _text(body))
                 if _is_json(response):
                     return await self._consume_json(response, on_event)
                 return await self._consume_stream(response, on_event)
 
+    async def _read_body(self, response: httpx.Response) -> bytes:
+        """The whole body, refusing one longer than ``max_response_bytes`` (``ParseError``, offset = the limit)."""
+        limit = self.config.max_response_bytes
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            _check_size(size, limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def _consume_json(self, response: httpx.Response, on_event: OnEvent) -> LlmResponse:
         """A server that ignored ``stream: true`` and sent one completion: replay it as events."""
         with self._network_errors(retryable=False):
-            await response.aread()
-        result = parse_completion(response.content)
+            body = await self._read_body(response)
+        result = parse_completion(body)
         for event in events_for_response(result):
             await _deliver(on_event, event)
         return result
 
     async def _consume_stream(self, response: httpx.Response, on_event: OnEvent) -> LlmResponse:
-        """Decode the body as it arrives; once a byte arrived, failures are final (no retry)."""
+        """Decode the body as it arrives; once a byte arrived, failures are final (no retry).
+
+        Bytes are counted before they are parsed: the read that crosses
+        ``max_response_bytes`` ends the call with ``ParseError``.
+        """
         decoder = ChatStreamDecoder()
         delivered = False
+        size = 0
         loop = asyncio.get_running_loop()
         frames, idle_until = 0, loop.time() + self.config.request_timeout
         async with contextlib.aclosing(response.aiter_bytes()) as chunks:
@@ -259,6 +272,8 @@ class LlmClient:
                     events = decoder.close()
                 else:
                     delivered = delivered or bool(chunk)
+                    size += len(chunk)
+                    _check_size(size, self.config.max_response_bytes)
                     events = decoder.feed(chunk)
                 for event in events:
                     await _deliver(on_event, event)
@@ -327,24 +342,17 @@ class LlmClient:
 
     def _retry_delay(self, failure: _RetryableFailure, number: int) -> float:
         """Seconds to wait before retrying after failed attempt ``number``; raises the error to give up."""
-        if failure.retry_after is not None and failure.retry_after > self.config.max_retry_after:
-            logger.debug(
-                "not retrying: Retry-After %.1fs exceeds max_retry_after %.1fs",
-                failure.retry_after,
-                self.config.max_retry_after,
-            )
+        delay = self._policy().delay(number, failure.retry_after, self._rng)
+        if delay is None:
             raise failure.error from failure.__cause__
-        if number > self.config.max_retries:
-            logger.debug("not retrying: %d retries exhausted", self.config.max_retries)
-            raise failure.error from failure.__cause__
-        if failure.retry_after is not None:
-            return failure.retry_after
-        return self.backoff_delay(number)
+        return delay
+
+    def _policy(self) -> RetryPolicy:
+        return RetryPolicy(self.config.max_retries, self.config.backoff_base, self.config.max_retry_after)
 
     def backoff_delay(self, number: int) -> float:
         """``backoff_base * 2**(number-1) + uniform(0, 0.25)`` seconds, capped at 8 s (seed §6.3)."""
-        delay = self.config.backoff_base * 2 ** (number - 1) + self._rng() * BACKOFF_JITTER
-        return min(delay, BACKOFF_CAP)
+        return self._policy().backoff(number, self._rng)
 
 
 # -- helpers -------------------------------------------------------------------
@@ -375,6 +383,15 @@ async def _deliver(on_event: OnEvent, event: StreamEvent) -> None:
         await result
 
 
+def _check_size(size: int, limit: int) -> None:
+    if size > limit:
+        raise ParseError(f"LLM response exceeds max_response_bytes={limit}; cut off", offset=limit)
+
+
+def _text(body: bytes) -> str:
+    return body.decode("utf-8", errors="replace")
+
+
 def _is_json(response: httpx.Response) -> bool:
     return response.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json"
 
@@ -392,7 +409,10 @@ def events_for_response(response: LlmResponse) -> list[StreamEvent]:
 
 def _status_failure(status: int, headers: httpx.Headers, body: str) -> Exception:
     """The error for a non-2xx reply, wrapped for retry when the table allows it."""
-    error = LlmApiError(f"chat completions failed with HTTP {status}: {_error_message(body)}", status, body)
+    # the excerpt goes into events and logs: sensitive JSON keys and known secrets removed (seed §16.4)
+    excerpt = redact_body(body[:64 * 1024])
+    error = LlmApiError(redact_text(f"chat completions failed with HTTP {status}: {_error_message(body)}"), status,
+                        excerpt)
     if status == 429:
         return _RetryableFailure(error, retry_after=parse_retry_after(headers.get("retry-after")))
     if status >= 500:
@@ -413,28 +433,6 @@ def _error_message(body: str) -> str:
         if isinstance(error, str):
             return error[:200]
     return body[:200]
-
-
-def parse_retry_after(value: str | None, *, now: Callable[[], float] = time.time) -> float | None:
-    """A ``Retry-After`` header in seconds (RFC 9110 §10.2.3): delay-seconds or an HTTP date.
-
-    Returns ``None`` when absent or unparseable; a date in the past gives 0.
-    """
-    if not value or not value.strip():
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value.strip())
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-        seconds = when.timestamp() - now()
-    if not math.isfinite(seconds):
-        return None
-    return max(0.0, seconds)
 
 
 def parse_completion(raw: bytes) -> LlmResponse:

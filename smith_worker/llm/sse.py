@@ -20,7 +20,8 @@ Deviation: bytes that are not valid UTF-8 raise :class:`ParseError` with the
 byte offset instead of being replaced by U+FFFD — the payloads are JSON and
 silently corrupting them would only move the error elsewhere.
 Lines are split on bytes before decoding, so a multibyte character split
-across chunks is decoded whole.
+across chunks is decoded whole. Line assembly is linear in the bytes fed:
+the bytes of an incomplete line are scanned for a line ending only once.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class SseParser:
         self._buffer = bytearray()
         self._base = 0  # stream offset of self._buffer[0]
         self._pos = 0  # bytes of self._buffer already parsed
+        self._scanned = 0  # bytes of self._buffer known to hold no line ending after self._pos
         self._bom_checked = False
         self._skip_lf = False  # the previous line ended with a CR at the end of the data
         self._closed = False
@@ -94,6 +96,7 @@ class SseParser:
             raise RuntimeError("SseParser.feed() after close()")
         del self._buffer[: self._pos]
         self._base += self._pos
+        self._scanned = max(0, self._scanned - self._pos)
         self._pos = 0
         self._buffer += data
         return self._lines()
@@ -126,9 +129,10 @@ class SseParser:
             self._skip_lf = False
             if buffer[self._pos] == 0x0A:
                 self._pos += 1
-        while (match := _LINE_END.search(buffer, self._pos)) is not None:
+        # a long line arriving in many chunks is scanned once, not again with every chunk (linear time)
+        while (match := _LINE_END.search(buffer, max(self._pos, self._scanned))) is not None:
             line, line_offset = bytes(buffer[self._pos : match.start()]), self._base + self._pos
-            self._pos = match.end()
+            self._pos = self._scanned = match.end()
             if buffer[match.start()] == 0x0D:
                 if self._pos == len(buffer):
                     self._skip_lf = True
@@ -137,6 +141,7 @@ class SseParser:
             event = self._process_line(line, line_offset)
             if event is not None:
                 yield event
+        self._scanned = len(buffer)
 
     def _process_line(self, raw: bytes, offset: int) -> SseEvent | None:
         try:

@@ -7,13 +7,18 @@ and responses, frozen dataclasses for the stream events delivered to an
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from smith_client.jobs import Sampling
 from smith_client.messages import AssistantMessage, Message, TokenUsage
+from smith_worker.redaction import register_secrets, url_credentials
+
+#: Default cap on one response body, in bytes (4 MiB).
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 
 
 class ToolSchema(BaseModel):
@@ -84,9 +89,18 @@ class LlmClientConfig(BaseModel):
       plus jitter uniform in [0, 0.25 s), capped at 8 s.
     * ``include_usage``: ask streamed responses for a final usage frame
       (``stream_options: {"include_usage": true}``).
+    * ``max_response_bytes``: the most bytes read of one response body
+      (streamed or not, error bodies included); past it the call fails with
+      ``ParseError`` (``offset`` = the limit), after at most one more read.
+    * ``api_key`` and credentials in ``base_url`` (``http://user:pw@host/v1``)
+      are registered as secrets (:func:`~smith_worker.redaction.register_secrets`);
+      userinfo is removed from ``base_url`` and sent as
+      ``Authorization: Basic`` instead (unless ``api_key`` is set, which is
+      sent as ``Bearer``), so neither appears in a URL that is logged.
     """
 
     model_config = ConfigDict(extra="forbid")
+    _basic_auth: str | None = PrivateAttr(default=None)
 
     base_url: str
     model: str
@@ -98,6 +112,22 @@ class LlmClientConfig(BaseModel):
     backoff_base: float = Field(default=0.5, ge=0)
     default_sampling: SamplingParams = Field(default_factory=SamplingParams)
     include_usage: bool = True
+    max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, gt=0)
+
+    def model_post_init(self, _context: Any) -> None:
+        """Move userinfo out of ``base_url`` into a Basic credential; register the secrets."""
+        url, user, password = url_credentials(self.base_url)
+        if user is not None:
+            self.base_url = url
+            token = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
+            self._basic_auth = f"Basic {token}"
+            register_secrets(password, token)
+        register_secrets(self.api_key)
+
+    @property
+    def authorization(self) -> str | None:
+        """The ``Authorization`` header value: ``Bearer <api_key>``, else Basic from the URL's userinfo, else None."""
+        return f"Bearer {self.api_key}" if self.api_key else self._basic_auth
 
     @property
     def chat_completions_url(self) -> str:

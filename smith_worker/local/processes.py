@@ -125,9 +125,12 @@ class ManagedProcess:
         self.stop()
 
 
-def start_redis_server(port: int | None = None, log_path: Path | None = None) -> tuple[ManagedProcess, str]:
+def start_redis_server(
+    port: int | None = None, log_path: Path | None = None, password: str | None = None
+) -> tuple[ManagedProcess, str]:
     """Start a private, diskless ``redis-server`` on 127.0.0.1; return it and its URL.
 
+    With ``password`` the server requires it (``requirepass``) and the URL carries it.
     Raises :class:`ConfigurationError` when ``redis-server`` is not installed.
     """
     binary = shutil.which("redis-server")
@@ -136,8 +139,10 @@ def start_redis_server(port: int | None = None, log_path: Path | None = None) ->
     port = port or free_port()
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--loglevel", "warning", "--logfile", str(log_path) if log_path else "/dev/null"]
+    if password:
+        argv += ["--requirepass", password]
     proc = ManagedProcess(argv, grace=5.0).start()
-    url = f"redis://127.0.0.1:{port}/0"
+    url = f"redis://{f':{password}@' if password else ''}127.0.0.1:{port}/0"
     wait_until(lambda: redis_answers(url), 10.0, "redis-server")
     return proc, url
 

@@ -4,7 +4,10 @@
 server sent them) into a :class:`Catalog`: the allow/deny filter on original
 names (deny wins), public names from :mod:`smith_worker.mcp.naming`, the
 synthetic ``mcp_<alias>__read_resource`` tool when the server has resources,
-and the prompt list. A catalog is built once per connection generation and
+and the prompt list. Tools whose definition requires task-augmented
+execution (``execution.taskSupport: "required"``, MCP 2025-11-25 tasks) are
+not offered: this client does not support tasks, so every call would fail
+(the server answers -32601); they are listed in :attr:`Catalog.task_required`. A catalog is built once per connection generation and
 rebuilt on ``notifications/*/list_changed``; it is never re-listed per turn.
 
 Catalogs serialize to JSON (:meth:`Catalog.to_json`) for the Redis cache
@@ -60,6 +63,7 @@ class Catalog:
 
     ``routes`` maps a public name to the original MCP tool name; the reader
     tool maps to ``None``. ``schemas`` keep discovery order.
+    ``task_required`` names (original names) the tools left out because they need tasks.
     """
 
     alias: str
@@ -67,6 +71,7 @@ class Catalog:
     routes: dict[str, str | None] = field(default_factory=dict)
     prompts: list[dict[str, Any]] = field(default_factory=list)
     resources: list[dict[str, Any]] = field(default_factory=list)
+    task_required: list[str] = field(default_factory=list)
 
     def resolve(self, public_name: str) -> str | None:
         """The original MCP tool name of ``public_name`` (None for the reader tool). KeyError if unknown."""
@@ -100,6 +105,12 @@ def tool_schema(public: str, tool: dict[str, Any]) -> ToolSchema:
     return ToolSchema(name=public, description=description, parameters=parameters)
 
 
+def requires_task(tool: dict[str, Any]) -> bool:
+    """Whether a tool (JSON dict) can only be called as a task (``execution.taskSupport == "required"``)."""
+    execution = tool.get("execution")
+    return isinstance(execution, dict) and execution.get("taskSupport") == "required"
+
+
 def reader_description(alias: str, discovery: Discovery) -> str:
     """Description of the reader tool: what it does, then up to 20 resources and the URI templates (≤ 2 KB)."""
     lines = [f"Read a resource of MCP server {alias!r} by URI."]
@@ -126,10 +137,12 @@ def build_catalog(config: ServerConfig, discovery: Discovery) -> Catalog:
     """Filter, prefix and describe the tools of one discovery (see module doc)."""
     by_name = {tool["name"]: tool for tool in discovery.tools if isinstance(tool.get("name"), str)}
     warn_unknown_filter_names(config, set(by_name))
-    allowed = [name for name in by_name if config.allowed(name)]
+    task_required = [name for name, tool in by_name.items() if requires_task(tool)]
+    allowed = [name for name in by_name if config.allowed(name) and name not in task_required]
     names = public_names(config.alias, allowed)
     original_to_public = {original: public for public, original in names.items()}
-    catalog = Catalog(alias=config.alias, prompts=list(discovery.prompts), resources=list(discovery.resources))
+    catalog = Catalog(alias=config.alias, prompts=list(discovery.prompts), resources=list(discovery.resources),
+                      task_required=task_required)
     for original in allowed:  # discovery order
         public = original_to_public[original]
         catalog.schemas.append(tool_schema(public, by_name[original]))

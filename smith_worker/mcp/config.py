@@ -63,6 +63,11 @@ class ServerConfig:
       the request cannot have run twice (seed §11.2).
     * ``idempotent_tools``: original names that may be re-sent after a
       transport error even if the first attempt reached the server.
+    * ``max_retries`` (HTTP): retries of one HTTP request after a connect
+      failure, 5xx or 429, with the seed §6.3 backoff (``0.5 s·2^(n-1) +
+      U(0, 0.25 s)``, cap 8 s, ``Retry-After`` up to 8 s honoured); a
+      ``tools/call`` is retried only when it could not be sent
+      (:mod:`smith_worker.mcp.http`).
 
     Pool tuning: ``connect_timeout`` (spawn + handshake + discovery),
     ``max_concurrency`` (requests in flight per server; default 8 for stdio,
@@ -94,6 +99,7 @@ class ServerConfig:
     tools_required: bool = True  # seed §11.2
     reconnect_on_transport_error: bool = True
     idempotent_tools: Sequence[str] = ()
+    max_retries: int = 3  # seed §6.3
     connect_timeout: float = 20.0
     max_concurrency: int | None = None
     idle_timeout: float | None = 600.0
@@ -122,6 +128,9 @@ class ServerConfig:
         _check_positive("max_concurrency", self.max_concurrency, allow_none=True)
         for name in ("max_restarts", "max_timeouts"):
             _check_positive(name, getattr(self, name))
+        if self.max_retries < 0:
+            raise ConfigurationError(f"MCP server option max_retries must be >= 0, got {self.max_retries!r}",
+                                     setting="max_retries")
 
     def _check_alias(self) -> None:
         alias = self.alias

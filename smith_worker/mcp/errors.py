@@ -10,10 +10,18 @@
 
 from __future__ import annotations
 
+import re
+
 import anyio
 from pydantic import ValidationError
 
 from smith_client.errors import McpError, McpProtocolError, SmithError, SmithTimeoutError, TransportError
+
+#: The end reason of a connection whose HTTP session the server no longer knows.
+SESSION_EXPIRED = "session expired"
+
+_SESSION_GONE = re.compile(r"session\b.*\b(terminated|not found|unknown|expired|invalid)"
+                           r"|\b(unknown|invalid|expired|no valid) session", re.IGNORECASE)
 
 #: JSON-RPC codes the SDK uses for its own conditions.
 CONNECTION_CLOSED = -32000
@@ -43,8 +51,9 @@ def rpc_code(exc: BaseException) -> int | None:
 
 
 def is_session_terminated(exc: BaseException) -> bool:
-    """HTTP 404 for a known session id (the server forgot the session; nothing ran)."""
-    return rpc_code(exc) == INVALID_REQUEST and "session terminated" in str(exc).lower()
+    """A JSON-RPC error saying the server does not know our session (the SDK's "Session terminated" for
+    HTTP 404, "Session not found", "No valid session ID provided"…)."""
+    return rpc_code(exc) is not None and bool(_SESSION_GONE.search(str(exc)))
 
 
 def is_connection_loss(exc: BaseException) -> bool:

@@ -23,7 +23,17 @@ A :class:`ServerHandle` owns at most one live :class:`Connection` at a time.
   it cannot have run twice (never sent, or read-only, or a configured
   idempotent tool); a ``tools/call`` that may have reached the server is
   never replayed (seed §11.2). A cancelled or timed-out call makes the SDK
-  send ``notifications/cancelled``.
+  send ``notifications/cancelled``. An HTTP server that no longer knows
+  our session (HTTP 400/404 on our session id, seen by
+  :mod:`~smith_worker.mcp.http`, or a JSON-RPC error saying so) ends the
+  connection the same way (``disconnected``, reason ``session expired``):
+  the next generation re-initializes; a failed ``tools/call`` is not resent.
+  Only successful answers count as activity, so failing requests never
+  hold off the health ping.
+* **Progress** notifications reach only the turn of the call they belong
+  to (the SDK routes them by progress token, which is the request id);
+  server-wide notifications (logging, ``*/list_changed``) reach every
+  turn attached to the server.
 * **Events**: lifecycle events and server notifications go through the
   handle's :class:`~smith_worker.mcp.events.EventRouter` to hooks, logs and
   the turns with a request in flight.
@@ -56,6 +66,7 @@ from smith_worker.mcp.catalog import Catalog, Discovery, build_catalog
 from smith_worker.mcp.config import ServerConfig
 from smith_worker.mcp.discovery import discover, initialize
 from smith_worker.mcp.errors import (
+    SESSION_EXPIRED,
     ConnectionLost,
     is_connection_loss,
     is_session_terminated,
@@ -86,6 +97,10 @@ LIST_CHANGED = frozenset({
     "notifications/resources/list_changed",
     "notifications/prompts/list_changed",
 })
+
+#: Notifications about one request: the SDK hands progress to that request's own callback (by progress
+#: token, which is the request id), so the message handler must not broadcast them to every turn.
+PER_REQUEST = frozenset({"notifications/progress", "notifications/cancelled"})
 
 CatalogListener = Callable[[Catalog], Awaitable[None]]
 
@@ -224,6 +239,7 @@ class ServerHandle:
         self._background: set[asyncio.Task[Any]] = set()
         self._refresh_pending: set[int] = set()
         self._last_tools: list[str] | None = None
+        self._task_required_logged: list[str] = []
         self._tag_prefix = uuid.uuid4().hex[:12] + "-"  # call tags: unique per handle, cheap per call
         self._tag_seq = itertools.count(1)
 
@@ -497,8 +513,9 @@ class ServerHandle:
         capture = self._capture = StderrCapture(config) if config.kind == "stdio" else None
         lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         try:
-            async with open_transport(config, capture) as (t_read, t_write):
-                link = Link(self.alias, t_read, t_write, on_lost=partial(self._on_lost, generation, lost))
+            on_lost = partial(self._on_lost, generation, lost)
+            async with open_transport(config, capture, on_lost) as (t_read, t_write):
+                link = Link(self.alias, t_read, t_write, on_lost=on_lost)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(link.write_pump)
                     try:
@@ -584,6 +601,10 @@ class ServerHandle:
             self._end(conn, "shutdown")
 
     def _announce(self, catalog: Catalog) -> None:
+        if catalog.task_required and catalog.task_required != self._task_required_logged:
+            logger.info("MCP server %r: not offering tools that require task-augmented execution "
+                        "(MCP tasks are not supported): %s", self.alias, ", ".join(catalog.task_required))
+        self._task_required_logged = catalog.task_required
         for listener in self.catalog_listeners:
             self._spawn(listener(catalog))
 
@@ -641,6 +662,9 @@ class ServerHandle:
                 failures = 0
             except Exception as exc:
                 if is_connection_loss(exc):
+                    return
+                if self._session_gone(exc):
+                    self._end(conn, SESSION_EXPIRED)
                     return
                 failures += 1
                 logger.warning("MCP server %r: ping failed (%d in a row): %s", self.alias, failures, exc)
@@ -719,19 +743,22 @@ class ServerHandle:
 
     def _failed(self, conn: Connection, request: Request, exc: Exception, budget: float) -> NoReturn:
         """Map a failed request: :class:`ConnectionLost` (to retry or report) or a typed Smith error."""
-        if is_session_terminated(exc):  # HTTP 404 on our session id: nothing ran, reconnect
-            self._end(conn, "session terminated")
-            raise ConnectionLost("session terminated", maybe_sent=False)
+        if self._session_gone(exc):  # the server forgot our session: reconnect; resend only what is safe
+            self._end(conn, SESSION_EXPIRED)
+            raise ConnectionLost(conn.lost.result(), self._maybe_sent(conn, request))
         if is_connection_loss(exc):
             self._end(conn, "transport error")
             raise ConnectionLost(conn.lost.result(), self._maybe_sent(conn, request))
         error = map_error(self.alias, request.operation, exc, budget)
         if error.kind == "SmithTimeoutError":
             self._count_timeout(conn)
-        else:
-            conn.last_activity = time.monotonic()
+        else:  # an answer, but not proof of a healthy session: the health ping still runs (issue 12)
             conn.timeouts = 0
         raise error from None
+
+    def _session_gone(self, exc: Exception) -> bool:
+        """An HTTP server's JSON-RPC error saying it does not know our session (stdio has no sessions)."""
+        return self.config.kind == "http" and is_session_terminated(exc)
 
     def _count_timeout(self, conn: Connection) -> None:
         conn.timeouts += 1
@@ -742,13 +769,16 @@ class ServerHandle:
     # ---- notifications -----------------------------------------------------------
 
     async def _on_message(self, generation: int, message: Any) -> None:
-        """SDK ``message_handler``: server notifications and transport exceptions."""
+        """SDK ``message_handler``: server-wide notifications (to every attached turn) and transport exceptions.
+
+        Per-request notifications (:data:`PER_REQUEST`) reach only their call: the SDK tees them here too.
+        """
         if isinstance(message, Exception):
             logger.warning("MCP server %r: transport reported %s: %s", self.alias, type(message).__name__,
                            self.config.redact(str(message))[:200])
             return
         method = getattr(message, "method", None)
-        if not isinstance(method, str):
+        if not isinstance(method, str) or method in PER_REQUEST:
             return
         params = getattr(message, "params", None)
         data = params.model_dump(by_alias=True, mode="json", exclude_none=True) if params is not None else {}

@@ -13,8 +13,10 @@ goes to a pipe drained by :class:`StderrCapture` into the
 Shutdown is the SDK's: close stdin, 2 s grace, SIGTERM to the process
 group, 2 s, SIGKILL; the pool SIGKILLs a hung server itself first.
 
-HTTP: an ``httpx2`` client with the bearer token and extra headers; the SDK
-keeps the ``Mcp-Session-Id`` and sends a DELETE on close.
+HTTP: an ``httpx2`` client with the bearer token and extra headers over
+:class:`~smith_worker.mcp.http.McpHttpTransport` (seed §6.3 retries,
+stale-session detection); the SDK keeps the ``Mcp-Session-Id`` and sends a
+DELETE on close.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import IO, Any
 
 from smith_worker.mcp.config import ServerConfig
 from smith_worker.mcp.launcher import PID_MARKER
+from smith_worker.retry import RetryPolicy
 
 logger = logging.getLogger("agent_smith.mcp")
 
@@ -132,21 +135,31 @@ async def open_stdio(config: ServerConfig, capture: StderrCapture) -> AsyncItera
 
 
 @contextlib.asynccontextmanager
-async def open_http(config: ServerConfig) -> AsyncIterator[Any]:
-    """Connect with the SDK's ``streamable_http_client`` over an ``httpx2`` client carrying the auth headers."""
+async def open_http(config: ServerConfig, on_session_lost: Callable[[str], None]) -> AsyncIterator[Any]:
+    """Connect with the SDK's ``streamable_http_client`` over an ``httpx2`` client carrying the auth headers.
+
+    ``on_session_lost(reason)`` is called when the server answers our session id with 400/404.
+    """
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
+    from smith_worker.mcp.http import McpHttpTransport
+
     timeout = httpx2.Timeout(config.connect_timeout, read=max(HTTP_READ_TIMEOUT, config.request_timeout + 5.0))
-    async with httpx2.AsyncClient(headers=config.http_headers(), timeout=timeout) as client:
+    transport = McpHttpTransport(config.alias, RetryPolicy(max_retries=config.max_retries), on_session_lost)
+    async with httpx2.AsyncClient(headers=config.http_headers(), timeout=timeout, transport=transport) as client:
         assert config.url is not None
         async with streamable_http_client(config.url, http_client=client) as streams:
             yield streams[0], streams[1]
 
 
-def open_transport(config: ServerConfig, capture: StderrCapture | None) -> contextlib.AbstractAsyncContextManager[Any]:
-    """The transport of ``config``: :func:`open_stdio` (needs ``capture``) or :func:`open_http`."""
+def open_transport(config: ServerConfig, capture: StderrCapture | None,
+                   on_lost: Callable[[str], None]) -> contextlib.AbstractAsyncContextManager[Any]:
+    """The transport of ``config``: :func:`open_stdio` (needs ``capture``) or :func:`open_http`.
+
+    ``on_lost(reason)``: the transport saw the connection end (HTTP: the server lost our session).
+    """
     if config.kind == "stdio":
         assert capture is not None
         return open_stdio(config, capture)
-    return open_http(config)
+    return open_http(config, on_lost)

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.integration]
 async def test_a_turn_calls_mcp_tools_end_to_end(client, scenario, scripted_llm, prefix):
     key, marker = scenario(Script(
         Reply.tool_calls([("mcp_lab__echo", {"text": "hello from MCP"}), ("mcp_lab__notify", {"message": "psst"}),
-                          ("mcp_lab__crash", {})]),
+                          ("mcp_lab__crash", {}), ("mcp_lab__progress", {"steps": 4})]),
         Reply.text("The server said hello."),
     ))
     events = [e async for e in client.stream(f"{marker} use the lab", conversation_id=f"conv-{key}", agent="mcp")]
@@ -46,6 +46,10 @@ async def test_a_turn_calls_mcp_tools_end_to_end(client, scenario, scripted_llm,
     assert any(e.data["kind"] == "notification" and e.data["fields"]["method"] == "notifications/message"
                and e.data["fields"]["params"]["data"] == "psst" for e in mcp_events)
     assert all(e.data["alias"] == "lab" for e in mcp_events)
+    # issue 12 acceptance 1: the call's 4 progress notifications are on its turn's stream once each
+    progress = [e.data["fields"]["params"]["progress"] for e in mcp_events
+                if e.data["kind"] == "notification" and e.data["fields"]["method"] == "notifications/progress"]
+    assert progress == [1, 2, 3, 4]
     # two connections, both reported on this turn's stream: the turn worker's discovery (schemas for
     # the model) and the tool worker's pooled server that ran the calls
     assert [e.data["kind"] for e in mcp_events].count("connected") == 2

@@ -172,6 +172,65 @@ app.agent("mcp", system_prompt="You can use the lab MCP server.", tools=[add], s
           hooks=Hooks(on_mcp_event=_record_mcp_event))
 
 
+# ---- containment (issue 9): runaway sync tools, process isolation, odd results ---------------
+import time as _time  # noqa: E402
+
+
+@app.tool(timeout=1.0)
+def block_sync(seconds: float) -> str:
+    """A sync tool that ignores its timeout: its thread blocks `seconds` (Python cannot stop it)."""
+    _time.sleep(seconds)
+    return "unblocked"
+
+
+@app.tool(timeout=1.0, isolation="process")
+def sleep_in_process(seconds: float, ctx: ToolContext) -> str:
+    """Records its process id under `proc:<turn id>`, then sleeps `seconds` in that process."""
+    _record_sync(f"proc:{ctx.turn_id}", str(os.getpid()))
+    _time.sleep(seconds)
+    return "woke up"
+
+
+@app.tool(timeout=5.0, isolation="process")
+def pid_in_process() -> int:
+    """The id of the process it runs in (a process-isolated call that finishes in time)."""
+    return os.getpid()
+
+
+@app.tool
+def lone_surrogate() -> str:
+    """Returns text with a lone surrogate, which UTF-8 cannot encode."""
+    return "before \ud800 after"
+
+
+@app.tool
+def big_structured(kib: int) -> dict:
+    """A JSON result of about `kib` KiB (its structured value exceeds the 64 KiB result cap when kib > 64)."""
+    return {"blob": "x" * (kib * 1024)}
+
+
+@app.tool
+def big_done(kib: int) -> dict:
+    """Ends the turn (the _done sentinel) with an oversized extra field."""
+    return {"_done": True, "final_message": "done big", "blob": "y" * (kib * 1024)}
+
+
+async def corrupt_result(ctx: ToolContext) -> str:
+    """Stores an unreadable outcome under its own result key first (a tool worker of another version):
+    the turn fails when it reads it. Must be the first call of the turn's first tool round."""
+    client = aioredis.Redis.from_url(os.environ["SMITH_REDIS_URL"])
+    try:
+        await client.set(f"{os.environ.get('SMITH_PREFIX', 'smith')}:toolres:{ctx.turn_id}:1:0", "{not json", ex=3600)
+    finally:
+        await client.aclose()
+    return "written"
+
+
+app.tool(corrupt_result)
+app.agent("contain", tools=[block_sync, sleep_in_process, pid_in_process, add, lone_surrogate, big_structured,
+                            big_done, slow_tool, corrupt_result])
+
+
 # ---- outages and bounds (issue 8) ---------------------------------------------------------------
 
 

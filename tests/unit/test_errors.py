@@ -20,6 +20,7 @@ from smith_client import errors as E
         E.InvalidRequestError("empty", field="text"),
         E.ConfigurationError("bad", setting="X"),
         E.UnknownAgentError("who", agent="a", known=["b"]),
+        E.UnknownSkillError("which", skill_name="s", known=["t"]),
         E.ConflictError("dup", turn_id="t"),
         E.InternalError("oops", exception_type="KeyError"),
     ],

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -287,3 +289,50 @@ def test_never_returns_content_from_outside(shared_box: Path, parts: list[str]) 
     except SandboxError:
         return
     assert content in {"hello\n", "deep\n"}
+
+
+# ------------------------------------------------------- races and hard links (issue 9)
+
+
+def test_a_symlink_swapped_during_reads_never_leads_outside(tmp_path: Path) -> None:
+    """One thread swaps ``box/swing`` between an inside and an outside directory for 5 s while
+    this one reads ``swing/file.txt`` through it: no read may return the outside content."""
+    box, outside = tmp_path / "box", tmp_path / "outside"
+    (box / "inside").mkdir(parents=True)
+    outside.mkdir()
+    (box / "inside" / "file.txt").write_text("inside\n", encoding="utf-8")
+    (outside / "file.txt").write_text("outside\n", encoding="utf-8")
+    os.symlink("inside", box / "swing")
+    stop = threading.Event()
+    swaps = 0
+
+    def swap() -> None:
+        nonlocal swaps
+        targets = ["../outside", "inside", str(outside), str(box / "inside")]
+        while not stop.is_set():
+            temp = box / f"swing.{swaps % 2}"
+            os.symlink(targets[swaps % len(targets)], temp)
+            os.replace(temp, box / "swing")  # atomic swap, like an attacker would
+            swaps += 1
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    seen: dict[str, int] = {}
+    deadline = time.monotonic() + 5.0
+    try:
+        while time.monotonic() < deadline:
+            try:
+                outcome = read_local_file("swing/file.txt", box)
+            except SandboxError as exc:
+                outcome = "refused: " + str(exc).split(":")[0]
+            seen[outcome] = seen.get(outcome, 0) + 1
+    finally:
+        stop.set()
+        swapper.join()
+    assert "outside\n" not in seen
+    assert seen.get("inside\n", 0) > 0 and sum(seen.values()) > 100 and swaps > 100  # the race really ran
+
+
+def test_refuses_a_hard_link_to_an_outside_file(layout: Path) -> None:
+    os.link(layout.parent / "outside" / "secret.txt", layout / "hard.txt")
+    assert_refused("hard.txt", layout, "'hard.txt' refused: it has 2 hard links")

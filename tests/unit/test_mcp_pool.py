@@ -319,3 +319,62 @@ async def test_connect_failure_reports_stderr_and_the_circuit_opens():
         assert LifecycleKind.RECONNECTING in kinds and kinds[-1] is LifecycleKind.RECONNECT_FAILED
     finally:
         await handle.close()
+
+
+# ---- issue 12: per-request notifications, capabilities, task-required tools ----------------------
+
+
+def _progress(sink: RecordingSink) -> list[Notification]:
+    return [e for e in sink.events if isinstance(e, Notification) and e.method == "notifications/progress"]
+
+
+async def test_progress_reaches_only_the_calling_turn_once(lab):
+    """Issue 12 acceptance 1: turn A's call sends 4 progress notifications while turn B is attached to the
+    same pooled server; A gets exactly those 4, B none; server-wide logging still reaches both."""
+    handle, _ = lab
+    await handle.catalog()
+    a, b = RecordingSink("turn-a"), RecordingSink("turn-b")
+    b_call = asyncio.create_task(handle.call_tool("slow", {"seconds": 1.0, "tag": "attached"}, sink=b))
+    assert await eventually(lambda: handle.connection.inflight >= 1)  # B is attached (its call is in flight)
+    assert (await handle.call_tool("progress", {"steps": 4}, sink=a)).content == "4 steps"
+    assert (await handle.call_tool("notify", {"message": "for everyone"}, sink=a)).content == "notified"
+    await b_call
+    await handle.events.drain()
+    assert [(e.params["progress"], e.params["total"], e.params["message"]) for e in _progress(a)] == [
+        (1, 4, "step 1"), (2, 4, "step 2"), (3, 4, "step 3"), (4, 4, "step 4")]
+    assert _progress(b) == []
+    for sink in (a, b):  # logging is server-wide: every attached turn hears it (routing unchanged)
+        assert [e.params["data"] for e in sink.events
+                if isinstance(e, Notification) and e.method == "notifications/message"] == ["for everyone"]
+
+
+async def test_no_client_capabilities_and_sampling_is_refused_fast(lab):
+    """Issue 12 why-5: the client declares no capabilities; a server that asks for sampling anyway gets
+    JSON-RPC -32600 "Sampling not supported" at once (measured 2–4 ms; ceiling 1 s), the call goes on."""
+    handle, _ = lab
+    declared = (await handle.call_tool("client_capabilities", {})).structured
+    assert not {"sampling", "elicitation", "roots", "tasks"} & set(declared or {})
+    started = time.monotonic()
+    refusal = (await handle.call_tool("sample", {})).structured
+    assert time.monotonic() - started < 2.0
+    assert refusal["code"] == -32600 and "Sampling not supported" in refusal["message"]
+    assert refusal["ms"] < 1000
+    assert (await handle.call_tool("echo", {"text": "still fine"})).content == "still fine"
+
+
+async def test_task_required_tools_are_not_offered(caplog):
+    """Issue 12 acceptance 3: a tool with ``execution.taskSupport: "required"`` is not in the model's tool
+    list (logged once at info with alias and tool names); optional task support is offered."""
+    caplog.set_level(logging.INFO, logger="agent_smith.mcp")
+    handle = ServerHandle(lowlevel_config("tasks", "tasks"))
+    try:
+        for _ in range(2):  # a second connection generation does not log again
+            catalog = await handle.catalog()
+            await handle.close()
+    finally:
+        await handle.close()
+    assert catalog.tool_names() == ["mcp_tasks__echo", "mcp_tasks__render"]
+    assert catalog.task_required == ["batch_job"]
+    notes = [r for r in caplog.records if "task-augmented" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelno == logging.INFO
+    assert "'tasks'" in notes[0].getMessage() and "batch_job" in notes[0].getMessage()

@@ -4,7 +4,9 @@ Tools: ``echo``, ``now``, ``pid``, ``slow(seconds, tag)`` (logs start / cancelle
 ``$LAB_LOG``; also as ``slow_idempotent``), ``crash`` (``os._exit``), ``fail`` (raises → ``isError``), ``stats``
 (structured only), ``embedded`` (text + blob resource), ``picture`` (image), ``notify``
 (a ``notifications/message``), ``add_tool(name)`` (registers a tool and sends
-``notifications/tools/list_changed``), plus a dotted and a very long tool name.
+``notifications/tools/list_changed``), ``progress(steps)`` (``steps`` progress notifications),
+``sample`` (asks the client for ``sampling/createMessage``; returns the JSON-RPC error and its
+round-trip ms), ``client_capabilities``, plus a dotted and a very long tool name.
 Resources ``lab://info`` (text) and ``lab://blob`` (binary). Prompts ``greet`` and ``picture``.
 
 Flags: ``--noisy`` writes non-JSON lines on stdout (at start and before every message);
@@ -122,6 +124,34 @@ async def add_tool(name: str, ctx: Context) -> str:
     server.add_tool(extra, name=name, description=f"dynamic tool {name}")
     await ctx.session.send_tool_list_changed()
     return f"added {name}"
+
+
+@server.tool()
+async def progress(steps: int, ctx: Context) -> str:
+    """Report `steps` progress notifications, then answer."""
+    for step in range(1, steps + 1):
+        await ctx.report_progress(step, steps, f"step {step}")
+    return f"{steps} steps"
+
+
+@server.tool()
+async def sample(ctx: Context) -> dict[str, object]:
+    """Ask the client to sample (it declared no sampling capability): the error it answers and how fast."""
+    started = time.monotonic()
+    try:
+        await ctx.session.create_message([types.SamplingMessage(
+            role="user", content=types.TextContent(type="text", text="hi"))], max_tokens=5)
+    except Exception as exc:  # the client refuses: MCPError(code, message)
+        return {"code": getattr(exc, "code", None), "message": str(exc),
+                "ms": round((time.monotonic() - started) * 1000, 1)}
+    return {"code": None, "message": "the client sampled", "ms": None}
+
+
+@server.tool()
+def client_capabilities(ctx: Context) -> dict[str, object]:
+    """The capabilities the client declared in ``initialize``."""
+    params = ctx.session.client_params
+    return params.capabilities.model_dump(by_alias=True, exclude_none=True) if params else {}
 
 
 @server.tool(name="ns.tool/with-dots")

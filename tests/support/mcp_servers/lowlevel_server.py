@@ -5,6 +5,9 @@
   ``prompts/list`` handler (the request fails with METHOD_NOT_FOUND).
 * ``broken-list``: ``tools/list`` fails with an internal error; one resource
   ``broken://readme``.
+* ``tasks``: tools ``echo`` (no ``execution``), ``render`` (``taskSupport: "optional"``) and
+  ``batch_job`` (``taskSupport: "required"``, MCP 2025-11-25 tasks: a plain call fails with
+  METHOD_NOT_FOUND, as in ``@modelcontextprotocol/server-everything``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,22 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
 
+_TASK_SUPPORT = {"echo": None, "render": "optional", "batch_job": "required"}
+
+
+async def list_task_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+    return types.ListToolsResult(tools=[
+        types.Tool(name=name, description=f"{name} tool", input_schema=_SCHEMA,
+                   execution=types.ToolExecution(task_support=support) if support else None)
+        for name, support in _TASK_SUPPORT.items()])
+
+
+async def call_task_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    if _TASK_SUPPORT.get(params.name) == "required":
+        raise MCPError(code=types.METHOD_NOT_FOUND, message=f"{params.name} must be called as a task")
+    return await call_tool(ctx, params)
+
+
 async def broken_list(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
     raise MCPError(code=types.INTERNAL_ERROR, message="tools exploded")
 
@@ -60,6 +79,8 @@ class PromptlessServer(Server):
 def build(mode: str) -> Server:
     if mode == "tools-only":
         return PromptlessServer("tools-only", on_list_tools=list_tools, on_call_tool=call_tool)
+    if mode == "tasks":
+        return Server("tasks", on_list_tools=list_task_tools, on_call_tool=call_task_tool)
     return Server("broken-list", on_list_tools=broken_list, on_call_tool=call_tool,
                   on_list_resources=list_resources, on_read_resource=read_resource)
 
@@ -72,5 +93,5 @@ async def serve(mode: str) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["tools-only", "broken-list"], required=True)
+    parser.add_argument("--mode", choices=["tools-only", "broken-list", "tasks"], required=True)
     anyio.run(serve, parser.parse_args().mode)

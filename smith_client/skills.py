@@ -1,0 +1,89 @@
+"""Which skills are active in a conversation (seed §12.3; issue 14): the record the client writes and workers read.
+
+The record is ``Keys.conversation_skills(c)``: a Redis list of declared skill
+names in activation order, each at most once. Activation is per conversation,
+not per worker, because the next turn may run on another worker; every turn
+worker reads the list once per step, so an activation made while a turn runs
+takes effect at that turn's next step.
+
+Lifetime: the conversation's history's (``DEFAULT_HISTORY_TTL`` after the last
+activation, refreshed by every step of a turn), and a conversation clear
+deletes it with the history. Deactivating the last skill deletes the key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.asyncio import Redis
+
+from smith_client.errors import InvalidRequestError
+from smith_client.keys import DEFAULT_HISTORY_TTL, Keys
+
+#: Longest declared skill name accepted, in characters.
+SKILL_NAME_MAX = 200
+
+# KEYS: the conversation's skills list. ARGV: name, TTL seconds. Appends the name
+# unless present (an activation keeps its first position), refreshes the TTL; 1 if added.
+_ACTIVATE = """
+local added = 0
+if redis.call('LPOS', KEYS[1], ARGV[1]) == false then
+  redis.call('RPUSH', KEYS[1], ARGV[1])
+  added = 1
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return added
+"""
+
+
+def skill_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot be a declared skill name, or None: it must be a ``str`` of
+    1-:data:`SKILL_NAME_MAX` printable characters (it heads a prompt section, seed §12.4)."""
+    if not isinstance(name, str):
+        return f"a skill name must be a string, got {type(name).__name__}"
+    if not name or len(name) > SKILL_NAME_MAX:
+        return f"a skill name must have 1-{SKILL_NAME_MAX} characters, got {len(name)}"
+    if not name.isprintable():
+        return f"skill name {name!r} contains a control character"
+    return None
+
+
+def check_skill_name(name: Any) -> str:
+    """``name`` if it is a valid skill name; raises :class:`InvalidRequestError` (``field="name"``) otherwise."""
+    problem = skill_name_problem(name)
+    if problem is not None:
+        raise InvalidRequestError(problem, field="name")
+    return name
+
+
+async def activate(redis: Redis, keys: Keys, conversation_id: str, name: str,
+                   ttl: int = DEFAULT_HISTORY_TTL) -> bool:
+    """Append ``name`` to the conversation's active skills (a no-op if active); True if it was added.
+
+    ``ttl`` is seconds. Atomic: concurrent activations never duplicate a name.
+    """
+    return bool(await redis.eval(_ACTIVATE, 1, keys.conversation_skills(conversation_id), name, ttl))
+
+
+async def deactivate(redis: Redis, keys: Keys, conversation_id: str, name: str) -> bool:
+    """Remove ``name`` from the conversation's active skills; False (and nothing changes) if it was not active."""
+    return bool(await redis.lrem(keys.conversation_skills(conversation_id), 0, name))
+
+
+async def active(redis: Redis, keys: Keys, conversation_id: str) -> list[str]:
+    """The conversation's active skill names, in activation order."""
+    return decode(await redis.lrange(keys.conversation_skills(conversation_id), 0, -1))
+
+
+def queue_read(pipe: Any, keys: Keys, conversation_id: str, ttl: int = DEFAULT_HISTORY_TTL) -> None:
+    """Add the read of the active skills (and a refresh of their TTL, seconds) to a pipeline, as its
+    last commands; :func:`decode` takes the first of their replies. Lets a turn worker read the
+    skills in the same round trip as its other per-step reads."""
+    key = keys.conversation_skills(conversation_id)
+    pipe.lrange(key, 0, -1)
+    pipe.expire(key, ttl)
+
+
+def decode(raw: list[bytes | str]) -> list[str]:
+    """Names from an ``LRANGE`` reply."""
+    return [item.decode() if isinstance(item, bytes) else item for item in raw]
