@@ -10,6 +10,7 @@ model that keeps the connection open with keep-alive comments forever).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 import uuid
@@ -69,18 +70,29 @@ class Supervised:
         for proc in self.procs:
             proc.stop()
 
+    def client(self) -> SmithClient:
+        return SmithClient.from_url(self.redis_url, prefix=self.prefix)
+
+
+@contextlib.asynccontextmanager
+async def supervised(redis_url: str, llm_url: str, queues: list[str], **env: str):
+    fleet = await Supervised(redis_url, llm_url, queues, **env).start()
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+
 
 @pytest.fixture(scope="module")
 async def fleet(redis_url, scripted_llm):
     """A turn worker and a supervised tool worker with default timeouts."""
-    fleet = await Supervised(redis_url, scripted_llm.base_url, ["turns", "tools"]).start()
-    yield fleet
-    fleet.stop()
+    async with supervised(redis_url, scripted_llm.base_url, ["turns", "tools"]) as fleet:
+        yield fleet
 
 
 @pytest.fixture
 async def bound_client(fleet):
-    async with SmithClient.from_url(fleet.redis_url, prefix=fleet.prefix) as client:
+    async with fleet.client() as client:
         yield client
 
 
@@ -100,45 +112,40 @@ async def test_model_trickling_keep_alives_ends_at_response_timeout(bound_client
 @pytest.fixture(scope="module")
 async def strict_fleet(redis_url, scripted_llm):
     """A supervised turn worker with a short job timeout and a single attempt per turn."""
-    fleet = await Supervised(redis_url, scripted_llm.base_url, ["turns"], SMITH_TURN_MAX_ATTEMPTS="1",
-                             SMITH_TURN_JOB_TIMEOUT=str(SHORT_JOB_TIMEOUT)).start()
-    yield fleet
-    fleet.stop()
+    async with supervised(redis_url, scripted_llm.base_url, ["turns"], SMITH_TURN_MAX_ATTEMPTS="1",
+                          SMITH_TURN_JOB_TIMEOUT=str(SHORT_JOB_TIMEOUT)) as fleet:
+        yield fleet
 
 
-@pytest.fixture
-async def strict_client(strict_fleet):
-    async with SmithClient.from_url(strict_fleet.redis_url, prefix=strict_fleet.prefix) as client:
-        yield client
+async def test_job_timeout_shorter_than_response_timeout_ends_the_turn_once(strict_fleet, scripted_llm, scenario):
+    async with strict_fleet.client() as strict_client:
+        key, marker = scenario(Reply.trickle(0.2))
+        handle = await strict_client.submit(f"{marker} never ends", conversation_id=f"c-{key}",
+                                            agent="response_unbounded")
+        with pytest.raises(SmithTimeoutError) as info:
+            await handle.result(timeout=60)
+        assert info.value.operation == "turn.job"
+        await asyncio.sleep(SHORT_JOB_TIMEOUT * 2)  # a hand-off would have started attempt 2 by now
+        events = [e async for e in handle.events()]
+        assert [e.type for e in events].count("turn.failed") == 1
+        assert "turn.resumed" not in [e.type for e in events]
+        assert scripted_llm.attempts(key) == 1
+        assert (await handle.state())["attempt"] == "1"
 
 
-async def test_job_timeout_shorter_than_response_timeout_ends_the_turn_once(strict_client, scripted_llm, scenario):
-    key, marker = scenario(Reply.trickle(0.2))
-    handle = await strict_client.submit(f"{marker} never ends", conversation_id=f"c-{key}", agent="response_unbounded")
-    with pytest.raises(SmithTimeoutError) as info:
-        await handle.result(timeout=60)
-    assert info.value.operation == "turn.job"
-    await asyncio.sleep(SHORT_JOB_TIMEOUT * 2)  # a hand-off would have started attempt 2 by now
-    events = [e async for e in handle.events()]
-    assert [e.type for e in events].count("turn.failed") == 1
-    assert "turn.resumed" not in [e.type for e in events]
-    assert scripted_llm.attempts(key) == 1
-    assert (await handle.state())["attempt"] == "1"
-
-
-async def test_a_turn_whose_worker_crashed_past_the_attempt_limit_fails(strict_client, strict_fleet, scripted_llm,
-                                                                       scenario):
+async def test_a_turn_whose_worker_crashed_past_the_attempt_limit_fails(strict_fleet, scripted_llm, scenario):
     """kill -9 of the turn worker with SMITH_TURN_MAX_ATTEMPTS=1: the sweeper's re-run fails the turn, typed."""
-    key, marker = scenario(Reply.text("slow " * 40, chunk_size=5, delay=0.25))
-    handle = await strict_client.submit(f"{marker} talk", conversation_id=f"c-{key}", agent="plain")
-    while (await handle.status()) != "running":
-        await asyncio.sleep(0.05)
-    strict_fleet.procs[0].signal(signal.SIGKILL)  # the supervisor starts a new worker; the lease runs out
-    with pytest.raises(InternalError) as info:
-        await handle.result(timeout=60)
-    assert info.value.exception_type == "TurnAttemptsExhausted"
-    assert "SMITH_TURN_MAX_ATTEMPTS=1" in info.value.message
-    assert scripted_llm.attempts(key) == 1  # the refused run never asked the model
+    async with strict_fleet.client() as strict_client:
+        key, marker = scenario(Reply.text("slow " * 40, chunk_size=5, delay=0.25))
+        handle = await strict_client.submit(f"{marker} talk", conversation_id=f"c-{key}", agent="plain")
+        while (await handle.status()) != "running":
+            await asyncio.sleep(0.05)
+        strict_fleet.procs[0].signal(signal.SIGKILL)  # the supervisor starts a new worker; the lease runs out
+        with pytest.raises(InternalError) as info:
+            await handle.result(timeout=60)
+        assert info.value.exception_type == "TurnAttemptsExhausted"
+        assert "SMITH_TURN_MAX_ATTEMPTS=1" in info.value.message
+        assert scripted_llm.attempts(key) == 1  # the refused run never asked the model
 
 
 async def test_idempotent_tool_that_kills_its_worker_runs_at_most_twice(bound_client, fleet, scenario):

@@ -109,7 +109,9 @@ async def _submit_many(client: SmithClient, scenario, count: int) -> list[str]:
     return ids
 
 
-async def _result_reattaching(client: SmithClient, turn_id: str, deadline: float) -> tuple[AssistantMessage, list[float]]:
+async def _result_reattaching(
+    client: SmithClient, turn_id: str, deadline: float
+) -> tuple[AssistantMessage, list[float]]:
     """Wait (``timeout=None``) for the result; on a TransportError (Redis frozen) re-attach with
     ``client.turn``. Returns the result and how long each failed wait took (seconds)."""
     failed_waits = []

@@ -6,7 +6,12 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from smith_client import SmithClient
-from smith_client.connection import DEFAULT_SOCKET_TIMEOUT, HEALTH_CHECK_INTERVAL, connect_redis, socket_timeout_from_env
+from smith_client.connection import (
+    DEFAULT_SOCKET_TIMEOUT,
+    HEALTH_CHECK_INTERVAL,
+    connect_redis,
+    socket_timeout_from_env,
+)
 from smith_client.errors import ConfigurationError
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
