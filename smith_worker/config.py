@@ -10,13 +10,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from smith_client.errors import ConfigurationError
 from smith_worker.llm.types import LlmClientConfig
 from smith_worker.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
 from smith_worker.tools import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
 
 
-def _env_float(name: str, default: float) -> float:
+def _env_float(name: str, default: float | None) -> float | None:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -42,6 +44,8 @@ class Settings:
     ``SMITH_LLM_BASE_URL``       chat-completions base URL, with /v1    ``http://127.0.0.1:8080/v1``
     ``SMITH_LLM_MODEL``          model name                             ``local``
     ``SMITH_LLM_API_KEY``        bearer token (never sent in jobs)      unset
+    ``SMITH_LLM_TOOL_CALLING``   ``native`` or ``json_schema``          ``native``
+    ``SMITH_LLM_TEMPERATURE``    default sampling temperature           unset (server's)
     ``SMITH_TURN_MAX_JOBS``      concurrent turns per turn worker       100
     ``SMITH_TOOL_MAX_JOBS``      concurrent tool calls per tool worker  20
     ``SMITH_TURN_JOB_TIMEOUT``   hard cap on one turn job, seconds      600
@@ -67,6 +71,8 @@ class Settings:
     llm_base_url: str = "http://127.0.0.1:8080/v1"
     llm_model: str = "local"
     llm_api_key: str | None = None
+    llm_tool_calling: str = "native"
+    llm_temperature: float | None = None
     turn_max_jobs: int = 100
     tool_max_jobs: int = 20
     turn_job_timeout: float = 600.0
@@ -87,6 +93,8 @@ class Settings:
             llm_base_url=(env.get("SMITH_LLM_BASE_URL") or cls.llm_base_url).rstrip("/"),
             llm_model=env.get("SMITH_LLM_MODEL") or cls.llm_model,
             llm_api_key=env.get("SMITH_LLM_API_KEY") or None,
+            llm_tool_calling=env.get("SMITH_LLM_TOOL_CALLING") or cls.llm_tool_calling,
+            llm_temperature=_env_float("SMITH_LLM_TEMPERATURE", None),
             turn_max_jobs=_env_int("SMITH_TURN_MAX_JOBS", cls.turn_max_jobs),
             tool_max_jobs=_env_int("SMITH_TOOL_MAX_JOBS", cls.tool_max_jobs),
             turn_job_timeout=_env_float("SMITH_TURN_JOB_TIMEOUT", cls.turn_job_timeout),
@@ -102,9 +110,19 @@ class Settings:
         """The LLM settings of the environment, with an agent's ``llm`` override applied on top."""
         if isinstance(override, LlmClientConfig):
             return override
-        base: dict[str, Any] = {"base_url": self.llm_base_url, "model": self.llm_model, "api_key": self.llm_api_key}
+        base: dict[str, Any] = {
+            "base_url": self.llm_base_url,
+            "model": self.llm_model,
+            "api_key": self.llm_api_key,
+            "tool_calling": self.llm_tool_calling,
+        }
+        if self.llm_temperature is not None:
+            base["default_sampling"] = {"temperature": self.llm_temperature}
         base.update(override or {})
-        return LlmClientConfig(**base)
+        try:
+            return LlmClientConfig(**base)
+        except ValidationError as exc:
+            raise ConfigurationError(f"invalid LLM settings: {exc}", setting="llm") from exc
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,12 @@ Run it with ``smith-worker smith_worker.demo:app --queue turns`` and
 ``read_local_file`` is ``SMITH_DEMO_FS`` or the ``demo_fs`` folder beside
 this file.
 
-The demo agent forces the calculator on its first model call and goes back
-to ``auto`` after a tool round: the small local model (SmolLM2-135M) rarely
-calls a tool by itself but gives schema-valid arguments for a named
-``tool_choice``. After the tool round it answers with ``tool_choice="none"``.
+The demo agent forces the calculator on its first model call: the small local
+model (SmolLM2-135M) rarely picks the right tool by itself but gives
+schema-valid arguments for a named ``tool_choice``. After the tool round it
+answers with ``tool_choice="none"``. With the embedded server the workers use
+``SMITH_LLM_TOOL_CALLING=json_schema`` (set by the launcher, see
+:meth:`smith_worker.local.llm_server.LocalModelServer.client_env`).
 """
 
 from __future__ import annotations
@@ -60,8 +62,7 @@ app.agent(
     tools=[calculator, read_local_file],
     sources=["example"],
     tool_choice="calculator",
-    # llama-cpp-python's chatml-function-calling format refuses a streamed "auto"
-    # ("Automatic streaming tool choice is not supported"), so answer with "none".
+    # After the calculator's result the 135M model, offered tools again, calls another one; "none" makes it answer.
     tool_choice_after_tools="none",
     # Greedy decoding: the 135M model's sampled tool arguments sometimes carry raw control characters.
     llm={"default_sampling": {"temperature": 0.0}},

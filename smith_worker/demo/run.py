@@ -1,7 +1,8 @@
 """``make demo``: one real streamed turn through every part, then everything stopped.
 
 1. Redis: ``SMITH_REDIS_URL`` if it answers, else a private ``redis-server`` on a free port.
-2. The model: ``SMITH_LLM_BASE_URL`` if set, else the local model server (SmolLM2-135M).
+2. The model: ``SMITH_LLM_BASE_URL`` if set, else the local model server (SmolLM2-135M on
+   xllamacpp, used with ``json_schema`` tool calling and temperature 0).
 3. One turn worker and one tool worker for :mod:`smith_worker.demo`.
 4. ``smith ask``-style turn: tokens to stdout, tool status lines to stderr.
 
@@ -62,31 +63,40 @@ async def _agents_ready(redis_url: str, prefix: str) -> bool:
         return "default" in (await live_agents(client.redis, Keys(prefix)) or set())
 
 
+def start_services(stack: contextlib.ExitStack, logs: Path) -> tuple[str, str]:
+    """Redis, the model (unless ``SMITH_LLM_BASE_URL``) and a turn and a tool worker; returns (redis URL, prefix).
+
+    Everything started is stopped when ``stack`` closes; this run's keys are
+    removed from a borrowed Redis. Raises ``ConfigurationError`` / ``SmithTimeoutError``.
+    """
+    logs.mkdir(exist_ok=True)
+    prefix = f"smith-demo-{uuid.uuid4().hex[:6]}"  # never touches a developer's own keys
+    redis_url = os.environ.get("SMITH_REDIS_URL", "redis://127.0.0.1:6379/0")
+    if redis_answers(redis_url):
+        stack.callback(lambda: asyncio.run(_delete_keys(redis_url, prefix)))
+    else:
+        _status(f"no Redis at {redis_url}; starting a private redis-server")
+        redis_proc, redis_url = start_redis_server(log_path=logs / "redis.log")
+        stack.callback(redis_proc.stop)
+    env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_PREFIX=prefix)
+    if not os.environ.get("SMITH_LLM_BASE_URL"):
+        _status("starting the local model server (SmolLM2-135M via xllamacpp, json_schema tool calling)")
+        model = stack.enter_context(LocalModelServer(log_path=logs / "llm.log"))
+        env.update(model.client_env())
+    for queue in ("turns", "tools"):
+        worker = ManagedProcess(worker_argv("smith_worker.demo:app", queue), env=env, log_path=logs / f"{queue}.log")
+        stack.enter_context(worker)
+    wait_until(lambda: asyncio.run(_agents_ready(redis_url, prefix)), 30.0, "turn worker", interval=0.3)
+    return redis_url, prefix
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the exit code (0: a streamed turn with a tool call on the tool worker)."""
     parser = argparse.ArgumentParser(description="Run one real streamed turn end to end.")
     parser.add_argument("question", nargs="?", default=DEFAULT_QUESTION)
     args = parser.parse_args(argv)
-    logs = Path(".demo-logs")
-    logs.mkdir(exist_ok=True)
-    prefix = f"smith-demo-{uuid.uuid4().hex[:6]}"  # never touches a developer's own keys
     with contextlib.ExitStack() as stack:
-        redis_url = os.environ.get("SMITH_REDIS_URL", "redis://127.0.0.1:6379/0")
-        if redis_answers(redis_url):
-            stack.callback(lambda: asyncio.run(_delete_keys(redis_url, prefix)))
-        else:
-            _status(f"no Redis at {redis_url}; starting a private redis-server")
-            redis_proc, redis_url = start_redis_server(log_path=logs / "redis.log")
-            stack.callback(redis_proc.stop)
-        env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_PREFIX=prefix)
-        if not os.environ.get("SMITH_LLM_BASE_URL"):
-            _status("starting the local model server (SmolLM2-135M via llama-cpp-python)")
-            model = stack.enter_context(LocalModelServer(log_path=logs / "llm.log"))
-            env.update(SMITH_LLM_BASE_URL=model.base_url, SMITH_LLM_MODEL=model.model)
-        for queue in ("turns", "tools"):
-            worker = ManagedProcess(worker_argv("smith_worker.demo:app", queue), env=env, log_path=logs / f"{queue}.log")
-            stack.enter_context(worker)
-        wait_until(lambda: asyncio.run(_agents_ready(redis_url, prefix)), 30.0, "turn worker", interval=0.3)
+        redis_url, prefix = start_services(stack, Path(".demo-logs"))
         _status(f"asking: {args.question}")
         ok = asyncio.run(_turn(redis_url, prefix, args.question))
     _status("stopped everything it started")

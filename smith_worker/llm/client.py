@@ -45,6 +45,7 @@ from smith_client.errors import (
     TransportError,
 )
 from smith_client.messages import assistant_from_openai, parse_json_object, to_openai
+from smith_worker.llm.json_schema_tools import JsonReplyReader, rewrite_request
 from smith_worker.llm.stream import ChatStreamDecoder
 from smith_worker.llm.types import (
     LlmClientConfig,
@@ -135,8 +136,12 @@ class LlmClient:
         sampling fields (config defaults, then the request's set fields),
         ``stream`` (+ ``stream_options.include_usage`` when streaming and
         configured), then ``sampling.extra`` last. Raises
-        ``ConfigurationError`` when ``extra`` holds a reserved key.
+        ``ConfigurationError`` when ``extra`` holds a reserved key. With
+        ``tool_calling="json_schema"`` the request is first rewritten without
+        tool fields (:func:`~smith_worker.llm.json_schema_tools.rewrite_request`).
         """
+        if self.config.tool_calling == "json_schema":
+            req = rewrite_request(req, self.config.default_sampling)
         sampling = self.config.default_sampling.merged_with(req.sampling)
         _check_reserved(sampling.extra)
         body: dict[str, Any] = {"model": self.config.model, "messages": [to_openai(m) for m in req.messages]}
@@ -168,7 +173,9 @@ class LlmClient:
     async def complete(self, req: LlmRequest) -> LlmResponse:
         """Post a non-streamed request and parse the completion (seed §8.3). Errors: see class doc."""
         content, headers = self._prepare(req, stream=False)
-        return await self._whole_response(lambda: self._complete_once(content, headers))
+        response = await self._whole_response(lambda: self._complete_once(content, headers))
+        reader = self._json_reply(req)
+        return reader.finish(response) if reader else response
 
     async def complete_stream(self, req: LlmRequest, on_event: OnEvent) -> LlmResponse:
         """Post a streamed request; call ``on_event(event)`` for each event as it arrives (seed §9.5).
@@ -180,7 +187,16 @@ class LlmClient:
         stream ended; errors: see class doc.
         """
         content, headers = self._prepare(req, stream=True)
-        return await self._whole_response(lambda: self._stream_once(content, headers, on_event))
+        reader = self._json_reply(req, on_event)
+        if reader is None:
+            return await self._whole_response(lambda: self._stream_once(content, headers, on_event))
+        return reader.finish(await self._whole_response(lambda: self._stream_once(content, headers, reader.on_event)))
+
+    def _json_reply(self, req: LlmRequest, on_event: OnEvent | None = None) -> JsonReplyReader | None:
+        """The reader mapping a json_schema reply back to tool calls or content (None in native mode)."""
+        if self.config.tool_calling == "json_schema" and req.tools:
+            return JsonReplyReader(on_event)
+        return None
 
     async def _whole_response(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
         """:meth:`_with_retries`, all attempts bounded by ``response_timeout`` (never retried after it fires)."""

@@ -13,6 +13,9 @@ Follows the WHATWG event-stream interpretation
   ``"message"``); ``id`` sets the last event id (kept across events, ignored
   when it contains NUL); ``retry`` (digits only) sets :attr:`SseParser.retry`;
   other fields are ignored;
+* deviation: an ``error`` field line (old llama.cpp servers report a failure
+  inside an HTTP 200 stream as ``error: {json}``) is read as ``event: error``
+  with that value as its data;
 * an empty line dispatches the event, unless no ``data`` line was seen;
 * at end of stream an unterminated event is discarded.
 
@@ -171,6 +174,9 @@ class SseParser:
         elif name == "retry":
             if value.isascii() and value.isdigit():
                 self.retry = int(value)
+        elif name == "error":  # legacy llama.cpp server: `error: {json}` instead of `event: error` + data
+            self._event_type = "error"
+            self._data.append(value)
 
     def _dispatch(self) -> SseEvent | None:
         offset = self._event_offset or 0

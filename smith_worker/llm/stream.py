@@ -127,6 +127,7 @@ class ChatStreamAssembler:
         self._reasoning: list[str] = []
         self._tools = _ToolCallTable()
         self._usage: TokenUsage | None = None
+        self._standard_usage = False  # a standard `usage` was seen (it beats x_groq.usage)
         self._finish_reason: str | None = None
         self._final_calls: list[ToolCall] | None = None
         self._ended = False
@@ -197,6 +198,7 @@ class ChatStreamAssembler:
     def _apply_chunk(self, chunk: dict[str, Any], offset: int) -> list[StreamEvent]:
         if "usage" in chunk:
             self._take_usage(chunk["usage"])
+        self._take_groq_usage(chunk.get("x_groq"))
         choices = chunk.get("choices")
         if choices is None:
             return []
@@ -217,6 +219,14 @@ class ChatStreamAssembler:
         usage = usage_from_openai(raw)
         if usage is not None:
             self._usage = usage
+            self._standard_usage = True
+
+    def _take_groq_usage(self, x_groq: Any) -> None:
+        """Groq reports streamed usage only as ``x_groq.usage`` (https://console.groq.com/docs/api-reference); the standard field wins."""
+        if isinstance(x_groq, dict) and not self._standard_usage:
+            usage = usage_from_openai(x_groq.get("usage"))
+            if usage is not None:
+                self._usage = usage
 
     def _apply_delta(self, delta: Any, offset: int) -> list[StreamEvent]:
         if delta is None:

@@ -89,6 +89,11 @@ class LlmClientConfig(BaseModel):
       plus jitter uniform in [0, 0.25 s), capped at 8 s.
     * ``include_usage``: ask streamed responses for a final usage frame
       (``stream_options: {"include_usage": true}``).
+    * ``tool_calling``: ``"native"`` sends ``tools`` / ``tool_choice`` and
+      reads ``tool_calls``; ``"json_schema"`` is for servers without native
+      tool support: no ``tools`` are sent, the reply is constrained by one
+      ``response_format`` JSON schema (see
+      :mod:`smith_worker.llm.json_schema_tools`). Env ``SMITH_LLM_TOOL_CALLING``.
     * ``max_response_bytes``: the most bytes read of one response body
       (streamed or not, error bodies included); past it the call fails with
       ``ParseError`` (``offset`` = the limit), after at most one more read.
@@ -112,6 +117,7 @@ class LlmClientConfig(BaseModel):
     backoff_base: float = Field(default=0.5, ge=0)
     default_sampling: SamplingParams = Field(default_factory=SamplingParams)
     include_usage: bool = True
+    tool_calling: Literal["native", "json_schema"] = "native"
     max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, gt=0)
 
     def model_post_init(self, _context: Any) -> None:

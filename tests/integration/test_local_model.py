@@ -1,4 +1,4 @@
-"""A real turn against the real local model (SmolLM2-135M served by llama-cpp-python), as `make demo` runs it."""
+"""A real turn against the real embedded model (SmolLM2-135M on xllamacpp) in json_schema tool calling, as `make demo` runs it."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def local_model():
 @pytest.fixture(scope="module")
 async def demo_workers(redis_url, local_model):
     prefix = f"local{uuid.uuid4().hex[:6]}"
-    env = worker_env(redis_url, prefix, local_model.base_url, SMITH_LLM_MODEL=local_model.model)
+    env = worker_env(redis_url, prefix, local_model.base_url, **local_model.client_env())
+    assert env["SMITH_LLM_TOOL_CALLING"] == "json_schema"
     async with worker_pair("smith_worker.demo:app", redis_url, prefix, env):
         yield prefix
 
@@ -38,5 +39,6 @@ async def test_calculator_turn_against_the_local_model(redis_url, demo_workers):
     assert results[0]["is_error"] is False and ":tools:" in results[0]["worker"]
     assert results[0]["content"] == "391"  # the model asked for 17*23 (named tool_choice, greedy decoding)
     tokens = "".join(e.data["text"] for e in events if e.type == "token")
-    assert tokens.strip() and tokens == events[-1].final_message().content
+    assert "391" in tokens and tokens == events[-1].final_message().content
+    assert "{" not in tokens and "answer" not in tokens  # the JSON reply's text only, no JSON around it
     assert [e.seq for e in events] == list(range(1, len(events) + 1))

@@ -78,6 +78,8 @@ app.agent("token_limited", tools=[add], config=AgentConfig(max_total_tokens=100)
 app.agent("deadline_limited", tools=[add], config=AgentConfig(deadline=0.4))
 # a named tool_choice on the first call, reset to "auto" after a tool round (seed §15 tool_choice control)
 app.agent("named_choice", tools=[add], tool_choice="add")
+# tool calling for servers without native tool support (issue 11): no tools on the wire, one JSON-schema reply
+app.agent("json_tools", system_prompt="You are a test agent.", tools=[add, whoami], llm={"tool_calling": "json_schema"})
 
 
 def _record_sync(name: str, value: str) -> None:

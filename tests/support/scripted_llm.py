@@ -18,7 +18,10 @@ contains the marker ``[[scenario:KEY]]`` (regex ``\\[\\[scenario:([\\w.-]+)\\]\\
 The scenario's handler gets the :class:`RecordedRequest` and returns a
 :class:`Reply`. ``RecordedRequest.step`` is the number of assistant messages
 after the last user message (0 for the first model call of a turn, 1 after
-one tool round, ...), so :class:`Script` can answer each step of a turn.
+one tool round, ...; a user message carrying ``{"tool_results": ...}`` of
+json_schema tool calling does not count as one), so :class:`Script` can
+answer each step of a turn. :func:`without_native_tools` wraps a handler
+into a server that refuses native tool fields with HTTP 400.
 No marker or an unknown key → HTTP 404 with an OpenAI-style error body.
 
 Example::
@@ -329,6 +332,37 @@ class Script:
 
     def __call__(self, request: RecordedRequest) -> Reply:
         return self.replies[min(request.step, len(self.replies) - 1)]
+
+
+NATIVE_TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
+
+
+def native_tool_fields(request: RecordedRequest) -> list[str]:
+    """The native tool-calling parts of ``request``: body fields, ``tool_calls`` and ``role: "tool"`` messages."""
+    found = [name for name in NATIVE_TOOL_FIELDS if isinstance(request.body, dict) and name in request.body]
+    for position, message in enumerate(request.messages):
+        if isinstance(message, dict) and message.get("tool_calls") is not None:
+            found.append(f"messages[{position}].tool_calls")
+        if isinstance(message, dict) and message.get("role") == "tool":
+            found.append(f'messages[{position}].role="tool"')
+    return found
+
+
+def without_native_tools(handler: Handler) -> Handler:
+    """``handler`` behind a server without native tool support.
+
+    A request carrying ``tools``/``tool_choice``, an assistant message with
+    ``tool_calls`` or a ``role: "tool"`` message is refused with HTTP 400 (as
+    a vLLM without a tool parser or an older gateway does); others reach ``handler``.
+    """
+
+    def refuse_native(request: RecordedRequest) -> Reply:
+        found = native_tool_fields(request)
+        if found:
+            return Reply.error(400, {"error": {"message": f"unsupported: {', '.join(found)}", "type": "invalid_request_error"}})
+        return handler(request)
+
+    return refuse_native
 
 
 class ScriptedLlmServer:
@@ -692,9 +726,15 @@ def _find_scenario(messages: list[Any]) -> str | None:
     return None
 
 
+def _is_user_turn(message: dict[str, Any]) -> bool:
+    """A user message that starts a turn: not one carrying tool results in json_schema tool calling."""
+    return message.get("role") == "user" and not _content_text(message.get("content")).startswith('{"tool_results"')
+
+
 def _step(messages: list[Any]) -> int:
-    roles = [message.get("role") for message in messages if isinstance(message, dict)]
-    last_user = max((i for i, role in enumerate(roles) if role == "user"), default=-1)
+    dicts = [message for message in messages if isinstance(message, dict)]
+    roles = [message.get("role") for message in dicts]
+    last_user = max((i for i, message in enumerate(dicts) if _is_user_turn(message)), default=-1)
     return sum(1 for role in roles[last_user + 1 :] if role == "assistant")
 
 
@@ -759,6 +799,8 @@ __all__ = [
     "Script",
     "ScriptedLlmServer",
     "WirePlan",
+    "native_tool_fields",
     "scenario_marker",
     "sse_frame",
+    "without_native_tools",
 ]

@@ -1,0 +1,36 @@
+"""``make chat``: the seed §19 REPL on the demo app, with everything it needs started and stopped.
+
+Starts what ``make demo`` starts (Redis unless ``SMITH_REDIS_URL`` answers,
+the embedded model unless ``SMITH_LLM_BASE_URL`` is set, a turn and a tool
+worker serving :mod:`smith_worker.demo`: calculator, read_local_file and the
+bundled MCP example server), then runs :class:`~smith_worker.repl.ChatRepl`:
+tokens to stdout, tool status lines to stderr; ``/reset``, ``/exit``,
+Ctrl-D, and Ctrl-C to cancel a running turn. Child logs go to ``.demo-logs/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+from smith_client import SmithClient
+from smith_worker.cli import StreamPrinter
+from smith_worker.demo.run import start_services
+from smith_worker.repl import ChatRepl
+
+
+async def _chat(redis_url: str, prefix: str) -> int:
+    async with SmithClient.from_url(redis_url, prefix=prefix) as client:
+        return await ChatRepl(client, StreamPrinter()).run()
+
+
+def main() -> int:
+    """Run the REPL until /exit or Ctrl-D; everything started is stopped on the way out."""
+    with contextlib.ExitStack() as stack:
+        redis_url, prefix = start_services(stack, Path(".demo-logs"))
+        return asyncio.run(_chat(redis_url, prefix))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
