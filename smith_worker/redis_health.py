@@ -21,7 +21,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, AuthorizationError, RedisError
+
+from smith_client.errors import ConfigurationError
 
 logger = logging.getLogger("agent_smith.worker")
 
@@ -31,6 +33,8 @@ BACKOFF_BASE = 0.2
 BACKOFF_CAP = 3.0
 #: Failures that mean "Redis is not answering" (a restart, a freeze, a network cut), not a bug.
 REDIS_DOWN_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError)
+#: Redis answers but refuses these credentials: a configuration error, never retried.
+REDIS_REFUSED_ERRORS: tuple[type[BaseException], ...] = (AuthenticationError, AuthorizationError)
 
 _T = TypeVar("_T")
 
@@ -77,11 +81,15 @@ class RedisHealth:
     async def until_ok(self, where: str, call: Callable[[], Awaitable[_T]]) -> _T:
         """Await ``call()`` until it succeeds, backing off between Redis failures; return its result.
 
-        Raises ``asyncio.CancelledError`` once :attr:`stopping` is set (the process shuts down).
+        Raises ``asyncio.CancelledError`` once :attr:`stopping` is set (the process shuts down) and
+        :class:`ConfigurationError` when Redis refuses the credentials (a worker exits on it).
         """
         while True:
             try:
                 result = await call()
+            except REDIS_REFUSED_ERRORS as exc:
+                raise ConfigurationError(f"Redis refused the credentials in {where}: {exc}",
+                                         setting="SMITH_REDIS_URL") from exc
             except REDIS_DOWN_ERRORS as exc:
                 if self.stopping:
                     raise asyncio.CancelledError(f"shutting down while Redis is unavailable in {where}") from exc

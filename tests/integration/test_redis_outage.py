@@ -238,3 +238,19 @@ async def test_start_up_warns_when_redis_may_evict(outage_redis, caplog):
                 await runtime.start()
                 await runtime.stop()
             assert ("maxmemory-policy is 'allkeys-lru'" in caplog.text) is warned
+
+
+async def test_a_worker_refused_by_redis_exits_with_a_configuration_error(scripted_llm, tmp_path):
+    """Waiting is for outages: a Redis that refuses the worker's credentials ends it (a configuration error)."""
+    port = free_port()
+    redis_proc, _url_with_password = start_redis_server(port, log_path=tmp_path / "redis.log", password="s3cret")
+    url = f"redis://127.0.0.1:{port}/0"  # no password
+    prefix = f"auth{uuid.uuid4().hex[:6]}"
+    procs = start_workers(APP, worker_env(url, prefix, scripted_llm.base_url), ["turns"], prefix)
+    try:
+        wait_until(lambda: not procs[0].alive(), 30.0, "worker exit")
+        assert procs[0].proc.returncode != 0
+        assert "ConfigurationError" in procs[0].log_path.read_text()
+    finally:
+        procs[0].stop()
+        redis_proc.stop()

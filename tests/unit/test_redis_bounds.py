@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from smith_client import SmithClient
@@ -82,3 +83,13 @@ async def test_a_job_start_failing_on_redis_gives_its_slot_back():
     assert worker.job_counter == 0 and not worker.tasks
     assert worker.sem._value == settings.tool_max_jobs + 1  # arq's semaphore: max_jobs + 1, all free again
     await worker.pool.aclose()
+
+
+async def test_refused_credentials_are_a_configuration_error_not_an_outage():
+    """A worker waits out an outage but exits on a wrong password (it would never get in)."""
+    async def refused() -> None:
+        raise AuthenticationError("invalid username-password pair")
+
+    with pytest.raises(ConfigurationError) as info:
+        await RedisHealth().until_ok("start-up", refused)
+    assert info.value.setting == "SMITH_REDIS_URL"
