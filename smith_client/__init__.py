@@ -1,10 +1,11 @@
 """Agent Smith client contract: messages, events, errors, job payloads and the thin client.
 
 A web app installs only this package (it depends on redis, arq, pydantic and
-orjson). See DESIGN.md §1 and §3.
+orjson) and uses ``SmithClient`` (asyncio) or ``SyncSmithClient`` (blocking,
+for WSGI). See DESIGN.md §1 and §3.
 """
 
-from smith_client.client import SmithClient
+from smith_client.client import SmithClient, TurnHandle
 from smith_client.errors import (
     ConfigurationError,
     ConflictError,
@@ -24,6 +25,7 @@ from smith_client.errors import (
     UnknownSkillError,
 )
 from smith_client.events import Event
+from smith_client.sync_client import SyncSmithClient
 from smith_client.messages import (
     AssistantMessage,
     Message,
@@ -50,12 +52,14 @@ __all__ = [
     "SmithClient",
     "SmithError",
     "SmithTimeoutError",
+    "SyncSmithClient",
     "SystemMessage",
     "TokenUsage",
     "ToolCall",
     "ToolError",
     "ToolMessage",
     "TransportError",
+    "TurnHandle",
     "TurnCancelledError",
     "UnknownAgentError",
     "UnknownSkillError",

@@ -37,6 +37,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from arq.constants import abort_jobs_ss, in_progress_key_prefix, job_key_prefix, result_key_prefix, retry_key_prefix
+
 #: Idle lifetime of a conversation's keys (history, active skills), in seconds: 30 days (DESIGN.md §8).
 DEFAULT_HISTORY_TTL = 30 * 24 * 3600
 
@@ -175,3 +177,17 @@ class Keys:
     def tool_result_published(self, turn_id: str, step: int, index: int) -> str:
         """Marker set atomically with a call's ``tool.result`` event, so the event is published once."""
         return f"{self.tool_result(turn_id, step, index)}:published"
+
+    @property
+    def acl_patterns(self) -> list[str]:
+        """Redis ACL key (``~``) and channel (``&``) patterns covering everything this prefix uses.
+
+        Its own keys and channels, plus arq's per-job keys of its job ids (which
+        all start with the prefix) and arq's abort set, which arq shares per
+        database. A plain ``~arq:*`` would also let a tenant read another
+        tenant's queued job payloads. See :mod:`smith_client.acl`.
+        """
+        p = self.prefix
+        arq_keys = [f"~{kind}{p}:*" for kind in (job_key_prefix, in_progress_key_prefix, result_key_prefix,
+                                                  retry_key_prefix)]
+        return [f"~{p}:*", *arq_keys, f"~{abort_jobs_ss}", f"&{p}:*"]

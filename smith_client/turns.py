@@ -1,4 +1,4 @@
-"""Turn submission, handles and cancellation: the client's half of the turn state machine.
+"""Turn submission, state and cancellation (as operations, see :mod:`smith_client.protocol`): the client's half of the turn state machine.
 
 A turn's state lives in the hash ``{p}:turn:{id}:state`` (TTL 24 h after the
 turn ends, DESIGN.md §8): ``status`` (queued → running → completed | failed |
@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import orjson
 
@@ -35,20 +34,22 @@ from smith_client.errors import (
     ConflictError,
     ConversationBusyError,
     InvalidRequestError,
-    SmithTimeoutError,
+    ParseError,
     TurnCancelledError,
     error_from_payload,
 )
+from smith_client.eventlog import DEFAULT_TURN_TTL, publish
 from smith_client.events import TURN_CANCELLED, TURN_COMPLETED, TURN_FAILED, Event
 from smith_client.jobs import RUN_TURN, TurnJob
+from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage
-from smith_client.redis_errors import typed_redis_errors
+from smith_client.protocol import Call, Enqueue, Operation
+from smith_client.validation import check_multitask
 
 if TYPE_CHECKING:
     from smith_client.client import SmithClient
 
 Multitask = Literal["enqueue", "reject", "interrupt", "merge"]
-MULTITASK_POLICIES = ("enqueue", "reject", "interrupt", "merge")
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 #: Lifetime of a conversation's bookkeeping (its FIFO of unfinished turns), seconds: 30 days.
@@ -131,23 +132,21 @@ class Submission:
     status: str = "queued"
 
 
-async def submit(client: "SmithClient", job: TurnJob, multitask: str) -> Submission:
-    """Create (or join) the turn for ``job`` and enqueue it when it needs a worker.
+def submit_turn(keys: Keys, job: TurnJob, multitask: str) -> Operation[Submission]:
+    """Operation: create (or join) the turn for ``job`` and enqueue it when it needs a worker.
 
     Raises :class:`ConflictError` (same turn id, different request),
     :class:`ConversationBusyError` (``reject`` policy) or :class:`InvalidRequestError`.
     """
-    if multitask not in MULTITASK_POLICIES:
-        raise InvalidRequestError(f"multitask must be one of {MULTITASK_POLICIES}, got {multitask!r}", field="multitask")
-    keys = client.keys
-    reply = await client.redis.eval(
+    check_multitask(multitask)
+    reply = yield Call("eval", (
         _SUBMIT_LUA,
         2,
         keys.turn_state(job.turn_id),
         keys.conversation_turns(job.conversation_id),
         keys.prefix, job.turn_id, fingerprint(job), job.conversation_id, job.agent, multitask,
-        job.message.model_dump_json(), time.time(), client.events.ttl, CONVERSATION_TTL, job.model_dump_json(),
-    )  # fmt: skip
+        job.message.model_dump_json(), time.time(), DEFAULT_TURN_TTL, CONVERSATION_TTL, job.model_dump_json(),
+    ))  # fmt: skip
     outcome, turn_id = reply[0].decode(), reply[1].decode()
     if outcome == "conflict":
         raise ConflictError(f"turn {turn_id} exists with a different request", turn_id=turn_id)
@@ -160,94 +159,57 @@ async def submit(client: "SmithClient", job: TurnJob, multitask: str) -> Submiss
     if outcome == "new" or (outcome == "attach" and status == "queued"):
         # Enqueueing again on attach covers a first caller that died between the two
         # steps; arq ignores a second enqueue of a queued or running job id.
-        await client.redis.enqueue_job(
-            RUN_TURN, job.model_dump(mode="json"), _job_id=keys.turn_job_id(job.turn_id), _queue_name=keys.turns_queue
-        )
+        yield Enqueue(RUN_TURN, job.model_dump(mode="json"), keys.turn_job_id(job.turn_id), keys.turns_queue)
     return Submission(outcome, turn_id, status)  # type: ignore[arg-type]
 
 
-class TurnHandle:
-    """A turn seen from any process: its status, events, result, and cancel.
+async def submit(client: "SmithClient", job: TurnJob, multitask: str) -> Submission:
+    """:func:`submit_turn` on an async client's Redis, for producers that build their own :class:`TurnJob`."""
+    return await client.runner.run(submit_turn(client.keys, job, multitask))
 
-    Get one from :meth:`SmithClient.submit` or :meth:`SmithClient.turn`.
+
+def read_state(keys: Keys, turn_id: str) -> Operation[dict[str, str]]:
+    """Operation: the raw state hash of a turn (empty when the turn is unknown or expired)."""
+    raw = yield Call("hgetall", (keys.turn_state(turn_id),))
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def outcome_from_state(state: dict[str, str]) -> AssistantMessage | None:
+    """The final message of a completed turn's state, None while it is unfinished.
+
+    Raises the turn's typed error when it failed, :class:`TurnCancelledError` when cancelled.
     """
+    status = state.get("status")
+    if status == "completed":
+        return AssistantMessage.model_validate_json(state["result"])
+    if status == "failed":
+        raise error_from_payload(orjson.loads(state.get("error") or "{}"))
+    if status == "cancelled":
+        reason = state.get("cancel_requested") or "cancel"
+        raise TurnCancelledError(f"turn was cancelled ({reason})", operation=reason)
+    return None
 
-    def __init__(self, client: "SmithClient", turn_id: str) -> None:
-        self.client = client
-        self.turn_id = turn_id
 
-    def __repr__(self) -> str:
-        return f"TurnHandle({self.turn_id!r})"
+def outcome_from_event(event: Event) -> AssistantMessage:
+    """The final message of a ``turn.completed`` event; raises the turn's error for the other terminal events."""
+    if event.type == TURN_COMPLETED:
+        return event.final_message()
+    if event.type == TURN_FAILED:
+        raise event.error()
+    if event.type == TURN_CANCELLED:
+        reason = event.data.get("reason", "cancel")
+        raise TurnCancelledError(f"turn was cancelled ({reason})", operation=reason)
+    raise ParseError(f"event {event.type!r} does not end a turn")
 
-    @typed_redis_errors
-    async def state(self) -> dict[str, str]:
-        """The raw state hash (empty when the turn is unknown or expired)."""
-        raw = await self.client.redis.hgetall(self.client.keys.turn_state(self.turn_id))
-        return {k.decode(): v.decode() for k, v in raw.items()}
 
-    @typed_redis_errors
-    async def status(self) -> str:
-        """``queued``, ``running``, ``completed``, ``failed``, ``cancelled``, or ``unknown``."""
-        return (await self.state()).get("status", "unknown")
-
-    @typed_redis_errors
-    async def events(self, after_seq: int = 0, timeout: float | None = None) -> AsyncIterator[Event]:
-        """Every event with ``seq > after_seq``, exactly once and in order, then live ones until the end.
-
-        Raises :class:`EventsTrimmedError` when the asked-for events are no longer kept.
-        """
-        async for event in self.client.follow(self.turn_id, after_seq, timeout):
-            yield event
-
-    @typed_redis_errors
-    async def result(self, timeout: float | None = None) -> AssistantMessage:
-        """Wait for the final message (``timeout`` seconds, None = forever).
-
-        Raises the turn's typed error, :class:`TurnCancelledError` for a
-        cancelled turn, or :class:`SmithTimeoutError`.
-        """
-        done = self._outcome(await self.state())
-        if done is not None:
-            return done
-        async for event in self.events(timeout=timeout):
-            if event.type == TURN_COMPLETED:
-                return event.final_message()
-            if event.type in (TURN_FAILED, TURN_CANCELLED):
-                return self._raise_terminal(event)
-        raise SmithTimeoutError(f"turn {self.turn_id} ended without a terminal event", operation="result")
-
-    @staticmethod
-    def _raise_terminal(event: Event) -> Any:
-        if event.type == TURN_FAILED:
-            raise event.error()
-        raise TurnCancelledError(f"turn was cancelled ({event.data.get('reason')})", operation=event.data.get("reason", "cancel"))
-
-    def _outcome(self, state: dict[str, str]) -> AssistantMessage | None:
-        status = state.get("status")
-        if status == "completed":
-            return AssistantMessage.model_validate_json(state["result"])
-        if status == "failed":
-            raise error_from_payload(orjson.loads(state.get("error") or "{}"))
-        if status == "cancelled":
-            reason = state.get("cancel_requested") or "cancel"
-            raise TurnCancelledError(f"turn was cancelled ({reason})", operation=reason)
-        return None
-
-    @typed_redis_errors
-    async def cancel(self, reason: str = "cancel") -> str:
-        """Ask for the turn to stop; returns what happened: ``cancelled_queued`` (it never started),
-        ``cancelling`` (its worker stops it and publishes ``turn.cancelled``), a terminal status
-        (nothing to do), or ``missing``."""
-        if not isinstance(reason, str) or not reason:
-            raise InvalidRequestError(f"reason must be a non-empty string, got {reason!r}", field="reason")
-        keys = self.client.keys
-        conversation = (await self.state()).get("conversation_id", "")
-        outcome = (
-            await self.client.redis.eval(
-                _CANCEL_LUA, 2, keys.turn_state(self.turn_id), keys.conversation_turns(conversation),
-                keys.prefix, self.turn_id, reason,
-            )  # fmt: skip
-        ).decode()
-        if outcome == "cancelled_queued":
-            await self.client.events.publish(self.turn_id, TURN_CANCELLED, {"reason": reason})
-        return outcome
+def cancel_turn(keys: Keys, turn_id: str, reason: str = "cancel") -> Operation[str]:
+    """Operation: ask for the turn to stop; see :meth:`TurnHandle.cancel` for the outcomes."""
+    if not isinstance(reason, str) or not reason:
+        raise InvalidRequestError(f"reason must be a non-empty string, got {reason!r}", field="reason")
+    conversation = (yield from read_state(keys, turn_id)).get("conversation_id", "")
+    outcome = (yield Call("eval", (
+        _CANCEL_LUA, 2, keys.turn_state(turn_id), keys.conversation_turns(conversation), keys.prefix, turn_id, reason,
+    ))).decode()  # fmt: skip
+    if outcome == "cancelled_queued":
+        yield from publish(keys, turn_id, TURN_CANCELLED, {"reason": reason})
+    return outcome

@@ -12,6 +12,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from arq.connections import ArqRedis
+
+from smith_client.connection import connect_redis
 from smith_client.errors import ConfigurationError
 from smith_worker.llm.types import LlmClientConfig
 from smith_worker.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
@@ -57,8 +60,14 @@ class Settings:
                                  make a tool worker drain and restart
     ``SMITH_TOOL_PROCESSES``     processes for ``isolation="process"``  4
                                  tools, per tool worker
+    ``SMITH_REDIS_SENTINELS``    Sentinel ``host:port`` list (commas)   unset (no Sentinel)
+    ``SMITH_REDIS_SENTINEL_MASTER``  name of the Sentinel-monitored master  unset
+    ``SMITH_METRICS_PORT``       Prometheus ``/metrics`` port           unset (no metrics)
+    ``SMITH_HEARTBEAT_FILE``     liveness file touched every 5 s        ``<tmp>/smith-<queue>-<pid>.heartbeat``
     ===========================  =====================================  ==================
 
+    ``SMITH_REDIS_URL`` may be ``rediss://`` (TLS) and carry an ACL user and
+    password; see :mod:`smith_client.connection`.
     ``SMITH_REDIS_SOCKET_TIMEOUT`` (seconds, default 5) bounds every Redis
     connect and command of clients and workers alike, so it is read where
     connections are built (:func:`smith_client.connection.connect_redis`).
@@ -82,6 +91,10 @@ class Settings:
     tool_poll_delay: float = 0.01
     tool_max_overruns: int = DEFAULT_OVERRUN_LIMIT
     tool_processes: int = DEFAULT_TOOL_PROCESSES
+    redis_sentinels: str | None = None
+    redis_sentinel_master: str | None = None
+    metrics_port: int | None = None
+    heartbeat_file: str | None = None
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -104,7 +117,15 @@ class Settings:
             tool_poll_delay=_env_float("SMITH_TOOL_POLL_DELAY", cls.tool_poll_delay),
             tool_max_overruns=_env_int("SMITH_TOOL_MAX_OVERRUNS", cls.tool_max_overruns),
             tool_processes=_env_int("SMITH_TOOL_PROCESSES", cls.tool_processes),
+            redis_sentinels=env.get("SMITH_REDIS_SENTINELS") or None,
+            redis_sentinel_master=env.get("SMITH_REDIS_SENTINEL_MASTER") or None,
+            metrics_port=_env_int("SMITH_METRICS_PORT", 0) or None,
+            heartbeat_file=env.get("SMITH_HEARTBEAT_FILE") or None,
         )
+
+    def connect_redis(self) -> ArqRedis:
+        """A Redis client for these settings (URL, or Sentinel when configured)."""
+        return connect_redis(self.redis_url, sentinels=self.redis_sentinels, sentinel_master=self.redis_sentinel_master)
 
     def llm_config(self, override: dict[str, Any] | LlmClientConfig | None = None) -> LlmClientConfig:
         """The LLM settings of the environment, with an agent's ``llm`` override applied on top."""

@@ -116,7 +116,7 @@ class AgentLoop:
                 tree_iterations = await self._begin_step(spec)
                 iterations += 1
                 self._check_limits(spec, iterations, tree_iterations, total_tokens, deadline)
-                pending = (await self._call_model(spec, llm, tool_rounds)).message
+                pending = (await self.rt.metrics.count_llm_request(self._call_model(spec, llm, tool_rounds))).message
                 total_tokens += pending.usage.total if pending.usage else 0
                 await self.append(spec, pending)
             message, pending = pending, None

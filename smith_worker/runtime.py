@@ -27,6 +27,8 @@ from smith_client.registry import DEFAULT_REGISTRATION_TTL, register_worker, unr
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
+from smith_worker.health import heartbeat_forever, heartbeat_path, remove_heartbeat
+from smith_worker.metrics import WorkerMetrics
 from smith_worker.isolation import ToolExecutors
 from smith_worker.redaction import SENSITIVE_HEADERS, install_log_redaction, register_secrets, url_credentials
 from smith_worker.redis_health import RedisHealth
@@ -58,6 +60,7 @@ class WorkerRuntime:
     health: RedisHealth = field(default_factory=RedisHealth)
     #: Turns running in this process, by turn id; their runners take cancel requests.
     running_turns: dict[str, Any] = field(default_factory=dict)
+    metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
     #: Thread and process pools of a tool worker's sync tools (None on turn workers).
     executors: ToolExecutors | None = None
     #: Called (on the event loop) to make the arq worker stop taking jobs and drain; set by ``build_worker``.
@@ -70,6 +73,11 @@ class WorkerRuntime:
         self.keys = Keys(self.settings.prefix)
         self.events = EventLog(self.redis, self.keys)
         self.worker_id = self.worker_id or new_worker_id(self.queue)
+
+    @property
+    def queue_name(self) -> str:
+        """The arq queue (Redis sorted set) this worker serves."""
+        return self.keys.turns_queue if self.queue == "turns" else self.keys.tools_queue
 
     def on_control(self, turn_id: str) -> None:
         """A control message: cancel ``turn_id`` if it runs here (its state says why)."""
@@ -113,6 +121,10 @@ class WorkerRuntime:
 
         Waits (backing off) while Redis does not answer, instead of failing.
         """
+        # first: liveness and /metrics are process-local and must work while start-up waits on Redis
+        self._background.append(asyncio.create_task(heartbeat_forever(heartbeat_path(self.settings, self.queue))))
+        if self.settings.metrics_port:
+            self.metrics.serve(self.settings.metrics_port, self.redis, self.queue_name, lambda: len(self.running_turns))
         self.protect_secrets()
         if self.queue == "tools":
             self.executors = ToolExecutors(self.settings.tool_max_jobs, self.settings.tool_max_overruns,
@@ -139,6 +151,8 @@ class WorkerRuntime:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        remove_heartbeat(heartbeat_path(self.settings, self.queue))
+        self.metrics.close()
         with contextlib.suppress(Exception):
             await unregister_worker(self.redis, self.keys, self.worker_id)
         for source in self.app.sources.values():

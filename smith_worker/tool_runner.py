@@ -104,6 +104,7 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     if answered:
         return {"is_error": False, "stored": False}  # never run a call twice
     outcome = stored_outcome(await _invoke(rt, job), job.result_max_bytes, rt.worker_id)
+    rt.metrics.record_tool_call(job.call.name, outcome.is_error, time.monotonic() - started)
     # A call that ran is not lost to a Redis outage: its outcome is stored once Redis answers
     # again (bounded by the job's timeout), where the resumed turn finds it (issue 8).
     stored = await rt.health.until_ok("storing a tool result", lambda: _store(rt, job, outcome))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import orjson
@@ -59,6 +60,7 @@ class TurnRunner:
         self._task: asyncio.Task[Any] | None = None
         self._cancel_requested = False
         self._lease_lost = False
+        self._started = time.monotonic()
 
     def request_cancel(self) -> None:
         """A caller asked to cancel (control message): stop the running step now, not at the next check."""
@@ -106,6 +108,7 @@ class TurnRunner:
             await self._cancelled(spec, request.reason)
         except StaleAttemptError:
             logger.warning("turn %s: attempt %d was superseded; stopped", self.job.turn_id, self.attempt.attempt)
+            await self.attempt.requeue_if_regressed()
         except Exception as exc:  # every failure ends as turn.failed, never as a crashed worker
             await self._fail(error_from_exception(exc), spec)
         finally:
@@ -232,6 +235,7 @@ class TurnRunner:
             seq, finished = await pipe.execute()
         if seq < 0 or not finished:
             raise StaleAttemptError(self.job.turn_id)
+        self.rt.metrics.record_turn(self.job.agent, status, time.monotonic() - self._started)
         # the conversation's next turn may run now
         await wake_head(self.rt.redis, self.rt.keys, self.job.conversation_id)
 

@@ -90,6 +90,14 @@ if ARGV[2] ~= '' then redis.call('HINCRBY', KEYS[1], 'handoffs', 1) end
 return redis.call('HINCRBY', KEYS[1], 'requeues', 1)
 """
 
+# KEYS: state. ARGV: the stale attempt. A turn back at 'queued' with an older attempt
+# than one that ran lost writes (a Redis failover: replication is asynchronous).
+_REGRESSED = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'queued' then return 0 end
+if tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0') >= tonumber(ARGV[1]) then return 0 end
+return redis.call('HINCRBY', KEYS[1], 'requeues', 1)
+"""
+
 # Merged user messages the turn did not get to (it was cancelled or failed first)
 # are kept: moved to the history, after what the turn completed.
 FINISH_LUA = """
@@ -279,6 +287,16 @@ class TurnAttempt:
     async def requeue(self) -> int:
         """Hand the turn off (worker shutdown): back to ``queued`` and re-enqueued under a new job id."""
         return await requeue_turn(self.redis, self.keys, self.turn_id, str(self.attempt))
+
+    async def requeue_if_regressed(self) -> bool:
+        """After this attempt was fenced off: re-enqueue the turn when its state fell back to ``queued``
+        behind this attempt (its writes were lost in a Redis failover), so it runs again instead of
+        waiting for a job that no longer exists. True when it was re-enqueued."""
+        count = int(await self.redis.eval(_REGRESSED, 1, self._state, self.attempt))
+        if count:
+            await _enqueue_turn(self.redis, self.keys, self.turn_id, self.keys.turn_rerun_job_id(self.turn_id, count))
+            logger.warning("turn %s: state fell back behind attempt %d; re-enqueued", self.turn_id, self.attempt)
+        return bool(count)
 
 
 async def _enqueue_turn(redis: Any, keys: Keys, turn_id: str, job_id: str, defer: float | None = None) -> bool:

@@ -44,7 +44,6 @@ from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.redaction import redact_error
 from smith_worker.turn import TurnRunner, fail_unreadable_turn
-from smith_client.connection import connect_redis
 from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
 from smith_worker.runtime import Queue, WorkerRuntime
 from smith_worker.tool_runner import run_tool
@@ -56,6 +55,9 @@ MIN_QUEUE_READ_LIMIT = 1000
 #: Seconds arq's job timeout adds to ``SMITH_TURN_JOB_TIMEOUT``, so the turn's own bound fires first
 #: and has time to write its terminal event.
 TURN_TIMEOUT_GRACE = 30.0
+#: Seconds a stopping tool worker waits for running tool calls (arq ``job_completion_wait``); deploy/
+#: manifests give the process longer than this between SIGTERM and SIGKILL.
+TOOL_JOB_COMPLETION_WAIT = 10
 
 
 async def run_turn(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
@@ -160,7 +162,7 @@ class SmithWorker(Worker):
 def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> SmithWorker:
     """A :class:`SmithWorker` serving ``queue`` for ``app``. ``overrides`` go to ``Worker(...)``."""
     settings = settings or app.settings
-    redis = connect_redis(settings.redis_url)
+    redis = settings.connect_redis()
     runtime = WorkerRuntime(app=app, queue=queue, settings=settings, redis=redis)
 
     async def on_startup(ctx: dict[str, Any]) -> None:
@@ -177,10 +179,11 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         max_jobs, poll_delay, completion_wait = settings.turn_max_jobs, settings.turn_poll_delay, 0
     else:
         functions = [func(run_tool, name=RUN_TOOL, timeout=settings.tool_job_timeout, max_tries=1, keep_result=60)]
-        max_jobs, poll_delay, completion_wait = settings.tool_max_jobs, settings.tool_poll_delay, 10
+        max_jobs, poll_delay = settings.tool_max_jobs, settings.tool_poll_delay
+        completion_wait = TOOL_JOB_COMPLETION_WAIT
     options: dict[str, Any] = dict(
         functions=functions,
-        queue_name=runtime.keys.turns_queue if queue == "turns" else runtime.keys.tools_queue,
+        queue_name=runtime.queue_name,
         redis_pool=redis,
         on_startup=on_startup,
         on_shutdown=on_shutdown,

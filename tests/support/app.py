@@ -65,6 +65,7 @@ def finish(answer: str) -> dict:
 
 app.agent("default", system_prompt="You are a test agent.", tools=[add, sleepy, boom, whoami, finish])
 app.agent("plain", system_prompt="No tools here.")
+app.agent("unstreamed", tools=[add], config=AgentConfig(stream_default=False))
 app.agent("limited", tools=[add], config=AgentConfig(max_iterations=2))
 
 
