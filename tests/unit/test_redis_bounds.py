@@ -7,6 +7,7 @@ from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from smith_client import SmithClient
+from smith_client.sync_client import SyncSmithClient
 from smith_client.connection import (
     DEFAULT_SOCKET_TIMEOUT,
     HEALTH_CHECK_INTERVAL,
@@ -43,6 +44,8 @@ def test_every_connection_is_bounded(monkeypatch):
     assert kwargs["health_check_interval"] == HEALTH_CHECK_INTERVAL
     client = SmithClient.from_url("redis://127.0.0.1:1/0", socket_timeout=1.5)  # the argument wins
     assert client.redis.connection_pool.connection_kwargs["socket_timeout"] == 1.5
+    sync_kwargs = SyncSmithClient.from_url("redis://127.0.0.1:1/0").redis.connection_pool.connection_kwargs
+    assert (sync_kwargs["socket_timeout"], sync_kwargs["health_check_interval"]) == (7.0, HEALTH_CHECK_INTERVAL)
 
 
 def test_backoff_grows_with_jitter_up_to_the_cap():
