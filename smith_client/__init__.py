@@ -9,6 +9,8 @@ from smith_client.client import SmithClient, TurnHandle
 from smith_client.errors import (
     ConfigurationError,
     ConflictError,
+    ContextOverflowError,
+    ConversationBusyError,
     InternalError,
     InvalidRequestError,
     LlmApiError,
@@ -40,6 +42,8 @@ __all__ = [
     "AssistantMessage",
     "ConfigurationError",
     "ConflictError",
+    "ContextOverflowError",
+    "ConversationBusyError",
     "Event",
     "InternalError",
     "InvalidRequestError",

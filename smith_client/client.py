@@ -93,6 +93,16 @@ class ClientAPI:
         """
         return self.runner.iterate(ops.follow(self.keys, turn_id, after_seq, timeout))
 
+    def clear(self, conversation_id: str) -> Any:
+        """Remove a conversation's messages, memory state (its summary) and active skills, in one atomic step.
+
+        Raises :class:`ConversationBusyError` (``active_turn_id`` set) and
+        changes nothing while the conversation has an unfinished (queued or
+        running) turn; :class:`InvalidRequestError` for a bad id. Finished
+        turns keep their own state (results, events) until it expires.
+        """
+        return self.runner.run(ops.clear(self.keys, conversation_id))
+
     def history(self, conversation_id: str) -> Any:
         """All messages of a conversation, oldest first (stored form, ``is_error`` included)."""
         return self.runner.run(ops.history(self.keys, conversation_id))

@@ -20,6 +20,8 @@ Event types and their ``data``:
                         or notification (``kind`` ``notification``, ``fields`` ``{method, params}``)
 ``turn.cancelled``      ``{reason}``: cancelled by a caller (``cancel``) or by a newer turn (``interrupt``)
 ``turn.resumed``        ``{attempt}``: a re-run after a worker crash or shutdown took the turn over
+``memory.summary_failed`` ``{error: {kind, message, fields}}``: ``SummaryMemory``'s summary call failed;
+                        that step used its rolling window instead
 ======================  ==========================================================
 """
 
@@ -46,6 +48,7 @@ TURN_FAILED = "turn.failed"
 MCP_EVENT = "mcp.event"
 TURN_CANCELLED = "turn.cancelled"
 TURN_RESUMED = "turn.resumed"
+MEMORY_SUMMARY_FAILED = "memory.summary_failed"
 
 #: Types after which a turn publishes nothing more.
 TERMINAL_TYPES = frozenset({TURN_COMPLETED, TURN_FAILED, TURN_CANCELLED})

@@ -16,6 +16,8 @@ key                               what                                    lifeti
 ``{p}:turn:{t}:state``            turn status and result (hash)            ``turn_ttl``
 ``{p}:tree:{r}:iterations``       model calls of a root turn's agent tree  ``turn_ttl`` after the last step
 ``{p}:conv:{c}:history``          conversation messages (list)             ``history_ttl`` after the last write
+``{p}:conv:{c}:trimmed``          messages trimmed from the history's head ``history_ttl`` after the last write
+``{p}:conv:{c}:summary``          SummaryMemory's summary + coverage      ``history_ttl`` after the last read or write
 ``{p}:toolres:{t}:{step}:{i}``    a tool call's result                     ``turn_ttl``
 ``{p}:workers``                   live workers (ZSET id → expiry ms)       pruned by workers; 1 day TTL
 ``{p}:worker:{w}``                one worker's registration                heartbeat TTL
@@ -106,6 +108,20 @@ class Keys:
         Part of the conversation's state: a conversation clear deletes it with the history.
         """
         return f"{self.prefix}:conv:{conversation_id}:skills"
+
+    def history_trimmed(self, conversation_id: str) -> str:
+        """Counter of messages trimmed from the head of the history: list index + this = absolute position."""
+        return f"{self.prefix}:conv:{conversation_id}:trimmed"
+
+    def conversation_summary(self, conversation_id: str) -> str:
+        """Hash of ``SummaryMemory``'s state: ``text`` and ``covers`` (absolute position it summarises up to)."""
+        return f"{self.prefix}:conv:{conversation_id}:summary"
+
+    def conversation_state(self, conversation_id: str) -> list[str]:
+        """Every key of a conversation's own state: messages, memory state, active skills (what
+        ``SmithClient.clear`` deletes)."""
+        return [self.history(conversation_id), self.history_trimmed(conversation_id),
+                self.conversation_summary(conversation_id), self.conversation_skills(conversation_id)]
 
     def tool_result(self, turn_id: str, step: int, index: int) -> str:
         """A tool call's outcome (:class:`~smith_client.jobs.ToolOutcome` JSON); first writer wins."""

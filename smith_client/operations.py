@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from smith_client.errors import EventsTrimmedError, SmithTimeoutError, TurnNotFoundError
+from smith_client.errors import ConversationBusyError, EventsTrimmedError, SmithTimeoutError, TurnNotFoundError
 from smith_client.eventlog import last_seq, read_events
 from smith_client.events import Event, event_from_json
 from smith_client.jobs import TurnJob
@@ -82,6 +82,34 @@ def result(keys: Keys, turn_id: str, timeout: Any = None) -> Operation[Assistant
     if done is not None:
         return done
     return outcome_from_event((yield from _terminal_event(follow(keys, turn_id, 0, timeout), "result")))
+
+
+# KEYS: the conversation's unfinished-turn list, then its message and memory keys. ARGV: prefix.
+# Returns the id of an unfinished turn (nothing deleted), or '' after deleting every key.
+_CLEAR_LUA = """
+for _, id in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  local st = redis.call('HGET', ARGV[1] .. ':turn:' .. id .. ':state', 'status')
+  if st and st ~= 'completed' and st ~= 'failed' and st ~= 'cancelled' then return id end
+end
+redis.call('DEL', unpack(KEYS))
+return ''
+"""
+
+
+def clear(keys: Keys, conversation_id: Any) -> Operation[None]:
+    """Operation of ``clear``: delete a conversation's own keys unless it has an unfinished turn.
+
+    Raises :class:`ConversationBusyError` (nothing deleted) or :class:`InvalidRequestError`.
+    """
+    check_id(conversation_id, "conversation_id")
+    state = keys.conversation_state(conversation_id)
+    busy = yield Call("eval", (_CLEAR_LUA, 1 + len(state), keys.conversation_turns(conversation_id), *state,
+                               keys.prefix))
+    if busy:
+        raise ConversationBusyError(
+            f"conversation {conversation_id} has an unfinished turn ({busy.decode()}); cancel it or wait",
+            conversation_id=conversation_id, active_turn_id=busy.decode(),
+        )  # fmt: skip
 
 
 def history(keys: Keys, conversation_id: Any) -> Operation[list[Any]]:

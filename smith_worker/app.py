@@ -24,6 +24,7 @@ from smith_client.keys import ID_PATTERN
 from smith_worker.config import AgentConfig, Settings
 from smith_worker.hooks import Hooks
 from smith_worker.llm.types import LlmClientConfig
+from smith_worker.memory import FullMemory, Memory
 from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
 from smith_worker.sources import ToolSource
 from smith_worker.tools import DEFAULT_TOOL_TIMEOUT, Isolation, Tool, ToolRegistry, make_tool
@@ -42,7 +43,8 @@ class AgentSpec:
     ``tool_choice_after_tools`` ("auto" by default) after a tool round, as the
     OpenAI Agents SDK does to avoid loops. ``skills`` are the declared names of
     skills active in every conversation this agent runs, before the
-    conversation's own (issue 14).
+    conversation's own (issue 14). ``memory`` computes what of the
+    conversation the model sees at each step (:mod:`smith_worker.memory`).
     """
 
     name: str
@@ -56,6 +58,7 @@ class AgentSpec:
     hooks: Hooks = field(default_factory=Hooks)
     sources: list[str] = field(default_factory=list)
     skills: list[str] = field(default_factory=list)
+    memory: Memory = field(default_factory=FullMemory)
 
     def tool_choice_for(self, tool_rounds: int) -> ToolChoice | None:
         """The ``tool_choice`` to send after ``tool_rounds`` completed tool rounds.
@@ -141,17 +144,23 @@ class SmithApp:
         hooks: Hooks | None = None,
         sources: list[str] | None = None,
         skills: list[str] | None = None,
+        memory: Memory | None = None,
     ) -> AgentSpec:
         """Declare an agent. ``tools`` are tool names or registered functions; ``sources``
         names tool sources added with :meth:`add_source` (e.g. MCP server aliases);
-        ``skills`` names registered skills active by default, in this order.
+        ``skills`` names registered skills active by default, in this order;
+        ``memory`` is a :class:`~smith_worker.memory.Memory` (default :class:`FullMemory`).
 
         Raises :class:`ConfigurationError` for a bad name, a duplicate agent, an
-        unregistered tool, an unknown source or an unregistered skill.
+        unregistered tool, an unknown source, an unregistered skill or a ``memory``
+        that is not a Memory.
         """
         for skill in skills or []:
             if skill not in self.skills:
                 raise ConfigurationError(f"agent skill {skill!r} is not a registered skill", setting="skills")
+        if memory is not None and not isinstance(memory, Memory):
+            raise ConfigurationError(f"agent memory must be a Memory (e.g. RollingWindowMemory), got {memory!r}",
+                                     setting="memory")
         for source in sources or []:
             if source not in self.sources:
                 raise ConfigurationError(f"agent source {source!r} is not a registered source", setting="sources")
@@ -170,6 +179,7 @@ class SmithApp:
             tool_choice_after_tools=tool_choice_after_tools,
             hooks=hooks or Hooks(),
             sources=list(sources or []),
+            memory=memory if memory is not None else FullMemory(),
             skills=list(skills or []),
         )
         self.agents[name] = spec

@@ -16,6 +16,7 @@ from arq.connections import ArqRedis
 
 from smith_client.connection import connect_redis
 from smith_client.errors import ConfigurationError
+from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES
 from smith_worker.llm.types import LlmClientConfig
 from smith_worker.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
 from smith_worker.tools import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
@@ -66,6 +67,9 @@ class Settings:
     ``SMITH_HEARTBEAT_FILE``     liveness file touched every 5 s        ``<tmp>/smith-<queue>-<pid>.heartbeat``
     ===========================  =====================================  ==================
 
+    ``SMITH_HISTORY_MAX_MESSAGES`` (default 10000): messages a conversation's
+    stored history keeps; the oldest are trimmed, whole tool-call groups at a time.
+
     ``SMITH_REDIS_URL`` may be ``rediss://`` (TLS) and carry an ACL user and
     password; see :mod:`smith_client.connection`.
     ``SMITH_REDIS_SOCKET_TIMEOUT`` (seconds, default 5) bounds every Redis
@@ -95,6 +99,7 @@ class Settings:
     redis_sentinel_master: str | None = None
     metrics_port: int | None = None
     heartbeat_file: str | None = None
+    history_max_messages: int = DEFAULT_HISTORY_MAX_MESSAGES
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -121,6 +126,7 @@ class Settings:
             redis_sentinel_master=env.get("SMITH_REDIS_SENTINEL_MASTER") or None,
             metrics_port=_env_int("SMITH_METRICS_PORT", 0) or None,
             heartbeat_file=env.get("SMITH_HEARTBEAT_FILE") or None,
+            history_max_messages=_env_int("SMITH_HISTORY_MAX_MESSAGES", cls.history_max_messages),
         )
 
     def connect_redis(self) -> ArqRedis:

@@ -1,11 +1,12 @@
 """The agent loop of one turn (seed §15.2): model steps and tool rounds.
 
 Per step: stop checks (iterations, tree iterations, tokens, deadline) →
-memory snapshot with the system prompt → LLM call (streamed by default;
+the system prompt and the agent's memory view (:mod:`smith_worker.memory`) → LLM call (streamed by default;
 tokens and tool-call events published as they arrive) → append the assistant
 message → if there are no tool calls, finish → else run every call as a tool
 job, concurrently, and append the tool messages in the order of
-``tool_calls`` (seed §10.4). A re-run resumes after the last completed step.
+``tool_calls`` (seed §10.4), with a ``_done`` result's final message in the
+same append. A re-run resumes after the last completed step.
 
 The turn's lifecycle around it (attempts, cancellation, terminal events) is
 :mod:`smith_worker.turn`.
@@ -34,10 +35,11 @@ from smith_client.events import (
     TOOL_RESULT,
 )
 from smith_client.jobs import ToolJob, ToolOutcome, TurnJob
-from smith_client.messages import AssistantMessage, ToolCall, ToolMessage, message_from_json
+from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, message_from_json
 from smith_worker.app import AgentSpec
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
+from smith_worker.memory import MemoryContext
 from smith_worker.turn_state import StaleAttemptError, TurnAttempt
 from smith_worker.llm import LlmClient
 from smith_worker.llm.types import (
@@ -97,15 +99,16 @@ class AgentLoop:
         self.skills = ConversationSkills(rt.app.skills, rt.app.sources, rt.keys, job.conversation_id)
 
     async def run(self, spec: AgentSpec, start: int) -> AssistantMessage:
-        """Run model steps from history index ``start`` (the turn's user message) until a final answer."""
+        """Run model steps from history position ``start`` (the turn's user message) until a final answer."""
         return await self._loop(spec, start)
 
     async def _loop(self, spec: AgentSpec, start: int) -> AssistantMessage:
         """Run model steps until a final answer; a re-run resumes after the last completed step."""
         cfg = spec.config
         llm = LlmClient(self.rt.settings.llm_config(spec.llm), self.rt.http)
+        memory = self._memory_context(llm, start)
         deadline = None if cfg.deadline is None else time.monotonic() + cfg.deadline
-        done = (await self.store.messages())[start + 1:]
+        done = (await self.store.read(start + 1)).messages
         replies = [m for m in done if isinstance(m, AssistantMessage)]
         pending = done[-1] if done and isinstance(done[-1], AssistantMessage) else None
         iterations = len(replies)
@@ -116,7 +119,8 @@ class AgentLoop:
                 tree_iterations = await self._begin_step(spec)
                 iterations += 1
                 self._check_limits(spec, iterations, tree_iterations, total_tokens, deadline)
-                pending = (await self.rt.metrics.count_llm_request(self._call_model(spec, llm, tool_rounds))).message
+                pending = (await self.rt.metrics.count_llm_request(
+                    self._call_model(spec, llm, memory, tool_rounds))).message
                 total_tokens += pending.usage.total if pending.usage else 0
                 await self.append(spec, pending)
             message, pending = pending, None
@@ -124,11 +128,19 @@ class AgentLoop:
                 if await self._drain_inbox(spec, closing=True):
                     continue  # a merged user message arrived: answer it in this turn
                 return message
-            outcomes = await self._run_tools(spec, iterations, message.tool_calls)
-            final = done_message(outcomes)
-            if final is not None:
-                return final
+            pending = await self._run_tools(spec, iterations, message.tool_calls)  # a `_done` final message
             tool_rounds += 1
+
+    def _memory_context(self, llm: LlmClient, start: int) -> MemoryContext:
+        """What the agent's memory may use at each step (seed §13.1): the history, a summary call, events."""
+
+        async def summarize(messages: list[Any]) -> str:  # a model call like any other: counted in the metrics
+            response = await self.rt.metrics.count_llm_request(llm.complete(LlmRequest(messages=messages)))
+            return response.message.content
+
+        return MemoryContext(store=self.store, turn_start=start, summarize=summarize, publish=self.publish,
+                             redis=self.rt.redis, keys=self.rt.keys, conversation_id=self.job.conversation_id,
+                             history_ttl=self.attempt.history_ttl)
 
     async def _drain_inbox(self, spec: AgentSpec, closing: bool) -> bool:
         """Append user messages merged into this turn (``multitask="merge"``); True if there were any."""
@@ -189,10 +201,12 @@ class AgentLoop:
         if deadline is not None and time.monotonic() > deadline:
             raise TurnCancelledError(f"turn exceeded its deadline of {cfg.deadline:g} s", "deadline")
 
-    async def _call_model(self, spec: AgentSpec, llm: LlmClient, tool_rounds: int) -> LlmResponse:
+    async def _call_model(self, spec: AgentSpec, llm: LlmClient, memory: MemoryContext,
+                          tool_rounds: int) -> LlmResponse:
         tools = await self._tool_schemas(spec)
+        prompt = self.skills.system_prompt(spec.system_prompt)
         request = LlmRequest(
-            messages=await self.store.snapshot(self.skills.system_prompt(spec.system_prompt)),
+            messages=([SystemMessage(content=prompt)] if prompt else []) + await spec.memory.view(memory),
             tools=tools,
             sampling=self._sampling(),
             tool_choice=spec.tool_choice_for(tool_rounds) if tools else None,
@@ -258,7 +272,10 @@ class AgentLoop:
         await self.publish(MESSAGE, {"message": message.model_dump(mode="json")})
         await fire("on_message", message, self.rt.app.hooks, spec.hooks)
 
-    async def _run_tools(self, spec: AgentSpec, step: int, calls: list[ToolCall]) -> list[ToolOutcome]:
+    async def _run_tools(self, spec: AgentSpec, step: int, calls: list[ToolCall]) -> AssistantMessage | None:
+        """Run a step's calls; append their tool messages and, after a ``_done`` result, its final message
+        in the same append, so a crash cannot fall between them (issue 13 design rule 4). Returns that
+        final message, or None."""
         await self.skills.ensure(spec, self.rt.redis)  # a re-run may resume here, before any model call
         for call in calls:
             await fire("on_tool_call", call, self.rt.app.hooks, spec.hooks)
@@ -267,10 +284,11 @@ class AgentLoop:
             ToolMessage(tool_call_id=call.id, name=call.name, content=outcome.content, is_error=outcome.is_error)
             for call, outcome in zip(calls, outcomes)
         ]
-        await self.append(spec, *messages)
+        final = done_message(list(outcomes))
+        await self.append(spec, *messages, *([final] if final is not None else []))
         for message in messages:
             await fire("on_tool_result", message, self.rt.app.hooks, spec.hooks)
-        return list(outcomes)
+        return final
 
     async def _run_tool(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolOutcome:
         job = self._tool_job(spec, step, index, call)

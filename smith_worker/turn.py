@@ -38,6 +38,7 @@ from smith_worker.app import AgentSpec
 from smith_worker.dispatch import abort_job
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
+from smith_worker.memory.pairing import pending_repair
 from smith_worker.turn_state import FINISH_LUA, StaleAttemptError, TurnAttempt, park, wake_head
 from smith_worker.loop import AgentLoop, CancelRequested
 from smith_worker.redaction import redact_error
@@ -54,7 +55,8 @@ class TurnRunner:
         self.rt = rt
         self.job = job
         self.store = ConversationStore(rt.redis, rt.keys, job.conversation_id)
-        self.attempt = TurnAttempt(rt.redis, rt.keys, job.turn_id, job.conversation_id, rt.worker_id)
+        self.attempt = TurnAttempt(rt.redis, rt.keys, job.turn_id, job.conversation_id, rt.worker_id,
+                                   history_max=rt.settings.history_max_messages)
         self.agent_path = [job.agent]
         self.loop = AgentLoop(rt, job, self.attempt, self.store, self.publish)
         self._task: asyncio.Task[Any] | None = None
@@ -127,9 +129,12 @@ class TurnRunner:
             await self.publish(TURN_RESUMED, {"attempt": self.attempt.attempt})
         else:
             await self.publish(TURN_STARTED, {"conversation_id": self.job.conversation_id, "agent": self.job.agent})
-        start = await self.attempt.append_user(self.job.message)
-        if "history_start" not in state:  # appended now, not by an earlier attempt
-            await self.loop.announce(spec, self.job.message)
+        first = "history_start" not in state  # the user message is not in yet (an earlier attempt may have added it)
+        repair = await pending_repair(self.store) if first else None
+        start = await self.attempt.append_user(self.job.message, repair)
+        if first:
+            for message in [*(repair.messages if repair else []), self.job.message]:
+                await self.loop.announce(spec, message)
         final = await self.loop.run(spec, start)
         await self._finish("completed", "result", final.model_dump_json(), TURN_COMPLETED,
                            {"message": final.model_dump(mode="json")})
@@ -242,7 +247,7 @@ class TurnRunner:
     async def _turn_messages(self) -> list[Any]:
         """This turn's messages: the history from its user message on."""
         start = (await self.attempt.state()).get("history_start")
-        return (await self.store.messages())[int(start):] if start is not None else []
+        return (await self.store.read(int(start))).messages if start is not None else []
 
 
 

@@ -13,8 +13,9 @@ new arq job id, so recovery does not wait for arq's in-progress key (job
 timeout + 10 s, arq-notes.md §1.6).
 
 The history is the checkpoint: the user message is appended once per turn
-id (its index kept as ``history_start``), assistant and tool messages are
-appended whole, so a re-run reads where the turn stopped.
+id (its absolute position kept as ``history_start``, :mod:`smith_worker.history`),
+assistant and tool messages are appended whole, so a re-run reads where the
+turn stopped. Every append trims the history to ``history_max`` messages.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from smith_client.errors import ParseError
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import DEFAULT_HISTORY_TTL, Keys
 from smith_client.messages import message_to_json
+from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES, TRIM_LUA, Repair
 
 logger = logging.getLogger("agent_smith.worker")
 
@@ -115,31 +117,46 @@ redis.call('DEL', KEYS[4])
 return 1
 """
 
-_APPEND_USER = """
+# KEYS: state, history, trimmed. ARGV: attempt, message, ttl, max messages, then optionally the
+# repair of dangling tool calls: the history end it was computed for, the position to insert at,
+# the tool messages. The repair is skipped when the history changed since it was computed.
+_APPEND_USER = TRIM_LUA + """
 if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return -1 end
 local start = redis.call('HGET', KEYS[1], 'history_start')
 if start then return tonumber(start) end
-local n = redis.call('RPUSH', KEYS[2], ARGV[2])
+local base = tonumber(redis.call('GET', KEYS[3]) or '0')
+if #ARGV > 6 and base + redis.call('LLEN', KEYS[2]) == tonumber(ARGV[5]) and tonumber(ARGV[6]) > base then
+  local at = tonumber(ARGV[6]) - base
+  local after = redis.call('LRANGE', KEYS[2], at, -1)
+  redis.call('LTRIM', KEYS[2], 0, at - 1)
+  redis.call('RPUSH', KEYS[2], unpack(ARGV, 7))
+  if #after > 0 then redis.call('RPUSH', KEYS[2], unpack(after)) end
+end
+local position = base + redis.call('RPUSH', KEYS[2], ARGV[2]) - 1
 redis.call('EXPIRE', KEYS[2], ARGV[3])
-redis.call('HSET', KEYS[1], 'history_start', n - 1)
-return n - 1
+trim(KEYS[2], KEYS[3], ARGV[4], ARGV[3])
+redis.call('HSET', KEYS[1], 'history_start', position)
+return position
 """
 
-_APPEND = """
+# KEYS: state, history, trimmed. ARGV: attempt, ttl, max messages, messages.
+_APPEND = TRIM_LUA + """
 if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return -1 end
-local n = redis.call('RPUSH', KEYS[2], unpack(ARGV, 3))
+local n = redis.call('RPUSH', KEYS[2], unpack(ARGV, 4))
 redis.call('EXPIRE', KEYS[2], ARGV[2])
+trim(KEYS[2], KEYS[3], ARGV[3], ARGV[2])
 return n
 """
 
 # Moves merged user messages into the history. With ARGV[3] == '1' and nothing
 # to move, closes the inbox (the turn is finishing), atomically with the check.
-_DRAIN_INBOX = """
+_DRAIN_INBOX = TRIM_LUA + """
 if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return false end
 local msgs = redis.call('LRANGE', KEYS[2], 0, -1)
 if #msgs > 0 then
   redis.call('RPUSH', KEYS[3], unpack(msgs))
   redis.call('EXPIRE', KEYS[3], ARGV[2])
+  trim(KEYS[3], KEYS[4], ARGV[4], ARGV[2])
   redis.call('DEL', KEYS[2])
 elseif ARGV[3] == '1' then
   redis.call('HSET', KEYS[1], 'inbox_closed', '1')
@@ -177,7 +194,8 @@ class TurnAttempt:
     """One attempt at running one turn (see the module docstring).
 
     ``lease`` is seconds. ``on_lost`` is called (once) when renewal finds the
-    lease taken over, so the owner can stop its task.
+    lease taken over, so the owner can stop its task. ``history_max`` is the
+    number of messages the stored history keeps (``SMITH_HISTORY_MAX_MESSAGES``).
     """
 
     def __init__(
@@ -190,6 +208,7 @@ class TurnAttempt:
         *,
         lease: float = DEFAULT_LEASE,
         history_ttl: int = DEFAULT_HISTORY_TTL,
+        history_max: int = DEFAULT_HISTORY_MAX_MESSAGES,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -198,10 +217,12 @@ class TurnAttempt:
         self.worker_id = worker_id
         self.lease_ms = int(lease * 1000)
         self.history_ttl = history_ttl
+        self.history_max = history_max
         self.attempt = 0
         self._renewer: asyncio.Task[None] | None = None
         self._state = keys.turn_state(turn_id)
         self._history = keys.history(conversation_id)
+        self._trimmed = keys.history_trimmed(conversation_id)
 
     async def begin(self) -> str:
         """Take the turn: ``"go"`` (this attempt runs it), ``"wait"`` (an earlier turn of the
@@ -246,11 +267,21 @@ class TurnAttempt:
         raw = await self.redis.hgetall(self._state)
         return {k.decode(): v.decode() for k, v in raw.items()}
 
-    async def append_user(self, message: BaseModel) -> int:
-        """Append the turn's user message once per turn id; return its index in the history."""
+    async def append_user(self, message: BaseModel, repair: Repair | None = None) -> int:
+        """Append the turn's user message once per turn id; return its absolute position in the history.
+
+        ``repair`` (error tool messages for dangling tool calls of an earlier
+        turn) is inserted in the same script, so the history is repaired once
+        (issue 13 design rule 3); it is skipped if the history changed since
+        it was computed.
+        """
+        extra: list[Any] = []
+        if repair is not None:
+            extra = [repair.end, repair.position, *(message_to_json(m) for m in repair.messages)]
         index = await self.redis.eval(
-            _APPEND_USER, 2, self._state, self._history, self.attempt, message_to_json(message), self.history_ttl
-        )
+            _APPEND_USER, 3, self._state, self._history, self._trimmed,
+            self.attempt, message_to_json(message), self.history_ttl, self.history_max, *extra,
+        )  # fmt: skip
         if index < 0:
             raise StaleAttemptError(self.turn_id)
         return int(index)
@@ -260,7 +291,9 @@ class TurnAttempt:
         if not messages:
             return
         blobs = [message_to_json(m) for m in messages]
-        if await self.redis.eval(_APPEND, 2, self._state, self._history, self.attempt, self.history_ttl, *blobs) < 0:
+        reply = await self.redis.eval(_APPEND, 3, self._state, self._history, self._trimmed,
+                                      self.attempt, self.history_ttl, self.history_max, *blobs)
+        if reply < 0:
             raise StaleAttemptError(self.turn_id)
 
     async def drain_inbox(self, closing: bool) -> list[bytes]:
@@ -269,8 +302,8 @@ class TurnAttempt:
 
     def drain_inbox_args(self, closing: bool) -> tuple[Any, ...]:
         """The ``EVAL`` arguments of :meth:`drain_inbox`, to send it in a pipeline with other commands."""
-        return (_DRAIN_INBOX, 3, self._state, self.keys.turn_inbox(self.turn_id), self._history,
-                self.attempt, self.history_ttl, "1" if closing else "0")  # fmt: skip
+        return (_DRAIN_INBOX, 4, self._state, self.keys.turn_inbox(self.turn_id), self._history, self._trimmed,
+                self.attempt, self.history_ttl, "1" if closing else "0", self.history_max)  # fmt: skip
 
     def drained(self, reply: Any) -> list[bytes]:
         """The moved messages from a drain's reply. Raises :class:`StaleAttemptError` when fenced off."""
