@@ -62,7 +62,7 @@ class ClientAPI:
         ``LlmApiError``) when it fails; :class:`TurnCancelledError` when it is
         cancelled; :class:`SmithTimeoutError` on ``timeout``.
         """
-        return self.runner.run(ops.send(self.keys, text, timeout, dict(options)))
+        return self.runner.run(ops.send(self.keys, text, timeout, dict(options)), bound=timeout)
 
     def stream(self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]) -> Any:
         """Run one turn and iterate its :class:`Event` objects, ending with ``turn.completed``, ``turn.failed``
@@ -177,7 +177,7 @@ class TurnHandle:
         Raises the turn's typed error, :class:`TurnCancelledError` for a
         cancelled turn, or :class:`SmithTimeoutError`.
         """
-        return self.client.runner.run(ops.result(self.client.keys, self.turn_id, timeout))
+        return self.client.runner.run(ops.result(self.client.keys, self.turn_id, timeout), bound=timeout)
 
     def cancel(self, reason: str = "cancel") -> Any:
         """Ask for the turn to stop; returns what happened: ``cancelled_queued`` (it never started),
@@ -216,6 +216,7 @@ class SmithClient(ClientAPI):
         prefix: str = "smith",
         sentinels: str | Sequence[str | tuple[str, int]] | None = None,
         sentinel_master: str | None = None,
+        socket_timeout: float | None = None,
         turn_ttl: int | None = None,
         history_ttl: int | None = None,
     ) -> "SmithClient":
@@ -223,8 +224,12 @@ class SmithClient(ClientAPI):
 
         With ``sentinels`` (``"host:port,host:port"``) and ``sentinel_master``
         the client follows the master through Sentinel (see :func:`connect_redis`).
+        ``socket_timeout`` (seconds) bounds every Redis connect and command
+        (default ``SMITH_REDIS_SOCKET_TIMEOUT``, else 5 s): with Redis not
+        answering, a call raises :class:`TransportError` after it instead of blocking.
         """
-        redis = connect_redis(redis_url, sentinels=sentinels, sentinel_master=sentinel_master)
+        redis = connect_redis(redis_url, sentinels=sentinels, sentinel_master=sentinel_master,
+                              socket_timeout=socket_timeout)
         return cls(redis, prefix=prefix, owns_redis=True, turn_ttl=turn_ttl, history_ttl=history_ttl)
 
     async def __aenter__(self) -> "SmithClient":

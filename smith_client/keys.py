@@ -227,6 +227,10 @@ class Keys:
         """Marker: which tool worker started a call (tells a live runner from a dead one on resume)."""
         return f"{self.tool_result(turn_id, step, index)}:started"
 
+    def tool_reruns(self, turn_id: str, step: int, index: int) -> str:
+        """Counter: re-runs of an idempotent call after its tool worker died (bounded, issue 8)."""
+        return f"{self.tool_result(turn_id, step, index)}:reruns"
+
     @property
     def control_channel(self) -> str:
         """Pub/sub channel of control messages to turn workers (a turn id to cancel)."""

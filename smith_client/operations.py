@@ -18,7 +18,7 @@ from typing import Any
 
 from smith_client import scripts
 from smith_client import turn_record as record
-from smith_client.errors import ConversationBusyError, SmithTimeoutError, TurnNotFoundError
+from smith_client.errors import ConversationBusyError, EventsTrimmedError, SmithTimeoutError, TurnNotFoundError
 from smith_client.eventlog import last_seq, read_events
 from smith_client.events import Event, event_from_json
 from smith_client.jobs import TurnJob
@@ -131,7 +131,9 @@ def _ended(keys: Keys, turn_id: str, seen_any: bool) -> Operation[bool]:
     waits for events that cannot come.
     """
     status = yield Call("hget", (keys.turn_state(turn_id), record.STATUS))
-    if status is None and (yield from last_seq(keys, turn_id)) == 0:
+    if status is None and (seen_any or (yield from last_seq(keys, turn_id)) == 0):
+        # A followed turn's state outlives its last event (DESIGN.md §8): without it, its keys were
+        # evicted or deleted, and nothing will ever finish it, even if its log is left (issue 8).
         why = "lost: its keys are gone" if seen_any else "never submitted, or expired"
         raise TurnNotFoundError(f"no turn {turn_id!r} ({why})", turn_id=turn_id)
     return record.is_terminal(status)
@@ -139,13 +141,22 @@ def _ended(keys: Keys, turn_id: str, seen_any: bool) -> Operation[bool]:
 
 def _catch_up(keys: Keys, turn_id: str, last: int, seen_any: bool) -> Operation[tuple[list[Event], bool]]:
     """Events after ``last`` from the log, and whether the turn is over with nothing more to come."""
-    pending = yield from read_events(keys, turn_id, last)
+    pending = yield from _read_log(keys, turn_id, last)
     if pending or not (yield from _ended(keys, turn_id, seen_any)):
         return pending, False
     # The terminal event and the terminal status are written together, but the
     # status may have been read after the log: read the log again.
-    pending = yield from read_events(keys, turn_id, last)
+    pending = yield from _read_log(keys, turn_id, last)
     return pending, not pending
+
+
+def _read_log(keys: Keys, turn_id: str, last: int) -> Operation[list[Event]]:
+    """:func:`read_events`; a log lost with the turn's state raises :class:`TurnNotFoundError`."""
+    try:
+        return (yield from read_events(keys, turn_id, last))
+    except EventsTrimmedError:
+        yield from _ended(keys, turn_id, seen_any=True)  # raises TurnNotFoundError when the state is gone too
+        raise
 
 
 def follow_subscribed(
@@ -175,4 +186,4 @@ def follow_subscribed(
             pending, over = yield from _catch_up(keys, turn_id, last, seen_any=True)
             continue
         event = event_from_json(message["data"])
-        pending = [event] if event.seq <= last + 1 else (yield from read_events(keys, turn_id, last))
+        pending = [event] if event.seq <= last + 1 else (yield from _read_log(keys, turn_id, last))

@@ -7,6 +7,7 @@ Redis failures come out as :class:`~smith_client.errors.TransportError`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -17,6 +18,7 @@ from arq.connections import ArqRedis
 from arq.constants import expires_extra_ms
 from arq.jobs import serialize_job
 
+from smith_client.errors import SmithTimeoutError
 from smith_client.events import Event
 from smith_client import scripts
 from smith_client.keys import Keys, now_ms
@@ -78,8 +80,25 @@ class AsyncRunner:
     def __init__(self, client: ArqRedis) -> None:
         self.redis = client
 
-    async def run(self, op: Operation[T]) -> T:
-        """Run an operation that yields no events; return its result."""
+    async def run(self, op: Operation[T], bound: Any = None) -> T:
+        """Run an operation that yields no events; return its result.
+
+        ``bound`` (seconds, the caller's ``timeout``) limits the whole run, Redis
+        commands included: with Redis frozen a command would otherwise hold the
+        caller for the socket timeout past it (:class:`SmithTimeoutError`, issue 8).
+        A ``bound`` that is not a positive number is left to the operation to refuse.
+        """
+        limit = bound if isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound > 0 else None
+        deadline = asyncio.timeout(limit)
+        try:
+            async with deadline:
+                return await self._run(op)
+        except TimeoutError as exc:
+            if not deadline.expired():
+                raise
+            raise SmithTimeoutError(f"did not finish in {limit:g} s", operation="send", budget=limit) from exc
+
+    async def _run(self, op: Operation[T]) -> T:
         async with contextlib.aclosing(self._drive(op, _Session())) as items:
             async for item in items:
                 if isinstance(item, _Done):
@@ -127,8 +146,11 @@ class SyncRunner:
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
 
-    def run(self, op: Operation[T]) -> T:
-        """Run an operation that yields no events; return its result."""
+    def run(self, op: Operation[T], bound: Any = None) -> T:
+        """Run an operation that yields no events; return its result.
+
+        ``bound`` is unused: each blocking command is bounded by the socket timeout.
+        """
         return next(item.value for item in self._drive(op) if isinstance(item, _Done))
 
     def iterate(self, op: Operation[Any]) -> Iterator[Event]:

@@ -43,11 +43,13 @@ class SyncSmithClient(ClientAPI):
         prefix: str = "smith",
         sentinels: str | Sequence[str | tuple[str, int]] | None = None,
         sentinel_master: str | None = None,
+        socket_timeout: float | None = None,
         turn_ttl: int | None = None,
         history_ttl: int | None = None,
     ) -> "SyncSmithClient":
         """Connect lazily to ``redis_url``; options as :meth:`SmithClient.from_url`."""
-        redis = connect_sync_redis(redis_url, sentinels=sentinels, sentinel_master=sentinel_master)
+        redis = connect_sync_redis(redis_url, sentinels=sentinels, sentinel_master=sentinel_master,
+                                   socket_timeout=socket_timeout)
         return cls(redis, prefix=prefix, owns_redis=True, turn_ttl=turn_ttl, history_ttl=history_ttl)
 
     def __enter__(self) -> "SyncSmithClient":

@@ -56,6 +56,7 @@ class Settings:
     ``SMITH_TOOL_MAX_JOBS``      concurrent tool calls per tool worker  20
     ``SMITH_TURN_JOB_TIMEOUT``   hard cap on one turn job, seconds      600
     ``SMITH_TOOL_JOB_TIMEOUT``   hard cap on one tool job, seconds      300
+    ``SMITH_TURN_MAX_ATTEMPTS``  runs of one turn (crashes, timeouts)   3
     ``SMITH_TURN_POLL_DELAY``    turn queue poll interval, seconds      0.02
     ``SMITH_TOOL_POLL_DELAY``    tool queue poll interval, seconds      0.01
     ``SMITH_TOOL_MAX_OVERRUNS``  overrunning sync-tool threads that     10
@@ -77,6 +78,11 @@ class Settings:
 
     ``SMITH_REDIS_URL`` may be ``rediss://`` (TLS) and carry an ACL user and
     password; see :mod:`smith_client.connection`.
+    ``SMITH_REDIS_SOCKET_TIMEOUT`` (seconds, default 5) bounds every Redis
+    connect and command of clients and workers alike, so it is read where
+    connections are built (:func:`smith_client.connection.connect_redis`).
+    ``SMITH_TURN_MAX_ATTEMPTS`` counts runs ended by a crash, a lost lease or
+    a Redis failure; hand-offs at a graceful shutdown are not counted (issue 8).
     """
 
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -90,6 +96,7 @@ class Settings:
     tool_max_jobs: int = 20
     turn_job_timeout: float = 600.0
     tool_job_timeout: float = 300.0
+    turn_max_attempts: int = 3
     turn_poll_delay: float = 0.02
     tool_poll_delay: float = 0.01
     tool_max_overruns: int = DEFAULT_OVERRUN_LIMIT
@@ -119,6 +126,7 @@ class Settings:
             tool_max_jobs=_env_int("SMITH_TOOL_MAX_JOBS", cls.tool_max_jobs),
             turn_job_timeout=_env_float("SMITH_TURN_JOB_TIMEOUT", cls.turn_job_timeout),
             tool_job_timeout=_env_float("SMITH_TOOL_JOB_TIMEOUT", cls.tool_job_timeout),
+            turn_max_attempts=_env_int("SMITH_TURN_MAX_ATTEMPTS", cls.turn_max_attempts),
             turn_poll_delay=_env_float("SMITH_TURN_POLL_DELAY", cls.turn_poll_delay),
             tool_poll_delay=_env_float("SMITH_TOOL_POLL_DELAY", cls.tool_poll_delay),
             tool_max_overruns=_env_int("SMITH_TOOL_MAX_OVERRUNS", cls.tool_max_overruns),

@@ -21,6 +21,7 @@ from typing import Literal, Protocol
 
 import httpx
 from arq.connections import ArqRedis
+from redis.exceptions import ResponseError
 
 from smith_client import scripts
 from smith_client.eventlog import EventLog
@@ -33,6 +34,7 @@ from smith_worker.health import heartbeat_forever, heartbeat_path, remove_heartb
 from smith_worker.metrics import WorkerMetrics
 from smith_worker.isolation import ToolExecutors
 from smith_worker.redaction import SENSITIVE_HEADERS, install_log_redaction, register_secrets, url_credentials
+from smith_worker.redis_health import RedisHealth
 from smith_worker.sources import SourceContext
 from smith_worker.sweeper import sweep_forever
 from smith_worker.tasks import cancel_and_wait
@@ -82,6 +84,8 @@ class WorkerRuntime:
     worker_id: str = ""
     #: A turn worker's services (None on tool workers and before :meth:`start`).
     turn_services: TurnServices | None = None
+    #: Readiness: whether Redis answers this process now (issue 8).
+    health: RedisHealth = field(default_factory=RedisHealth)
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
     #: Thread and process pools of a tool worker's sync tools (None on turn workers).
     executors: ToolExecutors | None = None
@@ -148,29 +152,35 @@ class WorkerRuntime:
             self.stop_taking_jobs()
 
     async def start(self) -> None:
-        """Open the HTTP client and reply channel (turn workers) or the tool pools (tool workers); register."""
+        """Open the HTTP client and reply channel (turn workers) or the tool pools (tool workers); register.
+
+        Waits (backing off) while Redis does not answer, instead of failing.
+        """
         # first: liveness and /metrics are process-local and must work while start-up waits on Redis
         self._background.append(asyncio.create_task(heartbeat_forever(heartbeat_path(self.settings, self.queue))))
         if self.settings.metrics_port:
             self.metrics.serve(self.settings.metrics_port, self.redis, self.queue_name, self._running_count)
         self.protect_secrets()
-        await scripts.load_all(self.redis)  # before any pipeline sends EVALSHA (see smith_client.scripts)
         if self.queue == "tools":
             self.executors = ToolExecutors(self.settings.tool_max_jobs, self.settings.tool_max_overruns,
                                            self.request_restart, self.settings.tool_processes)
             if any(self.app.tools.find(name).isolation == "process" for name in self.app.tools.names()):
                 self.executors.start_processes()
+        await self.health.until_ok("start-up", self._warn_on_eviction)
+        # before any pipeline sends EVALSHA (see smith_client.scripts)
+        await self.health.until_ok("loading the scripts", lambda: scripts.load_all(self.redis))
         for source in self.app.all_sources():  # after the pools: the Python tools run on them
             await source.start(self.source_context())
         if self.queue == "turns":
             replies = ReplyListener(
-                self.redis, self.keys.worker_replies_channel(self.worker_id), self.keys.control_channel, self.on_control
-            )
+                self.redis, self.keys.worker_replies_channel(self.worker_id), self.keys.control_channel,
+                self.on_control, health=self.health,
+            )  # fmt: skip
             await replies.start()
             self.turn_services = TurnServices(httpx.AsyncClient(timeout=None), replies,
                                               ToolJobWaiter(self.redis, self.keys, replies))
             self._background.append(asyncio.create_task(sweep_forever(self.redis, self.keys)))
-        await self._register()
+        await self.health.until_ok("registration", self._register)
         self._background.append(asyncio.create_task(self._heartbeat_loop()))
         logger.info("worker %s started on queue %s", self.worker_id, self.queue)
 
@@ -193,6 +203,19 @@ class WorkerRuntime:
             self.executors.close()
         logger.info("worker %s stopped", self.worker_id)
 
+    async def _warn_on_eviction(self) -> None:
+        """Warn unless Redis's ``maxmemory-policy`` is ``noeviction``: evicting a turn's keys loses the turn."""
+        try:
+            reply = await self.redis.config_get("maxmemory-policy")
+        except ResponseError:  # CONFIG is disabled on some managed Redis services
+            logger.info("could not read Redis maxmemory-policy (CONFIG GET refused); make sure it is noeviction")
+            return
+        policy = next(iter(reply.values()), b"noeviction")
+        policy = policy.decode() if isinstance(policy, bytes) else policy
+        if policy != "noeviction":
+            logger.warning("Redis maxmemory-policy is %r, not 'noeviction': under memory pressure Redis may evict "
+                           "turn state and queued jobs (such turns fail with TurnNotFoundError)", policy)
+
     async def _register(self) -> None:
         info = {
             "id": self.worker_id,
@@ -212,5 +235,7 @@ class WorkerRuntime:
             await asyncio.sleep(DEFAULT_REGISTRATION_TTL / 3)
             try:
                 await self._register()
-            except Exception:  # Redis blip: the next beat retries; the TTL leaves slack for two misses
-                logger.warning("worker %s heartbeat failed", self.worker_id, exc_info=True)
+            except Exception as exc:  # Redis blip: the next beat retries (it re-registers after a Redis restart)
+                self.health.failed("the worker heartbeat", exc)
+            else:
+                self.health.ok()

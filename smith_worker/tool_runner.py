@@ -92,6 +92,15 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
         return {"is_error": False, "stored": False}  # never run a call twice
     outcome = stored_outcome(await _invoke(rt, job), job.result_max_bytes, rt.worker_id)
     rt.metrics.record_tool_call(job.call.name, outcome.is_error, time.monotonic() - started)
+    # A call that ran is not lost to a Redis outage: its outcome is stored once Redis answers
+    # again (bounded by the job's timeout), where the resumed turn finds it (issue 8).
+    stored = await rt.health.until_ok("storing a tool result", lambda: _store(rt, job, outcome))
+    logger.debug("tool %s ran in %.3f s (stored=%s)", job.call.name, time.monotonic() - started, bool(stored))
+    return {"is_error": outcome.is_error, "stored": bool(stored)}
+
+
+async def _store(rt: WorkerRuntime, job: ToolJob, outcome: ToolOutcome) -> bool:
+    """Store the outcome (first writer wins); when stored, publish ``tool.result`` and wake the turn."""
     stored = await rt.redis.set(job.result_key, outcome.model_dump_json(), nx=True, ex=rt.keys.turn_ttl)
     if stored:  # the event, then the waiting turn's wake-up, in one round trip
         once = rt.keys.tool_result_published(job.turn_id, job.step, job.index)
@@ -103,5 +112,4 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
             pipe.publish(job.reply_channel, job.result_key)  # a repeat after NOSCRIPT only wakes the waiter again
 
         await scripts.execute(rt.redis, fill, transaction=False)
-    logger.debug("tool %s ran in %.3f s (stored=%s)", job.call.name, time.monotonic() - started, bool(stored))
-    return {"is_error": outcome.is_error, "stored": bool(stored)}
+    return bool(stored)

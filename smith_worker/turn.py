@@ -6,7 +6,10 @@ the turn while an earlier turn of its conversation is unfinished, runs
 event: ``turn.completed``, ``turn.failed`` (every failure, typed), or
 ``turn.cancelled`` (a caller's cancel or an ``interrupt``, with dangling tool
 calls answered). When the worker shuts down it hands the turn off instead;
-when its lease was lost it stops without writing. A turn never raises out of
+when its lease was lost, or Redis failed, it stops without writing (the
+sweeper resumes it). ``SMITH_TURN_JOB_TIMEOUT`` ends the turn with
+``SmithTimeoutError`` (operation ``turn.job``); a turn started more than
+``SMITH_TURN_MAX_ATTEMPTS`` times (hand-offs not counted) fails. A turn never raises out of
 :meth:`TurnRunner.run`, so the worker keeps serving.
 """
 
@@ -18,10 +21,11 @@ import time
 from typing import Any
 
 import orjson
+from redis.exceptions import RedisError
 
-from smith_client.errors import SmithError, UnknownAgentError, error_from_exception
 from smith_client import scripts
 from smith_client import turn_record as record
+from smith_client.errors import InternalError, SmithError, SmithTimeoutError, UnknownAgentError, error_from_exception
 from smith_client.events import (
     EventData,
     TurnCancelledData,
@@ -90,8 +94,22 @@ class TurnRunner:
         self.services.running_turns[self.job.turn_id] = self
         self.attempt.start_renewing(self._on_lease_lost)
         spec = self.rt.app.get_agent(self.job.agent)
+        job_timeout = asyncio.timeout(self.rt.settings.turn_job_timeout)
         try:
-            await self._run_attempt(spec)
+            async with job_timeout:
+                await self._run_attempt(spec)
+        except TimeoutError as exc:
+            if not job_timeout.expired():
+                await self._fail(error_from_exception(exc), spec)
+            else:  # the job's own bound ends the turn; it is never handed off and re-run (issue 8)
+                budget = self.rt.settings.turn_job_timeout
+                await self._fail(SmithTimeoutError(f"turn job ran out of its {budget:g} s (SMITH_TURN_JOB_TIMEOUT)",
+                                                   operation="turn.job", budget=budget), spec)
+        except RedisError as exc:
+            # Redis is down or frozen: nothing can be written now. The lease runs out and a
+            # sweeper re-enqueues the turn once Redis answers; it resumes from its history.
+            logger.warning("turn %s: attempt %d stopped, Redis failed (%s: %s); it resumes once Redis is back",
+                           self.job.turn_id, self.attempt.attempt, type(exc).__name__, exc)
         except asyncio.CancelledError:
             await asyncio.shield(self._after_task_cancelled(spec))
         except CancelRequested as request:
@@ -114,6 +132,7 @@ class TurnRunner:
         state = await self.attempt.state()  # one read: the cancel flag and whether the user message is in
         if state.get("cancel_requested"):
             raise CancelRequested(state["cancel_requested"])
+        self._check_attempts(state)
         if self.attempt.attempt > 1:
             await self.publish(TurnResumedData(attempt=self.attempt.attempt))
         else:
@@ -127,12 +146,24 @@ class TurnRunner:
         final = await AgentLoop(self.ctx).run(start)
         await self._finish(record.COMPLETED, record.RESULT, final.model_dump_json(), TurnCompletedData(message=final))
 
+    def _check_attempts(self, state: dict[str, str]) -> None:
+        """Refuse a run past ``SMITH_TURN_MAX_ATTEMPTS``: crashes and lost leases count, hand-offs at a
+        graceful shutdown do not (a rolling deploy must not fail long turns). Raises :class:`InternalError`."""
+        limit = self.rt.settings.turn_max_attempts
+        runs = self.attempt.attempt - int(state.get(record.HANDOFFS) or 0)
+        if runs > limit:
+            raise InternalError(
+                f"turn was started {runs} times without finishing (limit SMITH_TURN_MAX_ATTEMPTS={limit}): "
+                "each earlier run ended with its worker crashing or losing Redis",
+                exception_type="TurnAttemptsExhausted",
+            )
+
     async def _after_task_cancelled(self, spec: AgentSpec | None) -> None:
         """Why was the task cancelled? A caller's cancel, a lost lease, or the worker shutting down."""
         if self._lease_lost:
             return  # another attempt owns the turn now; this one must not write
         if self._cancel_requested:
-            reason = (await self.attempt.state()).get("cancel_requested") or "cancel"
+            reason = (await self.attempt.state()).get(record.CANCEL_REQUESTED) or "cancel"
             await self._cancelled(spec, reason)
             return
         count = await self.attempt.requeue()  # worker shutdown: hand the turn off, it resumes elsewhere
@@ -216,7 +247,7 @@ class TurnRunner:
 
     async def _turn_messages(self) -> list[Any]:
         """This turn's messages: the history from its user message on."""
-        start = (await self.attempt.state()).get("history_start")
+        start = (await self.attempt.state()).get(record.HISTORY_START)
         return (await self.store.read(int(start))).messages if start is not None else []
 
 

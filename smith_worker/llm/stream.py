@@ -288,6 +288,8 @@ class ChatStreamDecoder:
     def __init__(self) -> None:
         self.sse = SseParser()
         self.assembler = ChatStreamAssembler()
+        #: SSE frames (events with data lines) seen so far: the stream's progress, for the idle timeout.
+        self.frames = 0
 
     @property
     def done(self) -> bool:
@@ -302,6 +304,7 @@ class ChatStreamDecoder:
 
     def _events(self, frames: Iterator[SseEvent]) -> Iterator[StreamEvent]:
         for frame in frames:
+            self.frames += 1
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("sse frame event=%s data=%s", frame.event, redact_body(frame.data))
             yield from self.assembler.feed(frame)

@@ -77,7 +77,11 @@ class LlmClientConfig(BaseModel):
       ``{base_url}/chat/completions``.
     * ``request_timeout`` (seconds): the budget of each network phase of one
       attempt (connect, write, and the wait for each read — for a stream, the
-      longest silence tolerated between two chunks).
+      longest wait for the next SSE data line: keep-alive comments and blank
+      lines do not reset it).
+    * ``response_timeout`` (seconds): the bound on one whole response,
+      retries included; when it fires the call raises ``SmithTimeoutError``
+      (operation ``llm.response``) and is not retried (issue 8).
     * ``max_retries``: retries after the first attempt (3 → up to 4 attempts).
     * ``max_retry_after`` (seconds): the longest ``Retry-After`` honoured; a
       longer one fails at once.
@@ -107,6 +111,7 @@ class LlmClientConfig(BaseModel):
     model: str
     api_key: str | None = None
     request_timeout: float = Field(default=60.0, gt=0)
+    response_timeout: float = Field(default=300.0, gt=0)
     max_retries: int = Field(default=3, ge=0)
     max_retry_after: float = Field(default=60.0, ge=0)
     backoff_base: float = Field(default=0.5, ge=0)

@@ -139,6 +139,9 @@ async def test_sigterm_under_load_hands_turns_off(fleet_client, fleet, scenario)
     assert resumed >= 1
     workers = await live_workers(fleet_client.redis, fleet_client.keys)
     assert all(str(victim) != w["id"].split(":")[1] for w in workers)  # the victim unregistered
+    # it unregisters before closing its sources: let it exit, or the next ensure() counts it as alive
+    victim_proc = next(p for p in fleet.procs["turns"] if p.pid == victim)
+    await asyncio.to_thread(victim_proc.proc.wait, 30)
 
 
 async def tool_worker_running(client: SmithClient, turn_id: str, step: int = 1, index: int = 0) -> int:

@@ -292,3 +292,20 @@ async def _pause_after_final(message: object) -> None:
 
 
 app.agent("done_pause", tools=[add, finish], hooks=Hooks(on_message=_pause_after_final))
+
+
+# ---- outages and bounds (issue 8) ---------------------------------------------------------------
+
+
+@app.tool(timeout=30.0, idempotent=True)
+async def kills_its_worker(label: str) -> str:
+    """Counts its executions under `label`, then kills its tool worker process (``os._exit``), every time."""
+    await _record(f"counted:{label}", "run")
+    os._exit(3)
+
+
+app.agent("deadly", tools=[kills_its_worker, add])
+# a model that never finishes meets response_timeout long before request_timeout (60 s default)
+app.agent("response_bounded", llm={"response_timeout": 3.0})
+# with SMITH_TURN_JOB_TIMEOUT shorter than this, the job timeout ends the turn first
+app.agent("response_unbounded", llm={"response_timeout": 120.0, "request_timeout": 120.0})
