@@ -27,7 +27,6 @@ from smith_client.errors import (
     UnknownSkillError,
 )
 from smith_client.events import Event
-from smith_client.sync_client import SyncSmithClient
 from smith_client.messages import (
     AssistantMessage,
     Message,
@@ -37,6 +36,7 @@ from smith_client.messages import (
     ToolMessage,
     UserMessage,
 )
+from smith_client.sync_client import SyncSmithClient
 
 __all__ = [
     "AssistantMessage",

@@ -82,21 +82,32 @@ def _short(text: str, limit: int = 200) -> str:
 
 async def _run_ask(args: argparse.Namespace) -> int:
     async with _connect(args) as client:
-        ok = await run_turn(client, args.question, conversation_id=args.conversation, agent=args.agent,
-                            timeout=args.timeout, printer=StreamPrinter())
+        ok = await run_turn(
+            client,
+            args.question,
+            conversation_id=args.conversation,
+            agent=args.agent,
+            timeout=args.timeout,
+            printer=StreamPrinter(),
+        )
         return 0 if ok else 1
 
 
 async def _run_chat(args: argparse.Namespace) -> int:
     async with _connect(args) as client:
-        repl = ChatRepl(client, StreamPrinter(), agent=args.agent, conversation_id=args.conversation,
-                        timeout=args.timeout)
+        repl = ChatRepl(
+            client, StreamPrinter(), agent=args.agent, conversation_id=args.conversation, timeout=args.timeout
+        )
         return await repl.run()
 
 
 def _connect(args: argparse.Namespace) -> SmithClient:
-    return SmithClient.from_url(args.redis_url, prefix=args.prefix, sentinels=os.environ.get("SMITH_REDIS_SENTINELS"),
-                                sentinel_master=os.environ.get("SMITH_REDIS_SENTINEL_MASTER"))
+    return SmithClient.from_url(
+        args.redis_url,
+        prefix=args.prefix,
+        sentinels=os.environ.get("SMITH_REDIS_SENTINELS"),
+        sentinel_master=os.environ.get("SMITH_REDIS_SENTINEL_MASTER"),
+    )
 
 
 async def _run_status(args: argparse.Namespace) -> int:

@@ -22,9 +22,9 @@ from arq.connections import ArqRedis
 
 from smith_client import operations as ops
 from smith_client import skills
+from smith_client import turn_record as record
 from smith_client.connection import connect_redis
 from smith_client.eventlog import EventLog
-from smith_client import turn_record as record
 from smith_client.keys import Keys
 from smith_client.protocol import Operation
 from smith_client.runners import AsyncRunner, SyncRunner
@@ -77,10 +77,13 @@ class ClientAPI:
         return self.runner.iterate(ops.stream(self.keys, text, timeout, dict(options)))
 
     def submit(self, text: str, **options: Unpack[TurnOptions]) -> Any:
-        """Start a background turn and return its :class:`TurnHandle` at once (options and errors as for :meth:`send`)."""
+        """Start a background turn and return its :class:`TurnHandle` at once.
+
+        Options and errors as for :meth:`send`.
+        """
         return self.runner.run(ops.submit(self.keys, text, dict(options), self.turn))
 
-    def turn(self, turn_id: str) -> "TurnHandle":
+    def turn(self, turn_id: str) -> TurnHandle:
         """A handle on an existing turn, from any process (e.g. a web request after a reload)."""
         return TurnHandle(self, check_id(turn_id, "turn_id"))
 
@@ -200,8 +203,15 @@ class SmithClient(ClientAPI):
     ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL`` (defaults 24 h / 30 days, DESIGN.md §8).
     """
 
-    def __init__(self, redis: ArqRedis, *, prefix: str = "smith", owns_redis: bool = False,
-                 turn_ttl: int | None = None, history_ttl: int | None = None) -> None:
+    def __init__(
+        self,
+        redis: ArqRedis,
+        *,
+        prefix: str = "smith",
+        owns_redis: bool = False,
+        turn_ttl: int | None = None,
+        history_ttl: int | None = None,
+    ) -> None:
         self.redis = redis
         self.keys = Keys.configured(prefix, turn_ttl, history_ttl)
         self.events = EventLog(redis, self.keys)
@@ -219,7 +229,7 @@ class SmithClient(ClientAPI):
         socket_timeout: float | None = None,
         turn_ttl: int | None = None,
         history_ttl: int | None = None,
-    ) -> "SmithClient":
+    ) -> SmithClient:
         """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``, ``rediss://user:pw@host:6380/0``).
 
         With ``sentinels`` (``"host:port,host:port"``) and ``sentinel_master``
@@ -228,11 +238,12 @@ class SmithClient(ClientAPI):
         (default ``SMITH_REDIS_SOCKET_TIMEOUT``, else 5 s): with Redis not
         answering, a call raises :class:`TransportError` after it instead of blocking.
         """
-        redis = connect_redis(redis_url, sentinels=sentinels, sentinel_master=sentinel_master,
-                              socket_timeout=socket_timeout)
+        redis = connect_redis(
+            redis_url, sentinels=sentinels, sentinel_master=sentinel_master, socket_timeout=socket_timeout
+        )
         return cls(redis, prefix=prefix, owns_redis=True, turn_ttl=turn_ttl, history_ttl=history_ttl)
 
-    async def __aenter__(self) -> "SmithClient":
+    async def __aenter__(self) -> SmithClient:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -44,10 +44,10 @@ from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
-from redis.retry import Retry as SyncRetry
-from redis.sentinel import Sentinel as SyncSentinel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry as SyncRetry
+from redis.sentinel import Sentinel as SyncSentinel
 
 from smith_client.errors import ConfigurationError
 from smith_client.serialization import job_deserializer, job_serializer
@@ -118,8 +118,9 @@ def parse_sentinels(value: str | Sequence[str | tuple[str, int]] | None) -> list
             continue
         host, _, port = item.strip().rpartition(":")
         if not host or not port.isdigit():
-            raise ConfigurationError(f"a Sentinel address must be host:port, got {item!r}",
-                                     setting="SMITH_REDIS_SENTINELS")
+            raise ConfigurationError(
+                f"a Sentinel address must be host:port, got {item!r}", setting="SMITH_REDIS_SENTINELS"
+            )
         addresses.append((host.strip("[]"), int(port)))  # [v6]:port
     return addresses
 
@@ -153,7 +154,8 @@ def connect_redis(
     assert sentinel_master is not None
     options = _master_options(url, Retry(ExponentialBackoff(cap=1.0, base=0.1), SENTINEL_RETRIES)) | bounds
     redis = Sentinel(addresses, sentinel_kwargs=_sentinel_bounds(bounds)).master_for(
-        sentinel_master, redis_class=ArqRedis, **options)
+        sentinel_master, redis_class=ArqRedis, **options
+    )
     redis.job_serializer, redis.job_deserializer = job_serializer, job_deserializer  # master_for takes no such options
     return redis
 
@@ -182,8 +184,12 @@ def connect_sync_redis(
 def _bounds(socket_timeout: float | None) -> dict[str, Any]:
     """The connection options bounding every wait (issue 8), for redis-py's asyncio and blocking pools."""
     timeout = socket_timeout if socket_timeout is not None else socket_timeout_from_env()
-    return {"socket_timeout": timeout, "socket_connect_timeout": timeout, "socket_keepalive": True,
-            "health_check_interval": HEALTH_CHECK_INTERVAL}
+    return {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "socket_keepalive": True,
+        "health_check_interval": HEALTH_CHECK_INTERVAL,
+    }
 
 
 def _sentinel_bounds(bounds: dict[str, Any]) -> dict[str, Any]:
@@ -197,8 +203,10 @@ def _sentinel_addresses(
     """The Sentinel addresses, or ``[]`` for a direct connection; both options or neither."""
     addresses = parse_sentinels(sentinels)
     if bool(addresses) != bool(sentinel_master):
-        raise ConfigurationError("Sentinel needs both SMITH_REDIS_SENTINELS and SMITH_REDIS_SENTINEL_MASTER",
-                                 setting="SMITH_REDIS_SENTINEL_MASTER")
+        raise ConfigurationError(
+            "Sentinel needs both SMITH_REDIS_SENTINELS and SMITH_REDIS_SENTINEL_MASTER",
+            setting="SMITH_REDIS_SENTINEL_MASTER",
+        )
     return addresses
 
 

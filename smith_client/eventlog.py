@@ -73,7 +73,11 @@ class EventLog:
     # and a running turn; WHILE_RUNNING on a running turn only (tool workers); None: no fence.
 
     def _publish_call(
-        self, turn_id: str, data: EventData, agent_path: list[str] | None, attempt: int | None,
+        self,
+        turn_id: str,
+        data: EventData,
+        agent_path: list[str] | None,
+        attempt: int | None,
         once_key: str | None = None,
     ) -> tuple[list[str], list[Any]]:
         return publish_script_args(self._keys, turn_id, data, agent_path, attempt, self._max_len, once_key=once_key)
@@ -106,8 +110,14 @@ class EventLog:
 
 
 def publish_script_args(
-    keys: Keys, turn_id: str, data: EventData, agent_path: list[str] | None, attempt: int | None,
-    max_len: int = DEFAULT_LOG_MAX_LEN, *, once_key: str | None = None,
+    keys: Keys,
+    turn_id: str,
+    data: EventData,
+    agent_path: list[str] | None,
+    attempt: int | None,
+    max_len: int = DEFAULT_LOG_MAX_LEN,
+    *,
+    once_key: str | None = None,
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of ``lua/publish.lua`` for one event, which lives ``keys.turn_ttl`` seconds (see
     :meth:`EventLog.publish` for ``attempt`` and ``once_key``)."""
@@ -140,16 +150,20 @@ def publish(keys: Keys, turn_id: str, data: EventData) -> Operation[int]:
 def read_events(keys: Keys, turn_id: str, after_seq: int = 0, count: int | None = None) -> Operation[list[Event]]:
     """Operation: :meth:`EventLog.read`."""
     # one transaction: the log and the counter are read as of the same instant
-    entries, last = yield Transaction((
-        Call("xrange", (keys.turn_log(turn_id),), {"min": f"(0-{after_seq}", "max": "+", "count": count}),
-        Call("get", (keys.turn_seq(turn_id),)),
-    ))
+    entries, last = yield Transaction(
+        (
+            Call("xrange", (keys.turn_log(turn_id),), {"min": f"(0-{after_seq}", "max": "+", "count": count}),
+            Call("get", (keys.turn_seq(turn_id),)),
+        )
+    )
     events = [event_from_json(fields[b"e"]) for _entry_id, fields in entries]
     if events and events[0].seq != after_seq + 1 or not events and after_seq < int(last or 0):
         first = events[0].seq if events else 0
         raise EventsTrimmedError(
             f"events of turn {turn_id} after seq {after_seq} are no longer in the replay log",
-            turn_id=turn_id, after_seq=after_seq, first_seq=first,
+            turn_id=turn_id,
+            after_seq=after_seq,
+            first_seq=first,
         )
     return events
 

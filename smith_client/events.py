@@ -183,9 +183,20 @@ class UnknownData(EventData):
 #: The data model of each known event type.
 DATA_MODELS: dict[str, type[EventData]] = {
     model.event_type: model
-    for model in (TurnStartedData, TokenData, ToolCallStartedData, ToolCallCompletedData, ToolResultData,
-                  MessageData, TurnCompletedData, TurnFailedData, McpEventData, TurnCancelledData, TurnResumedData,
-                  MemorySummaryFailedData)
+    for model in (
+        TurnStartedData,
+        TokenData,
+        ToolCallStartedData,
+        ToolCallCompletedData,
+        ToolResultData,
+        MessageData,
+        TurnCompletedData,
+        TurnFailedData,
+        McpEventData,
+        TurnCancelledData,
+        TurnResumedData,
+        MemorySummaryFailedData,
+    )
 }
 
 
@@ -234,8 +245,14 @@ class Event(BaseModel):
 
 def tool_result_data(job: ToolJob, outcome: ToolOutcome) -> ToolResultData:
     """The ``tool.result`` data of ``job``'s call with ``outcome`` (published by whichever side produced it)."""
-    return ToolResultData(tool_call_id=job.call.id, name=job.call.name, index=job.index, content=outcome.content,
-                          is_error=outcome.is_error, worker=outcome.worker)
+    return ToolResultData(
+        tool_call_id=job.call.id,
+        name=job.call.name,
+        index=job.index,
+        content=outcome.content,
+        is_error=outcome.is_error,
+        worker=outcome.worker,
+    )
 
 
 def event_from_json(raw: bytes | str) -> Event:

@@ -16,7 +16,6 @@ RUN_TURN = "run_turn"
 RUN_TOOL = "run_tool"
 
 
-
 #: Request fields the framework owns; ``Sampling.extra`` may not set them (seed §8.2).
 RESERVED_REQUEST_KEYS = frozenset({"model", "messages", "tools", "tool_choice", "stream"})
 

@@ -11,31 +11,31 @@ Lifetimes (DESIGN.md §8; every key has a TTL or an owner). ``turn_ttl`` and
 :func:`lifetimes_from_env` for workers and clients alike); the others are the
 constants below the table.
 
-=======================================  ======================================  ==========================
-key                                      what                                    lifetime
-=======================================  ======================================  ==========================
-``{p}:turns`` / ``{p}:tools``            arq queues (ZSET)                        owned by arq (members removed at job end)
-``{p}:turn:{t}:seq``                     event sequence counter                   ``turn_ttl`` after the last event
-``{p}:turn:{t}:log``                     replay log (Redis Stream)                ``turn_ttl`` after the last event
-``{p}:turn:{t}:state``                   turn status and result (hash)            ``turn_ttl``
-``{p}:tree:{r}:iterations``              model calls of a root turn's agent tree  ``turn_ttl`` after the last step
-``{p}:conv:{c}:history``                 conversation messages (list)             ``history_ttl`` after the last write
-``{p}:conv:{c}:trimmed``                 messages trimmed from the history's head ``history_ttl`` after the last write
-``{p}:conv:{c}:summary``                 SummaryMemory's summary + coverage      ``history_ttl`` after the last read or write
-``{p}:toolres:{t}:{step}:{i}``           a tool call's result                     ``turn_ttl``
-``{p}:workers``                          live workers (ZSET id → expiry ms)       pruned by workers; :data:`WORKERS_TTL`
-``{p}:worker:{w}``                       one worker's registration                :data:`REGISTRATION_TTL` (heartbeat)
-``{p}:mcp:{alias}:tools``                an MCP server's tool schemas (JSON)      the server's ``schema_cache_ttl`` (300 s)
-``{p}:running``                          running turns (ZSET id → lease expiry)   turn workers remove on finish; sweeper; :data:`RUNNING_TTL`
-``{p}:conv:{c}:turns``                   the conversation's unfinished turns      ``history_ttl``; finished turns removed
-``{p}:conv:{c}:statuses``                unfinished turn id → status (hash)       ``history_ttl``; finished turns removed
-``{p}:turn:{t}:inbox``                   user messages merged into a turn         ``turn_ttl``
-``{p}:toolres:{t}:{s}:{i}:started``      which tool worker started a call         ``turn_ttl``
-``{p}:conv:{c}:skills``                  the conversation's active skills (list)  ``history_ttl`` after the last activation or step
-``{p}:toolres:{t}:{s}:{i}:published``    the call's ``tool.result`` is out        ``turn_ttl``
-``arq:job:{id}`` / ``arq:in-progress:…`` arq's job and in-progress keys           owned by arq
-``arq:abort``                            arq's abort requests (global ZSET)      entries pruned after :data:`ABORT_ENTRY_TTL`; key TTL the same
-=======================================  ======================================  ==========================
+=======================================  ==============================  =========================================
+key                                      what                            lifetime
+=======================================  ==============================  =========================================
+``{p}:turns`` / ``{p}:tools``            arq queues (ZSET)               owned by arq (members removed at job end)
+``{p}:turn:{t}:seq``                     event sequence counter          ``turn_ttl`` after the last event
+``{p}:turn:{t}:log``                     replay log (Redis Stream)       ``turn_ttl`` after the last event
+``{p}:turn:{t}:state``                   turn status and result (hash)   ``turn_ttl``
+``{p}:tree:{r}:iterations``              model calls of an agent tree    ``turn_ttl`` after the last step
+``{p}:conv:{c}:history``                 conversation messages (list)    ``history_ttl`` after the last write
+``{p}:conv:{c}:trimmed``                 messages trimmed from the head  ``history_ttl`` after the last write
+``{p}:conv:{c}:summary``                 SummaryMemory's summary         ``history_ttl`` after the last use
+``{p}:toolres:{t}:{step}:{i}``           a tool call's result            ``turn_ttl``
+``{p}:workers``                          live workers (ZSET)             pruned by workers; :data:`WORKERS_TTL`
+``{p}:worker:{w}``                       one worker's registration       :data:`REGISTRATION_TTL` (heartbeat)
+``{p}:mcp:{alias}:tools``                an MCP server's tool schemas    ``schema_cache_ttl`` (300 s)
+``{p}:running``                          running turns (ZSET)            removed on finish; :data:`RUNNING_TTL`
+``{p}:conv:{c}:turns``                   unfinished turns (FIFO list)    ``history_ttl``; finished turns removed
+``{p}:conv:{c}:statuses``                unfinished turn id → status     ``history_ttl``; finished turns removed
+``{p}:turn:{t}:inbox``                   messages merged into a turn     ``turn_ttl``
+``{p}:toolres:{t}:{s}:{i}:started``      which tool worker started it    ``turn_ttl``
+``{p}:conv:{c}:skills``                  active skills (list)            ``history_ttl`` after the last use
+``{p}:toolres:{t}:{s}:{i}:published``    its ``tool.result`` is out      ``turn_ttl``
+``arq:job:{id}``, ``arq:in-progress:…``  arq's per-job keys              owned by arq
+``arq:abort``                            arq's abort requests (ZSET)     :data:`ABORT_ENTRY_TTL`
+=======================================  ==============================  =========================================
 
 ``{p}:worker:{w}:replies`` and ``{p}:control`` are pub/sub channels (no key).
 """
@@ -93,8 +93,10 @@ def lifetimes_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
     (defaults :data:`DEFAULT_TURN_TTL`, :data:`DEFAULT_HISTORY_TTL`). Raises
     :class:`~smith_client.errors.ConfigurationError` on a value that is not a positive integer."""
     env = os.environ if env is None else env
-    return (_env_seconds(env, "SMITH_TURN_TTL", DEFAULT_TURN_TTL),
-            _env_seconds(env, "SMITH_HISTORY_TTL", DEFAULT_HISTORY_TTL))
+    return (
+        _env_seconds(env, "SMITH_TURN_TTL", DEFAULT_TURN_TTL),
+        _env_seconds(env, "SMITH_HISTORY_TTL", DEFAULT_HISTORY_TTL),
+    )
 
 
 @dataclass(frozen=True)
@@ -179,8 +181,12 @@ class Keys:
     def conversation_state(self, conversation_id: str) -> list[str]:
         """Every key of a conversation's own state: messages, memory state, active skills (what
         ``SmithClient.clear`` deletes)."""
-        return [self.history(conversation_id), self.history_trimmed(conversation_id),
-                self.conversation_summary(conversation_id), self.conversation_skills(conversation_id)]
+        return [
+            self.history(conversation_id),
+            self.history_trimmed(conversation_id),
+            self.conversation_summary(conversation_id),
+            self.conversation_skills(conversation_id),
+        ]
 
     def tool_result(self, turn_id: str, step: int, index: int) -> str:
         """A tool call's outcome (:class:`~smith_client.jobs.ToolOutcome` JSON); first writer wins."""
@@ -301,7 +307,7 @@ class Keys:
     def turn_id_of_state(self, state_key: str) -> str:
         """The turn id in a :meth:`turn_state` key name (the inverse of that method)."""
         head, tail = self.turn_state(""), ":state"
-        return state_key[len(head) - len(tail): -len(tail)]
+        return state_key[len(head) - len(tail) : -len(tail)]
 
     @property
     def acl_patterns(self) -> list[str]:
@@ -313,6 +319,7 @@ class Keys:
         tenant's queued job payloads. See :mod:`smith_client.acl`.
         """
         p = self.prefix
-        arq_keys = [f"~{kind}{p}:*" for kind in (job_key_prefix, in_progress_key_prefix, result_key_prefix,
-                                                  retry_key_prefix)]
+        arq_keys = [
+            f"~{kind}{p}:*" for kind in (job_key_prefix, in_progress_key_prefix, result_key_prefix, retry_key_prefix)
+        ]
         return [f"~{p}:*", *arq_keys, f"~{abort_jobs_ss}", f"&{p}:*"]

@@ -14,7 +14,7 @@ Two JSON forms exist:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -83,7 +83,7 @@ class ToolMessage(BaseModel):
 
 
 Message = Annotated[
-    Union[SystemMessage, UserMessage, AssistantMessage, ToolMessage],
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage,
     Field(discriminator="role"),
 ]
 
@@ -117,8 +117,9 @@ def parse_json_object(raw: bytes | str, what: str, *, offset: int | None = None)
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise ParseError(f"invalid JSON in {what} (position {exc.pos}): {exc.msg}",
-                         offset=exc.pos if offset is None else offset) from exc
+        raise ParseError(
+            f"invalid JSON in {what} (position {exc.pos}): {exc.msg}", offset=exc.pos if offset is None else offset
+        ) from exc
     if not isinstance(data, dict):
         raise ParseError(f"{what} is not a JSON object", offset=offset)
     return data

@@ -25,7 +25,6 @@ from smith_client.jobs import TurnJob
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, messages_from_json_list
 from smith_client.protocol import Call, Operation, Receive, RunScript, Subscribe
-
 from smith_client.registry import read_served
 from smith_client.turns import outcome_from_event, outcome_from_state, read_state, submit_turn
 from smith_client.validation import build_turn_job, check_id, check_seq, check_served, check_timeout
@@ -41,8 +40,11 @@ def prepare(keys: Keys, text: Any, options: dict[str, Any]) -> Operation[tuple[T
     / :class:`UnknownAgentError`); warns when no turn worker is registered."""
     job, multitask = build_turn_job(text, **options)
     if not check_served(job.agent, (yield from read_served(keys, "agents"))):
-        logger.warning("no turn worker is registered under prefix %r: the turn waits in the queue "
-                       "(check SMITH_PREFIX and SMITH_REDIS_URL match the workers')", keys.prefix)
+        logger.warning(
+            "no turn worker is registered under prefix %r: the turn waits in the queue "
+            "(check SMITH_PREFIX and SMITH_REDIS_URL match the workers')",
+            keys.prefix,
+        )
     return job, multitask
 
 
@@ -92,8 +94,11 @@ def clear(keys: Keys, conversation_id: Any) -> Operation[None]:
     Raises :class:`ConversationBusyError` (nothing deleted) or :class:`InvalidRequestError`.
     """
     check_id(conversation_id, "conversation_id")
-    script_keys = (keys.conversation_turns(conversation_id), keys.conversation_statuses(conversation_id),
-                   *keys.conversation_state(conversation_id))
+    script_keys = (
+        keys.conversation_turns(conversation_id),
+        keys.conversation_statuses(conversation_id),
+        *keys.conversation_state(conversation_id),
+    )
     busy = yield RunScript(scripts.CLEAR, script_keys)
     if busy:
         raise ConversationBusyError(

@@ -70,6 +70,7 @@ class Subscribe:
 
 @dataclass(frozen=True)
 class Receive:
-    """The next message (redis-py's dict; its ``data`` is bytes) on the operation's pub/sub connection, or None after ``timeout`` seconds."""
+    """The next message on the operation's pub/sub connection (redis-py's dict; its ``data`` is bytes),
+    or None after ``timeout`` seconds."""
 
     timeout: float

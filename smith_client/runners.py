@@ -18,13 +18,14 @@ from arq.connections import ArqRedis
 from arq.constants import expires_extra_ms
 from arq.jobs import serialize_job
 
+from smith_client import scripts
 from smith_client.errors import SmithTimeoutError
 from smith_client.events import Event
-from smith_client import scripts
 from smith_client.keys import Keys, now_ms
 from smith_client.protocol import Call, Enqueue, Operation, RunScript, Subscribe, T, Transaction
 from smith_client.redis_errors import typed_redis_errors
 from smith_client.serialization import job_serializer
+
 
 class _Done:
     """The result of a finished operation, passed from the driving loop to ``run``."""
@@ -132,8 +133,9 @@ class AsyncRunner:
         return await _bind(request, self.redis, session, self._enqueue_job)()
 
     def _enqueue_job(self, request: Enqueue) -> Any:
-        return self.redis.enqueue_job(request.function, request.payload, _job_id=request.job_id,
-                                      _queue_name=request.queue)
+        return self.redis.enqueue_job(
+            request.function, request.payload, _job_id=request.job_id, _queue_name=request.queue
+        )
 
 
 class SyncRunner:

@@ -21,6 +21,7 @@ from typing import Any
 from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
+
 def _read(name: str) -> str:
     return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
 

@@ -31,6 +31,7 @@ logger = logging.getLogger("agent_smith")
 #: Longest declared skill name accepted, in characters.
 SKILL_NAME_MAX = 200
 
+
 def skill_name_problem(name: Any) -> str | None:
     """Why ``name`` cannot be a declared skill name, or None: it must be a ``str`` of
     1-:data:`SKILL_NAME_MAX` printable characters (it heads a prompt section, seed §12.4)."""
@@ -61,7 +62,10 @@ def activate(keys: Keys, conversation_id: str, name: str) -> Operation[bool]:
 
 
 def deactivate(keys: Keys, conversation_id: str, name: str) -> Operation[bool]:
-    """Operation: remove ``name`` from the conversation's active skills; False (and nothing changes) if it was not active."""
+    """Operation: remove ``name`` from the conversation's active skills.
+
+    False (and nothing changes) if it was not active.
+    """
     return bool((yield Call("lrem", (keys.conversation_skills(conversation_id), 0, name))))
 
 
@@ -81,8 +85,9 @@ def activate_checked(keys: Keys, conversation_id: Any, name: Any) -> Operation[N
     check_skill_name(name)
     served = yield from read_served(keys, "skills")
     if served is None:
-        logger.warning("no turn worker is registered under prefix %r: skill %r is activated unchecked",
-                       keys.prefix, name)
+        logger.warning(
+            "no turn worker is registered under prefix %r: skill %r is activated unchecked", keys.prefix, name
+        )
     elif name not in served:
         raise UnknownSkillError(
             f"no live worker serves skill {name!r} (served: {sorted(served)})", skill_name=name, known=sorted(served)

@@ -28,8 +28,15 @@ class SyncSmithClient(ClientAPI):
     with :meth:`close`. Thread-safe.
     """
 
-    def __init__(self, client: redis.Redis, *, prefix: str = "smith", owns_redis: bool = False,
-                 turn_ttl: int | None = None, history_ttl: int | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        prefix: str = "smith",
+        owns_redis: bool = False,
+        turn_ttl: int | None = None,
+        history_ttl: int | None = None,
+    ) -> None:
         self.redis = client
         self.keys = Keys.configured(prefix, turn_ttl, history_ttl)
         self.runner = SyncRunner(client)
@@ -46,13 +53,14 @@ class SyncSmithClient(ClientAPI):
         socket_timeout: float | None = None,
         turn_ttl: int | None = None,
         history_ttl: int | None = None,
-    ) -> "SyncSmithClient":
+    ) -> SyncSmithClient:
         """Connect lazily to ``redis_url``; options as :meth:`SmithClient.from_url`."""
-        redis = connect_sync_redis(redis_url, sentinels=sentinels, sentinel_master=sentinel_master,
-                                   socket_timeout=socket_timeout)
+        redis = connect_sync_redis(
+            redis_url, sentinels=sentinels, sentinel_master=sentinel_master, socket_timeout=socket_timeout
+        )
         return cls(redis, prefix=prefix, owns_redis=True, turn_ttl=turn_ttl, history_ttl=history_ttl)
 
-    def __enter__(self) -> "SyncSmithClient":
+    def __enter__(self) -> SyncSmithClient:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -1,4 +1,6 @@
-"""Turn submission, state and cancellation (as operations, see :mod:`smith_client.protocol`): the client's half of the turn state machine.
+"""Turn submission, state and cancellation: the client's half of the turn state machine.
+
+They are operations (see :mod:`smith_client.protocol`).
 
 A turn's state lives in the hash ``{p}:turn:{id}:state`` (TTL 24 h after the
 turn ends, DESIGN.md §8): ``status`` (queued → running → completed | failed |
@@ -30,6 +32,8 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
+from smith_client import scripts
+from smith_client import turn_record as record
 from smith_client.errors import (
     ConflictError,
     ConversationBusyError,
@@ -38,8 +42,6 @@ from smith_client.errors import (
     TurnCancelledError,
     error_from_payload,
 )
-from smith_client import scripts
-from smith_client import turn_record as record
 from smith_client.eventlog import publish
 from smith_client.events import TURN_COMPLETED, TURN_FAILED, Event, TurnCancelledData
 from smith_client.jobs import RUN_TURN, TurnJob
@@ -105,10 +107,24 @@ def submit_turn(keys: Keys, job: TurnJob, multitask: str) -> Operation[Submissio
 def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]]:
     """The ``SUBMIT`` script's reply (``lua/submit.lua``). ``merge`` and ``interrupt`` touch other turns of
     the conversation; the script names them (a ``keys`` reply) and is called again with their keys."""
-    base = (keys.turn_state(job.turn_id), keys.conversation_turns(job.conversation_id),
-            keys.conversation_statuses(job.conversation_id))
-    args = (job.turn_id, fingerprint(job), job.conversation_id, job.agent, multitask, job.message.model_dump_json(),
-            time.time(), keys.turn_ttl, keys.history_ttl, job.model_dump_json(), keys.control_channel)
+    base = (
+        keys.turn_state(job.turn_id),
+        keys.conversation_turns(job.conversation_id),
+        keys.conversation_statuses(job.conversation_id),
+    )
+    args = (
+        job.turn_id,
+        fingerprint(job),
+        job.conversation_id,
+        job.agent,
+        multitask,
+        job.message.model_dump_json(),
+        time.time(),
+        keys.turn_ttl,
+        keys.history_ttl,
+        job.model_dump_json(),
+        keys.control_channel,
+    )
     others: tuple[str, ...] = ()
     for _ in range(_SUBMIT_TRIES):
         other_keys = tuple(key for other in others for key in (keys.turn_state(other), keys.turn_inbox(other)))
@@ -167,8 +183,11 @@ def cancel_turn(keys: Keys, turn_id: str, reason: str = "cancel") -> Operation[s
     if not isinstance(reason, str) or not reason:
         raise InvalidRequestError(f"reason must be a non-empty string, got {reason!r}", field="reason")
     conversation = (yield from read_state(keys, turn_id)).get(record.CONVERSATION_ID, "")
-    script_keys = (keys.turn_state(turn_id), keys.conversation_turns(conversation),
-                   keys.conversation_statuses(conversation))
+    script_keys = (
+        keys.turn_state(turn_id),
+        keys.conversation_turns(conversation),
+        keys.conversation_statuses(conversation),
+    )
     outcome = (yield RunScript(scripts.CANCEL, script_keys, (turn_id, reason, keys.control_channel))).decode()
     if outcome == "cancelled_queued":
         yield from publish(keys, turn_id, TurnCancelledData(reason=reason))

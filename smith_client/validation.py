@@ -74,8 +74,11 @@ def check_sampling(sampling: Any) -> dict[str, Any] | None:
         as_json = checked.model_dump(mode="json", exclude_defaults=True)
         orjson.dumps(as_json)
     except (ValidationError, PydanticSerializationError, TypeError) as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()) if isinstance(
-            exc, ValidationError) else str(exc)
+        problems = (
+            "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            if isinstance(exc, ValidationError)
+            else str(exc)
+        )
         raise InvalidRequestError(f"invalid sampling: {problems}", field="sampling") from exc
     if checked.reserved_keys():
         raise InvalidRequestError(f"sampling.extra may not set {checked.reserved_keys()}", field="sampling")
@@ -87,8 +90,9 @@ def check_timeout(timeout: Any) -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise InvalidRequestError(f"timeout must be a positive number of seconds or None, got {timeout!r}",
-                                  field="timeout")
+        raise InvalidRequestError(
+            f"timeout must be a positive number of seconds or None, got {timeout!r}", field="timeout"
+        )
     return float(timeout)
 
 
@@ -99,15 +103,16 @@ MAX_SEQ = 2**63 - 1
 def check_seq(after_seq: Any) -> int:
     """A resume cursor: the ``seq`` of the last event seen, an integer in [0, :data:`MAX_SEQ`] (0: from the start)."""
     if isinstance(after_seq, bool) or not isinstance(after_seq, int) or not 0 <= after_seq <= MAX_SEQ:
-        raise InvalidRequestError(f"after_seq must be an integer in [0, 2**63-1], got {after_seq!r}",
-                                  field="after_seq")
+        raise InvalidRequestError(f"after_seq must be an integer in [0, 2**63-1], got {after_seq!r}", field="after_seq")
     return after_seq
 
 
 def check_multitask(multitask: Any) -> str:
     """One of :data:`MULTITASK_POLICIES`."""
     if multitask not in MULTITASK_POLICIES:
-        raise InvalidRequestError(f"multitask must be one of {MULTITASK_POLICIES}, got {multitask!r}", field="multitask")
+        raise InvalidRequestError(
+            f"multitask must be one of {MULTITASK_POLICIES}, got {multitask!r}", field="multitask"
+        )
     return multitask
 
 

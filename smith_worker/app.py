@@ -25,8 +25,8 @@ from smith_worker.config import AgentConfig, Settings
 from smith_worker.hooks import Hooks
 from smith_worker.llm.types import LlmClientConfig
 from smith_worker.memory import FullMemory, Memory
-from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
 from smith_worker.native import NativeTools
+from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
 from smith_worker.sources import ToolSource
 from smith_worker.tools import DEFAULT_TOOL_TIMEOUT, Isolation, Tool, ToolRegistry, make_tool
 
@@ -83,8 +83,9 @@ class SmithApp:
     bytes, seed §17.3; 16 KiB).
     """
 
-    def __init__(self, settings: Settings | None = None, *,
-                 skill_context_max_bytes: int = DEFAULT_SKILL_CONTEXT_MAX_BYTES) -> None:
+    def __init__(
+        self, settings: Settings | None = None, *, skill_context_max_bytes: int = DEFAULT_SKILL_CONTEXT_MAX_BYTES
+    ) -> None:
         self._settings = settings
         self.tools = ToolRegistry()
         #: The app's Python tools as a tool source (started with the other sources at worker start-up).
@@ -123,8 +124,13 @@ class SmithApp:
 
         def register(func: Callable[..., Any]) -> Callable[..., Any]:
             tool = make_tool(
-                func, name=name, description=description, parameters=parameters, timeout=timeout,
-                idempotent=idempotent, isolation=isolation,
+                func,
+                name=name,
+                description=description,
+                parameters=parameters,
+                timeout=timeout,
+                idempotent=idempotent,
+                isolation=isolation,
             )
             if not self.tools.add(tool):
                 raise ConfigurationError(f"tool {tool.name!r} is already registered", setting="tools")
@@ -162,8 +168,9 @@ class SmithApp:
             if skill not in self.skills:
                 raise ConfigurationError(f"agent skill {skill!r} is not a registered skill", setting="skills")
         if memory is not None and not isinstance(memory, Memory):
-            raise ConfigurationError(f"agent memory must be a Memory (e.g. RollingWindowMemory), got {memory!r}",
-                                     setting="memory")
+            raise ConfigurationError(
+                f"agent memory must be a Memory (e.g. RollingWindowMemory), got {memory!r}", setting="memory"
+            )
         for source in sources or []:
             if source not in self.sources:
                 raise ConfigurationError(f"agent source {source!r} is not a registered source", setting="sources")
@@ -216,13 +223,18 @@ class SmithApp:
         Raises :class:`SkillError` (bad directory, oversized context data) or
         :class:`ConfigurationError` (normalized name or MCP alias already taken).
         """
-        skill = skill_or_path if isinstance(skill_or_path, Skill) else load_skill(
-            skill_or_path, context_max_bytes=self.skills.context_max_bytes)
+        skill = (
+            skill_or_path
+            if isinstance(skill_or_path, Skill)
+            else load_skill(skill_or_path, context_max_bytes=self.skills.context_max_bytes)
+        )
         for config in skill.servers:
             existing = self.sources.get(config.alias)
             if existing is not None and getattr(existing, "config", None) != config:
-                raise ConfigurationError(f"skill {skill.name!r}: MCP server alias {config.alias!r} "
-                                         "is registered with another configuration", setting="mcp_servers")
+                raise ConfigurationError(
+                    f"skill {skill.name!r}: MCP server alias {config.alias!r} is registered with another configuration",
+                    setting="mcp_servers",
+                )
         self.skills.add(skill)
         for config in skill.servers:
             if config.alias not in self.sources:
@@ -265,9 +277,20 @@ class SmithApp:
         from smith_worker.mcp import McpServerSource, ServerConfig  # keeps the MCP modules out of apps without MCP
 
         config = ServerConfig(
-            alias=alias, command=command, args=tuple(args), env=env, cwd=cwd, url=url, bearer_token=bearer_token,
-            headers=headers, request_timeout=request_timeout, allow=allow, deny=deny, tools_required=tools_required,
-            reconnect_on_transport_error=reconnect_on_transport_error, **pool_options,
+            alias=alias,
+            command=command,
+            args=tuple(args),
+            env=env,
+            cwd=cwd,
+            url=url,
+            bearer_token=bearer_token,
+            headers=headers,
+            request_timeout=request_timeout,
+            allow=allow,
+            deny=deny,
+            tools_required=tools_required,
+            reconnect_on_transport_error=reconnect_on_transport_error,
+            **pool_options,
         )
         return self.add_source(McpServerSource(config))
 

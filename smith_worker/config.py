@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-
-from smith_client.keys import DEFAULT_HISTORY_TTL, DEFAULT_TURN_TTL, lifetimes_from_env
 from typing import Any
 
-from pydantic import ValidationError
-
 from arq.connections import ArqRedis
+from pydantic import ValidationError
 
 from smith_client.connection import connect_redis
 from smith_client.errors import ConfigurationError
+from smith_client.keys import DEFAULT_HISTORY_TTL, DEFAULT_TURN_TTL, lifetimes_from_env
 from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES
-from smith_worker.llm.types import LlmClientConfig
 from smith_worker.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
+from smith_worker.llm.types import LlmClientConfig
 from smith_worker.tools import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
 
 
@@ -110,7 +108,7 @@ class Settings:
     history_max_messages: int = DEFAULT_HISTORY_MAX_MESSAGES
 
     @classmethod
-    def from_env(cls) -> "Settings":
+    def from_env(cls) -> Settings:
         """Read ``SMITH_*`` variables; raises :class:`ConfigurationError` on a malformed number."""
         env = os.environ
         turn_ttl, history_ttl = lifetimes_from_env(env)

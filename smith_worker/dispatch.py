@@ -105,6 +105,7 @@ class ReplyListener:
 
     async def _resubscribe(self, pubsub: Any) -> None:
         """Subscribe again on a fresh connection, for as long as Redis is down (never gives up)."""
+
         async def subscribe() -> None:
             await pubsub.aclose()  # drops the broken connection; the next subscribe opens a new one
             await pubsub.subscribe(*self._channels)
@@ -195,8 +196,11 @@ class ToolJobWaiter:
                 outcome, job_id = await self._wait(job, job_id, wake)
             if outcome is not None:
                 return outcome, False
-            reason = "interrupted: the tool worker running it stopped" if job_id == "" else (
-                f"timed out after {job.timeout:g} s (no tool worker answered)")
+            reason = (
+                "interrupted: the tool worker running it stopped"
+                if job_id == ""
+                else (f"timed out after {job.timeout:g} s (no tool worker answered)")
+            )
             return await self._give_up(job, job_id, reason)
         finally:
             self._listener.discard(job.result_key)

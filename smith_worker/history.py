@@ -28,6 +28,7 @@ from smith_client.messages import messages_from_json_list
 #: Messages kept in a conversation's stored history (``SMITH_HISTORY_MAX_MESSAGES``).
 DEFAULT_HISTORY_MAX_MESSAGES = 10_000
 
+
 @dataclass(frozen=True)
 class HistorySlice:
     """Stored messages ``messages`` at positions ``first`` … ``first + len(messages) - 1``;
@@ -62,7 +63,9 @@ class ConversationStore:
 
     async def read(self, first: int, end: int | None = None) -> HistorySlice:
         """Messages at positions ``first`` (clamped to the oldest stored) up to ``end`` (exclusive; None = all)."""
-        return self._slice(await scripts.HISTORY_READ(self._redis, self._keys, [first, "" if end is None else end, "range"]))
+        return self._slice(
+            await scripts.HISTORY_READ(self._redis, self._keys, [first, "" if end is None else end, "range"])
+        )
 
     async def tail(self, count: int) -> HistorySlice:
         """The last ``count`` stored messages (fewer when the history is shorter)."""

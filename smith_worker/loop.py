@@ -21,12 +21,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from smith_client import scripts
+from smith_client import turn_record as record
 from smith_client.errors import (
     ConfigurationError,
     TurnCancelledError,
 )
-from smith_client import scripts
-from smith_client import turn_record as record
 from smith_client.events import (
     TokenData,
     ToolCallCompletedData,
@@ -36,10 +36,9 @@ from smith_client.events import (
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, message_from_json
 from smith_worker.app import AgentSpec
-from smith_worker.hooks import fire
 from smith_worker.context import AgentContext
 from smith_worker.fencing import StaleAttemptError
-from smith_worker.memory import MemoryContext
+from smith_worker.hooks import fire
 from smith_worker.llm import LlmClient
 from smith_worker.llm.types import (
     LlmRequest,
@@ -51,6 +50,7 @@ from smith_worker.llm.types import (
     StreamToolCallStarted,
     ToolSchema,
 )
+from smith_worker.memory import MemoryContext
 from smith_worker.skills import ConversationSkills
 from smith_worker.tools import ToolContext, ToolRoute, error_content
 
@@ -91,8 +91,7 @@ class AgentLoop:
         self.publish = ctx.publish
         self.agent_path = ctx.agent_path
         self._stream_calls: dict[int, ToolCall] = {}
-        self.skills = ConversationSkills(self.rt.app.skills, self.rt.app.sources, self.rt.keys,
-                                         ctx.job.conversation_id)
+        self.skills = ConversationSkills(self.rt.app.skills, self.rt.app.sources, self.rt.keys, ctx.job.conversation_id)
 
     async def run(self, start: int) -> AssistantMessage:
         """Run model steps from history position ``start`` (the turn's user message) until a final answer."""
@@ -115,8 +114,9 @@ class AgentLoop:
                 tree_iterations = await self._begin_step(spec)
                 iterations += 1
                 self._check_limits(spec, iterations, tree_iterations, total_tokens, deadline)
-                pending = (await self.rt.metrics.count_llm_request(
-                    self._call_model(spec, llm, memory, tool_rounds))).message
+                pending = (
+                    await self.rt.metrics.count_llm_request(self._call_model(spec, llm, memory, tool_rounds))
+                ).message
                 total_tokens += pending.usage.total if pending.usage else 0
                 await self.ctx.append(pending)
             message, pending = pending, None
@@ -134,9 +134,16 @@ class AgentLoop:
             response = await self.rt.metrics.count_llm_request(llm.complete(LlmRequest(messages=messages)))
             return response.message.content
 
-        return MemoryContext(store=self.store, turn_start=start, summarize=summarize, publish=self.publish,
-                             redis=self.rt.redis, keys=self.rt.keys, conversation_id=self.job.conversation_id,
-                             history_ttl=self.rt.keys.history_ttl)
+        return MemoryContext(
+            store=self.store,
+            turn_start=start,
+            summarize=summarize,
+            publish=self.publish,
+            redis=self.rt.redis,
+            keys=self.rt.keys,
+            conversation_id=self.job.conversation_id,
+            history_ttl=self.rt.keys.history_ttl,
+        )
 
     async def _drain_inbox(self, spec: AgentSpec, closing: bool) -> bool:
         """Append user messages merged into this turn (``multitask="merge"``); True if there were any."""
@@ -200,8 +207,9 @@ class AgentLoop:
         if deadline is not None and time.monotonic() > deadline:
             raise TurnCancelledError(f"turn exceeded its deadline of {cfg.deadline:g} s", "deadline")
 
-    async def _call_model(self, spec: AgentSpec, llm: LlmClient, memory: MemoryContext,
-                          tool_rounds: int) -> LlmResponse:
+    async def _call_model(
+        self, spec: AgentSpec, llm: LlmClient, memory: MemoryContext, tool_rounds: int
+    ) -> LlmResponse:
         tools = await self._tool_schemas(spec)
         prompt = self.skills.system_prompt(spec.system_prompt)
         request = LlmRequest(
@@ -221,7 +229,10 @@ class AgentLoop:
         return response
 
     def _sampling(self) -> SamplingParams | None:
-        """The turn's sampling override (seed §15.1 ``AgentRequest.sampling``); a malformed one is a ConfigurationError."""
+        """The turn's sampling override (seed §15.1 ``AgentRequest.sampling``).
+
+        Raises :class:`ConfigurationError` for a malformed one.
+        """
         if not self.job.sampling:
             return None
         try:
@@ -233,8 +244,14 @@ class AgentLoop:
         """Native tools of the agent, then each of its sources' tools, in declaration order, then
         the tools of the active skills (seed §12.3)."""
         schemas: list[ToolSchema] = []
-        asking = ToolContext(call_id="", tool_name="", turn_id=self.ctx.turn_id,
-                             conversation_id=self.job.conversation_id, agent=spec.name, worker_id=self.rt.worker_id)
+        asking = ToolContext(
+            call_id="",
+            tool_name="",
+            turn_id=self.ctx.turn_id,
+            conversation_id=self.job.conversation_id,
+            agent=spec.name,
+            worker_id=self.rt.worker_id,
+        )
         for source in self.rt.app.sources_for(spec):
             schemas += await source.schemas(asking)
         return await self.skills.tools(schemas, asking)
@@ -266,7 +283,7 @@ class AgentLoop:
         outcomes = await asyncio.gather(*(self._run_tool(spec, step, i, c) for i, c in enumerate(calls)))
         messages = [
             ToolMessage(tool_call_id=call.id, name=call.name, content=outcome.content, is_error=outcome.is_error)
-            for call, outcome in zip(calls, outcomes)
+            for call, outcome in zip(calls, outcomes, strict=True)
         ]
         final = done_message(list(outcomes))
         await self.ctx.append(*messages, *([final] if final is not None else []))
@@ -278,7 +295,10 @@ class AgentLoop:
         job = self._tool_job(spec, step, index, call)
         route = self._route(spec, call.name)
         if route is None:
-            outcome, produced_here = ToolOutcome(content=error_content(f"unknown tool: {call.name}"), is_error=True), True
+            outcome, produced_here = (
+                ToolOutcome(content=error_content(f"unknown tool: {call.name}"), is_error=True),
+                True,
+            )
         else:
             job.timeout, job.idempotent, job.skill = route.timeout, route.idempotent, route.skill
             outcome, produced_here = await self.ctx.services.tool_waiter.run(job)
@@ -290,8 +310,9 @@ class AgentLoop:
         """Publish ``tool.result`` unless the tool worker already did: a result that landed while the
         turn was between attempts (its publish was refused) goes out now, exactly once."""
         once = self.rt.keys.tool_result_published(job.turn_id, job.step, job.index)
-        seq = await self.rt.events.publish(job.turn_id, tool_result_data(job, outcome),
-                                           self.agent_path, attempt=self.attempt.attempt, once_key=once)
+        seq = await self.rt.events.publish(
+            job.turn_id, tool_result_data(job, outcome), self.agent_path, attempt=self.attempt.attempt, once_key=once
+        )
         if seq < 0:
             raise StaleAttemptError(job.turn_id)
 
@@ -323,4 +344,3 @@ class AgentLoop:
             result_key=keys.tool_result(self.ctx.turn_id, step, index),
             result_max_bytes=spec.config.tool_result_max_bytes,
         )
-

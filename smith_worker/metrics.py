@@ -112,8 +112,12 @@ class WorkerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.turns = Counter("smith_turns", "Turns ended on this worker.", ["agent", "status"], registry=r)
-        self.turn_duration = Histogram("smith_turn_duration_seconds", "Seconds from attempt start to turn end.",
-                                       registry=r, buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
+        self.turn_duration = Histogram(
+            "smith_turn_duration_seconds",
+            "Seconds from attempt start to turn end.",
+            registry=r,
+            buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+        )
         self.tool_calls = Counter("smith_tool_calls", "Tool calls run on this worker.", ["tool", "status"], registry=r)
         self.tool_duration = Histogram("smith_tool_duration_seconds", "Seconds one tool call ran.", registry=r)
         self.turns_running = Gauge("smith_turns_running", "Turns running in this process.", registry=r)

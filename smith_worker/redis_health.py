@@ -88,8 +88,9 @@ class RedisHealth:
             try:
                 result = await call()
             except REDIS_REFUSED_ERRORS as exc:
-                raise ConfigurationError(f"Redis refused the credentials in {where}: {exc}",
-                                         setting="SMITH_REDIS_URL") from exc
+                raise ConfigurationError(
+                    f"Redis refused the credentials in {where}: {exc}", setting="SMITH_REDIS_URL"
+                ) from exc
             except REDIS_DOWN_ERRORS as exc:
                 if self.stopping:
                     raise asyncio.CancelledError(f"shutting down while Redis is unavailable in {where}") from exc

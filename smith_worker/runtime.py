@@ -15,8 +15,8 @@ import logging
 import os
 import socket
 import uuid
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import httpx
@@ -31,8 +31,8 @@ from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
 from smith_worker.health import heartbeat_forever, heartbeat_path, remove_heartbeat
-from smith_worker.metrics import WorkerMetrics
 from smith_worker.isolation import ToolExecutors
+from smith_worker.metrics import WorkerMetrics
 from smith_worker.redaction import SENSITIVE_HEADERS, install_log_redaction, register_secrets, url_credentials
 from smith_worker.redis_health import RedisHealth
 from smith_worker.sources import SourceContext
@@ -106,8 +106,15 @@ class WorkerRuntime:
 
     def source_context(self) -> SourceContext:
         """What the app's tool sources may use of this process."""
-        return SourceContext(self.redis, self.keys, self.events, self.worker_id, self.app.hooks,
-                             {name: spec.hooks for name, spec in self.app.agents.items()}, self.executors)
+        return SourceContext(
+            self.redis,
+            self.keys,
+            self.events,
+            self.worker_id,
+            self.app.hooks,
+            {name: spec.hooks for name, spec in self.app.agents.items()},
+            self.executors,
+        )
 
     @property
     def queue_name(self) -> str:
@@ -125,8 +132,10 @@ class WorkerRuntime:
         the LLM API keys (environment and agents), credentials in the LLM base URL and the Redis password."""
         _, _, llm_password = url_credentials(self.settings.llm_base_url)
         _, _, redis_password = url_credentials(self.settings.redis_url)
-        agent_keys = [getattr(spec.llm, "api_key", None) if not isinstance(spec.llm, dict) else spec.llm.get("api_key")
-                      for spec in self.app.agents.values()]
+        agent_keys = [
+            getattr(spec.llm, "api_key", None) if not isinstance(spec.llm, dict) else spec.llm.get("api_key")
+            for spec in self.app.agents.values()
+        ]
         register_secrets(self.settings.llm_api_key, llm_password, redis_password, *agent_keys, *self._source_secrets())
         install_log_redaction()
 
@@ -145,8 +154,11 @@ class WorkerRuntime:
         if self.restart_requested:
             return
         self.restart_requested = True
-        logger.error("worker %s: %d sync-tool threads overran their timeouts; draining to restart",
-                     self.worker_id, self.executors.overrunning if self.executors else 0)
+        logger.error(
+            "worker %s: %d sync-tool threads overran their timeouts; draining to restart",
+            self.worker_id,
+            self.executors.overrunning if self.executors else 0,
+        )
         self._background.append(asyncio.create_task(self._register()))  # readiness: "draining"
         if self.stop_taking_jobs is not None:
             self.stop_taking_jobs()
@@ -162,8 +174,12 @@ class WorkerRuntime:
             self.metrics.serve(self.settings.metrics_port, self.redis, self.queue_name, self._running_count)
         self.protect_secrets()
         if self.queue == "tools":
-            self.executors = ToolExecutors(self.settings.tool_max_jobs, self.settings.tool_max_overruns,
-                                           self.request_restart, self.settings.tool_processes)
+            self.executors = ToolExecutors(
+                self.settings.tool_max_jobs,
+                self.settings.tool_max_overruns,
+                self.request_restart,
+                self.settings.tool_processes,
+            )
             if any(self.app.tools.find(name).isolation == "process" for name in self.app.tools.names()):
                 self.executors.start_processes()
         await self.health.until_ok("start-up", self._warn_on_eviction)
@@ -177,8 +193,9 @@ class WorkerRuntime:
                 self.on_control, health=self.health,
             )  # fmt: skip
             await replies.start()
-            self.turn_services = TurnServices(httpx.AsyncClient(timeout=None), replies,
-                                              ToolJobWaiter(self.redis, self.keys, replies))
+            self.turn_services = TurnServices(
+                httpx.AsyncClient(timeout=None), replies, ToolJobWaiter(self.redis, self.keys, replies)
+            )
             self._background.append(asyncio.create_task(sweep_forever(self.redis, self.keys)))
         await self.health.until_ok("registration", self._register)
         self._background.append(asyncio.create_task(self._heartbeat_loop()))
@@ -213,8 +230,11 @@ class WorkerRuntime:
         policy = next(iter(reply.values()), b"noeviction")
         policy = policy.decode() if isinstance(policy, bytes) else policy
         if policy != "noeviction":
-            logger.warning("Redis maxmemory-policy is %r, not 'noeviction': under memory pressure Redis may evict "
-                           "turn state and queued jobs (such turns fail with TurnNotFoundError)", policy)
+            logger.warning(
+                "Redis maxmemory-policy is %r, not 'noeviction': under memory pressure Redis may evict "
+                "turn state and queued jobs (such turns fail with TurnNotFoundError)",
+                policy,
+            )
 
     async def _register(self) -> None:
         info = {

@@ -17,8 +17,8 @@ from smith_client import scripts
 from smith_client.eventlog import WHILE_RUNNING
 from smith_client.events import tool_result_data
 from smith_client.jobs import ToolJob, ToolOutcome
-from smith_worker.runtime import WorkerRuntime
 from smith_worker.redaction import redact_text
+from smith_worker.runtime import WorkerRuntime
 from smith_worker.sources import ToolSource
 from smith_worker.tools import (
     ToolContext,
@@ -107,8 +107,9 @@ async def _store(rt: WorkerRuntime, job: ToolJob, outcome: ToolOutcome) -> bool:
 
         def fill(pipe: Any) -> None:
             # never after the turn's terminal event, and never twice (a turn between attempts publishes it on resume)
-            rt.events.publish_in(pipe, job.turn_id, tool_result_data(job, outcome), job.agent_path,
-                                 WHILE_RUNNING, once_key=once)
+            rt.events.publish_in(
+                pipe, job.turn_id, tool_result_data(job, outcome), job.agent_path, WHILE_RUNNING, once_key=once
+            )
             pipe.publish(job.reply_channel, job.result_key)  # a repeat after NOSCRIPT only wakes the waiter again
 
         await scripts.execute(rt.redis, fill, transaction=False)

@@ -267,11 +267,13 @@ def make_tool(
     if timeout <= 0:
         raise ConfigurationError(f"tool timeout must be positive, got {timeout}", setting="timeout")
     if isolation not in ("thread", "process"):
-        raise ConfigurationError(f"tool isolation must be 'thread' or 'process', got {isolation!r}",
-                                 setting="isolation")
+        raise ConfigurationError(
+            f"tool isolation must be 'thread' or 'process', got {isolation!r}", setting="isolation"
+        )
     if isolation == "process" and inspect.iscoroutinefunction(fn):
-        raise ConfigurationError("isolation='process' is for sync functions; an async tool can be cancelled",
-                                 setting="isolation")
+        raise ConfigurationError(
+            "isolation='process' is for sync functions; an async tool can be cancelled", setting="isolation"
+        )
     tool_name = name or fn.__name__
     doc = (description if description is not None else inspect.getdoc(fn) or "").strip()
     schema_params = parameters if parameters is not None else schema_from_signature(fn)

@@ -37,17 +37,17 @@ from smith_client.events import (
 from smith_client.jobs import ToolOutcome, TurnJob
 from smith_client.messages import AssistantMessage, ToolMessage
 from smith_worker.app import AgentSpec
+from smith_worker.context import AgentContext
 from smith_worker.dispatch import settle_call
+from smith_worker.fencing import StaleAttemptError
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
-from smith_worker.context import AgentContext
-from smith_worker.fencing import StaleAttemptError
-from smith_worker.memory.pairing import pending_repair
-from smith_worker.turn_state import TurnAttempt, park, wake_head
 from smith_worker.loop import AgentLoop, CancelRequested
+from smith_worker.memory.pairing import pending_repair
 from smith_worker.redaction import redact_error
 from smith_worker.runtime import TurnServices, WorkerRuntime
 from smith_worker.tools import error_content
+from smith_worker.turn_state import TurnAttempt, park, wake_head
 
 logger = logging.getLogger("agent_smith.agent")
 
@@ -60,8 +60,14 @@ class TurnRunner:
         self.services = services
         self.job = job
         self.store = ConversationStore(rt.redis, rt.keys, job.conversation_id)
-        self.attempt = TurnAttempt(rt.redis, rt.keys, job.turn_id, job.conversation_id, rt.worker_id,
-                                   history_max=rt.settings.history_max_messages)
+        self.attempt = TurnAttempt(
+            rt.redis,
+            rt.keys,
+            job.turn_id,
+            job.conversation_id,
+            rt.worker_id,
+            history_max=rt.settings.history_max_messages,
+        )
         self.agent_path = [job.agent]
         #: What the agent loop gets (built once the agent is known).
         self.ctx: AgentContext | None = None
@@ -103,13 +109,24 @@ class TurnRunner:
                 await self._fail(error_from_exception(exc), spec)
             else:  # the job's own bound ends the turn; it is never handed off and re-run (issue 8)
                 budget = self.rt.settings.turn_job_timeout
-                await self._fail(SmithTimeoutError(f"turn job ran out of its {budget:g} s (SMITH_TURN_JOB_TIMEOUT)",
-                                                   operation="turn.job", budget=budget), spec)
+                await self._fail(
+                    SmithTimeoutError(
+                        f"turn job ran out of its {budget:g} s (SMITH_TURN_JOB_TIMEOUT)",
+                        operation="turn.job",
+                        budget=budget,
+                    ),
+                    spec,
+                )
         except RedisError as exc:
             # Redis is down or frozen: nothing can be written now. The lease runs out and a
             # sweeper re-enqueues the turn once Redis answers; it resumes from its history.
-            logger.warning("turn %s: attempt %d stopped, Redis failed (%s: %s); it resumes once Redis is back",
-                           self.job.turn_id, self.attempt.attempt, type(exc).__name__, exc)
+            logger.warning(
+                "turn %s: attempt %d stopped, Redis failed (%s: %s); it resumes once Redis is back",
+                self.job.turn_id,
+                self.attempt.attempt,
+                type(exc).__name__,
+                exc,
+            )
         except asyncio.CancelledError:
             await asyncio.shield(self._after_task_cancelled(spec))
         except CancelRequested as request:
@@ -125,10 +142,23 @@ class TurnRunner:
 
     async def _run_attempt(self, spec: AgentSpec | None) -> None:
         if spec is None:
-            raise UnknownAgentError(f"this worker does not serve agent {self.job.agent!r}", agent=self.job.agent,
-                                    known=sorted(self.rt.app.agents))
-        self.ctx = AgentContext(self.job, spec, self.agent_path, self.job.turn_id, self.job.turn_id, self.attempt,
-                                self.store, self.publish, self.rt, self.services)
+            raise UnknownAgentError(
+                f"this worker does not serve agent {self.job.agent!r}",
+                agent=self.job.agent,
+                known=sorted(self.rt.app.agents),
+            )
+        self.ctx = AgentContext(
+            self.job,
+            spec,
+            self.agent_path,
+            self.job.turn_id,
+            self.job.turn_id,
+            self.attempt,
+            self.store,
+            self.publish,
+            self.rt,
+            self.services,
+        )
         state = await self.attempt.state()  # one read: the cancel flag and whether the user message is in
         if state.get("cancel_requested"):
             raise CancelRequested(state["cancel_requested"])
@@ -188,8 +218,10 @@ class TurnRunner:
             return
         step = sum(isinstance(m, AssistantMessage) for m in messages)
         outcomes = [await self._settle_call(step, index, ending) for index in range(len(last.tool_calls))]
-        repaired = [ToolMessage(tool_call_id=call.id, name=call.name, content=o.content, is_error=o.is_error)
-                    for call, o in zip(last.tool_calls, outcomes)]
+        repaired = [
+            ToolMessage(tool_call_id=call.id, name=call.name, content=o.content, is_error=o.is_error)
+            for call, o in zip(last.tool_calls, outcomes, strict=True)
+        ]
         if self.ctx is not None:
             await self.ctx.append(*repaired)
         else:
@@ -201,11 +233,15 @@ class TurnRunner:
         it re-attaches."""
         keys, turn_id = self.rt.keys, self.job.turn_id
         started = await self.rt.redis.exists(keys.tool_started(turn_id, step, index))
-        reason = (f"the turn {ending} while this tool call was running; it was stopped and may have partly run"
-                  if started else f"the turn {ending} before this tool call started")
+        reason = (
+            f"the turn {ending} while this tool call was running; it was stopped and may have partly run"
+            if started
+            else f"the turn {ending} before this tool call started"
+        )
         ended = ToolOutcome(content=error_content(reason), is_error=True)
-        return await settle_call(self.rt.redis, keys, keys.tool_job_id(turn_id, step, index),
-                                 keys.tool_result(turn_id, step, index), ended)
+        return await settle_call(
+            self.rt.redis, keys, keys.tool_job_id(turn_id, step, index), keys.tool_result(turn_id, step, index), ended
+        )
 
     async def _fail(self, error: SmithError, spec: AgentSpec | None) -> None:
         """End the turn as failed: the error (secrets redacted) in its state and event, dangling calls answered."""
@@ -220,8 +256,12 @@ class TurnRunner:
         except Exception:  # the failure itself must still be recorded
             logger.warning("turn %s: answering its dangling tool calls failed", self.job.turn_id, exc_info=True)
         try:
-            await self._finish(record.FAILED, record.ERROR, orjson.dumps(error.to_payload()).decode(),
-                               TurnFailedData.model_validate({"error": error.to_payload()}))
+            await self._finish(
+                record.FAILED,
+                record.ERROR,
+                orjson.dumps(error.to_payload()).decode(),
+                TurnFailedData.model_validate({"error": error.to_payload()}),
+            )
         except StaleAttemptError:
             pass
 
@@ -234,6 +274,7 @@ class TurnRunner:
 
     async def _finish(self, status: str, field: str, value: str, data: EventData) -> None:
         """The terminal event and the final state, in one transaction, fenced by the attempt."""
+
         def fill(pipe: Any) -> None:
             self.rt.events.publish_in(pipe, self.job.turn_id, data, self.agent_path, self.attempt.attempt)
             self.attempt.queue_finish(pipe, status, field, value)
@@ -249,7 +290,6 @@ class TurnRunner:
         """This turn's messages: the history from its user message on."""
         start = (await self.attempt.state()).get(record.HISTORY_START)
         return (await self.store.read(int(start))).messages if start is not None else []
-
 
 
 async def fail_unreadable_turn(rt: WorkerRuntime, turn_id: str, error: SmithError) -> bool:
@@ -272,9 +312,15 @@ async def fail_unreadable_turn(rt: WorkerRuntime, turn_id: str, error: SmithErro
         conversation_id = conversation.decode() if conversation else ""
         pipe.multi()
         rt.events.publish_in(pipe, turn_id, TurnFailedData.model_validate({"error": error.to_payload()}))
-        script_keys = [state_key, keys.running, keys.conversation_turns(conversation_id),
-                       keys.conversation_statuses(conversation_id)]
-        scripts.FAIL_UNREAD.queue(pipe, script_keys, [turn_id, orjson.dumps(error.to_payload()).decode(), keys.turn_ttl])
+        script_keys = [
+            state_key,
+            keys.running,
+            keys.conversation_turns(conversation_id),
+            keys.conversation_statuses(conversation_id),
+        ]
+        scripts.FAIL_UNREAD.queue(
+            pipe, script_keys, [turn_id, orjson.dumps(error.to_payload()).decode(), keys.turn_ttl]
+        )
         await pipe.execute()
     logger.error("turn %s failed: %r", turn_id, error)
     if conversation_id:

@@ -27,10 +27,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from smith_client.errors import ParseError
-from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client import scripts
 from smith_client import turn_record as record
+from smith_client.errors import ParseError
+from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import RUNNING_TTL, Keys, now_ms
 from smith_client.messages import message_to_json
 from smith_client.turn_record import decode_state
@@ -86,7 +86,9 @@ class TurnAttempt:
         """Take the turn: ``"go"`` (this attempt runs it), ``"wait"`` (an earlier turn of the
         conversation is unfinished), ``"done"``, ``"busy"`` (another live attempt) or ``"missing"``."""
         keys = [self._state, self.keys.running, self.keys.conversation_turns(self.conversation_id), self._statuses]
-        reply = await scripts.BEGIN(self.redis, keys, [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL])
+        reply = await scripts.BEGIN(
+            self.redis, keys, [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL]
+        )
         outcome = reply[0].decode()
         if outcome == "go":
             self.attempt = int(reply[1])
@@ -104,8 +106,9 @@ class TurnAttempt:
         while True:
             await asyncio.sleep(self.lease_ms / 3000)
             try:
-                renewed = await scripts.RENEW(self.redis, [self._state, self.keys.running],
-                                              [self.turn_id, self.attempt, now_ms(), self.lease_ms])
+                renewed = await scripts.RENEW(
+                    self.redis, [self._state, self.keys.running], [self.turn_id, self.attempt, now_ms(), self.lease_ms]
+                )
             except Exception:  # a Redis blip: the lease has slack for two more tries
                 logger.warning("turn %s: lease renewal failed", self.turn_id, exc_info=True)
                 continue
@@ -129,9 +132,11 @@ class TurnAttempt:
         extra: list[Any] = []
         if repair is not None:
             extra = [repair.end, repair.position, *(message_to_json(m) for m in repair.messages)]
-        index = await scripts.APPEND_USER(self.redis, [self._state, self._history, self._trimmed],
-                                          [self.attempt, message_to_json(message), self.history_ttl, self.history_max,
-                                           *extra])
+        index = await scripts.APPEND_USER(
+            self.redis,
+            [self._state, self._history, self._trimmed],
+            [self.attempt, message_to_json(message), self.history_ttl, self.history_max, *extra],
+        )
         if index < 0:
             raise StaleAttemptError(self.turn_id)
         return int(index)
@@ -141,8 +146,11 @@ class TurnAttempt:
         if not messages:
             return
         blobs = [message_to_json(m) for m in messages]
-        reply = await scripts.APPEND(self.redis, [self._state, self._history, self._trimmed],
-                                     [self.attempt, self.history_ttl, self.history_max, *blobs])
+        reply = await scripts.APPEND(
+            self.redis,
+            [self._state, self._history, self._trimmed],
+            [self.attempt, self.history_ttl, self.history_max, *blobs],
+        )
         if reply < 0:
             raise StaleAttemptError(self.turn_id)
 
@@ -152,7 +160,10 @@ class TurnAttempt:
         return self.drained(await scripts.DRAIN_INBOX(self.redis, keys, args))
 
     def queue_drain_inbox(self, pipe: Any) -> None:
-        """Queue a non-closing :meth:`drain_inbox` on ``pipe`` (a step's round trip); :meth:`drained` reads its reply."""
+        """Queue a non-closing :meth:`drain_inbox` on ``pipe`` (a step's round trip).
+
+        :meth:`drained` reads its reply.
+        """
         scripts.DRAIN_INBOX.queue(pipe, *self._drain_call(closing=False))
 
     def _drain_call(self, closing: bool) -> tuple[list[str], list[Any]]:
@@ -169,8 +180,14 @@ class TurnAttempt:
         """Queue the fenced final write (``lua/finish.lua``) on ``pipe``, to commit with the terminal event:
         ``status`` and ``field`` = ``value`` in the state, which then lives ``keys.turn_ttl`` seconds.
         Its reply is 0 when this attempt was fenced off."""
-        keys = [self._state, self.keys.running, self.keys.conversation_turns(self.conversation_id),
-                self.keys.turn_inbox(self.turn_id), self._history, self._statuses]
+        keys = [
+            self._state,
+            self.keys.running,
+            self.keys.conversation_turns(self.conversation_id),
+            self.keys.turn_inbox(self.turn_id),
+            self._history,
+            self._statuses,
+        ]
         args = [self.turn_id, self.attempt, status, field, value, self.keys.turn_ttl, self.history_ttl]
         scripts.FINISH.queue(pipe, keys, args)
 
@@ -244,4 +261,3 @@ async def requeue_turn(redis: Any, keys: Keys, turn_id: str, conversation_id: st
         await _enqueue_turn(redis, keys, turn_id, keys.turn_rerun_job_id(turn_id, count))
         logger.info("turn %s re-enqueued (re-enqueue #%d)", turn_id, count)
     return count
-

@@ -43,10 +43,10 @@ from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.redaction import redact_error
-from smith_worker.turn import TurnRunner, fail_unreadable_turn
 from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
 from smith_worker.runtime import Queue, TurnServices, WorkerRuntime
 from smith_worker.tool_runner import run_tool
+from smith_worker.turn import TurnRunner, fail_unreadable_turn
 
 logger = logging.getLogger("agent_smith.worker")
 
@@ -183,21 +183,21 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         functions = [func(run_tool, name=RUN_TOOL, timeout=settings.tool_job_timeout, max_tries=1, keep_result=60)]
         max_jobs, poll_delay = settings.tool_max_jobs, settings.tool_poll_delay
         completion_wait = TOOL_JOB_COMPLETION_WAIT
-    options: dict[str, Any] = dict(
-        functions=functions,
-        queue_name=runtime.queue_name,
-        redis_pool=redis,
-        on_startup=on_startup,
-        on_shutdown=on_shutdown,
-        max_jobs=max_jobs,
-        poll_delay=poll_delay,
-        queue_read_limit=max(MIN_QUEUE_READ_LIMIT, 4 * max_jobs),
-        allow_abort_jobs=True,
-        health_check_interval=10,
-        job_completion_wait=completion_wait,
-        job_serializer=job_serializer,
-        job_deserializer=job_deserializer,
-    )
+    options: dict[str, Any] = {
+        "functions": functions,
+        "queue_name": runtime.queue_name,
+        "redis_pool": redis,
+        "on_startup": on_startup,
+        "on_shutdown": on_shutdown,
+        "max_jobs": max_jobs,
+        "poll_delay": poll_delay,
+        "queue_read_limit": max(MIN_QUEUE_READ_LIMIT, 4 * max_jobs),
+        "allow_abort_jobs": True,
+        "health_check_interval": 10,
+        "job_completion_wait": completion_wait,
+        "job_serializer": job_serializer,
+        "job_deserializer": job_deserializer,
+    }
     options.update(overrides)
     worker = SmithWorker(ctx={"runtime": runtime}, health=runtime.health, **options)
     # stop polling, let running jobs finish (job_completion_wait), then end run(): the drain before a restart

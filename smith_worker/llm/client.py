@@ -45,7 +45,6 @@ from smith_client.errors import (
     TransportError,
 )
 from smith_client.messages import parse_json_object
-from smith_worker.llm.wire import assistant_from_openai, to_openai
 from smith_worker.llm.json_schema_tools import JsonReplyReader, rewrite_request
 from smith_worker.llm.stream import ChatStreamDecoder
 from smith_worker.llm.types import (
@@ -59,6 +58,7 @@ from smith_worker.llm.types import (
     StreamToolCallCompleted,
     StreamToolCallStarted,
 )
+from smith_worker.llm.wire import assistant_from_openai, to_openai
 from smith_worker.redaction import redact_body, redact_headers, redact_text
 from smith_worker.retry import BACKOFF_CAP, BACKOFF_JITTER, RetryPolicy, parse_retry_after
 
@@ -209,8 +209,11 @@ class LlmClient:
         except TimeoutError as exc:
             if not bound.expired():
                 raise
-            raise SmithTimeoutError(f"the model's response did not end within {budget:g} s (response_timeout)",
-                                    operation=RESPONSE_OPERATION, budget=budget) from exc
+            raise SmithTimeoutError(
+                f"the model's response did not end within {budget:g} s (response_timeout)",
+                operation=RESPONSE_OPERATION,
+                budget=budget,
+            ) from exc
 
     def _prepare(self, req: LlmRequest, *, stream: bool) -> tuple[bytes, dict[str, str]]:
         content = orjson.dumps(self.build_body(req, stream=stream))
@@ -427,9 +430,10 @@ def events_for_response(response: LlmResponse) -> list[StreamEvent]:
 def _status_failure(status: int, headers: httpx.Headers, body: str) -> Exception:
     """The error for a non-2xx reply, wrapped for retry when the table allows it."""
     # the excerpt goes into events and logs: sensitive JSON keys and known secrets removed (seed §16.4)
-    excerpt = redact_body(body[:64 * 1024])
-    error = LlmApiError(redact_text(f"chat completions failed with HTTP {status}: {_error_message(body)}"), status,
-                        excerpt)
+    excerpt = redact_body(body[: 64 * 1024])
+    error = LlmApiError(
+        redact_text(f"chat completions failed with HTTP {status}: {_error_message(body)}"), status, excerpt
+    )
     if status == 429:
         return _RetryableFailure(error, retry_after=parse_retry_after(headers.get("retry-after")))
     if status >= 500:

@@ -17,10 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from smith_client.errors import LlmApiError, ParseError
 from smith_client.messages import AssistantMessage, TokenUsage, ToolCall, parse_json_object
-from smith_worker.llm.wire import parse_arguments, usage_from_openai
 from smith_worker.llm.sse import SseEvent, SseParser
 from smith_worker.llm.types import (
     LlmResponse,
@@ -30,6 +28,7 @@ from smith_worker.llm.types import (
     StreamToolCallCompleted,
     StreamToolCallStarted,
 )
+from smith_worker.llm.wire import parse_arguments, usage_from_openai
 from smith_worker.redaction import redact_body
 
 DONE_MARKER = "[DONE]"
@@ -222,7 +221,10 @@ class ChatStreamAssembler:
             self._standard_usage = True
 
     def _take_groq_usage(self, x_groq: Any) -> None:
-        """Groq reports streamed usage only as ``x_groq.usage`` (https://console.groq.com/docs/api-reference); the standard field wins."""
+        """Groq reports streamed usage only as ``x_groq.usage``; the standard field wins.
+
+        (https://console.groq.com/docs/api-reference)
+        """
         if isinstance(x_groq, dict) and not self._standard_usage:
             usage = usage_from_openai(x_groq.get("usage"))
             if usage is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
@@ -33,7 +33,10 @@ class ToolSchema(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
     def to_openai(self) -> dict[str, Any]:
-        """The chat-completions ``tools[]`` entry: ``{"type":"function","function":{name, description, parameters}}``."""
+        """The chat-completions ``tools[]`` entry.
+
+        ``{"type": "function", "function": {name, description, parameters}}``.
+        """
         return {
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
@@ -141,7 +144,7 @@ class LlmClientConfig(BaseModel):
         return f"{self.base_url.rstrip('/')}/chat/completions"
 
 
-ToolChoice = Union[Literal["auto", "required", "none"], dict[str, Any], None]
+ToolChoice = Literal["auto", "required", "none"] | dict[str, Any] | None
 
 
 class LlmRequest(BaseModel):
@@ -163,8 +166,10 @@ class LlmRequest(BaseModel):
     def _check_tool_choice(cls, value: Any) -> Any:
         if isinstance(value, dict):
             function = value.get("function")
-            if value.get("type") != "function" or not isinstance(function, dict) or not isinstance(
-                function.get("name"), str
+            if (
+                value.get("type") != "function"
+                or not isinstance(function, dict)
+                or not isinstance(function.get("name"), str)
             ):
                 raise ValueError('tool_choice object must be {"type": "function", "function": {"name": str}}')
         return value
@@ -221,7 +226,7 @@ class StreamFinished:
     usage: TokenUsage | None = None
 
 
-StreamEvent = Union[StreamTokenDelta, StreamToolCallStarted, StreamToolCallCompleted, StreamFinished]
+StreamEvent = StreamTokenDelta | StreamToolCallStarted | StreamToolCallCompleted | StreamFinished
 
 
 __all__ = [

@@ -30,16 +30,26 @@ if TYPE_CHECKING:  # the names for type checkers; at run time each loads its mod
     )
     from smith_worker.mcp.config import (
         PROTOCOL_VERSION as PROTOCOL_VERSION,
+    )
+    from smith_worker.mcp.config import (
         ServerConfig as ServerConfig,
     )
     from smith_worker.mcp.events import (
         LifecycleEvent as LifecycleEvent,
+    )
+    from smith_worker.mcp.events import (
         LifecycleKind as LifecycleKind,
+    )
+    from smith_worker.mcp.events import (
         McpEvent as McpEvent,
+    )
+    from smith_worker.mcp.events import (
         Notification as Notification,
     )
     from smith_worker.mcp.server import (
         ServerHandle as ServerHandle,
+    )
+    from smith_worker.mcp.server import (
         State as State,
     )
     from smith_worker.mcp.source import (

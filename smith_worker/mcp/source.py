@@ -137,8 +137,9 @@ class McpServerSource:
 
     # ---- extras -------------------------------------------------------------------
 
-    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None,
-                         timeout: float | None = None) -> list[Any]:
+    async def get_prompt(
+        self, name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> list[Any]:
         """Prompt ``name`` rendered as Smith messages (seed §11.8). Raises :class:`McpError` on non-text content."""
         deadline = None if timeout is None else time.monotonic() + timeout
         return await self.handle.get_prompt(name, arguments, deadline=deadline)

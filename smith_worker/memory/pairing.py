@@ -69,7 +69,7 @@ def strip_orphans(messages: list[Any]) -> list[Any]:
         if not (isinstance(head, AssistantMessage) and head.tool_calls):
             out.append(head)
             continue
-        kept, missing = _answers(Counter(c.id for c in head.tool_calls), messages[start + 1:end])
+        kept, missing = _answers(Counter(c.id for c in head.tool_calls), messages[start + 1 : end])
         if not missing:
             out.append(head)
             out.extend(kept)
@@ -87,7 +87,7 @@ def answer_dangling(messages: list[Any]) -> list[tuple[int, list[ToolMessage]]]:
     for start, end in _groups(messages):
         head = messages[start]
         if isinstance(head, AssistantMessage) and head.tool_calls:
-            _, missing = _answers(Counter(c.id for c in head.tool_calls), messages[start + 1:end])
+            _, missing = _answers(Counter(c.id for c in head.tool_calls), messages[start + 1 : end])
             if missing:
                 repairs.append((end, _error_messages(head, missing)))
     return repairs

@@ -33,6 +33,7 @@ DEFAULT_SUMMARY_PROMPT = (
 #: Heading of the system message that stands for the summarised messages in the model's view.
 SUMMARY_HEADING = "Summary of the earlier conversation:"
 
+
 def _positive(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigurationError(f"SummaryMemory {name} must be an int >= {minimum}, got {value!r}", setting=name)
@@ -58,13 +59,20 @@ class SummaryMemory(Memory):
     outside ``0 .. threshold - 1`` or a ``window`` that is not a :class:`Memory`.
     """
 
-    def __init__(self, threshold: int = 40, keep_recent: int = 10, summary_prompt: str | None = None,
-                 window: Memory | None = None) -> None:
+    def __init__(
+        self,
+        threshold: int = 40,
+        keep_recent: int = 10,
+        summary_prompt: str | None = None,
+        window: Memory | None = None,
+    ) -> None:
         self.threshold = _positive("threshold", threshold, 2)
         self.keep_recent = _positive("keep_recent", keep_recent, 0)
         if keep_recent >= threshold:
-            raise ConfigurationError(f"SummaryMemory keep_recent ({keep_recent}) must be below threshold "
-                                     f"({threshold})", setting="keep_recent")
+            raise ConfigurationError(
+                f"SummaryMemory keep_recent ({keep_recent}) must be below threshold ({threshold})",
+                setting="keep_recent",
+            )
         if window is not None and not isinstance(window, Memory):
             raise ConfigurationError(f"SummaryMemory window must be a Memory, got {window!r}", setting="window")
         self.summary_prompt = summary_prompt or DEFAULT_SUMMARY_PROMPT
@@ -104,8 +112,9 @@ class SummaryMemory(Memory):
 
     async def _fallback(self, ctx: MemoryContext, exc: Exception) -> list[Any]:
         error = error_from_exception(exc)
-        logger.warning("conversation %s: summary call failed (%r); this step uses %r",
-                       ctx.conversation_id, error, self.window)
+        logger.warning(
+            "conversation %s: summary call failed (%r); this step uses %r", ctx.conversation_id, error, self.window
+        )
         await ctx.publish(MemorySummaryFailedData.model_validate({"error": error.to_payload()}))
         try:
             return await self.window.select(ctx)

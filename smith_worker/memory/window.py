@@ -25,8 +25,9 @@ def _check_limit(name: str, value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f"RollingWindowMemory {name} must be a positive int or None, got {value!r}",
-                                 setting=name)
+        raise ConfigurationError(
+            f"RollingWindowMemory {name} must be a positive int or None, got {value!r}", setting=name
+        )
     return value
 
 
@@ -49,18 +50,22 @@ class RollingWindowMemory(Memory):
 
     page = 64
 
-    def __init__(self, max_messages: int | None = None, max_chars: int | None = None,
-                 max_tokens: int | None = None) -> None:
+    def __init__(
+        self, max_messages: int | None = None, max_chars: int | None = None, max_tokens: int | None = None
+    ) -> None:
         self.max_messages = _check_limit("max_messages", max_messages)
         self.max_chars = _check_limit("max_chars", max_chars)
         self.max_tokens = _check_limit("max_tokens", max_tokens)
         if max_messages is None and max_chars is None and max_tokens is None:
-            raise ConfigurationError("RollingWindowMemory needs max_messages, max_chars or max_tokens",
-                                     setting="memory")
+            raise ConfigurationError(
+                "RollingWindowMemory needs max_messages, max_chars or max_tokens", setting="memory"
+            )
 
     def __repr__(self) -> str:
-        return (f"RollingWindowMemory(max_messages={self.max_messages}, max_chars={self.max_chars}, "
-                f"max_tokens={self.max_tokens})")
+        return (
+            f"RollingWindowMemory(max_messages={self.max_messages}, max_chars={self.max_chars}, "
+            f"max_tokens={self.max_tokens})"
+        )
 
     def _over(self, count: int, size: int) -> tuple[str, int, int] | None:
         """The first limit that ``count`` messages of ``size`` bytes exceed: ``(name, budget, size)``."""
@@ -83,8 +88,9 @@ class RollingWindowMemory(Memory):
         over = self._over(count, size)
         if over is not None:
             name, budget, used = over
-            raise ContextOverflowError(f"the current turn alone exceeds {name}={budget} (it has {used})",
-                                       limit=name, budget=budget, size=used)
+            raise ContextOverflowError(
+                f"the current turn alone exceeds {name}={budget} (it has {used})", limit=name, budget=budget, size=used
+            )
         kept: list[Any] = []  # older messages that fit, newest first
         first = chunk.first
         while older:
