@@ -180,7 +180,7 @@ class WorkerRuntime:
                 self.request_restart,
                 self.settings.tool_processes,
             )
-            if any(self.app.tools.find(name).isolation == "process" for name in self.app.tools.names()):
+            if any(tool.isolation == "process" for tool in self.app.tools.all()):
                 self.executors.start_processes()
         await self.health.until_ok("start-up", self._warn_on_eviction)
         # before any pipeline sends EVALSHA (see smith_client.scripts)
