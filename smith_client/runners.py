@@ -15,9 +15,9 @@ from typing import Any, cast
 
 import redis
 from arq.connections import ArqRedis
-from redis.asyncio import Redis
 from arq.constants import expires_extra_ms
 from arq.jobs import serialize_job
+from redis.asyncio import Redis
 
 from smith_client import scripts
 from smith_client.errors import SmithTimeoutError
@@ -99,7 +99,9 @@ class AsyncRunner:
         except TimeoutError as exc:
             if not deadline.expired():
                 raise
-            raise SmithTimeoutError(f"did not finish in {limit:g} s", operation="send", budget=float(limit or 0)) from exc
+            raise SmithTimeoutError(
+                f"did not finish in {limit:g} s", operation="send", budget=float(limit or 0)
+            ) from exc
 
     async def _run(self, op: Operation[T]) -> T:
         async with contextlib.aclosing(self._drive(op, _Session())) as items:

@@ -24,17 +24,16 @@ from smith_client.keys import ID_PATTERN
 from smith_worker.config import AgentConfig, Settings
 from smith_worker.hooks import Hooks
 from smith_worker.llm.types import LlmClientConfig, ToolChoice
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-#: An agent's ``tool_choice``: the chat-completions values (:data:`ToolChoice`) or one of its tools' names.
-AgentToolChoice = str | dict[str, Any]
 from smith_worker.memory import FullMemory, Memory
 from smith_worker.native import NativeTools
 from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
 from smith_worker.sources import ToolSource
 from smith_worker.tools import DEFAULT_TOOL_TIMEOUT, Isolation, Tool, ToolRegistry, make_tool
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: An agent's ``tool_choice``: the chat-completions values (:data:`ToolChoice`) or one of its tools' names.
+AgentToolChoice = str | dict[str, Any]
 
 
 @dataclass

@@ -16,9 +16,9 @@ sweeper resumes it). ``SMITH_TURN_JOB_TIMEOUT`` ends the turn with
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any, cast
 
 import orjson
