@@ -55,3 +55,26 @@ async def test_a_turn_submitted_by_the_previous_client_version_still_runs(client
     await client.redis.enqueue_job(RUN_TURN, job.model_dump(mode="json"), _job_id=keys.turn_job_id(job.turn_id),
                                    _queue_name=keys.turns_queue)
     assert (await client.turn(job.turn_id).result(timeout=30)).content == "old client ok"
+
+
+async def test_the_client_writes_the_lifetimes_it_is_given(redis_url, prefix, scenario):
+    """``turn_ttl``/``history_ttl`` (SMITH_TURN_TTL / SMITH_HISTORY_TTL, DESIGN.md §8) reach the keys the client writes."""
+    key, marker = scenario(Script(Reply.text("ttl ok")))
+    async with SmithClient.from_url(redis_url, prefix=prefix, turn_ttl=600, history_ttl=900) as client:
+        handle = await client.submit(f"{marker} hi", conversation_id=f"conv-{key}")
+        assert 0 < await client.redis.ttl(client.keys.turn_state(handle.turn_id)) <= 600
+        assert 600 < await client.redis.ttl(client.keys.conversation_statuses(f"conv-{key}")) <= 900
+        await handle.result(timeout=30)
+
+
+def test_lifetimes_come_from_the_environment_and_bad_values_are_refused(monkeypatch):
+    from smith_client.errors import ConfigurationError
+    from smith_client.keys import DEFAULT_HISTORY_TTL, Keys, lifetimes_from_env
+
+    assert lifetimes_from_env({}) == (24 * 3600, DEFAULT_HISTORY_TTL)
+    assert lifetimes_from_env({"SMITH_TURN_TTL": "60", "SMITH_HISTORY_TTL": "120"}) == (60, 120)
+    monkeypatch.setenv("SMITH_TURN_TTL", "90")
+    assert Keys.configured("p").turn_ttl == 90 and Keys.configured("p", turn_ttl=5).turn_ttl == 5
+    for bad in ("0", "-1", "soon"):
+        with pytest.raises(ConfigurationError, match="SMITH_HISTORY_TTL"):
+            lifetimes_from_env({"SMITH_HISTORY_TTL": bad})
