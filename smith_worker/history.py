@@ -18,11 +18,14 @@ from smith_client.messages import SystemMessage, messages_from_json_list
 
 class ConversationStore:
     """Read one conversation's messages. Turns write them through their fenced
-    :class:`~smith_worker.turn_state.TurnAttempt`, so a stale attempt cannot."""
+    :class:`~smith_worker.turn_state.TurnAttempt`, so a stale attempt cannot.
 
-    def __init__(self, redis: Redis, keys: Keys, conversation_id: str) -> None:
+    ``key`` reads another message list instead (a sub-agent's history, :mod:`smith_worker.subagents`).
+    """
+
+    def __init__(self, redis: Redis, keys: Keys, conversation_id: str, *, key: str | None = None) -> None:
         self._redis = redis
-        self._key = keys.history(conversation_id)
+        self._key = key or keys.history(conversation_id)
 
     async def messages(self) -> list[Any]:
         """All stored messages, oldest first."""

@@ -57,7 +57,11 @@ async def run_turn(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
 
 
 def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> Worker:
-    """An arq :class:`Worker` serving ``queue`` for ``app``. ``overrides`` go to ``Worker(...)``."""
+    """An arq :class:`Worker` serving ``queue`` for ``app``. ``overrides`` go to ``Worker(...)``.
+
+    Raises :class:`~smith_client.errors.ConfigurationError` for an agent's bad ``subagents`` (seed §14.1).
+    """
+    app.resolve_subagents()
     settings = settings or app.settings
     redis = connect_redis(settings.redis_url)
     runtime = WorkerRuntime(app=app, queue=queue, settings=settings, redis=redis)

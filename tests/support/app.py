@@ -231,3 +231,29 @@ async def corrupt_result(ctx: ToolContext) -> str:
 app.tool(corrupt_result)
 app.agent("contain", tools=[block_sync, sleep_in_process, pid_in_process, add, lone_surrogate, big_structured,
                             big_done, slow_tool, corrupt_result])
+
+
+# ---- sub-agents (issue 15): lead -> researcher -> fetcher, each with a tool -----------------------
+
+app.agent("lead", system_prompt="You lead.", tools=[add], subagents=["researcher", "fetcher"],
+          config=AgentConfig(max_subagent_depth=2), description="Leads the work.")
+app.agent("researcher", system_prompt="You research.", tools=[whoami], subagents=["fetcher"],
+          description="Researches a question and answers it.")
+app.agent("fetcher", system_prompt="You fetch.", tools=[counted, slow_tool], subagents=["fetcher"],
+          description="Fetches one thing.")
+# the tree budgets are the root's: 6 model calls, or 100 reported tokens, for the whole tree
+app.agent("tree_boss", tools=[add], subagents=["runaway"], config=AgentConfig(tree_max_iterations=6))
+app.agent("token_boss", tools=[add], subagents=["runaway"], config=AgentConfig(tree_max_total_tokens=100))
+# its own limits are wide: only its root's tree budget can stop it
+app.agent("runaway", tools=[whoami], config=AgentConfig(max_iterations=1000, tree_max_iterations=1000),
+          description="Never stops on its own.")
+
+
+@app.tool
+async def patient(seconds: float) -> str:
+    """Sleeps `seconds`; registered without a timeout, so its agent's default_tool_timeout applies."""
+    await asyncio.sleep(seconds)
+    return "patient"
+
+
+app.agent("impatient", tools=[patient], config=AgentConfig(default_tool_timeout=0.5))
