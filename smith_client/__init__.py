@@ -1,13 +1,16 @@
 """Agent Smith client contract: messages, events, errors, job payloads and the thin client.
 
 A web app installs only this package (it depends on redis, arq, pydantic and
-orjson). See DESIGN.md §1 and §3.
+orjson) and uses ``SmithClient`` (asyncio) or ``SyncSmithClient`` (blocking,
+for WSGI). See DESIGN.md §1 and §3.
 """
 
-from smith_client.client import SmithClient
+from smith_client.client import SmithClient, TurnHandle
 from smith_client.errors import (
     ConfigurationError,
     ConflictError,
+    ContextOverflowError,
+    ConversationBusyError,
     InternalError,
     InvalidRequestError,
     LlmApiError,
@@ -33,11 +36,14 @@ from smith_client.messages import (
     ToolMessage,
     UserMessage,
 )
+from smith_client.sync_client import SyncSmithClient
 
 __all__ = [
     "AssistantMessage",
     "ConfigurationError",
     "ConflictError",
+    "ContextOverflowError",
+    "ConversationBusyError",
     "Event",
     "InternalError",
     "InvalidRequestError",
@@ -50,12 +56,14 @@ __all__ = [
     "SmithClient",
     "SmithError",
     "SmithTimeoutError",
+    "SyncSmithClient",
     "SystemMessage",
     "TokenUsage",
     "ToolCall",
     "ToolError",
     "ToolMessage",
     "TransportError",
+    "TurnHandle",
     "TurnCancelledError",
     "UnknownAgentError",
     "UnknownSkillError",

@@ -4,6 +4,8 @@
   to stdout as they arrive; one status line per tool call and result goes to
   stderr (seed §19).
 * ``smith --conversation ID keys`` lists that conversation's Redis keys and TTLs.
+* ``smith status`` prints queue lengths, running turns and live workers per queue.
+* It reads ``SMITH_REDIS_URL``, ``SMITH_PREFIX`` and the Sentinel variables.
 
 ``smith-worker`` (running workers) is :mod:`smith_worker.cli`.
 """
@@ -29,19 +31,26 @@ from smith_client.events import (
     TurnFailedData,
 )
 from smith_client.hygiene import conversation_keys
+from smith_client.registry import fleet_status
 from smith_client.repl import ChatRepl, run_turn
 
 
 class StreamPrinter:
-    """Prints a turn's events: tokens to ``out``, tool status lines to ``err``."""
+    """Prints a turn's events: tokens to ``out``, tool status lines to ``err``.
+
+    An agent that does not stream publishes no ``token`` events, so its answer
+    is printed from the final message of ``turn.completed``.
+    """
 
     def __init__(self, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
         self.out = out
         self.err = err
+        self._streamed: set[str] = set()  # turns whose answer arrived as tokens
 
     def __call__(self, event: Event) -> None:
         data = event.payload
         if isinstance(data, TokenData):
+            self._streamed.add(event.turn_id)
             self.out.write(data.text)
             self.out.flush()
         elif isinstance(data, ToolCallCompletedData):
@@ -50,6 +59,9 @@ class StreamPrinter:
             label = "error" if data.is_error else "result"
             self._status(f"[tool {label}] {data.name} -> {_short(data.content)} (worker {data.worker})")
         elif isinstance(data, TurnCompletedData):
+            if event.turn_id not in self._streamed:
+                self.out.write(data.message.content or "")
+            self._streamed.discard(event.turn_id)
             self.out.write("\n")
             self.out.flush()
         elif isinstance(data, TurnFailedData):
@@ -69,28 +81,58 @@ def _short(text: str, limit: int = 200) -> str:
 
 
 async def _run_ask(args: argparse.Namespace) -> int:
-    async with SmithClient.from_url(args.redis_url, prefix=args.prefix) as client:
-        ok = await run_turn(client, args.question, conversation_id=args.conversation, agent=args.agent,
-                            timeout=args.timeout, printer=StreamPrinter())
+    async with _connect(args) as client:
+        ok = await run_turn(
+            client,
+            args.question,
+            conversation_id=args.conversation,
+            agent=args.agent,
+            timeout=args.timeout,
+            printer=StreamPrinter(),
+        )
         return 0 if ok else 1
 
 
 async def _run_chat(args: argparse.Namespace) -> int:
-    async with SmithClient.from_url(args.redis_url, prefix=args.prefix) as client:
-        repl = ChatRepl(client, StreamPrinter(), agent=args.agent, conversation_id=args.conversation,
-                        timeout=args.timeout)
+    async with _connect(args) as client:
+        repl = ChatRepl(
+            client, StreamPrinter(), agent=args.agent, conversation_id=args.conversation, timeout=args.timeout
+        )
         return await repl.run()
 
 
+def _connect(args: argparse.Namespace) -> SmithClient:
+    return SmithClient.from_url(
+        args.redis_url,
+        prefix=args.prefix,
+        sentinels=os.environ.get("SMITH_REDIS_SENTINELS"),
+        sentinel_master=os.environ.get("SMITH_REDIS_SENTINEL_MASTER"),
+    )
+
+
+async def _run_status(args: argparse.Namespace) -> int:
+    async with _connect(args) as client:
+        status = await fleet_status(client.redis, client.keys)
+    print(f"{'queue':<24} {'length':>7} {'workers':>8}")
+    for name, queue in status.queues.items():
+        print(f"{name:<24} {queue.length:>7} {len(queue.workers):>8}")
+    print(f"running turns: {status.running_turns}")
+    for name, queue in status.queues.items():
+        for worker in queue.workers:
+            print(f"worker {worker['id']} on {name} (host {worker.get('host')}, pid {worker.get('pid')})")
+    return 0
+
+
 async def _run_keys(args: argparse.Namespace) -> int:
-    async with SmithClient.from_url(args.redis_url, prefix=args.prefix) as client:
+    async with _connect(args) as client:
         for info in await conversation_keys(client.redis, client.keys, args.conversation):
             print(f"{info.ttl:>9}  {info.type:<7} {info.key}")
     return 0
 
 
 def smith_main(argv: list[str] | None = None) -> None:
-    """Entry point of ``smith``: ``smith ask "question"``, ``smith chat``, ``smith keys --conversation ID``."""
+    """Entry point of ``smith``: ``smith ask "question"``, ``smith chat``, ``smith keys --conversation ID``,
+    ``smith status``."""
     parser = argparse.ArgumentParser(prog="smith", description="Talk to Agent Smith agents.")
     parser.add_argument("--redis-url", default=os.environ.get("SMITH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--prefix", default=os.environ.get("SMITH_PREFIX", "smith"))
@@ -102,8 +144,9 @@ def smith_main(argv: list[str] | None = None) -> None:
     ask.add_argument("question")
     sub.add_parser("chat", help="an interactive conversation (/reset, /exit, Ctrl-D; Ctrl-C cancels a turn)")
     sub.add_parser("keys", help="list the conversation's Redis keys and their TTLs (seconds)")
+    sub.add_parser("status", help="queue lengths, running turns and live workers per queue")
     args = parser.parse_args(argv)
-    commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys}
+    commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys, "status": _run_status}
     try:
         code = asyncio.run(commands[args.command](args))
     except SmithError as exc:

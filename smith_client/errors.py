@@ -192,7 +192,8 @@ class ConflictError(SmithError):
 
 
 class ConversationBusyError(SmithError):
-    """``multitask="reject"``: the conversation already has an unfinished turn.
+    """The conversation has an unfinished (queued or running) turn: ``multitask="reject"``
+    refused a new one, or :meth:`SmithClient.clear` refused to clear it.
 
     Fields: ``conversation_id``, ``active_turn_id``.
     """
@@ -201,6 +202,20 @@ class ConversationBusyError(SmithError):
 
     def __init__(self, message: str, conversation_id: str = "", active_turn_id: str = "") -> None:
         super().__init__(message, conversation_id=conversation_id, active_turn_id=active_turn_id)
+
+
+class ContextOverflowError(SmithError):
+    """The current turn's messages alone exceed a memory limit (seed §13.2 ``RollingWindowMemory``).
+
+    Fields: ``limit`` (``"max_messages"``, ``"max_chars"`` or ``"max_tokens"``),
+    ``budget`` (the limit's value: messages, UTF-8 bytes or estimated tokens),
+    ``size`` (the turn's size in the same unit).
+    """
+
+    field_names = ("limit", "budget", "size")
+
+    def __init__(self, message: str, limit: str = "", budget: int = 0, size: int = 0) -> None:
+        super().__init__(message, limit=limit, budget=budget, size=size)
 
 
 class EventsTrimmedError(SmithError):
@@ -252,6 +267,7 @@ ERROR_CLASSES: dict[str, type[SmithError]] = {
         UnknownSkillError,
         ConflictError,
         ConversationBusyError,
+        ContextOverflowError,
         EventsTrimmedError,
         TurnNotFoundError,
         InternalError,

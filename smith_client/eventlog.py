@@ -22,6 +22,8 @@ from smith_client import scripts
 from smith_client.errors import EventsTrimmedError
 from smith_client.events import PROTOCOL_VERSION, Event, EventData, event_from_json
 from smith_client.keys import Keys
+from smith_client.protocol import Call, Operation, RunScript, Transaction
+from smith_client.runners import AsyncRunner
 
 #: ``attempt`` value for a publish that needs the turn running, whatever its attempt (tool workers).
 WHILE_RUNNING = -1
@@ -71,31 +73,14 @@ class EventLog:
     # and a running turn; WHILE_RUNNING on a running turn only (tool workers); None: no fence.
 
     def _publish_call(
-        self, turn_id: str, data: EventData, agent_path: list[str] | None, attempt: int | None,
+        self,
+        turn_id: str,
+        data: EventData,
+        agent_path: list[str] | None,
+        attempt: int | None,
         once_key: str | None = None,
     ) -> tuple[list[str], list[Any]]:
-        body = orjson.dumps(
-            {
-                "v": PROTOCOL_VERSION,
-                "turn_id": turn_id,
-                "ts": time.time(),
-                "agent_path": agent_path or [],
-                "type": data.event_type,
-                "data": data.to_wire(),
-            }
-        )
-        keys = [
-            self._keys.turn_seq(turn_id),
-            self._keys.turn_log(turn_id),
-            self._keys.turn_events_channel(turn_id),
-        ]
-        args: list[Any] = [body[1:], self._max_len, self._ttl]
-        if attempt is not None:
-            keys.append(self._keys.turn_state(turn_id))
-            args.append("" if attempt == WHILE_RUNNING else attempt)
-            if once_key is not None:
-                keys.append(once_key)
-        return keys, args
+        return publish_script_args(self._keys, turn_id, data, agent_path, attempt, self._max_len, once_key=once_key)
 
     def publish_in(
         self,
@@ -117,21 +102,72 @@ class EventLog:
         Raises :class:`EventsTrimmedError` when some of them are no longer kept
         (the log was trimmed by its cap, or has expired).
         """
-        # one transaction: the log and the counter are read as of the same instant
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.xrange(self._keys.turn_log(turn_id), min=f"(0-{after_seq}", max="+", count=count)
-            pipe.get(self._keys.turn_seq(turn_id))
-            entries, last = await pipe.execute()
-        events = [event_from_json(fields[b"e"]) for _entry_id, fields in entries]
-        if events and events[0].seq != after_seq + 1 or not events and after_seq < int(last or 0):
-            first = events[0].seq if events else 0
-            raise EventsTrimmedError(
-                f"events of turn {turn_id} after seq {after_seq} are no longer in the replay log",
-                turn_id=turn_id, after_seq=after_seq, first_seq=first,
-            )
-        return events
+        return await AsyncRunner(self._redis).run(read_events(self._keys, turn_id, after_seq, count))
 
     async def last_seq(self, turn_id: str) -> int:
         """The highest ``seq`` published so far for the turn (0 if none)."""
-        raw = await self._redis.get(self._keys.turn_seq(turn_id))
-        return int(raw or 0)
+        return await AsyncRunner(self._redis).run(last_seq(self._keys, turn_id))
+
+
+def publish_script_args(
+    keys: Keys,
+    turn_id: str,
+    data: EventData,
+    agent_path: list[str] | None,
+    attempt: int | None,
+    max_len: int = DEFAULT_LOG_MAX_LEN,
+    *,
+    once_key: str | None = None,
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ``lua/publish.lua`` for one event, which lives ``keys.turn_ttl`` seconds (see
+    :meth:`EventLog.publish` for ``attempt`` and ``once_key``)."""
+    body = orjson.dumps(
+        {
+            "v": PROTOCOL_VERSION,
+            "turn_id": turn_id,
+            "ts": time.time(),
+            "agent_path": agent_path or [],
+            "type": data.event_type,
+            "data": data.to_wire(),
+        }
+    )
+    script_keys = [keys.turn_seq(turn_id), keys.turn_log(turn_id), keys.turn_events_channel(turn_id)]
+    args: list[Any] = [body[1:], max_len, keys.turn_ttl]
+    if attempt is not None:
+        script_keys.append(keys.turn_state(turn_id))
+        args.append("" if attempt == WHILE_RUNNING else attempt)
+        if once_key is not None:
+            script_keys.append(once_key)
+    return script_keys, args
+
+
+def publish(keys: Keys, turn_id: str, data: EventData) -> Operation[int]:
+    """Operation: publish one unfenced event with the default cap; returns its ``seq``."""
+    script_keys, args = publish_script_args(keys, turn_id, data, None, None)
+    return int((yield RunScript(scripts.PUBLISH, tuple(script_keys), tuple(args))))
+
+
+def read_events(keys: Keys, turn_id: str, after_seq: int = 0, count: int | None = None) -> Operation[list[Event]]:
+    """Operation: :meth:`EventLog.read`."""
+    # one transaction: the log and the counter are read as of the same instant
+    entries, last = yield Transaction(
+        (
+            Call("xrange", (keys.turn_log(turn_id),), {"min": f"(0-{after_seq}", "max": "+", "count": count}),
+            Call("get", (keys.turn_seq(turn_id),)),
+        )
+    )
+    events = [event_from_json(fields[b"e"]) for _entry_id, fields in entries]
+    if events and events[0].seq != after_seq + 1 or not events and after_seq < int(last or 0):
+        first = events[0].seq if events else 0
+        raise EventsTrimmedError(
+            f"events of turn {turn_id} after seq {after_seq} are no longer in the replay log",
+            turn_id=turn_id,
+            after_seq=after_seq,
+            first_seq=first,
+        )
+    return events
+
+
+def last_seq(keys: Keys, turn_id: str) -> Operation[int]:
+    """Operation: the highest ``seq`` published so far for the turn (0 if none)."""
+    return int((yield Call("get", (keys.turn_seq(turn_id),))) or 0)

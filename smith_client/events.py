@@ -20,6 +20,8 @@ Event types and their ``data``:
                         or notification (``kind`` ``notification``, ``fields`` ``{method, params}``)
 ``turn.cancelled``      ``{reason}``: cancelled by a caller (``cancel``) or by a newer turn (``interrupt``)
 ``turn.resumed``        ``{attempt}``: a re-run after a worker crash or shutdown took the turn over
+``memory.summary_failed`` ``{error: {kind, message, fields}}``: ``SummaryMemory``'s summary call failed;
+                        that step used its rolling window instead
 ======================  ==========================================================
 """
 
@@ -47,6 +49,7 @@ TURN_FAILED = "turn.failed"
 MCP_EVENT = "mcp.event"
 TURN_CANCELLED = "turn.cancelled"
 TURN_RESUMED = "turn.resumed"
+MEMORY_SUMMARY_FAILED = "memory.summary_failed"
 
 #: Types after which a turn publishes nothing more.
 TERMINAL_TYPES = frozenset({TURN_COMPLETED, TURN_FAILED, TURN_CANCELLED})
@@ -141,6 +144,13 @@ class TurnFailedData(EventData):
     error: ErrorData
 
 
+class MemorySummaryFailedData(EventData):
+    """``memory.summary_failed``: ``SummaryMemory``'s summary call failed; that step used its rolling window."""
+
+    event_type: ClassVar[str] = MEMORY_SUMMARY_FAILED
+    error: ErrorData
+
+
 class McpEventData(EventData):
     """``mcp.event``: an MCP server's lifecycle event (``connected``, ``disconnected``, ``reconnecting``,
     ``reconnect_failed``) or notification (``kind`` ``notification``, ``fields`` ``{method, params}``)."""
@@ -173,8 +183,20 @@ class UnknownData(EventData):
 #: The data model of each known event type.
 DATA_MODELS: dict[str, type[EventData]] = {
     model.event_type: model
-    for model in (TurnStartedData, TokenData, ToolCallStartedData, ToolCallCompletedData, ToolResultData,
-                  MessageData, TurnCompletedData, TurnFailedData, McpEventData, TurnCancelledData, TurnResumedData)
+    for model in (
+        TurnStartedData,
+        TokenData,
+        ToolCallStartedData,
+        ToolCallCompletedData,
+        ToolResultData,
+        MessageData,
+        TurnCompletedData,
+        TurnFailedData,
+        McpEventData,
+        TurnCancelledData,
+        TurnResumedData,
+        MemorySummaryFailedData,
+    )
 }
 
 
@@ -223,8 +245,14 @@ class Event(BaseModel):
 
 def tool_result_data(job: ToolJob, outcome: ToolOutcome) -> ToolResultData:
     """The ``tool.result`` data of ``job``'s call with ``outcome`` (published by whichever side produced it)."""
-    return ToolResultData(tool_call_id=job.call.id, name=job.call.name, index=job.index, content=outcome.content,
-                          is_error=outcome.is_error, worker=outcome.worker)
+    return ToolResultData(
+        tool_call_id=job.call.id,
+        name=job.call.name,
+        index=job.index,
+        content=outcome.content,
+        is_error=outcome.is_error,
+        worker=outcome.worker,
+    )
 
 
 def event_from_json(raw: bytes | str) -> Event:

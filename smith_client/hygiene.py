@@ -41,8 +41,11 @@ async def _describe(redis: Redis, names: list[str]) -> list[KeyInfo]:
 
 async def conversation_keys(redis: Redis, keys: Keys, conversation_id: str) -> list[KeyInfo]:
     """Every key of one conversation and of its turns, with TTLs. Scans the turn states (a diagnostic, O(keys))."""
-    names = [keys.history(conversation_id), keys.conversation_turns(conversation_id),
-             keys.conversation_statuses(conversation_id), keys.conversation_skills(conversation_id)]
+    names = [
+        *keys.conversation_state(conversation_id),
+        keys.conversation_turns(conversation_id),
+        keys.conversation_statuses(conversation_id),
+    ]
     async for state_key in redis.scan_iter(match=keys.turn_state("*"), count=1000):
         if await redis.hget(state_key, record.CONVERSATION_ID) != conversation_id.encode():
             continue

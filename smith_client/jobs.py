@@ -6,7 +6,7 @@ workers read API keys from their own configuration (DESIGN.md §9).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,8 +14,6 @@ from smith_client.messages import ToolCall, UserMessage
 
 RUN_TURN = "run_turn"
 RUN_TOOL = "run_tool"
-
-TurnStatus = Literal["queued", "running", "completed", "failed"]
 
 
 #: Request fields the framework owns; ``Sampling.extra`` may not set them (seed §8.2).

@@ -11,7 +11,6 @@ Lifetimes (DESIGN.md §8; every key has a TTL or an owner). ``turn_ttl`` and
 :func:`lifetimes_from_env` for workers and clients alike); the others are the
 constants below the table.
 
-=======================================  ======================================  ==========================
 key                                      what                                    lifetime
 =======================================  ======================================  ==========================
 ``{p}:turns`` / ``{p}:tools``            arq queues (ZSET)                        owned by arq (members removed at job end)
@@ -37,6 +36,36 @@ key                                      what                                   
 ``arq:job:{id}`` / ``arq:in-progress:…`` arq's job and in-progress keys           owned by arq
 ``arq:abort``                            arq's abort requests (global ZSET)      entries pruned after :data:`ABORT_ENTRY_TTL`; key TTL the same
 =======================================  ======================================  ==========================
+=======
+=======================================  ==============================  =========================================
+key                                      what                            lifetime
+=======================================  ==============================  =========================================
+``{p}:turns`` / ``{p}:tools``            arq queues (ZSET)               owned by arq (members removed at job end)
+``{p}:turn:{t}:seq``                     event sequence counter          ``turn_ttl`` after the last event
+``{p}:turn:{t}:log``                     replay log (Redis Stream)       ``turn_ttl`` after the last event
+``{p}:turn:{t}:state``                   turn status and result (hash)   ``turn_ttl``
+``{p}:tree:{r}:iterations``              model calls of an agent tree    ``turn_ttl`` after the last step
+``{p}:tree:{r}:tokens``                  tokens reported for that tree   ``turn_ttl`` after the last step
+``{p}:turn:{r}:agent#{pos}:history``     a sub-agent's messages (list)   ``turn_ttl`` after the last write
+``{p}:turn:{r}:agent#{pos}:trimmed``     its trimmed-message counter     ``turn_ttl`` after the last write
+``{p}:conv:{c}:history``                 conversation messages (list)    ``history_ttl`` after the last write
+``{p}:conv:{c}:trimmed``                 messages trimmed from the head  ``history_ttl`` after the last write
+``{p}:conv:{c}:summary``                 SummaryMemory's summary         ``history_ttl`` after the last use
+``{p}:toolres:{t}:{step}:{i}``           a tool call's result            ``turn_ttl``
+``{p}:toolres:{t}#{pos}:{step}:{i}``     a sub-agent's tool call's result ``turn_ttl``
+``{p}:workers``                          live workers (ZSET)             pruned by workers; :data:`WORKERS_TTL`
+``{p}:worker:{w}``                       one worker's registration       :data:`REGISTRATION_TTL` (heartbeat)
+``{p}:mcp:{alias}:tools``                an MCP server's tool schemas    ``schema_cache_ttl`` (300 s)
+``{p}:running``                          running turns (ZSET)            removed on finish; :data:`RUNNING_TTL`
+``{p}:conv:{c}:turns``                   unfinished turns (FIFO list)    ``history_ttl``; finished turns removed
+``{p}:conv:{c}:statuses``                unfinished turn id → status     ``history_ttl``; finished turns removed
+``{p}:turn:{t}:inbox``                   messages merged into a turn     ``turn_ttl``
+``{p}:toolres:{t}:{s}:{i}:started``      which tool worker started it    ``turn_ttl``
+``{p}:conv:{c}:skills``                  active skills (list)            ``history_ttl`` after the last use
+``{p}:toolres:{t}:{s}:{i}:published``    its ``tool.result`` is out      ``turn_ttl``
+``arq:job:{id}``, ``arq:in-progress:…``  arq's per-job keys              owned by arq
+``arq:abort``                            arq's abort requests (ZSET)     :data:`ABORT_ENTRY_TTL`
+=======================================  ==============================  =========================================
 
 ``{p}:worker:{w}:replies`` and ``{p}:control`` are pub/sub channels (no key).
 
@@ -55,7 +84,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from arq.constants import abort_jobs_ss, in_progress_key_prefix, job_key_prefix
+from arq.constants import abort_jobs_ss, in_progress_key_prefix, job_key_prefix, result_key_prefix, retry_key_prefix
 
 from smith_client.errors import ConfigurationError
 
@@ -111,8 +140,10 @@ def lifetimes_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
     (defaults :data:`DEFAULT_TURN_TTL`, :data:`DEFAULT_HISTORY_TTL`). Raises
     :class:`~smith_client.errors.ConfigurationError` on a value that is not a positive integer."""
     env = os.environ if env is None else env
-    return (_env_seconds(env, "SMITH_TURN_TTL", DEFAULT_TURN_TTL),
-            _env_seconds(env, "SMITH_HISTORY_TTL", DEFAULT_HISTORY_TTL))
+    return (
+        _env_seconds(env, "SMITH_TURN_TTL", DEFAULT_TURN_TTL),
+        _env_seconds(env, "SMITH_HISTORY_TTL", DEFAULT_HISTORY_TTL),
+    )
 
 
 @dataclass(frozen=True)
@@ -125,6 +156,13 @@ class Keys:
     prefix: str = "smith"
     turn_ttl: int = DEFAULT_TURN_TTL
     history_ttl: int = DEFAULT_HISTORY_TTL
+
+    @classmethod
+    def configured(cls, prefix: str, turn_ttl: int | None = None, history_ttl: int | None = None) -> Keys:
+        """Keys with the given lifetimes (seconds); None reads ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL``
+        (:func:`lifetimes_from_env`). Raises :class:`~smith_client.errors.ConfigurationError` on a bad variable."""
+        env_turn_ttl, env_history_ttl = lifetimes_from_env()
+        return cls(prefix, turn_ttl or env_turn_ttl, history_ttl or env_history_ttl)
 
     @property
     def turns_queue(self) -> str:
@@ -177,6 +215,10 @@ class Keys:
         """List of the messages of the sub-agent at tree ``position`` of a root turn (its checkpoint, seed §14.1)."""
         return f"{self.prefix}:turn:{root_turn_id}:agent{JOB_SUFFIX}{position}:history"
 
+    def subagent_history_trimmed(self, root_turn_id: str, position: str) -> str:
+        """Counter of the messages trimmed from the head of that sub-agent's history (as :meth:`history_trimmed`)."""
+        return f"{self.prefix}:turn:{root_turn_id}:agent{JOB_SUFFIX}{position}:trimmed"
+
     def history(self, conversation_id: str) -> str:
         """List of a conversation's messages (stored form)."""
         return f"{self.prefix}:conv:{conversation_id}:history"
@@ -187,6 +229,24 @@ class Keys:
         Part of the conversation's state: a conversation clear deletes it with the history.
         """
         return f"{self.prefix}:conv:{conversation_id}:skills"
+
+    def history_trimmed(self, conversation_id: str) -> str:
+        """Counter of messages trimmed from the head of the history: list index + this = absolute position."""
+        return f"{self.prefix}:conv:{conversation_id}:trimmed"
+
+    def conversation_summary(self, conversation_id: str) -> str:
+        """Hash of ``SummaryMemory``'s state: ``text`` and ``covers`` (absolute position it summarises up to)."""
+        return f"{self.prefix}:conv:{conversation_id}:summary"
+
+    def conversation_state(self, conversation_id: str) -> list[str]:
+        """Every key of a conversation's own state: messages, memory state, active skills (what
+        ``SmithClient.clear`` deletes)."""
+        return [
+            self.history(conversation_id),
+            self.history_trimmed(conversation_id),
+            self.conversation_summary(conversation_id),
+            self.conversation_skills(conversation_id),
+        ]
 
     def tool_result(self, turn_id: str, step: int, index: int, position: str = "") -> str:
         """A tool call's outcome (:class:`~smith_client.jobs.ToolOutcome` JSON); first writer wins.
@@ -235,6 +295,10 @@ class Keys:
         """Marker: which tool worker started a call (tells a live runner from a dead one on resume)."""
         return f"{self.tool_result(turn_id, step, index, position)}:started"
 
+    def tool_reruns(self, turn_id: str, step: int, index: int, position: str = "") -> str:
+        """Counter: re-runs of an idempotent call after its tool worker died (bounded, issue 8)."""
+        return f"{self.tool_result(turn_id, step, index, position)}:reruns"
+
     @property
     def control_channel(self) -> str:
         """Pub/sub channel of control messages to turn workers (a turn id to cancel)."""
@@ -276,6 +340,11 @@ class Keys:
         """arq's key that exists while a job runs."""
         return in_progress_key_prefix + job_id
 
+    @staticmethod
+    def arq_result(job_id: str) -> str:
+        """arq's key holding a finished job's result."""
+        return result_key_prefix + job_id
+
     @property
     def arq_abort_set(self) -> str:
         """arq's ZSET of abort requests (job id → request epoch ms)."""
@@ -301,4 +370,19 @@ class Keys:
     def turn_id_of_state(self, state_key: str) -> str:
         """The turn id in a :meth:`turn_state` key name (the inverse of that method)."""
         head, tail = self.turn_state(""), ":state"
-        return state_key[len(head) - len(tail): -len(tail)]
+        return state_key[len(head) - len(tail) : -len(tail)]
+
+    @property
+    def acl_patterns(self) -> list[str]:
+        """Redis ACL key (``~``) and channel (``&``) patterns covering everything this prefix uses.
+
+        Its own keys and channels, plus arq's per-job keys of its job ids (which
+        all start with the prefix) and arq's abort set, which arq shares per
+        database. A plain ``~arq:*`` would also let a tenant read another
+        tenant's queued job payloads. See :mod:`smith_client.acl`.
+        """
+        p = self.prefix
+        arq_keys = [
+            f"~{kind}{p}:*" for kind in (job_key_prefix, in_progress_key_prefix, result_key_prefix, retry_key_prefix)
+        ]
+        return [f"~{p}:*", *arq_keys, f"~{abort_jobs_ss}", f"&{p}:*"]

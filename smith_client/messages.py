@@ -1,4 +1,4 @@
-"""The message model (seed §7) and its OpenAI chat-completions wire form.
+"""The message model (seed §7); its OpenAI chat-completions wire form is :mod:`smith_worker.llm.wire`.
 
 Four message kinds, discriminated by ``role``: :class:`SystemMessage`,
 :class:`UserMessage`, :class:`AssistantMessage`, :class:`ToolMessage`.
@@ -7,14 +7,14 @@ Two JSON forms exist:
 * the *stored* form (``model_dump(mode="json")``) keeps every field, including
   ``ToolMessage.is_error`` and ``AssistantMessage.usage``; it is what history
   and events carry;
-* the *wire* form (:func:`to_openai`) is what a chat-completions server gets:
+* the *wire* form (``smith_worker.llm.wire.to_openai``) is what a chat-completions server gets:
   standard fields only, ``is_error`` never appears, tool-call arguments are a
   JSON string (https://platform.openai.com/docs/api-reference/chat/create).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -83,7 +83,7 @@ class ToolMessage(BaseModel):
 
 
 Message = Annotated[
-    Union[SystemMessage, UserMessage, AssistantMessage, ToolMessage],
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage,
     Field(discriminator="role"),
 ]
 
@@ -107,108 +107,27 @@ def message_to_json(message: BaseModel) -> bytes:
     return orjson.dumps(message.model_dump(mode="json"))
 
 
-def parse_json_object(raw: bytes | str, what: str) -> dict[str, Any]:
-    """Parse JSON that must be an object; ``what`` names it in the :class:`ParseError` (with the offset)."""
+def parse_json_object(raw: bytes | str, what: str, *, offset: int | None = None) -> dict[str, Any]:
+    """Parse JSON that must be an object: the one parser of untrusted JSON objects (stored messages,
+    chat completions, stream frames, tool-call arguments).
+
+    ``what`` names it in the :class:`ParseError`, whose ``offset`` is ``offset``
+    (e.g. the byte offset of a stream frame) or else the position of the error.
+    """
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise ParseError(f"invalid JSON in {what}: {exc.msg}", offset=exc.pos) from exc
+        raise ParseError(
+            f"invalid JSON in {what} (position {exc.pos}): {exc.msg}", offset=exc.pos if offset is None else offset
+        ) from exc
     if not isinstance(data, dict):
-        raise ParseError(f"{what} is not a JSON object")
+        raise ParseError(f"{what} is not a JSON object", offset=offset)
     return data
 
 
 def message_from_json(raw: bytes | str) -> SystemMessage | UserMessage | AssistantMessage | ToolMessage:
     """Parse stored-form JSON bytes. Raises ``ParseError``."""
     return message_from_dict(parse_json_object(raw, "message"))
-
-
-def to_openai(message: BaseModel) -> dict[str, Any]:
-    """Convert one message to the chat-completions wire JSON (seed §7.3). Total.
-
-    Assistant tool calls become ``{"id","type":"function","function":{"name","arguments":<JSON string>}}``.
-    ``content`` is always a string (``""`` beside tool calls): llama-cpp-python's
-    server rejects ``null`` there, and OpenAI accepts both.
-    """
-    if isinstance(message, AssistantMessage):
-        out: dict[str, Any] = {"role": "assistant", "content": message.content}
-        if message.tool_calls:
-            out["tool_calls"] = [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": orjson.dumps(call.arguments).decode()},
-                }
-                for call in message.tool_calls
-            ]
-        return out
-    if isinstance(message, ToolMessage):
-        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
-    if isinstance(message, (SystemMessage, UserMessage)):
-        return {"role": message.role, "content": message.content}
-    raise TypeError(f"not a message: {type(message).__name__}")
-
-
-def parse_arguments(raw: Any, *, tool_name: str = "") -> dict[str, Any]:
-    """Parse a tool call's ``arguments`` as the wire gives them.
-
-    Accepts a JSON string (``""`` means ``{}``), an object already decoded, or
-    ``None``. Raises ``ParseError`` (with the offset) for malformed JSON or a
-    non-object value.
-    """
-    if raw is None:
-        return {}
-    if isinstance(raw, dict):
-        return raw
-    if not isinstance(raw, str):
-        raise ParseError(f"tool call {tool_name!r}: arguments must be a JSON object, got {type(raw).__name__}")
-    if raw.strip() == "":
-        return {}
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ParseError(f"tool call {tool_name!r}: malformed arguments JSON: {exc.msg}", offset=exc.pos) from exc
-    if not isinstance(value, dict):
-        raise ParseError(f"tool call {tool_name!r}: arguments must be a JSON object")
-    return value
-
-
-def usage_from_openai(raw: Any) -> TokenUsage | None:
-    """Read an OpenAI ``usage`` object (``prompt_tokens``, ``completion_tokens``, ``total_tokens``)."""
-    if not isinstance(raw, dict):
-        return None
-    prompt = int(raw.get("prompt_tokens") or 0)
-    completion = int(raw.get("completion_tokens") or 0)
-    total = int(raw.get("total_tokens") or (prompt + completion))
-    return TokenUsage(prompt=prompt, completion=completion, total=total)
-
-
-def assistant_from_openai(choice_message: Any, usage: Any = None) -> AssistantMessage:
-    """Build an :class:`AssistantMessage` from a non-streamed ``choices[0].message``.
-
-    Raises ``ParseError`` on a shape mismatch (the payload is untrusted, seed §7.3).
-    """
-    if not isinstance(choice_message, dict):
-        raise ParseError("choices[0].message is not an object")
-    content = choice_message.get("content") or ""
-    if not isinstance(content, str):
-        raise ParseError("choices[0].message.content is not a string")
-    calls: list[ToolCall] = []
-    for position, raw_call in enumerate(choice_message.get("tool_calls") or []):
-        if not isinstance(raw_call, dict) or not isinstance(raw_call.get("function"), dict):
-            raise ParseError(f"tool_calls[{position}] has no function object")
-        function = raw_call["function"]
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise ParseError(f"tool_calls[{position}] has no function name")
-        calls.append(
-            ToolCall(
-                id=str(raw_call.get("id") or ""),
-                name=name,
-                arguments=parse_arguments(function.get("arguments"), tool_name=name),
-            )
-        )
-    return AssistantMessage(content=content, tool_calls=calls, usage=usage_from_openai(usage))
 
 
 def messages_from_json_list(items: list[bytes]) -> list[Any]:
@@ -224,12 +143,8 @@ __all__ = [
     "ToolCall",
     "ToolMessage",
     "UserMessage",
-    "assistant_from_openai",
     "message_from_dict",
     "message_from_json",
     "message_to_json",
     "messages_from_json_list",
-    "parse_arguments",
-    "to_openai",
-    "usage_from_openai",
 ]

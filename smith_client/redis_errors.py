@@ -1,7 +1,7 @@
 """Redis failures reach callers as typed errors: :class:`~smith_client.errors.TransportError`.
 
-The public coroutines and async generators of the client are wrapped with
-:func:`typed_redis_errors`, so a web app catches one base class,
+The clients' runners (:mod:`smith_client.runners`) perform every request through
+a function wrapped with :func:`typed_redis_errors`, so a web app catches one base class,
 :class:`~smith_client.errors.SmithError`, for everything this package raises.
 """
 
@@ -20,7 +20,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def typed_redis_errors(fn: F) -> F:
-    """Re-raise ``redis.exceptions.RedisError`` from ``fn`` (a coroutine function or async generator) as ``TransportError``."""
+    """Re-raise ``redis.exceptions.RedisError`` from ``fn`` as ``TransportError``.
+
+    ``fn`` is a coroutine function, an async generator function or a plain function.
+    """
+    if not inspect.iscoroutinefunction(fn) and not inspect.isasyncgenfunction(fn):
+
+        @functools.wraps(fn)
+        def function(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except RedisError as exc:
+                raise error_from_redis(exc) from exc
+
+        return function  # type: ignore[return-value]
+
     if inspect.isasyncgenfunction(fn):
 
         @functools.wraps(fn)

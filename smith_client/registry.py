@@ -11,12 +11,15 @@ live worker serves (issue 14 rule 5).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from redis.asyncio import Redis
 
 from smith_client.keys import Keys, now_ms
+from smith_client.protocol import Call, Operation
+from smith_client.runners import AsyncRunner
 
 #: Seconds a registration lives without a heartbeat.
 DEFAULT_REGISTRATION_TTL = 15
@@ -45,29 +48,66 @@ async def unregister_worker(redis: Redis, keys: Keys, worker_id: str) -> None:
         await pipe.execute()
 
 
-async def live_workers(redis: Redis, keys: Keys) -> list[dict[str, Any]]:
-    """Registrations of the workers whose heartbeat has not expired."""
-    ids = await redis.zrangebyscore(keys.workers, now_ms(), "+inf")
+def read_live_workers(keys: Keys) -> Operation[list[dict[str, Any]]]:
+    """Operation: the registrations of the workers whose heartbeat has not expired."""
+    ids = yield Call("zrangebyscore", (keys.workers, now_ms(), "+inf"))
     if not ids:
         return []
-    raws = await redis.mget([keys.worker(i.decode() if isinstance(i, bytes) else i) for i in ids])
+    raws = yield Call("mget", ([keys.worker(i.decode() if isinstance(i, bytes) else i) for i in ids],))
     return [orjson.loads(raw) for raw in raws if raw]
 
 
-async def _served_by_turn_workers(redis: Redis, keys: Keys, field: str) -> set[str] | None:
-    """The union of a registration list ``field`` over live turn workers; ``None`` when none is registered."""
-    turn_workers = [w for w in await live_workers(redis, keys) if w.get("queue") == "turns"]
+def read_served(keys: Keys, field: str) -> Operation[set[str] | None]:
+    """Operation: the union of a registration list ``field`` (``agents``, ``skills``) over live turn
+    workers; ``None`` when no turn worker is registered."""
+    turn_workers = [w for w in (yield from read_live_workers(keys)) if w.get("queue") == "turns"]
     if not turn_workers:
         return None
     return {name for worker in turn_workers for name in worker.get(field, [])}
 
 
+async def live_workers(redis: Redis, keys: Keys) -> list[dict[str, Any]]:
+    """Registrations of the workers whose heartbeat has not expired."""
+    return await AsyncRunner(redis).run(read_live_workers(keys))
+
+
 async def live_agents(redis: Redis, keys: Keys) -> set[str] | None:
     """Agents served by live turn workers, or ``None`` when no turn worker is registered."""
-    return await _served_by_turn_workers(redis, keys, "agents")
+    return await AsyncRunner(redis).run(read_served(keys, "agents"))
 
 
 async def live_skills(redis: Redis, keys: Keys) -> set[str] | None:
     """Declared names of the skills served by live turn workers (which compose the prompts),
     or ``None`` when no turn worker is registered."""
-    return await _served_by_turn_workers(redis, keys, "skills")
+    return await AsyncRunner(redis).run(read_served(keys, "skills"))
+
+
+@dataclass
+class QueueStatus:
+    """One arq queue: its length (ZCARD: queued, running and deferred jobs) and the live workers serving it."""
+
+    length: int
+    workers: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class FleetStatus:
+    """What ``smith status`` prints: the two queues by name, and the number of running turns."""
+
+    queues: dict[str, QueueStatus]
+    running_turns: int
+
+
+async def fleet_status(redis: Redis, keys: Keys) -> FleetStatus:
+    """Queue lengths, running turns (``{p}:running``) and live workers per queue of one prefix."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zcard(keys.turns_queue)
+        pipe.zcard(keys.tools_queue)
+        pipe.zcount(keys.running, now_ms(), "+inf")
+        turns_length, tools_length, running = await pipe.execute()
+    workers = await live_workers(redis, keys)
+    queues = {
+        keys.turns_queue: QueueStatus(turns_length, [w for w in workers if w.get("queue") == "turns"]),
+        keys.tools_queue: QueueStatus(tools_length, [w for w in workers if w.get("queue") == "tools"]),
+    }
+    return FleetStatus(queues, running)

@@ -110,8 +110,14 @@ class ChatRepl:
             loop.remove_signal_handler(signal.SIGINT)
 
     async def _ask(self, line: str) -> None:
-        turn = run_turn(self.client, line, conversation_id=self.conversation_id, agent=self.agent,
-                        timeout=self.timeout, printer=self.printer)
+        turn = run_turn(
+            self.client,
+            line,
+            conversation_id=self.conversation_id,
+            agent=self.agent,
+            timeout=self.timeout,
+            printer=self.printer,
+        )
         self._turn = asyncio.create_task(turn)
         try:
             await self._turn

@@ -21,6 +21,7 @@ from typing import Any
 from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
+
 def _read(name: str) -> str:
     return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
 
@@ -41,6 +42,15 @@ class LuaScript:
         except NoScriptError:
             await load_all(redis)
             return await redis.evalsha(self.sha, len(keys), *keys, *args)
+
+    def call_sync(self, redis: Any, keys: Sequence[str], args: Sequence[Any] = ()) -> Any:
+        """:meth:`__call__` on a blocking :class:`redis.Redis` (:class:`~smith_client.sync_client.SyncSmithClient`)."""
+        try:
+            return redis.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            for script in _ALL:
+                redis.script_load(script.source)
+            return redis.evalsha(self.sha, len(keys), *keys, *args)
 
     def queue(self, pipe: Pipeline, keys: Sequence[str], args: Sequence[Any] = ()) -> None:
         """Add a call of the script to ``pipe``; run the pipeline with :func:`execute`."""
@@ -87,6 +97,11 @@ RENEW = LuaScript("renew")
 REQUEUE = LuaScript("requeue")
 FINISH = LuaScript("finish")
 FAIL_UNREAD = LuaScript("fail_unread")
+ENQUEUE = LuaScript("enqueue")
+REGRESSED = LuaScript("regressed")
+CLEAR = LuaScript("clear")
+HISTORY_READ = LuaScript("history_read")
+SUMMARY_SAVE = LuaScript("summary_save")
 APPEND_USER = LuaScript("append_user")
 APPEND = LuaScript("append")
 DRAIN_INBOX = LuaScript("drain_inbox")

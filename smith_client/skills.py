@@ -13,16 +13,24 @@ deletes it with the history. Deactivating the last skill deletes the key.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from redis.asyncio import Redis
 
 from smith_client import scripts
-from smith_client.errors import InvalidRequestError
+from smith_client.errors import InvalidRequestError, UnknownSkillError
 from smith_client.keys import Keys
+from smith_client.protocol import Call, Operation, RunScript
+from smith_client.registry import read_served
+from smith_client.runners import AsyncRunner
+from smith_client.validation import check_id
+
+logger = logging.getLogger("agent_smith")
 
 #: Longest declared skill name accepted, in characters.
 SKILL_NAME_MAX = 200
+
 
 def skill_name_problem(name: Any) -> str | None:
     """Why ``name`` cannot be a declared skill name, or None: it must be a ``str`` of
@@ -44,23 +52,60 @@ def check_skill_name(name: Any) -> str:
     return name
 
 
-async def activate(redis: Redis, keys: Keys, conversation_id: str, name: str) -> bool:
-    """Append ``name`` to the conversation's active skills (a no-op if active); True if it was added.
+def activate(keys: Keys, conversation_id: str, name: str) -> Operation[bool]:
+    """Operation: append ``name`` to the conversation's active skills (a no-op if active); True if it was added.
 
     The list lives ``keys.history_ttl`` seconds. Atomic: concurrent activations never duplicate a name.
     """
     key = keys.conversation_skills(conversation_id)
-    return bool(await scripts.ACTIVATE_SKILL(redis, [key], [name, keys.history_ttl]))
+    return bool((yield RunScript(scripts.ACTIVATE_SKILL, (key,), (name, keys.history_ttl))))
 
 
-async def deactivate(redis: Redis, keys: Keys, conversation_id: str, name: str) -> bool:
-    """Remove ``name`` from the conversation's active skills; False (and nothing changes) if it was not active."""
-    return bool(await redis.lrem(keys.conversation_skills(conversation_id), 0, name))
+def deactivate(keys: Keys, conversation_id: str, name: str) -> Operation[bool]:
+    """Operation: remove ``name`` from the conversation's active skills.
+
+    False (and nothing changes) if it was not active.
+    """
+    return bool((yield Call("lrem", (keys.conversation_skills(conversation_id), 0, name))))
+
+
+def read_active(keys: Keys, conversation_id: str) -> Operation[list[str]]:
+    """Operation: the conversation's active skill names, in activation order."""
+    return decode((yield Call("lrange", (keys.conversation_skills(conversation_id), 0, -1))))
 
 
 async def active(redis: Redis, keys: Keys, conversation_id: str) -> list[str]:
     """The conversation's active skill names, in activation order."""
-    return decode(await redis.lrange(keys.conversation_skills(conversation_id), 0, -1))
+    return await AsyncRunner(redis).run(read_active(keys, conversation_id))
+
+
+def activate_checked(keys: Keys, conversation_id: Any, name: Any) -> Operation[None]:
+    """Operation of the clients' ``activate_skill`` (see :meth:`ClientAPI.activate_skill`)."""
+    check_id(conversation_id, "conversation_id")
+    check_skill_name(name)
+    served = yield from read_served(keys, "skills")
+    if served is None:
+        logger.warning(
+            "no turn worker is registered under prefix %r: skill %r is activated unchecked", keys.prefix, name
+        )
+    elif name not in served:
+        raise UnknownSkillError(
+            f"no live worker serves skill {name!r} (served: {sorted(served)})", skill_name=name, known=sorted(served)
+        )
+    yield from activate(keys, conversation_id, name)
+
+
+def deactivate_checked(keys: Keys, conversation_id: Any, name: Any) -> Operation[None]:
+    """Operation of the clients' ``deactivate_skill``."""
+    check_id(conversation_id, "conversation_id")
+    check_skill_name(name)
+    yield from deactivate(keys, conversation_id, name)
+
+
+def active_checked(keys: Keys, conversation_id: Any) -> Operation[list[str]]:
+    """Operation of the clients' ``active_skills``."""
+    check_id(conversation_id, "conversation_id")
+    return (yield from read_active(keys, conversation_id))
 
 
 def queue_read(pipe: Any, keys: Keys, conversation_id: str) -> None:

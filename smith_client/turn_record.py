@@ -50,6 +50,8 @@ RESULT = "result"
 ERROR = "error"
 #: How many times the turn was re-enqueued (crash recovery, hand-offs).
 REQUEUES = "requeues"
+#: How many of those were hand-offs at a worker's shutdown (they do not count as failed attempts).
+HANDOFFS = "handoffs"
 
 
 def decode_state(raw: dict[Any, Any]) -> dict[str, str]:

@@ -1,4 +1,6 @@
-"""Turn submission, handles and cancellation: the client's half of the turn state machine.
+"""Turn submission, state and cancellation: the client's half of the turn state machine.
+
+They are operations (see :mod:`smith_client.protocol`).
 
 A turn's state lives in the hash ``{p}:turn:{id}:state`` (TTL 24 h after the
 turn ends, DESIGN.md §8): ``status`` (queued → running → completed | failed |
@@ -25,56 +27,42 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn, Protocol
+from typing import Any, Literal, Protocol
 
 import orjson
 
+from smith_client import scripts
+from smith_client import turn_record as record
 from smith_client.errors import (
     ConflictError,
     ConversationBusyError,
     InvalidRequestError,
-    SmithTimeoutError,
+    ParseError,
     TurnCancelledError,
     error_from_payload,
 )
-from smith_client.events import TURN_CANCELLED, TURN_COMPLETED, TURN_FAILED, Event, TurnCancelledData
+from smith_client.eventlog import publish
+from smith_client.events import TURN_COMPLETED, TURN_FAILED, Event, TurnCancelledData
 from smith_client.jobs import RUN_TURN, TurnJob
-from smith_client.messages import AssistantMessage
-from smith_client import scripts
-from smith_client import turn_record as record
-from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
-from smith_client.redis_errors import typed_redis_errors
+from smith_client.messages import AssistantMessage
+from smith_client.protocol import Call, Enqueue, Operation, RunScript
+from smith_client.runners import AsyncRunner
 from smith_client.turn_record import decode_state
+from smith_client.validation import check_multitask
 
-
-
-class TurnBackend(Protocol):
-    """What submitting and handling turns needs of a client (:class:`~smith_client.client.SmithClient` is one)."""
-
-    redis: Any
-    keys: Keys
-    events: EventLog
-
-    def follow(self, turn_id: str, after_seq: int = 0, timeout: float | None = None) -> AsyncIterator[Event]:
-        """The turn's events after ``after_seq``, exactly once and in order, until its terminal event."""
-        ...
-
-
-def raise_for_terminal(event: Event) -> NoReturn:
-    """Raise what a ``turn.failed`` (its typed error) or ``turn.cancelled`` (:class:`TurnCancelledError`,
-    ``operation`` = the reason) event means for a caller waiting for the answer."""
-    if event.type == TURN_FAILED:
-        raise event.error()
-    payload = event.payload
-    reason = payload.reason if isinstance(payload, TurnCancelledData) else "cancel"
-    raise TurnCancelledError(f"turn was cancelled ({reason})", operation=reason)
-
-MULTITASK_POLICIES = ("enqueue", "reject", "interrupt", "merge")
 #: ``SUBMIT`` calls before giving up when the conversation's unfinished turns keep changing under it.
 _SUBMIT_TRIES = 8
+
+
+class _Client(Protocol):
+    """What :func:`submit` needs of an async client (:class:`~smith_client.client.SmithClient`)."""
+
+    keys: Keys
+
+    @property
+    def runner(self) -> AsyncRunner: ...
 
 
 def fingerprint(job: TurnJob) -> str:
@@ -92,16 +80,14 @@ class Submission:
     status: str = "queued"
 
 
-async def submit(client: TurnBackend, job: TurnJob, multitask: str) -> Submission:
-    """Create (or join) the turn for ``job`` and enqueue it when it needs a worker.
+def submit_turn(keys: Keys, job: TurnJob, multitask: str) -> Operation[Submission]:
+    """Operation: create (or join) the turn for ``job`` and enqueue it when it needs a worker.
 
     Raises :class:`ConflictError` (same turn id, different request),
     :class:`ConversationBusyError` (``reject`` policy) or :class:`InvalidRequestError`.
     """
-    if multitask not in MULTITASK_POLICIES:
-        raise InvalidRequestError(f"multitask must be one of {MULTITASK_POLICIES}, got {multitask!r}", field="multitask")
-    keys = client.keys
-    reply = await _run_submit(client.redis, keys, job, multitask)
+    check_multitask(multitask)
+    reply = yield from _run_submit(keys, job, multitask)
     outcome, turn_id = reply[0].decode(), reply[1].decode()
     if outcome == "conflict":
         raise ConflictError(f"turn {turn_id} exists with a different request", turn_id=turn_id)
@@ -114,105 +100,95 @@ async def submit(client: TurnBackend, job: TurnJob, multitask: str) -> Submissio
     if outcome == "new" or (outcome == "attach" and status == "queued"):
         # Enqueueing again on attach covers a first caller that died between the two
         # steps; arq ignores a second enqueue of a queued or running job id.
-        await client.redis.enqueue_job(
-            RUN_TURN, job.model_dump(mode="json"), _job_id=keys.turn_job_id(job.turn_id), _queue_name=keys.turns_queue
-        )
+        yield Enqueue(RUN_TURN, job.model_dump(mode="json"), keys.turn_job_id(job.turn_id), keys.turns_queue)
     return Submission(outcome, turn_id, status)  # type: ignore[arg-type]
 
 
-async def _run_submit(redis: Any, keys: Keys, job: TurnJob, multitask: str) -> list[Any]:
-    """The ``SUBMIT`` script's reply. ``merge`` and ``interrupt`` touch other turns of the
-    conversation; the script names them (``keys`` reply) and is called again with their keys."""
-    base = [keys.turn_state(job.turn_id), keys.conversation_turns(job.conversation_id),
-            keys.conversation_statuses(job.conversation_id)]
-    args = [job.turn_id, fingerprint(job), job.conversation_id, job.agent, multitask, job.message.model_dump_json(),
-            time.time(), keys.turn_ttl, keys.history_ttl, job.model_dump_json(), keys.control_channel]
-    others: list[str] = []
+def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]]:
+    """The ``SUBMIT`` script's reply (``lua/submit.lua``). ``merge`` and ``interrupt`` touch other turns of
+    the conversation; the script names them (a ``keys`` reply) and is called again with their keys."""
+    base = (
+        keys.turn_state(job.turn_id),
+        keys.conversation_turns(job.conversation_id),
+        keys.conversation_statuses(job.conversation_id),
+    )
+    args = (
+        job.turn_id,
+        fingerprint(job),
+        job.conversation_id,
+        job.agent,
+        multitask,
+        job.message.model_dump_json(),
+        time.time(),
+        keys.turn_ttl,
+        keys.history_ttl,
+        job.model_dump_json(),
+        keys.control_channel,
+    )
+    others: tuple[str, ...] = ()
     for _ in range(_SUBMIT_TRIES):
-        other_keys = [key for other in others for key in (keys.turn_state(other), keys.turn_inbox(other))]
-        reply: list[Any] = await scripts.SUBMIT(redis, base + other_keys, args + others)
+        other_keys = tuple(key for other in others for key in (keys.turn_state(other), keys.turn_inbox(other)))
+        reply: list[Any] = yield RunScript(scripts.SUBMIT, base + other_keys, args + others)
         if reply[0] != b"keys":
             return reply
-        others = [raw.decode() for raw in reply[1:]]
+        others = tuple(raw.decode() for raw in reply[1:])
     raise ConversationBusyError(
         f"conversation {job.conversation_id}'s unfinished turns kept changing; try again",
         conversation_id=job.conversation_id, active_turn_id=others[0] if others else "",
     )  # fmt: skip
 
 
-class TurnHandle:
-    """A turn seen from any process: its status, events, result, and cancel.
+async def submit(client: _Client, job: TurnJob, multitask: str) -> Submission:
+    """:func:`submit_turn` on an async client's Redis, for producers that build their own :class:`TurnJob`."""
+    return await client.runner.run(submit_turn(client.keys, job, multitask))
 
-    Get one from :meth:`SmithClient.submit` or :meth:`SmithClient.turn`.
+
+def read_state(keys: Keys, turn_id: str) -> Operation[dict[str, str]]:
+    """Operation: the raw state hash of a turn (fields in :mod:`smith_client.turn_record`; empty when the
+    turn is unknown or expired)."""
+    return decode_state((yield Call("hgetall", (keys.turn_state(turn_id),))))
+
+
+def outcome_from_state(state: dict[str, str]) -> AssistantMessage | None:
+    """The final message of a completed turn's state, None while it is unfinished.
+
+    Raises the turn's typed error when it failed, :class:`TurnCancelledError` when cancelled.
     """
+    status = state.get(record.STATUS)
+    if status == record.COMPLETED:
+        return AssistantMessage.model_validate_json(state[record.RESULT])
+    if status == record.FAILED:
+        raise error_from_payload(orjson.loads(state.get(record.ERROR) or "{}"))
+    if status == record.CANCELLED:
+        reason = state.get(record.CANCEL_REQUESTED) or "cancel"
+        raise TurnCancelledError(f"turn was cancelled ({reason})", operation=reason)
+    return None
 
-    def __init__(self, client: TurnBackend, turn_id: str) -> None:
-        self.client = client
-        self.turn_id = turn_id
 
-    def __repr__(self) -> str:
-        return f"TurnHandle({self.turn_id!r})"
+def outcome_from_event(event: Event) -> AssistantMessage:
+    """The final message of a ``turn.completed`` event; raises the turn's error for the other terminal events."""
+    if event.type == TURN_COMPLETED:
+        return event.final_message()
+    if event.type == TURN_FAILED:
+        raise event.error()
+    payload = event.payload
+    if isinstance(payload, TurnCancelledData):
+        reason = payload.reason
+        raise TurnCancelledError(f"turn was cancelled ({reason})", operation=reason)
+    raise ParseError(f"event {event.type!r} does not end a turn")
 
-    @typed_redis_errors
-    async def state(self) -> dict[str, str]:
-        """The raw state hash (fields in :mod:`smith_client.turn_record`; empty when the turn is unknown or expired)."""
-        return decode_state(await self.client.redis.hgetall(self.client.keys.turn_state(self.turn_id)))
 
-    @typed_redis_errors
-    async def status(self) -> str:
-        """``queued``, ``running``, ``completed``, ``failed``, ``cancelled``, or ``unknown``."""
-        return (await self.state()).get("status", "unknown")
-
-    @typed_redis_errors
-    async def events(self, after_seq: int = 0, timeout: float | None = None) -> AsyncIterator[Event]:
-        """Every event with ``seq > after_seq``, exactly once and in order, then live ones until the end.
-
-        Raises :class:`EventsTrimmedError` when the asked-for events are no longer kept.
-        """
-        async for event in self.client.follow(self.turn_id, after_seq, timeout):
-            yield event
-
-    @typed_redis_errors
-    async def result(self, timeout: float | None = None) -> AssistantMessage:
-        """Wait for the final message (``timeout`` seconds, None = forever).
-
-        Raises the turn's typed error, :class:`TurnCancelledError` for a
-        cancelled turn, or :class:`SmithTimeoutError`.
-        """
-        done = self._outcome(await self.state())
-        if done is not None:
-            return done
-        async for event in self.events(timeout=timeout):
-            if event.type == TURN_COMPLETED:
-                return event.final_message()
-            if event.type in (TURN_FAILED, TURN_CANCELLED):
-                raise_for_terminal(event)
-        raise SmithTimeoutError(f"turn {self.turn_id} ended without a terminal event", operation="result")
-
-    def _outcome(self, state: dict[str, str]) -> AssistantMessage | None:
-        status = state.get(record.STATUS)
-        if status == record.COMPLETED:
-            return AssistantMessage.model_validate_json(state[record.RESULT])
-        if status == record.FAILED:
-            raise error_from_payload(orjson.loads(state.get(record.ERROR) or "{}"))
-        if status == record.CANCELLED:
-            reason = state.get(record.CANCEL_REQUESTED) or "cancel"
-            raise TurnCancelledError(f"turn was cancelled ({reason})", operation=reason)
-        return None
-
-    @typed_redis_errors
-    async def cancel(self, reason: str = "cancel") -> str:
-        """Ask for the turn to stop; returns what happened: ``cancelled_queued`` (it never started),
-        ``cancelling`` (its worker stops it and publishes ``turn.cancelled``), a terminal status
-        (nothing to do), or ``missing``."""
-        if not isinstance(reason, str) or not reason:
-            raise InvalidRequestError(f"reason must be a non-empty string, got {reason!r}", field="reason")
-        keys = self.client.keys
-        conversation = (await self.state()).get(record.CONVERSATION_ID, "")
-        script_keys = [keys.turn_state(self.turn_id), keys.conversation_turns(conversation),
-                       keys.conversation_statuses(conversation)]
-        reply = await scripts.CANCEL(self.client.redis, script_keys, [self.turn_id, reason, keys.control_channel])
-        outcome = reply.decode()
-        if outcome == "cancelled_queued":
-            await self.client.events.publish(self.turn_id, TurnCancelledData(reason=reason))
-        return outcome
+def cancel_turn(keys: Keys, turn_id: str, reason: str = "cancel") -> Operation[str]:
+    """Operation: ask for the turn to stop; see :meth:`TurnHandle.cancel` for the outcomes."""
+    if not isinstance(reason, str) or not reason:
+        raise InvalidRequestError(f"reason must be a non-empty string, got {reason!r}", field="reason")
+    conversation = (yield from read_state(keys, turn_id)).get(record.CONVERSATION_ID, "")
+    script_keys = (
+        keys.turn_state(turn_id),
+        keys.conversation_turns(conversation),
+        keys.conversation_statuses(conversation),
+    )
+    outcome = (yield RunScript(scripts.CANCEL, script_keys, (turn_id, reason, keys.control_channel))).decode()
+    if outcome == "cancelled_queued":
+        yield from publish(keys, turn_id, TurnCancelledData(reason=reason))
+    return outcome

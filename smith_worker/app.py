@@ -25,6 +25,8 @@ from smith_client.keys import ID_PATTERN
 from smith_worker.config import AgentConfig, Settings
 from smith_worker.hooks import Hooks
 from smith_worker.llm.types import LlmClientConfig
+from smith_worker.memory import FullMemory, Memory
+from smith_worker.native import NativeTools
 from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
 from smith_worker.sources import ToolSource
 from smith_worker.tools import Isolation, Tool, ToolRegistry, make_tool
@@ -46,10 +48,11 @@ class AgentSpec:
     ``tool_choice_after_tools`` ("auto" by default) after a tool round, as the
     OpenAI Agents SDK does to avoid loops. ``skills`` are the declared names of
     skills active in every conversation this agent runs, before the
-    conversation's own (issue 14). ``description`` is what a parent agent's
-    model reads about this agent when it is a sub-agent; ``subagents`` names the
-    agents this one may call as tools (seed §14.1, resolved at worker start by
-    :meth:`SmithApp.resolve_subagents`).
+    conversation's own (issue 14). ``memory`` computes what of the
+    conversation the model sees at each step (:mod:`smith_worker.memory`).
+    ``description`` is what a parent agent's model reads about this agent when
+    it is a sub-agent; ``subagents`` names the agents this one may call as
+    tools (seed §14.1, resolved at worker start by :meth:`SmithApp.resolve_subagents`).
     """
 
     name: str
@@ -65,6 +68,7 @@ class AgentSpec:
     hooks: Hooks = field(default_factory=Hooks)
     sources: list[str] = field(default_factory=list)
     skills: list[str] = field(default_factory=list)
+    memory: Memory = field(default_factory=FullMemory)
 
     def tool_choice_for(self, tool_rounds: int) -> ToolChoice | None:
         """The ``tool_choice`` to send after ``tool_rounds`` completed tool rounds.
@@ -88,10 +92,13 @@ class SmithApp:
     bytes, seed §17.3; 16 KiB).
     """
 
-    def __init__(self, settings: Settings | None = None, *,
-                 skill_context_max_bytes: int = DEFAULT_SKILL_CONTEXT_MAX_BYTES) -> None:
+    def __init__(
+        self, settings: Settings | None = None, *, skill_context_max_bytes: int = DEFAULT_SKILL_CONTEXT_MAX_BYTES
+    ) -> None:
         self._settings = settings
         self.tools = ToolRegistry()
+        #: The app's Python tools as a tool source (started with the other sources at worker start-up).
+        self.native = NativeTools(self.tools)
         self.skills = SkillCatalog(skill_context_max_bytes)
         self.agents: dict[str, AgentSpec] = {}
         self.hooks = Hooks()
@@ -127,8 +134,13 @@ class SmithApp:
 
         def register(func: Callable[..., Any]) -> Callable[..., Any]:
             tool = make_tool(
-                func, name=name, description=description, parameters=parameters, timeout=timeout,
-                idempotent=idempotent, isolation=isolation,
+                func,
+                name=name,
+                description=description,
+                parameters=parameters,
+                timeout=timeout,
+                idempotent=idempotent,
+                isolation=isolation,
             )
             if not self.tools.add(tool):
                 raise ConfigurationError(f"tool {tool.name!r} is already registered", setting="tools")
@@ -151,23 +163,30 @@ class SmithApp:
         hooks: Hooks | None = None,
         sources: list[str] | None = None,
         skills: list[str] | None = None,
+        memory: Memory | None = None,
         description: str = "",
         subagents: list[str] | None = None,
     ) -> AgentSpec:
         """Declare an agent. ``tools`` are tool names or registered functions; ``sources``
         names tool sources added with :meth:`add_source` (e.g. MCP server aliases);
-        ``skills`` names registered skills active by default, in this order.
+        ``skills`` names registered skills active by default, in this order;
+        ``memory`` is a :class:`~smith_worker.memory.Memory` (default :class:`FullMemory`).
         ``subagents`` names agents (this one included) the agent may call as a tool
         named after the agent, with one ``task`` string parameter and the
         sub-agent's ``description`` (seed §14.1); the names are resolved when the
         worker starts (:meth:`resolve_subagents`), so they may be declared later.
 
         Raises :class:`ConfigurationError` for a bad name, a duplicate agent, an
-        unregistered tool, an unknown source or an unregistered skill.
+        unregistered tool, an unknown source, an unregistered skill or a ``memory``
+        that is not a Memory.
         """
         for skill in skills or []:
             if skill not in self.skills:
                 raise ConfigurationError(f"agent skill {skill!r} is not a registered skill", setting="skills")
+        if memory is not None and not isinstance(memory, Memory):
+            raise ConfigurationError(
+                f"agent memory must be a Memory (e.g. RollingWindowMemory), got {memory!r}", setting="memory"
+            )
         for source in sources or []:
             if source not in self.sources:
                 raise ConfigurationError(f"agent source {source!r} is not a registered source", setting="sources")
@@ -186,6 +205,7 @@ class SmithApp:
             tool_choice_after_tools=tool_choice_after_tools,
             hooks=hooks or Hooks(),
             sources=list(sources or []),
+            memory=memory if memory is not None else FullMemory(),
             skills=list(skills or []),
             description=description,
             subagents=list(subagents or []),
@@ -216,8 +236,7 @@ class SmithApp:
                 if not SUBAGENT_NAME.match(name):
                     raise ConfigurationError(f"agent {spec.name!r}: sub-agent {name!r} is not a valid tool name "
                                              f"({SUBAGENT_NAME.pattern})", setting="subagents")
-                if (name in spec.tools or self.source_for(name, spec.sources) is not None
-                        or spec.subagents.count(name) > 1):
+                if any(source.owns(name) for source in self.sources_for(spec)) or spec.subagents.count(name) > 1:
                     raise ConfigurationError(f"agent {spec.name!r}: sub-agent {name!r} clashes with another "
                                              "tool of the agent", setting="subagents")
 
@@ -242,13 +261,18 @@ class SmithApp:
         Raises :class:`SkillError` (bad directory, oversized context data) or
         :class:`ConfigurationError` (normalized name or MCP alias already taken).
         """
-        skill = skill_or_path if isinstance(skill_or_path, Skill) else load_skill(
-            skill_or_path, context_max_bytes=self.skills.context_max_bytes)
+        skill = (
+            skill_or_path
+            if isinstance(skill_or_path, Skill)
+            else load_skill(skill_or_path, context_max_bytes=self.skills.context_max_bytes)
+        )
         for config in skill.servers:
             existing = self.sources.get(config.alias)
             if existing is not None and getattr(existing, "config", None) != config:
-                raise ConfigurationError(f"skill {skill.name!r}: MCP server alias {config.alias!r} "
-                                         "is registered with another configuration", setting="mcp_servers")
+                raise ConfigurationError(
+                    f"skill {skill.name!r}: MCP server alias {config.alias!r} is registered with another configuration",
+                    setting="mcp_servers",
+                )
         self.skills.add(skill)
         for config in skill.servers:
             if config.alias not in self.sources:
@@ -291,15 +315,32 @@ class SmithApp:
         from smith_worker.mcp import McpServerSource, ServerConfig  # keeps the MCP modules out of apps without MCP
 
         config = ServerConfig(
-            alias=alias, command=command, args=tuple(args), env=env, cwd=cwd, url=url, bearer_token=bearer_token,
-            headers=headers, request_timeout=request_timeout, allow=allow, deny=deny, tools_required=tools_required,
-            reconnect_on_transport_error=reconnect_on_transport_error, **pool_options,
+            alias=alias,
+            command=command,
+            args=tuple(args),
+            env=env,
+            cwd=cwd,
+            url=url,
+            bearer_token=bearer_token,
+            headers=headers,
+            request_timeout=request_timeout,
+            allow=allow,
+            deny=deny,
+            tools_required=tools_required,
+            reconnect_on_transport_error=reconnect_on_transport_error,
+            **pool_options,
         )
         return self.add_source(McpServerSource(config))
 
-    def source_for(self, tool_name: str, allowed: list[str] | None = None) -> ToolSource | None:
-        """The source owning ``tool_name`` (among ``allowed`` names when given), or None."""
-        for name, source in self.sources.items():
-            if (allowed is None or name in allowed) and source.owns(tool_name):
-                return source
-        return None
+    def all_sources(self) -> list[ToolSource]:
+        """Every tool source of the app: its Python tools, then the added sources (worker start-up and shutdown)."""
+        return [self.native, *self.sources.values()]
+
+    def sources_for(self, spec: AgentSpec) -> list[ToolSource]:
+        """The tool sources of one agent, in the order its tools are offered: its Python tools
+        (``spec.tools``), then its ``spec.sources`` in declaration order."""
+        return [self.native.restricted(spec.tools), *(self.sources[name] for name in spec.sources)]
+
+    def owner_of(self, tool_name: str) -> ToolSource | None:
+        """The source that runs ``tool_name`` on a tool worker (a Python tool first), or None."""
+        return next((source for source in self.all_sources() if source.owns(tool_name)), None)

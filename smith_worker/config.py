@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-
-from smith_client.keys import DEFAULT_HISTORY_TTL, DEFAULT_TURN_TTL, lifetimes_from_env
 from typing import Any
 
+from arq.connections import ArqRedis
 from pydantic import ValidationError
 
+from smith_client.connection import connect_redis
 from smith_client.errors import ConfigurationError
-from smith_worker.llm.types import LlmClientConfig
+from smith_client.keys import DEFAULT_HISTORY_TTL, DEFAULT_TURN_TTL, lifetimes_from_env
+from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES
 from smith_worker.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
+from smith_worker.llm.types import LlmClientConfig
 from smith_worker.tools import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
 
 
@@ -52,6 +54,7 @@ class Settings:
     ``SMITH_TOOL_MAX_JOBS``      concurrent tool calls per tool worker  20
     ``SMITH_TURN_JOB_TIMEOUT``   hard cap on one turn job, seconds      600
     ``SMITH_TOOL_JOB_TIMEOUT``   hard cap on one tool job, seconds      300
+    ``SMITH_TURN_MAX_ATTEMPTS``  runs of one turn (crashes, timeouts)   3
     ``SMITH_TURN_POLL_DELAY``    turn queue poll interval, seconds      0.02
     ``SMITH_TOOL_POLL_DELAY``    tool queue poll interval, seconds      0.01
     ``SMITH_TOOL_MAX_OVERRUNS``  overrunning sync-tool threads that     10
@@ -62,7 +65,22 @@ class Settings:
                                  last write, seconds (DESIGN.md §8)
     ``SMITH_HISTORY_TTL``        idle lifetime of a conversation's      2592000 (30 days)
                                  keys, seconds (DESIGN.md §8)
+    ``SMITH_REDIS_SENTINELS``    Sentinel ``host:port`` list (commas)   unset (no Sentinel)
+    ``SMITH_REDIS_SENTINEL_MASTER``  name of the Sentinel-monitored master  unset
+    ``SMITH_METRICS_PORT``       Prometheus ``/metrics`` port           unset (no metrics)
+    ``SMITH_HEARTBEAT_FILE``     liveness file touched every 5 s        ``<tmp>/smith-<queue>-<pid>.heartbeat``
     ===========================  =====================================  ==================
+
+    ``SMITH_HISTORY_MAX_MESSAGES`` (default 10000): messages a conversation's
+    stored history keeps; the oldest are trimmed, whole tool-call groups at a time.
+
+    ``SMITH_REDIS_URL`` may be ``rediss://`` (TLS) and carry an ACL user and
+    password; see :mod:`smith_client.connection`.
+    ``SMITH_REDIS_SOCKET_TIMEOUT`` (seconds, default 5) bounds every Redis
+    connect and command of clients and workers alike, so it is read where
+    connections are built (:func:`smith_client.connection.connect_redis`).
+    ``SMITH_TURN_MAX_ATTEMPTS`` counts runs ended by a crash, a lost lease or
+    a Redis failure; hand-offs at a graceful shutdown are not counted (issue 8).
     """
 
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -76,15 +94,21 @@ class Settings:
     tool_max_jobs: int = 20
     turn_job_timeout: float = 600.0
     tool_job_timeout: float = 300.0
+    turn_max_attempts: int = 3
     turn_poll_delay: float = 0.02
     tool_poll_delay: float = 0.01
     tool_max_overruns: int = DEFAULT_OVERRUN_LIMIT
     tool_processes: int = DEFAULT_TOOL_PROCESSES
     turn_ttl: int = DEFAULT_TURN_TTL
     history_ttl: int = DEFAULT_HISTORY_TTL
+    redis_sentinels: str | None = None
+    redis_sentinel_master: str | None = None
+    metrics_port: int | None = None
+    heartbeat_file: str | None = None
+    history_max_messages: int = DEFAULT_HISTORY_MAX_MESSAGES
 
     @classmethod
-    def from_env(cls) -> "Settings":
+    def from_env(cls) -> Settings:
         """Read ``SMITH_*`` variables; raises :class:`ConfigurationError` on a malformed number."""
         env = os.environ
         turn_ttl, history_ttl = lifetimes_from_env(env)
@@ -100,13 +124,23 @@ class Settings:
             tool_max_jobs=_env_int("SMITH_TOOL_MAX_JOBS", cls.tool_max_jobs),
             turn_job_timeout=_env_float("SMITH_TURN_JOB_TIMEOUT", cls.turn_job_timeout),
             tool_job_timeout=_env_float("SMITH_TOOL_JOB_TIMEOUT", cls.tool_job_timeout),
+            turn_max_attempts=_env_int("SMITH_TURN_MAX_ATTEMPTS", cls.turn_max_attempts),
             turn_poll_delay=_env_float("SMITH_TURN_POLL_DELAY", cls.turn_poll_delay),
             tool_poll_delay=_env_float("SMITH_TOOL_POLL_DELAY", cls.tool_poll_delay),
             tool_max_overruns=_env_int("SMITH_TOOL_MAX_OVERRUNS", cls.tool_max_overruns),
             tool_processes=_env_int("SMITH_TOOL_PROCESSES", cls.tool_processes),
             turn_ttl=turn_ttl,
             history_ttl=history_ttl,
+            redis_sentinels=env.get("SMITH_REDIS_SENTINELS") or None,
+            redis_sentinel_master=env.get("SMITH_REDIS_SENTINEL_MASTER") or None,
+            metrics_port=_env_int("SMITH_METRICS_PORT", 0) or None,
+            heartbeat_file=env.get("SMITH_HEARTBEAT_FILE") or None,
+            history_max_messages=_env_int("SMITH_HISTORY_MAX_MESSAGES", cls.history_max_messages),
         )
+
+    def connect_redis(self) -> ArqRedis:
+        """A Redis client for these settings (URL, or Sentinel when configured)."""
+        return connect_redis(self.redis_url, sentinels=self.redis_sentinels, sentinel_master=self.redis_sentinel_master)
 
     def llm_config(self, override: dict[str, Any] | LlmClientConfig | None = None) -> LlmClientConfig:
         """The LLM settings of the environment, with an agent's ``llm`` override applied on top."""

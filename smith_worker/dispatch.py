@@ -11,7 +11,8 @@ a lost pub/sub message (arq-notes.md §4.1).
 
 When a job has not answered ``timeout + pickup_grace`` seconds after it was
 enqueued (no tool worker, or a stuck one), the turn records a timeout error
-for the call and aborts the job.
+for the call and aborts the job. A call whose tool worker died while running
+it becomes an error tool message; an idempotent one is re-run once first.
 """
 
 from __future__ import annotations
@@ -28,10 +29,16 @@ from redis.asyncio import Redis
 
 from smith_client.jobs import RUN_TOOL, ToolJob, ToolOutcome
 from smith_client.keys import ABORT_ENTRY_TTL, Keys, now_ms
+from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
 from smith_worker.tasks import cancel_and_wait
 from smith_worker.tools import error_content
 
 logger = logging.getLogger("agent_smith.tool")
+
+#: Re-runs of an idempotent tool call whose tool worker died while running it (issue 8).
+MAX_IDEMPOTENT_RERUNS = 1
+#: Longest single wait for a pub/sub message, seconds; the socket timeout does not apply to it.
+LISTEN_BOUND = 5.0
 
 
 class ReplyListener:
@@ -48,8 +55,11 @@ class ReplyListener:
         channel: str,
         control_channel: str | None = None,
         on_control: Callable[[str], None] | None = None,
+        *,
+        health: RedisHealth | None = None,
     ) -> None:
         self._redis = redis
+        self._health = health or RedisHealth()
         self.channel = channel
         self._control_channel = control_channel
         self._on_control = on_control
@@ -61,9 +71,9 @@ class ReplyListener:
         return [self.channel] + ([self._control_channel] if self._control_channel else [])
 
     async def start(self) -> None:
-        """Subscribe (before returning, so no reply is missed) and start dispatching."""
+        """Subscribe (before returning, so no reply is missed; waiting while Redis is down) and start dispatching."""
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-        await pubsub.subscribe(*self._channels)
+        await self._health.until_ok("the reply channel", lambda: pubsub.subscribe(*self._channels))
         self._task = asyncio.create_task(self._run(pubsub))
 
     async def stop(self) -> None:
@@ -82,17 +92,26 @@ class ReplyListener:
         try:
             while True:
                 try:
-                    message = await pubsub.get_message(timeout=5.0)
-                except Exception:  # connection lost: waiters fall back to re-checks meanwhile
-                    logger.warning("reply channel %s failed; resubscribing", self.channel, exc_info=True)
-                    await asyncio.sleep(0.5)
-                    await pubsub.subscribe(*self._channels)
+                    message = await pubsub.get_message(timeout=LISTEN_BOUND)
+                except REDIS_DOWN_ERRORS as exc:  # connection lost: waiters fall back to re-checks meanwhile
+                    await asyncio.sleep(self._health.failed("the reply channel", exc))
+                    await self._resubscribe(pubsub)
                     continue
                 if message and message.get("type") == "message":
                     self._dispatch(message["channel"].decode(), message["data"].decode())
         finally:
-            await pubsub.aclose()
+            with contextlib.suppress(*REDIS_DOWN_ERRORS):
+                await pubsub.aclose()
 
+    async def _resubscribe(self, pubsub: Any) -> None:
+        """Subscribe again on a fresh connection, for as long as Redis is down (never gives up)."""
+
+        async def subscribe() -> None:
+            await pubsub.aclose()  # drops the broken connection; the next subscribe opens a new one
+            await pubsub.subscribe(*self._channels)
+
+        await self._health.until_ok("the reply channel", subscribe)
+        logger.info("reply channel %s subscribed again", self.channel)
 
     def _dispatch(self, channel: str, data: str) -> None:
         if channel == self._control_channel:
@@ -177,8 +196,11 @@ class ToolJobWaiter:
                 outcome, job_id = await self._wait(job, job_id, wake)
             if outcome is not None:
                 return outcome, False
-            reason = "interrupted: the tool worker running it stopped" if job_id == "" else (
-                f"timed out after {job.timeout:g} s (no tool worker answered)")
+            reason = (
+                "interrupted: the tool worker running it stopped"
+                if job_id == ""
+                else (f"timed out after {job.timeout:g} s (no tool worker answered)")
+            )
             return await self._give_up(job, job_id, reason)
         finally:
             self._listener.discard(job.result_key)
@@ -199,12 +221,25 @@ class ToolJobWaiter:
             if outcome is not None:
                 return outcome, job_id
             if await self._runner_died(job):
-                if not job.idempotent:
+                if not job.idempotent or not await self._may_rerun(job):
                     return None, ""  # never silently re-run a call that may have had effects
                 job_id = self._keys.tool_rerun_job_id(job.turn_id, job.step, job.index, now_ms(), job.position)
                 await self._enqueue(job, job_id)
                 deadline = time.monotonic() + job.timeout + self._grace
         return None, job_id
+
+    async def _may_rerun(self, job: ToolJob) -> bool:
+        """Count a re-run of an idempotent call; False past :data:`MAX_IDEMPOTENT_RERUNS`.
+
+        A call that killed its worker twice would go on killing workers. The count is kept
+        in Redis, so a resumed turn (another attempt, another worker) does not start over.
+        """
+        counter = self._keys.tool_reruns(job.turn_id, job.step, job.index, job.position)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.incr(counter)
+            pipe.expire(counter, self._result_ttl)
+            reruns, _ = await pipe.execute()
+        return int(reruns) <= MAX_IDEMPOTENT_RERUNS
 
     async def _runner_died(self, job: ToolJob) -> bool:
         """True when the call was started by a tool worker whose registration has expired (it died)."""

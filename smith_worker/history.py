@@ -1,37 +1,81 @@
-"""Conversation history in Redis (full memory, seed §13.2 ``FullMemory``).
+"""Conversation history in Redis, read by absolute position (DESIGN.md §2 "in-process Memory").
 
 One Redis list per conversation holds the stored form of every message, so
 any worker can run the conversation's next turn. The list lives until the
 conversation has been idle ``smith_client.keys.DEFAULT_HISTORY_TTL`` seconds (30 days,
 DESIGN.md §8): every write (:mod:`smith_worker.turn_state`) refreshes the TTL.
+
+Storage is bounded by ``SMITH_HISTORY_MAX_MESSAGES`` (default
+:data:`DEFAULT_HISTORY_MAX_MESSAGES`): the append scripts trim the oldest
+messages beyond it, whole tool-call groups at a time (``trim`` in ``smith_client/lua/lib.lua``), and
+count what they removed in ``{p}:conv:{c}:trimmed``. A message's *position*
+is its absolute number in the conversation (list index + trimmed count), so
+positions kept elsewhere (a turn's start, a summary's coverage) survive
+trimming (issue 13 design rule 1).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
 
+from smith_client import scripts
 from smith_client.keys import Keys
-from smith_client.messages import SystemMessage, messages_from_json_list
+from smith_client.messages import messages_from_json_list
+
+#: Messages kept in a conversation's stored history (``SMITH_HISTORY_MAX_MESSAGES``).
+DEFAULT_HISTORY_MAX_MESSAGES = 10_000
+
+
+@dataclass(frozen=True)
+class HistorySlice:
+    """Stored messages ``messages`` at positions ``first`` … ``first + len(messages) - 1``;
+    the history holds positions ``stored_first`` … ``end - 1`` (absolute message numbers)."""
+
+    first: int
+    messages: list[Any]
+    stored_first: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Repair:
+    """Tool messages to insert at absolute ``position``, computed when the history ended at ``end``."""
+
+    position: int
+    end: int
+    messages: list[Any]
 
 
 class ConversationStore:
-    """Read one conversation's messages. Turns write them through their fenced
-    :class:`~smith_worker.turn_state.TurnAttempt`, so a stale attempt cannot.
+    """Read one conversation's messages by absolute position. Turns write them through their
+    fenced :class:`~smith_worker.turn_state.TurnAttempt`, so a stale attempt cannot.
 
-    ``key`` reads another message list instead (a sub-agent's history, :mod:`smith_worker.subagents`).
+    ``bytes_read`` counts the stored-form bytes this object has read (for benchmarks).
+    ``lists`` reads another message list and its trimmed counter instead (a
+    sub-agent's, :mod:`smith_worker.subagents`).
     """
 
-    def __init__(self, redis: Redis, keys: Keys, conversation_id: str, *, key: str | None = None) -> None:
+    def __init__(
+        self, redis: Redis, keys: Keys, conversation_id: str, *, lists: tuple[str, str] | None = None
+    ) -> None:
         self._redis = redis
-        self._key = key or keys.history(conversation_id)
+        self._keys = lists or (keys.history(conversation_id), keys.history_trimmed(conversation_id))
+        self.bytes_read = 0
 
-    async def messages(self) -> list[Any]:
-        """All stored messages, oldest first."""
-        return messages_from_json_list(await self._redis.lrange(self._key, 0, -1))
+    async def read(self, first: int, end: int | None = None) -> HistorySlice:
+        """Messages at positions ``first`` (clamped to the oldest stored) up to ``end`` (exclusive; None = all)."""
+        return self._slice(
+            await scripts.HISTORY_READ(self._redis, self._keys, [first, "" if end is None else end, "range"])
+        )
 
-    async def snapshot(self, system_prompt: str) -> list[Any]:
-        """The messages to send to the model: the system prompt (if any), then the history (seed §13.1)."""
-        history = await self.messages()
-        return ([SystemMessage(content=system_prompt)] if system_prompt else []) + history
+    async def tail(self, count: int) -> HistorySlice:
+        """The last ``count`` stored messages (fewer when the history is shorter)."""
+        return self._slice(await scripts.HISTORY_READ(self._redis, self._keys, [count, "", "tail"]))
+
+    def _slice(self, reply: Any) -> HistorySlice:
+        base, length, index, items = int(reply[0]), int(reply[1]), int(reply[2]), reply[3]
+        self.bytes_read += sum(len(item) for item in items)
+        return HistorySlice(base + index, messages_from_json_list(items), base, base + length)

@@ -118,8 +118,12 @@ class ToolExecutors:
             reached = count >= self.overrun_limit and not self.limit_reached
             self.limit_reached = self.limit_reached or reached
         future.add_done_callback(self._overrun_ended)
-        logger.warning("sync tool %s overran its timeout; its thread keeps running (%d of %d overrunning)",
-                       getattr(fn, "__name__", fn), count, self.overrun_limit)
+        logger.warning(
+            "sync tool %s overran its timeout; its thread keeps running (%d of %d overrunning)",
+            getattr(fn, "__name__", fn),
+            count,
+            self.overrun_limit,
+        )
         if reached and self._on_limit is not None:
             self._on_limit()
 

@@ -1,11 +1,12 @@
 """The agent loop of one turn (seed §15.2): model steps and tool rounds.
 
 Per step: stop checks (iterations, tree iterations, tokens, deadline) →
-memory snapshot with the system prompt → LLM call (streamed by default;
+the system prompt and the agent's memory view (:mod:`smith_worker.memory`) → LLM call (streamed by default;
 tokens and tool-call events published as they arrive) → append the assistant
 message → if there are no tool calls, finish → else run every call as a tool
 job, concurrently, and append the tool messages in the order of
-``tool_calls`` (seed §10.4). A re-run resumes after the last completed step.
+``tool_calls`` (seed §10.4), with a ``_done`` result's final message in the
+same append. A re-run resumes after the last completed step.
 
 A sub-agent call (seed §14) runs here too, as a nested loop with a child
 context (:mod:`smith_worker.subagents`); the tree's budget (model calls and
@@ -24,12 +25,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from smith_client import scripts
+from smith_client import turn_record as record
 from smith_client.errors import (
     ConfigurationError,
     TurnCancelledError,
 )
-from smith_client import scripts
-from smith_client import turn_record as record
 from smith_client.events import (
     TokenData,
     ToolCallCompletedData,
@@ -37,11 +38,11 @@ from smith_client.events import (
     tool_result_data,
 )
 from smith_client.jobs import ToolJob, ToolOutcome
-from smith_client.messages import AssistantMessage, ToolCall, ToolMessage, message_from_json
+from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, message_from_json
 from smith_worker.app import AgentSpec
-from smith_worker.hooks import fire
 from smith_worker.context import AgentContext, CancelRequested
 from smith_worker.fencing import StaleAttemptError
+from smith_worker.hooks import fire
 from smith_worker.llm import LlmClient
 from smith_worker.llm.types import (
     LlmRequest,
@@ -53,6 +54,7 @@ from smith_worker.llm.types import (
     StreamToolCallStarted,
     ToolSchema,
 )
+from smith_worker.memory import MemoryContext
 from smith_worker.skills import ConversationSkills
 from smith_worker.subagents import SubAgentTools
 from smith_worker.tools import ToolContext, ToolRoute, error_content
@@ -97,20 +99,20 @@ class AgentLoop:
         self.publish = ctx.publish
         self.agent_path = ctx.agent_path
         self._stream_calls: dict[int, ToolCall] = {}
-        self.skills = ConversationSkills(self.rt.app.skills, self.rt.app.sources, self.rt.keys,
-                                         ctx.job.conversation_id)
+        self.skills = ConversationSkills(self.rt.app.skills, self.rt.app.sources, self.rt.keys, ctx.job.conversation_id)
         self.subagents = SubAgentTools(ctx, lambda child: AgentLoop(child).run(0))
 
     async def run(self, start: int) -> AssistantMessage:
-        """Run model steps from history index ``start`` (the turn's user message) until a final answer."""
+        """Run model steps from history position ``start`` (the turn's user message) until a final answer."""
         return await self._loop(self.ctx.spec, start)
 
     async def _loop(self, spec: AgentSpec, start: int) -> AssistantMessage:
         """Run model steps until a final answer; a re-run resumes after the last completed step."""
         cfg = spec.config
         llm = LlmClient(self.rt.settings.llm_config(spec.llm), self.ctx.services.http)
+        memory = self._memory_context(llm, start)
         deadline = None if cfg.deadline is None else time.monotonic() + cfg.deadline
-        done = (await self.store.messages())[start + 1:]
+        done = (await self.store.read(start + 1)).messages
         replies = [m for m in done if isinstance(m, AssistantMessage)]
         pending = done[-1] if done and isinstance(done[-1], AssistantMessage) else None
         iterations = len(replies)
@@ -121,7 +123,9 @@ class AgentLoop:
                 tree = await self._begin_step(spec)
                 iterations += 1
                 self._check_limits(spec, iterations, tree, total_tokens, deadline)
-                pending = (await self._call_model(spec, llm, tool_rounds)).message
+                pending = (
+                    await self.rt.metrics.count_llm_request(self._call_model(spec, llm, memory, tool_rounds))
+                ).message
                 used = pending.usage.total if pending.usage else 0
                 total_tokens += used
                 await self._count_tree_tokens(used)
@@ -131,11 +135,26 @@ class AgentLoop:
                 if await self._drain_inbox(spec, closing=True):
                     continue  # a merged user message arrived: answer it in this turn
                 return message
-            outcomes = await self._run_tools(spec, iterations, message.tool_calls)
-            final = done_message(outcomes)
-            if final is not None:
-                return final
+            pending = await self._run_tools(spec, iterations, message.tool_calls)  # a `_done` final message
             tool_rounds += 1
+
+    def _memory_context(self, llm: LlmClient, start: int) -> MemoryContext:
+        """What the agent's memory may use at each step (seed §13.1): the history, a summary call, events."""
+
+        async def summarize(messages: list[Any]) -> str:  # a model call like any other: counted in the metrics
+            response = await self.rt.metrics.count_llm_request(llm.complete(LlmRequest(messages=messages)))
+            return response.message.content
+
+        return MemoryContext(
+            store=self.store,
+            turn_start=start,
+            summarize=summarize,
+            publish=self.publish,
+            redis=self.rt.redis,
+            keys=self.rt.keys,
+            conversation_id=self.job.conversation_id,
+            history_ttl=self.rt.keys.history_ttl,
+        )
 
     async def _drain_inbox(self, spec: AgentSpec, closing: bool) -> bool:
         """Append user messages merged into this turn (``multitask="merge"``); True if there were any."""
@@ -207,8 +226,10 @@ class AgentLoop:
                 f"agent tree exceeded tree_max_iterations={root.tree_max_iterations}", "tree_max_iterations"
             )
         if root.tree_max_total_tokens is not None and tree_tokens > root.tree_max_total_tokens:
-            raise TurnCancelledError(f"agent tree used {tree_tokens} tokens, over tree_max_total_tokens="
-                                     f"{root.tree_max_total_tokens}", "tree_max_total_tokens")
+            raise TurnCancelledError(
+                f"agent tree used {tree_tokens} tokens, over tree_max_total_tokens={root.tree_max_total_tokens}",
+                "tree_max_total_tokens",
+            )
         if cfg.max_total_tokens is not None and total_tokens > cfg.max_total_tokens:
             raise TurnCancelledError(
                 f"turn used {total_tokens} tokens, over max_total_tokens={cfg.max_total_tokens}", "max_total_tokens"
@@ -216,10 +237,13 @@ class AgentLoop:
         if deadline is not None and time.monotonic() > deadline:
             raise TurnCancelledError(f"turn exceeded its deadline of {cfg.deadline:g} s", "deadline")
 
-    async def _call_model(self, spec: AgentSpec, llm: LlmClient, tool_rounds: int) -> LlmResponse:
+    async def _call_model(
+        self, spec: AgentSpec, llm: LlmClient, memory: MemoryContext, tool_rounds: int
+    ) -> LlmResponse:
         tools = await self._tool_schemas(spec)
+        prompt = self.skills.system_prompt(spec.system_prompt)
         request = LlmRequest(
-            messages=await self.store.snapshot(self.skills.system_prompt(spec.system_prompt)),
+            messages=([SystemMessage(content=prompt)] if prompt else []) + await spec.memory.view(memory),
             tools=tools,
             sampling=self._sampling(),
             tool_choice=spec.tool_choice_for(tool_rounds) if tools else None,
@@ -235,7 +259,10 @@ class AgentLoop:
         return response
 
     def _sampling(self) -> SamplingParams | None:
-        """The turn's sampling override (seed §15.1 ``AgentRequest.sampling``); a malformed one is a ConfigurationError."""
+        """The turn's sampling override (seed §15.1 ``AgentRequest.sampling``).
+
+        Raises :class:`ConfigurationError` for a malformed one.
+        """
         if not self.job.sampling:
             return None
         try:
@@ -246,11 +273,17 @@ class AgentLoop:
     async def _tool_schemas(self, spec: AgentSpec) -> list[ToolSchema]:
         """Native tools of the agent, then each of its sources' tools, in declaration order, then
         the tools of the active skills (seed §12.3)."""
-        schemas = self.rt.app.tools.schemas(spec.tools)
-        asking = ToolContext(call_id="", tool_name="", turn_id=self.ctx.turn_id,
-                             conversation_id=self.job.conversation_id, agent=spec.name, worker_id=self.rt.worker_id)
-        for name in spec.sources:
-            schemas += await self.rt.app.sources[name].schemas(asking)
+        schemas: list[ToolSchema] = []
+        asking = ToolContext(
+            call_id="",
+            tool_name="",
+            turn_id=self.ctx.turn_id,
+            conversation_id=self.job.conversation_id,
+            agent=spec.name,
+            worker_id=self.rt.worker_id,
+        )
+        for source in self.rt.app.sources_for(spec):
+            schemas += await source.schemas(asking)
         return await self.skills.tools(schemas + self.subagents.schemas(spec), asking)
 
     async def _on_stream_event(self, spec: AgentSpec, event: StreamEvent) -> None:
@@ -270,26 +303,33 @@ class AgentLoop:
             await self.publish(_completed_data(event.index, call))
         await fire("on_stream_event", event, self.rt.app.hooks, spec.hooks)
 
-    async def _run_tools(self, spec: AgentSpec, step: int, calls: list[ToolCall]) -> list[ToolOutcome]:
+    async def _run_tools(self, spec: AgentSpec, step: int, calls: list[ToolCall]) -> AssistantMessage | None:
+        """Run a step's calls; append their tool messages and, after a ``_done`` result, its final message
+        in the same append, so a crash cannot fall between them (issue 13 design rule 4). Returns that
+        final message, or None."""
         await self.skills.ensure(spec, self.rt.redis)  # a re-run may resume here, before any model call
         for call in calls:
             await fire("on_tool_call", call, self.rt.app.hooks, spec.hooks)
         outcomes = await gather_all([self._run_tool(spec, step, i, c) for i, c in enumerate(calls)])
         messages = [
             ToolMessage(tool_call_id=call.id, name=call.name, content=outcome.content, is_error=outcome.is_error)
-            for call, outcome in zip(calls, outcomes)
+            for call, outcome in zip(calls, outcomes, strict=True)
         ]
-        await self.ctx.append(*messages)
+        final = done_message(list(outcomes))
+        await self.ctx.append(*messages, *([final] if final is not None else []))
         for message in messages:
             await fire("on_tool_result", message, self.rt.app.hooks, spec.hooks)
-        return list(outcomes)
+        return final
 
     async def _run_tool(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolOutcome:
         job = self._tool_job(spec, step, index, call)
         if self.subagents.owns(spec, call.name):  # runs here, as a nested loop (seed §14.1)
             outcome, produced_here = await self.subagents.call(step, index, call), True
         elif (route := self._route(spec, call.name)) is None:
-            outcome, produced_here = ToolOutcome(content=error_content(f"unknown tool: {call.name}"), is_error=True), True
+            outcome, produced_here = (
+                ToolOutcome(content=error_content(f"unknown tool: {call.name}"), is_error=True),
+                True,
+            )
         else:
             job.timeout, job.idempotent, job.skill = route.timeout, route.idempotent, route.skill
             outcome, produced_here = await self.ctx.services.tool_waiter.run(job)
@@ -301,8 +341,9 @@ class AgentLoop:
         """Publish ``tool.result`` unless the tool worker already did: a result that landed while the
         turn was between attempts (its publish was refused) goes out now, exactly once."""
         once = self.rt.keys.tool_result_published(job.turn_id, job.step, job.index, job.position)
-        seq = await self.rt.events.publish(job.turn_id, tool_result_data(job, outcome),
-                                           self.agent_path, attempt=self.attempt.attempt, once_key=once)
+        seq = await self.rt.events.publish(
+            job.turn_id, tool_result_data(job, outcome), self.agent_path, attempt=self.attempt.attempt, once_key=once
+        )
         if seq < 0:
             raise StaleAttemptError(job.turn_id)
 
@@ -314,12 +355,12 @@ class AgentLoop:
         route = self.skills.route(spec, tool_name)
         if route is not None:
             return route
-        tool = self.rt.app.tools.find(tool_name) if tool_name in spec.tools else None
-        if tool is not None:  # a tool without its own timeout gets the agent's default
-            timeout = tool.timeout if tool.timeout is not None else spec.config.default_tool_timeout
-            return ToolRoute(timeout, tool.idempotent)
-        source = self.rt.app.source_for(tool_name, spec.sources)
-        return ToolRoute(source.timeout_for(tool_name)) if source is not None else None
+        source = next((s for s in self.rt.app.sources_for(spec) if s.owns(tool_name)), None)
+        if source is None:
+            return None
+        timeout = source.timeout_for(tool_name)  # None: a Python tool without its own, the agent's default
+        return ToolRoute(timeout if timeout is not None else spec.config.default_tool_timeout,
+                         source.idempotent(tool_name))
 
     def _tool_job(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolJob:
         keys = self.rt.keys
@@ -337,4 +378,3 @@ class AgentLoop:
             result_key=keys.tool_result(self.ctx.turn_id, step, index, self.ctx.position),
             result_max_bytes=spec.config.tool_result_max_bytes,
         )
-

@@ -24,7 +24,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timezone
+from datetime import UTC
 
 logger = logging.getLogger("agent_smith.retry")
 
@@ -52,8 +52,9 @@ class RetryPolicy:
         """``backoff_base * 2**(number-1) + uniform(0, 0.25)`` seconds, capped at 8 s; ``rng()`` is in [0, 1)."""
         return min(self.backoff_base * 2 ** (number - 1) + rng() * BACKOFF_JITTER, BACKOFF_CAP)
 
-    def delay(self, number: int, retry_after: float | None = None,
-              rng: Callable[[], float] = random.random) -> float | None:
+    def delay(
+        self, number: int, retry_after: float | None = None, rng: Callable[[], float] = random.random
+    ) -> float | None:
         """Seconds to wait before retrying after failed attempt ``number`` (1-based), or None to give up.
 
         ``retry_after`` is the reply's parsed ``Retry-After`` (see :func:`parse_retry_after`), if any.
@@ -82,7 +83,7 @@ def parse_retry_after(value: str | None, *, now: Callable[[], float] = time.time
         except (TypeError, ValueError, IndexError):
             return None
         if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
+            when = when.replace(tzinfo=UTC)
         seconds = when.timestamp() - now()
     if not math.isfinite(seconds):
         return None

@@ -15,12 +15,13 @@ import logging
 import os
 import socket
 import uuid
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import httpx
 from arq.connections import ArqRedis
+from redis.exceptions import ResponseError
 
 from smith_client import scripts
 from smith_client.eventlog import EventLog
@@ -29,8 +30,11 @@ from smith_client.registry import DEFAULT_REGISTRATION_TTL, register_worker, unr
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
+from smith_worker.health import heartbeat_forever, heartbeat_path, remove_heartbeat
 from smith_worker.isolation import ToolExecutors
+from smith_worker.metrics import WorkerMetrics
 from smith_worker.redaction import SENSITIVE_HEADERS, install_log_redaction, register_secrets, url_credentials
+from smith_worker.redis_health import RedisHealth
 from smith_worker.sources import SourceContext
 from smith_worker.sweeper import sweep_forever
 from smith_worker.tasks import cancel_and_wait
@@ -80,6 +84,9 @@ class WorkerRuntime:
     worker_id: str = ""
     #: A turn worker's services (None on tool workers and before :meth:`start`).
     turn_services: TurnServices | None = None
+    #: Readiness: whether Redis answers this process now (issue 8).
+    health: RedisHealth = field(default_factory=RedisHealth)
+    metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
     #: Thread and process pools of a tool worker's sync tools (None on turn workers).
     executors: ToolExecutors | None = None
     #: Called (on the event loop) to make the arq worker stop taking jobs and drain; set by ``build_worker``.
@@ -93,10 +100,26 @@ class WorkerRuntime:
         self.events = EventLog(self.redis, self.keys)
         self.worker_id = self.worker_id or new_worker_id(self.queue)
 
+    def _running_count(self) -> int:
+        """Turns running in this process (0 on a tool worker), for the metrics."""
+        return len(self.turn_services.running_turns) if self.turn_services else 0
+
     def source_context(self) -> SourceContext:
         """What the app's tool sources may use of this process."""
-        return SourceContext(self.redis, self.keys, self.events, self.worker_id, self.app.hooks,
-                             {name: spec.hooks for name, spec in self.app.agents.items()})
+        return SourceContext(
+            self.redis,
+            self.keys,
+            self.events,
+            self.worker_id,
+            self.app.hooks,
+            {name: spec.hooks for name, spec in self.app.agents.items()},
+            self.executors,
+        )
+
+    @property
+    def queue_name(self) -> str:
+        """The arq queue (Redis sorted set) this worker serves."""
+        return self.keys.turns_queue if self.queue == "turns" else self.keys.tools_queue
 
     def on_control(self, turn_id: str) -> None:
         """A control message: cancel ``turn_id`` if it runs here (its state says why)."""
@@ -109,8 +132,10 @@ class WorkerRuntime:
         the LLM API keys (environment and agents), credentials in the LLM base URL and the Redis password."""
         _, _, llm_password = url_credentials(self.settings.llm_base_url)
         _, _, redis_password = url_credentials(self.settings.redis_url)
-        agent_keys = [getattr(spec.llm, "api_key", None) if not isinstance(spec.llm, dict) else spec.llm.get("api_key")
-                      for spec in self.app.agents.values()]
+        agent_keys = [
+            getattr(spec.llm, "api_key", None) if not isinstance(spec.llm, dict) else spec.llm.get("api_key")
+            for spec in self.app.agents.values()
+        ]
         register_secrets(self.settings.llm_api_key, llm_password, redis_password, *agent_keys, *self._source_secrets())
         install_log_redaction()
 
@@ -129,32 +154,50 @@ class WorkerRuntime:
         if self.restart_requested:
             return
         self.restart_requested = True
-        logger.error("worker %s: %d sync-tool threads overran their timeouts; draining to restart",
-                     self.worker_id, self.executors.overrunning if self.executors else 0)
+        logger.error(
+            "worker %s: %d sync-tool threads overran their timeouts; draining to restart",
+            self.worker_id,
+            self.executors.overrunning if self.executors else 0,
+        )
         self._background.append(asyncio.create_task(self._register()))  # readiness: "draining"
         if self.stop_taking_jobs is not None:
             self.stop_taking_jobs()
 
     async def start(self) -> None:
-        """Open the HTTP client and reply channel (turn workers) or the tool pools (tool workers); register."""
+        """Open the HTTP client and reply channel (turn workers) or the tool pools (tool workers); register.
+
+        Waits (backing off) while Redis does not answer, instead of failing.
+        """
+        # first: liveness and /metrics are process-local and must work while start-up waits on Redis
+        self._background.append(asyncio.create_task(heartbeat_forever(heartbeat_path(self.settings, self.queue))))
+        if self.settings.metrics_port:
+            self.metrics.serve(self.settings.metrics_port, self.redis, self.queue_name, self._running_count)
         self.protect_secrets()
-        await scripts.load_all(self.redis)  # before any pipeline sends EVALSHA (see smith_client.scripts)
-        for source in self.app.sources.values():
-            await source.start(self.source_context())
         if self.queue == "tools":
-            self.executors = ToolExecutors(self.settings.tool_max_jobs, self.settings.tool_max_overruns,
-                                           self.request_restart, self.settings.tool_processes)
+            self.executors = ToolExecutors(
+                self.settings.tool_max_jobs,
+                self.settings.tool_max_overruns,
+                self.request_restart,
+                self.settings.tool_processes,
+            )
             if any(self.app.tools.find(name).isolation == "process" for name in self.app.tools.names()):
                 self.executors.start_processes()
+        await self.health.until_ok("start-up", self._warn_on_eviction)
+        # before any pipeline sends EVALSHA (see smith_client.scripts)
+        await self.health.until_ok("loading the scripts", lambda: scripts.load_all(self.redis))
+        for source in self.app.all_sources():  # after the pools: the Python tools run on them
+            await source.start(self.source_context())
         if self.queue == "turns":
             replies = ReplyListener(
-                self.redis, self.keys.worker_replies_channel(self.worker_id), self.keys.control_channel, self.on_control
-            )
+                self.redis, self.keys.worker_replies_channel(self.worker_id), self.keys.control_channel,
+                self.on_control, health=self.health,
+            )  # fmt: skip
             await replies.start()
-            self.turn_services = TurnServices(httpx.AsyncClient(timeout=None), replies,
-                                              ToolJobWaiter(self.redis, self.keys, replies))
+            self.turn_services = TurnServices(
+                httpx.AsyncClient(timeout=None), replies, ToolJobWaiter(self.redis, self.keys, replies)
+            )
             self._background.append(asyncio.create_task(sweep_forever(self.redis, self.keys)))
-        await self._register()
+        await self.health.until_ok("registration", self._register)
         self._background.append(asyncio.create_task(self._heartbeat_loop()))
         logger.info("worker %s started on queue %s", self.worker_id, self.queue)
 
@@ -162,9 +205,11 @@ class WorkerRuntime:
         """Unregister and close what :meth:`start` opened."""
         for task in self._background:
             await cancel_and_wait(task)
+        remove_heartbeat(heartbeat_path(self.settings, self.queue))
+        self.metrics.close()
         with contextlib.suppress(Exception):
             await unregister_worker(self.redis, self.keys, self.worker_id)
-        for source in self.app.sources.values():
+        for source in self.app.all_sources():
             try:
                 await source.close()
             except Exception:  # one failing source must not keep the others open
@@ -174,6 +219,22 @@ class WorkerRuntime:
         if self.executors is not None:
             self.executors.close()
         logger.info("worker %s stopped", self.worker_id)
+
+    async def _warn_on_eviction(self) -> None:
+        """Warn unless Redis's ``maxmemory-policy`` is ``noeviction``: evicting a turn's keys loses the turn."""
+        try:
+            reply = await self.redis.config_get("maxmemory-policy")
+        except ResponseError:  # CONFIG is disabled on some managed Redis services
+            logger.info("could not read Redis maxmemory-policy (CONFIG GET refused); make sure it is noeviction")
+            return
+        policy = next(iter(reply.values()), b"noeviction")
+        policy = policy.decode() if isinstance(policy, bytes) else policy
+        if policy != "noeviction":
+            logger.warning(
+                "Redis maxmemory-policy is %r, not 'noeviction': under memory pressure Redis may evict "
+                "turn state and queued jobs (such turns fail with TurnNotFoundError)",
+                policy,
+            )
 
     async def _register(self) -> None:
         info = {
@@ -194,5 +255,7 @@ class WorkerRuntime:
             await asyncio.sleep(DEFAULT_REGISTRATION_TTL / 3)
             try:
                 await self._register()
-            except Exception:  # Redis blip: the next beat retries; the TTL leaves slack for two misses
-                logger.warning("worker %s heartbeat failed", self.worker_id, exc_info=True)
+            except Exception as exc:  # Redis blip: the next beat retries (it re-registers after a Redis restart)
+                self.health.failed("the worker heartbeat", exc)
+            else:
+                self.health.ok()

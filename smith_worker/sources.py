@@ -1,4 +1,4 @@
-"""Tool sources: tools that are not Python callables on the app (MCP servers, later skills).
+"""Tool sources: where an agent's tools come from (the app's Python tools, MCP servers).
 
 A source contributes tool schemas to the agents that use it (turn side) and
 runs calls of the tools it owns (tool-worker side). Tool names of a source
@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
 from smith_worker.hooks import Hooks
 from smith_worker.llm.types import ToolSchema
 from smith_worker.tools import ToolContext, ToolResult
+
+if TYPE_CHECKING:
+    from smith_worker.isolation import ToolExecutors  # pebble only where tools run
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,8 @@ class SourceContext:
 
     ``redis`` and ``keys`` (caches such as ``Keys.mcp_tools``), ``events`` (to
     publish on a turn's stream), ``app_hooks`` and ``agent_hooks`` (each agent's
-    hooks by name), ``worker_id``.
+    hooks by name), ``worker_id``, and ``executors``, a tool worker's sync-tool
+    pools (None on turn workers).
     """
 
     redis: Any
@@ -36,6 +40,7 @@ class SourceContext:
     worker_id: str
     app_hooks: Hooks
     agent_hooks: Mapping[str, Hooks]
+    executors: ToolExecutors | None = None
 
 
 @runtime_checkable
@@ -54,6 +59,10 @@ class ToolSource(Protocol):
 
     def timeout_for(self, tool_name: str) -> float:
         """The call budget of ``tool_name``, in seconds."""
+        ...
+
+    def idempotent(self, tool_name: str) -> bool:
+        """Whether a call of ``tool_name`` may be re-run when its tool worker died (seed §10.4)."""
         ...
 
     async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:

@@ -71,10 +71,12 @@ class SubAgentHistory:
     """A sub-agent's fenced writes (:class:`~smith_worker.fencing.AttemptWrites`): its own message list,
     fenced by the root turn's attempt. It has no inbox: merged user messages go to the root agent."""
 
-    def __init__(self, redis: Any, state_key: str, history_key: str, attempt: int, ttl: int) -> None:
+    def __init__(self, redis: Any, state_key: str, lists: tuple[str, str], attempt: int, ttl: int,
+                 max_messages: int) -> None:
         self._redis = redis
+        self._max = max_messages
         self._state = state_key
-        self._history = history_key
+        self._lists = lists  # the history and its trimmed-message counter
         self._attempt = attempt
         self._ttl = ttl
 
@@ -87,8 +89,8 @@ class SubAgentHistory:
         """Append whole messages to the sub-agent's history. Raises :class:`StaleAttemptError`."""
         if not messages:
             return
-        args = [self._attempt, self._ttl, *(message_to_json(m) for m in messages)]
-        if await scripts.APPEND(self._redis, [self._state, self._history], args) < 0:
+        args = [self._attempt, self._ttl, self._max, *(message_to_json(m) for m in messages)]
+        if await scripts.APPEND(self._redis, [self._state, *self._lists], args) < 0:
             raise StaleAttemptError(self._state)
 
     async def drain_inbox(self, closing: bool) -> list[bytes]:
@@ -155,9 +157,10 @@ class SubAgentTools:
         """The child's context; its history starts with ``task`` (once: a resumed child keeps its messages)."""
         parent, rt = self.ctx, self.ctx.runtime
         keys = rt.keys
-        history = keys.subagent_history(parent.root_turn_id, position)
-        writes = SubAgentHistory(rt.redis, keys.turn_state(parent.root_turn_id), history,
-                                 parent.attempt.attempt, keys.turn_ttl)
+        lists = (keys.subagent_history(parent.root_turn_id, position),
+                 keys.subagent_history_trimmed(parent.root_turn_id, position))
+        writes = SubAgentHistory(rt.redis, keys.turn_state(parent.root_turn_id), lists,
+                                 parent.attempt.attempt, keys.turn_ttl, rt.settings.history_max_messages)
         path = [*parent.agent_path, name]
 
         async def publish(data: EventData) -> int:
@@ -169,10 +172,10 @@ class SubAgentTools:
         spec = rt.app.agents[name]
         child = AgentContext(
             job=parent.job, spec=spec, agent_path=path, root_turn_id=parent.root_turn_id, turn_id=parent.turn_id,
-            attempt=writes, store=ConversationStore(rt.redis, keys, parent.job.conversation_id, key=history),
+            attempt=writes, store=ConversationStore(rt.redis, keys, parent.job.conversation_id, lists=lists),
             publish=publish, runtime=rt, services=parent.services, position=position, tree_config=parent.limits,
         )
-        if not await rt.redis.exists(history):
+        if not await rt.redis.exists(lists[0]):
             await child.append(UserMessage(content=task))
         return child
 
@@ -196,7 +199,7 @@ async def _stop_if_cancelled(child: AgentContext) -> None:
     rt, root = child.runtime, child.root_turn_id
     if not await rt.redis.hget(child.cancel_state, record.CANCEL_REQUESTED):
         return
-    messages = await child.store.messages()
+    messages = (await child.store.read(0)).messages
     last = messages[-1] if messages else None
     if not isinstance(last, AssistantMessage) or not last.tool_calls:
         return

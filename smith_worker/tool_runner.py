@@ -17,11 +17,10 @@ from smith_client import scripts
 from smith_client.eventlog import WHILE_RUNNING
 from smith_client.events import tool_result_data
 from smith_client.jobs import ToolJob, ToolOutcome
-from smith_worker.runtime import WorkerRuntime
 from smith_worker.redaction import redact_text
+from smith_worker.runtime import WorkerRuntime
 from smith_worker.sources import ToolSource
 from smith_worker.tools import (
-    Tool,
     ToolContext,
     ToolResult,
     bounded_structured,
@@ -31,6 +30,9 @@ from smith_worker.tools import (
 )
 
 logger = logging.getLogger("agent_smith.tool")
+
+#: Seconds past a call's budget before the runner stops waiting for a source that ignores its own timeout.
+TIMEOUT_GUARD = 0.5
 
 
 def stored_outcome(result: ToolResult, max_bytes: int, worker: str) -> ToolOutcome:
@@ -46,18 +48,17 @@ def stored_outcome(result: ToolResult, max_bytes: int, worker: str) -> ToolOutco
     )
 
 
-def _target(rt: WorkerRuntime, job: ToolJob) -> tuple[Tool | None, ToolSource | None]:
-    """The native tool or the source running the call; a skill's own when the job names a skill
-    (a skill tool may shadow an app tool of the same name, seed §12.3)."""
+def _target(rt: WorkerRuntime, job: ToolJob) -> ToolSource | None:
+    """The source running the call; a skill's own when the job names a skill (a skill tool may
+    shadow an app tool of the same name, seed §12.3)."""
     if job.skill:
-        return rt.app.skills.target(job.skill, job.call.name, rt.app.sources)
-    tool = rt.app.tools.find(job.call.name)
-    return tool, (rt.app.source_for(job.call.name) if tool is None else None)
+        return rt.app.skills.target(job.skill, job.call.name, rt.app.sources, rt.app.native)
+    return rt.app.owner_of(job.call.name)
 
 
 async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
-    tool, source = _target(rt, job)
-    if tool is None and source is None:
+    source = _target(rt, job)
+    if source is None:
         return error_result(f"unknown tool: {job.call.name}")
     ctx = ToolContext(
         call_id=job.call.id,
@@ -69,11 +70,8 @@ async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
         deadline=time.monotonic() + job.timeout,
         worker_id=rt.worker_id,
     )
-    if tool is not None:
-        return await tool.invoke(job.call.arguments, ctx, timeout=job.timeout, executors=rt.executors)
-    assert source is not None
-    try:
-        async with asyncio.timeout(job.timeout):  # the source's own timeouts should fire first
+    try:  # a guard behind the source's own timeout, which fires first with its own message
+        async with asyncio.timeout(job.timeout + TIMEOUT_GUARD):
             return await source.call(job.call.name, job.call.arguments, ctx)
     except TimeoutError:
         return error_result(f"tool {job.call.name!r} timed out after {job.timeout:g} s")
@@ -93,16 +91,26 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     if answered:
         return {"is_error": False, "stored": False}  # never run a call twice
     outcome = stored_outcome(await _invoke(rt, job), job.result_max_bytes, rt.worker_id)
+    rt.metrics.record_tool_call(job.call.name, outcome.is_error, time.monotonic() - started)
+    # A call that ran is not lost to a Redis outage: its outcome is stored once Redis answers
+    # again (bounded by the job's timeout), where the resumed turn finds it (issue 8).
+    stored = await rt.health.until_ok("storing a tool result", lambda: _store(rt, job, outcome))
+    logger.debug("tool %s ran in %.3f s (stored=%s)", job.call.name, time.monotonic() - started, bool(stored))
+    return {"is_error": outcome.is_error, "stored": bool(stored)}
+
+
+async def _store(rt: WorkerRuntime, job: ToolJob, outcome: ToolOutcome) -> bool:
+    """Store the outcome (first writer wins); when stored, publish ``tool.result`` and wake the turn."""
     stored = await rt.redis.set(job.result_key, outcome.model_dump_json(), nx=True, ex=rt.keys.turn_ttl)
     if stored:  # the event, then the waiting turn's wake-up, in one round trip
         once = rt.keys.tool_result_published(job.turn_id, job.step, job.index, job.position)
 
         def fill(pipe: Any) -> None:
             # never after the turn's terminal event, and never twice (a turn between attempts publishes it on resume)
-            rt.events.publish_in(pipe, job.turn_id, tool_result_data(job, outcome), job.agent_path,
-                                 WHILE_RUNNING, once_key=once)
+            rt.events.publish_in(
+                pipe, job.turn_id, tool_result_data(job, outcome), job.agent_path, WHILE_RUNNING, once_key=once
+            )
             pipe.publish(job.reply_channel, job.result_key)  # a repeat after NOSCRIPT only wakes the waiter again
 
         await scripts.execute(rt.redis, fill, transaction=False)
-    logger.debug("tool %s ran in %.3f s (stored=%s)", job.call.name, time.monotonic() - started, bool(stored))
-    return {"is_error": outcome.is_error, "stored": bool(stored)}
+    return bool(stored)

@@ -268,11 +268,13 @@ def make_tool(
     if timeout is not None and timeout <= 0:
         raise ConfigurationError(f"tool timeout must be positive, got {timeout}", setting="timeout")
     if isolation not in ("thread", "process"):
-        raise ConfigurationError(f"tool isolation must be 'thread' or 'process', got {isolation!r}",
-                                 setting="isolation")
+        raise ConfigurationError(
+            f"tool isolation must be 'thread' or 'process', got {isolation!r}", setting="isolation"
+        )
     if isolation == "process" and inspect.iscoroutinefunction(fn):
-        raise ConfigurationError("isolation='process' is for sync functions; an async tool can be cancelled",
-                                 setting="isolation")
+        raise ConfigurationError(
+            "isolation='process' is for sync functions; an async tool can be cancelled", setting="isolation"
+        )
     tool_name = name or fn.__name__
     doc = (description if description is not None else inspect.getdoc(fn) or "").strip()
     schema_params = parameters if parameters is not None else schema_from_signature(fn)
@@ -300,10 +302,6 @@ class ToolRegistry:
             return False
         self._tools[tool.name] = tool
         return True
-
-    def replace(self, tool: Tool) -> None:
-        """Register ``tool``, replacing any tool of the same name (keeps its position)."""
-        self._tools[tool.name] = tool
 
     def find(self, name: str) -> Tool | None:
         """The tool registered as ``name``, or None."""

@@ -6,7 +6,10 @@ the turn while an earlier turn of its conversation is unfinished, runs
 event: ``turn.completed``, ``turn.failed`` (every failure, typed), or
 ``turn.cancelled`` (a caller's cancel or an ``interrupt``, with dangling tool
 calls answered). When the worker shuts down it hands the turn off instead;
-when its lease was lost it stops without writing. A turn never raises out of
+when its lease was lost, or Redis failed, it stops without writing (the
+sweeper resumes it). ``SMITH_TURN_JOB_TIMEOUT`` ends the turn with
+``SmithTimeoutError`` (operation ``turn.job``); a turn started more than
+``SMITH_TURN_MAX_ATTEMPTS`` times (hand-offs not counted) fails. A turn never raises out of
 :meth:`TurnRunner.run`, so the worker keeps serving.
 """
 
@@ -14,13 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import orjson
+from redis.exceptions import RedisError
 
-from smith_client.errors import SmithError, UnknownAgentError, error_from_exception
 from smith_client import scripts
 from smith_client import turn_record as record
+from smith_client.errors import InternalError, SmithError, SmithTimeoutError, UnknownAgentError, error_from_exception
 from smith_client.events import (
     EventData,
     TurnCancelledData,
@@ -32,16 +37,17 @@ from smith_client.events import (
 from smith_client.jobs import ToolOutcome, TurnJob
 from smith_client.messages import AssistantMessage, ToolMessage
 from smith_worker.app import AgentSpec
+from smith_worker.context import AgentContext
 from smith_worker.dispatch import settle_call
+from smith_worker.fencing import StaleAttemptError
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
-from smith_worker.context import AgentContext
-from smith_worker.fencing import StaleAttemptError
-from smith_worker.turn_state import TurnAttempt, park, wake_head
 from smith_worker.loop import AgentLoop, CancelRequested
+from smith_worker.memory.pairing import pending_repair
 from smith_worker.redaction import redact_error
 from smith_worker.runtime import TurnServices, WorkerRuntime
 from smith_worker.tools import error_content
+from smith_worker.turn_state import TurnAttempt, park, wake_head
 
 logger = logging.getLogger("agent_smith.agent")
 
@@ -54,13 +60,21 @@ class TurnRunner:
         self.services = services
         self.job = job
         self.store = ConversationStore(rt.redis, rt.keys, job.conversation_id)
-        self.attempt = TurnAttempt(rt.redis, rt.keys, job.turn_id, job.conversation_id, rt.worker_id)
+        self.attempt = TurnAttempt(
+            rt.redis,
+            rt.keys,
+            job.turn_id,
+            job.conversation_id,
+            rt.worker_id,
+            history_max=rt.settings.history_max_messages,
+        )
         self.agent_path = [job.agent]
         #: What the agent loop gets (built once the agent is known).
         self.ctx: AgentContext | None = None
         self._task: asyncio.Task[Any] | None = None
         self._cancel_requested = False
         self._lease_lost = False
+        self._started = time.monotonic()
 
     def request_cancel(self) -> None:
         """A caller asked to cancel (control message): stop the running step now, not at the next check."""
@@ -86,14 +100,40 @@ class TurnRunner:
         self.services.running_turns[self.job.turn_id] = self
         self.attempt.start_renewing(self._on_lease_lost)
         spec = self.rt.app.get_agent(self.job.agent)
+        job_timeout = asyncio.timeout(self.rt.settings.turn_job_timeout)
         try:
-            await self._run_attempt(spec)
+            async with job_timeout:
+                await self._run_attempt(spec)
+        except TimeoutError as exc:
+            if not job_timeout.expired():
+                await self._fail(error_from_exception(exc), spec)
+            else:  # the job's own bound ends the turn; it is never handed off and re-run (issue 8)
+                budget = self.rt.settings.turn_job_timeout
+                await self._fail(
+                    SmithTimeoutError(
+                        f"turn job ran out of its {budget:g} s (SMITH_TURN_JOB_TIMEOUT)",
+                        operation="turn.job",
+                        budget=budget,
+                    ),
+                    spec,
+                )
+        except RedisError as exc:
+            # Redis is down or frozen: nothing can be written now. The lease runs out and a
+            # sweeper re-enqueues the turn once Redis answers; it resumes from its history.
+            logger.warning(
+                "turn %s: attempt %d stopped, Redis failed (%s: %s); it resumes once Redis is back",
+                self.job.turn_id,
+                self.attempt.attempt,
+                type(exc).__name__,
+                exc,
+            )
         except asyncio.CancelledError:
             await asyncio.shield(self._after_task_cancelled(spec))
         except CancelRequested as request:
             await self._cancelled(spec, request.reason)
         except StaleAttemptError:
             logger.warning("turn %s: attempt %d was superseded; stopped", self.job.turn_id, self.attempt.attempt)
+            await self.attempt.requeue_if_regressed()
         except Exception as exc:  # every failure ends as turn.failed, never as a crashed worker
             await self._fail(error_from_exception(exc), spec)
         finally:
@@ -102,29 +142,58 @@ class TurnRunner:
 
     async def _run_attempt(self, spec: AgentSpec | None) -> None:
         if spec is None:
-            raise UnknownAgentError(f"this worker does not serve agent {self.job.agent!r}", agent=self.job.agent,
-                                    known=sorted(self.rt.app.agents))
-        self.ctx = AgentContext(self.job, spec, self.agent_path, self.job.turn_id, self.job.turn_id, self.attempt,
-                                self.store, self.publish, self.rt, self.services)
+            raise UnknownAgentError(
+                f"this worker does not serve agent {self.job.agent!r}",
+                agent=self.job.agent,
+                known=sorted(self.rt.app.agents),
+            )
+        self.ctx = AgentContext(
+            self.job,
+            spec,
+            self.agent_path,
+            self.job.turn_id,
+            self.job.turn_id,
+            self.attempt,
+            self.store,
+            self.publish,
+            self.rt,
+            self.services,
+        )
         state = await self.attempt.state()  # one read: the cancel flag and whether the user message is in
         if state.get("cancel_requested"):
             raise CancelRequested(state["cancel_requested"])
+        self._check_attempts(state)
         if self.attempt.attempt > 1:
             await self.publish(TurnResumedData(attempt=self.attempt.attempt))
         else:
             await self.publish(TurnStartedData(conversation_id=self.job.conversation_id, agent=self.job.agent))
-        start = await self.attempt.append_user(self.job.message)
-        if "history_start" not in state:  # appended now, not by an earlier attempt
-            await self.ctx.announce(self.job.message)
+        first = "history_start" not in state  # the user message is not in yet (an earlier attempt may have added it)
+        repair = await pending_repair(self.store) if first else None
+        start = await self.attempt.append_user(self.job.message, repair)
+        if first:
+            for message in [*(repair.messages if repair else []), self.job.message]:
+                await self.ctx.announce(message)
         final = await AgentLoop(self.ctx).run(start)
         await self._finish(record.COMPLETED, record.RESULT, final.model_dump_json(), TurnCompletedData(message=final))
+
+    def _check_attempts(self, state: dict[str, str]) -> None:
+        """Refuse a run past ``SMITH_TURN_MAX_ATTEMPTS``: crashes and lost leases count, hand-offs at a
+        graceful shutdown do not (a rolling deploy must not fail long turns). Raises :class:`InternalError`."""
+        limit = self.rt.settings.turn_max_attempts
+        runs = self.attempt.attempt - int(state.get(record.HANDOFFS) or 0)
+        if runs > limit:
+            raise InternalError(
+                f"turn was started {runs} times without finishing (limit SMITH_TURN_MAX_ATTEMPTS={limit}): "
+                "each earlier run ended with its worker crashing or losing Redis",
+                exception_type="TurnAttemptsExhausted",
+            )
 
     async def _after_task_cancelled(self, spec: AgentSpec | None) -> None:
         """Why was the task cancelled? A caller's cancel, a lost lease, or the worker shutting down."""
         if self._lease_lost:
             return  # another attempt owns the turn now; this one must not write
         if self._cancel_requested:
-            reason = (await self.attempt.state()).get("cancel_requested") or "cancel"
+            reason = (await self.attempt.state()).get(record.CANCEL_REQUESTED) or "cancel"
             await self._cancelled(spec, reason)
             return
         count = await self.attempt.requeue()  # worker shutdown: hand the turn off, it resumes elsewhere
@@ -149,8 +218,10 @@ class TurnRunner:
             return
         step = sum(isinstance(m, AssistantMessage) for m in messages)
         outcomes = [await self._settle_call(step, index, ending) for index in range(len(last.tool_calls))]
-        repaired = [ToolMessage(tool_call_id=call.id, name=call.name, content=o.content, is_error=o.is_error)
-                    for call, o in zip(last.tool_calls, outcomes)]
+        repaired = [
+            ToolMessage(tool_call_id=call.id, name=call.name, content=o.content, is_error=o.is_error)
+            for call, o in zip(last.tool_calls, outcomes, strict=True)
+        ]
         if self.ctx is not None:
             await self.ctx.append(*repaired)
         else:
@@ -162,11 +233,15 @@ class TurnRunner:
         it re-attaches."""
         keys, turn_id = self.rt.keys, self.job.turn_id
         started = await self.rt.redis.exists(keys.tool_started(turn_id, step, index))
-        reason = (f"the turn {ending} while this tool call was running; it was stopped and may have partly run"
-                  if started else f"the turn {ending} before this tool call started")
+        reason = (
+            f"the turn {ending} while this tool call was running; it was stopped and may have partly run"
+            if started
+            else f"the turn {ending} before this tool call started"
+        )
         ended = ToolOutcome(content=error_content(reason), is_error=True)
-        return await settle_call(self.rt.redis, keys, keys.tool_job_id(turn_id, step, index),
-                                 keys.tool_result(turn_id, step, index), ended)
+        return await settle_call(
+            self.rt.redis, keys, keys.tool_job_id(turn_id, step, index), keys.tool_result(turn_id, step, index), ended
+        )
 
     async def _fail(self, error: SmithError, spec: AgentSpec | None) -> None:
         """End the turn as failed: the error (secrets redacted) in its state and event, dangling calls answered."""
@@ -181,8 +256,12 @@ class TurnRunner:
         except Exception:  # the failure itself must still be recorded
             logger.warning("turn %s: answering its dangling tool calls failed", self.job.turn_id, exc_info=True)
         try:
-            await self._finish(record.FAILED, record.ERROR, orjson.dumps(error.to_payload()).decode(),
-                               TurnFailedData.model_validate({"error": error.to_payload()}))
+            await self._finish(
+                record.FAILED,
+                record.ERROR,
+                orjson.dumps(error.to_payload()).decode(),
+                TurnFailedData.model_validate({"error": error.to_payload()}),
+            )
         except StaleAttemptError:
             pass
 
@@ -195,6 +274,7 @@ class TurnRunner:
 
     async def _finish(self, status: str, field: str, value: str, data: EventData) -> None:
         """The terminal event and the final state, in one transaction, fenced by the attempt."""
+
         def fill(pipe: Any) -> None:
             self.rt.events.publish_in(pipe, self.job.turn_id, data, self.agent_path, self.attempt.attempt)
             self.attempt.queue_finish(pipe, status, field, value)
@@ -202,14 +282,14 @@ class TurnRunner:
         seq, finished = await scripts.execute(self.rt.redis, fill, transaction=True)
         if seq < 0 or not finished:
             raise StaleAttemptError(self.job.turn_id)
+        self.rt.metrics.record_turn(self.job.agent, status, time.monotonic() - self._started)
         # the conversation's next turn may run now
         await wake_head(self.rt.redis, self.rt.keys, self.job.conversation_id)
 
     async def _turn_messages(self) -> list[Any]:
         """This turn's messages: the history from its user message on."""
-        start = (await self.attempt.state()).get("history_start")
-        return (await self.store.messages())[int(start):] if start is not None else []
-
+        start = (await self.attempt.state()).get(record.HISTORY_START)
+        return (await self.store.read(int(start))).messages if start is not None else []
 
 
 async def fail_unreadable_turn(rt: WorkerRuntime, turn_id: str, error: SmithError) -> bool:
@@ -232,9 +312,15 @@ async def fail_unreadable_turn(rt: WorkerRuntime, turn_id: str, error: SmithErro
         conversation_id = conversation.decode() if conversation else ""
         pipe.multi()
         rt.events.publish_in(pipe, turn_id, TurnFailedData.model_validate({"error": error.to_payload()}))
-        script_keys = [state_key, keys.running, keys.conversation_turns(conversation_id),
-                       keys.conversation_statuses(conversation_id)]
-        scripts.FAIL_UNREAD.queue(pipe, script_keys, [turn_id, orjson.dumps(error.to_payload()).decode(), keys.turn_ttl])
+        script_keys = [
+            state_key,
+            keys.running,
+            keys.conversation_turns(conversation_id),
+            keys.conversation_statuses(conversation_id),
+        ]
+        scripts.FAIL_UNREAD.queue(
+            pipe, script_keys, [turn_id, orjson.dumps(error.to_payload()).decode(), keys.turn_ttl]
+        )
         await pipe.execute()
     logger.error("turn %s failed: %r", turn_id, error)
     if conversation_id:

@@ -13,8 +13,9 @@ new arq job id, so recovery does not wait for arq's in-progress key (job
 timeout + 10 s, arq-notes.md §1.6).
 
 The history is the checkpoint: the user message is appended once per turn
-id (its index kept as ``history_start``), assistant and tool messages are
-appended whole, so a re-run reads where the turn stopped.
+id (its absolute position kept as ``history_start``, :mod:`smith_worker.history`),
+assistant and tool messages are appended whole, so a re-run reads where the
+turn stopped. Every append trims the history to ``history_max`` messages.
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from smith_client.errors import ParseError
-from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client import scripts
 from smith_client import turn_record as record
+from smith_client.errors import ParseError
+from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import RUNNING_TTL, Keys, now_ms
 from smith_client.messages import message_to_json
 from smith_client.turn_record import decode_state
 from smith_worker.fencing import StaleAttemptError
+from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES, Repair
 from smith_worker.tasks import cancel_and_wait
 
 logger = logging.getLogger("agent_smith.worker")
@@ -50,7 +52,8 @@ class TurnAttempt:
     """One attempt at running one turn (see the module docstring).
 
     ``lease`` is seconds. ``on_lost`` is called (once) when renewal finds the
-    lease taken over, so the owner can stop its task.
+    lease taken over, so the owner can stop its task. ``history_max`` is the
+    number of messages the stored history keeps (``SMITH_HISTORY_MAX_MESSAGES``).
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class TurnAttempt:
         worker_id: str,
         *,
         lease: float = DEFAULT_LEASE,
+        history_max: int = DEFAULT_HISTORY_MAX_MESSAGES,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -70,17 +74,21 @@ class TurnAttempt:
         self.worker_id = worker_id
         self.lease_ms = int(lease * 1000)
         self.history_ttl = keys.history_ttl
+        self.history_max = history_max
         self.attempt = 0
         self._renewer: asyncio.Task[None] | None = None
         self._state = keys.turn_state(turn_id)
         self._history = keys.history(conversation_id)
         self._statuses = keys.conversation_statuses(conversation_id)
+        self._trimmed = keys.history_trimmed(conversation_id)
 
     async def begin(self) -> str:
         """Take the turn: ``"go"`` (this attempt runs it), ``"wait"`` (an earlier turn of the
         conversation is unfinished), ``"done"``, ``"busy"`` (another live attempt) or ``"missing"``."""
         keys = [self._state, self.keys.running, self.keys.conversation_turns(self.conversation_id), self._statuses]
-        reply = await scripts.BEGIN(self.redis, keys, [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL])
+        reply = await scripts.BEGIN(
+            self.redis, keys, [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL]
+        )
         outcome = reply[0].decode()
         if outcome == "go":
             self.attempt = int(reply[1])
@@ -98,8 +106,9 @@ class TurnAttempt:
         while True:
             await asyncio.sleep(self.lease_ms / 3000)
             try:
-                renewed = await scripts.RENEW(self.redis, [self._state, self.keys.running],
-                                              [self.turn_id, self.attempt, now_ms(), self.lease_ms])
+                renewed = await scripts.RENEW(
+                    self.redis, [self._state, self.keys.running], [self.turn_id, self.attempt, now_ms(), self.lease_ms]
+                )
             except Exception:  # a Redis blip: the lease has slack for two more tries
                 logger.warning("turn %s: lease renewal failed", self.turn_id, exc_info=True)
                 continue
@@ -112,10 +121,22 @@ class TurnAttempt:
         """The turn's state hash, decoded (fields in :mod:`smith_client.turn_record`)."""
         return decode_state(await self.redis.hgetall(self._state))
 
-    async def append_user(self, message: BaseModel) -> int:
-        """Append the turn's user message once per turn id; return its index in the history."""
-        index = await scripts.APPEND_USER(self.redis, [self._state, self._history],
-                                          [self.attempt, message_to_json(message), self.history_ttl])
+    async def append_user(self, message: BaseModel, repair: Repair | None = None) -> int:
+        """Append the turn's user message once per turn id; return its absolute position in the history.
+
+        ``repair`` (error tool messages for dangling tool calls of an earlier
+        turn) is inserted in the same script, so the history is repaired once
+        (issue 13 design rule 3); it is skipped if the history changed since
+        it was computed.
+        """
+        extra: list[Any] = []
+        if repair is not None:
+            extra = [repair.end, repair.position, *(message_to_json(m) for m in repair.messages)]
+        index = await scripts.APPEND_USER(
+            self.redis,
+            [self._state, self._history, self._trimmed],
+            [self.attempt, message_to_json(message), self.history_ttl, self.history_max, *extra],
+        )
         if index < 0:
             raise StaleAttemptError(self.turn_id)
         return int(index)
@@ -125,7 +146,12 @@ class TurnAttempt:
         if not messages:
             return
         blobs = [message_to_json(m) for m in messages]
-        if await scripts.APPEND(self.redis, [self._state, self._history], [self.attempt, self.history_ttl, *blobs]) < 0:
+        reply = await scripts.APPEND(
+            self.redis,
+            [self._state, self._history, self._trimmed],
+            [self.attempt, self.history_ttl, self.history_max, *blobs],
+        )
+        if reply < 0:
             raise StaleAttemptError(self.turn_id)
 
     async def drain_inbox(self, closing: bool) -> list[bytes]:
@@ -134,12 +160,15 @@ class TurnAttempt:
         return self.drained(await scripts.DRAIN_INBOX(self.redis, keys, args))
 
     def queue_drain_inbox(self, pipe: Any) -> None:
-        """Queue a non-closing :meth:`drain_inbox` on ``pipe`` (a step's round trip); :meth:`drained` reads its reply."""
+        """Queue a non-closing :meth:`drain_inbox` on ``pipe`` (a step's round trip).
+
+        :meth:`drained` reads its reply.
+        """
         scripts.DRAIN_INBOX.queue(pipe, *self._drain_call(closing=False))
 
     def _drain_call(self, closing: bool) -> tuple[list[str], list[Any]]:
-        keys = [self._state, self.keys.turn_inbox(self.turn_id), self._history]
-        return keys, [self.attempt, self.history_ttl, "1" if closing else "0"]
+        keys = [self._state, self.keys.turn_inbox(self.turn_id), self._history, self._trimmed]
+        return keys, [self.attempt, self.history_ttl, "1" if closing else "0", self.history_max]
 
     def drained(self, reply: Any) -> list[bytes]:
         """The moved messages from a drain's reply. Raises :class:`StaleAttemptError` when fenced off."""
@@ -151,14 +180,30 @@ class TurnAttempt:
         """Queue the fenced final write (``lua/finish.lua``) on ``pipe``, to commit with the terminal event:
         ``status`` and ``field`` = ``value`` in the state, which then lives ``keys.turn_ttl`` seconds.
         Its reply is 0 when this attempt was fenced off."""
-        keys = [self._state, self.keys.running, self.keys.conversation_turns(self.conversation_id),
-                self.keys.turn_inbox(self.turn_id), self._history, self._statuses]
+        keys = [
+            self._state,
+            self.keys.running,
+            self.keys.conversation_turns(self.conversation_id),
+            self.keys.turn_inbox(self.turn_id),
+            self._history,
+            self._statuses,
+        ]
         args = [self.turn_id, self.attempt, status, field, value, self.keys.turn_ttl, self.history_ttl]
         scripts.FINISH.queue(pipe, keys, args)
 
     async def requeue(self) -> int:
         """Hand the turn off (worker shutdown): back to ``queued`` and re-enqueued under a new job id."""
         return await requeue_turn(self.redis, self.keys, self.turn_id, self.conversation_id, str(self.attempt))
+
+    async def requeue_if_regressed(self) -> bool:
+        """After this attempt was fenced off: re-enqueue the turn when its state fell back to ``queued``
+        behind this attempt (its writes were lost in a Redis failover), so it runs again instead of
+        waiting for a job that no longer exists. True when it was re-enqueued."""
+        count = int(await scripts.REGRESSED(self.redis, [self._state], [self.attempt]))
+        if count:
+            await _enqueue_turn(self.redis, self.keys, self.turn_id, self.keys.turn_rerun_job_id(self.turn_id, count))
+            logger.warning("turn %s: state fell back behind attempt %d; re-enqueued", self.turn_id, self.attempt)
+        return bool(count)
 
 
 async def _enqueue_turn(redis: Any, keys: Keys, turn_id: str, job_id: str, defer: float | None = None) -> bool:
@@ -216,4 +261,3 @@ async def requeue_turn(redis: Any, keys: Keys, turn_id: str, conversation_id: st
         await _enqueue_turn(redis, keys, turn_id, keys.turn_rerun_job_id(turn_id, count))
         logger.info("turn %s re-enqueued (re-enqueue #%d)", turn_id, count)
     return count
-

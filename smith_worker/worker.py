@@ -16,15 +16,26 @@ waiting on its tools never holds the slots its tools need (arq-notes.md
 A tool worker whose overrunning sync-tool threads reach their limit
 (:mod:`smith_worker.isolation`) stops taking jobs and drains like at a
 signal; ``smith-worker`` then re-executes itself.
+
+:class:`SmithWorker` is arq's ``Worker`` made to outlive Redis (issue 8): arq
+lets a ``ConnectionError`` out of its poll loop, which ends the process. Here
+start-up waits for Redis, and a failed poll iteration backs off with jitter
+and polls again; the process exits only on a signal or a configuration error.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+import logging
 import signal
 from typing import Any
 
+from arq.connections import log_redis_info
+from arq.utils import poll
 from arq.worker import Worker, func
+from redis.exceptions import RedisError
 
 from smith_client.errors import InvalidRequestError
 from smith_client.jobs import RUN_TOOL, RUN_TURN, TurnJob
@@ -32,13 +43,21 @@ from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.redaction import redact_error
-from smith_worker.turn import TurnRunner, fail_unreadable_turn
-from smith_client.connection import connect_redis
+from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
 from smith_worker.runtime import Queue, TurnServices, WorkerRuntime
 from smith_worker.tool_runner import run_tool
+from smith_worker.turn import TurnRunner, fail_unreadable_turn
+
+logger = logging.getLogger("agent_smith.worker")
 
 #: Minimum ``queue_read_limit`` (arq-notes.md §4.2: at least 2x the fleet's concurrency on the queue).
 MIN_QUEUE_READ_LIMIT = 1000
+#: Seconds arq's job timeout adds to ``SMITH_TURN_JOB_TIMEOUT``, so the turn's own bound fires first
+#: and has time to write its terminal event.
+TURN_TIMEOUT_GRACE = 30.0
+#: Seconds a stopping tool worker waits for running tool calls (arq ``job_completion_wait``); deploy/
+#: manifests give the process longer than this between SIGTERM and SIGKILL.
+TOOL_JOB_COMPLETION_WAIT = 10
 
 
 async def run_turn(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
@@ -56,14 +75,99 @@ async def run_turn(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
     await TurnRunner(rt, services, job).run()
 
 
-def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> Worker:
-    """An arq :class:`Worker` serving ``queue`` for ``app``. ``overrides`` go to ``Worker(...)``.
+class SmithWorker(Worker):
+    """arq's :class:`~arq.worker.Worker` that survives Redis interruptions (see the module docstring).
+
+    ``health`` is the process's :class:`RedisHealth` (its readiness), updated
+    by every poll iteration.
+    """
+
+    def __init__(self, *args: Any, health: RedisHealth, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.health = health
+        self.stopping = False
+        self.on_stop = self._on_stop  # arq calls it after cancelling the main task on SIGTERM / SIGINT
+
+    def _on_stop(self, _signum: signal.Signals) -> None:
+        # The main task's cancellation can be lost inside redis-py's reads (Python 3.11's
+        # asyncio.timeout may turn a pending cancel into a TimeoutError that redis-py treats as
+        # "no data"; seen as a worker polling on after SIGTERM): the flag ends the loops anyway.
+        self.stopping = self.health.stopping = True
+
+    async def main(self) -> None:
+        """arq's ``main`` (never in burst mode here), waiting for Redis first instead of exiting."""
+        await self.health.until_ok("start-up", lambda: log_redis_info(self.pool, logger.info))
+        self.ctx["redis"] = self.pool
+        if self.on_startup:
+            await self.on_startup(self.ctx)
+        async for _ in poll(self.poll_delay_s):
+            if self.stopping:
+                return
+            await self._poll_iteration()
+
+    async def close(self) -> None:
+        """arq's ``close``, but a Redis that is down at shutdown does not skip ``on_shutdown``."""
+        if not self._handle_signals:
+            self.handle_sig(signal.SIGUSR1)
+        if not self._pool:
+            return
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        with contextlib.suppress(*REDIS_DOWN_ERRORS):
+            await self.pool.delete(self.health_check_key)
+        if self.on_shutdown:
+            await self.on_shutdown(self.ctx)
+        await self.pool.close(close_connection_pool=True)
+        self._pool = None
+
+    async def _poll_iteration(self) -> None:
+        self._reap_finished_jobs()
+        try:
+            await super()._poll_iteration()
+        except REDIS_DOWN_ERRORS as exc:
+            await asyncio.sleep(self.health.failed("the job poll", exc))
+        else:
+            self.health.ok()
+
+    def _reap_finished_jobs(self) -> None:
+        """Drop finished job tasks, logging the error of one that failed.
+
+        arq re-raises such an error from its poll loop (``t.result()``); the error of a job that
+        could not record its end during an outage must not count as a failure of the poll now.
+        """
+        for job_id, task in list(self.tasks.items()):
+            if task.done():
+                del self.tasks[job_id]
+                if not task.cancelled() and task.exception() is not None:
+                    logger.warning("job %s could not record its end: %r", job_id, task.exception())
+
+    async def start_jobs(self, job_ids: list[bytes]) -> None:
+        """arq's ``start_jobs`` one id at a time, so a Redis failure cannot leak a job slot.
+
+        arq takes the slot (counter and semaphore) before the pipeline that marks the job
+        in progress and gives it back on the errors it expects (``WatchError``, ``ResponseError``);
+        when a connection error or timeout escapes instead, no task was started and the slot is
+        given back here.
+        """
+        for job_id in job_ids:
+            if self.job_counter >= self.max_jobs:
+                return
+            prior = self.tasks.get(job_id.decode())
+            try:
+                await super().start_jobs([job_id])
+            except RedisError:
+                if self.tasks.get(job_id.decode()) is prior:
+                    self._release_sem_dec_counter_on_complete()
+                raise
+
+
+def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> SmithWorker:
+    """A :class:`SmithWorker` serving ``queue`` for ``app``. ``overrides`` go to ``Worker(...)``.
 
     Raises :class:`~smith_client.errors.ConfigurationError` for an agent's bad ``subagents`` (seed §14.1).
     """
     app.resolve_subagents()
     settings = settings or app.settings
-    redis = connect_redis(settings.redis_url)
+    redis = settings.connect_redis()
     runtime = WorkerRuntime(app=app, queue=queue, settings=settings, redis=redis)
 
     async def on_startup(ctx: dict[str, Any]) -> None:
@@ -75,28 +179,31 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         await runtime.stop()
 
     if queue == "turns":
-        functions = [func(run_turn, name=RUN_TURN, timeout=settings.turn_job_timeout, max_tries=3, keep_result=0)]
+        # the turn bounds itself by turn_job_timeout (a typed failure); arq's cancel is only a backstop
+        timeout = settings.turn_job_timeout + TURN_TIMEOUT_GRACE
+        functions = [func(run_turn, name=RUN_TURN, timeout=timeout, max_tries=3, keep_result=0)]
         max_jobs, poll_delay, completion_wait = settings.turn_max_jobs, settings.turn_poll_delay, 0
     else:
         functions = [func(run_tool, name=RUN_TOOL, timeout=settings.tool_job_timeout, max_tries=1, keep_result=60)]
-        max_jobs, poll_delay, completion_wait = settings.tool_max_jobs, settings.tool_poll_delay, 10
-    options: dict[str, Any] = dict(
-        functions=functions,
-        queue_name=runtime.keys.turns_queue if queue == "turns" else runtime.keys.tools_queue,
-        redis_pool=redis,
-        on_startup=on_startup,
-        on_shutdown=on_shutdown,
-        max_jobs=max_jobs,
-        poll_delay=poll_delay,
-        queue_read_limit=max(MIN_QUEUE_READ_LIMIT, 4 * max_jobs),
-        allow_abort_jobs=True,
-        health_check_interval=10,
-        job_completion_wait=completion_wait,
-        job_serializer=job_serializer,
-        job_deserializer=job_deserializer,
-    )
+        max_jobs, poll_delay = settings.tool_max_jobs, settings.tool_poll_delay
+        completion_wait = TOOL_JOB_COMPLETION_WAIT
+    options: dict[str, Any] = {
+        "functions": functions,
+        "queue_name": runtime.queue_name,
+        "redis_pool": redis,
+        "on_startup": on_startup,
+        "on_shutdown": on_shutdown,
+        "max_jobs": max_jobs,
+        "poll_delay": poll_delay,
+        "queue_read_limit": max(MIN_QUEUE_READ_LIMIT, 4 * max_jobs),
+        "allow_abort_jobs": True,
+        "health_check_interval": 10,
+        "job_completion_wait": completion_wait,
+        "job_serializer": job_serializer,
+        "job_deserializer": job_deserializer,
+    }
     options.update(overrides)
-    worker = Worker(ctx={"runtime": runtime}, **options)
+    worker = SmithWorker(ctx={"runtime": runtime}, health=runtime.health, **options)
     # stop polling, let running jobs finish (job_completion_wait), then end run(): the drain before a restart
     runtime.stop_taking_jobs = functools.partial(worker.handle_sig_wait_for_completion, signal.SIGUSR1)
     return worker

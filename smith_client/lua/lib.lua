@@ -20,3 +20,19 @@ local function unfinished_turns(fifo, statuses, stop_at)
   end
   return active
 end
+
+-- Drop the oldest messages of `history` beyond `max`, moving the cut forward past tool messages so
+-- a tool-call group goes whole; count what was removed in `trimmed` and give it the history's TTL
+-- (positions depend on it; smith_worker/history.py).
+local function trim(history, trimmed, max, ttl)
+  redis.call('EXPIRE', trimmed, ttl)
+  local len = redis.call('LLEN', history)
+  local cut = len - tonumber(max)
+  if cut <= 0 then return end
+  while cut < len and cjson.decode(redis.call('LINDEX', history, cut))['role'] == 'tool' do
+    cut = cut + 1
+  end
+  redis.call('LTRIM', history, cut, -1)
+  redis.call('INCRBY', trimmed, cut)
+  redis.call('EXPIRE', trimmed, ttl)
+end

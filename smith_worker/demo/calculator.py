@@ -21,9 +21,9 @@ the same index is available as ``error.position``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 __all__ = [
     "CalculatorError",
@@ -107,13 +107,10 @@ def evaluate(expression: str) -> int | float:
             The message names the 0-based character position.
     """
     if not isinstance(expression, str):
-        raise CalculatorError(
-            f"expression must be a string, not {type(expression).__name__}", 0
-        )
+        raise CalculatorError(f"expression must be a string, not {type(expression).__name__}", 0)
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise CalculatorError(
-            f"expression too long: {len(expression)} characters "
-            f"(limit {MAX_EXPRESSION_CHARS})",
+            f"expression too long: {len(expression)} characters (limit {MAX_EXPRESSION_CHARS})",
             MAX_EXPRESSION_CHARS,
         )
     tokens = list(_tokenize(expression))
@@ -175,7 +172,7 @@ def _read_number(text: str, start: int) -> _Token:
         end = _read_exponent_suffix(text, start, end)
         literal = text[start:end]
     if end < len(text) and text[end] == ".":
-        raise CalculatorError(f"malformed number {text[start:end + 1]!r}", start)
+        raise CalculatorError(f"malformed number {text[start : end + 1]!r}", start)
     return _Token("number", literal, start, _number_value(literal, is_float, start))
 
 
@@ -185,9 +182,7 @@ def _read_exponent_suffix(text: str, start: int, e_index: int) -> int:
         i += 1
     end = _skip_digits(text, i)
     if end == i:
-        raise CalculatorError(
-            f"malformed number {text[start:i]!r} (exponent has no digits)", start
-        )
+        raise CalculatorError(f"malformed number {text[start:i]!r} (exponent has no digits)", start)
     return end
 
 
@@ -207,14 +202,10 @@ def _check_parentheses(tokens: list[_Token]) -> None:
             open_positions.append(token.position)
         elif token.kind == ")":
             if not open_positions:
-                raise CalculatorError(
-                    "unbalanced parentheses: ')' has no matching '('", token.position
-                )
+                raise CalculatorError("unbalanced parentheses: ')' has no matching '('", token.position)
             open_positions.pop()
     if open_positions:
-        raise CalculatorError(
-            "unbalanced parentheses: '(' is never closed", open_positions[-1]
-        )
+        raise CalculatorError("unbalanced parentheses: '(' is never closed", open_positions[-1])
 
 
 # --------------------------------------------------------------------- parser
@@ -232,14 +223,11 @@ class _Parser:
         try:
             value = self._expression()
         except RecursionError:  # backstop only: MAX_NESTING keeps the stack shallow
-            raise CalculatorError(
-                "expression nested too deeply", self._peek().position
-            ) from None
+            raise CalculatorError("expression nested too deeply", self._peek().position) from None
         token = self._peek()
         if token.kind != "end":
             raise CalculatorError(
-                f"unexpected {token.text!r} after a complete expression "
-                "(missing operator?)",
+                f"unexpected {token.text!r} after a complete expression (missing operator?)",
                 token.position,
             )
         return value
@@ -261,8 +249,7 @@ class _Parser:
         """Go one nesting level deeper, refusing absurd depths."""
         if self._depth >= MAX_NESTING:
             raise CalculatorError(
-                f"expression nested too deeply (more than {MAX_NESTING} levels "
-                "of parentheses, signs or powers)",
+                f"expression nested too deeply (more than {MAX_NESTING} levels of parentheses, signs or powers)",
                 position,
             )
         self._depth += 1
@@ -334,9 +321,7 @@ def _power(left: Number, right: Number) -> Number:
     if abs(left) > 1 and right > 0:
         digits = math.floor(right * math.log10(abs(left))) + 1
         if digits > MAX_RESULT_DIGITS:
-            raise _TooLarge(
-                f"result would have about {digits} digits (limit {MAX_RESULT_DIGITS})"
-            )
+            raise _TooLarge(f"result would have about {digits} digits (limit {MAX_RESULT_DIGITS})")
     return left**right
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from smith_client import SmithClient
 from smith_client.cli import StreamPrinter
-from smith_worker.demo.run import start_services
 from smith_client.repl import ChatRepl
+from smith_worker.demo.run import start_services
 
 
 async def _chat(redis_url: str, prefix: str) -> int:

@@ -31,9 +31,7 @@ class SandboxError(ValueError):
     """A path that may not (or cannot) be read from the sandbox."""
 
 
-def read_local_file(
-    path: str, sandbox: Path, max_bytes: int = DEFAULT_MAX_BYTES
-) -> str:
+def read_local_file(path: str, sandbox: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
     """Return the text of the UTF-8 file at ``path`` inside ``sandbox``.
 
     Args:
@@ -77,9 +75,7 @@ def _check_path_syntax(path: str) -> None:
     if "\x00" in path:
         raise SandboxError(f"path {path!r} contains a NUL byte")
     if os.path.isabs(path) or PureWindowsPath(path).anchor:
-        raise SandboxError(
-            f"absolute path {path!r} refused: give a path relative to the sandbox"
-        )
+        raise SandboxError(f"absolute path {path!r} refused: give a path relative to the sandbox")
     components = PurePosixPath(path.replace("\\", "/")).parts
     if ".." in components:
         raise SandboxError(f"path {path!r} refused: '..' components are not allowed")
@@ -210,9 +206,7 @@ def _decode_utf8(data: bytes, path: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SandboxError(
-            f"file {path!r} is not UTF-8 text (invalid byte at offset {exc.start})"
-        ) from None
+        raise SandboxError(f"file {path!r} is not UTF-8 text (invalid byte at offset {exc.start})") from None
 
 
 def _reason(exc: BaseException) -> str:

@@ -48,7 +48,7 @@ async def echo(text: str) -> str:
 @server.tool()
 async def now() -> str:
     """The current UTC time, ISO 8601 (seconds)."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 @server.resource("example://info", name="info", description="What this server is.", mime_type="text/plain")
@@ -110,10 +110,12 @@ async def _loop_stdio() -> AsyncIterator[tuple[_LineReader, _LineWriter]]:
     os.dup2(2, 1)
     os.close(devnull)
     reader = asyncio.StreamReader(limit=MAX_LINE)
-    read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
-                                                     os.fdopen(wire_in, "rb", buffering=0))
-    write_transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
-                                                              os.fdopen(wire_out, "wb", buffering=0))
+    read_transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(wire_in, "rb", buffering=0)
+    )
+    write_transport, protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, os.fdopen(wire_out, "wb", buffering=0)
+    )
     try:
         yield _LineReader(reader), _LineWriter(asyncio.StreamWriter(write_transport, protocol, None, loop))
     finally:

@@ -22,10 +22,10 @@ import uuid
 from pathlib import Path
 
 from smith_client import SmithClient
+from smith_client.cli import StreamPrinter
 from smith_client.events import TokenData, ToolResultData, TurnCompletedData
 from smith_client.keys import Keys
 from smith_client.registry import live_agents
-from smith_client.cli import StreamPrinter
 from smith_worker.local.llm_server import LocalModelServer
 from smith_worker.local.processes import ManagedProcess, redis_answers, start_redis_server, wait_until, worker_argv
 

@@ -44,7 +44,7 @@ from smith_client.errors import (
     SmithTimeoutError,
     TransportError,
 )
-from smith_client.messages import assistant_from_openai, parse_json_object, to_openai
+from smith_client.messages import parse_json_object
 from smith_worker.llm.json_schema_tools import JsonReplyReader, rewrite_request
 from smith_worker.llm.stream import ChatStreamDecoder
 from smith_worker.llm.types import (
@@ -58,12 +58,15 @@ from smith_worker.llm.types import (
     StreamToolCallCompleted,
     StreamToolCallStarted,
 )
+from smith_worker.llm.wire import assistant_from_openai, to_openai
 from smith_worker.redaction import redact_body, redact_headers, redact_text
 from smith_worker.retry import BACKOFF_CAP, BACKOFF_JITTER, RetryPolicy, parse_retry_after
 
 logger = logging.getLogger("agent_smith.llm")
 
 OPERATION = "chat_completions"
+#: ``SmithTimeoutError.operation`` when ``response_timeout`` ends a response (issue 8).
+RESPONSE_OPERATION = "llm.response"
 RESERVED_BODY_KEYS = frozenset({"model", "messages", "tools", "tool_choice", "stream"})
 
 OnEvent = Callable[[StreamEvent], Awaitable[None] | None]
@@ -92,7 +95,9 @@ class LlmClient:
     ``LlmApiError`` (non-2xx status, or an error reported inside a 200 body
     or stream), ``TransportError`` (connection failures once retries are
     exhausted, or a stream cut after bytes arrived), ``SmithTimeoutError``
-    (``operation="chat_completions"``, ``budget=request_timeout``),
+    (``operation="chat_completions"``, ``budget=request_timeout``: a phase or
+    a stream's wait for its next data line; ``operation="llm.response"``,
+    ``budget=response_timeout``: the whole response, retries included),
     ``ParseError`` (malformed JSON or shape). ``asyncio.CancelledError``
     propagates after the HTTP request is closed.
     """
@@ -169,7 +174,7 @@ class LlmClient:
     async def complete(self, req: LlmRequest) -> LlmResponse:
         """Post a non-streamed request and parse the completion (seed §8.3). Errors: see class doc."""
         content, headers = self._prepare(req, stream=False)
-        response = await self._with_retries(lambda: self._complete_once(content, headers))
+        response = await self._whole_response(lambda: self._complete_once(content, headers))
         reader = self._json_reply(req)
         return reader.finish(response) if reader else response
 
@@ -185,14 +190,30 @@ class LlmClient:
         content, headers = self._prepare(req, stream=True)
         reader = self._json_reply(req, on_event)
         if reader is None:
-            return await self._with_retries(lambda: self._stream_once(content, headers, on_event))
-        return reader.finish(await self._with_retries(lambda: self._stream_once(content, headers, reader.on_event)))
+            return await self._whole_response(lambda: self._stream_once(content, headers, on_event))
+        return reader.finish(await self._whole_response(lambda: self._stream_once(content, headers, reader.on_event)))
 
     def _json_reply(self, req: LlmRequest, on_event: OnEvent | None = None) -> JsonReplyReader | None:
         """The reader mapping a json_schema reply back to tool calls or content (None in native mode)."""
         if self.config.tool_calling == "json_schema" and req.tools:
             return JsonReplyReader(on_event)
         return None
+
+    async def _whole_response(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """:meth:`_with_retries`, all attempts bounded by ``response_timeout`` (never retried after it fires)."""
+        budget = self.config.response_timeout
+        bound = asyncio.timeout(budget)
+        try:
+            async with bound:
+                return await self._with_retries(attempt)
+        except TimeoutError as exc:
+            if not bound.expired():
+                raise
+            raise SmithTimeoutError(
+                f"the model's response did not end within {budget:g} s (response_timeout)",
+                operation=RESPONSE_OPERATION,
+                budget=budget,
+            ) from exc
 
     def _prepare(self, req: LlmRequest, *, stream: bool) -> tuple[bytes, dict[str, str]]:
         content = orjson.dumps(self.build_body(req, stream=stream))
@@ -261,10 +282,12 @@ class LlmClient:
         decoder = ChatStreamDecoder()
         delivered = False
         size = 0
+        loop = asyncio.get_running_loop()
+        frames, idle_until = 0, loop.time() + self.config.request_timeout
         async with contextlib.aclosing(response.aiter_bytes()) as chunks:
             while not decoder.done:
                 with self._network_errors(retryable=not delivered):
-                    chunk = await anext(chunks, None)
+                    chunk = await self._next_chunk(chunks, idle_until)
                 if chunk is None:
                     events = decoder.close()
                 else:
@@ -274,9 +297,24 @@ class LlmClient:
                     events = decoder.feed(chunk)
                 for event in events:
                     await _deliver(on_event, event)
+                if decoder.frames != frames:  # only data frames show progress; comments and blank lines do not
+                    frames, idle_until = decoder.frames, loop.time() + self.config.request_timeout
                 if chunk is None:
                     break
         return decoder.finish()
+
+    @staticmethod
+    async def _next_chunk(chunks: Any, idle_until: float) -> bytes | None:
+        """The next body chunk (None at EOF); ``httpx.ReadTimeout`` once no data frame came by ``idle_until``
+        (loop time): a server trickling keep-alive comments resets httpx's own read timeout, not this one."""
+        bound = asyncio.timeout_at(idle_until)
+        try:
+            async with bound:
+                return await anext(chunks, None)
+        except TimeoutError as exc:
+            if not bound.expired():
+                raise
+            raise httpx.ReadTimeout("no SSE data line within request_timeout") from exc
 
     @contextlib.contextmanager
     def _network_errors(self, *, retryable: bool) -> Iterator[None]:
@@ -392,9 +430,10 @@ def events_for_response(response: LlmResponse) -> list[StreamEvent]:
 def _status_failure(status: int, headers: httpx.Headers, body: str) -> Exception:
     """The error for a non-2xx reply, wrapped for retry when the table allows it."""
     # the excerpt goes into events and logs: sensitive JSON keys and known secrets removed (seed §16.4)
-    excerpt = redact_body(body[:64 * 1024])
-    error = LlmApiError(redact_text(f"chat completions failed with HTTP {status}: {_error_message(body)}"), status,
-                        excerpt)
+    excerpt = redact_body(body[: 64 * 1024])
+    error = LlmApiError(
+        redact_text(f"chat completions failed with HTTP {status}: {_error_message(body)}"), status, excerpt
+    )
     if status == 429:
         return _RetryableFailure(error, retry_after=parse_retry_after(headers.get("retry-after")))
     if status >= 500:

@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 
 from smith_client.errors import ConfigurationError, ParseError
-from smith_client.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolMessage, UserMessage, parse_arguments
+from smith_client.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolMessage, UserMessage
 from smith_worker.llm.types import (
     LlmRequest,
     LlmResponse,
@@ -49,6 +49,7 @@ from smith_worker.llm.types import (
     ToolChoice,
     ToolSchema,
 )
+from smith_worker.llm.wire import parse_arguments
 
 TOOL_CALL = "tool_call"
 TOOL_CALLS = "tool_calls"
@@ -106,7 +107,9 @@ def reply_schema(tools: list[ToolSchema], tool_choice: ToolChoice) -> dict[str, 
     Each call is ``{"name": {"const": tool}, "arguments": <tool parameters>}``.
     Raises ``ConfigurationError`` when a named ``tool_choice`` is not among ``tools``.
     """
-    call = _one_of([_object({"name": {"const": t.name}, "arguments": t.parameters}) for t in _offered(tools, tool_choice)])
+    call = _one_of(
+        [_object({"name": {"const": t.name}, "arguments": t.parameters}) for t in _offered(tools, tool_choice)]
+    )
     shapes = {
         TOOL_CALL: _object({TOOL_CALL: call}),
         TOOL_CALLS: _object({TOOL_CALLS: {"type": "array", "items": call, "minItems": 1}}),

@@ -17,10 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from smith_client.errors import LlmApiError, ParseError
-from smith_client.messages import AssistantMessage, TokenUsage, ToolCall, parse_arguments, usage_from_openai
+from smith_client.messages import AssistantMessage, TokenUsage, ToolCall, parse_json_object
 from smith_worker.llm.sse import SseEvent, SseParser
 from smith_worker.llm.types import (
     LlmResponse,
@@ -30,6 +28,7 @@ from smith_worker.llm.types import (
     StreamToolCallCompleted,
     StreamToolCallStarted,
 )
+from smith_worker.llm.wire import parse_arguments, usage_from_openai
 from smith_worker.redaction import redact_body
 
 DONE_MARKER = "[DONE]"
@@ -222,7 +221,10 @@ class ChatStreamAssembler:
             self._standard_usage = True
 
     def _take_groq_usage(self, x_groq: Any) -> None:
-        """Groq reports streamed usage only as ``x_groq.usage`` (https://console.groq.com/docs/api-reference); the standard field wins."""
+        """Groq reports streamed usage only as ``x_groq.usage``; the standard field wins.
+
+        (https://console.groq.com/docs/api-reference)
+        """
         if isinstance(x_groq, dict) and not self._standard_usage:
             usage = usage_from_openai(x_groq.get("usage"))
             if usage is not None:
@@ -288,6 +290,8 @@ class ChatStreamDecoder:
     def __init__(self) -> None:
         self.sse = SseParser()
         self.assembler = ChatStreamAssembler()
+        #: SSE frames (events with data lines) seen so far: the stream's progress, for the idle timeout.
+        self.frames = 0
 
     @property
     def done(self) -> bool:
@@ -302,6 +306,7 @@ class ChatStreamDecoder:
 
     def _events(self, frames: Iterator[SseEvent]) -> Iterator[StreamEvent]:
         for frame in frames:
+            self.frames += 1
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("sse frame event=%s data=%s", frame.event, redact_body(frame.data))
             yield from self.assembler.feed(frame)
@@ -321,15 +326,7 @@ class ChatStreamDecoder:
 
 
 def _load_chunk(text: str, offset: int) -> dict[str, Any]:
-    try:
-        chunk = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise ParseError(
-            f"invalid JSON in stream frame at byte {offset} (position {exc.pos}): {exc.msg}", offset=offset
-        ) from exc
-    if not isinstance(chunk, dict):
-        raise ParseError("stream frame is not a JSON object", offset=offset)
-    return chunk
+    return parse_json_object(text, f"stream frame at byte {offset}", offset=offset)
 
 
 def _raise_stream_error(chunk: dict[str, Any], text: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
@@ -33,7 +33,10 @@ class ToolSchema(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
     def to_openai(self) -> dict[str, Any]:
-        """The chat-completions ``tools[]`` entry: ``{"type":"function","function":{name, description, parameters}}``."""
+        """The chat-completions ``tools[]`` entry.
+
+        ``{"type": "function", "function": {name, description, parameters}}``.
+        """
         return {
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
@@ -77,7 +80,11 @@ class LlmClientConfig(BaseModel):
       ``{base_url}/chat/completions``.
     * ``request_timeout`` (seconds): the budget of each network phase of one
       attempt (connect, write, and the wait for each read — for a stream, the
-      longest silence tolerated between two chunks).
+      longest wait for the next SSE data line: keep-alive comments and blank
+      lines do not reset it).
+    * ``response_timeout`` (seconds): the bound on one whole response,
+      retries included; when it fires the call raises ``SmithTimeoutError``
+      (operation ``llm.response``) and is not retried (issue 8).
     * ``max_retries``: retries after the first attempt (3 → up to 4 attempts).
     * ``max_retry_after`` (seconds): the longest ``Retry-After`` honoured; a
       longer one fails at once.
@@ -107,6 +114,7 @@ class LlmClientConfig(BaseModel):
     model: str
     api_key: str | None = None
     request_timeout: float = Field(default=60.0, gt=0)
+    response_timeout: float = Field(default=300.0, gt=0)
     max_retries: int = Field(default=3, ge=0)
     max_retry_after: float = Field(default=60.0, ge=0)
     backoff_base: float = Field(default=0.5, ge=0)
@@ -136,7 +144,7 @@ class LlmClientConfig(BaseModel):
         return f"{self.base_url.rstrip('/')}/chat/completions"
 
 
-ToolChoice = Union[Literal["auto", "required", "none"], dict[str, Any], None]
+ToolChoice = Literal["auto", "required", "none"] | dict[str, Any] | None
 
 
 class LlmRequest(BaseModel):
@@ -158,8 +166,10 @@ class LlmRequest(BaseModel):
     def _check_tool_choice(cls, value: Any) -> Any:
         if isinstance(value, dict):
             function = value.get("function")
-            if value.get("type") != "function" or not isinstance(function, dict) or not isinstance(
-                function.get("name"), str
+            if (
+                value.get("type") != "function"
+                or not isinstance(function, dict)
+                or not isinstance(function.get("name"), str)
             ):
                 raise ValueError('tool_choice object must be {"type": "function", "function": {"name": str}}')
         return value
@@ -216,7 +226,7 @@ class StreamFinished:
     usage: TokenUsage | None = None
 
 
-StreamEvent = Union[StreamTokenDelta, StreamToolCallStarted, StreamToolCallCompleted, StreamFinished]
+StreamEvent = StreamTokenDelta | StreamToolCallStarted | StreamToolCallCompleted | StreamFinished
 
 
 __all__ = [

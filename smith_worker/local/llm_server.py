@@ -149,10 +149,12 @@ class LocalModelServer:
             "SMITH_LLM_TEMPERATURE": "0",
         }
 
-    def start(self) -> "LocalModelServer":
+    def start(self) -> LocalModelServer:
         """Start the server and wait until it answers; raises ConfigurationError / SmithTimeoutError."""
         if importlib.util.find_spec("xllamacpp") is None:
-            raise ConfigurationError("xllamacpp is not installed: pip install '.[local-llm]'", setting="SMITH_LLM_BASE_URL")
+            raise ConfigurationError(
+                "xllamacpp is not installed: pip install '.[local-llm]'", setting="SMITH_LLM_BASE_URL"
+            )
         self._process.start()
         try:
             wait_until(lambda: self._process.alive() and _healthy(self.port), self._startup_timeout, "local model")
@@ -165,7 +167,7 @@ class LocalModelServer:
         """Stop the server (SIGTERM, then SIGKILL)."""
         self._process.stop()
 
-    def __enter__(self) -> "LocalModelServer":
+    def __enter__(self) -> LocalModelServer:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

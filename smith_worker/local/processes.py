@@ -70,7 +70,7 @@ class ManagedProcess:
         self.grace = grace
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "ManagedProcess":
+    def start(self) -> ManagedProcess:
         """Start the process (its own session, so it can be stopped as a group)."""
         log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 - closed in stop()
         self._log = log
@@ -118,7 +118,7 @@ class ManagedProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def __enter__(self) -> "ManagedProcess":
+    def __enter__(self) -> ManagedProcess:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -137,8 +137,21 @@ def start_redis_server(
     if binary is None:
         raise ConfigurationError("redis-server is not installed (apt-get install redis-server)", setting="redis")
     port = port or free_port()
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--loglevel", "warning", "--logfile", str(log_path) if log_path else "/dev/null"]
+    argv = [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--loglevel",
+        "warning",
+        "--logfile",
+        str(log_path) if log_path else "/dev/null",
+    ]
     if password:
         argv += ["--requirepass", password]
     proc = ManagedProcess(argv, grace=5.0).start()

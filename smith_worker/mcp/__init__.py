@@ -20,21 +20,53 @@ transports, stderr, parent-death launcher), :mod:`.link` (read/write pumps),
 :mod:`.source` (the ``ToolSource``).
 """
 
-from smith_worker.mcp.catalog import Catalog
-from smith_worker.mcp.config import PROTOCOL_VERSION, ServerConfig
-from smith_worker.mcp.events import LifecycleEvent, LifecycleKind, McpEvent, Notification
-from smith_worker.mcp.server import ServerHandle, State
-from smith_worker.mcp.source import McpServerSource
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "PROTOCOL_VERSION",
-    "Catalog",
-    "LifecycleEvent",
-    "LifecycleKind",
-    "McpEvent",
-    "McpServerSource",
-    "Notification",
-    "ServerConfig",
-    "ServerHandle",
-    "State",
-]
+from smith_worker.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names for type checkers; at run time each loads its module on first use
+    from smith_worker.mcp.catalog import (
+        Catalog as Catalog,
+    )
+    from smith_worker.mcp.config import (
+        PROTOCOL_VERSION as PROTOCOL_VERSION,
+    )
+    from smith_worker.mcp.config import (
+        ServerConfig as ServerConfig,
+    )
+    from smith_worker.mcp.events import (
+        LifecycleEvent as LifecycleEvent,
+    )
+    from smith_worker.mcp.events import (
+        LifecycleKind as LifecycleKind,
+    )
+    from smith_worker.mcp.events import (
+        McpEvent as McpEvent,
+    )
+    from smith_worker.mcp.events import (
+        Notification as Notification,
+    )
+    from smith_worker.mcp.server import (
+        ServerHandle as ServerHandle,
+    )
+    from smith_worker.mcp.server import (
+        State as State,
+    )
+    from smith_worker.mcp.source import (
+        McpServerSource as McpServerSource,
+    )
+
+_EXPORTS = {
+    "Catalog": "catalog",
+    "LifecycleEvent": "events",
+    "LifecycleKind": "events",
+    "McpEvent": "events",
+    "McpServerSource": "source",
+    "Notification": "events",
+    "PROTOCOL_VERSION": "config",
+    "ServerConfig": "config",
+    "ServerHandle": "server",
+    "State": "server",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -95,8 +95,11 @@ def prompt_messages(alias: str, name: str, result: Any) -> list[UserMessage | As
     for item in _dump(result).get("messages") or []:
         content = item.get("content") or {}
         if content.get("type") != "text":
-            raise McpError(f"MCP server {alias!r}: prompt {name!r} has {content.get('type')!r} content; "
-                           "only text prompts are supported", server=alias)
+            raise McpError(
+                f"MCP server {alias!r}: prompt {name!r} has {content.get('type')!r} content; "
+                "only text prompts are supported",
+                server=alias,
+            )
         cls = AssistantMessage if item.get("role") == "assistant" else UserMessage
         messages.append(cls(content=str(content.get("text", ""))))
     return messages

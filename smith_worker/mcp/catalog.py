@@ -7,8 +7,9 @@ synthetic ``mcp_<alias>__read_resource`` tool when the server has resources,
 and the prompt list. Tools whose definition requires task-augmented
 execution (``execution.taskSupport: "required"``, MCP 2025-11-25 tasks) are
 not offered: this client does not support tasks, so every call would fail
-(the server answers -32601); they are listed in :attr:`Catalog.task_required`. A catalog is built once per connection generation and
-rebuilt on ``notifications/*/list_changed``; it is never re-listed per turn.
+(the server answers -32601); they are listed in :attr:`Catalog.task_required`.
+A catalog is built once per connection generation and rebuilt on
+``notifications/*/list_changed``; it is never re-listed per turn.
 
 Catalogs serialize to JSON (:meth:`Catalog.to_json`) for the Redis cache
 that lets turn workers see the tools without connecting (issue 5 item 6).
@@ -141,8 +142,12 @@ def build_catalog(config: ServerConfig, discovery: Discovery) -> Catalog:
     allowed = [name for name in by_name if config.allowed(name) and name not in task_required]
     names = public_names(config.alias, allowed)
     original_to_public = {original: public for public, original in names.items()}
-    catalog = Catalog(alias=config.alias, prompts=list(discovery.prompts), resources=list(discovery.resources),
-                      task_required=task_required)
+    catalog = Catalog(
+        alias=config.alias,
+        prompts=list(discovery.prompts),
+        resources=list(discovery.resources),
+        task_required=task_required,
+    )
     for original in allowed:  # discovery order
         public = original_to_public[original]
         catalog.schemas.append(tool_schema(public, by_name[original]))
@@ -150,8 +155,11 @@ def build_catalog(config: ServerConfig, discovery: Discovery) -> Catalog:
     if discovery.resources_supported and config.allowed(READ_RESOURCE):
         reader = read_resource_name(config.alias)
         catalog.schemas.append(
-            ToolSchema(name=reader, description=reader_description(config.alias, discovery),
-                       parameters=READ_RESOURCE_PARAMETERS)
+            ToolSchema(
+                name=reader,
+                description=reader_description(config.alias, discovery),
+                parameters=READ_RESOURCE_PARAMETERS,
+            )
         )
         catalog.routes[reader] = None
     return catalog

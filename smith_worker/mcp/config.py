@@ -121,16 +121,26 @@ class ServerConfig:
         self.idempotent_tools = tuple(self.idempotent_tools)
         self._check_alias()
         self._check_transport()
-        for name in ("request_timeout", "connect_timeout", "health_interval", "ping_timeout", "restart_window",
-                     "circuit_cooldown", "backoff_base", "backoff_max", "schema_cache_ttl"):
+        for name in (
+            "request_timeout",
+            "connect_timeout",
+            "health_interval",
+            "ping_timeout",
+            "restart_window",
+            "circuit_cooldown",
+            "backoff_base",
+            "backoff_max",
+            "schema_cache_ttl",
+        ):
             _check_positive(name, getattr(self, name))
         _check_positive("idle_timeout", self.idle_timeout, allow_none=True)
         _check_positive("max_concurrency", self.max_concurrency, allow_none=True)
         for name in ("max_restarts", "max_timeouts"):
             _check_positive(name, getattr(self, name))
         if self.max_retries < 0:
-            raise ConfigurationError(f"MCP server option max_retries must be >= 0, got {self.max_retries!r}",
-                                     setting="max_retries")
+            raise ConfigurationError(
+                f"MCP server option max_retries must be >= 0, got {self.max_retries!r}", setting="max_retries"
+            )
 
     def _check_alias(self) -> None:
         alias = self.alias
@@ -142,7 +152,9 @@ class ServerConfig:
 
     def _check_transport(self) -> None:
         if (self.command is None) == (self.url is None):
-            raise ConfigurationError(f"MCP server {self.alias!r}: give exactly one of command or url", setting="command")
+            raise ConfigurationError(
+                f"MCP server {self.alias!r}: give exactly one of command or url", setting="command"
+            )
         if self.url is not None and not re.match(r"^https?://", self.url):
             raise ConfigurationError(f"MCP server {self.alias!r}: url must be http(s), got {self.url!r}", setting="url")
         if self.command is not None and (self.bearer_token or self.headers):
@@ -180,7 +192,9 @@ class ServerConfig:
     def secrets(self) -> list[str]:
         """Values never to log (seed §16.4): the token, sensitive header values, secret-looking env values."""
         found = [self.bearer_token or ""]
-        found += [v for k, v in (self.headers or {}).items() if k.lower() in SENSITIVE_HEADERS or SENSITIVE_KEY.search(k)]
+        found += [
+            v for k, v in (self.headers or {}).items() if k.lower() in SENSITIVE_HEADERS or SENSITIVE_KEY.search(k)
+        ]
         found += [v for k, v in (self.env or {}).items() if _SECRET_ENV.search(k)]
         return [s for s in found if s]
 

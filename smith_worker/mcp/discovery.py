@@ -50,11 +50,14 @@ async def initialize(session: Any, config: ServerConfig) -> Any:
             client_info=types.Implementation(name=CLIENT_NAME, version=CLIENT_VERSION),
         )
     )
-    result = await session.send_request(request, types.InitializeResult,
-                                        request_read_timeout_seconds=config.connect_timeout)
+    result = await session.send_request(
+        request, types.InitializeResult, request_read_timeout_seconds=config.connect_timeout
+    )
     if result.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
-        raise McpProtocolError(f"MCP server {config.alias!r} answered unsupported protocol revision "
-                               f"{result.protocol_version!r}", server=config.alias)
+        raise McpProtocolError(
+            f"MCP server {config.alias!r} answered unsupported protocol revision {result.protocol_version!r}",
+            server=config.alias,
+        )
     session.adopt(result)
     await session.send_notification(types.InitializedNotification())
     return result
@@ -90,8 +93,12 @@ async def list_tools(session: Any, config: ServerConfig) -> list[dict[str, Any]]
     return await paginate(lambda c: session.list_tools(params=_page_params(c)), "tools", config.alias)
 
 
-async def _optional(what: str, config: ServerConfig, fetch: Callable[[], Awaitable[list[dict[str, Any]]]],
-                    quiet_if_missing: bool = False) -> list[dict[str, Any]] | None:
+async def _optional(
+    what: str,
+    config: ServerConfig,
+    fetch: Callable[[], Awaitable[list[dict[str, Any]]]],
+    quiet_if_missing: bool = False,
+) -> list[dict[str, Any]] | None:
     """``await fetch()``; on a server error warn and return None (connection losses propagate).
 
     With ``quiet_if_missing`` an unsupported method (METHOD_NOT_FOUND) is only a debug line.
@@ -102,8 +109,13 @@ async def _optional(what: str, config: ServerConfig, fetch: Callable[[], Awaitab
         if is_connection_loss(exc):
             raise
         level = logging.DEBUG if quiet_if_missing and rpc_code(exc) == METHOD_NOT_FOUND else logging.WARNING
-        logger.log(level, "MCP server %r: %s unavailable (%s); continuing without it", config.alias, what,
-                       f"JSON-RPC {rpc_code(exc)}" if rpc_code(exc) is not None else exc)
+        logger.log(
+            level,
+            "MCP server %r: %s unavailable (%s); continuing without it",
+            config.alias,
+            what,
+            f"JSON-RPC {rpc_code(exc)}" if rpc_code(exc) is not None else exc,
+        )
         return None
 
 
@@ -116,15 +128,34 @@ async def discover(session: Any, config: ServerConfig) -> Discovery:
     else:
         found.tools = await _optional("tools/list", config, lambda: list_tools(session, config)) or []
     if caps is not None and caps.resources is not None:
-        resources = await _optional("resources/list", config, lambda: paginate(
-            lambda c: session.list_resources(params=_page_params(c)), "resources", config.alias))
+        resources = await _optional(
+            "resources/list",
+            config,
+            lambda: paginate(lambda c: session.list_resources(params=_page_params(c)), "resources", config.alias),
+        )
         found.resources_supported = resources is not None
         found.resources = resources or []
         if resources is not None:
-            found.templates = await _optional("resources/templates/list", config, lambda: paginate(
-                lambda c: session.list_resource_templates(params=_page_params(c)), "resource_templates",
-                config.alias), quiet_if_missing=True) or []
+            found.templates = (
+                await _optional(
+                    "resources/templates/list",
+                    config,
+                    lambda: paginate(
+                        lambda c: session.list_resource_templates(params=_page_params(c)),
+                        "resource_templates",
+                        config.alias,
+                    ),
+                    quiet_if_missing=True,
+                )
+                or []
+            )
     if caps is not None and caps.prompts is not None:
-        found.prompts = await _optional("prompts/list", config, lambda: paginate(
-            lambda c: session.list_prompts(params=_page_params(c)), "prompts", config.alias)) or []
+        found.prompts = (
+            await _optional(
+                "prompts/list",
+                config,
+                lambda: paginate(lambda c: session.list_prompts(params=_page_params(c)), "prompts", config.alias),
+            )
+            or []
+        )
     return found

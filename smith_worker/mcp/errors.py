@@ -20,8 +20,11 @@ from smith_client.errors import McpError, McpProtocolError, SmithError, SmithTim
 #: The end reason of a connection whose HTTP session the server no longer knows.
 SESSION_EXPIRED = "session expired"
 
-_SESSION_GONE = re.compile(r"session\b.*\b(terminated|not found|unknown|expired|invalid)"
-                           r"|\b(unknown|invalid|expired|no valid) session", re.IGNORECASE)
+_SESSION_GONE = re.compile(
+    r"session\b.*\b(terminated|not found|unknown|expired|invalid)"
+    r"|\b(unknown|invalid|expired|no valid) session",
+    re.IGNORECASE,
+)
 
 #: JSON-RPC codes the SDK uses for its own conditions.
 CONNECTION_CLOSED = -32000
@@ -60,20 +63,21 @@ def is_connection_loss(exc: BaseException) -> bool:
     """Whether ``exc`` means the connection is gone (not a server answer)."""
     if rpc_code(exc) == CONNECTION_CLOSED:
         return True
-    return isinstance(exc, (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream,
-                            ConnectionError, EOFError))
+    return isinstance(
+        exc, (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, ConnectionError, EOFError)
+    )
 
 
 def transport_error(alias: str, operation: str, detail: str) -> TransportError:
     """A :class:`TransportError` naming the server and what was attempted."""
-    return TransportError(f"MCP server {alias!r}: {operation}: {detail}", operation=operation,
-                          endpoint_or_server=alias)
+    return TransportError(f"MCP server {alias!r}: {operation}: {detail}", operation=operation, endpoint_or_server=alias)
 
 
 def timeout_error(alias: str, operation: str, budget: float) -> SmithTimeoutError:
     """A :class:`SmithTimeoutError` for ``operation`` after ``budget`` seconds."""
-    return SmithTimeoutError(f"MCP server {alias!r}: {operation} timed out after {budget:g} s",
-                             operation=f"mcp:{operation}", budget=budget)
+    return SmithTimeoutError(
+        f"MCP server {alias!r}: {operation} timed out after {budget:g} s", operation=f"mcp:{operation}", budget=budget
+    )
 
 
 def map_error(alias: str, operation: str, exc: BaseException, budget: float) -> SmithError:
@@ -84,8 +88,9 @@ def map_error(alias: str, operation: str, exc: BaseException, budget: float) -> 
     if isinstance(exc, SmithError):
         return exc
     if code is not None:
-        return McpProtocolError(f"MCP server {alias!r}: {operation} failed: {exc} (JSON-RPC {code})",
-                                server=alias, rpc_code=code)
+        return McpProtocolError(
+            f"MCP server {alias!r}: {operation} failed: {exc} (JSON-RPC {code})", server=alias, rpc_code=code
+        )
     if isinstance(exc, (ValidationError, RuntimeError, ValueError)):
         return McpProtocolError(f"MCP server {alias!r}: {operation}: invalid reply: {exc}", server=alias)
     if is_connection_loss(exc):

@@ -38,7 +38,7 @@ from smith_worker.redaction import redact_json
 logger = logging.getLogger("agent_smith.mcp")
 
 
-class LifecycleKind(str, Enum):
+class LifecycleKind(str, Enum):  # noqa: UP042 - the str mixin keeps how members format in logs and JSON
     """Seed §11.1 ``LifecycleEventKind``."""
 
     CONNECTED = "connected"
@@ -71,8 +71,12 @@ class Notification:
 
     def to_data(self) -> dict[str, Any]:
         """``{alias, kind: "notification", message: method, fields: {method, params}}``."""
-        return {"alias": self.server_alias, "kind": "notification", "message": self.method,
-                "fields": {"method": self.method, "params": self.params}}
+        return {
+            "alias": self.server_alias,
+            "kind": "notification",
+            "message": self.method,
+            "fields": {"method": self.method, "params": self.params},
+        }
 
 
 McpEvent = LifecycleEvent | Notification

@@ -82,10 +82,16 @@ class McpHttpTransport(httpx2.AsyncBaseTransport):
     """See module doc. ``inner`` defaults to ``httpx2.AsyncHTTPTransport()``; ``sleep`` and ``rng`` are
     injectable for tests; ``policy`` gives the retry numbers (seconds)."""
 
-    def __init__(self, alias: str, policy: RetryPolicy, on_session_lost: Callable[[str], None], *,
-                 inner: httpx2.AsyncBaseTransport | None = None,
-                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                 rng: Callable[[], float] = random.random) -> None:
+    def __init__(
+        self,
+        alias: str,
+        policy: RetryPolicy,
+        on_session_lost: Callable[[str], None],
+        *,
+        inner: httpx2.AsyncBaseTransport | None = None,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
         self.alias = alias
         self.policy = policy
         self.on_session_lost = on_session_lost
@@ -114,8 +120,9 @@ class McpHttpTransport(httpx2.AsyncBaseTransport):
                 if not (retried and resendable and retryable_status(response.status_code)):
                     return response
                 failure, give_up = response, False
-                retry_after = parse_retry_after(response.headers.get("retry-after")) \
-                    if response.status_code == 429 else None
+                retry_after = (
+                    parse_retry_after(response.headers.get("retry-after")) if response.status_code == 429 else None
+                )
             delay = None if give_up else self.policy.delay(number, retry_after, self._rng)
             if delay is None:
                 if isinstance(failure, Exception):
@@ -124,26 +131,36 @@ class McpHttpTransport(httpx2.AsyncBaseTransport):
             await self._before_retry(failure, method or request.method, number, delay)
 
     async def _session_lost(self, request: httpx2.Request, response: httpx2.Response) -> bool:
-        if (request.method == "DELETE"  # closing the session anyway (and a restarted server never knew it)
-                or SESSION_HEADER not in request.headers or response.status_code not in STALE_SESSION_STATUSES):
+        if (
+            request.method == "DELETE"  # closing the session anyway (and a restarted server never knew it)
+            or SESSION_HEADER not in request.headers
+            or response.status_code not in STALE_SESSION_STATUSES
+        ):
             return False
         body = await response.aread()  # small error body; the SDK reads the cached copy
         if not says_session_lost(response.status_code, body):
             return False
-        logger.info("MCP server %r: HTTP %d for our session id: the server lost the session", self.alias,
-                    response.status_code)
+        logger.info(
+            "MCP server %r: HTTP %d for our session id: the server lost the session", self.alias, response.status_code
+        )
         self.on_session_lost(SESSION_EXPIRED)
         return True
 
-    async def _before_retry(self, failure: httpx2.Response | Exception, what: str, number: int,
-                            delay: float) -> None:
+    async def _before_retry(self, failure: httpx2.Response | Exception, what: str, number: int, delay: float) -> None:
         if isinstance(failure, httpx2.Response):
             detail = f"HTTP {failure.status_code}"
             await failure.aclose()
         else:
             detail = f"{type(failure).__name__}: {failure}"
-        logger.warning("MCP server %r: %s failed (%s); retry %d/%d in %.2f s", self.alias, what, detail,
-                       number, self.policy.max_retries, delay)
+        logger.warning(
+            "MCP server %r: %s failed (%s); retry %d/%d in %.2f s",
+            self.alias,
+            what,
+            detail,
+            number,
+            self.policy.max_retries,
+            delay,
+        )
         await self._sleep(delay)
 
     async def aclose(self) -> None:

@@ -83,8 +83,11 @@ class _SessionRead:
                 raise anyio.EndOfStream from None
             if isinstance(item, Exception):
                 link.bad_lines += 1
-                logger.warning("MCP server %r sent a line that is not a JSON-RPC message (ignored): %.200r",
-                               link.alias, _bad_input(item))
+                logger.warning(
+                    "MCP server %r sent a line that is not a JSON-RPC message (ignored): %.200r",
+                    link.alias,
+                    _bad_input(item),
+                )
                 continue
             return item
 
@@ -154,8 +157,7 @@ class Link:
     ``on_lost(reason)`` is called once when either side of the transport ends.
     """
 
-    def __init__(self, alias: str, transport_read: Any, transport_write: Any,
-                 on_lost: Callable[[str], None]) -> None:
+    def __init__(self, alias: str, transport_read: Any, transport_write: Any, on_lost: Callable[[str], None]) -> None:
         self.alias = alias
         self._t_read = transport_read
         self._t_write = transport_write

@@ -66,7 +66,9 @@ def public_names(alias: str, tools: Iterable[str]) -> dict[str, str]:
         name = prefix + sanitize(tool)
         if len(name) > MAX_TOOL_NAME or name in taken:
             if name == read_resource_name(alias):
-                logger.warning("MCP server %r: tool %r clashes with the synthetic resource reader; renamed", alias, tool)
+                logger.warning(
+                    "MCP server %r: tool %r clashes with the synthetic resource reader; renamed", alias, tool
+                )
             name = hashed_name(alias, tool)
             salt = tool
             while name in taken:  # a hash suffix that equals another tool's plain name: re-hash

@@ -92,11 +92,13 @@ MAX_PING_FAILURES = 2
 #: Connection end reasons after which the server is SIGKILLed before teardown.
 HUNG_REASONS = frozenset({"health", "timeouts"})
 #: Methods whose notifications trigger a re-discovery.
-LIST_CHANGED = frozenset({
-    "notifications/tools/list_changed",
-    "notifications/resources/list_changed",
-    "notifications/prompts/list_changed",
-})
+LIST_CHANGED = frozenset(
+    {
+        "notifications/tools/list_changed",
+        "notifications/resources/list_changed",
+        "notifications/prompts/list_changed",
+    }
+)
 
 #: Notifications about one request: the SDK hands progress to that request's own callback (by progress
 #: token, which is the request id), so the message handler must not broadcast them to every turn.
@@ -105,7 +107,7 @@ PER_REQUEST = frozenset({"notifications/progress", "notifications/cancelled"})
 CatalogListener = Callable[[Catalog], Awaitable[None]]
 
 
-class State(str, Enum):
+class State(str, Enum):  # noqa: UP042 - the str mixin keeps how members format in logs
     """Where a server is in its life."""
 
     IDLE = "idle"
@@ -267,8 +269,9 @@ class ServerHandle:
             conn = await self.ready(self._connect_deadline(deadline))
         return conn.catalog
 
-    async def call_tool(self, tool: str, arguments: dict[str, Any], *, deadline: float | None = None,
-                        sink: EventSink | None = None) -> ToolResult:
+    async def call_tool(
+        self, tool: str, arguments: dict[str, Any], *, deadline: float | None = None, sink: EventSink | None = None
+    ) -> ToolResult:
         """Call MCP tool ``tool`` (its original name) and adapt the result (seed §11.7).
 
         ``deadline`` (monotonic instant) bounds connect + request; the request
@@ -284,40 +287,57 @@ class ServerHandle:
                 params = {"progress": value, "total": total, "message": message}
                 self.events.emit(Notification(self.alias, "notifications/progress", params), sink, exclusive=True)
 
-            return await conn.session.call_tool(tool, arguments, read_timeout_seconds=timeout,
-                                                progress_callback=progress if sink is not None else None,
-                                                meta={CALL_TAG: tag})
+            return await conn.session.call_tool(
+                tool,
+                arguments,
+                read_timeout_seconds=timeout,
+                progress_callback=progress if sink is not None else None,
+                meta={CALL_TAG: tag},
+            )
 
         request = Request(f"tools/call {tool!r}", run, idempotent=tool in self.config.idempotent_tools, tag=tag)
         return adapt.tool_result(await self.request(request, deadline, sink))
 
-    async def read_resource(self, uri: str, *, deadline: float | None = None,
-                            sink: EventSink | None = None) -> ToolResult:
+    async def read_resource(
+        self, uri: str, *, deadline: float | None = None, sink: EventSink | None = None
+    ) -> ToolResult:
         """Read resource ``uri`` as a :class:`ToolResult` (seed §11.8). Read-only: retried once after a loss.
 
         Raises like :meth:`call_tool`.
         """
+
         async def run(conn: Connection, timeout: float) -> Any:
             import mcp_types as types
 
             request = types.ReadResourceRequest(params=types.ReadResourceRequestParams(uri=uri))
-            return await conn.session.send_request(request, types.ReadResourceResult,
-                                                   request_read_timeout_seconds=timeout)
+            return await conn.session.send_request(
+                request, types.ReadResourceResult, request_read_timeout_seconds=timeout
+            )
 
         return adapt.resource_result(await self.request(Request(f"resources/read {uri!r}", run, True), deadline, sink))
 
-    async def get_prompt(self, name: str, arguments: dict[str, str] | None = None, *,
-                         deadline: float | None = None, sink: EventSink | None = None) -> list[Any]:
+    async def get_prompt(
+        self,
+        name: str,
+        arguments: dict[str, str] | None = None,
+        *,
+        deadline: float | None = None,
+        sink: EventSink | None = None,
+    ) -> list[Any]:
         """Render prompt ``name`` as Smith messages (seed §11.8). Read-only: retried once after a loss.
 
         Raises :class:`McpError` for non-text content, otherwise like :meth:`call_tool`.
         """
+
         async def run(conn: Connection, timeout: float) -> Any:
             import mcp_types as types
 
-            params = types.GetPromptRequestParams(name=name, arguments={k: str(v) for k, v in (arguments or {}).items()})
-            return await conn.session.send_request(types.GetPromptRequest(params=params), types.GetPromptResult,
-                                                   request_read_timeout_seconds=timeout)
+            params = types.GetPromptRequestParams(
+                name=name, arguments={k: str(v) for k, v in (arguments or {}).items()}
+            )
+            return await conn.session.send_request(
+                types.GetPromptRequest(params=params), types.GetPromptResult, request_read_timeout_seconds=timeout
+            )
 
         result = await self.request(Request(f"prompts/get {name!r}", run, True), deadline, sink)
         return adapt.prompt_messages(self.alias, name, result)
@@ -345,8 +365,9 @@ class ServerHandle:
                         if replay_unsafe:
                             detail += "; the call may have reached the server and is not retried"
                         raise transport_error(self.alias, request.operation, detail) from None
-                    logger.info("MCP server %r: retrying %s once after a transport error", self.alias,
-                                request.operation)
+                    logger.info(
+                        "MCP server %r: retrying %s once after a transport error", self.alias, request.operation
+                    )
         raise AssertionError("unreachable")
 
     async def close(self) -> None:
@@ -403,8 +424,11 @@ class ServerHandle:
                 return conn
             now = time.monotonic()
             if now < self._circuit_until:
-                raise transport_error(self.alias, "connect", "server unavailable after repeated failures; "
-                                      f"retry in {self._circuit_until - now:.1f} s")
+                raise transport_error(
+                    self.alias,
+                    "connect",
+                    f"server unavailable after repeated failures; retry in {self._circuit_until - now:.1f} s",
+                )
             pending = self._start()
             if deadline <= now:
                 raise timeout_error(self.alias, "connect", self.config.connect_timeout)
@@ -465,9 +489,14 @@ class ServerHandle:
                     break
                 delay = _jitter(min(self.config.backoff_max, self.config.backoff_base * 2 ** (failures_in_row - 1)))
                 self.state = State.BACKOFF
-                self.events.emit(LifecycleEvent(LifecycleKind.RECONNECTING, self.alias,
-                                                f"reconnecting in {delay:.2f} s (attempt {failures_in_row})",
-                                                {"attempt": failures_in_row, "delay": round(delay, 3)}))
+                self.events.emit(
+                    LifecycleEvent(
+                        LifecycleKind.RECONNECTING,
+                        self.alias,
+                        f"reconnecting in {delay:.2f} s (attempt {failures_in_row})",
+                        {"attempt": failures_in_row, "delay": round(delay, 3)},
+                    )
+                )
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._stop.wait()
@@ -489,12 +518,18 @@ class ServerHandle:
         self._circuit_until = now + self.config.circuit_cooldown
         self.state = State.OPEN
         error = self._failure_text(end)
-        self.events.emit(LifecycleEvent(
-            LifecycleKind.RECONNECT_FAILED, self.alias,
-            f"giving up after {len(self._failures)} failures; circuit open for {self.config.circuit_cooldown:g} s",
-            {"attempts": len(self._failures), "last_error": error,
-             "circuit_open_for": self.config.circuit_cooldown},
-        ))
+        self.events.emit(
+            LifecycleEvent(
+                LifecycleKind.RECONNECT_FAILED,
+                self.alias,
+                f"giving up after {len(self._failures)} failures; circuit open for {self.config.circuit_cooldown:g} s",
+                {
+                    "attempts": len(self._failures),
+                    "last_error": error,
+                    "circuit_open_for": self.config.circuit_cooldown,
+                },
+            )
+        )
         return True
 
     @staticmethod
@@ -539,13 +574,24 @@ class ServerHandle:
                 await capture.close()
         return end
 
-    async def _serve(self, generation: int, link: Link, lost: asyncio.Future[str], capture: StderrCapture | None,
-                     end: _GenerationEnd, tg: Any) -> None:
+    async def _serve(
+        self,
+        generation: int,
+        link: Link,
+        lost: asyncio.Future[str],
+        capture: StderrCapture | None,
+        end: _GenerationEnd,
+        tg: Any,
+    ) -> None:
         from mcp.client.session import ClientSession
 
         handler = partial(self._on_message, generation)
-        async with ClientSession(link.session_read, link.session_write, read_timeout_seconds=self.config.request_timeout,
-                                 message_handler=handler) as session:
+        async with ClientSession(
+            link.session_read,
+            link.session_write,
+            read_timeout_seconds=self.config.request_timeout,
+            message_handler=handler,
+        ) as session:
             started = time.monotonic()
             with anyio.fail_after(self.config.connect_timeout):
                 init = await initialize(session, self.config)
@@ -593,17 +639,26 @@ class ServerHandle:
         }
         if previous is not None and previous != conn.catalog.tool_names():
             fields["tools_changed"] = True
-        self.events.emit(LifecycleEvent(LifecycleKind.CONNECTED, self.alias,
-                                        f"connected ({self.config.describe()}, protocol {fields['protocol_version']})",
-                                        fields))
+        self.events.emit(
+            LifecycleEvent(
+                LifecycleKind.CONNECTED,
+                self.alias,
+                f"connected ({self.config.describe()}, protocol {fields['protocol_version']})",
+                fields,
+            )
+        )
         self._announce(conn.catalog)
         if self._stop.is_set():
             self._end(conn, "shutdown")
 
     def _announce(self, catalog: Catalog) -> None:
         if catalog.task_required and catalog.task_required != self._task_required_logged:
-            logger.info("MCP server %r: not offering tools that require task-augmented execution "
-                        "(MCP tasks are not supported): %s", self.alias, ", ".join(catalog.task_required))
+            logger.info(
+                "MCP server %r: not offering tools that require task-augmented execution "
+                "(MCP tasks are not supported): %s",
+                self.alias,
+                ", ".join(catalog.task_required),
+            )
         self._task_required_logged = catalog.task_required
         for listener in self.catalog_listeners:
             self._spawn(listener(catalog))
@@ -629,9 +684,14 @@ class ServerHandle:
             self._conn = None
             self.state = State.IDLE if reason in ("idle", "shutdown") else State.BACKOFF
         tail = conn.capture.tail_text().splitlines()[-10:] if conn.capture is not None else []
-        self.events.emit(LifecycleEvent(LifecycleKind.DISCONNECTED, self.alias, f"disconnected: {reason}",
-                                        {"generation": conn.generation, "reason": reason,
-                                         "inflight": conn.inflight, "stderr_tail": tail}))
+        self.events.emit(
+            LifecycleEvent(
+                LifecycleKind.DISCONNECTED,
+                self.alias,
+                f"disconnected: {reason}",
+                {"generation": conn.generation, "reason": reason, "inflight": conn.inflight, "stderr_tail": tail},
+            )
+        )
         conn.lost.set_result(reason)
 
     async def _wait_end(self, conn: Connection) -> str:
@@ -676,8 +736,9 @@ class ServerHandle:
     async def _ping(conn: Connection, timeout: float) -> Any:
         import mcp_types as types
 
-        return await conn.session.send_request(types.PingRequest(), types.EmptyResult,
-                                               request_read_timeout_seconds=timeout)
+        return await conn.session.send_request(
+            types.PingRequest(), types.EmptyResult, request_read_timeout_seconds=timeout
+        )
 
     # ---- one request attempt -----------------------------------------------------
 
@@ -774,8 +835,12 @@ class ServerHandle:
         Per-request notifications (:data:`PER_REQUEST`) reach only their call: the SDK tees them here too.
         """
         if isinstance(message, Exception):
-            logger.warning("MCP server %r: transport reported %s: %s", self.alias, type(message).__name__,
-                           self.config.redact(str(message))[:200])
+            logger.warning(
+                "MCP server %r: transport reported %s: %s",
+                self.alias,
+                type(message).__name__,
+                self.config.redact(str(message))[:200],
+            )
             return
         method = getattr(message, "method", None)
         if not isinstance(method, str) or method in PER_REQUEST:

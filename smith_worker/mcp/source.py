@@ -90,6 +90,10 @@ class McpServerSource:
         """``request_timeout + connect_timeout`` seconds: a call may have to start the server first."""
         return self.config.request_timeout + self.config.connect_timeout
 
+    def idempotent(self, tool_name: str) -> bool:
+        """False: a call may have had effects on the server, so it is never silently re-run."""
+        return False
+
     async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:
         """The server's tools now (see module doc).
 
@@ -133,8 +137,9 @@ class McpServerSource:
 
     # ---- extras -------------------------------------------------------------------
 
-    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None,
-                         timeout: float | None = None) -> list[Any]:
+    async def get_prompt(
+        self, name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> list[Any]:
         """Prompt ``name`` rendered as Smith messages (seed §11.8). Raises :class:`McpError` on non-text content."""
         deadline = None if timeout is None else time.monotonic() + timeout
         return await self.handle.get_prompt(name, arguments, deadline=deadline)

@@ -90,7 +90,7 @@ class StderrCapture:
     def _on_line(self, text: str) -> None:
         if text.startswith(PID_MARKER) and self.pid is None:
             with contextlib.suppress(ValueError):
-                self.pid = int(text[len(PID_MARKER):])
+                self.pid = int(text[len(PID_MARKER) :])
             return
         text = self._config.redact(text)
         self.tail.append(text)
@@ -153,8 +153,9 @@ async def open_http(config: ServerConfig, on_session_lost: Callable[[str], None]
             yield streams[0], streams[1]
 
 
-def open_transport(config: ServerConfig, capture: StderrCapture | None,
-                   on_lost: Callable[[str], None]) -> contextlib.AbstractAsyncContextManager[Any]:
+def open_transport(
+    config: ServerConfig, capture: StderrCapture | None, on_lost: Callable[[str], None]
+) -> contextlib.AbstractAsyncContextManager[Any]:
     """The transport of ``config``: :func:`open_stdio` (needs ``capture``) or :func:`open_http`.
 
     ``on_lost(reason)``: the transport saw the connection end (HTTP: the server lost our session).

@@ -24,13 +24,12 @@ from typing import Any, Protocol
 
 from smith_client import skills as skill_state
 from smith_client.keys import Keys
+from smith_worker.config import AgentConfig
 from smith_worker.llm.types import ToolSchema
 from smith_worker.skills.catalog import SkillCatalog
 from smith_worker.skills.model import Skill
-from smith_worker.config import AgentConfig
 from smith_worker.sources import ToolSource
 from smith_worker.tools import ToolContext, ToolRoute
-
 
 
 class AgentSpec(Protocol):
@@ -62,8 +61,9 @@ class ConversationSkills:
     (``keys.history_ttl``) is refreshed at every step so it expires with the history.
     """
 
-    def __init__(self, catalog: SkillCatalog, sources: Mapping[str, ToolSource], keys: Keys,
-                 conversation_id: str) -> None:
+    def __init__(
+        self, catalog: SkillCatalog, sources: Mapping[str, ToolSource], keys: Keys, conversation_id: str
+    ) -> None:
         self._catalog = catalog
         self._sources = sources
         self._keys = keys
@@ -129,8 +129,11 @@ class ConversationSkills:
         for name in dict.fromkeys([*spec.skills, *names]):  # defaults first; a name counts once
             skill = self._catalog.get(name)
             if skill is None:
-                self._catalog.warn_once(("unknown", name), "skill %r is active in a conversation but this worker "
-                                        "does not serve it; skipped", name)
+                self._catalog.warn_once(
+                    ("unknown", name),
+                    "skill %r is active in a conversation but this worker does not serve it; skipped",
+                    name,
+                )
             else:
                 skills.append(skill)
         return skills
@@ -138,7 +141,11 @@ class ConversationSkills:
     def _put(self, table: dict[str, tuple[ToolSchema, str]], schema: ToolSchema, owner: str) -> None:
         previous = table.get(schema.name)
         if previous is not None:
-            self._catalog.warn_once(("collision", schema.name, previous[1], owner),
-                                    "tool name collision: %r of %s replaces the one of %s (last registered wins)",
-                                    schema.name, owner, previous[1])
+            self._catalog.warn_once(
+                ("collision", schema.name, previous[1], owner),
+                "tool name collision: %r of %s replaces the one of %s (last registered wins)",
+                schema.name,
+                owner,
+                previous[1],
+            )
         table[schema.name] = (schema, owner)

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from smith_client.errors import ConfigurationError
+from smith_worker.native import NativeTools
 from smith_worker.skills.model import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill
 from smith_worker.sources import ToolSource
-from smith_worker.tools import Tool
 
 logger = logging.getLogger("agent_smith.skill")
 
@@ -36,7 +36,9 @@ class SkillCatalog:
             if other.normalized_name == skill.normalized_name:
                 raise ConfigurationError(
                     f"skills {other.name!r} and {skill.name!r} both normalize to the tool prefix "
-                    f"{skill.normalized_name!r}", setting="skills")
+                    f"{skill.normalized_name!r}",
+                    setting="skills",
+                )
         self._skills[skill.name] = skill
         logger.info("skill %r registered: %d tools, MCP servers %s", skill.name, len(skill.native), skill.aliases)
         return skill
@@ -52,18 +54,19 @@ class SkillCatalog:
     def __contains__(self, name: object) -> bool:
         return name in self._skills
 
-    def target(self, skill_name: str, tool_name: str,
-               sources: Mapping[str, ToolSource]) -> tuple[Tool | None, ToolSource | None]:
-        """What runs ``tool_name`` of skill ``skill_name`` on a tool worker: its native tool
-        (by prefixed name) or the MCP source owning it; ``(None, None)`` when neither exists."""
+    def target(
+        self, skill_name: str, tool_name: str, sources: Mapping[str, ToolSource], native: NativeTools
+    ) -> ToolSource | None:
+        """The source that runs ``tool_name`` of skill ``skill_name`` on a tool worker: a view of its
+        native tool (by prefixed name; ``native`` gives the worker's pools) or the MCP source owning it;
+        None when neither exists."""
         skill = self._skills.get(skill_name)
         if skill is None:
-            return None, None
-        native = skill.native.get(tool_name)
-        if native is not None:
-            return native.tool, None
-        owner = next((sources[a] for a in skill.aliases if sources[a].owns(tool_name)), None)
-        return None, owner
+            return None
+        own = skill.native.get(tool_name)
+        if own is not None:
+            return native.only(tool_name, own.tool)
+        return next((sources[a] for a in skill.aliases if sources[a].owns(tool_name)), None)
 
     def warn_once(self, key: tuple[Any, ...], message: str, *args: Any) -> None:
         """Log a warning the first time ``key`` is seen in this process (per-step rebuilds would repeat it)."""

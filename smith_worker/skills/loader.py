@@ -90,8 +90,14 @@ def _load_manifest(file: Path) -> Skill:
     fields = _validate(Manifest, raw, file)
     prompt = _read_text(_inside(file.parent, fields.system_prompt_file, file)).strip()
     context = _parse_json(_inside(file.parent, fields.context_file, file)) if fields.context_file else None
-    return _build(file, name=fields.name, system_prompt=prompt, context_data=context,
-                  mcp_servers=fields.mcp_servers, description=fields.description)
+    return _build(
+        file,
+        name=fields.name,
+        system_prompt=prompt,
+        context_data=context,
+        mcp_servers=fields.mcp_servers,
+        description=fields.description,
+    )
 
 
 def _load_skill_md(file: Path) -> Skill:
@@ -115,7 +121,7 @@ def _split_front_matter(file: Path, text: str) -> tuple[str, str]:
         raise SkillError(f"{file}: must start with YAML front matter (a '---' line)")
     for index, line in enumerate(lines[1:], start=1):
         if line.strip() == "---":
-            return "".join(lines[1:index]), "".join(lines[index + 1:]).strip()
+            return "".join(lines[1:index]), "".join(lines[index + 1 :]).strip()
     raise SkillError(f"{file}: front matter is not closed by a '---' line")
 
 

@@ -39,8 +39,9 @@ def normalize_skill_name(name: str) -> str:
     """
     normalized = _NOT_NAME.sub("_", name)
     if not normalized.strip("_"):
-        raise SkillError(f"skill name {name!r} normalizes to {normalized!r}, which cannot prefix tool names",
-                         skill_name=name)
+        raise SkillError(
+            f"skill name {name!r} normalizes to {normalized!r}, which cannot prefix tool names", skill_name=name
+        )
     return normalized
 
 
@@ -121,9 +122,11 @@ class Skill:
         """Raise :class:`SkillError` when the serialized context is over ``max_bytes`` UTF-8 bytes (seed §12.4)."""
         size = len(self.context_json.encode()) if self.context_json is not None else 0
         if size > max_bytes:
-            raise SkillError(f"skill {self.name!r}: context_data is {size} bytes serialized, over the "
-                             f"skill_context_max_bytes limit of {max_bytes}; it is never truncated",
-                             skill_name=self.name)
+            raise SkillError(
+                f"skill {self.name!r}: context_data is {size} bytes serialized, over the "
+                f"skill_context_max_bytes limit of {max_bytes}; it is never truncated",
+                skill_name=self.name,
+            )
 
     def _add_tool(self, entry: Callable[..., Any] | Tool) -> None:
         if isinstance(entry, Tool):
@@ -131,14 +134,17 @@ class Skill:
         elif callable(entry):
             tool, timeout = make_tool(entry), None
         else:
-            raise SkillError(f"skill {self.name!r}: a tool must be a callable or a Tool, got {entry!r}",
-                             skill_name=self.name)
+            raise SkillError(
+                f"skill {self.name!r}: a tool must be a callable or a Tool, got {entry!r}", skill_name=self.name
+            )
         name = f"{self.normalized_name}__{tool.name}"
         if name in self.native:
             raise SkillError(f"skill {self.name!r} has two tools named {tool.name!r}", skill_name=self.name)
         if len(name) > MAX_TOOL_NAME:
-            raise SkillError(f"skill {self.name!r}: tool name {name!r} is longer than {MAX_TOOL_NAME} characters",
-                             skill_name=self.name)
+            raise SkillError(
+                f"skill {self.name!r}: tool name {name!r} is longer than {MAX_TOOL_NAME} characters",
+                skill_name=self.name,
+            )
         self.native[name] = SkillTool(name, tool, timeout)
 
     def _server_config(self, entry: ServerConfig | dict[str, Any]) -> ServerConfig:
@@ -147,13 +153,16 @@ class Skill:
         if isinstance(entry, ServerConfig):
             return entry
         if not isinstance(entry, dict):
-            raise SkillError(f"skill {self.name!r}: an MCP server must be a ServerConfig or a dict, got {entry!r}",
-                             skill_name=self.name)
+            raise SkillError(
+                f"skill {self.name!r}: an MCP server must be a ServerConfig or a dict, got {entry!r}",
+                skill_name=self.name,
+            )
         try:
             return ServerConfig(**entry)
         except (TypeError, ConfigurationError) as exc:  # an unknown or missing field; the config's own checks
-            raise SkillError(f"skill {self.name!r}: invalid MCP server {entry.get('alias')!r}: {exc}",
-                             skill_name=self.name) from exc
+            raise SkillError(
+                f"skill {self.name!r}: invalid MCP server {entry.get('alias')!r}: {exc}", skill_name=self.name
+            ) from exc
 
     def _serialize_context(self) -> str | None:
         if self.context_data is None:
@@ -161,5 +170,6 @@ class Skill:
         try:
             return orjson.dumps(self.context_data).decode()
         except TypeError as exc:
-            raise SkillError(f"skill {self.name!r}: context_data is not JSON-able: {exc}",
-                             skill_name=self.name) from exc
+            raise SkillError(
+                f"skill {self.name!r}: context_data is not JSON-able: {exc}", skill_name=self.name
+            ) from exc

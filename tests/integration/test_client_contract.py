@@ -90,17 +90,30 @@ async def test_a_finished_turn_replays_from_the_log(client, scenario):
     assert 0 < await client.redis.ttl(client.keys.turn_log(live[0].turn_id)) <= 24 * 3600
 
 
-def test_smith_ask_cli_streams_tokens_and_tool_status(redis_url, prefix, scenario):
-    _, marker = scenario(Script(Reply.tool_calls([("add", {"a": 2, "b": 3})]), Reply.text("It is 5.")))
-    proc = subprocess.run(
+def smith_ask(redis_url: str, prefix: str, question: str, agent: str = "default") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-c", "from smith_client.cli import smith_main; smith_main()",
-         "--redis-url", redis_url, "--prefix", prefix, "--timeout", "60", "ask", f"{marker} 2+3?"],
+         "--redis-url", redis_url, "--prefix", prefix, "--timeout", "60", "--agent", agent, "ask", question],
         capture_output=True, text=True, timeout=120,
     )
+
+
+def test_smith_ask_cli_streams_tokens_and_tool_status(redis_url, prefix, scenario):
+    _, marker = scenario(Script(Reply.tool_calls([("add", {"a": 2, "b": 3})]), Reply.text("It is 5.")))
+    proc = smith_ask(redis_url, prefix, f"{marker} 2+3?")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "It is 5."
     assert '[tool call] add({"a":2,"b":3})' in proc.stderr
     assert "[tool result] add -> 5 (worker " in proc.stderr and ":tools:" in proc.stderr
+
+
+def test_smith_ask_prints_the_answer_of_an_agent_that_does_not_stream(redis_url, prefix, scenario, scripted_llm):
+    key, marker = scenario(Script(Reply.tool_calls([("add", {"a": 2, "b": 3})]), Reply.text("Five, unstreamed.")))
+    proc = smith_ask(redis_url, prefix, f"{marker} 2+3?", agent="unstreamed")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "Five, unstreamed.\n"
+    assert "[tool result] add -> 5" in proc.stderr
+    assert not any(r.stream for r in scripted_llm.requests_for(key))  # the model was really called unstreamed
 
 
 @pytest.mark.parametrize(

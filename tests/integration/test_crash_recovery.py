@@ -139,6 +139,9 @@ async def test_sigterm_under_load_hands_turns_off(fleet_client, fleet, scenario)
     assert resumed >= 1
     workers = await live_workers(fleet_client.redis, fleet_client.keys)
     assert all(str(victim) != w["id"].split(":")[1] for w in workers)  # the victim unregistered
+    # it unregisters before closing its sources: let it exit, or the next ensure() counts it as alive
+    victim_proc = next(p for p in fleet.procs["turns"] if p.pid == victim)
+    await asyncio.to_thread(victim_proc.proc.wait, 30)
 
 
 async def tool_worker_running(client: SmithClient, turn_id: str, step: int = 1, index: int = 0) -> int:
@@ -173,3 +176,25 @@ async def test_kill_9_of_the_tool_worker(fleet_client, fleet, scenario, tool, ru
         assert "interrupted" in tool_message.content
     else:
         assert tool_message.content == f"counted {label}"
+
+
+async def test_kill_9_after_a_done_final_message_does_not_call_the_model_again(fleet_client, scenario, scripted_llm):
+    """Issue 13 design rule 4: the `_done` final message is in the history before the turn completes, and a
+    re-run after a crash there completes from it. The agent's on_message hook holds the turn after it."""
+    key, marker = scenario(Script(Reply.tool_calls([("add", {"a": 1, "b": 2}), ("finish", {"answer": "all done"})]),
+                                  Reply.text("never asked")))
+    conv = f"conv-{key}"
+    handle = await fleet_client.submit(f"{marker} finish", conversation_id=conv, agent="done_pause")
+    pid = await worker_pid_running(fleet_client, handle.turn_id)
+    async for event in handle.events():
+        if event.type == "message" and event.data["message"].get("content") == "all done":
+            break
+    os.kill(pid, signal.SIGKILL)
+    assert (await handle.result(timeout=60)).content == "all done"
+    assert len(scripted_llm.requests_for(key)) == 1  # the re-run did not ask the model again
+    events = [e async for e in handle.events()]
+    assert_clean_stream(events)
+    assert [e.data["attempt"] for e in events if e.type == "turn.resumed"] == [2]
+    history = await fleet_client.history(conv)
+    assert [m.role for m in history] == ["user", "assistant", "tool", "tool", "assistant"]
+    assert history[-1] == AssistantMessage(content="all done")

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
+import httpx
 import psutil
 import pytest
 import redis
 
+from smith_worker.local.processes import free_port, wait_until
 from tests.conftest import ROOT
 from tests.support.scripted_llm import Reply, Script
+from tests.support.web import serves
 
 pytestmark = pytest.mark.integration
 
@@ -42,3 +46,25 @@ def test_demo_run_streams_a_turn_and_stops_everything(redis_url, scripted_llm, s
     assert demo_processes(redis_url) == []
     # and its keys were removed from the Redis it borrowed (its prefix starts with smith-demo-)
     assert redis.Redis.from_url(redis_url).keys("smith-demo-*") == []
+
+
+def test_make_web_serves_the_relay_with_workers_and_stops_everything(redis_url, scripted_llm, scenario, tmp_path):
+    _, marker = scenario(Script(Reply.tool_calls([("calculator", {"expression": "6*7"})]), Reply.text("42.")))
+    port = free_port()
+    env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_LLM_BASE_URL=scripted_llm.base_url,
+               SMITH_WEB_PORT=str(port), PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "examples.web.run"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: serves(base + "/"), 60.0, "make web's page")
+        turn = httpx.post(f"{base}/conversations/web-demo/turns", json={"text": f"{marker} 6*7?"}).json()
+        events = httpx.get(base + turn["events"], timeout=60).text
+        assert '"type":"tool.result"' in events and '"content":"42"' in events and '"turn.completed"' in events
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "stopped everything it started" in stderr
+    assert demo_processes(redis_url) == []
+

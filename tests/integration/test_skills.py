@@ -178,3 +178,20 @@ async def test_with_no_worker_registered_an_activation_warns_and_is_accepted(red
         await lonely.deactivate_skill("c1", "anything")
         assert await lonely.active_skills("c1") == []
         assert await lonely.redis.exists(lonely.keys.conversation_skills("c1")) == 0  # the last one deletes the key
+
+
+def test_the_blocking_client_manages_skills_like_the_async_one(redis_url, skill_workers):
+    from smith_client import SyncSmithClient
+
+    conv = f"conv-sync-{uuid.uuid4().hex[:8]}"
+    with SyncSmithClient.from_url(redis_url, prefix=skill_workers.prefix) as client:
+        client.activate_skill(conv, "notes")
+        client.activate_skill(conv, "pdf-tools")
+        client.activate_skill(conv, "notes")  # already active: keeps its place
+        assert client.active_skills(conv) == ["notes", "pdf-tools"]
+        client.deactivate_skill(conv, "notes")
+        assert client.active_skills(conv) == ["pdf-tools"]
+        with pytest.raises(UnknownSkillError):
+            client.activate_skill(conv, "no-such-skill")
+        with pytest.raises(InvalidRequestError):
+            client.active_skills("bad id")

@@ -65,6 +65,7 @@ def finish(answer: str) -> dict:
 
 app.agent("default", system_prompt="You are a test agent.", tools=[add, sleepy, boom, whoami, finish])
 app.agent("plain", system_prompt="No tools here.")
+app.agent("unstreamed", tools=[add], config=AgentConfig(stream_default=False))
 app.agent("limited", tools=[add], config=AgentConfig(max_iterations=2))
 
 
@@ -185,7 +186,9 @@ def block_sync(seconds: float) -> str:
     return "unblocked"
 
 
-@app.tool(timeout=1.0, isolation="process")
+# 5 s, not 1 s: the call may come right after the tool worker re-executed itself, while its pool
+# process is still importing this module on a loaded machine; the kill at the timeout is what is tested.
+@app.tool(timeout=5.0, isolation="process")
 def sleep_in_process(seconds: float, ctx: ToolContext) -> str:
     """Records its process id under `proc:<turn id>`, then sleeps `seconds` in that process."""
     _record_sync(f"proc:{ctx.turn_id}", str(os.getpid()))
@@ -231,6 +234,81 @@ async def corrupt_result(ctx: ToolContext) -> str:
 app.tool(corrupt_result)
 app.agent("contain", tools=[block_sync, sleep_in_process, pid_in_process, add, lone_surrogate, big_structured,
                             big_done, slow_tool, corrupt_result])
+
+
+# ---- memory (issue 13) -------------------------------------------------------------------------
+from smith_worker import RollingWindowMemory, SummaryMemory  # noqa: E402
+from smith_worker.llm.types import ToolSchema  # noqa: E402
+from smith_worker.tools import ToolResult  # noqa: E402
+
+#: Limits of the "windowed" agent; tests check every request against them.
+WINDOW = {"max_messages": 12, "max_chars": 2400, "max_tokens": 500}
+#: SummaryMemory settings of the "summarised" agent.
+SUMMARY = {"threshold": 20, "keep_recent": 6}
+
+app.agent("windowed", system_prompt="A windowed agent.", tools=[add], memory=RollingWindowMemory(**WINDOW))
+# one retry, short backoff: a failing summary call costs the test ~0.1 s, not the default ~4 s of backoff
+app.agent("summarised", system_prompt="A summarising agent.", tools=[add], memory=SummaryMemory(**SUMMARY),
+          llm={"max_retries": 1, "backoff_base": 0.05})
+app.agent("full", system_prompt="A full-memory agent.", tools=[add])
+
+
+class BrittleSource:
+    """A tool source that offers a tool, then breaks when the turn asks for its budget (the source went away):
+    the turn fails after its model asked for the tool, which never ran."""
+
+    name = "brittle"
+
+    async def start(self, ctx: object) -> None:
+        pass
+
+    def owns(self, tool_name: str) -> bool:
+        return tool_name.startswith("brittle__")
+
+    def timeout_for(self, tool_name: str) -> float:
+        raise RuntimeError("the brittle source went away")
+
+    def idempotent(self, tool_name: str) -> bool:
+        return False
+
+    async def schemas(self, asking: object = None) -> list[ToolSchema]:
+        return [ToolSchema(name="brittle__probe", description="Probe something.")]
+
+    async def call(self, tool_name: str, arguments: dict, ctx: ToolContext) -> ToolResult:
+        raise AssertionError("never runs: the turn fails before the job is enqueued")
+
+    async def close(self) -> None:
+        pass
+
+
+app.add_source(BrittleSource())
+app.agent("brittle", tools=[add], sources=["brittle"])
+
+
+async def _pause_after_final(message: object) -> None:
+    """Holds the turn after a `_done` final message is in the history, so a test can kill its worker there."""
+    if getattr(message, "role", "") == "assistant" and getattr(message, "content", "") == "all done":
+        await asyncio.sleep(30)
+
+
+app.agent("done_pause", tools=[add, finish], hooks=Hooks(on_message=_pause_after_final))
+
+
+# ---- outages and bounds (issue 8) ---------------------------------------------------------------
+
+
+@app.tool(timeout=30.0, idempotent=True)
+async def kills_its_worker(label: str) -> str:
+    """Counts its executions under `label`, then kills its tool worker process (``os._exit``), every time."""
+    await _record(f"counted:{label}", "run")
+    os._exit(3)
+
+
+app.agent("deadly", tools=[kills_its_worker, add])
+# a model that never finishes meets response_timeout long before request_timeout (60 s default)
+app.agent("response_bounded", llm={"response_timeout": 3.0})
+# with SMITH_TURN_JOB_TIMEOUT shorter than this, the job timeout ends the turn first
+app.agent("response_unbounded", llm={"response_timeout": 120.0, "request_timeout": 120.0})
 
 
 # ---- sub-agents (issue 15): lead -> researcher -> fetcher, each with a tool -----------------------

@@ -61,6 +61,7 @@ from typing import Any, Literal
 
 SCENARIO_MARKER = re.compile(r"\[\[scenario:([\w.-]+)\]\]")
 DONE_FRAME = b"data: [DONE]\n\n"
+KEEP_ALIVE = b": keep-alive\n\n"
 DEFAULT_USAGE = (10, 5)
 _MAX_HEAD = 64 * 1024
 
@@ -128,7 +129,9 @@ class WirePlan:
     the first; ``gate``, when given, must be set before the second and later
     chunks go out. ``close_after`` drops the connection after the chunks
     without ending the body; ``stall`` sends nothing and holds the
-    connection until the client gives up.
+    connection until the client gives up; ``trickle`` (seconds), when set,
+    sends the SSE head and then a keep-alive comment every ``trickle``
+    seconds, forever (a model that never finishes).
     """
 
     status: int = 200
@@ -139,6 +142,7 @@ class WirePlan:
     gate: threading.Event | None = None
     close_after: bool = False
     stall: bool = False
+    trickle: float = 0.0
 
 
 class Reply:
@@ -270,6 +274,12 @@ class Reply:
     def stall(cls) -> Reply:
         """Read the request, then never answer (until the client closes or the server stops)."""
         plan = WirePlan(stall=True)
+        return cls(lambda _request: plan)
+
+    @classmethod
+    def trickle(cls, interval: float = 0.5) -> Reply:
+        """A 200 SSE response that never ends: ``: keep-alive`` comments every ``interval`` seconds, no data."""
+        plan = WirePlan(headers={"Content-Type": "text/event-stream"}, trickle=interval)
         return cls(lambda _request: plan)
 
     @classmethod
@@ -635,6 +645,10 @@ class _Connection:
             await asyncio.Event().wait()
         self.writer.write(_head(plan))
         await self.writer.drain()
+        while plan.trickle:
+            self.writer.write(b"%x\r\n%s\r\n" % (len(KEEP_ALIVE), KEEP_ALIVE))
+            await self.writer.drain()
+            await asyncio.sleep(plan.trickle)
         for position, chunk in enumerate(plan.chunks):
             if position > 0:
                 await _pause(plan)

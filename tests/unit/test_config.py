@@ -20,6 +20,12 @@ def test_llm_client_config_defaults_are_the_seeds():
     assert (cfg.backoff_base, cfg.max_retry_after, cfg.include_usage) == (0.5, 60.0, True)
 
 
+def test_history_max_messages_defaults_to_10000_and_reads_the_environment(monkeypatch):
+    assert Settings.from_env().history_max_messages == 10_000
+    monkeypatch.setenv("SMITH_HISTORY_MAX_MESSAGES", "500")
+    assert Settings.from_env().history_max_messages == 500
+
+
 def test_tool_calling_and_temperature_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("SMITH_LLM_TOOL_CALLING", "json_schema")
     monkeypatch.setenv("SMITH_LLM_TEMPERATURE", "0")

@@ -23,6 +23,8 @@ from smith_client import errors as E
         E.UnknownSkillError("which", skill_name="s", known=["t"]),
         E.ConflictError("dup", turn_id="t"),
         E.InternalError("oops", exception_type="KeyError"),
+        E.ContextOverflowError("too big", limit="max_tokens", budget=50, size=130),
+        E.ConversationBusyError("busy", conversation_id="c", active_turn_id="t"),
     ],
 )
 def test_payload_round_trip_keeps_class_and_fields(error):

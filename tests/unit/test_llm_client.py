@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from smith_client.errors import ConfigurationError, LlmApiError, ParseError, SmithTimeoutError, TransportError
-from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage, to_openai
+from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
+from smith_worker.llm.wire import to_openai
 from smith_worker.llm import (
     LlmClient,
     LlmClientConfig,
@@ -83,6 +84,13 @@ async def collect(client: LlmClient, req: LlmRequest) -> tuple[Any, list[Any]]:
     events: list[Any] = []
     response = await client.complete_stream(req, events.append)
     return response, events
+
+
+async def call(client: LlmClient, req: LlmRequest, stream: bool) -> Any:
+    """``complete_stream`` (events dropped) or ``complete``."""
+    if stream:
+        return await client.complete_stream(req, lambda e: None)
+    return await client.complete(req)
 
 
 def closed_port() -> int:
@@ -355,14 +363,45 @@ async def test_stalled_server_times_out_and_is_retried(harness, stream):
     key = harness.scenario(Reply.stall())
     async with harness.client(request_timeout=0.3, max_retries=1) as client:
         with pytest.raises(SmithTimeoutError) as info:
-            if stream:
-                await client.complete_stream(request_for(key), lambda e: None)
-            else:
-                await client.complete(request_for(key))
+            await call(client, request_for(key), stream)
     assert (info.value.operation, info.value.budget) == ("chat_completions", 0.3)
     assert "(after 2 attempts in " in info.value.message  # the real cost, not one budget
     assert harness.server.attempts(key) == 2
     assert harness.sleeps == [0.5 + JITTER]
+    assert await harness.server.wait_until_async(lambda: all(r.closed_early for r in harness.server.requests_for(key)))
+
+
+async def test_keep_alive_comments_do_not_reset_the_idle_timeout(harness):
+    """A stream sending only comments is idle: request_timeout fires though bytes keep arriving (issue 8)."""
+    key = harness.scenario(Reply.trickle(0.05))
+    started = time.monotonic()
+    async with harness.client(request_timeout=0.5, response_timeout=30.0) as client:
+        with pytest.raises(SmithTimeoutError) as info:
+            await client.complete_stream(request_for(key), lambda e: None)
+    assert (info.value.operation, info.value.budget) == ("chat_completions", 0.5)
+    assert time.monotonic() - started < 5.0
+    assert harness.server.attempts(key) == 1  # bytes arrived: not retried
+
+
+async def test_data_frames_reset_the_idle_timeout(harness):
+    """Tokens 0.3 s apart with request_timeout 0.5 s: a 1.5 s stream completes."""
+    key = harness.scenario(Reply.text("a b c d e", chunk_size=2, delay=0.3))
+    async with harness.client(request_timeout=0.5, response_timeout=30.0) as client:
+        response, _events = await collect(client, request_for(key))
+    assert response.message.content == "a b c d e"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_response_timeout_bounds_the_whole_response_and_is_not_retried(harness, stream):
+    """A server trickling keep-alives (or stalling) past response_timeout: SmithTimeoutError llm.response, once."""
+    key = harness.scenario(Reply.trickle(0.05) if stream else Reply.stall())
+    started = time.monotonic()
+    async with harness.client(request_timeout=60.0, response_timeout=0.6) as client:
+        with pytest.raises(SmithTimeoutError) as info:
+            await call(client, request_for(key), stream)
+    assert (info.value.operation, info.value.budget) == ("llm.response", 0.6)
+    assert time.monotonic() - started < 5.0
+    assert harness.server.attempts(key) == 1
     assert await harness.server.wait_until_async(lambda: all(r.closed_early for r in harness.server.requests_for(key)))
 
 

@@ -11,12 +11,10 @@ from smith_client.messages import (
     ToolCall,
     ToolMessage,
     UserMessage,
-    assistant_from_openai,
     message_from_json,
     message_to_json,
-    parse_arguments,
-    to_openai,
 )
+from smith_worker.llm.wire import assistant_from_openai, parse_arguments, to_openai
 
 
 def test_tool_message_is_error_never_on_the_wire():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -194,8 +193,8 @@ def test_skill_mcp_servers_are_pooled_sources_shared_by_alias():
     app.skill(Skill("two", mcp_servers=[dict(server)]))  # the same server: one pooled source
     assert list(app.sources) == ["files"]
     assert app.sources["files"].config is app.skills.get("one").servers[0]  # the first binding's config
-    assert app.skills.target("missing", "one__x", app.sources) == (None, None)
-    assert app.skills.target("one", "mcp_files__read", app.sources) == (None, app.sources["files"])
+    assert app.skills.target("missing", "one__x", app.sources, app.native) is None
+    assert app.skills.target("one", "mcp_files__read", app.sources, app.native) is app.sources["files"]
     with pytest.raises(ConfigurationError, match="alias 'files' is registered with another configuration"):
         app.skill(Skill("three", mcp_servers=[{"alias": "files", "command": "other"}]))
     assert "three" not in app.skills

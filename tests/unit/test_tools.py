@@ -129,15 +129,13 @@ def test_truncation_keeps_utf8_boundary_and_adds_marker():
     assert truncate_content("short", 100) == "short"
 
 
-def test_registry_order_collision_and_replace():
+def test_registry_order_and_collision():
     reg = ToolRegistry()
     first = make_tool(lambda: 1, name="a")
     assert reg.add(first) and reg.add(make_tool(lambda: 2, name="b"))
     assert not reg.add(make_tool(lambda: 3, name="a"))
-    assert reg.find("a") is first
-    reg.replace(make_tool(lambda: 4, name="a", description="new"))
+    assert reg.find("a") is first  # the first registration wins
     assert [s.name for s in reg.schemas()] == ["a", "b"]
-    assert reg.find("a").schema.description == "new"
     assert [s.name for s in reg.schemas(["b"])] == ["b"] and len(reg) == 2
 
 
@@ -175,3 +173,23 @@ def test_mcp_server_takes_pool_options():
         app.mcp_server("other", command="true", connect_timeout=-1)
     with pytest.raises(TypeError):
         app.mcp_server("third", command="true", no_such_option=1)
+
+
+async def test_native_tools_are_a_tool_source_with_agent_views():
+    from smith_worker.native import NativeTools
+    from smith_worker.sources import ToolSource
+
+    reg = ToolRegistry()
+    reg.add(make_tool(lambda a: a * 2, name="double", timeout=3.0, idempotent=True))
+    reg.add(make_tool(lambda: "x", name="other"))
+    native = NativeTools(reg)
+    assert isinstance(native, ToolSource)
+    view = native.restricted(["double"])
+    assert view.owns("double") and not view.owns("other") and native.owns("other")
+    assert (view.timeout_for("double"), view.idempotent("double"), view.idempotent("other")) == (3.0, True, False)
+    assert [s.name for s in await view.schemas()] == ["double"]
+    ctx = ToolContext(call_id="c", tool_name="double", budget=3.0)
+    assert (await view.call("double", {"a": 21}, ctx)).content == "42"
+    assert (await view.call("other", {}, ctx)).is_error  # not this agent's tool
+    single = native.only("skill__echo", make_tool(lambda text: text, name="echo"))
+    assert single.owns("skill__echo") and (await single.call("skill__echo", {"text": "hi"}, ctx)).content == "hi"

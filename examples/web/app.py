@@ -1,0 +1,149 @@
+"""A resumable browser relay in front of Agent Smith: FastAPI + server-sent events.
+
+Routes:
+
+* ``POST /conversations/{id}/turns`` with JSON ``{"text": ..., "agent": "default"}`` and an optional
+  ``Idempotency-Key`` header, which becomes the turn id (a double-clicked send attaches to the same turn).
+  Answers 202 ``{"turn_id", "events"}``; a bad request is 422, a busy conversation or a reused key 409.
+* ``GET /turns/{id}/events``: ``text/event-stream`` of the turn's events, each an SSE message whose
+  ``id:`` is the event's ``seq`` and whose ``data:`` is the event JSON (its ``type`` inside, as the
+  Vercel AI SDK frames parts). The cursor is the ``Last-Event-ID`` header (``EventSource`` sends it when
+  it reconnects) or ``?after=`` (for fetch clients and for a page reload); the stream replays what
+  came after it from the replay log, follows live, and closes after the terminal event. A finished turn
+  whose events were all delivered answers 204, which stops ``EventSource`` from reconnecting (WHATWG
+  HTML, server-sent events). A comment line is sent every ``SMITH_WEB_HEARTBEAT`` seconds (default 15)
+  to keep proxies from closing an idle stream; ``X-Accel-Buffering: no`` stops nginx buffering it.
+* ``POST /turns/{id}/cancel``: stop the turn (closing the tab only disconnects, it never cancels).
+* ``GET /``: the page (``index.html``).
+
+The relay holds no state, so any web process can serve any turn. Configuration: ``SMITH_REDIS_URL``,
+``SMITH_PREFIX``. Run it with ``make web`` (workers and the embedded model included) or
+``uvicorn examples.web.app:app`` against a running deployment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import FastAPI, Header, Query, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+from pydantic import BaseModel
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from smith_client import ConflictError, InvalidRequestError, SmithClient, SmithError, UnknownAgentError
+from smith_client.errors import ConversationBusyError, EventsTrimmedError, TurnNotFoundError
+from smith_client.turns import TERMINAL_STATUSES
+
+PAGE = Path(__file__).with_name("index.html")
+#: Seconds between heartbeat comments on an event stream (sse-starlette's default, 15).
+HEARTBEAT_SECONDS = float(os.environ.get("SMITH_WEB_HEARTBEAT", "15"))
+#: Reconnection delay the page's EventSource is told to use (SSE ``retry:``), milliseconds.
+RETRY_MS = 1000
+
+_STATUS = {
+    InvalidRequestError: 422,
+    UnknownAgentError: 422,
+    ConflictError: 409,
+    ConversationBusyError: 409,
+    TurnNotFoundError: 404,
+    EventsTrimmedError: 410,
+}
+
+
+class TurnIn(BaseModel):
+    """Body of ``POST /conversations/{id}/turns``."""
+
+    text: str
+    agent: str = "default"
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    url = os.environ.get("SMITH_REDIS_URL", "redis://127.0.0.1:6379/0")
+    async with SmithClient.from_url(url, prefix=os.environ.get("SMITH_PREFIX", "smith")) as client:
+        app.state.smith = client
+        yield
+
+
+app = FastAPI(title="Agent Smith web relay", lifespan=lifespan)
+
+
+@app.exception_handler(SmithError)
+async def smith_error(request: Request, exc: SmithError) -> JSONResponse:
+    """A typed client error as JSON ``{"error": {kind, message, fields}}`` with a matching status."""
+    return JSONResponse({"error": exc.to_payload()}, status_code=_STATUS.get(type(exc), 502))
+
+
+def _smith(request: Request) -> SmithClient:
+    return request.app.state.smith
+
+
+@app.get("/", include_in_schema=False)
+async def page() -> FileResponse:
+    return FileResponse(PAGE)
+
+
+@app.post("/conversations/{conversation_id}/turns", status_code=202)
+async def start_turn(
+    conversation_id: str,
+    body: TurnIn,
+    request: Request,
+    idempotency_key: Annotated[str | None, Header()] = None,
+) -> dict[str, str]:
+    """Start a turn in the background; answers its id and where its events are."""
+    handle = await _smith(request).submit(
+        body.text, conversation_id=conversation_id, agent=body.agent, turn_id=idempotency_key
+    )
+    return {"turn_id": handle.turn_id, "events": f"/turns/{handle.turn_id}/events"}
+
+
+def _cursor(last_event_id: str | None, after: int | None) -> int:
+    """The ``seq`` of the last event the browser has: ``Last-Event-ID`` first, then ``?after=``, else 0."""
+    raw = last_event_id if last_event_id not in (None, "") else after
+    try:
+        cursor = int(raw or 0)
+    except ValueError:
+        raise InvalidRequestError(f"Last-Event-ID must be an event seq, got {raw!r}", field="Last-Event-ID") from None
+    if cursor < 0:
+        raise InvalidRequestError(f"the cursor must be >= 0, got {cursor}", field="after")
+    return cursor
+
+
+@app.get("/turns/{turn_id}/events", response_model=None)
+async def turn_events(
+    turn_id: str,
+    request: Request,
+    last_event_id: Annotated[str | None, Header()] = None,
+    after: Annotated[int | None, Query(ge=0)] = None,
+) -> Response:
+    """The turn's events after the cursor as SSE; 204 when the turn is over and nothing is left to send."""
+    smith = _smith(request)
+    cursor = _cursor(last_event_id, after)
+    handle = smith.turn(turn_id)
+    status = await handle.status()
+    last = await smith.events.last_seq(turn_id)
+    if status == "unknown" and last == 0:
+        raise TurnNotFoundError(f"no turn {turn_id!r} (never submitted, or expired)", turn_id=turn_id)
+    if status in TERMINAL_STATUSES and cursor >= last:
+        return Response(status_code=204)
+    await smith.events.read(turn_id, cursor, count=1)  # EventsTrimmedError (410) now, not mid-stream
+
+    async def messages() -> AsyncIterator[ServerSentEvent]:
+        yield ServerSentEvent(comment="stream open", retry=RETRY_MS)
+        async for event in handle.events(after_seq=cursor):  # ends after the terminal event
+            yield ServerSentEvent(data=event.model_dump_json(), id=str(event.seq))
+
+    return EventSourceResponse(messages(), ping=HEARTBEAT_SECONDS)
+
+
+@app.post("/turns/{turn_id}/cancel")
+async def cancel_turn(turn_id: str, request: Request) -> dict[str, str]:
+    """Ask the turn to stop; answers ``{"outcome"}`` as :meth:`TurnHandle.cancel` does (404 for an unknown turn)."""
+    outcome = await _smith(request).turn(turn_id).cancel()
+    if outcome == "missing":
+        raise TurnNotFoundError(f"no turn {turn_id!r} (never submitted, or expired)", turn_id=turn_id)
+    return {"outcome": outcome}

@@ -1,0 +1,39 @@
+"""``make web``: the web relay (``examples/web/app.py``) with Redis, the model and the workers of ``make demo``.
+
+Starts what :func:`smith_worker.demo.run.start_services` starts (``SMITH_REDIS_URL``
+if it answers, else a private redis-server; ``SMITH_LLM_BASE_URL`` if set,
+else the embedded model; one turn worker and one tool worker), then serves
+the page on ``http://127.0.0.1:$SMITH_WEB_PORT/`` (default 8000) until Ctrl-C,
+and stops everything it started. Logs go to ``.demo-logs/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from smith_worker.demo.run import start_services
+
+
+def main() -> int:
+    """Serve the example until interrupted; returns the exit code."""
+    port = int(os.environ.get("SMITH_WEB_PORT", "8000"))
+    with contextlib.ExitStack() as stack:
+        redis_url, prefix = start_services(stack, Path(".demo-logs"))
+        os.environ.update(SMITH_REDIS_URL=redis_url, SMITH_PREFIX=prefix)  # read by the app at startup
+        _status(f"open http://127.0.0.1:{port}/ (Ctrl-C stops everything)")
+        uvicorn.run("examples.web.app:app", host="127.0.0.1", port=port, log_level="info")
+    _status("stopped everything it started")
+    return 0
+
+
+def _status(line: str) -> None:
+    print(f"[web] {line}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

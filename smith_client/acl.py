@@ -1,0 +1,89 @@
+"""Tenant isolation by prefix: the Redis ACL rules of a user that may serve or use one prefix only.
+
+Give each tenant its own ``SMITH_PREFIX`` and a Redis user created with
+:func:`tenant_acl_rules` (``ACL SETUSER <user> <rules…>``); its workers and
+clients connect with ``redis://<user>:<password>@host/db``. That user can
+touch only the keys and channels of :attr:`Keys.acl_patterns` and run only
+:data:`TENANT_COMMANDS`, the commands the runtime (and arq) send; everything
+else, another prefix's history included, answers ``NOPERM``. Keyless
+commands that list or wipe the database (``KEYS``, ``SCAN``, ``FLUSHDB``…)
+are not granted, so ``smith keys`` needs an administrator's credentials.
+
+Rules: https://redis.io/docs/latest/operate/oss_and_stack/management/security/acl/
+
+Run ``python -m smith_client.acl PREFIX`` to print the ``ACL SETUSER`` line.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from smith_client.keys import Keys
+
+#: Every command the client, the workers and arq send (Lua scripts' inner calls included).
+TENANT_COMMANDS = (
+    "ping",
+    "info",
+    "dbsize",
+    "select",  # arq logs INFO and DBSIZE at start-up
+    "get",
+    "set",
+    "mget",
+    "del",
+    "exists",
+    "expire",
+    "pexpire",
+    "ttl",
+    "type",
+    "incr",
+    "incrby",
+    "psetex",
+    "setex",
+    "hget",
+    "hset",
+    "hgetall",
+    "hincrby",
+    "hdel",
+    "lrange",
+    "lrem",
+    "rpush",
+    "llen",
+    "lpop",
+    "zadd",
+    "zincrby",
+    "zrem",
+    "zcard",
+    "zcount",
+    "zscore",
+    "zrange",
+    "zrangebyscore",
+    "zremrangebyscore",
+    "xadd",
+    "xrange",
+    "xlen",
+    "publish",
+    "subscribe",
+    "unsubscribe",
+    "eval",
+    "evalsha",
+    "script|load",
+    "script|exists",
+    "multi",
+    "exec",
+    "discard",
+    "watch",
+    "unwatch",
+)
+
+
+def tenant_acl_rules(prefix: str, password: str) -> list[str]:
+    """The arguments after ``ACL SETUSER <user>`` for a tenant confined to ``prefix``.
+
+    ``password`` is the user's password (sent as ``>password``).
+    """
+    return ["reset", "on", f">{password}", *Keys(prefix).acl_patterns, "-@all", *(f"+{c}" for c in TENANT_COMMANDS)]
+
+
+if __name__ == "__main__":  # pragma: no cover - a printing helper for operators
+    name = sys.argv[1] if len(sys.argv) > 1 else "smith"
+    print("ACL SETUSER", name, " ".join(tenant_acl_rules(name, "PASSWORD")))

@@ -1,0 +1,15 @@
+-- Read a conversation's messages by absolute position (smith_worker/history.py).
+-- KEYS: history, trimmed. ARGV: first position, end position ('' = the end), or a negative count
+-- of messages from the end when ARGV[3] == 'tail'. Returns {trimmed, length, first index, items}.
+local base = tonumber(redis.call('GET', KEYS[2]) or '0')
+local len = redis.call('LLEN', KEYS[1])
+local first, last
+if ARGV[3] == 'tail' then
+  first = math.max(len - tonumber(ARGV[1]), 0)
+  last = len - 1
+else
+  first = math.max(tonumber(ARGV[1]) - base, 0)
+  last = (ARGV[2] == '' and len or tonumber(ARGV[2]) - base) - 1
+end
+if last < first then return {base, len, first, {}} end
+return {base, len, first, redis.call('LRANGE', KEYS[1], first, last)}

@@ -1,0 +1,194 @@
+"""The client's operations, written once for :class:`SmithClient` and :class:`SyncSmithClient`.
+
+Each is a generator of :mod:`smith_client.protocol` requests (see there); the
+clients run them with :mod:`smith_client.runners`.
+
+Following a turn combines the live pub/sub channel with the replay log: a gap
+in ``seq`` on the channel is filled from the log, duplicates are dropped, and
+when the channel is silent for ``poll_interval`` seconds the log is re-read,
+which covers a lost pub/sub message (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from smith_client import scripts
+from smith_client import turn_record as record
+from smith_client.errors import ConversationBusyError, EventsTrimmedError, SmithTimeoutError, TurnNotFoundError
+from smith_client.eventlog import last_seq, read_events
+from smith_client.events import Event, event_from_json
+from smith_client.jobs import TurnJob
+from smith_client.keys import Keys
+from smith_client.messages import AssistantMessage, messages_from_json_list
+from smith_client.protocol import Call, Operation, Receive, RunScript, Subscribe
+from smith_client.registry import read_served
+from smith_client.turns import outcome_from_event, outcome_from_state, read_state, submit_turn
+from smith_client.validation import build_turn_job, check_id, check_seq, check_served, check_timeout
+
+logger = logging.getLogger("agent_smith")
+
+#: Seconds of silence on the live channel after which the replay log is read again.
+POLL_INTERVAL = 1.0
+
+
+def prepare(keys: Keys, text: Any, options: dict[str, Any]) -> Operation[tuple[TurnJob, str]]:
+    """Check a request into its job and multitask policy (raising :class:`InvalidRequestError`
+    / :class:`UnknownAgentError`); warns when no turn worker is registered."""
+    job, multitask = build_turn_job(text, **options)
+    if not check_served(job.agent, (yield from read_served(keys, "agents"))):
+        logger.warning(
+            "no turn worker is registered under prefix %r: the turn waits in the queue "
+            "(check SMITH_PREFIX and SMITH_REDIS_URL match the workers')",
+            keys.prefix,
+        )
+    return job, multitask
+
+
+def submit(keys: Keys, text: Any, options: dict[str, Any], handle: Callable[[str], Any]) -> Operation[Any]:
+    """Operation of ``submit``: start a background turn; returns ``handle(turn_id)``."""
+    job, multitask = yield from prepare(keys, text, options)
+    return handle((yield from submit_turn(keys, job, multitask)).turn_id)
+
+
+def stream(keys: Keys, text: Any, timeout: Any, options: dict[str, Any]) -> Operation[None]:
+    """Operation of ``stream``: run one turn, yielding its events until the terminal one."""
+    timeout = check_timeout(timeout)
+    job, multitask = yield from prepare(keys, text, options)
+    yield Subscribe(keys.turn_events_channel(job.turn_id))  # before submitting, so no live event is missed
+    submission = yield from submit_turn(keys, job, multitask)
+    after = 0
+    if submission.turn_id != job.turn_id:  # merged into another turn: its events from now on
+        yield Subscribe(keys.turn_events_channel(submission.turn_id))
+        after = yield from last_seq(keys, submission.turn_id)
+    yield from follow_subscribed(keys, submission.turn_id, after, timeout)
+
+
+def send(keys: Keys, text: Any, timeout: Any, options: dict[str, Any]) -> Operation[AssistantMessage]:
+    """Operation of ``send``: run one turn; returns its final message or raises its error."""
+    return outcome_from_event((yield from _terminal_event(stream(keys, text, timeout, options), "send")))
+
+
+def follow(keys: Keys, turn_id: Any, after_seq: Any = 0, timeout: Any = None) -> Operation[None]:
+    """Operation of ``follow``: the events of ``turn_id`` with ``seq > after_seq``, replayed then live."""
+    check_id(turn_id, "turn_id")
+    after_seq, timeout = check_seq(after_seq), check_timeout(timeout)
+    yield Subscribe(keys.turn_events_channel(turn_id))
+    yield from follow_subscribed(keys, turn_id, after_seq, timeout)
+
+
+def result(keys: Keys, turn_id: str, timeout: Any = None) -> Operation[AssistantMessage]:
+    """Operation of ``TurnHandle.result``: the final message, from the state when the turn is over."""
+    done = outcome_from_state((yield from read_state(keys, turn_id)))
+    if done is not None:
+        return done
+    return outcome_from_event((yield from _terminal_event(follow(keys, turn_id, 0, timeout), "result")))
+
+
+def clear(keys: Keys, conversation_id: Any) -> Operation[None]:
+    """Operation of ``clear``: delete a conversation's own keys unless it has an unfinished turn.
+
+    Raises :class:`ConversationBusyError` (nothing deleted) or :class:`InvalidRequestError`.
+    """
+    check_id(conversation_id, "conversation_id")
+    script_keys = (
+        keys.conversation_turns(conversation_id),
+        keys.conversation_statuses(conversation_id),
+        *keys.conversation_state(conversation_id),
+    )
+    busy = yield RunScript(scripts.CLEAR, script_keys)
+    if busy:
+        raise ConversationBusyError(
+            f"conversation {conversation_id} has an unfinished turn ({busy.decode()}); cancel it or wait",
+            conversation_id=conversation_id, active_turn_id=busy.decode(),
+        )  # fmt: skip
+
+
+def history(keys: Keys, conversation_id: Any) -> Operation[list[Any]]:
+    """Operation of ``history``: all messages of a conversation, oldest first (stored form)."""
+    check_id(conversation_id, "conversation_id")
+    return messages_from_json_list((yield Call("lrange", (keys.history(conversation_id), 0, -1))))
+
+
+def _terminal_event(events: Operation[None], operation: str) -> Operation[Event]:
+    """Run a streaming operation without passing its events on; returns its terminal event."""
+    reply = None
+    while True:
+        try:
+            item = events.send(reply)
+        except StopIteration:
+            raise SmithTimeoutError("turn event stream ended without a terminal event", operation=operation) from None
+        if isinstance(item, Event) and item.terminal:
+            events.close()
+            return item
+        reply = None if isinstance(item, Event) else (yield item)
+
+
+def _ended(keys: Keys, turn_id: str, seen_any: bool) -> Operation[bool]:
+    """With no event pending: True when the turn is over (nothing more will come).
+
+    Raises :class:`TurnNotFoundError` for a turn nobody knows, and for a
+    followed turn whose state and log vanished (expired, or lost in a
+    Sentinel failover by asynchronous replication), so a follower never
+    waits for events that cannot come.
+    """
+    status = yield Call("hget", (keys.turn_state(turn_id), record.STATUS))
+    if status is None and (seen_any or (yield from last_seq(keys, turn_id)) == 0):
+        # A followed turn's state outlives its last event (DESIGN.md §8): without it, its keys were
+        # evicted or deleted, and nothing will ever finish it, even if its log is left (issue 8).
+        why = "lost: its keys are gone" if seen_any else "never submitted, or expired"
+        raise TurnNotFoundError(f"no turn {turn_id!r} ({why})", turn_id=turn_id)
+    return record.is_terminal(status)
+
+
+def _catch_up(keys: Keys, turn_id: str, last: int, seen_any: bool) -> Operation[tuple[list[Event], bool]]:
+    """Events after ``last`` from the log, and whether the turn is over with nothing more to come."""
+    pending = yield from _read_log(keys, turn_id, last)
+    if pending or not (yield from _ended(keys, turn_id, seen_any)):
+        return pending, False
+    # The terminal event and the terminal status are written together, but the
+    # status may have been read after the log: read the log again.
+    pending = yield from _read_log(keys, turn_id, last)
+    return pending, not pending
+
+
+def _read_log(keys: Keys, turn_id: str, last: int) -> Operation[list[Event]]:
+    """:func:`read_events`; a log lost with the turn's state raises :class:`TurnNotFoundError`."""
+    try:
+        return (yield from read_events(keys, turn_id, last))
+    except EventsTrimmedError:
+        yield from _ended(keys, turn_id, seen_any=True)  # raises TurnNotFoundError when the state is gone too
+        raise
+
+
+def follow_subscribed(
+    keys: Keys, turn_id: str, after_seq: int, timeout: float | None, poll_interval: float = POLL_INTERVAL
+) -> Operation[None]:
+    """Yield the turn's events with ``seq > after_seq`` exactly once, in order, until terminal.
+
+    Expects the operation's pub/sub connection subscribed to the turn's channel.
+    Returns at once when the turn already ended at or before ``after_seq``.
+    Raises :class:`SmithTimeoutError` after ``timeout`` seconds (None: never).
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = after_seq
+    pending, over = yield from _catch_up(keys, turn_id, last, seen_any=after_seq > 0)
+    while not over:
+        for event in pending:
+            if event.seq != last + 1:
+                continue  # a duplicate, or out of order: the log read below fills gaps
+            last = event.seq
+            yield event
+            if event.terminal:
+                return
+        if deadline is not None and time.monotonic() > deadline:
+            raise SmithTimeoutError(f"turn {turn_id} did not finish in time", operation="send", budget=timeout)
+        message = yield Receive(poll_interval)
+        if message is None:
+            pending, over = yield from _catch_up(keys, turn_id, last, seen_any=True)
+            continue
+        event = event_from_json(message["data"])
+        pending = [event] if event.seq <= last + 1 else (yield from _read_log(keys, turn_id, last))

@@ -1,0 +1,187 @@
+"""Perform the requests of :mod:`smith_client.protocol`: on redis-py's asyncio client or on its blocking one.
+
+The two runners are the only I/O of :class:`SmithClient` and
+:class:`SyncSmithClient`; everything else is in the operations they run.
+Redis failures come out as :class:`~smith_client.errors.TransportError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import redis
+from arq.connections import ArqRedis
+from arq.constants import expires_extra_ms
+from arq.jobs import serialize_job
+
+from smith_client import scripts
+from smith_client.errors import SmithTimeoutError
+from smith_client.events import Event
+from smith_client.keys import Keys, now_ms
+from smith_client.protocol import Call, Enqueue, Operation, RunScript, Subscribe, T, Transaction
+from smith_client.redis_errors import typed_redis_errors
+from smith_client.serialization import job_serializer
+
+
+class _Done:
+    """The result of a finished operation, passed from the driving loop to ``run``."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class _Session:
+    """The pub/sub connection of one operation, opened on its first :class:`Subscribe`."""
+
+    def __init__(self, pubsub: Any = None) -> None:
+        self.pubsub = pubsub
+        self.owned = pubsub is None
+
+
+def _step(op: Operation[Any], reply: Any) -> Any:
+    """The operation's next request or event, or :class:`_Done` with its result."""
+    try:
+        return op.send(reply)
+    except StopIteration as stop:
+        return _Done(stop.value)
+
+
+def _is_request(item: Any) -> bool:
+    return not isinstance(item, (Event, _Done))
+
+
+def _bind(request: Any, client: Any, session: _Session, enqueue: Callable[[Enqueue], Any]) -> Callable[[], Any]:
+    """The redis-py call that performs ``request`` (the asyncio and the blocking client share method names).
+
+    Calling it returns the reply, or with the asyncio client an awaitable of it.
+    """
+    if isinstance(request, Call):
+        return functools.partial(getattr(client, request.command), *request.args, **request.kwargs)
+    if isinstance(request, Transaction):
+        pipe = client.pipeline(transaction=True)  # execute() resets the pipeline, releasing its connection
+        for call in request.calls:
+            getattr(pipe, call.command)(*call.args, **call.kwargs)
+        return pipe.execute
+    if isinstance(request, Enqueue):
+        return functools.partial(enqueue, request)
+    if session.pubsub is None:
+        session.pubsub = client.pubsub()
+    if isinstance(request, Subscribe):
+        return functools.partial(session.pubsub.subscribe, request.channel)
+    return functools.partial(session.pubsub.get_message, ignore_subscribe_messages=True, timeout=request.timeout)
+
+
+class AsyncRunner:
+    """Runs operations on an :class:`ArqRedis` (redis-py asyncio); for :class:`SmithClient`."""
+
+    def __init__(self, client: ArqRedis) -> None:
+        self.redis = client
+
+    async def run(self, op: Operation[T], bound: Any = None) -> T:
+        """Run an operation that yields no events; return its result.
+
+        ``bound`` (seconds, the caller's ``timeout``) limits the whole run, Redis
+        commands included: with Redis frozen a command would otherwise hold the
+        caller for the socket timeout past it (:class:`SmithTimeoutError`, issue 8).
+        A ``bound`` that is not a positive number is left to the operation to refuse.
+        """
+        limit = bound if isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound > 0 else None
+        deadline = asyncio.timeout(limit)
+        try:
+            async with deadline:
+                return await self._run(op)
+        except TimeoutError as exc:
+            if not deadline.expired():
+                raise
+            raise SmithTimeoutError(f"did not finish in {limit:g} s", operation="send", budget=limit) from exc
+
+    async def _run(self, op: Operation[T]) -> T:
+        async with contextlib.aclosing(self._drive(op, _Session())) as items:
+            async for item in items:
+                if isinstance(item, _Done):
+                    return item.value
+        raise AssertionError("an operation always ends with its result")
+
+    async def iterate(self, op: Operation[Any], pubsub: Any = None) -> AsyncIterator[Event]:
+        """Run a streaming operation, yielding its events. ``pubsub``: an already-subscribed connection to use."""
+        async for item in self._drive(op, _Session(pubsub)):
+            if isinstance(item, Event):
+                yield item
+
+    async def _drive(self, op: Operation[Any], session: _Session) -> AsyncIterator[Any]:
+        try:
+            item = _step(op, None)
+            while not isinstance(item, _Done):
+                if _is_request(item):
+                    item = _step(op, await self._perform(item, session))
+                else:
+                    yield item
+                    item = _step(op, None)
+            yield item
+        finally:
+            if session.owned and session.pubsub is not None:
+                await session.pubsub.aclose()
+
+    @typed_redis_errors
+    async def _perform(self, request: Any, session: _Session) -> Any:
+        if isinstance(request, RunScript):
+            return await request.script(self.redis, request.keys, request.args)
+        return await _bind(request, self.redis, session, self._enqueue_job)()
+
+    def _enqueue_job(self, request: Enqueue) -> Any:
+        return self.redis.enqueue_job(
+            request.function, request.payload, _job_id=request.job_id, _queue_name=request.queue
+        )
+
+
+class SyncRunner:
+    """Runs operations on a blocking :class:`redis.Redis`; for :class:`SyncSmithClient`.
+
+    Thread-safe: commands take a connection from the client's pool per call, and
+    each streaming operation opens its own pub/sub connection.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+
+    def run(self, op: Operation[T], bound: Any = None) -> T:
+        """Run an operation that yields no events; return its result.
+
+        ``bound`` is unused: each blocking command is bounded by the socket timeout.
+        """
+        return next(item.value for item in self._drive(op) if isinstance(item, _Done))
+
+    def iterate(self, op: Operation[Any]) -> Iterator[Event]:
+        """Run a streaming operation, yielding its events."""
+        return (item for item in self._drive(op) if isinstance(item, Event))
+
+    def _drive(self, op: Operation[Any]) -> Iterator[Any]:
+        session = _Session()
+        try:
+            reply = None
+            while True:
+                item = _step(op, reply)
+                reply = self._perform(item, session) if _is_request(item) else None
+                if not _is_request(item):
+                    yield item
+                if isinstance(item, _Done):
+                    return
+        finally:
+            if session.pubsub is not None:
+                session.pubsub.close()
+
+    @typed_redis_errors
+    def _perform(self, request: Any, session: _Session) -> Any:
+        if isinstance(request, RunScript):
+            return request.script.call_sync(self.redis, request.keys, request.args)
+        return _bind(request, self.redis, session, self._enqueue_job)()
+
+    def _enqueue_job(self, request: Enqueue) -> bool:
+        now = now_ms()  # local clock, as arq's enqueue_job
+        job = serialize_job(request.function, (request.payload,), {}, None, now, serializer=job_serializer)
+        keys = [Keys.arq_job(request.job_id), Keys.arq_result(request.job_id), request.queue]
+        return bool(scripts.ENQUEUE.call_sync(self.redis, keys, [expires_extra_ms, job, now, request.job_id]))

@@ -1,0 +1,162 @@
+"""Checks of a client request, shared by :class:`SmithClient` and :class:`SyncSmithClient`.
+
+Pure functions: each returns the checked value or raises
+:class:`~smith_client.errors.InvalidRequestError` naming the field, before
+anything reaches Redis (seed §15.1 ``AgentRequest``; ids per
+:data:`~smith_client.keys.ID_PATTERN`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Required, TypedDict
+
+import orjson
+from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
+
+from smith_client.errors import InvalidRequestError, UnknownAgentError
+from smith_client.jobs import Sampling, TurnJob
+from smith_client.keys import ID_PATTERN
+from smith_client.messages import UserMessage
+
+#: Largest user message accepted, in UTF-8 bytes.
+MAX_MESSAGE_BYTES = 1_000_000
+#: The multitask policies of a turn request (see :mod:`smith_client.turns`).
+MULTITASK_POLICIES = ("enqueue", "reject", "interrupt", "merge")
+
+
+class TurnOptions(TypedDict, total=False):
+    """Options of one turn request (see :meth:`SmithClient.send`)."""
+
+    conversation_id: Required[str]
+    agent: str
+    turn_id: str | None
+    multitask: str
+    sampling: dict[str, Any] | None
+    stream: bool | None
+
+
+def check_id(value: Any, field: str) -> str:
+    """A caller-chosen id (turn, conversation, agent): 1-200 characters from ``[A-Za-z0-9_.:@-]``."""
+    if not isinstance(value, str) or not ID_PATTERN.match(value):
+        raise InvalidRequestError(
+            f"{field} must be a string of 1-200 characters from [A-Za-z0-9_.:@-], got {value!r}",
+            field=field,
+        )
+    return value
+
+
+def check_text(text: Any) -> str:
+    """A user message: a non-blank, valid Unicode string of at most :data:`MAX_MESSAGE_BYTES` UTF-8 bytes."""
+    if not isinstance(text, str):
+        raise InvalidRequestError(f"text must be a string, got {type(text).__name__}", field="text")
+    if not text.strip():
+        raise InvalidRequestError("text must not be empty", field="text")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(f"text is not valid Unicode (lone surrogate at {exc.start})", field="text") from exc
+    if size > MAX_MESSAGE_BYTES:
+        raise InvalidRequestError(f"text is larger than {MAX_MESSAGE_BYTES} bytes", field="text")
+    return text
+
+
+def check_sampling(sampling: Any) -> dict[str, Any] | None:
+    """Validate per-turn sampling against the contract (:class:`Sampling`); returns its JSON form."""
+    if sampling is None:
+        return None
+    if not isinstance(sampling, dict):
+        raise InvalidRequestError("sampling must be a dict", field="sampling")
+    try:
+        checked = Sampling.model_validate(sampling)
+        as_json = checked.model_dump(mode="json", exclude_defaults=True)
+        orjson.dumps(as_json)
+    except (ValidationError, PydanticSerializationError, TypeError) as exc:
+        problems = (
+            "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            if isinstance(exc, ValidationError)
+            else str(exc)
+        )
+        raise InvalidRequestError(f"invalid sampling: {problems}", field="sampling") from exc
+    if checked.reserved_keys():
+        raise InvalidRequestError(f"sampling.extra may not set {checked.reserved_keys()}", field="sampling")
+    return as_json
+
+
+def check_timeout(timeout: Any) -> float | None:
+    """A wait budget: a positive number of seconds, or None (wait forever)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise InvalidRequestError(
+            f"timeout must be a positive number of seconds or None, got {timeout!r}", field="timeout"
+        )
+    return float(timeout)
+
+
+#: Largest ``after_seq`` accepted: Redis stream ids and counters are signed 64-bit.
+MAX_SEQ = 2**63 - 1
+
+
+def check_seq(after_seq: Any) -> int:
+    """A resume cursor: the ``seq`` of the last event seen, an integer in [0, :data:`MAX_SEQ`] (0: from the start)."""
+    if isinstance(after_seq, bool) or not isinstance(after_seq, int) or not 0 <= after_seq <= MAX_SEQ:
+        raise InvalidRequestError(f"after_seq must be an integer in [0, 2**63-1], got {after_seq!r}", field="after_seq")
+    return after_seq
+
+
+def check_multitask(multitask: Any) -> str:
+    """One of :data:`MULTITASK_POLICIES`."""
+    if multitask not in MULTITASK_POLICIES:
+        raise InvalidRequestError(
+            f"multitask must be one of {MULTITASK_POLICIES}, got {multitask!r}", field="multitask"
+        )
+    return multitask
+
+
+def build_turn_job(
+    text: Any,
+    conversation_id: Any = None,
+    agent: Any = "default",
+    turn_id: Any = None,
+    multitask: Any = "enqueue",
+    sampling: Any = None,
+    stream: Any = None,
+) -> tuple[TurnJob, str]:
+    """Check a turn request (``text`` and :class:`TurnOptions`) into its ``run_turn`` job and multitask policy.
+
+    A missing ``turn_id`` gets a fresh uuid4 hex. Raises :class:`InvalidRequestError`.
+    """
+    check_text(text)
+    check_id(conversation_id, "conversation_id")
+    check_id(agent, "agent")
+    if turn_id is not None:
+        check_id(turn_id, "turn_id")
+    check_multitask(multitask)
+    sampling = check_sampling(sampling)
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequestError("stream must be a bool or None", field="stream")
+    job = TurnJob(
+        turn_id=turn_id or uuid.uuid4().hex,
+        conversation_id=conversation_id,
+        agent=agent,
+        message=UserMessage(content=text),
+        sampling=sampling,
+        stream=stream,
+        submitted_at=time.time(),
+    )
+    return job, multitask
+
+
+def check_served(agent: str, served: set[str] | None) -> bool:
+    """Whether a turn for ``agent`` can run: False when no turn worker is registered (it waits in the queue).
+
+    Raises :class:`UnknownAgentError` when live workers exist but none serves ``agent``.
+    """
+    if served is not None and agent not in served:
+        raise UnknownAgentError(
+            f"no live worker serves agent {agent!r} (served: {sorted(served)})", agent=agent, known=sorted(served)
+        )
+    return served is not None

@@ -1,0 +1,177 @@
+"""Prometheus metrics of one worker process, served at ``/metrics`` on ``SMITH_METRICS_PORT``.
+
+Names and labels (issue 17; Prometheus conventions: counters end in
+``_total``, durations in base units):
+
+===================================  =========  =======================================================
+metric                               type       meaning
+===================================  =========  =======================================================
+``smith_turns_total{agent,status}``  counter    turns ended here; ``status`` completed | failed | cancelled
+``smith_turn_duration_seconds``      histogram  seconds from an attempt's start to the turn's end
+``smith_tool_calls_total{tool,status}``  counter  tool calls run here; ``status`` ok | error
+``smith_tool_duration_seconds``      histogram  seconds one tool call ran
+``smith_queue_length{queue}``        gauge      jobs in this worker's arq queue (ZCARD: queued, running,
+                                                deferred; what KEDA's ``redis`` scaler reads)
+``smith_queue_wait_seconds{queue}``  gauge      age of the oldest job that is due and not yet picked up
+                                                (0 when none); NaN when Redis does not answer
+``smith_turns_running``              gauge      turns running in this process
+``smith_worker_up``                  gauge      1 while the worker serves
+``smith_llm_requests_total{status}`` counter    model calls; ``status`` ok | error
+``smith_llm_tokens_total{kind}``     counter    server-reported tokens; ``kind`` prompt | completion
+===================================  =========  =======================================================
+
+The two queue gauges are read from Redis at scrape time by
+:class:`QueueCollector` (on the worker's event loop, so no extra
+connection), so they exist from the first scrape. The turn and tool paths
+call the narrow ``record_*`` hooks of :class:`WorkerMetrics`; every process
+has one (counting is cheap), the HTTP server starts only when a port is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from arq.connections import ArqRedis
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from smith_client.keys import Keys, now_ms
+from smith_worker.llm.types import LlmResponse
+
+logger = logging.getLogger("agent_smith.worker")
+
+#: Seconds a scrape waits for the queue gauges before reporting NaN.
+SCRAPE_REDIS_TIMEOUT = 2.0
+
+#: The oldest due jobs looked at for ``smith_queue_wait_seconds``, so a queue full of running jobs stays cheap.
+OLDEST_SCAN_LIMIT = 1000
+
+
+class QueueCollector(Collector):
+    """``smith_queue_length`` and ``smith_queue_wait_seconds`` of one arq queue, read at scrape time.
+
+    ``collect`` runs in the HTTP server's thread and asks the worker's event
+    loop for the figures, waiting at most :data:`SCRAPE_REDIS_TIMEOUT` seconds.
+    """
+
+    def __init__(self, redis: ArqRedis, queue: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.redis = redis
+        self.queue = queue
+        self.loop = loop
+
+    async def read(self) -> tuple[float, float]:
+        """(length, wait seconds) of the queue."""
+        now = now_ms()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zcard(self.queue)
+            pipe.zrangebyscore(self.queue, "-inf", now, start=0, num=OLDEST_SCAN_LIMIT, withscores=True)
+            length, due = await pipe.execute()
+        oldest = await self._oldest_waiting(due)
+        wait = 0.0 if oldest is None else max(0.0, (now - oldest) / 1000)
+        return float(length), wait
+
+    async def _oldest_waiting(self, due: list[tuple[bytes, float]]) -> float | None:
+        """The score (enqueue or defer time, epoch ms) of the oldest due job without an in-progress key."""
+        if not due:
+            return None
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id, _ in due:
+                pipe.exists(Keys.arq_in_progress(job_id.decode()))
+            running = await pipe.execute()
+        return next((score for (_, score), busy in zip(due, running, strict=True) if not busy), None)
+
+    def collect(self) -> Iterator[Metric]:
+        """Both gauges for this scrape; NaN values when Redis did not answer in time."""
+        future = None
+        try:  # the loop may be closed already (worker shutting down): that is a failed read too
+            future = asyncio.run_coroutine_threadsafe(self.read(), self.loop)
+            length, wait = future.result(SCRAPE_REDIS_TIMEOUT)
+        except Exception:  # Redis down or slow: the series stay, with no value to give
+            if future is not None:
+                future.cancel()
+            logger.warning("metrics: reading queue %s failed", self.queue, exc_info=True)
+            length = wait = math.nan
+        yield self._gauge("smith_queue_length", "Jobs in the arq queue (queued, running, deferred).", length)
+        yield self._gauge("smith_queue_wait_seconds", "Age of the oldest due job not yet picked up.", wait)
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=["queue"])
+        family.add_metric([self.queue], value)
+        return family
+
+
+class WorkerMetrics:
+    """The metrics of one worker process, in a registry of their own (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.turns = Counter("smith_turns", "Turns ended on this worker.", ["agent", "status"], registry=r)
+        self.turn_duration = Histogram(
+            "smith_turn_duration_seconds",
+            "Seconds from attempt start to turn end.",
+            registry=r,
+            buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+        )
+        self.tool_calls = Counter("smith_tool_calls", "Tool calls run on this worker.", ["tool", "status"], registry=r)
+        self.tool_duration = Histogram("smith_tool_duration_seconds", "Seconds one tool call ran.", registry=r)
+        self.turns_running = Gauge("smith_turns_running", "Turns running in this process.", registry=r)
+        self.worker_up = Gauge("smith_worker_up", "1 while this worker serves its queue.", registry=r)
+        self.llm_requests = Counter("smith_llm_requests", "Model calls.", ["status"], registry=r)
+        self.llm_tokens = Counter("smith_llm_tokens", "Server-reported tokens.", ["kind"], registry=r)
+        self._server: Any = None
+
+    def record_turn(self, agent: str, status: str, seconds: float) -> None:
+        """A turn ended with ``status`` (completed, failed, cancelled) after ``seconds``."""
+        self.turns.labels(agent=agent, status=status).inc()
+        self.turn_duration.observe(seconds)
+
+    def record_tool_call(self, tool: str, is_error: bool, seconds: float) -> None:
+        """A tool call ran for ``seconds``."""
+        self.tool_calls.labels(tool=tool, status="error" if is_error else "ok").inc()
+        self.tool_duration.observe(seconds)
+
+    async def count_llm_request(self, call: Awaitable[LlmResponse]) -> LlmResponse:
+        """Await one model call and count it: ``ok`` with its server-reported tokens, or ``error``
+        when it raises (a cancelled call is not counted)."""
+        try:
+            response = await call
+        except Exception:
+            self.llm_requests.labels(status="error").inc()
+            raise
+        self.llm_requests.labels(status="ok").inc()
+        usage = response.message.usage
+        if usage is not None:
+            self.llm_tokens.labels(kind="prompt").inc(usage.prompt)
+            self.llm_tokens.labels(kind="completion").inc(usage.completion)
+        return response
+
+    def serve(self, port: int, redis: ArqRedis, queue: str, running: Callable[[], int]) -> bool:
+        """Start ``/metrics`` on ``port`` (all interfaces) from the running event loop.
+
+        Returns False, with a warning, when the port cannot be bound: the
+        worker goes on without metrics rather than failing to start.
+        """
+        self.registry.register(QueueCollector(redis, queue, asyncio.get_running_loop()))
+        self.turns_running.set_function(running)
+        self.worker_up.set(1)
+        try:
+            self._server, _ = start_http_server(port, registry=self.registry)
+        except OSError as exc:
+            logger.warning("metrics: cannot listen on port %d (%s); running without /metrics", port, exc)
+            return False
+        logger.info("metrics: serving /metrics on port %d", port)
+        return True
+
+    def close(self) -> None:
+        """Stop the HTTP server (at worker shutdown)."""
+        self.worker_up.set(0)
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

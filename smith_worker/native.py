@@ -1,0 +1,93 @@
+"""The app's Python tools as a tool source, so the loop and the tool runner treat every tool alike.
+
+:class:`NativeTools` wraps a :class:`~smith_worker.tools.ToolRegistry` in the
+:class:`~smith_worker.sources.ToolSource` protocol (compare pydantic-ai's
+``FunctionToolset`` beside its MCP toolsets): schemas, budget, idempotency and
+``call``. :meth:`NativeTools.restricted` is the view an agent gets (the tools it
+lists); views share the worker's sync-tool pools, given at :meth:`start`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from smith_worker.llm.types import ToolSchema
+from smith_worker.sources import SourceContext
+from smith_worker.tools import Tool, ToolContext, ToolRegistry, ToolResult, error_result
+
+if TYPE_CHECKING:
+    from smith_worker.isolation import ToolExecutors  # pebble only where tools run
+
+
+@dataclass
+class _Pools:
+    """The tool worker's sync-tool pools, shared by every view (None on turn workers and in tests)."""
+
+    executors: ToolExecutors | None = None
+
+
+class NativeTools:
+    """The tools of ``registry`` (only ``allowed`` names when given) as a :class:`ToolSource`."""
+
+    name = ""
+
+    def __init__(self, registry: ToolRegistry, allowed: list[str] | None = None, pools: _Pools | None = None) -> None:
+        self._registry = registry
+        self._allowed = None if allowed is None else set(allowed)
+        self._order = allowed
+        self._pools = pools or _Pools()
+        self._named: dict[str, Tool] = {}  # tools outside the registry, by the name they are called
+
+    def restricted(self, allowed: list[str]) -> NativeTools:
+        """The view of the tools named in ``allowed`` (an agent's ``tools``), in that order."""
+        return NativeTools(self._registry, allowed, self._pools)
+
+    def only(self, tool_name: str, tool: Tool) -> NativeTools:
+        """A view of one tool that is not in the registry, called as ``tool_name`` (a skill's own
+        native tool, under its prefixed name)."""
+        view = NativeTools(ToolRegistry(), [], self._pools)
+        view._named = {tool_name: tool}
+        return view
+
+    async def start(self, ctx: SourceContext) -> None:
+        """Keep the worker's sync-tool pools (tool workers)."""
+        self._pools.executors = ctx.executors
+
+    def _tool(self, tool_name: str) -> Tool | None:
+        if tool_name in self._named:
+            return self._named[tool_name]
+        if self._allowed is not None and tool_name not in self._allowed:
+            return None
+        return self._registry.find(tool_name)
+
+    def owns(self, tool_name: str) -> bool:
+        """True for a registered tool (an allowed one, in a view)."""
+        return self._tool(tool_name) is not None
+
+    def timeout_for(self, tool_name: str) -> float | None:  # type: ignore[override]
+        """The tool's own ``timeout``, seconds; None when registered without one (the calling
+        agent's ``default_tool_timeout`` applies, issue 15)."""
+        tool = self._tool(tool_name)
+        if tool is None:
+            raise KeyError(tool_name)
+        return tool.timeout
+
+    def idempotent(self, tool_name: str) -> bool:
+        """Whether the tool was declared safe to re-run after its tool worker died."""
+        tool = self._tool(tool_name)
+        return tool is not None and tool.idempotent
+
+    async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:
+        """The schemas of the (allowed) tools, in registration order (a view: in its ``allowed`` order)."""
+        return self._registry.schemas(self._order)
+
+    async def call(self, tool_name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        """Run the tool within ``ctx.budget`` seconds on the worker's pools; never raises except cancellation."""
+        tool = self._tool(tool_name)
+        if tool is None:
+            return error_result(f"unknown tool: {tool_name}")
+        return await tool.invoke(arguments, ctx, timeout=ctx.budget, executors=self._pools.executors)
+
+    async def close(self) -> None:
+        """Nothing to release: the pools belong to the worker."""

@@ -1,0 +1,204 @@
+"""Operating a fleet (issue 17): /metrics on each worker, the heartbeat liveness probe, readiness, ``smith status``.
+
+Real worker processes against a private redis-server of this module (the
+last test stops it), scraped with ``curl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from arq.constants import in_progress_key_prefix
+from prometheus_client.parser import text_string_to_metric_families
+
+from smith_client import SmithClient
+from smith_worker.local.processes import ManagedProcess, free_port, redis_answers, wait_until
+from smith_client.connection import connect_redis
+from smith_worker.metrics import QueueCollector, WorkerMetrics
+from tests.conftest import start_workers, wait_for_workers, worker_env
+from tests.support.scripted_llm import Reply, Script
+
+pytestmark = pytest.mark.integration
+
+REDIS_BINARY = shutil.which("redis-server") or "redis-server"
+
+
+def start_redis(port: int) -> ManagedProcess:
+    proc = ManagedProcess([REDIS_BINARY, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                           "no", "--loglevel", "warning"], grace=5.0).start()
+    wait_until(lambda: redis_answers(f"redis://127.0.0.1:{port}/0"), 10.0, "redis-server")
+    return proc
+
+
+class Fleet:
+    """A private Redis and a worker pair with metrics ports and heartbeat files."""
+
+    def __init__(self, tmp: Path, llm_base_url: str) -> None:
+        self.redis_port = free_port()
+        self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
+        self.redis = start_redis(self.redis_port)
+        self.prefix = "ops"
+        self.ports = {"turns": free_port(), "tools": free_port()}
+        self.heartbeats = {q: tmp / f"{q}.heartbeat" for q in self.ports}
+        self.base_env = worker_env(self.redis_url, self.prefix, llm_base_url)
+
+    def env(self, queue: str) -> dict[str, str]:
+        return {**self.base_env, "SMITH_METRICS_PORT": str(self.ports[queue]),
+                "SMITH_HEARTBEAT_FILE": str(self.heartbeats[queue])}
+
+    def check(self, queue: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "smith_worker", "--check", "--queue", queue, *extra]
+        return subprocess.run(argv, env=self.env(queue), capture_output=True, text=True, timeout=30)
+
+    def scrape(self, queue: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """``curl`` the worker's /metrics; samples by (name, sorted labels)."""
+        out = subprocess.run(["curl", "-sf", f"http://127.0.0.1:{self.ports[queue]}/metrics"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(out) for s in family.samples}
+
+
+@pytest.fixture(scope="module")
+async def fleet(tmp_path_factory, scripted_llm):
+    fleet = Fleet(tmp_path_factory.mktemp("ops"), scripted_llm.base_url)
+    fleet.procs = {q: start_workers("tests.support.app:app", fleet.env(q), [q], f"ops-{q}")[0] for q in fleet.ports}
+    try:
+        await wait_for_workers(fleet.redis_url, fleet.prefix, 2)
+        yield fleet
+    finally:
+        for proc in fleet.procs.values():
+            proc.signal(signal.SIGCONT)
+            proc.stop()
+        fleet.redis.stop()
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def family_names(queue_samples: dict) -> set[str]:
+    return {name for name, _ in queue_samples}
+
+
+#: The issue's metric names, as exposed samples (counters end in _total, histograms have _bucket).
+ALL_METRICS = {"smith_turns_total", "smith_turn_duration_seconds_bucket", "smith_tool_calls_total",
+               "smith_tool_duration_seconds_bucket", "smith_queue_length", "smith_queue_wait_seconds",
+               "smith_turns_running", "smith_worker_up", "smith_llm_requests_total", "smith_llm_tokens_total"}
+METRICS_AT_FIRST_SCRAPE = {"smith_queue_length", "smith_queue_wait_seconds", "smith_turns_running", "smith_worker_up",
+                           "smith_turn_duration_seconds_count", "smith_tool_duration_seconds_count"}
+
+
+async def test_metrics_are_served_from_the_first_scrape_and_move_after_a_tool_turn(fleet, scenario):
+    before = {q: fleet.scrape(q) for q in fleet.ports}
+    for queue in fleet.ports:
+        assert METRICS_AT_FIRST_SCRAPE <= family_names(before[queue])
+        assert value(before[queue], "smith_queue_length", queue=f"ops:{queue}") == 0
+        assert value(before[queue], "smith_worker_up") == 1
+    _, marker = scenario(Script(Reply.tool_calls([("add", {"a": 2, "b": 3})]), Reply.text("5")))
+    async with SmithClient.from_url(fleet.redis_url, prefix=fleet.prefix) as client:
+        assert (await client.send(f"{marker} 2+3?", conversation_id="ops-metrics", timeout=60)).content == "5"
+
+    turns, tools = fleet.scrape("turns"), fleet.scrape("tools")
+
+    def delta(samples: dict, queue: str, name: str, **labels: str) -> float:
+        return value(samples, name, **labels) - value(before[queue], name, **labels)
+
+    assert delta(turns, "turns", "smith_turns_total", agent="default", status="completed") == 1
+    assert delta(turns, "turns", "smith_turn_duration_seconds_count") == 1
+    assert delta(turns, "turns", "smith_llm_requests_total", status="ok") == 2
+    assert delta(turns, "turns", "smith_llm_tokens_total", kind="prompt") == 20  # the scripted usage: 10 + 5 per call
+    assert delta(turns, "turns", "smith_llm_tokens_total", kind="completion") == 10
+    assert delta(tools, "tools", "smith_tool_calls_total", tool="add", status="ok") == 1
+    assert delta(tools, "tools", "smith_tool_duration_seconds_count") == 1
+    assert value(turns, "smith_turns_running") == 0
+    assert ALL_METRICS <= family_names(turns) | family_names(tools)
+
+
+async def test_queue_gauges_are_read_from_redis_at_scrape_time(redis_url):
+    redis = connect_redis(redis_url)
+    queue = f"qc{time.time_ns()}:turns"
+    now_ms = time.time() * 1000
+    try:
+        await redis.zadd(queue, {"running-job": now_ms - 60_000, "waiting-job": now_ms - 4_000,
+                                 "deferred-job": now_ms + 60_000})
+        await redis.set(in_progress_key_prefix + "running-job", b"1", ex=60)
+        collector = QueueCollector(redis, queue, asyncio.get_running_loop())
+        families = await asyncio.to_thread(lambda: {f.name: f.samples[0] for f in collector.collect()})
+        assert families["smith_queue_length"].value == 3  # ZCARD, what KEDA reads
+        assert families["smith_queue_length"].labels == {"queue": queue}
+        assert 3.5 < families["smith_queue_wait_seconds"].value < 30  # the oldest not-running due job
+    finally:
+        await redis.delete(queue, in_progress_key_prefix + "running-job")
+        await redis.aclose()
+    down = connect_redis(f"redis://127.0.0.1:{free_port()}/0")
+    nothing = QueueCollector(down, queue, asyncio.get_running_loop())
+    values = await asyncio.to_thread(lambda: {f.name: f.samples[0].value for f in nothing.collect()})
+    await down.aclose()
+    assert set(values) == {"smith_queue_length", "smith_queue_wait_seconds"}  # still present, no value: NaN
+    assert all(v != v for v in values.values())
+
+
+async def test_a_taken_metrics_port_warns_and_the_worker_goes_on(redis_url, caplog):
+    redis = connect_redis(redis_url)
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        metrics = WorkerMetrics()
+        assert metrics.serve(taken.getsockname()[1], redis, "x:turns", lambda: 0) is False
+    metrics.close()
+    await redis.aclose()
+    assert "running without /metrics" in caplog.text
+
+
+async def test_smith_status_lists_queues_running_turns_and_workers(fleet):
+    out = subprocess.run([sys.executable, "-c", "from smith_client.cli import smith_main; smith_main()", "status"],
+                         env=fleet.base_env, capture_output=True, text=True, timeout=30, check=True).stdout
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("ops:")}
+    assert rows == {"ops:turns": ["0", "1"], "ops:tools": ["0", "1"]}
+    assert "running turns: 0" in out
+    for queue in ("turns", "tools"):
+        assert f"on ops:{queue} (host {socket.gethostname()}, pid {fleet.procs[queue].pid})" in out
+
+
+async def test_liveness_fails_within_20_s_of_sigstop(fleet):
+    """Acceptance 2, first half: a frozen worker (SIGSTOP) fails ``--check`` within 20 s; it passes again on SIGCONT."""
+    assert fleet.check("tools").returncode == 0
+    fleet.procs["tools"].signal(signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        wait_until(lambda: fleet.check("tools").returncode != 0, 25, "the frozen worker's check to fail", interval=0.5)
+        failed_after = time.monotonic() - start
+    finally:
+        fleet.procs["tools"].signal(signal.SIGCONT)
+    assert failed_after < 20
+    wait_until(lambda: fleet.check("tools").returncode == 0, 10, "the resumed worker's check to pass")
+
+
+async def test_liveness_survives_a_redis_outage_and_readiness_fails(fleet):
+    """Acceptance 2, second half: with Redis down for longer than the 15 s heartbeat age, ``--check``
+    keeps passing (the event loop keeps touching the file) and ``--check --ready`` fails.
+
+    NEEDS ISSUE 8 (workers survive Redis outages): until that is merged a worker exits when
+    Redis goes away, its heartbeat goes stale, and this test fails at the liveness assertion.
+    It runs last in this module: it stops the module's Redis."""
+    assert fleet.check("turns", "--ready").returncode == 0
+    fleet.redis.stop()
+    start, failures = time.monotonic(), []
+    try:
+        while time.monotonic() - start < 17:
+            alive = fleet.check("turns")
+            failures += [] if alive.returncode == 0 else [alive.stdout]
+            time.sleep(2)
+        ready = fleet.check("turns", "--ready")
+    finally:
+        fleet.redis = start_redis(fleet.redis_port)
+    assert failures == []
+    assert ready.returncode == 1 and "redis does not answer" in ready.stdout

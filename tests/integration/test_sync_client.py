@@ -1,0 +1,141 @@
+"""SyncSmithClient: the blocking twin, in a WSGI (Flask) view and shared by threads (issue 16, acceptance 1)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import orjson
+import pytest
+from flask import Flask, Response, request
+
+from smith_client import ConflictError, InvalidRequestError, SyncSmithClient, TurnCancelledError
+from tests.support.scripted_llm import Reply, Script
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
+
+
+@pytest.fixture
+def sync_client(redis_url, prefix):
+    with SyncSmithClient.from_url(redis_url, prefix=prefix) as client:
+        yield client
+
+
+def flask_app(client: SyncSmithClient) -> Flask:
+    """A WSGI app as a user writes one: a JSON endpoint on send(), an NDJSON stream on stream()."""
+    app = Flask(__name__)
+
+    @app.post("/ask/<conversation>")
+    def ask(conversation: str):
+        message = client.send(request.json["text"], conversation_id=conversation, timeout=60)
+        return {"answer": message.content}
+
+    @app.post("/stream/<conversation>")
+    def stream(conversation: str):
+        events = client.stream(request.json["text"], conversation_id=conversation, timeout=60)
+        return Response((e.model_dump_json() + "\n" for e in events), mimetype="application/x-ndjson")
+
+    return app
+
+
+def tool_script(answer: str) -> Script:
+    return Script(Reply.tool_calls([("add", {"a": 2, "b": 3})]), Reply.text(answer))
+
+
+def test_a_flask_view_runs_a_tool_turn_with_send_and_stream(sync_client, scenario):
+    web = flask_app(sync_client).test_client()
+    _, marker = scenario(tool_script("It is 5."))
+    reply = web.post(f"/ask/conv-{uuid.uuid4().hex[:8]}", json={"text": f"{marker} 2+3?"})
+    assert reply.status_code == 200 and reply.json == {"answer": "It is 5."}
+
+    _, marker = scenario(tool_script("Five."))
+    streamed = web.post(f"/stream/conv-{uuid.uuid4().hex[:8]}", json={"text": f"{marker} 2+3?"})
+    events = [orjson.loads(line) for line in streamed.data.splitlines()]
+    types = [e["type"] for e in events]
+    assert types[0] == "turn.started" and types[-1] == "turn.completed"
+    result = next(e for e in events if e["type"] == "tool.result")
+    assert result["data"]["content"] == "5" and result["data"]["worker"]  # ran on the tool worker
+    assert "".join(e["data"]["text"] for e in events if e["type"] == "token") == "Five."
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+
+
+def test_eight_threads_share_one_client_for_forty_turns(sync_client, scenario):
+    turns = []
+    for i in range(40):
+        key, marker = scenario(Script(Reply.tool_calls([("add", {"a": i, "b": 1000})]), Reply.text(f"answer-{i}")))
+        turns.append((i, f"{marker} turn {i}"))
+    threads_seen = set()
+
+    def run(turn):
+        i, text = turn
+        threads_seen.add(threading.get_ident())
+        return i, list(sync_client.stream(text, conversation_id=f"conv-threads-{i}-{uuid.uuid4().hex[:6]}", timeout=120))
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        outcomes = list(pool.map(run, turns))
+    assert len(threads_seen) > 1
+    for i, events in outcomes:
+        assert len({e.turn_id for e in events}) == 1  # no event of another turn mixed in
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))  # none missing or repeated
+        assert events[-1].type == "turn.completed" and events[-1].final_message().content == f"answer-{i}"
+        assert next(e for e in events if e.type == "tool.result").data["content"] == str(i + 1000)
+
+
+def test_handles_history_and_errors_match_the_async_client(sync_client, scenario):
+    _, marker = scenario(Script(Reply.text("background answer")))
+    conversation = f"conv-{uuid.uuid4().hex[:8]}"
+    handle = sync_client.submit(f"{marker} hi", conversation_id=conversation, agent="plain", turn_id=f"t-{uuid.uuid4().hex}")
+    assert handle.result(timeout=60).content == "background answer"
+    assert handle.status() == "completed"
+    replay = list(handle.events(after_seq=1))
+    assert replay[0].seq == 2 and replay[-1].type == "turn.completed"
+    assert [m.role for m in sync_client.history(conversation)] == ["user", "assistant"]
+    with pytest.raises(ConflictError):  # same turn id, different request
+        sync_client.submit("other text", conversation_id=conversation, agent="plain", turn_id=handle.turn_id)
+    with pytest.raises(InvalidRequestError):
+        sync_client.send("", conversation_id=conversation)
+
+
+def test_cancel_from_a_sync_handle(sync_client, scenario):
+    _, marker = scenario(Script(Reply.text("a slow answer, cancelled before it ends " * 3, chunk_size=1, delay=0.1)))
+    handle = sync_client.submit(f"{marker} hi", conversation_id=f"conv-{uuid.uuid4().hex[:8]}", agent="plain")
+    events = handle.events(timeout=60)
+    first = next(e for e in events if e.type == "token")
+    assert handle.cancel() == "cancelling"
+    rest = list(events)  # the same iterator, resumed after the cancel
+    assert rest[-1].type == "turn.cancelled" and [e.seq for e in rest] == list(range(first.seq + 1, rest[-1].seq + 1))
+    with pytest.raises(TurnCancelledError):
+        handle.result(timeout=60)
+
+
+def test_the_blocking_enqueue_writes_arq_jobs_once_per_job_id(sync_client, prefix):
+    from arq.constants import job_key_prefix
+    from arq.jobs import deserialize_job
+
+    from smith_client.protocol import Enqueue
+    from smith_client.serialization import job_deserializer
+
+    queue, job_id = f"{prefix}:test-queue", f"{prefix}:job-{uuid.uuid4().hex}"  # a queue no worker serves
+    request = Enqueue("run_turn", {"turn_id": "x"}, job_id, queue)
+    try:
+        assert sync_client.runner._enqueue_job(request) is True
+        assert sync_client.runner._enqueue_job(request) is False  # like arq: one job per id
+        job = deserialize_job(sync_client.redis.get(job_key_prefix + job_id), deserializer=job_deserializer)
+        assert (job.function, list(job.args), job.kwargs) == ("run_turn", [{"turn_id": "x"}], {})
+        assert sync_client.redis.zscore(queue, job_id) is not None
+        assert 0 < sync_client.redis.pttl(job_key_prefix + job_id) <= 86_400_000
+    finally:
+        sync_client.redis.delete(queue, job_key_prefix + job_id)
+
+
+def test_redis_down_is_a_typed_transport_error_for_the_blocking_client_too():
+    from smith_client.errors import TransportError
+    from smith_worker.local.processes import free_port
+
+    with SyncSmithClient.from_url(f"redis://127.0.0.1:{free_port()}/0") as down:
+        with pytest.raises(TransportError) as err:
+            down.send("hi", conversation_id="c")
+        assert err.value.operation == "redis"
+        with pytest.raises(TransportError):
+            list(down.follow("t"))

@@ -1,0 +1,98 @@
+"""Heartbeat liveness (smith_worker.health) and connection options (smith_client.connection): unit level."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from smith_client.acl import tenant_acl_rules
+from smith_client.connection import connect_redis, parse_sentinels
+from smith_client.errors import ConfigurationError
+from smith_worker.config import Settings
+from smith_worker.health import check_alive, heartbeat_forever, heartbeat_path, run_check
+
+
+def test_the_default_heartbeat_file_is_named_after_prefix_queue_and_pid(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    path = heartbeat_path(Settings(prefix="acme"), "tools")
+    assert path == tmp_path / f"smith-acme-tools-{os.getpid()}.heartbeat"
+    assert heartbeat_path(Settings(heartbeat_file="/x/hb"), "tools") == __import__("pathlib").Path("/x/hb")
+
+
+def test_check_finds_running_workers_files_and_ignores_dead_ones(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    settings = Settings(prefix="acme")
+    assert check_alive(settings, "turns")[0] is False  # no file at all
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    heartbeat_path(settings, "turns", dead.pid).touch()  # fresh, but its process is gone
+    assert check_alive(settings, "turns")[0] is False
+    mine = heartbeat_path(settings, "turns")
+    mine.touch()
+    assert check_alive(settings, "turns")[0] is True
+    assert check_alive(settings, "tools")[0] is False  # another queue's probe does not see it
+    old = time.time() - 16
+    os.utime(mine, (old, old))
+    ok, why = check_alive(settings, "turns")
+    assert ok is False and "15 s" in why
+
+
+async def test_heartbeat_is_touched_from_the_event_loop(tmp_path):
+    path = tmp_path / "hb"
+    task = asyncio.create_task(heartbeat_forever(path, interval=0.05))
+    await asyncio.sleep(0.02)
+    first = path.stat().st_mtime_ns
+    await asyncio.sleep(0.2)
+    task.cancel()
+    assert path.stat().st_mtime_ns > first
+
+
+def test_ready_fails_when_redis_does_not_answer(tmp_path, capsys):
+    from smith_worker.local.processes import free_port
+
+    hb = tmp_path / "hb"
+    hb.touch()
+    settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", heartbeat_file=str(hb))
+    assert run_check(settings, "turns", ready=False) == 0
+    assert run_check(settings, "turns", ready=True) == 1
+    assert "redis does not answer" in capsys.readouterr().out
+
+
+def test_sentinel_addresses_and_their_errors():
+    assert parse_sentinels("a:1, b:26379") == [("a", 1), ("b", 26379)]
+    assert parse_sentinels([("h", "2"), "[::1]:3"]) == [("h", 2), ("::1", 3)]
+    assert parse_sentinels(None) == []
+    with pytest.raises(ConfigurationError, match="host:port"):
+        parse_sentinels("nohost")
+    with pytest.raises(ConfigurationError, match="both"):
+        connect_redis("redis://x/0", sentinels="a:1")
+
+
+def test_settings_read_the_operations_variables(monkeypatch):
+    monkeypatch.setenv("SMITH_REDIS_SENTINELS", "s1:26379")
+    monkeypatch.setenv("SMITH_REDIS_SENTINEL_MASTER", "m")
+    monkeypatch.setenv("SMITH_METRICS_PORT", "9464")
+    monkeypatch.setenv("SMITH_HEARTBEAT_FILE", "/tmp/hb")
+    s = Settings.from_env()
+    assert (s.redis_sentinels, s.redis_sentinel_master, s.metrics_port, s.heartbeat_file) == \
+        ("s1:26379", "m", 9464, "/tmp/hb")
+    assert Settings().metrics_port is None
+
+
+def test_tenant_acl_rules_confine_keys_and_channels_to_the_prefix():
+    rules = tenant_acl_rules("acme", "pw")
+    assert rules[:3] == ["reset", "on", ">pw"]
+    patterns = [r for r in rules if r[0] in "~&"]
+    assert patterns == ["~acme:*", "~arq:job:acme:*", "~arq:in-progress:acme:*", "~arq:result:acme:*",
+                        "~arq:retry:acme:*", "~arq:abort", "&acme:*"]
+    assert "-@all" in rules and "+keys" not in rules and "+scan" not in rules

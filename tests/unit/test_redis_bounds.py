@@ -1,0 +1,98 @@
+"""Issue 8 unit rules: the Redis socket timeout setting, the reconnection backoff, readiness."""
+
+from __future__ import annotations
+
+import pytest
+from redis.exceptions import AuthenticationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from smith_client import SmithClient
+from smith_client.sync_client import SyncSmithClient
+from smith_client.connection import (
+    DEFAULT_SOCKET_TIMEOUT,
+    HEALTH_CHECK_INTERVAL,
+    connect_redis,
+    socket_timeout_from_env,
+)
+from smith_client.errors import ConfigurationError
+from smith_worker.app import SmithApp
+from smith_worker.config import Settings
+from smith_worker.local.processes import free_port
+from smith_worker.redis_health import BACKOFF_CAP, RedisHealth, backoff_delay
+from smith_worker.worker import build_worker
+
+
+def test_socket_timeout_defaults_to_5_s_and_reads_the_environment(monkeypatch):
+    monkeypatch.delenv("SMITH_REDIS_SOCKET_TIMEOUT", raising=False)
+    assert socket_timeout_from_env() == DEFAULT_SOCKET_TIMEOUT == 5.0
+    monkeypatch.setenv("SMITH_REDIS_SOCKET_TIMEOUT", "2.5")
+    assert socket_timeout_from_env() == 2.5
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-1"])
+def test_a_bad_socket_timeout_is_a_configuration_error(monkeypatch, raw):
+    monkeypatch.setenv("SMITH_REDIS_SOCKET_TIMEOUT", raw)
+    with pytest.raises(ConfigurationError) as info:
+        socket_timeout_from_env()
+    assert info.value.setting == "SMITH_REDIS_SOCKET_TIMEOUT"
+
+
+def test_every_connection_is_bounded(monkeypatch):
+    monkeypatch.setenv("SMITH_REDIS_SOCKET_TIMEOUT", "7")
+    kwargs = connect_redis("redis://127.0.0.1:1/0").connection_pool.connection_kwargs
+    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (7.0, 7.0)
+    assert kwargs["health_check_interval"] == HEALTH_CHECK_INTERVAL
+    client = SmithClient.from_url("redis://127.0.0.1:1/0", socket_timeout=1.5)  # the argument wins
+    assert client.redis.connection_pool.connection_kwargs["socket_timeout"] == 1.5
+    sync_kwargs = SyncSmithClient.from_url("redis://127.0.0.1:1/0").redis.connection_pool.connection_kwargs
+    assert (sync_kwargs["socket_timeout"], sync_kwargs["health_check_interval"]) == (7.0, HEALTH_CHECK_INTERVAL)
+
+
+def test_backoff_grows_with_jitter_up_to_the_cap():
+    for failures in range(1, 30):
+        ceiling = min(BACKOFF_CAP, 0.2 * 2 ** (failures - 1))
+        delays = [backoff_delay(failures) for _ in range(50)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)
+        assert len(set(delays)) > 1  # jittered: a fleet does not reconnect in lockstep
+
+
+async def test_readiness_follows_redis():
+    health = RedisHealth()
+    assert not health.ready  # not ready before Redis first answered
+    health.ok()
+    assert health.ready
+    assert health.failed("the job poll", RedisConnectionError("refused")) > 0
+    assert not health.ready and health.failures == 1
+    calls = []
+
+    async def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise RedisConnectionError("still down")
+        return "pong"
+
+    assert await health.until_ok("start-up", flaky) == "pong"
+    assert len(calls) == 3 and health.ready and health.failures == 0
+
+
+async def test_a_job_start_failing_on_redis_gives_its_slot_back():
+    """arq would keep the slot of a job whose start failed on a connection error: after max_jobs
+    such failures the worker would never pick a job again."""
+    settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", tool_max_jobs=2)
+    worker = build_worker(SmithApp(), "tools", settings)
+    for _ in range(3):
+        with pytest.raises(RedisConnectionError):
+            await worker.start_jobs([b"job-1"])
+    assert worker.job_counter == 0 and not worker.tasks
+    assert worker.sem._value == settings.tool_max_jobs + 1  # arq's semaphore: max_jobs + 1, all free again
+    await worker.pool.aclose()
+
+
+async def test_refused_credentials_are_a_configuration_error_not_an_outage():
+    """A worker waits out an outage but exits on a wrong password (it would never get in)."""
+    async def refused() -> None:
+        raise AuthenticationError("invalid username-password pair")
+
+    with pytest.raises(ConfigurationError) as info:
+        await RedisHealth().until_ok("start-up", refused)
+    assert info.value.setting == "SMITH_REDIS_URL"
