@@ -11,32 +11,6 @@ Lifetimes (DESIGN.md §8; every key has a TTL or an owner). ``turn_ttl`` and
 :func:`lifetimes_from_env` for workers and clients alike); the others are the
 constants below the table.
 
-key                                      what                                    lifetime
-=======================================  ======================================  ==========================
-``{p}:turns`` / ``{p}:tools``            arq queues (ZSET)                        owned by arq (members removed at job end)
-``{p}:turn:{t}:seq``                     event sequence counter                   ``turn_ttl`` after the last event
-``{p}:turn:{t}:log``                     replay log (Redis Stream)                ``turn_ttl`` after the last event
-``{p}:turn:{t}:state``                   turn status and result (hash)            ``turn_ttl``
-``{p}:tree:{r}:iterations``              model calls of a root turn's agent tree  ``turn_ttl`` after the last step
-``{p}:tree:{r}:tokens``                  tokens reported for that tree's calls    ``turn_ttl`` after the last step
-``{p}:turn:{r}:agent#{pos}:history``     a sub-agent's messages (list)            ``turn_ttl`` after the last write
-``{p}:conv:{c}:history``                 conversation messages (list)             ``history_ttl`` after the last write
-``{p}:toolres:{t}:{step}:{i}``           a tool call's result                     ``turn_ttl``
-``{p}:toolres:{t}#{pos}:{step}:{i}``     a sub-agent's tool call's result         ``turn_ttl``
-``{p}:workers``                          live workers (ZSET id → expiry ms)       pruned by workers; :data:`WORKERS_TTL`
-``{p}:worker:{w}``                       one worker's registration                :data:`REGISTRATION_TTL` (heartbeat)
-``{p}:mcp:{alias}:tools``                an MCP server's tool schemas (JSON)      the server's ``schema_cache_ttl`` (300 s)
-``{p}:running``                          running turns (ZSET id → lease expiry)   turn workers remove on finish; sweeper; :data:`RUNNING_TTL`
-``{p}:conv:{c}:turns``                   the conversation's unfinished turns      ``history_ttl``; finished turns removed
-``{p}:conv:{c}:statuses``                unfinished turn id → status (hash)       ``history_ttl``; finished turns removed
-``{p}:turn:{t}:inbox``                   user messages merged into a turn         ``turn_ttl``
-``{p}:toolres:{t}:{s}:{i}:started``      which tool worker started a call         ``turn_ttl``
-``{p}:conv:{c}:skills``                  the conversation's active skills (list)  ``history_ttl`` after the last activation or step
-``{p}:toolres:{t}:{s}:{i}:published``    the call's ``tool.result`` is out        ``turn_ttl``
-``arq:job:{id}`` / ``arq:in-progress:…`` arq's job and in-progress keys           owned by arq
-``arq:abort``                            arq's abort requests (global ZSET)      entries pruned after :data:`ABORT_ENTRY_TTL`; key TTL the same
-=======================================  ======================================  ==========================
-=======
 =======================================  ==============================  =========================================
 key                                      what                            lifetime
 =======================================  ==============================  =========================================
@@ -52,7 +26,7 @@ key                                      what                            lifetim
 ``{p}:conv:{c}:trimmed``                 messages trimmed from the head  ``history_ttl`` after the last write
 ``{p}:conv:{c}:summary``                 SummaryMemory's summary         ``history_ttl`` after the last use
 ``{p}:toolres:{t}:{step}:{i}``           a tool call's result            ``turn_ttl``
-``{p}:toolres:{t}#{pos}:{step}:{i}``     a sub-agent's tool call's result ``turn_ttl``
+``{p}:toolres:{t}#{pos}:{step}:{i}``     a sub-agent's call's result     ``turn_ttl``
 ``{p}:workers``                          live workers (ZSET)             pruned by workers; :data:`WORKERS_TTL`
 ``{p}:worker:{w}``                       one worker's registration       :data:`REGISTRATION_TTL` (heartbeat)
 ``{p}:mcp:{alias}:tools``                an MCP server's tool schemas    ``schema_cache_ttl`` (300 s)

@@ -231,14 +231,19 @@ class SmithApp:
         for spec in self.agents.values():
             for name in spec.subagents:
                 if name not in self.agents:
-                    raise ConfigurationError(f"agent {spec.name!r}: sub-agent {name!r} is not a declared agent",
-                                             setting="subagents")
+                    raise ConfigurationError(
+                        f"agent {spec.name!r}: sub-agent {name!r} is not a declared agent", setting="subagents"
+                    )
                 if not SUBAGENT_NAME.match(name):
-                    raise ConfigurationError(f"agent {spec.name!r}: sub-agent {name!r} is not a valid tool name "
-                                             f"({SUBAGENT_NAME.pattern})", setting="subagents")
+                    raise ConfigurationError(
+                        f"agent {spec.name!r}: sub-agent {name!r} is not a valid tool name ({SUBAGENT_NAME.pattern})",
+                        setting="subagents",
+                    )
                 if any(source.owns(name) for source in self.sources_for(spec)) or spec.subagents.count(name) > 1:
-                    raise ConfigurationError(f"agent {spec.name!r}: sub-agent {name!r} clashes with another "
-                                             "tool of the agent", setting="subagents")
+                    raise ConfigurationError(
+                        f"agent {spec.name!r}: sub-agent {name!r} clashes with another tool of the agent",
+                        setting="subagents",
+                    )
 
     def get_agent(self, name: str) -> AgentSpec | None:
         """The agent declared as ``name``, or None."""

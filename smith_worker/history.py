@@ -58,9 +58,7 @@ class ConversationStore:
     sub-agent's, :mod:`smith_worker.subagents`).
     """
 
-    def __init__(
-        self, redis: Redis, keys: Keys, conversation_id: str, *, lists: tuple[str, str] | None = None
-    ) -> None:
+    def __init__(self, redis: Redis, keys: Keys, conversation_id: str, *, lists: tuple[str, str] | None = None) -> None:
         self._redis = redis
         self._keys = lists or (keys.history(conversation_id), keys.history_trimmed(conversation_id))
         self.bytes_read = 0

@@ -359,8 +359,9 @@ class AgentLoop:
         if source is None:
             return None
         timeout = source.timeout_for(tool_name)  # None: a Python tool without its own, the agent's default
-        return ToolRoute(timeout if timeout is not None else spec.config.default_tool_timeout,
-                         source.idempotent(tool_name))
+        return ToolRoute(
+            timeout if timeout is not None else spec.config.default_tool_timeout, source.idempotent(tool_name)
+        )
 
     def _tool_job(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolJob:
         keys = self.rt.keys

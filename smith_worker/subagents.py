@@ -71,8 +71,9 @@ class SubAgentHistory:
     """A sub-agent's fenced writes (:class:`~smith_worker.fencing.AttemptWrites`): its own message list,
     fenced by the root turn's attempt. It has no inbox: merged user messages go to the root agent."""
 
-    def __init__(self, redis: Any, state_key: str, lists: tuple[str, str], attempt: int, ttl: int,
-                 max_messages: int) -> None:
+    def __init__(
+        self, redis: Any, state_key: str, lists: tuple[str, str], attempt: int, ttl: int, max_messages: int
+    ) -> None:
         self._redis = redis
         self._max = max_messages
         self._state = state_key
@@ -123,8 +124,10 @@ class SubAgentTools:
         """One tool per sub-agent of ``spec``: its name, its description, a ``task`` string (seed §14.1).
         Offered at every depth: past the depth limit the refusal is the call's result."""
         agents = self.ctx.runtime.app.agents
-        return [ToolSchema(name=name, description=agents[name].description, parameters=_TASK_PARAMETERS)
-                for name in spec.subagents]
+        return [
+            ToolSchema(name=name, description=agents[name].description, parameters=_TASK_PARAMETERS)
+            for name in spec.subagents
+        ]
 
     async def call(self, step: int, index: int, call: ToolCall) -> ToolOutcome:
         """Run call ``index`` of step ``step`` (a sub-agent tool call) and return its outcome.
@@ -157,10 +160,18 @@ class SubAgentTools:
         """The child's context; its history starts with ``task`` (once: a resumed child keeps its messages)."""
         parent, rt = self.ctx, self.ctx.runtime
         keys = rt.keys
-        lists = (keys.subagent_history(parent.root_turn_id, position),
-                 keys.subagent_history_trimmed(parent.root_turn_id, position))
-        writes = SubAgentHistory(rt.redis, keys.turn_state(parent.root_turn_id), lists,
-                                 parent.attempt.attempt, keys.turn_ttl, rt.settings.history_max_messages)
+        lists = (
+            keys.subagent_history(parent.root_turn_id, position),
+            keys.subagent_history_trimmed(parent.root_turn_id, position),
+        )
+        writes = SubAgentHistory(
+            rt.redis,
+            keys.turn_state(parent.root_turn_id),
+            lists,
+            parent.attempt.attempt,
+            keys.turn_ttl,
+            rt.settings.history_max_messages,
+        )
         path = [*parent.agent_path, name]
 
         async def publish(data: EventData) -> int:
@@ -171,9 +182,18 @@ class SubAgentTools:
 
         spec = rt.app.agents[name]
         child = AgentContext(
-            job=parent.job, spec=spec, agent_path=path, root_turn_id=parent.root_turn_id, turn_id=parent.turn_id,
-            attempt=writes, store=ConversationStore(rt.redis, keys, parent.job.conversation_id, lists=lists),
-            publish=publish, runtime=rt, services=parent.services, position=position, tree_config=parent.limits,
+            job=parent.job,
+            spec=spec,
+            agent_path=path,
+            root_turn_id=parent.root_turn_id,
+            turn_id=parent.turn_id,
+            attempt=writes,
+            store=ConversationStore(rt.redis, keys, parent.job.conversation_id, lists=lists),
+            publish=publish,
+            runtime=rt,
+            services=parent.services,
+            position=position,
+            tree_config=parent.limits,
         )
         if not await rt.redis.exists(lists[0]):
             await child.append(UserMessage(content=task))
@@ -206,8 +226,15 @@ async def _stop_if_cancelled(child: AgentContext) -> None:
     step = sum(isinstance(m, AssistantMessage) for m in messages)
     ended = _error("the turn was cancelled while this tool call was outstanding; it was stopped")
     keys = rt.keys
-    await asyncio.gather(*(
-        settle_call(rt.redis, keys, keys.tool_job_id(root, step, index, child.position),
-                    keys.tool_result(root, step, index, child.position), ended)
-        for index in range(len(last.tool_calls))
-    ))
+    await asyncio.gather(
+        *(
+            settle_call(
+                rt.redis,
+                keys,
+                keys.tool_job_id(root, step, index, child.position),
+                keys.tool_result(root, step, index, child.position),
+                ended,
+            )
+            for index in range(len(last.tool_calls))
+        )
+    )

@@ -86,7 +86,9 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     # turn tell a live runner from a dead one)
     async with rt.redis.pipeline(transaction=False) as pipe:
         pipe.exists(job.result_key)
-        pipe.set(rt.keys.tool_started(job.turn_id, job.step, job.index, job.position), rt.worker_id, ex=rt.keys.turn_ttl)
+        pipe.set(
+            rt.keys.tool_started(job.turn_id, job.step, job.index, job.position), rt.worker_id, ex=rt.keys.turn_ttl
+        )
         answered, _ = await pipe.execute()
     if answered:
         return {"is_error": False, "stored": False}  # never run a call twice
