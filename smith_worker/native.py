@@ -65,7 +65,7 @@ class NativeTools:
         """True for a registered tool (an allowed one, in a view)."""
         return self._tool(tool_name) is not None
 
-    def timeout_for(self, tool_name: str) -> float | None:  # type: ignore[override]
+    def timeout_for(self, tool_name: str) -> float | None:
         """The tool's own ``timeout``, seconds; None when registered without one (the calling
         agent's ``default_tool_timeout`` applies, issue 15)."""
         tool = self._tool(tool_name)

@@ -149,7 +149,7 @@ class SubAgentTools:
         except (CancelRequested, StaleAttemptError):
             raise
         except TurnCancelledError as exc:
-            if exc.operation in TREE_LIMITS:
+            if exc.fields.get("operation") in TREE_LIMITS:
                 raise
             return _failed(call.name, exc)
         except Exception as exc:  # the child's failure is its parent's tool result (issue 15 rule 5)
