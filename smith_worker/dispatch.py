@@ -237,7 +237,7 @@ class ToolJobWaiter:
         counter = self._keys.tool_reruns(job.turn_id, job.step, job.index, job.position)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.incr(counter)
-            pipe.expire(counter, self._result_ttl)
+            pipe.expire(counter, self._keys.turn_ttl)
             reruns, _ = await pipe.execute()
         return int(reruns) <= MAX_IDEMPOTENT_RERUNS
 

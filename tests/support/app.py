@@ -319,9 +319,10 @@ app.agent("researcher", system_prompt="You research.", tools=[whoami], subagents
           description="Researches a question and answers it.")
 app.agent("fetcher", system_prompt="You fetch.", tools=[counted, slow_tool], subagents=["fetcher"],
           description="Fetches one thing.")
-# the tree budgets are the root's: 6 model calls, or 100 reported tokens, for the whole tree
-app.agent("tree_boss", tools=[add], subagents=["runaway"], config=AgentConfig(tree_max_iterations=6))
-app.agent("token_boss", tools=[add], subagents=["runaway"], config=AgentConfig(tree_max_total_tokens=100))
+# the tree budgets are the root's: 12 model calls, or 200 reported tokens, for the whole tree
+# (enough child steps that their tool jobs land on both tool workers of the test fleet)
+app.agent("tree_boss", tools=[add], subagents=["runaway"], config=AgentConfig(tree_max_iterations=12))
+app.agent("token_boss", tools=[add], subagents=["runaway"], config=AgentConfig(tree_max_total_tokens=200))
 # its own limits are wide: only its root's tree budget can stop it
 app.agent("runaway", tools=[whoami], config=AgentConfig(max_iterations=1000, tree_max_iterations=1000),
           description="Never stops on its own.")
