@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis as sync_redis
 from arq.connections import ArqRedis
@@ -89,7 +89,7 @@ class ConnectOutsideLockPool(ConnectionPool):
     async def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
         """A connected connection from the pool (see the class docstring)."""
         async with self._lock:
-            connection = self.get_available_connection()
+            connection = self.get_available_connection()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
         try:
             await self.ensure_connection(connection)
         except BaseException:
@@ -157,7 +157,7 @@ def connect_redis(
         sentinel_master, redis_class=ArqRedis, **options
     )
     redis.job_serializer, redis.job_deserializer = job_serializer, job_deserializer  # master_for takes no such options
-    return redis
+    return cast(ArqRedis, redis)
 
 
 def connect_sync_redis(
@@ -178,7 +178,8 @@ def connect_sync_redis(
         return sync_redis.Redis(connection_pool=sync_redis.ConnectionPool.from_url(url, **bounds))
     assert sentinel_master is not None
     options = _master_options(url, SyncRetry(ExponentialBackoff(cap=1.0, base=0.1), SENTINEL_RETRIES)) | bounds
-    return SyncSentinel(addresses, sentinel_kwargs=_sentinel_bounds(bounds)).master_for(sentinel_master, **options)
+    sentinel = SyncSentinel(addresses, sentinel_kwargs=_sentinel_bounds(bounds))
+    return cast(sync_redis.Redis, sentinel.master_for(sentinel_master, **options))
 
 
 def _bounds(socket_timeout: float | None) -> dict[str, Any]:
@@ -212,7 +213,7 @@ def _sentinel_addresses(
 
 def _master_options(url: str, retry: Retry | SyncRetry) -> dict[str, Any]:
     """Connection options of the Sentinel-managed master connections, from ``url``."""
-    options = parse_url(url)
+    options: dict[str, Any] = dict(parse_url(url))
     for address_part in ("host", "port", "path"):  # the Sentinels name the master
         options.pop(address_part, None)
     # SentinelConnectionPool picks its own (TLS or plain) connection class from ``ssl``

@@ -7,7 +7,9 @@ keys of a prefix that would live forever and have no owner.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import cast
 
 from redis.asyncio import Redis
 
@@ -47,7 +49,8 @@ async def conversation_keys(redis: Redis, keys: Keys, conversation_id: str) -> l
         keys.conversation_statuses(conversation_id),
     ]
     async for state_key in redis.scan_iter(match=keys.turn_state("*"), count=1000):
-        if await redis.hget(state_key, record.CONVERSATION_ID) != conversation_id.encode():
+        owner = await cast("Awaitable[bytes | None]", redis.hget(state_key, record.CONVERSATION_ID))
+        if owner != conversation_id.encode():
             continue
         for pattern in keys.turn_patterns(keys.turn_id_of_state(state_key.decode())):
             names += [k.decode() async for k in redis.scan_iter(match=pattern, count=1000)]

@@ -97,7 +97,8 @@ def message_from_dict(data: dict[str, Any]) -> SystemMessage | UserMessage | Ass
     Raises :class:`~smith_client.errors.ParseError` on a bad shape.
     """
     try:
-        return _message_adapter.validate_python(data)
+        message: SystemMessage | UserMessage | AssistantMessage | ToolMessage = _message_adapter.validate_python(data)
+        return message
     except ValueError as exc:
         raise ParseError(f"invalid message: {exc}") from exc
 
@@ -121,7 +122,7 @@ def parse_json_object(raw: bytes | str, what: str, *, offset: int | None = None)
             f"invalid JSON in {what} (position {exc.pos}): {exc.msg}", offset=exc.pos if offset is None else offset
         ) from exc
     if not isinstance(data, dict):
-        raise ParseError(f"{what} is not a JSON object", offset=offset)
+        raise ParseError(f"{what} is not a JSON object", offset=offset or 0)
     return data
 
 

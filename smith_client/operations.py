@@ -185,7 +185,7 @@ def follow_subscribed(
             if event.terminal:
                 return
         if deadline is not None and time.monotonic() > deadline:
-            raise SmithTimeoutError(f"turn {turn_id} did not finish in time", operation="send", budget=timeout)
+            raise SmithTimeoutError(f"turn {turn_id} did not finish in time", operation="send", budget=timeout or 0.0)
         message = yield Receive(poll_interval)
         if message is None:
             pending, over = yield from _catch_up(keys, turn_id, last, seen_any=True)

@@ -1,4 +1,5 @@
-"""Which workers are alive and which agents they serve.
+"""Which workers are alive and which agents they serve (read-only: workers write their registration,
+:mod:`smith_worker.registration`).
 
 Each worker process writes ``{p}:worker:{id}`` (JSON: queue, agents, skills,
 tools, pid, host) with a short TTL and refreshes it on a heartbeat; ``{p}:workers`` is a
@@ -20,32 +21,6 @@ from redis.asyncio import Redis
 from smith_client.keys import Keys, now_ms
 from smith_client.protocol import Call, Operation
 from smith_client.runners import AsyncRunner
-
-#: Seconds a registration lives without a heartbeat.
-DEFAULT_REGISTRATION_TTL = 15
-#: Lifetime of the workers ZSET itself, refreshed by every heartbeat (seconds).
-WORKERS_SET_TTL = 24 * 3600
-
-
-async def register_worker(
-    redis: Redis, keys: Keys, worker_id: str, info: dict[str, Any], ttl: int = DEFAULT_REGISTRATION_TTL
-) -> None:
-    """Write or refresh one worker's registration (``info`` must be JSON-able)."""
-    now = now_ms()
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.set(keys.worker(worker_id), orjson.dumps(info), ex=ttl)
-        pipe.zadd(keys.workers, {worker_id: now + ttl * 1000})
-        pipe.zremrangebyscore(keys.workers, "-inf", now)
-        pipe.expire(keys.workers, WORKERS_SET_TTL)
-        await pipe.execute()
-
-
-async def unregister_worker(redis: Redis, keys: Keys, worker_id: str) -> None:
-    """Remove a worker's registration (at graceful shutdown)."""
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.delete(keys.worker(worker_id))
-        pipe.zrem(keys.workers, worker_id)
-        await pipe.execute()
 
 
 def read_live_workers(keys: Keys) -> Operation[list[dict[str, Any]]]:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from typing import Any, cast
 
 import redis
 from arq.connections import ArqRedis
 from arq.constants import expires_extra_ms
 from arq.jobs import serialize_job
+from redis.asyncio import Redis
 
 from smith_client import scripts
 from smith_client.errors import SmithTimeoutError
@@ -65,7 +66,8 @@ def _bind(request: Any, client: Any, session: _Session, enqueue: Callable[[Enque
         pipe = client.pipeline(transaction=True)  # execute() resets the pipeline, releasing its connection
         for call in request.calls:
             getattr(pipe, call.command)(*call.args, **call.kwargs)
-        return pipe.execute
+        execute: Callable[[], Any] = pipe.execute
+        return execute
     if isinstance(request, Enqueue):
         return functools.partial(enqueue, request)
     if session.pubsub is None:
@@ -78,7 +80,7 @@ def _bind(request: Any, client: Any, session: _Session, enqueue: Callable[[Enque
 class AsyncRunner:
     """Runs operations on an :class:`ArqRedis` (redis-py asyncio); for :class:`SmithClient`."""
 
-    def __init__(self, client: ArqRedis) -> None:
+    def __init__(self, client: Redis) -> None:
         self.redis = client
 
     async def run(self, op: Operation[T], bound: Any = None) -> T:
@@ -97,13 +99,15 @@ class AsyncRunner:
         except TimeoutError as exc:
             if not deadline.expired():
                 raise
-            raise SmithTimeoutError(f"did not finish in {limit:g} s", operation="send", budget=limit) from exc
+            raise SmithTimeoutError(
+                f"did not finish in {limit:g} s", operation="send", budget=float(limit or 0)
+            ) from exc
 
     async def _run(self, op: Operation[T]) -> T:
         async with contextlib.aclosing(self._drive(op, _Session())) as items:
             async for item in items:
                 if isinstance(item, _Done):
-                    return item.value
+                    return cast(T, item.value)
         raise AssertionError("an operation always ends with its result")
 
     async def iterate(self, op: Operation[Any], pubsub: Any = None) -> AsyncIterator[Event]:
@@ -112,7 +116,7 @@ class AsyncRunner:
             if isinstance(item, Event):
                 yield item
 
-    async def _drive(self, op: Operation[Any], session: _Session) -> AsyncIterator[Any]:
+    async def _drive(self, op: Operation[Any], session: _Session) -> AsyncGenerator[Any, None]:
         try:
             item = _step(op, None)
             while not isinstance(item, _Done):
@@ -133,7 +137,7 @@ class AsyncRunner:
         return await _bind(request, self.redis, session, self._enqueue_job)()
 
     def _enqueue_job(self, request: Enqueue) -> Any:
-        return self.redis.enqueue_job(
+        return cast(ArqRedis, self.redis).enqueue_job(
             request.function, request.payload, _job_id=request.job_id, _queue_name=request.queue
         )
 
@@ -153,10 +157,10 @@ class SyncRunner:
 
         ``bound`` is unused: each blocking command is bounded by the socket timeout.
         """
-        return next(item.value for item in self._drive(op) if isinstance(item, _Done))
+        return cast(T, next(item.value for item in self._drive(op) if isinstance(item, _Done)))
 
-    def iterate(self, op: Operation[Any]) -> Iterator[Event]:
-        """Run a streaming operation, yielding its events."""
+    def iterate(self, op: Operation[Any], pubsub: Any = None) -> Iterator[Event]:
+        """Run a streaming operation, yielding its events (``pubsub`` is ignored: each operation opens its own)."""
         return (item for item in self._drive(op) if isinstance(item, Event))
 
     def _drive(self, op: Operation[Any]) -> Iterator[Any]:

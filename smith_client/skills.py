@@ -49,7 +49,7 @@ def check_skill_name(name: Any) -> str:
     problem = skill_name_problem(name)
     if problem is not None:
         raise InvalidRequestError(problem, field="name")
-    return name
+    return str(name)
 
 
 def activate(keys: Keys, conversation_id: str, name: str) -> Operation[bool]:

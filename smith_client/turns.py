@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import orjson
 
@@ -71,11 +71,14 @@ def fingerprint(job: TurnJob) -> str:
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+SubmitOutcome = Literal["new", "attach", "merged"]
+
+
 @dataclass(frozen=True)
 class Submission:
     """What submitting a turn did: ``outcome`` is new, attach or merged; ``turn_id`` the turn to follow."""
 
-    outcome: Literal["new", "attach", "merged"]
+    outcome: SubmitOutcome
     turn_id: str
     status: str = "queued"
 
@@ -101,7 +104,7 @@ def submit_turn(keys: Keys, job: TurnJob, multitask: str) -> Operation[Submissio
         # Enqueueing again on attach covers a first caller that died between the two
         # steps; arq ignores a second enqueue of a queued or running job id.
         yield Enqueue(RUN_TURN, job.model_dump(mode="json"), keys.turn_job_id(job.turn_id), keys.turns_queue)
-    return Submission(outcome, turn_id, status)  # type: ignore[arg-type]
+    return Submission(cast(SubmitOutcome, outcome), turn_id, status)
 
 
 def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]]:
@@ -188,7 +191,7 @@ def cancel_turn(keys: Keys, turn_id: str, reason: str = "cancel") -> Operation[s
         keys.conversation_turns(conversation),
         keys.conversation_statuses(conversation),
     )
-    outcome = (yield RunScript(scripts.CANCEL, script_keys, (turn_id, reason, keys.control_channel))).decode()
+    outcome: str = (yield RunScript(scripts.CANCEL, script_keys, (turn_id, reason, keys.control_channel))).decode()
     if outcome == "cancelled_queued":
         yield from publish(keys, turn_id, TurnCancelledData(reason=reason))
     return outcome

@@ -113,7 +113,7 @@ def check_multitask(multitask: Any) -> str:
         raise InvalidRequestError(
             f"multitask must be one of {MULTITASK_POLICIES}, got {multitask!r}", field="multitask"
         )
-    return multitask
+    return str(multitask)
 
 
 def build_turn_job(

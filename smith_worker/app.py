@@ -18,20 +18,23 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast, overload
 
 from smith_client.errors import ConfigurationError
 from smith_client.keys import ID_PATTERN
 from smith_worker.config import AgentConfig, Settings
 from smith_worker.hooks import Hooks
-from smith_worker.llm.types import LlmClientConfig
+from smith_worker.llm.types import LlmClientConfig, ToolChoice
 from smith_worker.memory import FullMemory, Memory
 from smith_worker.native import NativeTools
 from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
 from smith_worker.sources import ToolSource
 from smith_worker.tools import Isolation, Tool, ToolRegistry, make_tool
 
-ToolChoice = str | dict[str, Any]
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: An agent's ``tool_choice``: the chat-completions values (:data:`ToolChoice`) or one of its tools' names.
+AgentToolChoice = str | dict[str, Any]
 
 #: Names an agent must have to be offered as a sub-agent tool (OpenAI function names; issue 15).
 SUBAGENT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
@@ -62,9 +65,9 @@ class AgentSpec:
     tools: list[str] = field(default_factory=list)
     llm: dict[str, Any] | LlmClientConfig | None = None
     config: AgentConfig = field(default_factory=AgentConfig)
-    tool_choice: ToolChoice | None = None
+    tool_choice: AgentToolChoice | None = None
     reset_tool_choice: bool = True
-    tool_choice_after_tools: ToolChoice = "auto"
+    tool_choice_after_tools: AgentToolChoice = "auto"
     hooks: Hooks = field(default_factory=Hooks)
     sources: list[str] = field(default_factory=list)
     skills: list[str] = field(default_factory=list)
@@ -78,7 +81,9 @@ class AgentSpec:
         if self.tool_choice is None:
             return None
         choice = self.tool_choice_after_tools if tool_rounds > 0 and self.reset_tool_choice else self.tool_choice
-        if isinstance(choice, str) and choice not in ("auto", "required", "none"):
+        if choice in ("auto", "required", "none"):
+            return cast(ToolChoice, choice)
+        if isinstance(choice, str):  # a tool's name
             return {"type": "function", "function": {"name": choice}}
         return choice
 
@@ -111,9 +116,19 @@ class SmithApp:
             self._settings = Settings.from_env()
         return self._settings
 
+    @overload
+    def tool(self, fn: _F, /) -> _F: ...
+
+    @overload
+    def tool(
+        self, fn: None = None, *, name: str | None = None, description: str | None = None,
+        parameters: dict[str, Any] | None = None, timeout: float = DEFAULT_TOOL_TIMEOUT, idempotent: bool = False,
+        isolation: Isolation = "thread",
+    ) -> Callable[[_F], _F]: ...  # fmt: skip
+
     def tool(
         self,
-        fn: Callable[..., Any] | None = None,
+        fn: _F | None = None,
         *,
         name: str | None = None,
         description: str | None = None,
@@ -121,7 +136,7 @@ class SmithApp:
         timeout: float | None = None,
         idempotent: bool = False,
         isolation: Isolation = "thread",
-    ) -> Any:
+    ) -> _F | Callable[[_F], _F]:
         """Register a tool; usable as ``@app.tool`` or ``@app.tool(timeout=5.0)``.
 
         ``timeout`` is seconds; without one, each agent calling the tool gives it
@@ -132,7 +147,7 @@ class SmithApp:
         arguments and result). Raises :class:`ConfigurationError` on a name collision.
         """
 
-        def register(func: Callable[..., Any]) -> Callable[..., Any]:
+        def register(func: _F) -> _F:
             tool = make_tool(
                 func,
                 name=name,
@@ -157,9 +172,9 @@ class SmithApp:
         tools: list[str | Callable[..., Any]] | None = None,
         llm: dict[str, Any] | LlmClientConfig | None = None,
         config: AgentConfig | None = None,
-        tool_choice: ToolChoice | None = None,
+        tool_choice: AgentToolChoice | None = None,
         reset_tool_choice: bool = True,
-        tool_choice_after_tools: ToolChoice = "auto",
+        tool_choice_after_tools: AgentToolChoice = "auto",
         hooks: Hooks | None = None,
         sources: list[str] | None = None,
         skills: list[str] | None = None,

@@ -22,10 +22,16 @@ from smith_worker.llm.types import LlmClientConfig
 from smith_worker.tools import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
 
 
-def _env_float(name: str, default: float | None) -> float | None:
+def _env_float(name: str, default: float) -> float:
+    value = _env_optional_float(name)
+    return default if value is None else value
+
+
+def _env_optional_float(name: str) -> float | None:
+    """``name`` as a float, None when unset or empty. Raises :class:`ConfigurationError` on a malformed number."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
-        return default
+        return None
     try:
         return float(raw)
     except ValueError as exc:
@@ -119,7 +125,7 @@ class Settings:
             llm_model=env.get("SMITH_LLM_MODEL") or cls.llm_model,
             llm_api_key=env.get("SMITH_LLM_API_KEY") or None,
             llm_tool_calling=env.get("SMITH_LLM_TOOL_CALLING") or cls.llm_tool_calling,
-            llm_temperature=_env_float("SMITH_LLM_TEMPERATURE", None),
+            llm_temperature=_env_optional_float("SMITH_LLM_TEMPERATURE"),
             turn_max_jobs=_env_int("SMITH_TURN_MAX_JOBS", cls.turn_max_jobs),
             tool_max_jobs=_env_int("SMITH_TOOL_MAX_JOBS", cls.tool_max_jobs),
             turn_job_timeout=_env_float("SMITH_TURN_JOB_TIMEOUT", cls.turn_job_timeout),

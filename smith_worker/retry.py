@@ -50,7 +50,8 @@ class RetryPolicy:
 
     def backoff(self, number: int, rng: Callable[[], float] = random.random) -> float:
         """``backoff_base * 2**(number-1) + uniform(0, 0.25)`` seconds, capped at 8 s; ``rng()`` is in [0, 1)."""
-        return min(self.backoff_base * 2 ** (number - 1) + rng() * BACKOFF_JITTER, BACKOFF_CAP)
+        delay: float = self.backoff_base * 2 ** (number - 1) + rng() * BACKOFF_JITTER
+        return min(delay, BACKOFF_CAP)
 
     def delay(
         self, number: int, retry_after: float | None = None, rng: Callable[[], float] = random.random

@@ -25,8 +25,7 @@ from redis.exceptions import ResponseError
 
 from smith_client import scripts
 from smith_client.eventlog import EventLog
-from smith_client.keys import Keys
-from smith_client.registry import DEFAULT_REGISTRATION_TTL, register_worker, unregister_worker
+from smith_client.keys import REGISTRATION_TTL, Keys
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
@@ -35,6 +34,7 @@ from smith_worker.isolation import ToolExecutors
 from smith_worker.metrics import WorkerMetrics
 from smith_worker.redaction import SENSITIVE_HEADERS, install_log_redaction, register_secrets, url_credentials
 from smith_worker.redis_health import RedisHealth
+from smith_worker.registration import register_worker, unregister_worker
 from smith_worker.sources import SourceContext
 from smith_worker.sweeper import sweep_forever
 from smith_worker.tasks import cancel_and_wait
@@ -180,7 +180,7 @@ class WorkerRuntime:
                 self.request_restart,
                 self.settings.tool_processes,
             )
-            if any(self.app.tools.find(name).isolation == "process" for name in self.app.tools.names()):
+            if any(tool.isolation == "process" for tool in self.app.tools.all()):
                 self.executors.start_processes()
         await self.health.until_ok("start-up", self._warn_on_eviction)
         # before any pipeline sends EVALSHA (see smith_client.scripts)
@@ -248,11 +248,11 @@ class WorkerRuntime:
             "draining": self.restart_requested,
             "overrunning_threads": self.executors.overrunning if self.executors else 0,
         }
-        await register_worker(self.redis, self.keys, self.worker_id, info, DEFAULT_REGISTRATION_TTL)
+        await register_worker(self.redis, self.keys, self.worker_id, info, REGISTRATION_TTL)
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await asyncio.sleep(DEFAULT_REGISTRATION_TTL / 3)
+            await asyncio.sleep(REGISTRATION_TTL / 3)
             try:
                 await self._register()
             except Exception as exc:  # Redis blip: the next beat retries (it re-registers after a Redis restart)

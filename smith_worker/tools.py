@@ -159,7 +159,7 @@ def schema_from_signature(fn: Callable[..., Any]) -> dict[str, Any]:
         default = ... if param.default is param.empty else param.default
         fields[name] = (hints.get(name, Any), default)
     model = create_model(f"{fn.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
-    schema = model.model_json_schema()
+    schema: dict[str, Any] = model.model_json_schema()
     schema.pop("title", None)
     for prop in schema.get("properties", {}).values():
         prop.pop("title", None)
@@ -310,6 +310,10 @@ class ToolRegistry:
     def schemas(self, names: list[str] | None = None) -> list[ToolSchema]:
         """Schemas in insertion order, optionally only for ``names``."""
         return [t.schema for t in self._tools.values() if names is None or t.name in names]
+
+    def all(self) -> list[Tool]:
+        """Every registered tool, in registration order."""
+        return list(self._tools.values())
 
     def names(self) -> list[str]:
         """Registered tool names, in insertion order."""

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, cast
 
 import orjson
 from redis.exceptions import RedisError
@@ -306,7 +307,8 @@ async def fail_unreadable_turn(rt: WorkerRuntime, turn_id: str, error: SmithErro
     await scripts.load_all(redis)  # a rare path: a NOSCRIPT inside the transaction would apply it in part
     async with redis.pipeline(transaction=True) as pipe:
         await pipe.watch(state_key)
-        status, conversation = await pipe.hmget(state_key, [record.STATUS, record.CONVERSATION_ID])
+        read = pipe.hmget(state_key, [record.STATUS, record.CONVERSATION_ID])
+        status, conversation = await cast("Awaitable[list[bytes | None]]", read)
         if status is None or record.is_terminal(status):
             return False
         conversation_id = conversation.decode() if conversation else ""

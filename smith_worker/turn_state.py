@@ -89,7 +89,7 @@ class TurnAttempt:
         reply = await scripts.BEGIN(
             self.redis, keys, [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL]
         )
-        outcome = reply[0].decode()
+        outcome: str = reply[0].decode()
         if outcome == "go":
             self.attempt = int(reply[1])
         return outcome
@@ -238,7 +238,7 @@ async def wake_head(redis: Any, keys: Keys, conversation_id: str) -> str:
     reply = await scripts.HEAD(redis, [fifo, statuses])
     if not reply:
         return ""
-    head = reply[0].decode()
+    head: str = reply[0].decode()
     if reply[1] == record.QUEUED.encode():
         await _enqueue_turn(redis, keys, head, keys.turn_kick_job_id(head))
     return head

@@ -239,7 +239,7 @@ class _Parser:
 
     def _take_operator(self, operators: str) -> _Token | None:
         token = self._peek()
-        if token.kind == "op" and token.value in operators:
+        if token.kind == "op" and isinstance(token.value, str) and token.value in operators:
             self._index += 1
             return token
         return None

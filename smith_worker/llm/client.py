@@ -30,8 +30,8 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
+from typing import Any, TypeVar, cast
 
 import httpx
 import orjson
@@ -284,10 +284,11 @@ class LlmClient:
         size = 0
         loop = asyncio.get_running_loop()
         frames, idle_until = 0, loop.time() + self.config.request_timeout
-        async with contextlib.aclosing(response.aiter_bytes()) as chunks:
+        async with contextlib.aclosing(cast(AsyncGenerator[bytes, None], response.aiter_bytes())) as chunks:
             while not decoder.done:
                 with self._network_errors(retryable=not delivered):
                     chunk = await self._next_chunk(chunks, idle_until)
+                events: Iterable[StreamEvent]
                 if chunk is None:
                     events = decoder.close()
                 else:
@@ -413,7 +414,8 @@ def _text(body: bytes) -> str:
 
 
 def _is_json(response: httpx.Response) -> bool:
-    return response.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json"
+    content_type: str = response.headers.get("content-type", "")
+    return content_type.split(";")[0].strip().lower() == "application/json"
 
 
 def events_for_response(response: LlmResponse) -> list[StreamEvent]:
@@ -450,7 +452,7 @@ def _error_message(body: str) -> str:
     if isinstance(data, dict):
         error = data.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"][:200]
+            return str(error["message"])[:200]
         if isinstance(error, str):
             return error[:200]
     return body[:200]

@@ -30,7 +30,8 @@ from smith_worker.tools import ToolResult, error_result
 def _dump(model: Any) -> dict[str, Any]:
     if isinstance(model, dict):
         return model
-    return model.model_dump(by_alias=True, mode="json", exclude_none=True)
+    dumped: dict[str, Any] = model.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return dumped
 
 
 def _blob_size(data: str) -> int:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Protocol
@@ -87,7 +87,10 @@ Listener = Callable[[McpEvent], Awaitable[None]]
 class EventSink(Protocol):
     """Where the events of one turn go (its stream and its agent's hooks). ``key`` dedupes sinks."""
 
-    key: str
+    @property
+    def key(self) -> str:
+        """What tells two sinks apart (a turn id)."""
+        ...
 
     async def emit(self, event: McpEvent) -> None:
         """Deliver one event; may raise (the router logs and ignores failures)."""
@@ -112,7 +115,7 @@ class EventRouter:
         self._task: asyncio.Task[None] | None = None
 
     @contextlib.contextmanager
-    def attached(self, sink: EventSink | None):
+    def attached(self, sink: EventSink | None) -> Iterator[None]:
         """Register ``sink`` for the duration of a ``with`` block (no-op for None)."""
         if sink is None:
             yield

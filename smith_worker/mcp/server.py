@@ -558,7 +558,8 @@ class ServerHandle:
                     finally:
                         tg.cancel_scope.cancel()
         except BaseException as exc:
-            if asyncio.current_task().cancelling():  # the owner itself is being cancelled (close)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # the owner itself is being cancelled (close)
                 raise
             end.error = exc
             if not end.was_ready:

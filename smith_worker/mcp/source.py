@@ -146,7 +146,9 @@ class McpServerSource:
 
     # ---- internals ------------------------------------------------------------------
 
-    async def _call(self, tool_name: str, arguments: dict, deadline: float | None, sink: TurnSink | None) -> ToolResult:
+    async def _call(
+        self, tool_name: str, arguments: dict[str, Any], deadline: float | None, sink: TurnSink | None
+    ) -> ToolResult:
         catalog = await self.handle.catalog(deadline, sink)
         if tool_name not in catalog.routes:
             return error_result(f"unknown tool: {tool_name}")

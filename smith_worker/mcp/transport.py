@@ -30,7 +30,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TextIO, cast
 
 from smith_worker.mcp.config import ServerConfig
 from smith_worker.mcp.launcher import PID_MARKER
@@ -129,7 +129,7 @@ async def open_stdio(config: ServerConfig, capture: StderrCapture) -> AsyncItera
 
     argv = launcher_argv(config)
     params = StdioServerParameters(command=argv[0], args=argv[1:], env=dict(config.env or {}), cwd=config.cwd)
-    async with stdio_client(params, errlog=capture.file) as streams:
+    async with stdio_client(params, errlog=cast(TextIO, capture.file)) as streams:
         capture.spawned()
         yield streams
 

@@ -129,7 +129,7 @@ def _build(file: Path, **fields: Any) -> Skill:
     try:
         return Skill(**fields)
     except SkillError as exc:  # name the file the bad value came from
-        raise SkillError(f"{file}: {exc.message}", skill_name=exc.skill_name) from exc
+        raise SkillError(f"{file}: {exc.message}", skill_name=str(getattr(exc, "skill_name", ""))) from exc
 
 
 def _validate(model: type[BaseModel], raw: dict[str, Any], file: Path) -> Any:

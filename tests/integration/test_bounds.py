@@ -221,7 +221,8 @@ async def _run_with_state(
         rt = WorkerRuntime(app=test_app, queue="turns", settings=settings, redis=client.redis)
         await rt.start()
         try:
-            await TurnRunner(rt, job).run()
+            assert rt.turn_services is not None  # a started turns runtime has them
+            await TurnRunner(rt, rt.turn_services, job).run()
         finally:
             await rt.stop()
         return [e.type for e in await client.events.read(job.turn_id)], await client.turn(job.turn_id).state()
