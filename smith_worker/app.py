@@ -122,7 +122,7 @@ class SmithApp:
     @overload
     def tool(
         self, fn: None = None, *, name: str | None = None, description: str | None = None,
-        parameters: dict[str, Any] | None = None, timeout: float = DEFAULT_TOOL_TIMEOUT, idempotent: bool = False,
+        parameters: dict[str, Any] | None = None, timeout: float | None = None, idempotent: bool = False,
         isolation: Isolation = "thread",
     ) -> Callable[[_F], _F]: ...  # fmt: skip
 
