@@ -50,7 +50,7 @@ def assert_gap_free(events: list) -> None:
 async def test_three_level_tree_streams_every_level_and_refuses_a_fourth(tree_client, scenario, scripted_llm):
     label = uuid.uuid4().hex[:8]
     deeper_key, deeper = scenario(Script(Reply.text("never")))
-    _, fetch = scenario(Script(
+    fetch_key, fetch = scenario(Script(
         Reply.tool_calls([("counted", {"label": label}), ("fetcher", {"task": f"{deeper} go deeper"})]),
         Reply.text("fetched"),
     ))
@@ -76,8 +76,19 @@ async def test_three_level_tree_streams_every_level_and_refuses_a_fourth(tree_cl
     refused = results[(tuple(FETCHER), "fetcher")]  # depth 3 > lead's max_subagent_depth=2
     assert refused["is_error"] and "sub-agent depth limit reached" in refused["content"]
     assert scripted_llm.attempts(deeper_key) == 0
+    offered = [t["function"]["name"] for t in scripted_llm.requests_for(fetch_key)[0].body["tools"]]
+    assert "fetcher" in offered  # the sub-agent tool stays offered at the depth limit: the refusal is the result
     history = await tree_client.history(f"tree-{label}")  # the children's messages stay out of the root's
     assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, ToolMessage, AssistantMessage]
+
+
+async def test_a_failing_child_is_an_error_tool_result_for_its_parent(tree_client, scenario):
+    _, child = scenario(Script(Reply.tool_calls([("add", {"a": 1, "b": 1})])))  # past its own max_iterations=2
+    key, lead = scenario(Script(Reply.tool_calls([("limited", {"task": f"{child} loop"})]), Reply.text("recovered")))
+    handle = await tree_client.submit(f"{lead} go", conversation_id=f"fail-{key}", agent="lead")
+    assert (await handle.result(timeout=60)).content == "recovered"  # the root goes on
+    result = of(await all_events(handle), LEAD, "tool.result")[0].data
+    assert result["is_error"] and "max_iterations=2" in result["content"]
 
 
 @pytest.mark.parametrize("root, limit, model_calls", [("tree_boss", "tree_max_iterations", 12),

@@ -313,7 +313,7 @@ app.agent("response_unbounded", llm={"response_timeout": 120.0, "request_timeout
 
 # ---- sub-agents (issue 15): lead -> researcher -> fetcher, each with a tool -----------------------
 
-app.agent("lead", system_prompt="You lead.", tools=[add], subagents=["researcher", "fetcher"],
+app.agent("lead", system_prompt="You lead.", tools=[add], subagents=["researcher", "fetcher", "limited"],
           config=AgentConfig(max_subagent_depth=2), description="Leads the work.")
 app.agent("researcher", system_prompt="You research.", tools=[whoami], subagents=["fetcher"],
           description="Researches a question and answers it.")
