@@ -190,6 +190,11 @@ class Keys:
         """List of the messages of the sub-agent at tree ``position`` of a root turn (its checkpoint, seed §14.1)."""
         return f"{self.prefix}:turn:{root_turn_id}:agent{JOB_SUFFIX}{position}:history"
 
+    def subagent_memory_scope(self, conversation_id: str, root_turn_id: str, position: str) -> str:
+        """The conversation id a sub-agent's memory strategy keeps its state under (e.g.
+        :meth:`conversation_summary`): the sub-agent's own, never a caller's (:data:`JOB_SUFFIX`)."""
+        return f"{conversation_id}{JOB_SUFFIX}{root_turn_id}{JOB_SUFFIX}{position}"
+
     def subagent_history_trimmed(self, root_turn_id: str, position: str) -> str:
         """Counter of the messages trimmed from the head of that sub-agent's history (as :meth:`history_trimmed`)."""
         return f"{self.prefix}:turn:{root_turn_id}:agent{JOB_SUFFIX}{position}:trimmed"

@@ -93,6 +93,15 @@ class AgentContext:
         return self.runtime.keys.tree_iterations(self.root_turn_id)
 
     @property
+    def memory_scope(self) -> str:
+        """The conversation id under which the agent's memory strategy keeps its state (a summary):
+        the conversation's for the root agent, one of its own for a sub-agent (whose memory is its
+        own message list), so a child never overwrites the conversation's summary."""
+        if not self.position:
+            return self.job.conversation_id
+        return self.runtime.keys.subagent_memory_scope(self.job.conversation_id, self.root_turn_id, self.position)
+
+    @property
     def tree_tokens(self) -> str:
         """The Redis counter of the tokens reported for this agent's tree."""
         return self.runtime.keys.tree_tokens(self.root_turn_id)

@@ -152,8 +152,8 @@ class AgentLoop:
             publish=self.publish,
             redis=self.rt.redis,
             keys=self.rt.keys,
-            conversation_id=self.job.conversation_id,
-            history_ttl=self.rt.keys.history_ttl,
+            conversation_id=self.ctx.memory_scope,
+            history_ttl=self.rt.keys.turn_ttl if self.ctx.position else self.rt.keys.history_ttl,
         )
 
     async def _drain_inbox(self, spec: AgentSpec, closing: bool) -> bool:

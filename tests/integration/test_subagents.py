@@ -82,6 +82,16 @@ async def test_three_level_tree_streams_every_level_and_refuses_a_fourth(tree_cl
     assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, ToolMessage, AssistantMessage]
 
 
+async def test_max_subagent_depth_0_disables_sub_agents(tree_client, scenario, scripted_llm):
+    child_key, child = scenario(Script(Reply.text("never")))
+    key, root = scenario(Script(Reply.tool_calls([("plain", {"task": f"{child} help"})]), Reply.text("alone")))
+    handle = await tree_client.submit(f"{root} go", conversation_id=f"solo-{key}", agent="solo")
+    assert (await handle.result(timeout=60)).content == "alone"
+    result = of(await all_events(handle), ["solo"], "tool.result")[0].data
+    assert result["is_error"] and "sub-agent depth limit reached" in result["content"]
+    assert scripted_llm.attempts(child_key) == 0
+
+
 async def test_a_failing_child_is_an_error_tool_result_for_its_parent(tree_client, scenario):
     _, child = scenario(Script(Reply.tool_calls([("add", {"a": 1, "b": 1})])))  # past its own max_iterations=2
     key, lead = scenario(Script(Reply.tool_calls([("limited", {"task": f"{child} loop"})]), Reply.text("recovered")))

@@ -319,6 +319,8 @@ app.agent("researcher", system_prompt="You research.", tools=[whoami], subagents
           description="Researches a question and answers it.")
 app.agent("fetcher", system_prompt="You fetch.", tools=[counted, slow_tool], subagents=["fetcher"],
           description="Fetches one thing.")
+# max_subagent_depth=0 disables sub-agents: the call's result is the refusal
+app.agent("solo", tools=[add], subagents=["plain"], config=AgentConfig(max_subagent_depth=0))
 # the tree budgets are the root's: 12 model calls, or 200 reported tokens, for the whole tree
 # (enough child steps that their tool jobs land on both tool workers of the test fleet)
 app.agent("tree_boss", tools=[add], subagents=["runaway"], config=AgentConfig(tree_max_iterations=12))

@@ -64,6 +64,8 @@ def test_tool_keys_of_a_subagent_never_collide_with_the_root_or_a_caller_turn():
     assert keys.tool_job_id("t", 1, 0, child) != keys.tool_job_id("t", 1, 0)
     assert keys.subagent_history("t", child).startswith(turn_keys[:-1])
     assert tool_keys == "p:toolres:t[:#]*"
+    scope = keys.subagent_memory_scope("c", "t", child)  # a child's memory state is never the conversation's
+    assert keys.conversation_summary(scope) != keys.conversation_summary("c") and not ID_PATTERN.match(scope)
 
 
 def _event(seq: int, path: list[str], type_: str, data: dict) -> Event:
