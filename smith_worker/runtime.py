@@ -15,9 +15,9 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx
 from arq.connections import ArqRedis
@@ -36,7 +36,6 @@ from smith_worker.redaction import SENSITIVE_HEADERS, install_log_redaction, reg
 from smith_worker.redis_health import RedisHealth
 from smith_worker.registration import register_worker, unregister_worker
 from smith_worker.sources import SourceContext
-from smith_worker.sweeper import sweep_forever
 from smith_worker.tasks import cancel_and_wait
 
 logger = logging.getLogger("agent_smith.worker")
@@ -196,10 +195,13 @@ class WorkerRuntime:
             self.turn_services = TurnServices(
                 httpx.AsyncClient(timeout=None), replies, ToolJobWaiter(self.redis, self.keys, replies)
             )
-            self._background.append(asyncio.create_task(sweep_forever(self.redis, self.keys)))
         await self.health.until_ok("registration", self._register)
         self._background.append(asyncio.create_task(self._heartbeat_loop()))
         logger.info("worker %s started on queue %s", self.worker_id, self.queue)
+
+    def run_in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` until :meth:`stop` cancels it (e.g. the crash-recovery sweeper, started by the worker)."""
+        self._background.append(asyncio.create_task(work))
 
     async def stop(self) -> None:
         """Unregister and close what :meth:`start` opened."""

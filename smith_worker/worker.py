@@ -45,6 +45,7 @@ from smith_worker.config import Settings
 from smith_worker.redaction import redact_error
 from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
 from smith_worker.runtime import Queue, TurnServices, WorkerRuntime
+from smith_worker.sweeper import sweep_forever
 from smith_worker.tool_runner import run_tool
 from smith_worker.turn import TurnRunner, fail_unreadable_turn
 
@@ -174,6 +175,8 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         ctx["runtime"] = runtime
         await runtime.start()
         ctx["turn_services"] = runtime.turn_services
+        if queue == "turns":  # crash recovery: re-enqueue turns whose worker stopped renewing their lease
+            runtime.run_in_background(sweep_forever(redis, runtime.keys))
 
     async def on_shutdown(ctx: dict[str, Any]) -> None:
         await runtime.stop()

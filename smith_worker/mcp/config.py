@@ -43,6 +43,11 @@ def _check_positive(name: str, value: float | None, allow_none: bool = False) ->
         raise ConfigurationError(f"MCP server option {name} must be positive, got {value!r}", setting=name)
 
 
+def tool_prefix(alias: str) -> str:
+    """``mcp_<alias>__``: the prefix of the tool names of MCP server ``alias`` (seed §11.7)."""
+    return f"mcp_{alias}__"
+
+
 @dataclass
 class ServerConfig:
     """One MCP server (seed §11.2 ``ServerConfig``; research/mcp-notes.md §7.9).
@@ -175,7 +180,7 @@ class ServerConfig:
     @property
     def tool_prefix(self) -> str:
         """``mcp_<alias>__``: the prefix of every tool name of this server (seed §11.7)."""
-        return f"mcp_{self.alias}__"
+        return tool_prefix(self.alias)
 
     def argv(self) -> list[str]:
         """The stdio command line (without the parent-death launcher)."""

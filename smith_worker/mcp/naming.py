@@ -23,7 +23,7 @@ import logging
 import re
 from collections.abc import Iterable
 
-from smith_worker.mcp.config import MAX_TOOL_NAME
+from smith_worker.mcp.config import MAX_TOOL_NAME, tool_prefix
 
 logger = logging.getLogger("agent_smith.mcp")
 
@@ -32,11 +32,6 @@ READ_RESOURCE = "read_resource"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _HASH_LEN = 8
-
-
-def tool_prefix(alias: str) -> str:
-    """``mcp_<alias>__``."""
-    return f"mcp_{alias}__"
 
 
 def read_resource_name(alias: str) -> str:
