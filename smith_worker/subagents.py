@@ -140,6 +140,7 @@ class SubAgentTools:
             return _error(f"sub-agent {call.name!r} needs a non-empty string 'task'")
         if self.ctx.depth + 1 > self.ctx.limits.max_subagent_depth:
             return _error(DEPTH_LIMIT_REACHED)
+        await self._mark_started(step, index)
         child = await self._child(call.name, tree_position(self.ctx.position, step, index), task)
         try:
             final = await self._run_loop(child)
@@ -155,6 +156,13 @@ class SubAgentTools:
         except Exception as exc:  # the child's failure is its parent's tool result (issue 15 rule 5)
             return _failed(call.name, exc)
         return ToolOutcome(content=final.content or "")
+
+    async def _mark_started(self, step: int, index: int) -> None:
+        """Mark the call started by this turn worker, as a tool worker marks a tool job, so a cancel
+        of the turn says the sub-agent was running (and may have partly run), not that it never started."""
+        rt, ctx = self.ctx.runtime, self.ctx
+        started = rt.keys.tool_started(ctx.turn_id, step, index, ctx.position)
+        await rt.redis.set(started, rt.worker_id, ex=rt.keys.turn_ttl)
 
     async def _child(self, name: str, position: str, task: str) -> AgentContext:
         """The child's context; its history starts with ``task`` (once: a resumed child keeps its messages)."""

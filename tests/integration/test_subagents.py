@@ -127,7 +127,8 @@ async def test_cancel_reaches_two_parallel_children_and_aborts_their_tool_jobs(t
                         for _ in range(2)]
     _, lead = scenario(Script(Reply.tool_calls([("fetcher", {"task": f"{m} wait"}) for _, m in keys_and_markers]),
                               Reply.text("late")))
-    handle = await tree_client.submit(f"{lead} go", conversation_id=f"cancel-{uuid.uuid4().hex[:6]}", agent="lead")
+    conv = f"cancel-{uuid.uuid4().hex[:6]}"
+    handle = await tree_client.submit(f"{lead} go", conversation_id=conv, agent="lead")
     marks = f"{tree_client.keys.prefix}:test:slow:{handle.turn_id}"
     async with asyncio.timeout(30):
         while await tree_client.redis.llen(marks) < 2:  # both children's tool jobs run
@@ -146,6 +147,9 @@ async def test_cancel_reaches_two_parallel_children_and_aborts_their_tool_jobs(t
     events = await all_events(handle)
     assert_gap_free(events)
     assert events[-1].type == "turn.cancelled"
+    answers = (await tree_client.history(conv))[2:]  # the root's calls of the two children, answered
+    assert [type(m) for m in answers] == [ToolMessage, ToolMessage]
+    assert all(m.is_error and "while this tool call was running" in m.content for m in answers)
     for index in range(2):  # each child's call holds the cancel's error, not a result
         stored = await tree_client.redis.get(tree_client.keys.tool_result(handle.turn_id, 1, 0,
                                                                           tree_position("", 1, index)))
