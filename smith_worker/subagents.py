@@ -69,7 +69,11 @@ RunLoop = Callable[[AgentContext], Awaitable[AssistantMessage]]
 
 class SubAgentHistory:
     """A sub-agent's fenced writes (:class:`~smith_worker.fencing.AttemptWrites`): its own message list,
-    fenced by the root turn's attempt. It has no inbox: merged user messages go to the root agent."""
+    fenced by the root turn's attempt. It has no inbox: merged user messages go to the root agent.
+
+    ``lists`` are the history key and its trimmed-message counter (:meth:`Keys.subagent_history`);
+    ``ttl`` is seconds (the turn's); ``max_messages`` trims the list like a conversation's history.
+    """
 
     def __init__(
         self, redis: Any, state_key: str, lists: tuple[str, str], attempt: int, ttl: int, max_messages: int
