@@ -36,7 +36,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from smith_client import ConflictError, InvalidRequestError, SmithClient, SmithError, UnknownAgentError
 from smith_client.errors import ConversationBusyError, EventsTrimmedError, TurnNotFoundError
-from smith_client.turns import TERMINAL_STATUSES
+from smith_client.turn_record import TERMINAL_STATUSES
 
 PAGE = Path(__file__).with_name("index.html")
 #: Seconds between heartbeat comments on an event stream (sse-starlette's default, 15).

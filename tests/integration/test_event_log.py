@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from smith_client.events import TokenData, TurnCancelledData, TurnCompletedData
 from smith_client import SmithClient
 from smith_client.errors import EventsTrimmedError
 
@@ -21,7 +22,7 @@ async def log_client(redis_url):
 
 async def test_concurrent_publishers_get_gap_free_unique_seqs(log_client):
     turn = "t-concurrent"
-    seqs = await asyncio.gather(*(log_client.events.publish(turn, "token", {"text": str(i)}) for i in range(200)))
+    seqs = await asyncio.gather(*(log_client.events.publish(turn, TokenData(text=str(i))) for i in range(200)))
     assert sorted(seqs) == list(range(1, 201))
     events = await log_client.events.read(turn)
     assert [e.seq for e in events] == list(range(1, 201))
@@ -56,8 +57,8 @@ async def test_follow_fills_gaps_from_the_log(log_client):
     async def publish_all():
         await asyncio.sleep(0.05)
         for i in range(30):
-            await log_client.events.publish(turn, "token", {"text": str(i)})
-        await log_client.events.publish(turn, "turn.completed", {"message": {"role": "assistant", "content": "x"}})
+            await log_client.events.publish(turn, TokenData(text=str(i)))
+        await log_client.events.publish(turn, TurnCompletedData.model_validate({"message": {"role": "assistant", "content": "x"}}))
 
     publisher = asyncio.create_task(publish_all())
     seen = [e async for e in log_client._follow(LossyPubSub(pubsub), turn, 0, timeout=10, poll_interval=5.0)]
@@ -72,18 +73,18 @@ async def test_fenced_publish_is_dropped_for_a_stale_attempt(log_client):
     state = log_client.keys.turn_state(turn)
     await log_client.redis.hset(state, mapping={"attempt": 2, "status": "running"})
     await log_client.redis.expire(state, 60)
-    assert await log_client.events.publish(turn, "token", {"text": "old"}, attempt=1) == -1
-    assert await log_client.events.publish(turn, "token", {"text": "new"}, attempt=2) == 1
+    assert await log_client.events.publish(turn, TokenData(text="old"), attempt=1) == -1
+    assert await log_client.events.publish(turn, TokenData(text="new"), attempt=2) == 1
     # once the turn has ended, even its current attempt publishes nothing more
     await log_client.redis.hset(state, "status", "completed")
-    assert await log_client.events.publish(turn, "turn.cancelled", {"reason": "late"}, attempt=2) == -1
+    assert await log_client.events.publish(turn, TurnCancelledData(reason="late"), attempt=2) == -1
     assert [e.data["text"] for e in await log_client.events.read(turn)] == ["new"]
 
 
 async def test_expired_log_is_reported_not_silently_empty(log_client):
     turn = "t-expired"
     for _ in range(3):
-        await log_client.events.publish(turn, "token", {"text": "x"})
+        await log_client.events.publish(turn, TokenData(text="x"))
     await log_client.redis.delete(log_client.keys.turn_log(turn))
     with pytest.raises(EventsTrimmedError):
         await log_client.events.read(turn, after_seq=1)
