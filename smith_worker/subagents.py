@@ -229,7 +229,8 @@ async def _stop_if_cancelled(child: AgentContext) -> None:
     attempt re-attaches to them.
     """
     rt, root = child.runtime, child.root_turn_id
-    if not await rt.redis.hget(child.cancel_state, record.CANCEL_REQUESTED):
+    redis: Any = rt.redis  # redis-py's hget is typed for its sync and async clients at once
+    if not await redis.hget(child.cancel_state, record.CANCEL_REQUESTED):
         return
     messages = (await child.store.read(0)).messages
     last = messages[-1] if messages else None
