@@ -39,7 +39,9 @@ class StreamPrinter:
     """Prints a turn's events: tokens to ``out``, tool status lines to ``err``.
 
     An agent that does not stream publishes no ``token`` events, so its answer
-    is printed from the final message of ``turn.completed``.
+    is printed from the final message of ``turn.completed``. A sub-agent's
+    status lines start with its chain (``[lead > researcher]``, the event's
+    ``agent_path``); its tokens are not printed: its answer is its parent's tool result.
     """
 
     def __init__(self, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
@@ -49,15 +51,18 @@ class StreamPrinter:
 
     def __call__(self, event: Event) -> None:
         data = event.payload
+        chain = _chain(event.agent_path)
         if isinstance(data, TokenData):
+            if chain:
+                return
             self._streamed.add(event.turn_id)
             self.out.write(data.text)
             self.out.flush()
         elif isinstance(data, ToolCallCompletedData):
-            self._status(f"[tool call] {data.name}({_compact(data.arguments)})")
+            self._status(f"{chain}[tool call] {data.name}({_compact(data.arguments)})")
         elif isinstance(data, ToolResultData):
             label = "error" if data.is_error else "result"
-            self._status(f"[tool {label}] {data.name} -> {_short(data.content)} (worker {data.worker})")
+            self._status(f"{chain}[tool {label}] {data.name} -> {_short(data.content)} (worker {data.worker})")
         elif isinstance(data, TurnCompletedData):
             if event.turn_id not in self._streamed:
                 self.out.write(data.message.content or "")
@@ -70,6 +75,11 @@ class StreamPrinter:
     def _status(self, line: str) -> None:
         self.err.write(line + "\n")
         self.err.flush()
+
+
+def _chain(agent_path: list[str]) -> str:
+    """``"[lead > researcher] "`` for a sub-agent's event, ``""`` for the root agent's."""
+    return f"[{' > '.join(agent_path)}] " if len(agent_path) > 1 else ""
 
 
 def _compact(value: Any) -> str:

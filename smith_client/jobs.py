@@ -70,13 +70,16 @@ class ToolJob(BaseModel):
     stored; ``result_max_bytes`` the agent's cap on the content (UTF-8 bytes);
     ``idempotent`` whether the call may be re-run when its tool worker died;
     ``skill`` the declared name of the skill owning the tool ("" for the
-    agent's own tools), so the tool worker runs that skill's tool.
+    agent's own tools), so the tool worker runs that skill's tool; ``position``
+    the calling agent's place in the sub-agent tree (``""`` for the root agent,
+    see :func:`smith_client.keys.tree_position`), part of the call's job id and keys.
     """
 
     turn_id: str
     conversation_id: str
     agent: str
     agent_path: list[str] = Field(default_factory=list)
+    position: str = ""
     step: int
     index: int
     call: ToolCall

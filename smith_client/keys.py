@@ -19,10 +19,14 @@ key                                      what                            lifetim
 ``{p}:turn:{t}:log``                     replay log (Redis Stream)       ``turn_ttl`` after the last event
 ``{p}:turn:{t}:state``                   turn status and result (hash)   ``turn_ttl``
 ``{p}:tree:{r}:iterations``              model calls of an agent tree    ``turn_ttl`` after the last step
+``{p}:tree:{r}:tokens``                  tokens reported for that tree   ``turn_ttl`` after the last step
+``{p}:turn:{r}:agent#{pos}:history``     a sub-agent's messages (list)   ``turn_ttl`` after the last write
+``{p}:turn:{r}:agent#{pos}:trimmed``     its trimmed-message counter     ``turn_ttl`` after the last write
 ``{p}:conv:{c}:history``                 conversation messages (list)    ``history_ttl`` after the last write
 ``{p}:conv:{c}:trimmed``                 messages trimmed from the head  ``history_ttl`` after the last write
 ``{p}:conv:{c}:summary``                 SummaryMemory's summary         ``history_ttl`` after the last use
 ``{p}:toolres:{t}:{step}:{i}``           a tool call's result            ``turn_ttl``
+``{p}:toolres:{t}#{pos}:{step}:{i}``     a sub-agent's call's result     ``turn_ttl``
 ``{p}:workers``                          live workers (ZSET)             pruned by workers; :data:`WORKERS_TTL`
 ``{p}:worker:{w}``                       one worker's registration       :data:`REGISTRATION_TTL` (heartbeat)
 ``{p}:mcp:{alias}:tools``                an MCP server's tool schemas    ``schema_cache_ttl`` (300 s)
@@ -39,6 +43,12 @@ key                                      what                            lifetim
 =======================================  ==============================  =========================================
 
 ``{p}:worker:{w}:replies`` and ``{p}:control`` are pub/sub channels (no key).
+
+Sub-agents (seed §14) share their root turn's keys; their own tool calls are
+told apart by ``pos``, the agent's position in the tree (:func:`tree_position`):
+the chain of ``step.index`` of the calls that created it, root first
+(``"1.0/2.1"``; ``""`` for the root agent). It follows :data:`JOB_SUFFIX`, which
+caller ids cannot contain, so no caller turn id names a sub-agent's call.
 """
 
 from __future__ import annotations
@@ -69,6 +79,17 @@ ABORT_ENTRY_TTL = 60
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:@-]{1,200}\Z")
 #: Separator of the runtime's own job-id suffixes; never allowed in caller ids (:data:`ID_PATTERN`).
 JOB_SUFFIX = "#"
+
+
+def tree_position(parent: str, step: int, index: int) -> str:
+    """The tree position of the sub-agent created by call ``index`` of step ``step`` of the agent at ``parent``
+    (``""`` for the root): ``"<step>.<index>"`` appended to ``parent`` with ``/``."""
+    return f"{parent}/{step}.{index}" if parent else f"{step}.{index}"
+
+
+def _scoped(turn_id: str, position: str) -> str:
+    """``turn_id``, or for a sub-agent at ``position`` ``turn_id#position`` (see the module docstring)."""
+    return f"{turn_id}{JOB_SUFFIX}{position}" if position else turn_id
 
 
 def now_ms() -> int:
@@ -132,13 +153,14 @@ class Keys:
         """arq job id of a turn: one job per turn id, so enqueue is idempotent."""
         return f"{self.prefix}:turn:{turn_id}"
 
-    def tool_job_id(self, turn_id: str, step: int, index: int) -> str:
-        """arq job id of a tool call: turn id + step + position in ``tool_calls``.
+    def tool_job_id(self, turn_id: str, step: int, index: int, position: str = "") -> str:
+        """arq job id of a tool call: turn id (+ the calling sub-agent's tree ``position``) + step +
+        position in ``tool_calls``.
 
         Built from the position, not the server's call id, because servers may
         send empty or repeated ids (DESIGN.md §4 step 4).
         """
-        return f"{self.prefix}:tool:{turn_id}:{step}:{index}"
+        return f"{self.prefix}:tool:{_scoped(turn_id, position)}:{step}:{index}"
 
     def turn_events_channel(self, turn_id: str) -> str:
         """Pub/sub channel of a turn's live events."""
@@ -159,6 +181,23 @@ class Keys:
     def tree_iterations(self, root_turn_id: str) -> str:
         """Counter of model calls made by a root turn and all its sub-agents (seed §14.2, §15.3)."""
         return f"{self.prefix}:tree:{root_turn_id}:iterations"
+
+    def tree_tokens(self, root_turn_id: str) -> str:
+        """Counter of the tokens the server reported for every model call of a root turn's agent tree (seed §14)."""
+        return f"{self.prefix}:tree:{root_turn_id}:tokens"
+
+    def subagent_history(self, root_turn_id: str, position: str) -> str:
+        """List of the messages of the sub-agent at tree ``position`` of a root turn (its checkpoint, seed §14.1)."""
+        return f"{self.prefix}:turn:{root_turn_id}:agent{JOB_SUFFIX}{position}:history"
+
+    def subagent_memory_scope(self, conversation_id: str, root_turn_id: str, position: str) -> str:
+        """The conversation id a sub-agent's memory strategy keeps its state under (e.g.
+        :meth:`conversation_summary`): the sub-agent's own, never a caller's (:data:`JOB_SUFFIX`)."""
+        return f"{conversation_id}{JOB_SUFFIX}{root_turn_id}{JOB_SUFFIX}{position}"
+
+    def subagent_history_trimmed(self, root_turn_id: str, position: str) -> str:
+        """Counter of the messages trimmed from the head of that sub-agent's history (as :meth:`history_trimmed`)."""
+        return f"{self.prefix}:turn:{root_turn_id}:agent{JOB_SUFFIX}{position}:trimmed"
 
     def history(self, conversation_id: str) -> str:
         """List of a conversation's messages (stored form)."""
@@ -189,9 +228,11 @@ class Keys:
             self.conversation_skills(conversation_id),
         ]
 
-    def tool_result(self, turn_id: str, step: int, index: int) -> str:
-        """A tool call's outcome (:class:`~smith_client.jobs.ToolOutcome` JSON); first writer wins."""
-        return f"{self.prefix}:toolres:{turn_id}:{step}:{index}"
+    def tool_result(self, turn_id: str, step: int, index: int, position: str = "") -> str:
+        """A tool call's outcome (:class:`~smith_client.jobs.ToolOutcome` JSON); first writer wins.
+
+        ``position`` is the calling sub-agent's tree position (``""`` for the root agent)."""
+        return f"{self.prefix}:toolres:{_scoped(turn_id, position)}:{step}:{index}"
 
     @property
     def workers(self) -> str:
@@ -230,13 +271,13 @@ class Keys:
         """User messages merged into a running turn (``multitask="merge"``)."""
         return f"{self.prefix}:turn:{turn_id}:inbox"
 
-    def tool_started(self, turn_id: str, step: int, index: int) -> str:
+    def tool_started(self, turn_id: str, step: int, index: int, position: str = "") -> str:
         """Marker: which tool worker started a call (tells a live runner from a dead one on resume)."""
-        return f"{self.tool_result(turn_id, step, index)}:started"
+        return f"{self.tool_result(turn_id, step, index, position)}:started"
 
-    def tool_reruns(self, turn_id: str, step: int, index: int) -> str:
+    def tool_reruns(self, turn_id: str, step: int, index: int, position: str = "") -> str:
         """Counter: re-runs of an idempotent call after its tool worker died (bounded, issue 8)."""
-        return f"{self.tool_result(turn_id, step, index)}:reruns"
+        return f"{self.tool_result(turn_id, step, index, position)}:reruns"
 
     @property
     def control_channel(self) -> str:
@@ -259,13 +300,13 @@ class Keys:
         """arq job id of the wake-up of a conversation's next turn (fixed: arq keeps at most one pending)."""
         return f"{self.turn_job_id(turn_id)}{JOB_SUFFIX}kick"
 
-    def tool_rerun_job_id(self, turn_id: str, step: int, index: int, at_ms: int) -> str:
+    def tool_rerun_job_id(self, turn_id: str, step: int, index: int, at_ms: int, position: str = "") -> str:
         """arq job id of an idempotent tool call re-run after its tool worker died (epoch ms ``at_ms``)."""
-        return f"{self.tool_job_id(turn_id, step, index)}{JOB_SUFFIX}r{at_ms}"
+        return f"{self.tool_job_id(turn_id, step, index, position)}{JOB_SUFFIX}r{at_ms}"
 
-    def tool_result_published(self, turn_id: str, step: int, index: int) -> str:
+    def tool_result_published(self, turn_id: str, step: int, index: int, position: str = "") -> str:
         """Marker set atomically with a call's ``tool.result`` event, so the event is published once."""
-        return f"{self.tool_result(turn_id, step, index)}:published"
+        return f"{self.tool_result(turn_id, step, index, position)}:published"
 
     # arq's own names (global per database), from arq.constants: arq 0.28 is pinned (pyproject.toml).
 
@@ -302,8 +343,9 @@ class Keys:
         return f"arq:*:{self.prefix}:*"
 
     def turn_patterns(self, turn_id: str) -> tuple[str, str]:
-        """Match every key of one turn: its ``turn:`` keys and its tool calls' ``toolres:`` keys."""
-        return f"{self.prefix}:turn:{turn_id}:*", f"{self.prefix}:toolres:{turn_id}:*"
+        """Match every key of one turn: its ``turn:`` keys (sub-agent histories included) and its tool calls'
+        ``toolres:`` keys (its sub-agents' too)."""
+        return f"{self.prefix}:turn:{turn_id}:*", f"{self.prefix}:toolres:{turn_id}[:#]*"
 
     def turn_id_of_state(self, state_key: str) -> str:
         """The turn id in a :meth:`turn_state` key name (the inverse of that method)."""

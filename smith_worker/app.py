@@ -14,6 +14,7 @@ Skills (:mod:`smith_worker.skills`) are registered with :meth:`SmithApp.skill`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,12 +29,15 @@ from smith_worker.memory import FullMemory, Memory
 from smith_worker.native import NativeTools
 from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
 from smith_worker.sources import ToolSource
-from smith_worker.tools import DEFAULT_TOOL_TIMEOUT, Isolation, Tool, ToolRegistry, make_tool
+from smith_worker.tools import Isolation, Tool, ToolRegistry, make_tool
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 #: An agent's ``tool_choice``: the chat-completions values (:data:`ToolChoice`) or one of its tools' names.
 AgentToolChoice = str | dict[str, Any]
+
+#: Names an agent must have to be offered as a sub-agent tool (OpenAI function names; issue 15).
+SUBAGENT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 
 
 @dataclass
@@ -49,10 +53,15 @@ class AgentSpec:
     skills active in every conversation this agent runs, before the
     conversation's own (issue 14). ``memory`` computes what of the
     conversation the model sees at each step (:mod:`smith_worker.memory`).
+    ``description`` is what a parent agent's model reads about this agent when
+    it is a sub-agent; ``subagents`` names the agents this one may call as
+    tools (seed §14.1, resolved at worker start by :meth:`SmithApp.resolve_subagents`).
     """
 
     name: str
     system_prompt: str = ""
+    description: str = ""
+    subagents: list[str] = field(default_factory=list)
     tools: list[str] = field(default_factory=list)
     llm: dict[str, Any] | LlmClientConfig | None = None
     config: AgentConfig = field(default_factory=AgentConfig)
@@ -113,7 +122,7 @@ class SmithApp:
     @overload
     def tool(
         self, fn: None = None, *, name: str | None = None, description: str | None = None,
-        parameters: dict[str, Any] | None = None, timeout: float = DEFAULT_TOOL_TIMEOUT, idempotent: bool = False,
+        parameters: dict[str, Any] | None = None, timeout: float | None = None, idempotent: bool = False,
         isolation: Isolation = "thread",
     ) -> Callable[[_F], _F]: ...  # fmt: skip
 
@@ -124,13 +133,14 @@ class SmithApp:
         name: str | None = None,
         description: str | None = None,
         parameters: dict[str, Any] | None = None,
-        timeout: float = DEFAULT_TOOL_TIMEOUT,
+        timeout: float | None = None,
         idempotent: bool = False,
         isolation: Isolation = "thread",
     ) -> _F | Callable[[_F], _F]:
         """Register a tool; usable as ``@app.tool`` or ``@app.tool(timeout=5.0)``.
 
-        ``timeout`` is seconds. A sync tool runs in a thread, which Python
+        ``timeout`` is seconds; without one, each agent calling the tool gives it
+        its ``AgentConfig.default_tool_timeout`` (30 s by default). A sync tool runs in a thread, which Python
         cannot stop: past its timeout it runs on (counted; too many make the
         tool worker restart). ``isolation="process"`` runs it in a pool
         process killed at its timeout instead (module-level function, picklable
@@ -169,11 +179,17 @@ class SmithApp:
         sources: list[str] | None = None,
         skills: list[str] | None = None,
         memory: Memory | None = None,
+        description: str = "",
+        subagents: list[str] | None = None,
     ) -> AgentSpec:
         """Declare an agent. ``tools`` are tool names or registered functions; ``sources``
         names tool sources added with :meth:`add_source` (e.g. MCP server aliases);
         ``skills`` names registered skills active by default, in this order;
         ``memory`` is a :class:`~smith_worker.memory.Memory` (default :class:`FullMemory`).
+        ``subagents`` names agents (this one included) the agent may call as a tool
+        named after the agent, with one ``task`` string parameter and the
+        sub-agent's ``description`` (seed §14.1); the names are resolved when the
+        worker starts (:meth:`resolve_subagents`), so they may be declared later.
 
         Raises :class:`ConfigurationError` for a bad name, a duplicate agent, an
         unregistered tool, an unknown source, an unregistered skill or a ``memory``
@@ -206,6 +222,8 @@ class SmithApp:
             sources=list(sources or []),
             memory=memory if memory is not None else FullMemory(),
             skills=list(skills or []),
+            description=description,
+            subagents=list(subagents or []),
         )
         self.agents[name] = spec
         return spec
@@ -216,6 +234,31 @@ class SmithApp:
         if name is None or name not in self.tools:
             raise ConfigurationError(f"agent tool {ref!r} is not a registered tool", setting="tools")
         return name
+
+    def resolve_subagents(self) -> None:
+        """Check every agent's ``subagents`` (worker start-up, seed §14.1).
+
+        Raises :class:`ConfigurationError` for an undeclared agent, a name that
+        is not a valid tool name (``^[A-Za-z0-9_-]{1,64}$``), or one that clashes
+        with another tool of the calling agent (its native tools, its sources'
+        tools, its other sub-agents).
+        """
+        for spec in self.agents.values():
+            for name in spec.subagents:
+                if name not in self.agents:
+                    raise ConfigurationError(
+                        f"agent {spec.name!r}: sub-agent {name!r} is not a declared agent", setting="subagents"
+                    )
+                if not SUBAGENT_NAME.match(name):
+                    raise ConfigurationError(
+                        f"agent {spec.name!r}: sub-agent {name!r} is not a valid tool name ({SUBAGENT_NAME.pattern})",
+                        setting="subagents",
+                    )
+                if any(source.owns(name) for source in self.sources_for(spec)) or spec.subagents.count(name) > 1:
+                    raise ConfigurationError(
+                        f"agent {spec.name!r}: sub-agent {name!r} clashes with another tool of the agent",
+                        setting="subagents",
+                    )
 
     def get_agent(self, name: str) -> AgentSpec | None:
         """The agent declared as ``name``, or None."""

@@ -173,11 +173,22 @@ class AgentConfig:
 
     ``deadline`` is seconds for the whole turn (None = none);
     ``max_total_tokens`` uses server-reported usage (best effort when a server
-    reports none); ``tool_result_max_bytes`` is UTF-8 bytes.
+    reports none); ``tool_result_max_bytes`` is UTF-8 bytes;
+    ``default_tool_timeout`` (seconds) is the budget of each of the agent's
+    tools registered without a ``timeout`` of its own.
+
+    Sub-agents (seed §14.2): ``max_subagent_depth`` is the deepest child
+    allowed (the root is depth 0; 0 disables sub-agents);
+    ``tree_max_iterations`` bounds the model calls of the whole tree and
+    ``tree_max_total_tokens`` (None = no bound) its server-reported tokens.
+    These three are read from the root agent only: a sub-agent's own values
+    never widen its root's budget, its ``max_iterations`` bounds its own loop.
     """
 
     max_iterations: int = 16
     tree_max_iterations: int = 50
+    max_subagent_depth: int = 3
+    tree_max_total_tokens: int | None = None
     deadline: float | None = None
     max_total_tokens: int | None = None
     default_tool_timeout: float = DEFAULT_TOOL_TIMEOUT

@@ -21,10 +21,19 @@ from typing import Any
 from smith_client.events import EventData, MessageData
 from smith_client.jobs import TurnJob
 from smith_worker.app import AgentSpec
+from smith_worker.config import AgentConfig
 from smith_worker.fencing import AttemptWrites
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
 from smith_worker.runtime import TurnServices, WorkerRuntime
+
+
+class CancelRequested(Exception):
+    """The turn's state asks it to stop (found between steps); ``reason`` is cancel or interrupt."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass
@@ -35,6 +44,12 @@ class AgentContext:
     whose agent tree shares the iteration budget and whose cancel flag stops
     every loop of the tree; ``turn_id`` is the turn whose stream and tool-result
     keys this loop uses. ``publish`` is fenced by the attempt.
+
+    A sub-agent's context (:mod:`smith_worker.subagents`) has its chain in
+    ``agent_path``, its tree ``position`` (``""`` for the root; see
+    :func:`smith_client.keys.tree_position`), its own checkpointed history in
+    ``store``/``attempt``, and ``tree_config``: the root agent's config, whose
+    tree limits govern every agent of the tree (seed §14.2).
     """
 
     job: TurnJob
@@ -47,6 +62,19 @@ class AgentContext:
     publish: Callable[[EventData], Awaitable[int]]
     runtime: WorkerRuntime
     services: TurnServices
+    position: str = ""
+    tree_config: AgentConfig | None = None
+
+    @property
+    def limits(self) -> AgentConfig:
+        """The config whose tree limits (``tree_max_iterations``, ``tree_max_total_tokens``,
+        ``max_subagent_depth``) apply: the root agent's."""
+        return self.tree_config or self.spec.config
+
+    @property
+    def depth(self) -> int:
+        """This agent's depth in the tree: 0 for the root (seed §14.2)."""
+        return len(self.agent_path) - 1
 
     async def append(self, *messages: Any) -> None:
         """Append to the history (fenced), then :meth:`announce` each message."""
@@ -63,6 +91,20 @@ class AgentContext:
     def tree_counter(self) -> str:
         """The Redis counter of the model calls of this agent's tree (seed §14.2)."""
         return self.runtime.keys.tree_iterations(self.root_turn_id)
+
+    @property
+    def memory_scope(self) -> str:
+        """The conversation id under which the agent's memory strategy keeps its state (a summary):
+        the conversation's for the root agent, one of its own for a sub-agent (whose memory is its
+        own message list), so a child never overwrites the conversation's summary."""
+        if not self.position:
+            return self.job.conversation_id
+        return self.runtime.keys.subagent_memory_scope(self.job.conversation_id, self.root_turn_id, self.position)
+
+    @property
+    def tree_tokens(self) -> str:
+        """The Redis counter of the tokens reported for this agent's tree."""
+        return self.runtime.keys.tree_tokens(self.root_turn_id)
 
     @property
     def cancel_state(self) -> str:

@@ -188,7 +188,7 @@ class ToolJobWaiter:
     async def run(self, job: ToolJob) -> tuple[ToolOutcome, bool]:
         """Return ``(outcome, produced_here)``; ``produced_here`` is True when this side wrote a timeout error."""
         wake = self._listener.register(job.result_key)
-        job_id = self._keys.tool_job_id(job.turn_id, job.step, job.index)
+        job_id = self._keys.tool_job_id(job.turn_id, job.step, job.index, job.position)
         try:
             outcome = await self._stored(job.result_key)
             if outcome is None:
@@ -223,7 +223,7 @@ class ToolJobWaiter:
             if await self._runner_died(job):
                 if not job.idempotent or not await self._may_rerun(job):
                     return None, ""  # never silently re-run a call that may have had effects
-                job_id = self._keys.tool_rerun_job_id(job.turn_id, job.step, job.index, now_ms())
+                job_id = self._keys.tool_rerun_job_id(job.turn_id, job.step, job.index, now_ms(), job.position)
                 await self._enqueue(job, job_id)
                 deadline = time.monotonic() + job.timeout + self._grace
         return None, job_id
@@ -234,7 +234,7 @@ class ToolJobWaiter:
         A call that killed its worker twice would go on killing workers. The count is kept
         in Redis, so a resumed turn (another attempt, another worker) does not start over.
         """
-        counter = self._keys.tool_reruns(job.turn_id, job.step, job.index)
+        counter = self._keys.tool_reruns(job.turn_id, job.step, job.index, job.position)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.incr(counter)
             pipe.expire(counter, self._keys.turn_ttl)
@@ -243,7 +243,7 @@ class ToolJobWaiter:
 
     async def _runner_died(self, job: ToolJob) -> bool:
         """True when the call was started by a tool worker whose registration has expired (it died)."""
-        started = self._keys.tool_started(job.turn_id, job.step, job.index)
+        started = self._keys.tool_started(job.turn_id, job.step, job.index, job.position)
         worker = await self._redis.get(started)
         if worker is None or await self._redis.exists(self._keys.worker(worker.decode())):
             return False

@@ -54,11 +54,13 @@ class ConversationStore:
     fenced :class:`~smith_worker.turn_state.TurnAttempt`, so a stale attempt cannot.
 
     ``bytes_read`` counts the stored-form bytes this object has read (for benchmarks).
+    ``lists`` reads another message list and its trimmed counter instead (a
+    sub-agent's, :mod:`smith_worker.subagents`).
     """
 
-    def __init__(self, redis: Redis, keys: Keys, conversation_id: str) -> None:
+    def __init__(self, redis: Redis, keys: Keys, conversation_id: str, *, lists: tuple[str, str] | None = None) -> None:
         self._redis = redis
-        self._keys = (keys.history(conversation_id), keys.history_trimmed(conversation_id))
+        self._keys = lists or (keys.history(conversation_id), keys.history_trimmed(conversation_id))
         self.bytes_read = 0
 
     async def read(self, first: int, end: int | None = None) -> HistorySlice:

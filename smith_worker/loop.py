@@ -8,6 +8,10 @@ job, concurrently, and append the tool messages in the order of
 ``tool_calls`` (seed §10.4), with a ``_done`` result's final message in the
 same append. A re-run resumes after the last completed step.
 
+A sub-agent call (seed §14) runs here too, as a nested loop with a child
+context (:mod:`smith_worker.subagents`); the tree's budget (model calls and
+tokens) lives in Redis under the root turn.
+
 The turn's lifecycle around it (attempts, cancellation, terminal events) is
 :mod:`smith_worker.turn`.
 """
@@ -36,7 +40,7 @@ from smith_client.events import (
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, message_from_json
 from smith_worker.app import AgentSpec
-from smith_worker.context import AgentContext
+from smith_worker.context import AgentContext, CancelRequested
 from smith_worker.fencing import StaleAttemptError
 from smith_worker.hooks import fire
 from smith_worker.llm import LlmClient
@@ -52,6 +56,7 @@ from smith_worker.llm.types import (
 )
 from smith_worker.memory import MemoryContext
 from smith_worker.skills import ConversationSkills
+from smith_worker.subagents import SubAgentTools
 from smith_worker.tools import ToolContext, ToolRoute, error_content
 
 logger = logging.getLogger("agent_smith.agent")
@@ -70,12 +75,15 @@ def _completed_data(index: int, call: ToolCall) -> ToolCallCompletedData:
     return ToolCallCompletedData(id=call.id, name=call.name, index=index, arguments=call.arguments)
 
 
-class CancelRequested(Exception):
-    """The turn's state asks it to stop (found between steps); ``reason`` is cancel or interrupt."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+async def gather_all(coros: list[Any]) -> list[Any]:
+    """Run ``coros`` concurrently and return their results in order; the first failure cancels the
+    others (waiting for them to stop) and is raised as itself, not as an exception group."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(coro) for coro in coros]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return [task.result() for task in tasks]
 
 
 class AgentLoop:
@@ -92,6 +100,7 @@ class AgentLoop:
         self.agent_path = ctx.agent_path
         self._stream_calls: dict[int, ToolCall] = {}
         self.skills = ConversationSkills(self.rt.app.skills, self.rt.app.sources, self.rt.keys, ctx.job.conversation_id)
+        self.subagents = SubAgentTools(ctx, lambda child: AgentLoop(child).run(0))
 
     async def run(self, start: int) -> AssistantMessage:
         """Run model steps from history position ``start`` (the turn's user message) until a final answer."""
@@ -111,13 +120,15 @@ class AgentLoop:
         tool_rounds = sum(1 for m in replies if m.tool_calls and m is not pending)
         while True:
             if pending is None:
-                tree_iterations = await self._begin_step(spec)
+                tree = await self._begin_step(spec)
                 iterations += 1
-                self._check_limits(spec, iterations, tree_iterations, total_tokens, deadline)
+                self._check_limits(spec, iterations, tree, total_tokens, deadline)
                 pending = (
                     await self.rt.metrics.count_llm_request(self._call_model(spec, llm, memory, tool_rounds))
                 ).message
-                total_tokens += pending.usage.total if pending.usage else 0
+                used = pending.usage.total if pending.usage else 0
+                total_tokens += used
+                await self._count_tree_tokens(used)
                 await self.ctx.append(pending)
             message, pending = pending, None
             if not message.tool_calls:
@@ -141,8 +152,8 @@ class AgentLoop:
             publish=self.publish,
             redis=self.rt.redis,
             keys=self.rt.keys,
-            conversation_id=self.job.conversation_id,
-            history_ttl=self.rt.keys.history_ttl,
+            conversation_id=self.ctx.memory_scope,
+            history_ttl=self.rt.keys.turn_ttl if self.ctx.position else self.rt.keys.history_ttl,
         )
 
     async def _drain_inbox(self, spec: AgentSpec, closing: bool) -> bool:
@@ -154,8 +165,8 @@ class AgentLoop:
             await self.ctx.announce(message_from_json(raw))
         return bool(moved)
 
-    async def _begin_step(self, spec: AgentSpec) -> int:
-        """Before a model call, in one round trip: the cancel flag, merged messages, the tree count,
+    async def _begin_step(self, spec: AgentSpec) -> tuple[int, int]:
+        """Before a model call, in one round trip: the cancel flag, merged messages, the tree counts,
         the conversation's active skills (so an activation takes effect at the next step).
 
         Raises :class:`CancelRequested` when the turn's state asks it to stop.
@@ -165,8 +176,8 @@ class AgentLoop:
         (``ctx.tree_counter``, DESIGN.md §2), so sub-agents in other tasks or
         processes share it, as they share the root turn's cancel flag
         (``ctx.cancel_state``); a re-run after a crash keeps counting on the
-        same key (the budget errs on the safe side). Returns the tree's count
-        including this step.
+        same key (the budget errs on the safe side). Returns the tree's model
+        calls including this step and the tokens its earlier calls reported.
         """
         keys, tree = self.rt.keys, self.ctx.tree_counter
 
@@ -175,30 +186,49 @@ class AgentLoop:
             self.attempt.queue_drain_inbox(pipe)
             pipe.incr(tree)
             pipe.expire(tree, keys.turn_ttl)
+            pipe.get(self.ctx.tree_tokens)
             self.skills.queue_read(pipe)
 
-        cancel, moved, count, _, *skills = await scripts.execute(self.rt.redis, fill, transaction=False)
+        cancel, moved, count, _, tokens, *skills = await scripts.execute(self.rt.redis, fill, transaction=False)
         if cancel:
             raise CancelRequested(cancel.decode())
         self.skills.take(spec, skills)
         await self._announce_merged(self.attempt.drained(moved))
-        return int(count)
+        return int(count), int(tokens or 0)
+
+    async def _count_tree_tokens(self, used: int) -> None:
+        """Add a model call's reported tokens to the tree's counter (read by the next step of any agent)."""
+        if used <= 0:
+            return
+        async with self.rt.redis.pipeline(transaction=False) as pipe:
+            pipe.incrby(self.ctx.tree_tokens, used)
+            pipe.expire(self.ctx.tree_tokens, self.rt.keys.turn_ttl)
+            await pipe.execute()
 
     def _check_limits(
-        self, spec: AgentSpec, iterations: int, tree_iterations: int, total_tokens: int, deadline: float | None
+        self, spec: AgentSpec, iterations: int, tree: tuple[int, int], total_tokens: int, deadline: float | None
     ) -> None:
         """Stop conditions of seed §15.3, checked before each model call (§15.2 step 4b).
 
-        Each ends the turn with ``TurnCancelledError(operation=<limit name>)``.
-        ``deadline`` is a ``time.monotonic()`` instant; it does not preempt an
-        in-flight model call or tool round, it is checked between steps.
+        Each raises ``TurnCancelledError(operation=<limit name>)``. ``tree`` is
+        the agent tree's (model calls, tokens), bounded by the root agent's
+        ``tree_max_iterations`` / ``tree_max_total_tokens`` (seed §14.2); the
+        other limits are this agent's own. ``deadline`` is a ``time.monotonic()``
+        instant; it does not preempt an in-flight model call or tool round, it
+        is checked between steps.
         """
-        cfg = spec.config
+        cfg, root = spec.config, self.ctx.limits
+        tree_iterations, tree_tokens = tree
         if iterations > cfg.max_iterations:
             raise TurnCancelledError(f"turn exceeded max_iterations={cfg.max_iterations}", "max_iterations")
-        if tree_iterations > cfg.tree_max_iterations:
+        if tree_iterations > root.tree_max_iterations:
             raise TurnCancelledError(
-                f"agent tree exceeded tree_max_iterations={cfg.tree_max_iterations}", "tree_max_iterations"
+                f"agent tree exceeded tree_max_iterations={root.tree_max_iterations}", "tree_max_iterations"
+            )
+        if root.tree_max_total_tokens is not None and tree_tokens > root.tree_max_total_tokens:
+            raise TurnCancelledError(
+                f"agent tree used {tree_tokens} tokens, over tree_max_total_tokens={root.tree_max_total_tokens}",
+                "tree_max_total_tokens",
             )
         if cfg.max_total_tokens is not None and total_tokens > cfg.max_total_tokens:
             raise TurnCancelledError(
@@ -254,7 +284,7 @@ class AgentLoop:
         )
         for source in self.rt.app.sources_for(spec):
             schemas += await source.schemas(asking)
-        return await self.skills.tools(schemas, asking)
+        return await self.skills.tools(schemas + self.subagents.schemas(spec), asking)
 
     async def _on_stream_event(self, spec: AgentSpec, event: StreamEvent) -> None:
         """Publish stream events as they arrive (tokens, tool-call start and completion)."""
@@ -280,7 +310,7 @@ class AgentLoop:
         await self.skills.ensure(spec, self.rt.redis)  # a re-run may resume here, before any model call
         for call in calls:
             await fire("on_tool_call", call, self.rt.app.hooks, spec.hooks)
-        outcomes = await asyncio.gather(*(self._run_tool(spec, step, i, c) for i, c in enumerate(calls)))
+        outcomes = await gather_all([self._run_tool(spec, step, i, c) for i, c in enumerate(calls)])
         messages = [
             ToolMessage(tool_call_id=call.id, name=call.name, content=outcome.content, is_error=outcome.is_error)
             for call, outcome in zip(calls, outcomes, strict=True)
@@ -293,8 +323,9 @@ class AgentLoop:
 
     async def _run_tool(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolOutcome:
         job = self._tool_job(spec, step, index, call)
-        route = self._route(spec, call.name)
-        if route is None:
+        if self.subagents.owns(spec, call.name):  # runs here, as a nested loop (seed §14.1)
+            outcome, produced_here = await self.subagents.call(step, index, call), True
+        elif (route := self._route(spec, call.name)) is None:
             outcome, produced_here = (
                 ToolOutcome(content=error_content(f"unknown tool: {call.name}"), is_error=True),
                 True,
@@ -309,7 +340,7 @@ class AgentLoop:
     async def _publish_result_once(self, job: ToolJob, outcome: ToolOutcome) -> None:
         """Publish ``tool.result`` unless the tool worker already did: a result that landed while the
         turn was between attempts (its publish was refused) goes out now, exactly once."""
-        once = self.rt.keys.tool_result_published(job.turn_id, job.step, job.index)
+        once = self.rt.keys.tool_result_published(job.turn_id, job.step, job.index, job.position)
         seq = await self.rt.events.publish(
             job.turn_id, tool_result_data(job, outcome), self.agent_path, attempt=self.attempt.attempt, once_key=once
         )
@@ -327,7 +358,10 @@ class AgentLoop:
         source = next((s for s in self.rt.app.sources_for(spec) if s.owns(tool_name)), None)
         if source is None:
             return None
-        return ToolRoute(source.timeout_for(tool_name), source.idempotent(tool_name))
+        timeout = source.timeout_for(tool_name)  # None: a Python tool without its own, the agent's default
+        return ToolRoute(
+            timeout if timeout is not None else spec.config.default_tool_timeout, source.idempotent(tool_name)
+        )
 
     def _tool_job(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolJob:
         keys = self.rt.keys
@@ -336,11 +370,12 @@ class AgentLoop:
             conversation_id=self.job.conversation_id,
             agent=spec.name,
             agent_path=self.agent_path,
+            position=self.ctx.position,
             step=step,
             index=index,
             call=call,
             timeout=spec.config.default_tool_timeout,
             reply_channel=keys.worker_replies_channel(self.rt.worker_id),
-            result_key=keys.tool_result(self.ctx.turn_id, step, index),
+            result_key=keys.tool_result(self.ctx.turn_id, step, index, self.ctx.position),
             result_max_bytes=spec.config.tool_result_max_bytes,
         )

@@ -65,8 +65,9 @@ class NativeTools:
         """True for a registered tool (an allowed one, in a view)."""
         return self._tool(tool_name) is not None
 
-    def timeout_for(self, tool_name: str) -> float:
-        """The tool's own ``timeout``, seconds."""
+    def timeout_for(self, tool_name: str) -> float | None:
+        """The tool's own ``timeout``, seconds; None when registered without one (the calling
+        agent's ``default_tool_timeout`` applies, issue 15)."""
         tool = self._tool(tool_name)
         if tool is None:
             raise KeyError(tool_name)

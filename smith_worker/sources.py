@@ -57,8 +57,9 @@ class ToolSource(Protocol):
         """True when ``tool_name`` belongs to this source."""
         ...
 
-    def timeout_for(self, tool_name: str) -> float:
-        """The call budget of ``tool_name``, in seconds."""
+    def timeout_for(self, tool_name: str) -> float | None:
+        """The call budget of ``tool_name``, in seconds; None: the calling agent's
+        ``default_tool_timeout`` (a Python tool registered without a timeout)."""
         ...
 
     def idempotent(self, tool_name: str) -> bool:

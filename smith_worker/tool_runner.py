@@ -86,7 +86,9 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     # turn tell a live runner from a dead one)
     async with rt.redis.pipeline(transaction=False) as pipe:
         pipe.exists(job.result_key)
-        pipe.set(rt.keys.tool_started(job.turn_id, job.step, job.index), rt.worker_id, ex=rt.keys.turn_ttl)
+        pipe.set(
+            rt.keys.tool_started(job.turn_id, job.step, job.index, job.position), rt.worker_id, ex=rt.keys.turn_ttl
+        )
         answered, _ = await pipe.execute()
     if answered:
         return {"is_error": False, "stored": False}  # never run a call twice
@@ -103,7 +105,7 @@ async def _store(rt: WorkerRuntime, job: ToolJob, outcome: ToolOutcome) -> bool:
     """Store the outcome (first writer wins); when stored, publish ``tool.result`` and wake the turn."""
     stored = await rt.redis.set(job.result_key, outcome.model_dump_json(), nx=True, ex=rt.keys.turn_ttl)
     if stored:  # the event, then the waiting turn's wake-up, in one round trip
-        once = rt.keys.tool_result_published(job.turn_id, job.step, job.index)
+        once = rt.keys.tool_result_published(job.turn_id, job.step, job.index, job.position)
 
         def fill(pipe: Any) -> None:
             # never after the turn's terminal event, and never twice (a turn between attempts publishes it on resume)

@@ -178,14 +178,15 @@ def check_schema(name: str, parameters: Any) -> None:
 class Tool:
     """A registered native tool: its schema, callable and options.
 
-    ``timeout`` is seconds; ``idempotent`` tells the runtime a call may be
+    ``timeout`` is seconds (None: the calling agent's ``default_tool_timeout``,
+    or :data:`DEFAULT_TOOL_TIMEOUT` outside an agent); ``idempotent`` tells the runtime a call may be
     safely re-run after a crash (DESIGN.md §8); ``isolation`` where a sync
     tool runs (see :mod:`smith_worker.isolation`).
     """
 
     schema: ToolSchema
     fn: Callable[..., Any]
-    timeout: float = DEFAULT_TOOL_TIMEOUT
+    timeout: float | None = None
     idempotent: bool = False
     context_params: list[str] = field(default_factory=list)
     isolation: Isolation = "thread"
@@ -210,7 +211,7 @@ class Tool:
         (the tool worker's; default :func:`~smith_worker.isolation.default_executors`),
         while a process-isolated tool's process is killed.
         """
-        budget = self.timeout if timeout is None else timeout
+        budget = timeout if timeout is not None else self.timeout or DEFAULT_TOOL_TIMEOUT
         deadline = asyncio.timeout(budget)
         try:
             async with deadline:
@@ -251,7 +252,7 @@ def make_tool(
     name: str | None = None,
     description: str | None = None,
     parameters: dict[str, Any] | None = None,
-    timeout: float = DEFAULT_TOOL_TIMEOUT,
+    timeout: float | None = None,
     idempotent: bool = False,
     isolation: Isolation = "thread",
 ) -> Tool:
@@ -264,7 +265,7 @@ def make_tool(
     :class:`ConfigurationError` for a non-positive timeout, an unknown
     isolation, or process isolation of an ``async def``.
     """
-    if timeout <= 0:
+    if timeout is not None and timeout <= 0:
         raise ConfigurationError(f"tool timeout must be positive, got {timeout}", setting="timeout")
     if isolation not in ("thread", "process"):
         raise ConfigurationError(
@@ -281,7 +282,7 @@ def make_tool(
     return Tool(
         schema=ToolSchema(name=tool_name, description=doc.split("\n\n")[0], parameters=schema_params),
         fn=fn,
-        timeout=float(timeout),
+        timeout=None if timeout is None else float(timeout),
         idempotent=idempotent,
         context_params=_context_params(fn),
         isolation=isolation,

@@ -38,12 +38,12 @@ from smith_client.events import (
 from smith_client.jobs import ToolOutcome, TurnJob
 from smith_client.messages import AssistantMessage, ToolMessage
 from smith_worker.app import AgentSpec
-from smith_worker.context import AgentContext
+from smith_worker.context import AgentContext, CancelRequested
 from smith_worker.dispatch import settle_call
 from smith_worker.fencing import StaleAttemptError
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
-from smith_worker.loop import AgentLoop, CancelRequested
+from smith_worker.loop import AgentLoop
 from smith_worker.memory.pairing import pending_repair
 from smith_worker.redaction import redact_error
 from smith_worker.runtime import TurnServices, WorkerRuntime

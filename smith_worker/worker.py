@@ -162,7 +162,11 @@ class SmithWorker(Worker):
 
 
 def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> SmithWorker:
-    """A :class:`SmithWorker` serving ``queue`` for ``app``. ``overrides`` go to ``Worker(...)``."""
+    """A :class:`SmithWorker` serving ``queue`` for ``app``. ``overrides`` go to ``Worker(...)``.
+
+    Raises :class:`~smith_client.errors.ConfigurationError` for an agent's bad ``subagents`` (seed §14.1).
+    """
+    app.resolve_subagents()
     settings = settings or app.settings
     redis = settings.connect_redis()
     runtime = WorkerRuntime(app=app, queue=queue, settings=settings, redis=redis)

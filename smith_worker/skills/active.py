@@ -116,7 +116,8 @@ class ConversationSkills:
         for skill in skills:
             for alias in reversed(skill.aliases):
                 if self._sources[alias].owns(tool_name):
-                    return ToolRoute(self._sources[alias].timeout_for(tool_name), skill=skill.name)
+                    timeout = self._sources[alias].timeout_for(tool_name) or spec.config.default_tool_timeout
+                    return ToolRoute(timeout, skill=skill.name)
         for skill in skills:
             native = skill.native.get(tool_name)
             if native is not None:

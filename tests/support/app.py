@@ -309,3 +309,32 @@ app.agent("deadly", tools=[kills_its_worker, add])
 app.agent("response_bounded", llm={"response_timeout": 3.0})
 # with SMITH_TURN_JOB_TIMEOUT shorter than this, the job timeout ends the turn first
 app.agent("response_unbounded", llm={"response_timeout": 120.0, "request_timeout": 120.0})
+
+
+# ---- sub-agents (issue 15): lead -> researcher -> fetcher, each with a tool -----------------------
+
+app.agent("lead", system_prompt="You lead.", tools=[add], subagents=["researcher", "fetcher", "limited"],
+          config=AgentConfig(max_subagent_depth=2), description="Leads the work.")
+app.agent("researcher", system_prompt="You research.", tools=[whoami], subagents=["fetcher"],
+          description="Researches a question and answers it.")
+app.agent("fetcher", system_prompt="You fetch.", tools=[counted, slow_tool], subagents=["fetcher"],
+          description="Fetches one thing.")
+# max_subagent_depth=0 disables sub-agents: the call's result is the refusal
+app.agent("solo", tools=[add], subagents=["plain"], config=AgentConfig(max_subagent_depth=0))
+# the tree budgets are the root's: 12 model calls, or 200 reported tokens, for the whole tree
+# (enough child steps that their tool jobs land on both tool workers of the test fleet)
+app.agent("tree_boss", tools=[add], subagents=["runaway"], config=AgentConfig(tree_max_iterations=12))
+app.agent("token_boss", tools=[add], subagents=["runaway"], config=AgentConfig(tree_max_total_tokens=200))
+# its own limits are wide: only its root's tree budget can stop it
+app.agent("runaway", tools=[whoami], config=AgentConfig(max_iterations=1000, tree_max_iterations=1000),
+          description="Never stops on its own.")
+
+
+@app.tool
+async def patient(seconds: float) -> str:
+    """Sleeps `seconds`; registered without a timeout, so its agent's default_tool_timeout applies."""
+    await asyncio.sleep(seconds)
+    return "patient"
+
+
+app.agent("impatient", tools=[patient], config=AgentConfig(default_tool_timeout=0.5))
