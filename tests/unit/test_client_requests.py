@@ -1,0 +1,30 @@
+"""Both clients refuse unknown turn options and calls after ``close()`` with typed errors (QA fixes 9, 10)."""
+
+from __future__ import annotations
+
+import fakeredis
+import pytest
+
+from smith_client import InvalidRequestError, SmithClient, TransportError
+from smith_client.sync_client import SyncSmithClient
+
+
+async def test_an_unknown_option_is_an_invalid_request_naming_it():
+    client = SmithClient(fakeredis.FakeAsyncRedis(), prefix="t")
+    for call in (lambda: client.send("hi", conversation_id="c1", bogus=1),
+                 lambda: client.submit("hi", conversation_id="c1", bogus=1)):
+        with pytest.raises(InvalidRequestError, match="bogus") as err:
+            await call()
+        assert err.value.fields["field"] == "bogus"
+    with pytest.raises(InvalidRequestError, match="bogus"):
+        async for _ in client.stream("hi", conversation_id="c1", bogus=1):
+            pass
+
+
+def test_an_unknown_option_is_refused_by_the_sync_client_too():
+    redis = fakeredis.FakeRedis()
+    client = SyncSmithClient(redis, prefix="t")
+    with pytest.raises(InvalidRequestError, match="bogus") as err:
+        client.send("hi", conversation_id="c1", bogus=1)
+    assert err.value.fields["field"] == "bogus"
+    assert redis.keys("*") == []  # refused before anything was enqueued
