@@ -19,7 +19,7 @@ from arq.connections import ArqRedis
 from arq.constants import expires_extra_ms, job_key_prefix, result_key_prefix
 from arq.jobs import serialize_job
 
-from smith_client.errors import SmithTimeoutError
+from smith_client.errors import SmithTimeoutError, TransportError
 from smith_client.events import Event
 from smith_client.protocol import Call, Enqueue, Operation, Subscribe, T, Transaction
 from smith_client.redis_errors import typed_redis_errors
@@ -60,6 +60,20 @@ def _step(op: Operation[Any], reply: Any) -> Any:
         return _Done(stop.value)
 
 
+class _Closable:
+    """A runner's open/closed state: a closed client's calls fail instead of silently reconnecting."""
+
+    closed = False
+
+    def close(self) -> None:
+        """Refuse every later request (the client closed its connections)."""
+        self.closed = True
+
+    def _check_open(self, request: Any) -> None:
+        if self.closed:
+            raise TransportError("the client is closed", operation=type(request).__name__)
+
+
 def _is_request(item: Any) -> bool:
     return not isinstance(item, (Event, _Done))
 
@@ -85,7 +99,7 @@ def _bind(request: Any, client: Any, session: _Session, enqueue: Callable[[Enque
     return functools.partial(session.pubsub.get_message, ignore_subscribe_messages=True, timeout=request.timeout)
 
 
-class AsyncRunner:
+class AsyncRunner(_Closable):
     """Runs operations on an :class:`ArqRedis` (redis-py asyncio); for :class:`SmithClient`."""
 
     def __init__(self, client: ArqRedis) -> None:
@@ -138,6 +152,7 @@ class AsyncRunner:
 
     @typed_redis_errors
     async def _perform(self, request: Any, session: _Session) -> Any:
+        self._check_open(request)
         return await _bind(request, self.redis, session, self._enqueue_job)()
 
     def _enqueue_job(self, request: Enqueue) -> Any:
@@ -145,7 +160,7 @@ class AsyncRunner:
                                       _queue_name=request.queue)
 
 
-class SyncRunner:
+class SyncRunner(_Closable):
     """Runs operations on a blocking :class:`redis.Redis`; for :class:`SyncSmithClient`.
 
     Thread-safe: commands take a connection from the client's pool per call, and
@@ -184,6 +199,7 @@ class SyncRunner:
 
     @typed_redis_errors
     def _perform(self, request: Any, session: _Session) -> Any:
+        self._check_open(request)
         return _bind(request, self.redis, session, self._enqueue_job)()
 
     def _enqueue_job(self, request: Enqueue) -> bool:

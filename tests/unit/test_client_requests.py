@@ -28,3 +28,23 @@ def test_an_unknown_option_is_refused_by_the_sync_client_too():
         client.send("hi", conversation_id="c1", bogus=1)
     assert err.value.fields["field"] == "bogus"
     assert redis.keys("*") == []  # refused before anything was enqueued
+
+
+def test_the_sync_client_refuses_calls_after_close():
+    client = SyncSmithClient(fakeredis.FakeRedis(), prefix="t")
+    assert client.history("c1") == []
+    client.close()
+    with pytest.raises(TransportError, match="closed"):
+        client.history("c1")
+    with pytest.raises(TransportError, match="closed"):
+        client.send("hi", conversation_id="c1", timeout=1)
+
+
+async def test_the_async_client_refuses_calls_after_close():
+    client = SmithClient(fakeredis.FakeAsyncRedis(), prefix="t")
+    assert await client.history("c1") == []
+    await client.aclose()
+    with pytest.raises(TransportError, match="closed"):
+        await client.history("c1")
+    with pytest.raises(TransportError, match="closed"):
+        await client.send("hi", conversation_id="c1", timeout=1)
