@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -137,8 +138,9 @@ def start_redis_server(
     if binary is None:
         raise ConfigurationError("redis-server is not installed (apt-get install redis-server)", setting="redis")
     port = port or free_port()
+    # --dir: a replica's full sync or a SHUTDOWN SAVE would otherwise write dump.rdb into the cwd (the repo)
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--loglevel", "warning", "--logfile", str(log_path) if log_path else "/dev/null"]
+            "--dir", tempfile.gettempdir(), "--loglevel", "warning", "--logfile", str(log_path) if log_path else "/dev/null"]
     if password:
         argv += ["--requirepass", password]
     proc = ManagedProcess(argv, grace=5.0).start()

@@ -126,7 +126,7 @@ class TlsServer:
         self.port = free_port()
         self.proc = start([REDIS_SERVER, "--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert),
                            "--tls-key-file", str(key), "--tls-ca-cert-file", str(self.ca), "--tls-auth-clients", "no",
-                           *SERVER_FLAGS], directory / "tls.log",
+                           *SERVER_FLAGS, "--dir", str(directory)], directory / "tls.log",
                           port=self.port, ssl=True, ssl_ca_certs=str(self.ca))
         self.passwords = {tenant: os.urandom(8).hex() for tenant in ("tenant-a", "tenant-b")}
         admin = sync_redis.Redis(port=self.port, ssl=True, ssl_ca_certs=str(self.ca))
@@ -207,10 +207,12 @@ class SentinelSet:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.primary_port, self.replica_port = free_port(), free_port()
-        self.primary = start([REDIS_SERVER, "--port", str(self.primary_port), *SERVER_FLAGS],
+        # --dir: the replica's full sync writes dump.rdb there, never into the cwd (the repo)
+        self.primary = start([REDIS_SERVER, "--port", str(self.primary_port), *SERVER_FLAGS, "--dir", str(directory)],
                              directory / "primary.log", port=self.primary_port)
         self.replica = start([REDIS_SERVER, "--port", str(self.replica_port), "--replicaof", "127.0.0.1",
-                              str(self.primary_port), *SERVER_FLAGS], directory / "replica.log", port=self.replica_port)
+                              str(self.primary_port), *SERVER_FLAGS, "--dir", str(directory)],
+                             directory / "replica.log", port=self.replica_port)
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.sentinels = [self._sentinel(port) for port in self.sentinel_ports]
         wait_until(self._watching, 30.0, "sentinels to see the replica and each other", interval=0.3)
@@ -251,6 +253,22 @@ def sentinel_set(tmp_path_factory):
     sentinels = SentinelSet(tmp_path_factory.mktemp("sentinel"))
     yield sentinels
     sentinels.stop()
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_no_test_redis_server_writes_into_the_repository(sentinel_set, redis_url):
+    """A replica's full sync writes an RDB file into the server's dir: that must be a temp dir, not the repo."""
+    servers = [sync_redis.Redis(port=p, decode_responses=True) for p in (sentinel_set.primary_port,
+                                                                         sentinel_set.replica_port)]
+    servers.append(sync_redis.Redis.from_url(redis_url, decode_responses=True))  # start_redis_server's
+    for server in servers:
+        directory = Path(server.config_get("dir")["dir"]).resolve()
+        assert not directory.is_relative_to(REPO), directory
+        assert server.config_get("save")["save"] == ""
+        server.close()
+    assert not (REPO / "dump.rdb").exists()
 
 
 def sentinel_client(sentinels: SentinelSet, prefix: str) -> SmithClient:
