@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import importlib
 import logging
 import os
@@ -69,8 +70,27 @@ def worker_main(argv: list[str] | None = None) -> None:
 
     worker = build_worker(load_app(args.app), args.queue)
     worker.run()
-    if worker.ctx["runtime"].restart_requested:
+    runtime = worker.ctx["runtime"]
+    if runtime.restart_requested and not worker.terminated:
         restart_process()
+    exit_past_overrunning_threads(runtime.executors.overrunning if runtime.executors else 0)
+
+
+def exit_past_overrunning_threads(overrunning: int) -> None:
+    """End the process now (code 0) when ``overrunning`` sync-tool threads still run after the graceful stop.
+
+    The interpreter joins a ThreadPoolExecutor's threads at exit, so one tool sleeping past its
+    timeout would keep a stopped worker alive until SIGKILL. The exit handlers (log flushing,
+    coverage) still run; only the join of those threads is skipped.
+    """
+    if overrunning <= 0:
+        return
+    logging.getLogger("agent_smith.worker").warning(
+        "exiting with %d overrunning sync-tool threads still running (abandoned)", overrunning)
+    atexit._run_exitfuncs()  # what a normal exit runs after joining threads: logging.shutdown, coverage
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def restart_process() -> None:
