@@ -22,8 +22,10 @@ import sys
 from typing import Any, TextIO
 
 import orjson
+from redis.exceptions import RedisError
 
 from smith_client import SmithClient, SmithError
+from smith_client.errors import error_from_redis
 from smith_client.hygiene import conversation_keys
 from smith_client.registry import fleet_status
 from smith_client.events import TOKEN, TOOL_CALL_COMPLETED, TOOL_RESULT, TURN_COMPLETED, TURN_FAILED, Event
@@ -47,8 +49,25 @@ def load_app(spec: str) -> SmithApp:
     return app
 
 
+def fail(prog: str, exc: BaseException) -> int:
+    """Print a typed error as one ``PROG: Kind: message`` line on stderr (no traceback); returns exit code 1.
+
+    A Redis failure (``RedisError``) is printed as the :class:`TransportError` it means.
+    """
+    error = exc if isinstance(exc, SmithError) else error_from_redis(exc)
+    print(f"{prog}: {error.kind}: {error.message}", file=sys.stderr)
+    return 1
+
+
 def worker_main(argv: list[str] | None = None) -> None:
-    """Entry point of ``smith-worker``."""
+    """Entry point of ``smith-worker``: a configuration or Redis error is one line on stderr and exit code 1."""
+    try:
+        _worker_main(argv)
+    except (SmithError, RedisError) as exc:
+        raise SystemExit(fail("smith-worker", exc)) from None
+
+
+def _worker_main(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(prog="smith-worker", description="Run an Agent Smith worker.")
     parser.add_argument("app", nargs="?", help="the app to serve, as package.module:attribute")
     parser.add_argument("--queue", choices=["turns", "tools"])
@@ -209,9 +228,8 @@ def smith_main(argv: list[str] | None = None) -> None:
     commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys, "status": _run_status}
     try:
         code = asyncio.run(commands[args.command](args))
-    except SmithError as exc:
-        print(f"smith: {exc.kind}: {exc.message}", file=sys.stderr)
-        code = 1
+    except (SmithError, RedisError) as exc:  # status and keys read Redis directly: its errors too
+        code = fail("smith", exc)
     except KeyboardInterrupt:
         code = 130
     raise SystemExit(code)
