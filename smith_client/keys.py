@@ -203,7 +203,15 @@ class Keys:
         database. A plain ``~arq:*`` would also let a tenant read another
         tenant's queued job payloads. See :mod:`smith_client.acl`.
         """
+        return [*(f"~{pattern}" for pattern in self.key_patterns), f"~{abort_jobs_ss}", f"&{self.prefix}:*"]
+
+    @property
+    def key_patterns(self) -> list[str]:
+        """Glob patterns (``SCAN MATCH``) of every key of this prefix: its own and arq's per-job keys.
+
+        Not arq's abort set, which all prefixes of the database share.
+        """
         p = self.prefix
-        arq_keys = [f"~{kind}{p}:*" for kind in (job_key_prefix, in_progress_key_prefix, result_key_prefix,
-                                                  retry_key_prefix)]
-        return [f"~{p}:*", *arq_keys, f"~{abort_jobs_ss}", f"&{p}:*"]
+        arq_keys = [f"{kind}{p}:*" for kind in (job_key_prefix, in_progress_key_prefix, result_key_prefix,
+                                                 retry_key_prefix)]
+        return [f"{p}:*", *arq_keys]
