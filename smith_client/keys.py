@@ -10,7 +10,7 @@ Lifetimes (DESIGN.md §8; every key has a TTL or an owner):
 ================================  ======================================  ==========================
 key                               what                                    lifetime
 ================================  ======================================  ==========================
-``{p}:turns`` / ``{p}:tools``     arq queues (ZSET)                        owned by arq (members removed at job end)
+``{p}:turns`` / ``{p}:tools``     arq queues (ZSET)                        owned by arq and the queue's workers (*)
 ``{p}:turn:{t}:seq``              event sequence counter                   ``turn_ttl`` after the last event
 ``{p}:turn:{t}:log``              replay log (Redis Stream)                ``turn_ttl`` after the last event
 ``{p}:turn:{t}:state``            turn status and result (hash)            ``turn_ttl``
@@ -30,6 +30,12 @@ key                               what                                    lifeti
 ``{p}:toolres:{t}:{s}:{i}:published``  the call's ``tool.result`` is out     ``turn_ttl``
 ``arq:abort``                     arq's abort requests (global ZSET)      entries pruned after 60 s; key TTL 60 s
 ================================  ======================================  ==========================
+
+(*) No TTL, by design: a worker removes a job from its queue when it takes it, and
+Redis deletes the ZSET with its last member; a TTL would drop queued jobs. A queue
+that no worker serves therefore keeps its jobs (and the key) until a worker of it
+starts; the hygiene report lists it with this owner
+(:func:`smith_client.hygiene.owned_keys_without_ttl`).
 
 ``{p}:worker:{w}:replies`` and ``{p}:control`` are pub/sub channels (no key).
 """
