@@ -74,7 +74,8 @@ def _worker_main(argv: list[str] | None) -> None:
     parser.add_argument("--log-level", default=os.environ.get("SMITH_LOG_LEVEL", "INFO"))
     parser.add_argument("--check", action="store_true",
                         help="liveness probe: exit 0 when this host's worker on --queue touched its heartbeat "
-                             "file (SMITH_HEARTBEAT_FILE) in the last 15 s; Redis is not asked")
+                             "file (SMITH_HEARTBEAT_FILE) in the last 15 s; Redis is not asked. Needs --queue or "
+                             "SMITH_HEARTBEAT_FILE")
     parser.add_argument("--ready", action="store_true", help="with --check: also require Redis to answer PING")
     args = parser.parse_args(argv)
     if args.check:
