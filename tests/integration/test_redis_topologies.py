@@ -201,6 +201,12 @@ async def test_tls_verifies_the_server_certificate(tls_server):
 
 # ---------------------------------------------------------------- Sentinel
 
+def own_dir(directory: Path, name: str) -> str:
+    """A server's own data directory under ``directory`` (two servers never share a dump.rdb)."""
+    (directory / name).mkdir(exist_ok=True)
+    return str(directory / name)
+
+
 class SentinelSet:
     """A primary, its replica and three sentinels (quorum 2) watching them, all on 127.0.0.1."""
 
@@ -208,10 +214,11 @@ class SentinelSet:
         self.directory = directory
         self.primary_port, self.replica_port = free_port(), free_port()
         # --dir: the replica's full sync writes dump.rdb there, never into the cwd (the repo)
-        self.primary = start([REDIS_SERVER, "--port", str(self.primary_port), *SERVER_FLAGS, "--dir", str(directory)],
+        self.primary = start([REDIS_SERVER, "--port", str(self.primary_port), *SERVER_FLAGS,
+                              "--dir", own_dir(directory, "primary")],
                              directory / "primary.log", port=self.primary_port)
         self.replica = start([REDIS_SERVER, "--port", str(self.replica_port), "--replicaof", "127.0.0.1",
-                              str(self.primary_port), *SERVER_FLAGS, "--dir", str(directory)],
+                              str(self.primary_port), *SERVER_FLAGS, "--dir", own_dir(directory, "replica")],
                              directory / "replica.log", port=self.replica_port)
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.sentinels = [self._sentinel(port) for port in self.sentinel_ports]
