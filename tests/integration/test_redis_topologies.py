@@ -44,7 +44,8 @@ pytestmark = pytest.mark.integration
 REDIS_SERVER = shutil.which("redis-server") or "redis-server"
 REDIS_SENTINEL = shutil.which("redis-sentinel") or "redis-sentinel"
 SERVER_FLAGS = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning"]
-MASTER = "smithmaster"
+# unique per run: sentinels left over from another run (same name, reused ports) must not vote in ours
+MASTER = f"smithmaster-{os.getpid()}"
 
 
 # ---------------------------------------------------------------- processes and certificates
@@ -215,7 +216,7 @@ class SentinelSet:
         self.primary_port, self.replica_port = free_port(), free_port()
         # --dir: the replica's full sync writes dump.rdb there, never into the cwd (the repo)
         self.primary = start([REDIS_SERVER, "--port", str(self.primary_port), *SERVER_FLAGS,
-                              "--dir", own_dir(directory, "primary")],
+                              "--dir", own_dir(directory, "primary"), "--repl-diskless-sync-delay", "0"],
                              directory / "primary.log", port=self.primary_port)
         self.replica = start([REDIS_SERVER, "--port", str(self.replica_port), "--replicaof", "127.0.0.1",
                               str(self.primary_port), *SERVER_FLAGS, "--dir", own_dir(directory, "replica")],
@@ -245,6 +246,11 @@ class SentinelSet:
             client.close()
 
     def _watching(self) -> bool:
+        # the replica must hold the data before the test starts: its first full sync (no dump.rdb shared with
+        # the primary any more, so no partial resync) has to be complete, not merely started
+        link = sync_redis.Redis(port=self.replica_port, socket_timeout=2).info("replication")
+        if link.get("master_link_status") != "up":
+            return False
         return all(len(self.ask(p, "SENTINEL", "REPLICAS", MASTER)) == 1
                    and len(self.ask(p, "SENTINEL", "SENTINELS", MASTER)) == 2 for p in self.sentinel_ports)
 
