@@ -19,9 +19,10 @@ import sys
 from typing import Any, TextIO
 
 import orjson
+from redis.exceptions import RedisError
 
 from smith_client.client import SmithClient
-from smith_client.errors import SmithError
+from smith_client.errors import SmithError, error_from_redis
 from smith_client.events import (
     Event,
     TokenData,
@@ -140,6 +141,16 @@ async def _run_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def fail(prog: str, exc: BaseException) -> int:
+    """Print a typed error as one ``PROG: Kind: message`` line on stderr (no traceback); returns exit code 1.
+
+    A Redis failure (``RedisError``) is printed as the :class:`TransportError` it means.
+    """
+    error = exc if isinstance(exc, SmithError) else error_from_redis(exc)
+    print(f"{prog}: {error.kind}: {error.message}", file=sys.stderr)
+    return 1
+
+
 def smith_main(argv: list[str] | None = None) -> None:
     """Entry point of ``smith``: ``smith ask "question"``, ``smith chat``, ``smith keys --conversation ID``,
     ``smith status``."""
@@ -159,9 +170,8 @@ def smith_main(argv: list[str] | None = None) -> None:
     commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys, "status": _run_status}
     try:
         code = asyncio.run(commands[args.command](args))
-    except SmithError as exc:
-        print(f"smith: {exc.kind}: {exc.message}", file=sys.stderr)
-        code = 1
+    except (SmithError, RedisError) as exc:  # status and keys read Redis directly: its errors too
+        code = fail("smith", exc)
     except KeyboardInterrupt:
         code = 130
     raise SystemExit(code)

@@ -250,7 +250,8 @@ class SmithClient(ClientAPI):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the Redis connections this client created."""
+        """Close the Redis connections this client created; later calls raise :class:`TransportError`."""
+        self.runner.close()
         if self._owns_redis:
             await self.redis.aclose(close_connection_pool=True)
 

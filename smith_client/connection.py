@@ -125,6 +125,19 @@ def parse_sentinels(value: str | Sequence[str | tuple[str, int]] | None) -> list
     return addresses
 
 
+def check_url(url: str) -> str:
+    """``url`` if redis-py can parse it (scheme ``redis``/``rediss``/``unix``, numeric port and database).
+
+    Raises :class:`ConfigurationError` naming ``SMITH_REDIS_URL`` (the URL itself is not
+    repeated: it may carry a password).
+    """
+    try:
+        parse_url(url)
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(f"SMITH_REDIS_URL is not a valid Redis URL: {exc}", setting="SMITH_REDIS_URL") from exc
+    return url
+
+
 def connect_redis(
     url: str,
     *,
@@ -144,8 +157,10 @@ def connect_redis(
     5 s) bounds each connect and each command, to the Sentinels too.
 
     Connects lazily: no command is sent until the first use. Raises
-    :class:`ConfigurationError` when only one of the two Sentinel options is given.
+    :class:`ConfigurationError` for a malformed ``url`` (:func:`check_url`) or when only one of the
+    two Sentinel options is given.
     """
+    check_url(url)
     addresses = _sentinel_addresses(sentinels, sentinel_master)
     bounds = _bounds(socket_timeout)
     if not addresses:
@@ -172,6 +187,7 @@ def connect_sync_redis(
     Its connection pool is thread-safe (one connection per command in flight).
     Connects lazily: no command is sent until the first use.
     """
+    check_url(url)
     addresses = _sentinel_addresses(sentinels, sentinel_master)
     bounds = _bounds(socket_timeout)
     if not addresses:

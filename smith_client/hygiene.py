@@ -2,7 +2,10 @@
 
 :func:`conversation_keys` lists one conversation's keys with their TTLs
 (``smith keys --conversation ID`` prints it); :func:`keys_without_ttl` finds
-keys of a prefix that would live forever and have no owner.
+keys of a prefix that would live forever and have no owner, and
+:func:`owned_keys_without_ttl` lists the ones without a TTL by design, each with
+its documented owner (the arq queues: a queue no worker serves keeps its jobs,
+and its key, until a worker of that queue takes them).
 """
 
 from __future__ import annotations
@@ -26,10 +29,24 @@ class KeyInfo:
     ttl: int
 
 
-def owned_keys(keys: Keys) -> set[str]:
-    """Keys without a TTL by design, and who deletes them: arq removes a queue's members at job end,
-    and Redis deletes a ZSET when its last member goes."""
-    return {keys.turns_queue, keys.tools_queue}
+#: Owner of an arq queue ZSET (see the table in :mod:`smith_client.keys`).
+QUEUE_OWNER = (
+    "arq and the workers of this queue: a worker removes a job when it takes it and Redis deletes "
+    "the ZSET with its last member; never a TTL (it would drop queued jobs)"
+)
+
+
+def owned_keys(keys: Keys) -> dict[str, str]:
+    """Keys without a TTL by design → who deletes them (the arq queues)."""
+    return {keys.turns_queue: QUEUE_OWNER, keys.tools_queue: QUEUE_OWNER}
+
+
+async def owned_keys_without_ttl(redis: Redis, keys: Keys) -> dict[str, str]:
+    """The keys of :func:`owned_keys` that exist and have no TTL → their documented owner.
+
+    A queue listed here while no worker serves it (``smith status``: 0 workers) holds jobs nobody takes.
+    """
+    return {name: owner for name, owner in owned_keys(keys).items() if await redis.ttl(name) == -1}
 
 
 async def _describe(redis: Redis, names: list[str]) -> list[KeyInfo]:

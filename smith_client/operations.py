@@ -27,7 +27,7 @@ from smith_client.messages import AssistantMessage, messages_from_json_list
 from smith_client.protocol import Call, Operation, Receive, RunScript, Subscribe
 from smith_client.registry import read_served
 from smith_client.turns import outcome_from_event, outcome_from_state, read_state, submit_turn
-from smith_client.validation import build_turn_job, check_id, check_seq, check_served, check_timeout
+from smith_client.validation import build_turn_job, check_id, check_options, check_seq, check_served, check_timeout
 
 logger = logging.getLogger("agent_smith")
 
@@ -38,7 +38,7 @@ POLL_INTERVAL = 1.0
 def prepare(keys: Keys, text: Any, options: dict[str, Any]) -> Operation[tuple[TurnJob, str]]:
     """Check a request into its job and multitask policy (raising :class:`InvalidRequestError`
     / :class:`UnknownAgentError`); warns when no turn worker is registered."""
-    job, multitask = build_turn_job(text, **options)
+    job, multitask = build_turn_job(text, **check_options(options))
     if not check_served(job.agent, (yield from read_served(keys, "agents"))):
         logger.warning(
             "no turn worker is registered under prefix %r: the turn waits in the queue "

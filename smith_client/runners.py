@@ -20,7 +20,7 @@ from arq.jobs import serialize_job
 from redis.asyncio import Redis
 
 from smith_client import scripts
-from smith_client.errors import SmithTimeoutError
+from smith_client.errors import SmithTimeoutError, TransportError
 from smith_client.events import Event
 from smith_client.keys import Keys, now_ms
 from smith_client.protocol import Call, Enqueue, Operation, RunScript, Subscribe, T, Transaction
@@ -51,6 +51,20 @@ def _step(op: Operation[Any], reply: Any) -> Any:
         return _Done(stop.value)
 
 
+class _Closable:
+    """A runner's open/closed state: a closed client's calls fail instead of silently reconnecting."""
+
+    closed = False
+
+    def close(self) -> None:
+        """Refuse every later request (the client closed its connections)."""
+        self.closed = True
+
+    def _check_open(self, request: Any) -> None:
+        if self.closed:
+            raise TransportError("the client is closed", operation=type(request).__name__)
+
+
 def _is_request(item: Any) -> bool:
     return not isinstance(item, (Event, _Done))
 
@@ -77,7 +91,7 @@ def _bind(request: Any, client: Any, session: _Session, enqueue: Callable[[Enque
     return functools.partial(session.pubsub.get_message, ignore_subscribe_messages=True, timeout=request.timeout)
 
 
-class AsyncRunner:
+class AsyncRunner(_Closable):
     """Runs operations on an :class:`ArqRedis` (redis-py asyncio); for :class:`SmithClient`."""
 
     def __init__(self, client: Redis) -> None:
@@ -132,6 +146,7 @@ class AsyncRunner:
 
     @typed_redis_errors
     async def _perform(self, request: Any, session: _Session) -> Any:
+        self._check_open(request)
         if isinstance(request, RunScript):
             return await request.script(self.redis, request.keys, request.args)
         return await _bind(request, self.redis, session, self._enqueue_job)()
@@ -142,7 +157,7 @@ class AsyncRunner:
         )
 
 
-class SyncRunner:
+class SyncRunner(_Closable):
     """Runs operations on a blocking :class:`redis.Redis`; for :class:`SyncSmithClient`.
 
     Thread-safe: commands take a connection from the client's pool per call, and
@@ -180,6 +195,7 @@ class SyncRunner:
 
     @typed_redis_errors
     def _perform(self, request: Any, session: _Session) -> Any:
+        self._check_open(request)
         if isinstance(request, RunScript):
             return request.script.call_sync(self.redis, request.keys, request.args)
         return _bind(request, self.redis, session, self._enqueue_job)()

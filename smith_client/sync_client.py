@@ -67,7 +67,8 @@ class SyncSmithClient(ClientAPI):
         self.close()
 
     def close(self) -> None:
-        """Close the Redis connections this client created."""
+        """Close the Redis connections this client created; later calls raise :class:`TransportError`."""
+        self.runner.close()
         if self._owns_redis:
             self.redis.close()
             self.redis.connection_pool.disconnect()

@@ -38,6 +38,16 @@ class TurnOptions(TypedDict, total=False):
     stream: bool | None
 
 
+def check_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Turn options: only the names of :class:`TurnOptions` (a misspelt option must not be silently ignored)."""
+    unknown = sorted(set(options) - set(TurnOptions.__annotations__))
+    if unknown:
+        raise InvalidRequestError(
+            f"unknown option {unknown[0]!r} (options: {', '.join(TurnOptions.__annotations__)})", field=unknown[0]
+        )
+    return options
+
+
 def check_id(value: Any, field: str) -> str:
     """A caller-chosen id (turn, conversation, agent): 1-200 characters from ``[A-Za-z0-9_.:@-]``."""
     if not isinstance(value, str) or not ID_PATTERN.match(value):

@@ -9,11 +9,16 @@ base install.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import logging
 import os
 import sys
 
+from redis.exceptions import RedisError
+
+from smith_client import SmithError
+from smith_client.cli import fail
 from smith_worker.app import SmithApp
 
 
@@ -34,7 +39,14 @@ def load_app(spec: str) -> SmithApp:
 
 
 def worker_main(argv: list[str] | None = None) -> None:
-    """Entry point of ``smith-worker``."""
+    """Entry point of ``smith-worker``: a configuration or Redis error is one line on stderr and exit code 1."""
+    try:
+        _worker_main(argv)
+    except (SmithError, RedisError) as exc:
+        raise SystemExit(fail("smith-worker", exc)) from None
+
+
+def _worker_main(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(prog="smith-worker", description="Run an Agent Smith worker.")
     parser.add_argument("app", nargs="?", help="the app to serve, as package.module:attribute")
     parser.add_argument("--queue", choices=["turns", "tools"])
@@ -43,7 +55,8 @@ def worker_main(argv: list[str] | None = None) -> None:
         "--check",
         action="store_true",
         help="liveness probe: exit 0 when this host's worker on --queue touched its heartbeat "
-        "file (SMITH_HEARTBEAT_FILE) in the last 15 s; Redis is not asked",
+        "file (SMITH_HEARTBEAT_FILE) in the last 15 s; Redis is not asked. Needs --queue or "
+        "SMITH_HEARTBEAT_FILE",
     )
     parser.add_argument("--ready", action="store_true", help="with --check: also require Redis to answer PING")
     args = parser.parse_args(argv)
@@ -59,8 +72,28 @@ def worker_main(argv: list[str] | None = None) -> None:
 
     worker = build_worker(load_app(args.app), args.queue)
     worker.run()
-    if worker.ctx["runtime"].restart_requested:
+    runtime = worker.ctx["runtime"]
+    if runtime.restart_requested and not worker.terminated:
         restart_process()
+    exit_past_overrunning_threads(runtime.executors.overrunning if runtime.executors else 0)
+
+
+def exit_past_overrunning_threads(overrunning: int) -> None:
+    """End the process now (code 0) when ``overrunning`` sync-tool threads still run after the graceful stop.
+
+    The interpreter joins a ThreadPoolExecutor's threads at exit, so one tool sleeping past its
+    timeout would keep a stopped worker alive until SIGKILL. The exit handlers (log flushing,
+    coverage) still run; only the join of those threads is skipped.
+    """
+    if overrunning <= 0:
+        return
+    logging.getLogger("agent_smith.worker").warning(
+        "exiting with %d overrunning sync-tool threads still running (abandoned)", overrunning
+    )
+    atexit._run_exitfuncs()  # what a normal exit runs after joining threads: logging.shutdown, coverage
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def restart_process() -> None:

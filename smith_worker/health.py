@@ -13,7 +13,10 @@ The file is ``SMITH_HEARTBEAT_FILE`` when set (set it in a pod so the probe
 and the worker agree on one path), else
 ``<temp dir>/smith-<prefix>-<queue>-<pid>.heartbeat``; a check without the
 variable looks at the files of that prefix and queue whose process still
-runs, and passes when one of them is fresh.
+runs, and passes when one of them is fresh. A check needs to know whose
+heartbeat it judges: ``--queue`` or ``SMITH_HEARTBEAT_FILE``, else it is a
+:class:`ConfigurationError` (a probe that passed on any queue's worker would keep a
+pod whose own worker hung alive).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from smith_client.errors import ConfigurationError
 from smith_worker.config import Settings
 
 logger = logging.getLogger("agent_smith.worker")
@@ -73,10 +77,17 @@ def _pid_runs(pid: int) -> bool:
 
 
 def candidate_files(settings: Settings, queue: str | None) -> list[Path]:
-    """The heartbeat files a check looks at: the configured one, or those of running workers."""
+    """The heartbeat files a check looks at: the configured one, or those of ``queue``'s running workers.
+
+    Raises :class:`ConfigurationError` with neither ``SMITH_HEARTBEAT_FILE`` nor ``queue``.
+    """
     if settings.heartbeat_file:
         return [Path(settings.heartbeat_file)]
-    pattern = f"smith-{settings.prefix}-{queue or '*'}-*.heartbeat"
+    if not queue:
+        raise ConfigurationError(
+            "--check needs --queue turns|tools (or SMITH_HEARTBEAT_FILE): whose heartbeat?", setting="--queue"
+        )
+    pattern = f"smith-{settings.prefix}-{queue}-*.heartbeat"
     files = []
     for path in Path(tempfile.gettempdir()).glob(pattern):
         pid = path.stem.rsplit("-", 1)[-1]

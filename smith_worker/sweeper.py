@@ -15,6 +15,7 @@ from typing import Any
 
 from smith_client import turn_record as record
 from smith_client.keys import Keys, now_ms
+from smith_worker.redis_health import REDIS_DOWN_ERRORS
 from smith_worker.turn_state import requeue_turn
 
 logger = logging.getLogger("agent_smith.worker")
@@ -47,5 +48,7 @@ async def sweep_forever(redis: Any, keys: Keys, interval: float = SWEEP_INTERVAL
             recovered = await sweep_once(redis, keys)
             if recovered:
                 logger.warning("re-enqueued turns whose worker stopped: %s", recovered)
+        except REDIS_DOWN_ERRORS as exc:  # an outage, reported once a poll by the worker: one line, no traceback
+            logger.warning("sweep skipped, Redis unavailable (%s: %s)", type(exc).__name__, exc)
         except Exception:
             logger.warning("sweep failed", exc_info=True)

@@ -87,6 +87,8 @@ class SmithWorker(Worker):
         super().__init__(*args, **kwargs)
         self.health = health
         self.stopping = False
+        #: True once SIGTERM / SIGINT stopped the worker: a drain in progress then ends the process, no re-exec.
+        self.terminated = False
         self.on_stop = self._on_stop  # arq calls it after cancelling the main task on SIGTERM / SIGINT
 
     def _on_stop(self, _signum: signal.Signals) -> None:
@@ -94,6 +96,19 @@ class SmithWorker(Worker):
         # asyncio.timeout may turn a pending cancel into a TimeoutError that redis-py treats as
         # "no data"; seen as a worker polling on after SIGTERM): the flag ends the loops anyway.
         self.stopping = self.health.stopping = True
+
+    def handle_sig(self, signum: signal.Signals) -> None:
+        """arq's immediate stop (turn workers' SIGTERM / SIGINT), noting a termination."""
+        self._note_signal(signum)
+        super().handle_sig(signum)
+
+    def handle_sig_wait_for_completion(self, signum: signal.Signals) -> None:
+        """arq's stop after running jobs (tool workers' SIGTERM / SIGINT, and the drain), noting a termination."""
+        self._note_signal(signum)
+        super().handle_sig_wait_for_completion(signum)
+
+    def _note_signal(self, signum: signal.Signals) -> None:
+        self.terminated = self.terminated or signum in (signal.SIGTERM, signal.SIGINT)
 
     async def main(self) -> None:
         """arq's ``main`` (never in burst mode here), waiting for Redis first instead of exiting."""

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -76,6 +77,16 @@ app = FastAPI(title="Agent Smith web relay", lifespan=lifespan)
 async def smith_error(request: Request, exc: SmithError) -> JSONResponse:
     """A typed client error as JSON ``{"error": {kind, message, fields}}`` with a matching status."""
     return JSONResponse({"error": exc.to_payload()}, status_code=_STATUS.get(type(exc), 502))
+
+
+@app.exception_handler(RequestValidationError)
+async def request_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's own request checks (a missing or mistyped field) answered like every other error:
+    ``InvalidRequestError``, 422, naming the first bad field (e.g. ``body.text``)."""
+    problems = exc.errors()
+    field = ".".join(map(str, problems[0]["loc"])) if problems else ""
+    message = "; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems) or "invalid request"
+    return await smith_error(request, InvalidRequestError(message, field=field))
 
 
 def _smith(request: Request) -> SmithClient:

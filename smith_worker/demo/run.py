@@ -51,11 +51,13 @@ async def _turn(redis_url: str, prefix: str, question: str) -> bool:
 
 
 async def _delete_keys(redis_url: str, prefix: str) -> None:
-    """Remove this run's keys (its prefix is unique) from a Redis the demo did not start."""
+    """Remove this run's keys (its prefix is unique), arq's job keys of it included, from a Redis the demo
+    did not start."""
     async with SmithClient.from_url(redis_url, prefix=prefix) as client:
-        keys = [key async for key in client.redis.scan_iter(match=client.keys.all_pattern, count=500)]
-        if keys:
-            await client.redis.delete(*keys)
+        for pattern in client.keys.key_patterns:
+            keys = [key async for key in client.redis.scan_iter(match=pattern, count=500)]
+            if keys:
+                await client.redis.delete(*keys)
 
 
 async def _agents_ready(redis_url: str, prefix: str) -> bool:

@@ -129,6 +129,7 @@ class ChatStreamAssembler:
         self._standard_usage = False  # a standard `usage` was seen (it beats x_groq.usage)
         self._finish_reason: str | None = None
         self._final_calls: list[ToolCall] | None = None
+        self._saw_choice = False
         self._ended = False
 
     @property
@@ -182,6 +183,9 @@ class ChatStreamAssembler:
         )
 
     def _end(self) -> list[StreamEvent]:
+        if not self._saw_choice:
+            # as the non-streamed "chat completion has no choices": nothing to answer with is not an empty answer
+            raise ParseError("chat completion has no choices (stream ended without a choice)")
         completed: list[StreamEvent] = []
         calls: list[ToolCall] = []
         for call in self._tools.ordered():
@@ -206,6 +210,7 @@ class ChatStreamAssembler:
         choice = _first_choice(choices, offset)
         if choice is None:
             return []
+        self._saw_choice = True
         if "usage" in choice:
             self._take_usage(choice["usage"])
         events = self._apply_delta(choice.get("delta"), offset)

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -137,6 +138,7 @@ def start_redis_server(
     if binary is None:
         raise ConfigurationError("redis-server is not installed (apt-get install redis-server)", setting="redis")
     port = port or free_port()
+    # --dir: a replica's full sync or a SHUTDOWN SAVE would otherwise write dump.rdb into the cwd (the repo)
     argv = [
         binary,
         "--port",
@@ -147,6 +149,8 @@ def start_redis_server(
         "",
         "--appendonly",
         "no",
+        "--dir",
+        tempfile.gettempdir(),
         "--loglevel",
         "warning",
         "--logfile",

@@ -125,3 +125,60 @@ async def test_a_tool_result_landing_between_attempts_is_published_exactly_once(
     assert "turn.resumed" in [e.type for e in events]
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     await wait_for_workers(redis_url, client.keys.prefix, 2)
+
+
+async def test_sigterm_ends_a_tool_worker_with_an_overrunning_thread(redis_url, scripted_llm, scenario):
+    """QA: a sync tool sleeping an hour past its timeout must not keep a SIGTERMed tool worker alive."""
+    from smith_worker.worker import TOOL_JOB_COMPLETION_WAIT
+
+    prefix = f"overrun{uuid.uuid4().hex[:6]}"
+    env = worker_env(redis_url, prefix, scripted_llm.base_url)
+    turns, tools = start_workers("tests.support.app:app", env, ["turns", "tools"], prefix)
+    try:
+        await wait_for_workers(redis_url, prefix, 2)
+        key, marker = scenario(Script(Reply.tool_calls([("block_sync", {"seconds": 3600})]), Reply.text("left")))
+        async with SmithClient.from_url(redis_url, prefix=prefix) as client:
+            handle = await client.submit(f"{marker} go", conversation_id=f"conv-{key}", agent="contain")
+            assert (await handle.result(timeout=60)).content == "left"
+        assert "overran its timeout" in tools.log_path.read_text(errors="replace")
+        tools.signal(signal.SIGTERM)
+        deadline = time.monotonic() + TOOL_JOB_COMPLETION_WAIT + 20  # the completion wait + a margin
+        while tools.alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert not tools.alive(), "the tool worker outlived SIGTERM (its overrunning thread was joined)"
+        assert tools.proc.returncode == 0
+        assert "abandoned" in tools.log_path.read_text(errors="replace")
+    finally:
+        turns.stop()
+        tools.stop()
+
+
+async def test_sigterm_during_a_drain_to_restart_ends_the_worker_instead_of_re_executing(
+        redis_url, scripted_llm, scenario):
+    """A tool worker draining to restart (overrun limit) that gets SIGTERM exits: no re-exec, no hang."""
+    from smith_worker.worker import TOOL_JOB_COMPLETION_WAIT
+
+    prefix = f"drainterm{uuid.uuid4().hex[:6]}"
+    env = worker_env(redis_url, prefix, scripted_llm.base_url, SMITH_TOOL_MAX_OVERRUNS="1")
+    turns, tools = start_workers("tests.support.app:app", env, ["turns", "tools"], prefix)
+    try:
+        await wait_for_workers(redis_url, prefix, 2)
+        # the overrun starts the drain; the slow async tool keeps the drain waiting while SIGTERM comes
+        key, marker = scenario(Script(
+            Reply.tool_calls([("block_sync", {"seconds": 3600}), ("slow_tool", {"seconds": 6})]), Reply.text("x")))
+        async with SmithClient.from_url(redis_url, prefix=prefix) as client:
+            await client.submit(f"{marker} go", conversation_id=f"conv-{key}", agent="contain")
+            deadline = time.monotonic() + 30
+            while "draining to restart" not in tools.log_path.read_text(errors="replace"):
+                assert time.monotonic() < deadline, "the tool worker never started draining"
+                await asyncio.sleep(0.1)
+        tools.signal(signal.SIGTERM)
+        deadline = time.monotonic() + TOOL_JOB_COMPLETION_WAIT + 20
+        while tools.alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        log = tools.log_path.read_text(errors="replace")
+        assert not tools.alive(), "the tool worker outlived SIGTERM during its drain"
+        assert "re-executing" not in log
+    finally:
+        turns.stop()
+        tools.stop()

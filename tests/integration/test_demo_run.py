@@ -45,7 +45,9 @@ def test_demo_run_streams_a_turn_and_stops_everything(redis_url, scripted_llm, s
     # nothing left running: no worker process of this run survives it
     assert demo_processes(redis_url) == []
     # and its keys were removed from the Redis it borrowed (its prefix starts with smith-demo-)
-    assert redis.Redis.from_url(redis_url).keys("smith-demo-*") == []
+    leftover = redis.Redis.from_url(redis_url)
+    assert leftover.keys("smith-demo-*") == []
+    assert leftover.keys("arq:*smith-demo-*") == []  # arq's job/result keys of its jobs too (their ids carry it)
 
 
 def test_make_web_serves_the_relay_with_workers_and_stops_everything(redis_url, scripted_llm, scenario, tmp_path):

@@ -44,7 +44,8 @@ pytestmark = pytest.mark.integration
 REDIS_SERVER = shutil.which("redis-server") or "redis-server"
 REDIS_SENTINEL = shutil.which("redis-sentinel") or "redis-sentinel"
 SERVER_FLAGS = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning"]
-MASTER = "smithmaster"
+# unique per run: sentinels left over from another run (same name, reused ports) must not vote in ours
+MASTER = f"smithmaster-{os.getpid()}"
 
 
 # ---------------------------------------------------------------- processes and certificates
@@ -126,7 +127,7 @@ class TlsServer:
         self.port = free_port()
         self.proc = start([REDIS_SERVER, "--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert),
                            "--tls-key-file", str(key), "--tls-ca-cert-file", str(self.ca), "--tls-auth-clients", "no",
-                           *SERVER_FLAGS], directory / "tls.log",
+                           *SERVER_FLAGS, "--dir", str(directory)], directory / "tls.log",
                           port=self.port, ssl=True, ssl_ca_certs=str(self.ca))
         self.passwords = {tenant: os.urandom(8).hex() for tenant in ("tenant-a", "tenant-b")}
         admin = sync_redis.Redis(port=self.port, ssl=True, ssl_ca_certs=str(self.ca))
@@ -201,16 +202,25 @@ async def test_tls_verifies_the_server_certificate(tls_server):
 
 # ---------------------------------------------------------------- Sentinel
 
+def own_dir(directory: Path, name: str) -> str:
+    """A server's own data directory under ``directory`` (two servers never share a dump.rdb)."""
+    (directory / name).mkdir(exist_ok=True)
+    return str(directory / name)
+
+
 class SentinelSet:
     """A primary, its replica and three sentinels (quorum 2) watching them, all on 127.0.0.1."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.primary_port, self.replica_port = free_port(), free_port()
-        self.primary = start([REDIS_SERVER, "--port", str(self.primary_port), *SERVER_FLAGS],
+        # --dir: the replica's full sync writes dump.rdb there, never into the cwd (the repo)
+        self.primary = start([REDIS_SERVER, "--port", str(self.primary_port), *SERVER_FLAGS,
+                              "--dir", own_dir(directory, "primary"), "--repl-diskless-sync-delay", "0"],
                              directory / "primary.log", port=self.primary_port)
         self.replica = start([REDIS_SERVER, "--port", str(self.replica_port), "--replicaof", "127.0.0.1",
-                              str(self.primary_port), *SERVER_FLAGS], directory / "replica.log", port=self.replica_port)
+                              str(self.primary_port), *SERVER_FLAGS, "--dir", own_dir(directory, "replica")],
+                             directory / "replica.log", port=self.replica_port)
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.sentinels = [self._sentinel(port) for port in self.sentinel_ports]
         wait_until(self._watching, 30.0, "sentinels to see the replica and each other", interval=0.3)
@@ -236,6 +246,11 @@ class SentinelSet:
             client.close()
 
     def _watching(self) -> bool:
+        # the replica must hold the data before the test starts: its first full sync (no dump.rdb shared with
+        # the primary any more, so no partial resync) has to be complete, not merely started
+        link = sync_redis.Redis(port=self.replica_port, socket_timeout=2).info("replication")
+        if link.get("master_link_status") != "up":
+            return False
         return all(len(self.ask(p, "SENTINEL", "REPLICAS", MASTER)) == 1
                    and len(self.ask(p, "SENTINEL", "SENTINELS", MASTER)) == 2 for p in self.sentinel_ports)
 
@@ -251,6 +266,22 @@ def sentinel_set(tmp_path_factory):
     sentinels = SentinelSet(tmp_path_factory.mktemp("sentinel"))
     yield sentinels
     sentinels.stop()
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_no_test_redis_server_writes_into_the_repository(sentinel_set, redis_url):
+    """A replica's full sync writes an RDB file into the server's dir: that must be a temp dir, not the repo."""
+    servers = [sync_redis.Redis(port=p, decode_responses=True) for p in (sentinel_set.primary_port,
+                                                                         sentinel_set.replica_port)]
+    servers.append(sync_redis.Redis.from_url(redis_url, decode_responses=True))  # start_redis_server's
+    for server in servers:
+        directory = Path(server.config_get("dir")["dir"]).resolve()
+        assert not directory.is_relative_to(REPO), directory
+        assert server.config_get("save")["save"] == ""
+        server.close()
+    assert not (REPO / "dump.rdb").exists()
 
 
 def sentinel_client(sentinels: SentinelSet, prefix: str) -> SmithClient:

@@ -112,6 +112,18 @@ def test_the_api_answers_idempotently_and_with_typed_errors(web, scenario, redis
     assert gone.status_code == 410 and gone.json()["error"]["kind"] == "EventsTrimmedError"
 
 
+def test_fastapis_own_validation_errors_have_the_apps_error_shape(web):
+    conversation = f"conv-{uuid.uuid4().hex[:8]}"
+    for body in ({}, {"text": 5}, {"text": "hi", "agent": ["x"]}):
+        reply = httpx.post(f"{web}/conversations/{conversation}/turns", json=body)
+        assert reply.status_code == 422, reply.text
+        error = reply.json()["error"]
+        assert error["kind"] == "InvalidRequestError" and error["fields"]["field"].startswith("body."), error
+    not_json = httpx.post(f"{web}/conversations/{conversation}/turns", content=b"{", headers={
+        "content-type": "application/json"})
+    assert not_json.status_code == 422 and not_json.json()["error"]["kind"] == "InvalidRequestError"
+
+
 @pytest.fixture(scope="module")
 def browser():
     if not shutil.which(CHROMIUM):

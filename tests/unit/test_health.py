@@ -47,6 +47,25 @@ def test_check_finds_running_workers_files_and_ignores_dead_ones(tmp_path, monke
     assert ok is False and "15 s" in why
 
 
+def test_check_without_a_queue_or_heartbeat_file_is_a_configuration_error(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    heartbeat_path(Settings(prefix="acme"), "turns").touch()  # a fresh heartbeat of some queue's worker
+    with pytest.raises(ConfigurationError, match="--queue") as err:
+        check_alive(Settings(prefix="acme"), None)
+    assert err.value.fields["setting"] == "--queue"
+    named = tmp_path / "pod.heartbeat"
+    named.touch()
+    assert check_alive(Settings(prefix="acme", heartbeat_file=str(named)), None)[0] is True  # the pod's own file
+    env = dict(os.environ, TMPDIR=str(tmp_path), SMITH_PREFIX="acme")
+    env.pop("SMITH_HEARTBEAT_FILE", None)
+    probe = subprocess.run([sys.executable, "-m", "smith_worker", "--check"], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert probe.returncode == 1 and probe.stderr.startswith("smith-worker: ConfigurationError: --check needs --queue")
+    assert "Traceback" not in probe.stderr
+
+
 async def test_heartbeat_is_touched_from_the_event_loop(tmp_path):
     path = tmp_path / "hb"
     task = asyncio.create_task(heartbeat_forever(path, interval=0.05))

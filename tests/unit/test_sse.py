@@ -304,9 +304,10 @@ def test_eof_without_finish_reason_is_a_parse_error():
 
 def test_done_without_finish_reason_ends_with_empty_reason():
     assembler = ChatStreamAssembler()
+    assembler.feed(frame({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
     (finished,) = assembler.feed(SseEvent("message", "[DONE]"))
     assert finished.finish_reason == ""
-    assert assembler.finish().message.content == ""
+    assert assembler.finish().message.content == ""  # a choice with no text is an empty answer; no choice is not
 
 
 def test_tool_call_without_name_is_a_parse_error():

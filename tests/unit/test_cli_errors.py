@@ -1,0 +1,50 @@
+"""The command-line tools print one ``PROG: Kind: message`` line, never a traceback, and exit non-zero."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from smith_worker.local.processes import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+SMITH = "from smith_client.cli import smith_main; smith_main()"
+
+
+def run(code_or_module: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    environ = dict(os.environ, PYTHONPATH=str(ROOT), **env)
+    return subprocess.run([sys.executable, *code_or_module], env=environ, capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+
+
+def assert_one_clean_line(result: subprocess.CompletedProcess[str], prefix: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(prefix), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["status", "keys"])
+def test_smith_with_redis_unreachable_prints_a_transport_error(command):
+    result = run(["-c", SMITH, command], SMITH_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    assert_one_clean_line(result, "smith: TransportError: ")
+
+
+@pytest.mark.parametrize("command", ["status", "keys", "ask"])
+@pytest.mark.parametrize("url", ["bogus://127.0.0.1/0", "redis://127.0.0.1:notaport/0"])
+def test_smith_with_a_malformed_url_prints_a_configuration_error_naming_it(command, url):
+    result = run(["-c", SMITH, command, *(["hi"] if command == "ask" else [])], SMITH_REDIS_URL=url)
+    assert_one_clean_line(result, "smith: ConfigurationError: SMITH_REDIS_URL ")
+
+
+@pytest.mark.parametrize(("variable", "value", "named"), [
+    ("SMITH_TURN_MAX_JOBS", "abc", "SMITH_TURN_MAX_JOBS"),
+    ("SMITH_REDIS_URL", "bogus://x", "SMITH_REDIS_URL"),
+])
+def test_smith_worker_with_bad_configuration_prints_one_line(variable, value, named):
+    result = run(["-m", "smith_worker", "tests.support.app:app", "--queue", "turns"], **{variable: value})
+    assert_one_clean_line(result, f"smith-worker: ConfigurationError: {named} ")
