@@ -11,7 +11,37 @@ Lifetimes (DESIGN.md §8; every key has a TTL or an owner). ``turn_ttl`` and
 :func:`lifetimes_from_env` for workers and clients alike); the others are the
 constants below the table.
 
-=======================================  ==============================  ==================================
+=======================================  ==============================  =========================================
+key                                      what                            lifetime
+=======================================  ==============================  =========================================
+``{p}:turns`` / ``{p}:tools``            arq queues (ZSET)               owned by arq and its workers (*)
+``{p}:turn:{t}:seq``                     event sequence counter          ``turn_ttl`` after the last event
+``{p}:turn:{t}:log``                     replay log (Redis Stream)       ``turn_ttl`` after the last event
+``{p}:turn:{t}:state``                   turn status and result (hash)   ``turn_ttl``
+``{p}:tree:{r}:iterations``              model calls of an agent tree    ``turn_ttl`` after the last step
+``{p}:tree:{r}:tokens``                  tokens reported for that tree   ``turn_ttl`` after the last step
+``{p}:turn:{r}:agent#{pos}:history``     a sub-agent's messages (list)   ``turn_ttl`` after the last write
+``{p}:turn:{r}:agent#{pos}:trimmed``     its trimmed-message counter     ``turn_ttl`` after the last write
+``{p}:conv:{c}:history``                 conversation messages (list)    ``history_ttl`` after the last write
+``{p}:conv:{c}:trimmed``                 messages trimmed from the head  ``history_ttl`` after the last write
+``{p}:conv:{c}:summary``                 SummaryMemory's summary         ``history_ttl`` after the last use
+``{p}:toolres:{t}:{step}:{i}``           a tool call's result            ``turn_ttl``
+``{p}:toolres:{t}#{pos}:{step}:{i}``     a sub-agent's call's result     ``turn_ttl``
+``{p}:workers``                          live workers (ZSET)             pruned by workers; :data:`WORKERS_TTL`
+``{p}:worker:{w}``                       one worker's registration       :data:`REGISTRATION_TTL` (heartbeat)
+``{p}:mcp:{alias}:tools``                an MCP server's tool schemas    ``schema_cache_ttl`` (300 s)
+``{p}:running``                          running turns (ZSET)            removed on finish; :data:`RUNNING_TTL`
+``{p}:conv:{c}:turns``                   unfinished turns (FIFO list)    ``history_ttl``; finished turns removed
+``{p}:conv:{c}:statuses``                unfinished turn id → status     ``history_ttl``; finished turns removed
+``{p}:turn:{t}:inbox``                   messages merged into a turn     ``turn_ttl``
+``{p}:toolres:{t}:{s}:{i}:started``      which tool worker started it    ``turn_ttl``
+``{p}:conv:{c}:skills``                  active skills (list)            ``history_ttl`` after the last use
+``{p}:toolres:{t}:{s}:{i}:published``    its ``tool.result`` is out      ``turn_ttl``
+``{p}:toolres:{t}:{s}:{i}:reruns``       re-runs of an idempotent call   ``turn_ttl``
+``arq:job:{id}``, ``arq:in-progress:…``  arq's per-job keys              owned by arq
+``arq:abort``                            arq's abort requests (ZSET)     :data:`ABORT_ENTRY_TTL`
+=======================================  ==============================  =========================================
+
 (*) No TTL, by design: a worker removes a job from its queue when it takes it, and
 Redis deletes the ZSET with its last member; a TTL would drop queued jobs. A queue
 that no worker serves therefore keeps its jobs (and the key) until a worker of it
