@@ -57,6 +57,7 @@ class EventLog:
         *,
         attempt: int | None = None,
         once_key: str | None = None,
+        call_path: list[str] | None = None,
     ) -> int:
         """Append one event (its type is ``data``'s) to the turn's log and publish it; return its ``seq``.
 
@@ -64,9 +65,10 @@ class EventLog:
         its current one (fencing, DESIGN.md §8; :data:`WHILE_RUNNING`: any
         attempt); return -1 otherwise. With ``once_key`` (needs ``attempt``),
         publish only if that marker key is absent, setting it atomically with
-        the event; return 0 when it was already set.
+        the event; return 0 when it was already set. ``call_path`` is a sub-agent's
+        (see :mod:`smith_client.events`).
         """
-        keys, args = self._publish_call(turn_id, data, agent_path, attempt, once_key)
+        keys, args = self._publish_call(turn_id, data, agent_path, attempt, once_key, call_path)
         return int(await scripts.PUBLISH(self._redis, keys, args))
 
     # ``attempt`` for the publish helpers: an attempt number fences on that attempt
@@ -79,8 +81,11 @@ class EventLog:
         agent_path: list[str] | None,
         attempt: int | None,
         once_key: str | None = None,
+        call_path: list[str] | None = None,
     ) -> tuple[list[str], list[Any]]:
-        return publish_script_args(self._keys, turn_id, data, agent_path, attempt, self._max_len, once_key=once_key)
+        return publish_script_args(
+            self._keys, turn_id, data, agent_path, attempt, self._max_len, once_key=once_key, call_path=call_path
+        )
 
     def publish_in(
         self,
@@ -90,10 +95,11 @@ class EventLog:
         agent_path: list[str] | None = None,
         attempt: int | None = None,
         once_key: str | None = None,
+        call_path: list[str] | None = None,
     ) -> None:
         """Queue a :meth:`publish` (fenced with ``attempt``, once per ``once_key``) on a pipeline;
         run it with :func:`smith_client.scripts.execute`."""
-        keys, args = self._publish_call(turn_id, data, agent_path, attempt, once_key)
+        keys, args = self._publish_call(turn_id, data, agent_path, attempt, once_key, call_path)
         scripts.PUBLISH.queue(pipe, keys, args)
 
     async def read(self, turn_id: str, after_seq: int = 0, count: int | None = None) -> list[Event]:
@@ -118,19 +124,21 @@ def publish_script_args(
     max_len: int = DEFAULT_LOG_MAX_LEN,
     *,
     once_key: str | None = None,
+    call_path: list[str] | None = None,
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of ``lua/publish.lua`` for one event, which lives ``keys.turn_ttl`` seconds (see
-    :meth:`EventLog.publish` for ``attempt`` and ``once_key``)."""
-    body = orjson.dumps(
-        {
-            "v": PROTOCOL_VERSION,
-            "turn_id": turn_id,
-            "ts": time.time(),
-            "agent_path": agent_path or [],
-            "type": data.event_type,
-            "data": data.to_wire(),
-        }
-    )
+    :meth:`EventLog.publish` for ``attempt``, ``once_key`` and ``call_path``)."""
+    envelope: dict[str, Any] = {
+        "v": PROTOCOL_VERSION,
+        "turn_id": turn_id,
+        "ts": time.time(),
+        "agent_path": agent_path or [],
+        "type": data.event_type,
+        "data": data.to_wire(),
+    }
+    if call_path:  # a sub-agent's events only: the root agent's stay as they were
+        envelope["call_path"] = call_path
+    body = orjson.dumps(envelope)
     script_keys = [keys.turn_seq(turn_id), keys.turn_log(turn_id), keys.turn_events_channel(turn_id)]
     args: list[Any] = [body[1:], max_len, keys.turn_ttl]
     if attempt is not None:

@@ -2,7 +2,16 @@
 
 Envelope fields: ``v`` (protocol version, :data:`PROTOCOL_VERSION`), ``turn_id``,
 ``seq`` (1, 2, 3 … gap-free per turn, assigned in Redis), ``ts`` (float epoch
-seconds), ``agent_path`` (agent names, root first), ``type`` and ``data``.
+seconds), ``agent_path`` (agent names, root first), ``call_path``, ``type`` and ``data``.
+
+``call_path`` tells apart the events of parallel calls of one sub-agent (seed
+§14.1: a sub-agent tool may be invoked concurrently): the ids of the sub-agent
+tool calls along ``agent_path``, root first, so ``agent_path[i + 1]`` runs for
+``agent_path[i]``'s call ``call_path[i]`` and the last id is the parent's
+``tool_call_id`` of this child (the ``id`` of its ``tool_call.*`` and the
+``tool_call_id`` of its ``tool.result``). It is absent (read as ``[]``) on the
+root agent's events. The ids are the model server's, as in the parent's own
+``tool_call.*`` events.
 
 Event types and their ``data``:
 
@@ -211,6 +220,7 @@ class Event(BaseModel):
     seq: int
     ts: float
     agent_path: list[str] = Field(default_factory=list)
+    call_path: list[str] = Field(default_factory=list)
     type: str
     data: dict[str, Any] = Field(default_factory=dict)
 

@@ -72,13 +72,15 @@ class ToolJob(BaseModel):
     ``skill`` the declared name of the skill owning the tool ("" for the
     agent's own tools), so the tool worker runs that skill's tool; ``position``
     the calling agent's place in the sub-agent tree (``""`` for the root agent,
-    see :func:`smith_client.keys.tree_position`), part of the call's job id and keys.
+    see :func:`smith_client.keys.tree_position`), part of the call's job id and keys; ``call_path``
+    the calling agent's ``call_path`` for the ``tool.result`` event (see :mod:`smith_client.events`).
     """
 
     turn_id: str
     conversation_id: str
     agent: str
     agent_path: list[str] = Field(default_factory=list)
+    call_path: list[str] = Field(default_factory=list)
     position: str = ""
     step: int
     index: int

@@ -15,7 +15,7 @@ turn whose stream it publishes on from here, never from ``job.agent`` /
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from smith_client.events import EventData, MessageData
@@ -46,7 +46,8 @@ class AgentContext:
     keys this loop uses. ``publish`` is fenced by the attempt.
 
     A sub-agent's context (:mod:`smith_worker.subagents`) has its chain in
-    ``agent_path``, its tree ``position`` (``""`` for the root; see
+    ``agent_path`` and the ids of the calls that started each agent of it in
+    ``call_path`` (see :mod:`smith_client.events`), its tree ``position`` (``""`` for the root; see
     :func:`smith_client.keys.tree_position`), its own checkpointed history in
     ``store``/``attempt``, and ``tree_config``: the root agent's config, whose
     tree limits govern every agent of the tree (seed §14.2).
@@ -64,6 +65,7 @@ class AgentContext:
     services: TurnServices
     position: str = ""
     tree_config: AgentConfig | None = None
+    call_path: list[str] = field(default_factory=list)
 
     @property
     def limits(self) -> AgentConfig:

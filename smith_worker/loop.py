@@ -342,7 +342,12 @@ class AgentLoop:
         turn was between attempts (its publish was refused) goes out now, exactly once."""
         once = self.rt.keys.tool_result_published(job.turn_id, job.step, job.index, job.position)
         seq = await self.rt.events.publish(
-            job.turn_id, tool_result_data(job, outcome), self.agent_path, attempt=self.attempt.attempt, once_key=once
+            job.turn_id,
+            tool_result_data(job, outcome),
+            self.agent_path,
+            attempt=self.attempt.attempt,
+            once_key=once,
+            call_path=job.call_path,
         )
         if seq < 0:
             raise StaleAttemptError(job.turn_id)
@@ -370,6 +375,7 @@ class AgentLoop:
             conversation_id=self.job.conversation_id,
             agent=spec.name,
             agent_path=self.agent_path,
+            call_path=self.ctx.call_path,
             position=self.ctx.position,
             step=step,
             index=index,

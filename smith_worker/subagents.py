@@ -16,7 +16,8 @@ a :class:`~smith_worker.context.AgentContext` of its own:
   the turn worker the next attempt resumes the child where it was (its
   completed tool calls are not run again: their results are stored under keys
   that carry the child's tree position, :func:`smith_client.keys.tree_position`);
-* the root turn's stream (same turn id and ``seq``) with ``agent_path`` = the chain;
+* the root turn's stream (same turn id and ``seq``) with ``agent_path`` = the chain and
+  ``call_path`` = the ids of the calls along it (parallel calls of one sub-agent differ there);
 * the root's tree limits and cancel flag (:attr:`AgentContext.limits`).
 
 Outcomes (seed §14.2, §14.3): a call deeper than the root's
@@ -145,7 +146,7 @@ class SubAgentTools:
         if self.ctx.depth + 1 > self.ctx.limits.max_subagent_depth:
             return _error(DEPTH_LIMIT_REACHED)
         await self._mark_started(step, index)
-        child = await self._child(call.name, tree_position(self.ctx.position, step, index), task)
+        child = await self._child(call, tree_position(self.ctx.position, step, index), task)
         try:
             final = await self._run_loop(child)
         except asyncio.CancelledError:
@@ -168,8 +169,9 @@ class SubAgentTools:
         started = rt.keys.tool_started(ctx.turn_id, step, index, ctx.position)
         await rt.redis.set(started, rt.worker_id, ex=rt.keys.turn_ttl)
 
-    async def _child(self, name: str, position: str, task: str) -> AgentContext:
-        """The child's context; its history starts with ``task`` (once: a resumed child keeps its messages)."""
+    async def _child(self, call: ToolCall, position: str, task: str) -> AgentContext:
+        """The context of the child ``call`` starts; its history starts with ``task`` (once: a resumed child
+        keeps its messages)."""
         parent, rt = self.ctx, self.ctx.runtime
         keys = rt.keys
         lists = (
@@ -184,10 +186,11 @@ class SubAgentTools:
             keys.turn_ttl,
             rt.settings.history_max_messages,
         )
-        path = [*parent.agent_path, name]
+        name = call.name
+        path, call_path = [*parent.agent_path, name], [*parent.call_path, call.id]
 
         async def publish(data: EventData) -> int:
-            seq = await rt.events.publish(parent.turn_id, data, path, attempt=writes.attempt)
+            seq = await rt.events.publish(parent.turn_id, data, path, attempt=writes.attempt, call_path=call_path)
             if seq < 0:
                 raise StaleAttemptError(parent.turn_id)
             return seq
@@ -206,6 +209,7 @@ class SubAgentTools:
             services=parent.services,
             position=position,
             tree_config=parent.limits,
+            call_path=call_path,
         )
         if not await rt.redis.exists(lists[0]):
             await child.append(UserMessage(content=task))

@@ -110,7 +110,13 @@ async def _store(rt: WorkerRuntime, job: ToolJob, outcome: ToolOutcome) -> bool:
         def fill(pipe: Any) -> None:
             # never after the turn's terminal event, and never twice (a turn between attempts publishes it on resume)
             rt.events.publish_in(
-                pipe, job.turn_id, tool_result_data(job, outcome), job.agent_path, WHILE_RUNNING, once_key=once
+                pipe,
+                job.turn_id,
+                tool_result_data(job, outcome),
+                job.agent_path,
+                WHILE_RUNNING,
+                once_key=once,
+                call_path=job.call_path,
             )
             pipe.publish(job.reply_channel, job.result_key)  # a repeat after NOSCRIPT only wakes the waiter again
 

@@ -192,3 +192,36 @@ async def test_a_tool_without_a_timeout_gets_its_agents_default(tree_client, sce
     assert (await handle.result(timeout=30)).content == "after"
     tool_message = (await tree_client.history(f"imp-{key}"))[2]
     assert tool_message.is_error and "timed out after 0.5 s" in tool_message.content
+
+
+async def test_parallel_calls_of_one_sub_agent_are_told_apart_by_call_path(tree_client, scenario):
+    children = {}
+    for name in ("a", "b"):  # two calls of "researcher" in one step, each calling "fetcher" with the same id
+        _, fetch = scenario(Script(Reply.text(f"fetched {name}")))
+        _, research = scenario(Script(
+            Reply.tool_calls([("whoami", {}), ("fetcher", {"task": f"{fetch} fetch"})], ids=[f"who_{name}", "dup"]),
+            Reply.text(f"answer {name}"),
+        ))
+        children[f"call_{name}"] = research
+    key, lead = scenario(Script(
+        Reply.tool_calls([("researcher", {"task": f"{m} look"}) for m in children.values()], ids=list(children)),
+        Reply.text("lead final"),
+    ))
+    handle = await tree_client.submit(f"{lead} go", conversation_id=f"par-{key}", agent="lead")
+    assert (await handle.result(timeout=60)).content == "lead final"
+    events = await all_events(handle)
+    assert_gap_free(events)
+    assert all(e.call_path == [] for e in events if e.agent_path == LEAD)
+
+    def text_of(path: list[str], call_path: list[str]) -> str:
+        return "".join(e.data["text"] for e in of(events, path, "token") if e.call_path == call_path)
+
+    for name in ("a", "b"):
+        call_id = f"call_{name}"
+        assert text_of(RESEARCHER, [call_id]) == f"answer {name}"
+        assert text_of(FETCHER, [call_id, "dup"]) == f"fetched {name}"  # the chain, not only the last id
+        tool_results = [e for e in of(events, RESEARCHER, "tool.result") if e.call_path == [call_id]]
+        assert sorted(e.data["tool_call_id"] for e in tool_results) == ["dup", f"who_{name}"]  # tool worker's too
+        answer = next(e for e in of(events, LEAD, "tool.result") if e.data["tool_call_id"] == call_id)
+        assert answer.data["content"] == f"answer {name}"
+    assert {tuple(e.call_path) for e in events if e.agent_path == RESEARCHER} == {("call_a",), ("call_b",)}
