@@ -4,32 +4,54 @@ Declare tools and agents on a :class:`SmithApp` and point a worker at it::
 
     smith-worker mypackage.agents:app --queue turns
     smith-worker mypackage.agents:app --queue tools
+
+The names below load their modules on first use, so ``smith-worker`` can tell a base install
+(no ``worker`` extra) what is missing instead of failing on an import (:mod:`smith_worker.cli`).
 """
 
-from smith_worker.app import AgentSpec, SmithApp
-from smith_worker.config import AgentConfig, Settings
-from smith_worker.hooks import Hooks
-from smith_worker.memory import FullMemory, Memory, MemoryContext, RollingWindowMemory, SummaryMemory, strip_orphans
-from smith_worker.skills import Skill, load_skill
-from smith_worker.tools import Tool, ToolContext, ToolRegistry, ToolResult, make_tool
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "AgentConfig",
-    "AgentSpec",
-    "FullMemory",
-    "Hooks",
-    "Memory",
-    "MemoryContext",
-    "RollingWindowMemory",
-    "Settings",
-    "Skill",
-    "SmithApp",
-    "SummaryMemory",
-    "Tool",
-    "ToolContext",
-    "ToolRegistry",
-    "ToolResult",
-    "load_skill",
-    "make_tool",
-    "strip_orphans",
-]
+from smith_worker.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names for type checkers; at run time each loads its module on first use
+    from smith_worker.app import AgentSpec as AgentSpec
+    from smith_worker.app import SmithApp as SmithApp
+    from smith_worker.config import AgentConfig as AgentConfig
+    from smith_worker.config import Settings as Settings
+    from smith_worker.hooks import Hooks as Hooks
+    from smith_worker.memory import FullMemory as FullMemory
+    from smith_worker.memory import Memory as Memory
+    from smith_worker.memory import MemoryContext as MemoryContext
+    from smith_worker.memory import RollingWindowMemory as RollingWindowMemory
+    from smith_worker.memory import SummaryMemory as SummaryMemory
+    from smith_worker.memory import strip_orphans as strip_orphans
+    from smith_worker.skills import Skill as Skill
+    from smith_worker.skills import load_skill as load_skill
+    from smith_worker.tools import Tool as Tool
+    from smith_worker.tools import ToolContext as ToolContext
+    from smith_worker.tools import ToolRegistry as ToolRegistry
+    from smith_worker.tools import ToolResult as ToolResult
+    from smith_worker.tools import make_tool as make_tool
+
+_EXPORTS = {
+    "AgentConfig": "config",
+    "AgentSpec": "app",
+    "FullMemory": "memory",
+    "Hooks": "hooks",
+    "Memory": "memory",
+    "MemoryContext": "memory",
+    "RollingWindowMemory": "memory",
+    "Settings": "config",
+    "Skill": "skills",
+    "SmithApp": "app",
+    "SummaryMemory": "memory",
+    "Tool": "tools",
+    "ToolContext": "tools",
+    "ToolRegistry": "tools",
+    "ToolResult": "tools",
+    "load_skill": "skills",
+    "make_tool": "tools",
+    "strip_orphans": "memory",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

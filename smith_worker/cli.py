@@ -11,15 +11,23 @@ from __future__ import annotations
 import argparse
 import atexit
 import importlib
+import importlib.metadata
 import logging
 import os
+import re
 import sys
+from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
 from smith_client import SmithError
 from smith_client.cli import fail
-from smith_worker.app import SmithApp
+
+if TYPE_CHECKING:  # imported when used: on a base install the worker's modules cannot load
+    from smith_worker.app import SmithApp
+
+#: The distribution and its extra that ``smith-worker`` needs (pyproject.toml).
+DISTRIBUTION, WORKER_EXTRA = "agent-smith", "worker"
 
 
 def load_app(spec: str) -> SmithApp:
@@ -27,6 +35,8 @@ def load_app(spec: str) -> SmithApp:
 
     Raises ``SystemExit`` with a clear message when it cannot.
     """
+    from smith_worker.app import SmithApp
+
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -38,8 +48,36 @@ def load_app(spec: str) -> SmithApp:
     return app
 
 
+def missing_worker_libraries() -> list[str]:
+    """The distributions of the ``worker`` extra that are not installed (``[]`` when all are, or when
+    this code does not run from an installed ``agent-smith``: then there is no declared extra to check)."""
+    try:
+        requirements = importlib.metadata.requires(DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    extra = re.compile(rf"""extra\s*==\s*["']{WORKER_EXTRA}["']""")
+    missing = []
+    for requirement in requirements:  # PEP 508: the project name leads, the marker follows ";"
+        name = re.match(r"[A-Za-z0-9._-]+", requirement)
+        if name is None or not extra.search(requirement.partition(";")[2]):
+            continue
+        project = name.group()
+        try:
+            importlib.metadata.distribution(project)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(project)
+    return missing
+
+
 def worker_main(argv: list[str] | None = None) -> None:
-    """Entry point of ``smith-worker``: a configuration or Redis error is one line on stderr and exit code 1."""
+    """Entry point of ``smith-worker``: a configuration or Redis error is one line on stderr and exit code 1,
+    and so is a base install (no ``worker`` extra), before any of the worker's modules is imported."""
+    missing = missing_worker_libraries()
+    if missing:
+        raise SystemExit(
+            f"smith-worker: the worker needs the {WORKER_EXTRA!r} extra (missing: {', '.join(missing)}): "
+            f"pip install '{DISTRIBUTION}[{WORKER_EXTRA}]'"
+        )
     try:
         _worker_main(argv)
     except (SmithError, RedisError) as exc:

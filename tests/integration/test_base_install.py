@@ -2,7 +2,8 @@
 
 Builds a fresh venv and installs this checkout without extras, as a user
 would; the worker extra's libraries (httpx, mcp) are then absent, and the
-client package and the ``smith`` command must work without them. The venv is
+client package and the ``smith`` command must work without them, and
+``smith-worker`` must say in one line which extra to install. The venv is
 made once per session (about 30 s with the local package mirror).
 """
 
@@ -55,3 +56,12 @@ def test_the_client_imports_and_smith_runs_on_the_base_install(base_venv):
     scripts_found = run(base_venv, "python", "-c",
                         "from smith_client import scripts; print(len(scripts.SUBMIT.source) > 0)")
     assert scripts_found.stdout.strip() == "True", scripts_found.stderr  # the .lua files are in the wheel
+
+
+def test_smith_worker_on_the_base_install_names_the_extra_in_one_line(base_venv):
+    for argv in (["--help"], ["tests.support.app:app", "--queue", "turns"], ["--check", "--queue", "turns"]):
+        ran = run(base_venv, "smith-worker", *argv)
+        assert ran.returncode == 1, (argv, ran.stdout, ran.stderr)
+        assert ran.stdout == ""
+        assert ran.stderr.strip().splitlines() == [ran.stderr.strip()], ran.stderr  # one line, no traceback
+        assert "pip install 'agent-smith[worker]'" in ran.stderr and "pebble" in ran.stderr, ran.stderr
