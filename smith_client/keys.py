@@ -331,6 +331,11 @@ class Keys:
         """arq's key holding a finished job's result."""
         return result_key_prefix + job_id
 
+    @staticmethod
+    def arq_retry(job_id: str) -> str:
+        """arq's counter of a job's tries."""
+        return retry_key_prefix + job_id
+
     @property
     def arq_abort_set(self) -> str:
         """arq's ZSET of abort requests (job id → request epoch ms)."""

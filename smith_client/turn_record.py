@@ -36,6 +36,9 @@ ATTEMPT = "attempt"
 JOB = "job"
 #: The worker id of the current attempt.
 WORKER = "worker"
+#: The arq job id the current attempt runs under ("" outside arq): the sweeper removes that job
+#: from the turns queue when it re-enqueues the turn of a dead worker.
+JOB_ID = "job_id"
 #: Epoch ms until which the current attempt's lease holds.
 LEASE_UNTIL = "lease_until"
 #: Index of the turn's user message in the conversation's history, once appended.

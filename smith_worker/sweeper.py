@@ -5,6 +5,11 @@ Every turn worker runs :func:`sweep_forever`. One pass is one
 entries cost more, and the re-enqueue script takes each turn at most once
 (DESIGN.md §8; issue 4: arq alone would wait for the job's in-progress key,
 job timeout + 10 s).
+
+A re-enqueued turn's dead attempt leaves its arq job in the turns queue with
+its in-progress key (arq removes a job only when it finishes), which would count
+as queued until arq's own timeout and then run once more for nothing; the sweep
+removes that job (:func:`drop_dead_job`).
 """
 
 from __future__ import annotations
@@ -30,14 +35,29 @@ async def sweep_once(redis: Any, keys: Keys) -> list[str]:
     taken = []
     for raw in expired:
         turn_id = raw.decode()
-        conversation = await redis.hget(keys.turn_state(turn_id), record.CONVERSATION_ID)
+        conversation, job_id = await redis.hmget(keys.turn_state(turn_id), [record.CONVERSATION_ID, record.JOB_ID])
         if conversation is not None and await requeue_turn(redis, keys, turn_id, conversation.decode()):
+            if job_id:
+                await drop_dead_job(redis, keys, job_id.decode())
             taken.append(turn_id)
         else:  # finished or already taken meanwhile: drop a stale entry
             status = await redis.hget(keys.turn_state(turn_id), record.STATUS)
             if status != record.RUNNING.encode():
                 await redis.zrem(keys.running, turn_id)
     return taken
+
+
+async def drop_dead_job(redis: Any, keys: Keys, job_id: str) -> None:
+    """Remove arq job ``job_id`` of a turn attempt whose lease expired from the turns queue, with its
+    payload, in-progress and retry keys, in one transaction (no other worker can take it in between).
+
+    Safe even if that attempt's worker is not dead but only cut off: its writes are fenced by the
+    attempt (DESIGN.md §8), and arq's own clean-up when its job ends finds nothing left to remove.
+    """
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.zrem(keys.turns_queue, job_id)
+        pipe.delete(keys.arq_job(job_id), keys.arq_in_progress(job_id), keys.arq_retry(job_id))
+        await pipe.execute()
 
 
 async def sweep_forever(redis: Any, keys: Keys, interval: float = SWEEP_INTERVAL) -> None:

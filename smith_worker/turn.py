@@ -56,7 +56,7 @@ logger = logging.getLogger("agent_smith.agent")
 class TurnRunner:
     """Runs one attempt of one :class:`TurnJob` on a turn worker (see the module docstring)."""
 
-    def __init__(self, rt: WorkerRuntime, services: TurnServices, job: TurnJob) -> None:
+    def __init__(self, rt: WorkerRuntime, services: TurnServices, job: TurnJob, job_id: str = "") -> None:
         self.rt = rt
         self.services = services
         self.job = job
@@ -68,6 +68,7 @@ class TurnRunner:
             job.conversation_id,
             rt.worker_id,
             history_max=rt.settings.history_max_messages,
+            job_id=job_id,
         )
         self.agent_path = [job.agent]
         #: What the agent loop gets (built once the agent is known).

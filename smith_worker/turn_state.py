@@ -53,7 +53,8 @@ class TurnAttempt:
 
     ``lease`` is seconds. ``on_lost`` is called (once) when renewal finds the
     lease taken over, so the owner can stop its task. ``history_max`` is the
-    number of messages the stored history keeps (``SMITH_HISTORY_MAX_MESSAGES``).
+    number of messages the stored history keeps (``SMITH_HISTORY_MAX_MESSAGES``). ``job_id`` is the arq
+    job the attempt runs under (``""`` outside arq), recorded for the sweeper.
     """
 
     def __init__(
@@ -66,8 +67,10 @@ class TurnAttempt:
         *,
         lease: float = DEFAULT_LEASE,
         history_max: int = DEFAULT_HISTORY_MAX_MESSAGES,
+        job_id: str = "",
     ) -> None:
         self.redis = redis
+        self.job_id = job_id
         self.keys = keys
         self.turn_id = turn_id
         self.conversation_id = conversation_id
@@ -87,7 +90,7 @@ class TurnAttempt:
         conversation is unfinished), ``"done"``, ``"busy"`` (another live attempt) or ``"missing"``."""
         keys = [self._state, self.keys.running, self.keys.conversation_turns(self.conversation_id), self._statuses]
         reply = await scripts.BEGIN(
-            self.redis, keys, [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL]
+            self.redis, keys, [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL, self.job_id]
         )
         outcome: str = reply[0].decode()
         if outcome == "go":

@@ -73,7 +73,7 @@ async def run_turn(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
             error = InvalidRequestError(f"malformed turn payload: {exc}", field="payload")
             await fail_unreadable_turn(rt, turn_id, redact_error(error))
         return
-    await TurnRunner(rt, services, job).run()
+    await TurnRunner(rt, services, job, ctx["job_id"]).run()
 
 
 class SmithWorker(Worker):

@@ -1,7 +1,7 @@
 -- Take a turn for a new attempt (smith_worker/turn_state.py). Only the oldest unfinished turn of a
 -- conversation may run: a later one gets {'wait', <id ahead>} and parks.
 -- KEYS: state, running ZSET, conversation FIFO, conversation statuses.
--- ARGV: turn id, worker id, now ms, lease ms, running ZSET TTL s.
+-- ARGV: turn id, worker id, now ms, lease ms, running ZSET TTL s, the attempt's arq job id ('' outside arq).
 -- Returns {'missing'} | {'done', status} | {'busy'} | {'wait', id} | {'go', attempt}.
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {'missing'} end
@@ -13,7 +13,7 @@ local ahead = unfinished_turns(KEYS[3], KEYS[4], ARGV[1])
 if #ahead > 0 then return {'wait', ahead[1]} end
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 local until_ms = tonumber(ARGV[3]) + tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[2], 'lease_until', until_ms)
+redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[2], 'lease_until', until_ms, 'job_id', ARGV[6])
 redis.call('HSET', KEYS[4], ARGV[1], 'running')
 redis.call('ZADD', KEYS[2], until_ms, ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[5])

@@ -99,6 +99,13 @@ async def test_kill_9_during_the_model_stream(fleet_client, scenario):
     assert [e.data["attempt"] for e in events if e.type == "turn.resumed"] == [2]
     history = await fleet_client.history(conv)
     assert [type(m) for m in history] == [UserMessage, AssistantMessage]  # no duplicate message
+    # the dead attempt's arq job left the turns queue with its keys (arq alone keeps it queued until its
+    # in-progress key expires, turn job timeout + 40 s, then runs it once more for nothing)
+    keys, redis, dead_job = fleet_client.keys, fleet_client.redis, fleet_client.keys.turn_job_id(handle.turn_id)
+    async with asyncio.timeout(10):  # the sweeper removes it right after re-enqueueing the turn
+        while await redis.zscore(keys.turns_queue, dead_job) is not None:
+            await asyncio.sleep(0.05)
+    assert not await redis.exists(keys.arq_job(dead_job), keys.arq_in_progress(dead_job))
 
 
 async def test_kill_9_during_a_tool_wait_reuses_the_tool_result(fleet_client, scenario, prefix):
