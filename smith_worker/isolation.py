@@ -72,18 +72,21 @@ class ToolExecutors:
         self.overrunning = 0
         self.limit_reached = False
 
-    async def run_in_thread(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    async def run_in_thread(self, fn: Callable[..., Any], kwargs: dict[str, Any], deadline: float | None = None) -> Any:
         """``fn(**kwargs)`` on the thread pool (with the caller's context variables).
 
         If the awaiting task is cancelled while the thread still runs, the
-        thread is counted as overrunning until it ends.
+        thread is counted as overrunning until it ends. ``deadline`` (event loop
+        time, ``loop.time()``) is when the call's timeout fires: a cancel from then
+        on is logged as the timeout, one before it (an aborted job) as a cancel.
         """
         future = self.threads.submit(contextvars.copy_context().run, functools.partial(fn, **kwargs))
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             if not future.done():
-                self._overran(fn, future)
+                timed_out = deadline is not None and asyncio.get_running_loop().time() >= deadline
+                self._overran(fn, future, "overran its timeout" if timed_out else "was cancelled")
             raise
 
     async def run_in_process(self, fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float) -> Any:
@@ -111,7 +114,7 @@ class ToolExecutors:
             self._process_pool = pebble.ProcessPool(max_workers=self._processes, context=context)
         return self._process_pool
 
-    def _overran(self, fn: Callable[..., Any], future: Future[Any]) -> None:
+    def _overran(self, fn: Callable[..., Any], future: Future[Any], what: str) -> None:
         with self._lock:
             self.overrunning += 1
             count = self.overrunning
@@ -119,8 +122,9 @@ class ToolExecutors:
             self.limit_reached = self.limit_reached or reached
         future.add_done_callback(self._overrun_ended)
         logger.warning(
-            "sync tool %s overran its timeout; its thread keeps running (%d of %d overrunning)",
+            "sync tool %s %s; its thread keeps running (%d of %d overrunning)",
             getattr(fn, "__name__", fn),
+            what,
             count,
             self.overrun_limit,
         )

@@ -215,7 +215,7 @@ class Tool:
         deadline = asyncio.timeout(budget)
         try:
             async with deadline:
-                return normalize_result(await self._call(arguments, ctx, budget, executors))
+                return normalize_result(await self._call(arguments, ctx, budget, executors, deadline.when()))
         except TimeoutError as exc:
             if not deadline.expired():  # the tool's own TimeoutError, not our budget
                 return error_result(f"{type(exc).__name__}: {exc}")
@@ -226,7 +226,12 @@ class Tool:
             return error_result(f"{type(exc).__name__}: {exc}")
 
     async def _call(
-        self, arguments: dict[str, Any], ctx: ToolContext, budget: float, executors: ToolExecutors | None
+        self,
+        arguments: dict[str, Any],
+        ctx: ToolContext,
+        budget: float,
+        executors: ToolExecutors | None,
+        deadline: float | None,
     ) -> Any:
         kwargs = dict(arguments)
         for name in self.context_params:
@@ -240,7 +245,7 @@ class Tool:
         if self.isolation == "process":
             result = await executors.run_in_process(self.fn, kwargs, budget)
         else:
-            result = await executors.run_in_thread(self.fn, kwargs)
+            result = await executors.run_in_thread(self.fn, kwargs, deadline)
         if inspect.isawaitable(result):
             return await result
         return result

@@ -179,3 +179,39 @@ async def test_executors_count_overrunning_threads_and_call_on_limit_once():
         await asyncio.sleep(0.01)
     assert executors.overrunning == 0
     executors.close()
+
+
+async def test_a_sync_tool_stopped_by_a_cancel_is_logged_as_a_cancel_and_by_its_timeout_as_a_timeout(caplog):
+    import asyncio
+    import threading
+
+    from smith_worker.isolation import ToolExecutors
+    from smith_worker.tools import ToolContext, make_tool
+
+    release, started = threading.Event(), threading.Event()
+
+    def blocking() -> str:
+        started.set()
+        release.wait()
+        return "late"
+
+    tool, executors = make_tool(blocking), ToolExecutors(job_slots=2)
+    ctx = ToolContext(call_id="c1", tool_name="blocking")
+    caplog.set_level(logging.WARNING, logger="agent_smith")
+    try:
+        timed_out = await tool.invoke({}, ctx, timeout=0.05, executors=executors)
+        assert timed_out.is_error and "timed out after 0.05 s" in timed_out.content
+        overran = [r.getMessage() for r in caplog.records if "blocking" in r.getMessage()]
+        assert len(overran) == 1 and "overran its timeout" in overran[0], overran
+        caplog.clear()
+        started.clear()
+        aborted = asyncio.create_task(tool.invoke({}, ctx, timeout=3600, executors=executors))
+        await asyncio.to_thread(started.wait)  # the thread runs: the cancel (an abort) finds it running
+        aborted.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await aborted
+        cancelled = [r.getMessage() for r in caplog.records if "blocking" in r.getMessage()]
+        assert len(cancelled) == 1 and "was cancelled" in cancelled[0] and "timeout" not in cancelled[0], cancelled
+    finally:
+        release.set()
+        executors.close()
