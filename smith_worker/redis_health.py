@@ -62,9 +62,10 @@ class RedisHealth:
         self.stopping = False
 
     def ok(self) -> None:
-        """A Redis command succeeded."""
+        """A Redis command succeeded; "answers again" is logged only after failures were (not at start)."""
         if not self.ready:
-            logger.info("Redis answers again after %.1f s", time.monotonic() - self.since)
+            if self.failures:
+                logger.info("Redis answers again after %.1f s", time.monotonic() - self.since)
             self.ready, self.since = True, time.monotonic()
         self.failures = 0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -96,3 +98,18 @@ async def test_refused_credentials_are_a_configuration_error_not_an_outage():
     with pytest.raises(ConfigurationError) as info:
         await RedisHealth().until_ok("start-up", refused)
     assert info.value.setting == "SMITH_REDIS_URL"
+
+
+def test_answers_again_is_logged_only_after_a_failure(caplog):
+    caplog.set_level(logging.INFO, logger="agent_smith")
+    health = RedisHealth()
+
+    def again() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "answers again" in r.getMessage()]
+
+    health.ok()  # a normal start: Redis answered the first command
+    health.ok()
+    assert health.ready and again() == []
+    health.failed("a poll", RedisConnectionError("refused"))
+    health.ok()
+    assert health.ready and len(again()) == 1
