@@ -15,8 +15,9 @@ stream is an async iterator or a plain one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Unpack
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, Self, Unpack
 
 from arq.connections import ArqRedis
 
@@ -42,8 +43,53 @@ class ClientAPI:
     Redis failures raise :class:`~smith_client.errors.TransportError`.
     """
 
+    redis: Any
     keys: Keys
     runner: AsyncRunner | SyncRunner
+    #: Opens the client's Redis connections from a URL (``connect_redis`` or ``connect_sync_redis``).
+    _connect: Callable[..., Any]
+    #: The runner of operations on that Redis client.
+    _runner: Callable[[Any], AsyncRunner | SyncRunner]
+
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        prefix: str = "smith",
+        owns_redis: bool = False,
+        turn_ttl: int | None = None,
+        history_ttl: int | None = None,
+    ) -> None:
+        self.redis = redis
+        self.keys = Keys.configured(prefix, turn_ttl, history_ttl)
+        self.runner = self._runner(redis)
+        self._owns_redis = owns_redis
+
+    @classmethod
+    def from_url(
+        cls,
+        redis_url: str = DEFAULT_REDIS_URL,
+        *,
+        prefix: str = "smith",
+        sentinels: str | Sequence[str | tuple[str, int]] | None = None,
+        sentinel_master: str | None = None,
+        socket_timeout: float | None = None,
+        turn_ttl: int | None = None,
+        history_ttl: int | None = None,
+    ) -> Self:
+        """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``, ``rediss://user:pw@host:6380/0``).
+
+        With ``sentinels`` (``"host:port,host:port"``) and ``sentinel_master``
+        the client follows the master through Sentinel (see :func:`connect_redis`).
+        ``socket_timeout`` (seconds) bounds every Redis connect and command
+        (default ``SMITH_REDIS_SOCKET_TIMEOUT``, else 5 s): with Redis not
+        answering, a call raises :class:`TransportError` after it instead of blocking.
+        The client closes these connections when it is closed.
+        """
+        redis = cls._connect(
+            redis_url, sentinels=sentinels, sentinel_master=sentinel_master, socket_timeout=socket_timeout
+        )
+        return cls(redis, prefix=prefix, owns_redis=True, turn_ttl=turn_ttl, history_ttl=history_ttl)
 
     def send(self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]) -> Any:
         """Run one turn and return its final :class:`AssistantMessage`.
@@ -203,45 +249,15 @@ class SmithClient(ClientAPI):
     ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL`` (defaults 24 h / 30 days, DESIGN.md §8).
     """
 
-    def __init__(
-        self,
-        redis: ArqRedis,
-        *,
-        prefix: str = "smith",
-        owns_redis: bool = False,
-        turn_ttl: int | None = None,
-        history_ttl: int | None = None,
-    ) -> None:
-        self.redis = redis
-        self.keys = Keys.configured(prefix, turn_ttl, history_ttl)
-        self.events = EventLog(redis, self.keys)
-        self.runner = AsyncRunner(redis)
-        self._owns_redis = owns_redis
+    _connect = staticmethod(connect_redis)
+    _runner = AsyncRunner
+    redis: ArqRedis
+    runner: AsyncRunner
 
-    @classmethod
-    def from_url(
-        cls,
-        redis_url: str = DEFAULT_REDIS_URL,
-        *,
-        prefix: str = "smith",
-        sentinels: str | Sequence[str | tuple[str, int]] | None = None,
-        sentinel_master: str | None = None,
-        socket_timeout: float | None = None,
-        turn_ttl: int | None = None,
-        history_ttl: int | None = None,
-    ) -> SmithClient:
-        """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``, ``rediss://user:pw@host:6380/0``).
-
-        With ``sentinels`` (``"host:port,host:port"``) and ``sentinel_master``
-        the client follows the master through Sentinel (see :func:`connect_redis`).
-        ``socket_timeout`` (seconds) bounds every Redis connect and command
-        (default ``SMITH_REDIS_SOCKET_TIMEOUT``, else 5 s): with Redis not
-        answering, a call raises :class:`TransportError` after it instead of blocking.
-        """
-        redis = connect_redis(
-            redis_url, sentinels=sentinels, sentinel_master=sentinel_master, socket_timeout=socket_timeout
-        )
-        return cls(redis, prefix=prefix, owns_redis=True, turn_ttl=turn_ttl, history_ttl=history_ttl)
+    @functools.cached_property
+    def events(self) -> EventLog:
+        """Publish and read turns' events (the worker side's :class:`EventLog`, on this client's Redis)."""
+        return EventLog(self.redis, self.keys)
 
     async def __aenter__(self) -> SmithClient:
         return self

@@ -11,13 +11,10 @@ browsers with the ASGI relay in ``examples/web/`` instead.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import redis
 
-from smith_client.client import DEFAULT_REDIS_URL, ClientAPI
+from smith_client.client import ClientAPI
 from smith_client.connection import connect_sync_redis
-from smith_client.keys import Keys
 from smith_client.runners import SyncRunner
 
 
@@ -28,37 +25,10 @@ class SyncSmithClient(ClientAPI):
     with :meth:`close`. Thread-safe.
     """
 
-    def __init__(
-        self,
-        client: redis.Redis,
-        *,
-        prefix: str = "smith",
-        owns_redis: bool = False,
-        turn_ttl: int | None = None,
-        history_ttl: int | None = None,
-    ) -> None:
-        self.redis = client
-        self.keys = Keys.configured(prefix, turn_ttl, history_ttl)
-        self.runner = SyncRunner(client)
-        self._owns_redis = owns_redis
-
-    @classmethod
-    def from_url(
-        cls,
-        redis_url: str = DEFAULT_REDIS_URL,
-        *,
-        prefix: str = "smith",
-        sentinels: str | Sequence[str | tuple[str, int]] | None = None,
-        sentinel_master: str | None = None,
-        socket_timeout: float | None = None,
-        turn_ttl: int | None = None,
-        history_ttl: int | None = None,
-    ) -> SyncSmithClient:
-        """Connect lazily to ``redis_url``; options as :meth:`SmithClient.from_url`."""
-        redis = connect_sync_redis(
-            redis_url, sentinels=sentinels, sentinel_master=sentinel_master, socket_timeout=socket_timeout
-        )
-        return cls(redis, prefix=prefix, owns_redis=True, turn_ttl=turn_ttl, history_ttl=history_ttl)
+    _connect = staticmethod(connect_sync_redis)
+    _runner = SyncRunner
+    redis: redis.Redis
+    runner: SyncRunner
 
     def __enter__(self) -> SyncSmithClient:
         return self
