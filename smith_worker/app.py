@@ -15,7 +15,7 @@ Skills (:mod:`smith_worker.skills`) are registered with :meth:`SmithApp.skill`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast, overload
@@ -195,16 +195,12 @@ class SmithApp:
         unregistered tool, an unknown source, an unregistered skill or a ``memory``
         that is not a Memory.
         """
-        for skill in skills or []:
-            if skill not in self.skills:
-                raise ConfigurationError(f"agent skill {skill!r} is not a registered skill", setting="skills")
+        _require_registered("skill", skills, self.skills, "skills")
         if memory is not None and not isinstance(memory, Memory):
             raise ConfigurationError(
                 f"agent memory must be a Memory (e.g. RollingWindowMemory), got {memory!r}", setting="memory"
             )
-        for source in sources or []:
-            if source not in self.sources:
-                raise ConfigurationError(f"agent source {source!r} is not a registered source", setting="sources")
+        _require_registered("source", sources, self.sources, "sources")
         if not ID_PATTERN.match(name):
             raise ConfigurationError(f"invalid agent name {name!r}", setting="agent")
         if name in self.agents:
@@ -364,3 +360,11 @@ class SmithApp:
     def owner_of(self, tool_name: str) -> ToolSource | None:
         """The source that runs ``tool_name`` on a tool worker (a Python tool first), or None."""
         return next((source for source in self.all_sources() if source.owns(tool_name)), None)
+
+
+def _require_registered(kind: str, names: Sequence[str] | None, registered: Container[str], setting: str) -> None:
+    """Raise :class:`ConfigurationError` (``setting``) for the first of an agent's ``names`` of ``kind``
+    (skill, source) that is not in ``registered``."""
+    for name in names or []:
+        if name not in registered:
+            raise ConfigurationError(f"agent {kind} {name!r} is not a registered {kind}", setting=setting)
