@@ -146,18 +146,22 @@ class ErrorData(BaseModel):
     fields: dict[str, Any] = Field(default_factory=dict)
 
 
-class TurnFailedData(EventData):
+class FailureData(EventData):
+    """The data of an event reporting a failure: its typed ``error``."""
+
+    error: ErrorData
+
+
+class TurnFailedData(FailureData):
     """``turn.failed``: the error that ended the turn."""
 
     event_type: ClassVar[str] = TURN_FAILED
-    error: ErrorData
 
 
-class MemorySummaryFailedData(EventData):
+class MemorySummaryFailedData(FailureData):
     """``memory.summary_failed``: ``SummaryMemory``'s summary call failed; that step used its rolling window."""
 
     event_type: ClassVar[str] = MEMORY_SUMMARY_FAILED
-    error: ErrorData
 
 
 class McpEventData(EventData):
