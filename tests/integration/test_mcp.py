@@ -14,18 +14,27 @@ import orjson
 import psutil
 import pytest
 
+from smith_client import SmithClient
 from smith_client.jobs import RUN_TOOL, ToolJob, ToolOutcome
 from smith_client.keys import Keys
 from smith_client.messages import ToolCall
-from tests.conftest import LOGS, start_workers, wait_for_workers, worker_env
+from tests.conftest import LOGS, start_workers, wait_for_workers, worker_env, worker_pair
 from tests.support.mcp_helpers import eventually, running
 from tests.support.scripted_llm import Reply, Script
 
 pytestmark = [pytest.mark.integration]
 
 
-@pytest.mark.usefixtures("workers")
-async def test_a_turn_calls_mcp_tools_end_to_end(client, scenario, scripted_llm, prefix):
+async def test_a_turn_calls_mcp_tools_end_to_end(redis_url, scenario, scripted_llm):
+    # workers of its own prefix: their MCP servers are cold and no schemas are cached, whichever tests ran first
+    prefix = f"mcpe{uuid.uuid4().hex[:6]}"
+    env = worker_env(redis_url, prefix, scripted_llm.base_url)
+    async with worker_pair("tests.support.app:app", redis_url, prefix, env), \
+            SmithClient.from_url(redis_url, prefix=prefix) as client:
+        await _a_turn_calls_mcp_tools_end_to_end(client, scenario, scripted_llm, prefix)
+
+
+async def _a_turn_calls_mcp_tools_end_to_end(client, scenario, scripted_llm, prefix):
     key, marker = scenario(Script(
         Reply.tool_calls([("mcp_lab__echo", {"text": "hello from MCP"}), ("mcp_lab__notify", {"message": "psst"}),
                           ("mcp_lab__crash", {}), ("mcp_lab__progress", {"steps": 4})]),
