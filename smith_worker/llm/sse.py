@@ -13,6 +13,9 @@ Follows the WHATWG event-stream interpretation
   ``"message"``); ``id`` sets the last event id (kept across events, ignored
   when it contains NUL); ``retry`` (digits only) sets :attr:`SseParser.retry`;
   other fields are ignored;
+* the last event id, as the spec's "last event ID string", changes at the
+  blank line ending the event; deviation: so does ``retry`` (the spec applies
+  it at once), so the fields of an unterminated last event have no effect;
 * deviation: an ``error`` field line (old llama.cpp servers report a failure
   inside an HTTP 200 stream as ``error: {json}``) is read as ``event: error``
   with that value as its data;
@@ -71,6 +74,9 @@ class SseParser:
         self._data: list[str] = []
         self._event_type = ""
         self._event_offset: int | None = None
+        self._id_buffer: str | None = None  # the spec's "last event ID buffer": the last valid `id` line
+        self._retry_buffer: int | None = None  # a `retry` line of the event being assembled
+        #: The id of the last event (the spec's "last event ID string"), ``None`` while no ``id`` line came.
         self.last_event_id: str | None = None
         #: Reconnection time requested by the server with ``retry:`` (milliseconds), if any.
         self.retry: int | None = None
@@ -193,15 +199,18 @@ class SseParser:
             self._event_type = value
         elif name == "id":
             if "\0" not in value:
-                self.last_event_id = value
+                self._id_buffer = value
         elif name == "retry":
             if value.isascii() and value.isdigit():
-                self.retry = int(value)
+                self._retry_buffer = int(value)
         elif name == "error":  # legacy llama.cpp server: `error: {json}` instead of `event: error` + data
             self._event_type = "error"
             self._data.append(value)
 
     def _dispatch(self) -> SseEvent | None:
+        self.last_event_id = self._id_buffer
+        if self._retry_buffer is not None:
+            self.retry, self._retry_buffer = self._retry_buffer, None
         offset = self._event_offset or 0
         self._event_offset = None
         event_type, self._event_type = self._event_type, ""

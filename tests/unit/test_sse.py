@@ -10,6 +10,7 @@ events listed are those delivered before the error).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -273,6 +274,83 @@ def test_offset_counts_consumed_bytes():
     parser.feed(b"data: a\n\nda")
     assert parser.offset == 9
 
+
+
+# -- SseParser against a plain reading of the WHATWG algorithm, on random streams ---------
+
+
+def reference_events(body: bytes) -> tuple[list[SseEvent], str | None, int | None]:
+    """The whole body read line by line the way the spec words it: (events, last event id, retry).
+
+    The id and retry of an event count once its blank line came (see the module doc of sse.py)."""
+    start = len(b"\xef\xbb\xbf") if body.startswith(b"\xef\xbb\xbf") else 0
+    events: list[SseEvent] = []
+    data: list[str] = []
+    event_type, first, id_buffer, retry_buffer, last_id, retry = "", None, None, None, None, None
+    for line in re.finditer(rb"([^\r\n]*)(?:\r\n|\r|\n)", body[start:]):
+        text, offset = line.group(1).decode(), start + line.start()
+        if not text:
+            last_id, retry = id_buffer, retry if retry_buffer is None else retry_buffer
+            if data:
+                events.append((event_type or "message", "\n".join(data), last_id, first or 0))
+            data, event_type, first, retry_buffer = [], "", None, None
+            continue
+        if text.startswith(":"):
+            continue
+        name, colon, value = text.partition(":")
+        value = value[1:] if colon and value.startswith(" ") else value
+        first = offset if first is None else first
+        if name in ("data", "error"):
+            data.append(value)
+        if name in ("event", "error"):
+            event_type = name if name == "error" else value
+        if name == "id" and "\0" not in value:
+            id_buffer = value
+        if name == "retry" and value.isascii() and value.isdigit():
+            retry_buffer = int(value)
+    return events, last_id, retry
+
+
+_TEXT = st.text(st.characters(blacklist_characters="\r\n", blacklist_categories=["Cs"]), max_size=12)
+_LINES = st.one_of(
+    st.builds("data: {}".format, _TEXT),
+    st.builds("data:{}".format, _TEXT),
+    st.just("data"),
+    st.just(""),
+    st.just(""),
+    st.builds(": {}".format, _TEXT),
+    st.builds("event: {}".format, st.sampled_from(["error", "ping", ""])),
+    st.builds("id: {}".format, st.sampled_from(["7", "8\0", ""])),
+    st.builds("retry: {}".format, st.sampled_from(["1500", "2x", ""])),
+    st.builds("error: {}".format, _TEXT),
+    st.builds("{}: {}".format, st.sampled_from(["foo", "Data", " data"]), _TEXT),
+)
+
+
+@st.composite
+def event_streams(draw: st.DrawFn) -> bytes:
+    """A stream of random field lines with LF, CRLF, CR or mixed line endings, maybe a BOM, maybe unterminated."""
+    style = draw(st.sampled_from(["\n", "\r\n", "\r", None]))
+    body = b"\xef\xbb\xbf" if draw(st.booleans()) else b""
+    for line in draw(st.lists(_LINES, max_size=30)):
+        ending = style if style is not None else draw(st.sampled_from(["\n", "\r\n", "\r"]))
+        body += (line + ending).encode()
+    return body + draw(st.sampled_from([b"", b"data: cut", b"\r"]))
+
+
+@settings(max_examples=500, deadline=None)
+@given(event_streams(), st.data())
+def test_random_streams_split_anywhere_parse_as_whole_and_as_the_reference(body, data):
+    points = data.draw(st.lists(st.integers(min_value=0, max_value=len(body)), max_size=12))
+    # also a cut inside each CRLF now and then: the CR ending one chunk, the LF starting the next
+    points += [m.start() + 1 for m in re.finditer(rb"\r\n", body) if data.draw(st.booleans())]
+    chunks = split_at(body, points)
+    split, whole = SseParser(), SseParser()
+    split_events = [event for chunk in chunks for event in split.feed(chunk)] + split.close()
+    whole_events = whole.feed(body) + whole.close()
+    events, last_id, retry = reference_events(body)
+    assert split_events == whole_events == events
+    assert (split.last_event_id, split.retry) == (whole.last_event_id, whole.retry) == (last_id, retry)
 
 # -- ChatStreamAssembler: direct rules --------------------------------------------
 
