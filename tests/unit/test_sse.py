@@ -275,7 +275,6 @@ def test_offset_counts_consumed_bytes():
     assert parser.offset == 9
 
 
-
 # -- SseParser against a plain reading of the WHATWG algorithm, on random streams ---------
 
 
@@ -351,6 +350,7 @@ def test_random_streams_split_anywhere_parse_as_whole_and_as_the_reference(body,
     events, last_id, retry = reference_events(body)
     assert split_events == whole_events == events
     assert (split.last_event_id, split.retry) == (whole.last_event_id, whole.retry) == (last_id, retry)
+
 
 # -- ChatStreamAssembler: direct rules --------------------------------------------
 
