@@ -4,7 +4,8 @@ Every contestant parses the same recorded-shape ~8 MB chat-completions stream
 body (25,480 frames of ~330 B in OpenAI's compact chunk shape, 8 % of the
 content deltas non-ASCII or escaped) and decodes the JSON of every frame but
 ``[DONE]``, fed two ways: 64 KiB reads (httpx's read size) and one frame per
-read. Best of ``--runs`` runs each, wall time of a warm loop.
+read. Best of ``--runs`` runs each (wall time), the project's side and the
+anchors' taking turns in ``--rounds`` rounds.
 
 * ``smith SseParser + orjson``: :class:`smith_worker.llm.sse.SseParser`, then
   ``orjson.loads`` of each data (the project's worker path, minus assembly);
@@ -22,7 +23,7 @@ read. Best of ``--runs`` runs each, wall time of a warm loop.
 
 Acceptance 5: the project's parser ≥ 2× httpx-sse + json and ≥ 1× httpx-sse + orjson, both chunkings.
 
-Usage: ``.venv/bin/python bench/sse_parser.py [--runs 15] [--json PATH]`` (exit 0; PASS/MISS printed).
+Usage: ``.venv/bin/python bench/sse_parser.py [--runs 15] [--rounds 3] [--json PATH]`` (exit 0; PASS/MISS printed).
 """
 
 from __future__ import annotations
@@ -222,6 +223,24 @@ def anchor_rows(body_path: Path, runs: int) -> list[dict[str, Any]]:
     return rows
 
 
+def interleaved(body: bytes, runs: int, rounds: int) -> list[dict[str, Any]]:
+    """Both sides measured in ``rounds`` alternating rounds of ``runs / rounds`` runs; the best round counts.
+
+    On a shared machine a burst of load then slows both sides, not only the one that happened to run then.
+    """
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        body_path = Path(scratch) / "body.sse"
+        body_path.write_bytes(body)
+        for _ in range(rounds):
+            per_round = max(1, runs // rounds)
+            for row in measure(PROJECT_SIDE, body, per_round) + anchor_rows(body_path, per_round):
+                key = row["contestant"], row["chunking"]
+                if key not in best or row["mb_s"] > best[key]["mb_s"]:
+                    best[key] = row
+    return list(best.values())
+
+
 def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Acceptance 5, one line per chunking and anchor: the project's MB/s over the anchor's vs the target ratio."""
     rate = {(row["contestant"], row["chunking"]): row["mb_s"] for row in rows}
@@ -259,6 +278,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=15, help="runs per contestant and chunking; the best counts")
+    ap.add_argument("--rounds", type=int, default=3, help="alternate the two sides this many times (noise hits both)")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     ap.add_argument("--anchor-side", type=Path, help=argparse.SUPPRESS)  # internal: measure the anchors on this body
     args = ap.parse_args()
@@ -267,10 +287,7 @@ def main() -> None:
         return
     sys.path.insert(0, str(ROOT))
     body = make_body()
-    with tempfile.TemporaryDirectory() as scratch:
-        body_path = Path(scratch) / "body.sse"
-        body_path.write_bytes(body)
-        rows = measure(PROJECT_SIDE, body, args.runs) + anchor_rows(body_path, args.runs)
+    rows = interleaved(body, args.runs, args.rounds)
     decoded = {row["frames"] for row in rows}
     assert decoded == {FRAMES - 1}, f"contestants decoded different frame counts: {decoded}"
     rows.append(one_line_row(len(body)))
