@@ -139,18 +139,21 @@ class SseParser:
         buffer += events.pop()  # the rest, up to the next blank line: an incomplete event
         offset = self._base
         last_event_id = self.last_event_id
-        for event in events:
-            start, offset = offset, offset + len(event) + 2
-            if event[:6] == b"data: " and 0x0A not in event:  # the usual frame: a single data line
-                try:
-                    yield ("message", event[6:].decode(), last_event_id, start)
-                except UnicodeDecodeError as exc:
-                    raise _utf8_error(exc, start + 6) from exc
-            else:
-                self._base = start
-                yield from self._lines(event + b"\n\n")
-                last_event_id = self.last_event_id
-        self._base = offset
+        try:
+            for event in events:
+                start, offset = offset, offset + len(event) + 2
+                if event[:6] == b"data: " and 0x0A not in event:  # the usual frame: a single data line
+                    try:
+                        text = event[6:].decode()
+                    except UnicodeDecodeError as exc:
+                        raise _utf8_error(exc, start + 6) from exc
+                    yield ("message", text, last_event_id, start)
+                else:
+                    self._base = start
+                    yield from self._lines(event + b"\n\n")
+                    last_event_id = self.last_event_id
+        finally:  # also when the iterator is abandoned: the offset stays the stream's
+            self._base = offset
 
     def _skip_bom(self, data: bytes) -> bytes:
         """Skip one leading BOM; the data to parse, all kept back while the first bytes could still be a BOM."""
