@@ -258,7 +258,7 @@ def one_line_row(size: int) -> dict[str, Any]:
     """The project's parser on one ``data:`` line of ``size`` bytes in 64 KiB reads (no JSON): linear time."""
     stream = b"data: " + b"x" * size + b"\n\n"
     chunks = [stream[start : start + READ_SIZE] for start in range(0, len(stream), READ_SIZE)]
-    seconds, _ = best_seconds(smith_one_line, chunks, 3)
+    seconds, _ = best_seconds(smith_one_line, chunks, 5)
     name = f"smith, one {size / 2**20:.0f} MiB line (no JSON)"
     return {"contestant": name, "chunking": CHUNKINGS[0], "mb_s": size / seconds / 1e6, "frames": 1}
 
