@@ -146,9 +146,10 @@ class ChatStreamAssembler:
         """Process one SSE event; events after the end are ignored."""
         if self._ended:
             return []
-        if event.event == "error":
-            raise LlmApiError(f"LLM stream error event: {_excerpt(event.data, 200)}", 200, event.data)
-        return self.feed_data(event.data, offset=event.offset)
+        event_type, data, _, offset = event
+        if event_type == "error":
+            raise LlmApiError(f"LLM stream error event: {_excerpt(data, 200)}", 200, data)
+        return self.feed_data(data, offset=offset)
 
     def feed_data(self, data: str, *, offset: int = 0) -> list[StreamEvent]:
         """Process one frame's ``data`` (``offset``: its byte offset, for errors)."""
@@ -313,7 +314,7 @@ class ChatStreamDecoder:
         for frame in frames:
             self.frames += 1
             if logger.isEnabledFor(logging.DEBUG):
-                logger.debug("sse frame event=%s data=%s", frame.event, redact_body(frame.data))
+                logger.debug("sse frame event=%s data=%s", frame[0], redact_body(frame[1]))
             yield from self.assembler.feed(frame)
             if self.assembler.done:
                 return
