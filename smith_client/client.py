@@ -27,6 +27,7 @@ from smith_client.connection import connect_redis
 from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
 from smith_client.protocol import Operation
+from smith_client.registry import ServedAgents
 from smith_client.runners import AsyncRunner, SyncRunner
 from smith_client.turns import cancel_turn, read_state
 from smith_client.validation import TurnOptions, check_id
@@ -44,6 +45,8 @@ class ClientAPI:
 
     keys: Keys
     runner: AsyncRunner | SyncRunner
+    #: The agents live turn workers served lately, so a turn need not re-read the registrations.
+    served: ServedAgents
 
     def send(self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]) -> Any:
         """Run one turn and return its final :class:`AssistantMessage`.
@@ -62,7 +65,7 @@ class ClientAPI:
         ``LlmApiError``) when it fails; :class:`TurnCancelledError` when it is
         cancelled; :class:`SmithTimeoutError` on ``timeout``.
         """
-        return self.runner.run(ops.send(self.keys, text, timeout, dict(options)), bound=timeout)
+        return self.runner.run(ops.send(self.keys, text, timeout, dict(options), self.served), bound=timeout)
 
     def stream(self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]) -> Any:
         """Run one turn and iterate its :class:`Event` objects, ending with ``turn.completed``, ``turn.failed``
@@ -74,14 +77,14 @@ class ClientAPI:
         start; a ``merge`` caller gets the events of the turn it joined from the
         moment it joined.
         """
-        return self.runner.iterate(ops.stream(self.keys, text, timeout, dict(options)))
+        return self.runner.iterate(ops.stream(self.keys, text, timeout, dict(options), self.served))
 
     def submit(self, text: str, **options: Unpack[TurnOptions]) -> Any:
         """Start a background turn and return its :class:`TurnHandle` at once.
 
         Options and errors as for :meth:`send`.
         """
-        return self.runner.run(ops.submit(self.keys, text, dict(options), self.turn))
+        return self.runner.run(ops.submit(self.keys, text, dict(options), self.turn, self.served))
 
     def turn(self, turn_id: str) -> TurnHandle:
         """A handle on an existing turn, from any process (e.g. a web request after a reload)."""
@@ -216,6 +219,7 @@ class SmithClient(ClientAPI):
         self.keys = Keys.configured(prefix, turn_ttl, history_ttl)
         self.events = EventLog(redis, self.keys)
         self.runner = AsyncRunner(redis)
+        self.served = ServedAgents()
         self._owns_redis = owns_redis
 
     @classmethod
@@ -251,7 +255,7 @@ class SmithClient(ClientAPI):
 
     async def aclose(self) -> None:
         """Close the Redis connections this client created; later calls raise :class:`TransportError`."""
-        self.runner.close()
+        await self.runner.aclose()
         if self._owns_redis:
             await self.redis.aclose(close_connection_pool=True)
 

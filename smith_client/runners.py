@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any, cast
 
@@ -22,8 +23,9 @@ from redis.asyncio import Redis
 from smith_client import scripts
 from smith_client.errors import SmithTimeoutError, TransportError
 from smith_client.events import Event
+from smith_client.fanout import AsyncFanout, Subscription
 from smith_client.keys import Keys, now_ms
-from smith_client.protocol import Call, Enqueue, Operation, RunScript, Subscribe, T, Transaction
+from smith_client.protocol import Call, Enqueue, Operation, Receive, RunScript, Subscribe, T, Transaction
 from smith_client.redis_errors import typed_redis_errors
 from smith_client.serialization import job_serializer
 
@@ -36,11 +38,13 @@ class _Done:
 
 
 class _Session:
-    """The pub/sub connection of one operation, opened on its first :class:`Subscribe`."""
+    """The pub/sub of one operation: a connection of its own (opened on its first :class:`Subscribe`, or
+    given by the caller), or with :class:`AsyncRunner` a :class:`Subscription` on the client's shared one."""
 
-    def __init__(self, pubsub: Any = None) -> None:
+    def __init__(self, pubsub: Any = None, subscription: Subscription | None = None) -> None:
         self.pubsub = pubsub
         self.owned = pubsub is None
+        self.subscription = subscription
 
 
 def _step(op: Operation[Any], reply: Any) -> Any:
@@ -88,7 +92,20 @@ def _bind(request: Any, client: Any, session: _Session, enqueue: Callable[[Enque
         session.pubsub = client.pubsub()
     if isinstance(request, Subscribe):
         return functools.partial(session.pubsub.subscribe, request.channel)
-    return functools.partial(session.pubsub.get_message, ignore_subscribe_messages=True, timeout=request.timeout)
+    return functools.partial(_receive, session.pubsub, request.timeout)
+
+
+def _receive(pubsub: Any, timeout: float) -> Any:
+    """The next published message within ``timeout`` seconds, or None (blocking client).
+
+    A subscribe confirmation is skipped, not returned as None, which the
+    follower would take for silence and answer with a log read.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        message = pubsub.get_message(timeout=max(deadline - time.monotonic(), 0))
+        if message is None or message["type"] in ("message", "pmessage"):
+            return message
 
 
 class AsyncRunner(_Closable):
@@ -96,6 +113,13 @@ class AsyncRunner(_Closable):
 
     def __init__(self, client: Redis) -> None:
         self.redis = client
+        #: The pub/sub connection every streaming operation of this runner shares.
+        self.fanout = AsyncFanout(client)
+
+    async def aclose(self) -> None:
+        """:meth:`close`, and close the shared pub/sub connection."""
+        self.close()
+        await self.fanout.aclose()
 
     async def run(self, op: Operation[T], bound: Any = None) -> T:
         """Run an operation that yields no events; return its result.
@@ -118,15 +142,16 @@ class AsyncRunner(_Closable):
             ) from exc
 
     async def _run(self, op: Operation[T]) -> T:
-        async with contextlib.aclosing(self._drive(op, _Session())) as items:
+        async with contextlib.aclosing(self._drive(op, _Session(None, self.fanout.open()))) as items:
             async for item in items:
                 if isinstance(item, _Done):
                     return cast(T, item.value)
         raise AssertionError("an operation always ends with its result")
 
     async def iterate(self, op: Operation[Any], pubsub: Any = None) -> AsyncIterator[Event]:
-        """Run a streaming operation, yielding its events. ``pubsub``: an already-subscribed connection to use."""
-        async for item in self._drive(op, _Session(pubsub)):
+        """Run a streaming operation, yielding its events. ``pubsub``: an already-subscribed connection to use
+        instead of the shared one."""
+        async for item in self._drive(op, _Session(pubsub, None if pubsub is not None else self.fanout.open())):
             if isinstance(item, Event):
                 yield item
 
@@ -141,6 +166,8 @@ class AsyncRunner(_Closable):
                     item = _step(op, None)
             yield item
         finally:
+            if session.subscription is not None:
+                await session.subscription.close()
             if session.owned and session.pubsub is not None:
                 await session.pubsub.aclose()
 
@@ -149,6 +176,12 @@ class AsyncRunner(_Closable):
         self._check_open(request)
         if isinstance(request, RunScript):
             return await request.script(self.redis, request.keys, request.args)
+        if isinstance(request, (Subscribe, Receive)) and session.subscription is not None:
+            if isinstance(request, Subscribe):
+                return await session.subscription.subscribe(request.channel)
+            return await session.subscription.receive(request.timeout)
+        if isinstance(request, Receive):  # a connection the caller subscribed (tests)
+            return await session.pubsub.get_message(ignore_subscribe_messages=True, timeout=request.timeout)
         return await _bind(request, self.redis, session, self._enqueue_job)()
 
     def _enqueue_job(self, request: Enqueue) -> Any:

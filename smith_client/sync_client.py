@@ -18,6 +18,7 @@ import redis
 from smith_client.client import DEFAULT_REDIS_URL, ClientAPI
 from smith_client.connection import connect_sync_redis
 from smith_client.keys import Keys
+from smith_client.registry import ServedAgents
 from smith_client.runners import SyncRunner
 
 
@@ -40,6 +41,7 @@ class SyncSmithClient(ClientAPI):
         self.redis = client
         self.keys = Keys.configured(prefix, turn_ttl, history_ttl)
         self.runner = SyncRunner(client)
+        self.served = ServedAgents()
         self._owns_redis = owns_redis
 
     @classmethod
