@@ -96,6 +96,20 @@ class EventLog:
         keys, args = self._publish_call(turn_id, data, agent_path, attempt, once_key)
         scripts.PUBLISH.queue(pipe, keys, args)
 
+    def queue_publish_many(
+        self, pipe: Any, turn_id: str, events: list[EventData], agent_path: list[str] | None, attempt: int
+    ) -> None:
+        """Queue on a pipeline the publish of consecutive ``events`` of one step in one script call
+        (``lua/publish_batch.lua``): each gets its own ``seq``, log entry and message, as with
+        :meth:`publish`, fenced once by ``attempt`` (or :data:`WHILE_RUNNING`). The call's reply is the
+        first event's ``seq``, or -1 when fenced off (none published). Run it with
+        :func:`smith_client.scripts.execute`."""
+        state = self._keys.turn_state(turn_id)
+        script_keys = [self._keys.turn_seq(turn_id), self._keys.turn_log(turn_id), self._keys.turn_events_channel(turn_id)]
+        bodies = [_body(turn_id, data, agent_path)[1:] for data in events]
+        fence = "" if attempt == WHILE_RUNNING else attempt
+        scripts.PUBLISH_BATCH.queue(pipe, [*script_keys, state], [self._max_len, self._ttl, fence, *bodies])
+
     async def read(self, turn_id: str, after_seq: int = 0, count: int | None = None) -> list[Event]:
         """Events with ``seq > after_seq`` from the replay log, in order.
 
@@ -121,7 +135,20 @@ def publish_script_args(
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of ``lua/publish.lua`` for one event, which lives ``keys.turn_ttl`` seconds (see
     :meth:`EventLog.publish` for ``attempt`` and ``once_key``)."""
-    body = orjson.dumps(
+    body = _body(turn_id, data, agent_path)
+    script_keys = [keys.turn_seq(turn_id), keys.turn_log(turn_id), keys.turn_events_channel(turn_id)]
+    args: list[Any] = [body[1:], max_len, keys.turn_ttl]
+    if attempt is not None:
+        script_keys.append(keys.turn_state(turn_id))
+        args.append("" if attempt == WHILE_RUNNING else attempt)
+        if once_key is not None:
+            script_keys.append(once_key)
+    return script_keys, args
+
+
+def _body(turn_id: str, data: EventData, agent_path: list[str] | None) -> bytes:
+    """An event's JSON without its ``seq`` (the scripts put it in front)."""
+    return orjson.dumps(
         {
             "v": PROTOCOL_VERSION,
             "turn_id": turn_id,
@@ -131,14 +158,6 @@ def publish_script_args(
             "data": data.to_wire(),
         }
     )
-    script_keys = [keys.turn_seq(turn_id), keys.turn_log(turn_id), keys.turn_events_channel(turn_id)]
-    args: list[Any] = [body[1:], max_len, keys.turn_ttl]
-    if attempt is not None:
-        script_keys.append(keys.turn_state(turn_id))
-        args.append("" if attempt == WHILE_RUNNING else attempt)
-        if once_key is not None:
-            script_keys.append(once_key)
-    return script_keys, args
 
 
 def publish(keys: Keys, turn_id: str, data: EventData) -> Operation[int]:

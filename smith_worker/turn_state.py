@@ -121,37 +121,52 @@ class TurnAttempt:
         """The turn's state hash, decoded (fields in :mod:`smith_client.turn_record`)."""
         return decode_state(await self.redis.hgetall(self._state))
 
-    async def append_user(self, message: BaseModel, repair: Repair | None = None) -> int:
-        """Append the turn's user message once per turn id; return its absolute position in the history.
+    async def append_user(
+        self, message: BaseModel, repair: Repair | None = None, also: Callable[[Any], None] | None = None
+    ) -> tuple[int, list[Any]]:
+        """Append the turn's user message once per turn id; return its absolute position in the history
+        and the replies of what ``also`` queued after it on the same pipeline (one round trip).
 
         ``repair`` (error tool messages for dangling tool calls of an earlier
         turn) is inserted in the same script, so the history is repaired once
         (issue 13 design rule 3); it is skipped if the history changed since
-        it was computed.
+        it was computed. Raises :class:`StaleAttemptError`.
         """
         extra: list[Any] = []
         if repair is not None:
             extra = [repair.end, repair.position, *(message_to_json(m) for m in repair.messages)]
-        index = await scripts.APPEND_USER(
-            self.redis,
-            [self._state, self._history, self._trimmed],
-            [self.attempt, message_to_json(message), self.history_ttl, self.history_max, *extra],
-        )
+
+        def fill(pipe: Any) -> None:
+            scripts.APPEND_USER.queue(
+                pipe,
+                [self._state, self._history, self._trimmed],
+                [self.attempt, message_to_json(message), self.history_ttl, self.history_max, *extra],
+            )
+            if also is not None:
+                also(pipe)
+
+        index, *rest = await scripts.execute(self.redis, fill, transaction=False)
         if index < 0:
             raise StaleAttemptError(self.turn_id)
-        return int(index)
+        return int(index), rest
 
     async def append(self, *messages: BaseModel) -> None:
         """Append whole messages to the history, fenced. Raises :class:`StaleAttemptError`."""
-        if not messages:
-            return
+        if messages:
+            self.appended(
+                await scripts.execute(self.redis, lambda pipe: self.queue_append(pipe, *messages), transaction=False)
+            )
+
+    def queue_append(self, pipe: Any, *messages: BaseModel) -> None:
+        """Queue :meth:`append` of (at least one of) ``messages`` on ``pipe``; :meth:`appended` reads its reply."""
         blobs = [message_to_json(m) for m in messages]
-        reply = await scripts.APPEND(
-            self.redis,
-            [self._state, self._history, self._trimmed],
-            [self.attempt, self.history_ttl, self.history_max, *blobs],
+        scripts.APPEND.queue(
+            pipe, [self._state, self._history, self._trimmed], [self.attempt, self.history_ttl, self.history_max, *blobs]
         )
-        if reply < 0:
+
+    def appended(self, replies: list[Any]) -> None:
+        """Check a queued append's reply (the first of ``replies``). Raises :class:`StaleAttemptError`."""
+        if replies[0] < 0:
             raise StaleAttemptError(self.turn_id)
 
     async def drain_inbox(self, closing: bool) -> list[bytes]:
