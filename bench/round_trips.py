@@ -113,8 +113,9 @@ def sender(command: Command, process_of: dict[str, str]) -> str:
     return process_of.get(command.conn.rsplit(":", 1)[-1], "client")
 
 
-def tally(commands: list[Command], turns: dict[str, tuple[str, ...]], kind_of: dict[str, str],
-          process_of: dict[str, str]) -> dict[str, Tally]:
+def tally(
+    commands: list[Command], turns: dict[str, tuple[str, ...]], kind_of: dict[str, str], process_of: dict[str, str]
+) -> dict[str, Tally]:
     """Per kind of turn: commands per turn, by process, by command; Lua and MULTI/EXEC apart."""
     tallies = {kind: Tally() for kind in KINDS}
     per_turn: Counter[str] = Counter()
@@ -190,11 +191,17 @@ def report(tallies: dict[str, Tally]) -> None:
         n = t.turns or 1
         label = "text turn" if kind == "text" else "one-tool turn"
         print(f"\n{label}s measured: {t.turns}")
-        print(f"  commands sent per turn (MULTI/EXEC included, Lua excluded): median "
-              f"{statistics.median(t.per_turn):.0f}, min {min(t.per_turn)}, max {max(t.per_turn)}")
-        print("  per turn by sender (MULTI/EXEC apart):", ", ".join(f"{p} {c / n:.1f}" for p, c in sorted(t.by_process.items())))
-        print("  connections used over all turns:",
-              ", ".join(f"{p} {len(c)}" for p, c in sorted(t.connections.items())))
+        print(
+            f"  commands sent per turn (MULTI/EXEC included, Lua excluded): median "
+            f"{statistics.median(t.per_turn):.0f}, min {min(t.per_turn)}, max {max(t.per_turn)}"
+        )
+        print(
+            "  per turn by sender (MULTI/EXEC apart):",
+            ", ".join(f"{p} {c / n:.1f}" for p, c in sorted(t.by_process.items())),
+        )
+        print(
+            "  connections used over all turns:", ", ".join(f"{p} {len(c)}" for p, c in sorted(t.connections.items()))
+        )
         for process, names in sorted(t.by_command.items()):
             print(f"  {process}:", ", ".join(f"{name} {c / n:.1f}" for name, c in names.most_common()))
 
@@ -208,13 +215,13 @@ async def main() -> None:
         with ScriptedLlmServer() as llm:
             prefix = f"rt{uuid.uuid4().hex[:6]}"
             queues = ["turns", "tools"]
-            procs = start_workers("tests.support.app:app", worker_env(redis_url, prefix, llm.base_url), queues,
-                                  prefix)
+            procs = start_workers("tests.support.app:app", worker_env(redis_url, prefix, llm.base_url), queues, prefix)
             try:
                 await wait_for_workers(redis_url, prefix, 2)
                 with log.open("w") as out:
-                    monitor = subprocess.Popen([shutil.which("redis-cli") or "redis-cli", "-p", port, "monitor"],
-                                               stdout=out)
+                    monitor = subprocess.Popen(
+                        [shutil.which("redis-cli") or "redis-cli", "-p", port, "monitor"], stdout=out
+                    )
                     try:
                         await asyncio.sleep(0.3)
                         kinds = await run_turns(redis_url, prefix, llm, ARGS.turns)

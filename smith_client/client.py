@@ -206,6 +206,8 @@ class SmithClient(ClientAPI):
     ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL`` (defaults 24 h / 30 days, DESIGN.md §8).
     """
 
+    runner: AsyncRunner
+
     def __init__(
         self,
         redis: ArqRedis,

@@ -104,11 +104,12 @@ class EventLog:
         :meth:`publish`, fenced once by ``attempt`` (or :data:`WHILE_RUNNING`). The call's reply is the
         first event's ``seq``, or -1 when fenced off (none published). Run it with
         :func:`smith_client.scripts.execute`."""
-        state = self._keys.turn_state(turn_id)
-        script_keys = [self._keys.turn_seq(turn_id), self._keys.turn_log(turn_id), self._keys.turn_events_channel(turn_id)]
+        keys = self._keys
+        script_keys = [keys.turn_seq(turn_id), keys.turn_log(turn_id), keys.turn_events_channel(turn_id)]
+        script_keys.append(keys.turn_state(turn_id))
         bodies = [_body(turn_id, data, agent_path)[1:] for data in events]
         fence = "" if attempt == WHILE_RUNNING else attempt
-        scripts.PUBLISH_BATCH.queue(pipe, [*script_keys, state], [self._max_len, self._ttl, fence, *bodies])
+        scripts.PUBLISH_BATCH.queue(pipe, script_keys, [self._max_len, self._ttl, fence, *bodies])
 
     async def read(self, turn_id: str, after_seq: int = 0, count: int | None = None) -> list[Event]:
         """Events with ``seq > after_seq`` from the replay log, in order.

@@ -93,8 +93,9 @@ class SubAgentHistory:
     async def append(self, *messages: BaseModel) -> None:
         """Append whole messages to the sub-agent's history. Raises :class:`StaleAttemptError`."""
         if messages:
-            self.appended(await scripts.execute(self._redis, lambda pipe: self.queue_append(pipe, *messages),
-                                                transaction=False))
+            self.appended(
+                await scripts.execute(self._redis, lambda pipe: self.queue_append(pipe, *messages), transaction=False)
+            )
 
     def queue_append(self, pipe: Any, *messages: BaseModel) -> None:
         """Queue :meth:`append` of (at least one of) ``messages`` on ``pipe``; :meth:`appended` reads its reply."""

@@ -161,7 +161,9 @@ class TurnAttempt:
         """Queue :meth:`append` of (at least one of) ``messages`` on ``pipe``; :meth:`appended` reads its reply."""
         blobs = [message_to_json(m) for m in messages]
         scripts.APPEND.queue(
-            pipe, [self._state, self._history, self._trimmed], [self.attempt, self.history_ttl, self.history_max, *blobs]
+            pipe,
+            [self._state, self._history, self._trimmed],
+            [self.attempt, self.history_ttl, self.history_max, *blobs],
         )
 
     def appended(self, replies: list[Any]) -> None:
