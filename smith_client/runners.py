@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any, cast
 
@@ -23,7 +22,7 @@ from redis.asyncio import Redis
 from smith_client import scripts
 from smith_client.errors import SmithTimeoutError, TransportError
 from smith_client.events import Event
-from smith_client.fanout import AsyncFanout, Subscription
+from smith_client.fanout import AsyncFanout, SyncFanout
 from smith_client.keys import Keys, now_ms
 from smith_client.protocol import Call, Enqueue, Operation, Receive, RunScript, Subscribe, T, Transaction
 from smith_client.redis_errors import typed_redis_errors
@@ -38,12 +37,11 @@ class _Done:
 
 
 class _Session:
-    """The pub/sub of one operation: a connection of its own (opened on its first :class:`Subscribe`, or
-    given by the caller), or with :class:`AsyncRunner` a :class:`Subscription` on the client's shared one."""
+    """The pub/sub of one operation: its subscription on the client's shared connection
+    (:class:`Subscription` or :class:`SyncSubscription`), or a connection the caller subscribed (tests)."""
 
-    def __init__(self, pubsub: Any = None, subscription: Subscription | None = None) -> None:
+    def __init__(self, pubsub: Any = None, subscription: Any = None) -> None:
         self.pubsub = pubsub
-        self.owned = pubsub is None
         self.subscription = subscription
 
 
@@ -88,24 +86,8 @@ def _bind(request: Any, client: Any, session: _Session, enqueue: Callable[[Enque
         return execute
     if isinstance(request, Enqueue):
         return functools.partial(enqueue, request)
-    if session.pubsub is None:
-        session.pubsub = client.pubsub()
-    if isinstance(request, Subscribe):
-        return functools.partial(session.pubsub.subscribe, request.channel)
-    return functools.partial(_receive, session.pubsub, request.timeout)
-
-
-def _receive(pubsub: Any, timeout: float) -> Any:
-    """The next published message within ``timeout`` seconds, or None (blocking client).
-
-    A subscribe confirmation is skipped, not returned as None, which the
-    follower would take for silence and answer with a log read.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        message = pubsub.get_message(timeout=max(deadline - time.monotonic(), 0))
-        if message is None or message["type"] in ("message", "pmessage"):
-            return message
+    # a Subscribe on a connection the caller gave (AsyncRunner.iterate's ``pubsub``)
+    return functools.partial(session.pubsub.subscribe, request.channel)
 
 
 class AsyncRunner(_Closable):
@@ -168,8 +150,6 @@ class AsyncRunner(_Closable):
         finally:
             if session.subscription is not None:
                 await session.subscription.close()
-            if session.owned and session.pubsub is not None:
-                await session.pubsub.aclose()
 
     @typed_redis_errors
     async def _perform(self, request: Any, session: _Session) -> Any:
@@ -194,11 +174,18 @@ class SyncRunner(_Closable):
     """Runs operations on a blocking :class:`redis.Redis`; for :class:`SyncSmithClient`.
 
     Thread-safe: commands take a connection from the client's pool per call, and
-    each streaming operation opens its own pub/sub connection.
+    streaming operations share one pub/sub connection (:class:`SyncFanout`).
     """
 
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
+        #: The pub/sub connection every streaming operation of this runner shares.
+        self.fanout = SyncFanout(client)
+
+    def close(self) -> None:
+        """Refuse every later request and close the shared pub/sub connection."""
+        super().close()
+        self.fanout.close()
 
     def run(self, op: Operation[T], bound: Any = None) -> T:
         """Run an operation that yields no events; return its result.
@@ -208,11 +195,11 @@ class SyncRunner(_Closable):
         return cast(T, next(item.value for item in self._drive(op) if isinstance(item, _Done)))
 
     def iterate(self, op: Operation[Any], pubsub: Any = None) -> Iterator[Event]:
-        """Run a streaming operation, yielding its events (``pubsub`` is ignored: each operation opens its own)."""
+        """Run a streaming operation, yielding its events (``pubsub`` is ignored: the shared connection is used)."""
         return (item for item in self._drive(op) if isinstance(item, Event))
 
     def _drive(self, op: Operation[Any]) -> Iterator[Any]:
-        session = _Session()
+        session = _Session(None, self.fanout.open())
         try:
             reply = None
             while True:
@@ -223,14 +210,17 @@ class SyncRunner(_Closable):
                 if isinstance(item, _Done):
                     return
         finally:
-            if session.pubsub is not None:
-                session.pubsub.close()
+            session.subscription.close()
 
     @typed_redis_errors
     def _perform(self, request: Any, session: _Session) -> Any:
         self._check_open(request)
         if isinstance(request, RunScript):
             return request.script.call_sync(self.redis, request.keys, request.args)
+        if isinstance(request, Subscribe):
+            return session.subscription.subscribe(request.channel)
+        if isinstance(request, Receive):
+            return session.subscription.receive(request.timeout)
         return _bind(request, self.redis, session, self._enqueue_job)()
 
     def _enqueue_job(self, request: Enqueue) -> bool:

@@ -30,8 +30,16 @@ async def _running(client: SmithClient, turns: list[str]) -> None:
         await client.redis.expire(client.keys.turn_state(turn), 60)
 
 
-async def _pubsub_connections(client: SmithClient) -> int:
-    return sum(1 for c in await client.redis.client_list() if int(c.get("sub", 0)) > 0 or c.get("flags") == "P")
+async def _pubsub_ids(client: SmithClient) -> set[str]:
+    return {c["id"] for c in await client.redis.client_list() if int(c.get("sub", 0)) > 0 or c.get("flags") == "P"}
+
+
+async def _kill_new_pubsub(client: SmithClient, others: set[str]) -> None:
+    """CLIENT KILL the pub/sub connections opened since ``others`` (not other tests' workers')."""
+    mine = await _pubsub_ids(client) - others
+    assert mine
+    for connection in mine:
+        await client.redis.execute_command("CLIENT KILL ID", connection)
 
 
 async def _follow_all(client: SmithClient, turns: list[str]) -> dict[str, list[int]]:
@@ -54,6 +62,7 @@ async def _until(predicate, what: str) -> None:
 async def test_concurrent_streams_share_one_pubsub_connection_and_get_every_event_in_order(client):
     turns = [f"t-fan-{i}-{uuid.uuid4().hex[:6]}" for i in range(STREAMS)]
     await _running(client, turns)
+    others = await _pubsub_ids(client)  # other tests' workers share this redis-server
     followers = asyncio.create_task(_follow_all(client, turns))
     channels = [client.keys.turn_events_channel(t) for t in turns]
 
@@ -62,7 +71,7 @@ async def test_concurrent_streams_share_one_pubsub_connection_and_get_every_even
         return all(n == 1 for _, n in counts)
 
     await _until(all_subscribed, "every stream subscribed")
-    assert await _pubsub_connections(client) == 1
+    assert len(await _pubsub_ids(client) - others) == 1
     for i in range(TOKENS):
         await asyncio.gather(*(client.events.publish(t, TokenData(text=str(i))) for t in turns))
     await asyncio.gather(*(client.events.publish(t, COMPLETED) for t in turns))
@@ -73,6 +82,7 @@ async def test_concurrent_streams_share_one_pubsub_connection_and_get_every_even
 async def test_killing_the_pubsub_connection_mid_stream_loses_no_event(client):
     turns = [f"t-kill-{i}-{uuid.uuid4().hex[:6]}" for i in range(STREAMS)]
     await _running(client, turns)
+    others = await _pubsub_ids(client)
     followers = asyncio.create_task(_follow_all(client, turns))
     channels = [client.keys.turn_events_channel(t) for t in turns]
 
@@ -82,11 +92,39 @@ async def test_killing_the_pubsub_connection_mid_stream_loses_no_event(client):
     await _until(all_subscribed, "every stream subscribed")
     for i in range(TOKENS):
         if i == TOKENS // 2:
-            killed = await client.redis.execute_command("CLIENT KILL TYPE pubsub")
-            assert killed >= 1
+            await _kill_new_pubsub(client, others)
         await asyncio.gather(*(client.events.publish(t, TokenData(text=str(i))) for t in turns))
     await _until(all_subscribed, "every stream subscribed again")  # events from here on arrive live
     await asyncio.gather(*(client.events.publish(t, COMPLETED) for t in turns))
     seen = await followers
     assert all(seqs == list(range(1, TOKENS + 2)) for seqs in seen.values()), seen
-    assert await _pubsub_connections(client) <= 1
+
+
+async def test_sync_client_threads_share_one_pubsub_connection_and_survive_a_kill(client, redis_url):
+    turns = [f"t-sync-{i}-{uuid.uuid4().hex[:6]}" for i in range(STREAMS)]
+    await _running(client, turns)
+    others = await _pubsub_ids(client)
+    seen: dict[str, list[int]] = {turn: [] for turn in turns}
+    with SyncSmithClient.from_url(redis_url, prefix=client.keys.prefix) as sync_client:
+
+        def one(turn: str) -> None:
+            seen[turn].extend(event.seq for event in sync_client.follow(turn, timeout=30))
+
+        threads = [threading.Thread(target=one, args=(turn,)) for turn in turns]
+        for thread in threads:
+            thread.start()
+        channels = [client.keys.turn_events_channel(t) for t in turns]
+
+        async def all_subscribed() -> bool:
+            return all(n == 1 for _, n in await client.redis.pubsub_numsub(*channels))
+
+        await _until(all_subscribed, "every stream subscribed")
+        assert len(await _pubsub_ids(client) - others) == 1
+        for i in range(TOKENS):
+            if i == TOKENS // 2:
+                await _kill_new_pubsub(client, others)
+            await asyncio.gather(*(client.events.publish(t, TokenData(text=str(i))) for t in turns))
+        await _until(all_subscribed, "every stream subscribed again")
+        await asyncio.gather(*(client.events.publish(t, COMPLETED) for t in turns))
+        await asyncio.to_thread(lambda: [thread.join() for thread in threads])
+    assert all(seqs == list(range(1, TOKENS + 2)) for seqs in seen.values()), seen
