@@ -49,7 +49,7 @@ from smith_worker.memory.pairing import pending_repair
 from smith_worker.redaction import redact_error
 from smith_worker.runtime import TurnServices, WorkerRuntime
 from smith_worker.tools import error_content
-from smith_worker.turn_state import TurnAttempt, park, wake_head
+from smith_worker.turn_state import TurnAttempt, park, queue_head, wake_head, woken
 
 logger = logging.getLogger("agent_smith.agent")
 
@@ -287,13 +287,13 @@ class TurnRunner:
         def fill(pipe: Any) -> None:
             self.rt.events.publish_in(pipe, self.job.turn_id, data, self.agent_path, self.attempt.attempt)
             self.attempt.queue_finish(pipe, status, field, value)
+            queue_head(pipe, self.rt.keys, self.job.conversation_id)  # the conversation's next turn may run now
 
-        seq, finished = await scripts.execute(self.rt.redis, fill, transaction=True)
+        seq, finished, head = await scripts.execute(self.rt.redis, fill, transaction=True)
         if seq < 0 or not finished:
             raise StaleAttemptError(self.job.turn_id)
         self.rt.metrics.record_turn(self.job.agent, status, time.monotonic() - self._started)
-        # the conversation's next turn may run now
-        await wake_head(self.rt.redis, self.rt.keys, self.job.conversation_id)
+        await woken(self.rt.redis, self.rt.keys, head)
 
     async def _turn_messages(self) -> list[Any]:
         """This turn's messages: the history from its user message on."""

@@ -251,8 +251,18 @@ async def wake_head(redis: Any, keys: Keys, conversation_id: str) -> str:
     Called when a turn ends (the next one runs at once) and by parked turns.
     The job id (:meth:`Keys.turn_kick_job_id`) is fixed, so arq keeps at most one pending.
     """
-    fifo, statuses = keys.conversation_turns(conversation_id), keys.conversation_statuses(conversation_id)
-    reply = await scripts.HEAD(redis, [fifo, statuses])
+    replies = await scripts.execute(redis, lambda pipe: queue_head(pipe, keys, conversation_id), transaction=False)
+    return await woken(redis, keys, replies[0])
+
+
+def queue_head(pipe: Any, keys: Keys, conversation_id: str) -> None:
+    """Queue the read of the conversation's oldest unfinished turn (``lua/head.lua``) on ``pipe``, e.g. in the
+    transaction that ends a turn; pass its reply to :func:`woken`."""
+    scripts.HEAD.queue(pipe, [keys.conversation_turns(conversation_id), keys.conversation_statuses(conversation_id)])
+
+
+async def woken(redis: Any, keys: Keys, reply: Any) -> str:
+    """The second half of :func:`wake_head`, given the reply of :func:`queue_head`: enqueue the head if queued."""
     if not reply:
         return ""
     head: str = reply[0].decode()
