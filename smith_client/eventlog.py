@@ -170,12 +170,21 @@ def publish(keys: Keys, turn_id: str, data: EventData) -> Operation[int]:
 def read_events(keys: Keys, turn_id: str, after_seq: int = 0, count: int | None = None) -> Operation[list[Event]]:
     """Operation: :meth:`EventLog.read`."""
     # one transaction: the log and the counter are read as of the same instant
-    entries, last = yield Transaction(
-        (
-            Call("xrange", (keys.turn_log(turn_id),), {"min": f"(0-{after_seq}", "max": "+", "count": count}),
-            Call("get", (keys.turn_seq(turn_id),)),
-        )
+    entries, last = yield Transaction(log_reads(keys, turn_id, after_seq, count))
+    return events_after(entries, last, turn_id, after_seq)
+
+
+def log_reads(keys: Keys, turn_id: str, after_seq: int, count: int | None = None) -> tuple[Call, Call]:
+    """The commands of :func:`read_events` (log entries after ``after_seq``, the seq counter), to put in a
+    :class:`Transaction` with others; :func:`events_after` reads their replies."""
+    return (
+        Call("xrange", (keys.turn_log(turn_id),), {"min": f"(0-{after_seq}", "max": "+", "count": count}),
+        Call("get", (keys.turn_seq(turn_id),)),
     )
+
+
+def events_after(entries: Any, last: Any, turn_id: str, after_seq: int) -> list[Event]:
+    """The events of :func:`log_reads`'s replies. Raises :class:`EventsTrimmedError` (see :meth:`EventLog.read`)."""
     events = [event_from_json(fields[b"e"]) for _entry_id, fields in entries]
     if events and events[0].seq != after_seq + 1 or not events and after_seq < int(last or 0):
         first = events[0].seq if events else 0

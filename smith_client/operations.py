@@ -19,12 +19,12 @@ from typing import Any
 from smith_client import scripts
 from smith_client import turn_record as record
 from smith_client.errors import ConversationBusyError, EventsTrimmedError, SmithTimeoutError, TurnNotFoundError
-from smith_client.eventlog import last_seq, read_events
+from smith_client.eventlog import events_after, last_seq, log_reads, read_events
 from smith_client.events import Event, event_from_json
 from smith_client.jobs import TurnJob
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, messages_from_json_list
-from smith_client.protocol import Call, Operation, Receive, RunScript, Subscribe
+from smith_client.protocol import Call, Operation, Receive, RunScript, Subscribe, Transaction
 from smith_client.registry import ServedAgents, read_served
 from smith_client.turns import outcome_from_event, outcome_from_state, read_state, submit_turn
 from smith_client.validation import build_turn_job, check_id, check_options, check_seq, check_served, check_timeout
@@ -149,22 +149,37 @@ def _ended(keys: Keys, turn_id: str, seen_any: bool) -> Operation[bool]:
     """
     status = yield Call("hget", (keys.turn_state(turn_id), record.STATUS))
     if status is None and (seen_any or (yield from last_seq(keys, turn_id)) == 0):
-        # A followed turn's state outlives its last event (DESIGN.md §8): without it, its keys were
-        # evicted or deleted, and nothing will ever finish it, even if its log is left (issue 8).
-        why = "lost: its keys are gone" if seen_any else "never submitted, or expired"
-        raise TurnNotFoundError(f"no turn {turn_id!r} ({why})", turn_id=turn_id)
+        _lost(turn_id, seen_any)
     return record.is_terminal(status)
 
 
 def _catch_up(keys: Keys, turn_id: str, last: int, seen_any: bool) -> Operation[tuple[list[Event], bool]]:
-    """Events after ``last`` from the log, and whether the turn is over with nothing more to come."""
-    pending = yield from _read_log(keys, turn_id, last)
-    if pending or not (yield from _ended(keys, turn_id, seen_any)):
+    """Events after ``last`` from the log, and whether the turn is over with nothing more to come.
+
+    The log, its counter and the status are read in one transaction, so they
+    agree: the terminal event and the terminal status are written together.
+    """
+    entries, seq, status = yield Transaction(
+        (*log_reads(keys, turn_id, last), Call("hget", (keys.turn_state(turn_id), record.STATUS)))
+    )
+    try:
+        pending = events_after(entries, seq, turn_id, last)
+    except EventsTrimmedError:
+        yield from _ended(keys, turn_id, seen_any=True)  # raises TurnNotFoundError when the state is gone too
+        raise
+    if pending:
         return pending, False
-    # The terminal event and the terminal status are written together, but the
-    # status may have been read after the log: read the log again.
-    pending = yield from _read_log(keys, turn_id, last)
-    return pending, not pending
+    if status is None and (seen_any or int(seq or 0) == 0):
+        _lost(turn_id, seen_any)
+    return pending, record.is_terminal(status)
+
+
+def _lost(turn_id: str, seen_any: bool) -> None:
+    """Raise :class:`TurnNotFoundError`: a followed turn's state outlives its last event (DESIGN.md §8),
+    so without it its keys were evicted or deleted, and nothing will ever finish it, even if its log is
+    left (issue 8)."""
+    why = "lost: its keys are gone" if seen_any else "never submitted, or expired"
+    raise TurnNotFoundError(f"no turn {turn_id!r} ({why})", turn_id=turn_id)
 
 
 def _read_log(keys: Keys, turn_id: str, last: int) -> Operation[list[Event]]:
