@@ -28,6 +28,7 @@ from smith_client.connection import connect_redis
 from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
 from smith_client.protocol import Operation
+from smith_client.registry import ServedAgents
 from smith_client.runners import AsyncRunner, SyncRunner
 from smith_client.turns import cancel_turn, read_state
 from smith_client.validation import TurnOptions, check_id
@@ -46,6 +47,8 @@ class ClientAPI:
     redis: Any
     keys: Keys
     runner: AsyncRunner | SyncRunner
+    #: The agents live turn workers served lately, so a turn need not re-read the registrations.
+    served: ServedAgents
     #: Opens the client's Redis connections from a URL (``connect_redis`` or ``connect_sync_redis``).
     _connect: Callable[..., Any]
     #: The runner of operations on that Redis client.
@@ -63,6 +66,7 @@ class ClientAPI:
         self.redis = redis
         self.keys = Keys.configured(prefix, turn_ttl, history_ttl)
         self.runner = self._runner(redis)
+        self.served = ServedAgents()
         self._owns_redis = owns_redis
 
     @classmethod
@@ -108,7 +112,7 @@ class ClientAPI:
         ``LlmApiError``) when it fails; :class:`TurnCancelledError` when it is
         cancelled; :class:`SmithTimeoutError` on ``timeout``.
         """
-        return self.runner.run(ops.send(self.keys, text, timeout, dict(options)), bound=timeout)
+        return self.runner.run(ops.send(self.keys, text, timeout, dict(options), self.served), bound=timeout)
 
     def stream(self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]) -> Any:
         """Run one turn and iterate its :class:`Event` objects, ending with ``turn.completed``, ``turn.failed``
@@ -120,14 +124,14 @@ class ClientAPI:
         start; a ``merge`` caller gets the events of the turn it joined from the
         moment it joined.
         """
-        return self.runner.iterate(ops.stream(self.keys, text, timeout, dict(options)))
+        return self.runner.iterate(ops.stream(self.keys, text, timeout, dict(options), self.served))
 
     def submit(self, text: str, **options: Unpack[TurnOptions]) -> Any:
         """Start a background turn and return its :class:`TurnHandle` at once.
 
         Options and errors as for :meth:`send`.
         """
-        return self.runner.run(ops.submit(self.keys, text, dict(options), self.turn))
+        return self.runner.run(ops.submit(self.keys, text, dict(options), self.turn, self.served))
 
     def turn(self, turn_id: str) -> TurnHandle:
         """A handle on an existing turn, from any process (e.g. a web request after a reload)."""
@@ -267,7 +271,7 @@ class SmithClient(ClientAPI):
 
     async def aclose(self) -> None:
         """Close the Redis connections this client created; later calls raise :class:`TransportError`."""
-        self.runner.close()
+        await self.runner.aclose()
         if self._owns_redis:
             await self.redis.aclose(close_connection_pool=True)
 

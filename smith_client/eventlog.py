@@ -102,6 +102,27 @@ class EventLog:
         keys, args = self._publish_call(turn_id, data, agent_path, attempt, once_key, call_path)
         scripts.PUBLISH.queue(pipe, keys, args)
 
+    def queue_publish_many(
+        self,
+        pipe: Any,
+        turn_id: str,
+        events: list[EventData],
+        agent_path: list[str] | None,
+        attempt: int,
+        call_path: list[str] | None = None,
+    ) -> None:
+        """Queue on a pipeline the publish of consecutive ``events`` of one step in one script call
+        (``lua/publish_batch.lua``): each gets its own ``seq``, log entry and message, as with
+        :meth:`publish`, fenced once by ``attempt`` (or :data:`WHILE_RUNNING`). The call's reply is the
+        first event's ``seq``, or -1 when fenced off (none published). Run it with
+        :func:`smith_client.scripts.execute`."""
+        keys = self._keys
+        script_keys = [keys.turn_seq(turn_id), keys.turn_log(turn_id), keys.turn_events_channel(turn_id)]
+        script_keys.append(keys.turn_state(turn_id))
+        bodies = [_body(turn_id, data, agent_path, call_path)[1:] for data in events]
+        fence = "" if attempt == WHILE_RUNNING else attempt
+        scripts.PUBLISH_BATCH.queue(pipe, script_keys, [self._max_len, self._ttl, fence, *bodies])
+
     async def read(self, turn_id: str, after_seq: int = 0, count: int | None = None) -> list[Event]:
         """Events with ``seq > after_seq`` from the replay log, in order.
 
@@ -128,6 +149,19 @@ def publish_script_args(
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of ``lua/publish.lua`` for one event, which lives ``keys.turn_ttl`` seconds (see
     :meth:`EventLog.publish` for ``attempt``, ``once_key`` and ``call_path``)."""
+    body = _body(turn_id, data, agent_path, call_path)
+    script_keys = [keys.turn_seq(turn_id), keys.turn_log(turn_id), keys.turn_events_channel(turn_id)]
+    args: list[Any] = [body[1:], max_len, keys.turn_ttl]
+    if attempt is not None:
+        script_keys.append(keys.turn_state(turn_id))
+        args.append("" if attempt == WHILE_RUNNING else attempt)
+        if once_key is not None:
+            script_keys.append(once_key)
+    return script_keys, args
+
+
+def _body(turn_id: str, data: EventData, agent_path: list[str] | None, call_path: list[str] | None) -> bytes:
+    """An event's JSON without its ``seq`` (the scripts put it in front)."""
     envelope: dict[str, Any] = {
         "v": PROTOCOL_VERSION,
         "turn_id": turn_id,
@@ -138,15 +172,7 @@ def publish_script_args(
     }
     if call_path:  # a sub-agent's events only: the root agent's stay as they were
         envelope["call_path"] = call_path
-    body = orjson.dumps(envelope)
-    script_keys = [keys.turn_seq(turn_id), keys.turn_log(turn_id), keys.turn_events_channel(turn_id)]
-    args: list[Any] = [body[1:], max_len, keys.turn_ttl]
-    if attempt is not None:
-        script_keys.append(keys.turn_state(turn_id))
-        args.append("" if attempt == WHILE_RUNNING else attempt)
-        if once_key is not None:
-            script_keys.append(once_key)
-    return script_keys, args
+    return orjson.dumps(envelope)
 
 
 def publish(keys: Keys, turn_id: str, data: EventData) -> Operation[int]:
@@ -158,12 +184,21 @@ def publish(keys: Keys, turn_id: str, data: EventData) -> Operation[int]:
 def read_events(keys: Keys, turn_id: str, after_seq: int = 0, count: int | None = None) -> Operation[list[Event]]:
     """Operation: :meth:`EventLog.read`."""
     # one transaction: the log and the counter are read as of the same instant
-    entries, last = yield Transaction(
-        (
-            Call("xrange", (keys.turn_log(turn_id),), {"min": f"(0-{after_seq}", "max": "+", "count": count}),
-            Call("get", (keys.turn_seq(turn_id),)),
-        )
+    entries, last = yield Transaction(log_reads(keys, turn_id, after_seq, count))
+    return events_after(entries, last, turn_id, after_seq)
+
+
+def log_reads(keys: Keys, turn_id: str, after_seq: int, count: int | None = None) -> tuple[Call, Call]:
+    """The commands of :func:`read_events` (log entries after ``after_seq``, the seq counter), to put in a
+    :class:`Transaction` with others; :func:`events_after` reads their replies."""
+    return (
+        Call("xrange", (keys.turn_log(turn_id),), {"min": f"(0-{after_seq}", "max": "+", "count": count}),
+        Call("get", (keys.turn_seq(turn_id),)),
     )
+
+
+def events_after(entries: Any, last: Any, turn_id: str, after_seq: int) -> list[Event]:
+    """The events of :func:`log_reads`'s replies. Raises :class:`EventsTrimmedError` (see :meth:`EventLog.read`)."""
     events = [event_from_json(fields[b"e"]) for _entry_id, fields in entries]
     if events and events[0].seq != after_seq + 1 or not events and after_seq < int(last or 0):
         first = events[0].seq if events else 0

@@ -19,13 +19,13 @@ from typing import Any
 from smith_client import scripts
 from smith_client import turn_record as record
 from smith_client.errors import ConversationBusyError, EventsTrimmedError, SmithTimeoutError, TurnNotFoundError
-from smith_client.eventlog import last_seq, read_events
+from smith_client.eventlog import events_after, last_seq, log_reads, read_events
 from smith_client.events import Event, event_from_json
 from smith_client.jobs import TurnJob
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, messages_from_json_list
-from smith_client.protocol import Call, Operation, Receive, RunScript, Subscribe
-from smith_client.registry import read_served
+from smith_client.protocol import Call, Operation, Receive, RunScript, Subscribe, Transaction
+from smith_client.registry import ServedAgents, read_served
 from smith_client.turns import outcome_from_event, outcome_from_state, read_state, submit_turn
 from smith_client.validation import build_turn_job, check_id, check_options, check_seq, check_served, check_timeout
 
@@ -35,11 +35,15 @@ logger = logging.getLogger("agent_smith")
 POLL_INTERVAL = 1.0
 
 
-def prepare(keys: Keys, text: Any, options: dict[str, Any]) -> Operation[tuple[TurnJob, str]]:
+def prepare(
+    keys: Keys, text: Any, options: dict[str, Any], served: ServedAgents | None = None
+) -> Operation[tuple[TurnJob, str]]:
     """Check a request into its job and multitask policy (raising :class:`InvalidRequestError`
-    / :class:`UnknownAgentError`); warns when no turn worker is registered."""
+    / :class:`UnknownAgentError`); warns when no turn worker is registered. ``served``: the client's
+    recent view of the served agents (None: read them)."""
     job, multitask = build_turn_job(text, **check_options(options))
-    if not check_served(job.agent, (yield from read_served(keys, "agents"))):
+    agents = (yield from served.read(keys, job.agent)) if served else (yield from read_served(keys, "agents"))
+    if not check_served(job.agent, agents):
         logger.warning(
             "no turn worker is registered under prefix %r: the turn waits in the queue "
             "(check SMITH_PREFIX and SMITH_REDIS_URL match the workers')",
@@ -48,28 +52,36 @@ def prepare(keys: Keys, text: Any, options: dict[str, Any]) -> Operation[tuple[T
     return job, multitask
 
 
-def submit(keys: Keys, text: Any, options: dict[str, Any], handle: Callable[[str], Any]) -> Operation[Any]:
+def submit(
+    keys: Keys, text: Any, options: dict[str, Any], handle: Callable[[str], Any], served: ServedAgents | None = None
+) -> Operation[Any]:
     """Operation of ``submit``: start a background turn; returns ``handle(turn_id)``."""
-    job, multitask = yield from prepare(keys, text, options)
+    job, multitask = yield from prepare(keys, text, options, served)
     return handle((yield from submit_turn(keys, job, multitask)).turn_id)
 
 
-def stream(keys: Keys, text: Any, timeout: Any, options: dict[str, Any]) -> Operation[None]:
+def stream(
+    keys: Keys, text: Any, timeout: Any, options: dict[str, Any], served: ServedAgents | None = None
+) -> Operation[None]:
     """Operation of ``stream``: run one turn, yielding its events until the terminal one."""
     timeout = check_timeout(timeout)
-    job, multitask = yield from prepare(keys, text, options)
+    job, multitask = yield from prepare(keys, text, options, served)
     yield Subscribe(keys.turn_events_channel(job.turn_id))  # before submitting, so no live event is missed
     submission = yield from submit_turn(keys, job, multitask)
     after = 0
     if submission.turn_id != job.turn_id:  # merged into another turn: its events from now on
         yield Subscribe(keys.turn_events_channel(submission.turn_id))
         after = yield from last_seq(keys, submission.turn_id)
-    yield from follow_subscribed(keys, submission.turn_id, after, timeout)
+    # a new turn has no events yet and its channel was subscribed first: no log to read before the live ones
+    fresh = submission.outcome == "new"
+    yield from follow_subscribed(keys, submission.turn_id, after, timeout, read_first=not fresh)
 
 
-def send(keys: Keys, text: Any, timeout: Any, options: dict[str, Any]) -> Operation[AssistantMessage]:
+def send(
+    keys: Keys, text: Any, timeout: Any, options: dict[str, Any], served: ServedAgents | None = None
+) -> Operation[AssistantMessage]:
     """Operation of ``send``: run one turn; returns its final message or raises its error."""
-    return outcome_from_event((yield from _terminal_event(stream(keys, text, timeout, options), "send")))
+    return outcome_from_event((yield from _terminal_event(stream(keys, text, timeout, options, served), "send")))
 
 
 def follow(keys: Keys, turn_id: Any, after_seq: Any = 0, timeout: Any = None) -> Operation[None]:
@@ -137,22 +149,37 @@ def _ended(keys: Keys, turn_id: str, seen_any: bool) -> Operation[bool]:
     """
     status = yield Call("hget", (keys.turn_state(turn_id), record.STATUS))
     if status is None and (seen_any or (yield from last_seq(keys, turn_id)) == 0):
-        # A followed turn's state outlives its last event (DESIGN.md §8): without it, its keys were
-        # evicted or deleted, and nothing will ever finish it, even if its log is left (issue 8).
-        why = "lost: its keys are gone" if seen_any else "never submitted, or expired"
-        raise TurnNotFoundError(f"no turn {turn_id!r} ({why})", turn_id=turn_id)
+        _lost(turn_id, seen_any)
     return record.is_terminal(status)
 
 
 def _catch_up(keys: Keys, turn_id: str, last: int, seen_any: bool) -> Operation[tuple[list[Event], bool]]:
-    """Events after ``last`` from the log, and whether the turn is over with nothing more to come."""
-    pending = yield from _read_log(keys, turn_id, last)
-    if pending or not (yield from _ended(keys, turn_id, seen_any)):
+    """Events after ``last`` from the log, and whether the turn is over with nothing more to come.
+
+    The log, its counter and the status are read in one transaction, so they
+    agree: the terminal event and the terminal status are written together.
+    """
+    entries, seq, status = yield Transaction(
+        (*log_reads(keys, turn_id, last), Call("hget", (keys.turn_state(turn_id), record.STATUS)))
+    )
+    try:
+        pending = events_after(entries, seq, turn_id, last)
+    except EventsTrimmedError:
+        yield from _ended(keys, turn_id, seen_any=True)  # raises TurnNotFoundError when the state is gone too
+        raise
+    if pending:
         return pending, False
-    # The terminal event and the terminal status are written together, but the
-    # status may have been read after the log: read the log again.
-    pending = yield from _read_log(keys, turn_id, last)
-    return pending, not pending
+    if status is None and (seen_any or int(seq or 0) == 0):
+        _lost(turn_id, seen_any)
+    return pending, record.is_terminal(status)
+
+
+def _lost(turn_id: str, seen_any: bool) -> None:
+    """Raise :class:`TurnNotFoundError`: a followed turn's state outlives its last event (DESIGN.md §8),
+    so without it its keys were evicted or deleted, and nothing will ever finish it, even if its log is
+    left (issue 8)."""
+    why = "lost: its keys are gone" if seen_any else "never submitted, or expired"
+    raise TurnNotFoundError(f"no turn {turn_id!r} ({why})", turn_id=turn_id)
 
 
 def _read_log(keys: Keys, turn_id: str, last: int) -> Operation[list[Event]]:
@@ -165,17 +192,29 @@ def _read_log(keys: Keys, turn_id: str, last: int) -> Operation[list[Event]]:
 
 
 def follow_subscribed(
-    keys: Keys, turn_id: str, after_seq: int, timeout: float | None, poll_interval: float = POLL_INTERVAL
+    keys: Keys,
+    turn_id: str,
+    after_seq: int,
+    timeout: float | None,
+    poll_interval: float = POLL_INTERVAL,
+    *,
+    read_first: bool = True,
 ) -> Operation[None]:
     """Yield the turn's events with ``seq > after_seq`` exactly once, in order, until terminal.
 
     Expects the operation's pub/sub connection subscribed to the turn's channel.
     Returns at once when the turn already ended at or before ``after_seq``.
-    Raises :class:`SmithTimeoutError` after ``timeout`` seconds (None: never).
+    ``read_first=False`` (a turn submitted after subscribing) waits for the
+    first live event instead of reading the log first; a gap in ``seq`` or a
+    silent channel still reads it. Raises :class:`SmithTimeoutError` after
+    ``timeout`` seconds (None: never).
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     last = after_seq
-    pending, over = yield from _catch_up(keys, turn_id, last, seen_any=after_seq > 0)
+    pending: list[Event] = []
+    over = False
+    if read_first:
+        pending, over = yield from _catch_up(keys, turn_id, last, seen_any=after_seq > 0)
     while not over:
         for event in pending:
             if event.seq != last + 1:

@@ -12,6 +12,7 @@ live worker serves (issue 14 rule 5).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,35 @@ def read_served(keys: Keys, field: str) -> Operation[set[str] | None]:
     if not turn_workers:
         return None
     return {name for worker in turn_workers for name in worker.get(field, [])}
+
+
+#: Seconds a client trusts the agents it saw served before reading the registrations again.
+SERVED_CACHE_SECONDS = 5.0
+
+
+class ServedAgents:
+    """A client's recent view of the agents live turn workers serve, so a turn does not re-read the
+    registrations (two round trips) each time.
+
+    Only a positive answer is kept (the agent was served ``max_age`` seconds
+    ago or less): an agent missing from it, or no turn worker registered, is
+    read again, so a worker that just started is seen at once and the
+    refusal or warning is as without the cache. Thread-safe (one tuple swapped whole).
+    """
+
+    def __init__(self, max_age: float = SERVED_CACHE_SECONDS) -> None:
+        self.max_age = max_age
+        self._seen: tuple[float, frozenset[str]] = (float("-inf"), frozenset())
+
+    def read(self, keys: Keys, agent: str) -> Operation[set[str] | None]:
+        """Operation: :func:`read_served` of ``agents``, or the kept set when it is fresh and holds ``agent``."""
+        at, served = self._seen
+        if agent in served and time.monotonic() - at <= self.max_age:
+            return set(served)
+        fresh = yield from read_served(keys, "agents")
+        if fresh is not None:
+            self._seen = (time.monotonic(), frozenset(fresh))
+        return fresh
 
 
 async def live_workers(redis: Redis, keys: Keys) -> list[dict[str, Any]]:

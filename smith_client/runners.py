@@ -22,8 +22,9 @@ from redis.asyncio import Redis
 from smith_client import scripts
 from smith_client.errors import SmithTimeoutError, TransportError
 from smith_client.events import Event
+from smith_client.fanout import AsyncFanout, SyncFanout
 from smith_client.keys import Keys, now_ms
-from smith_client.protocol import Call, Enqueue, Operation, RunScript, Subscribe, T, Transaction
+from smith_client.protocol import Call, Enqueue, Operation, Receive, RunScript, Subscribe, T, Transaction
 from smith_client.redis_errors import typed_redis_errors
 from smith_client.serialization import job_serializer
 
@@ -36,11 +37,12 @@ class _Done:
 
 
 class _Session:
-    """The pub/sub connection of one operation, opened on its first :class:`Subscribe`."""
+    """The pub/sub of one operation: its subscription on the client's shared connection
+    (:class:`Subscription` or :class:`SyncSubscription`), or a connection the caller subscribed (tests)."""
 
-    def __init__(self, pubsub: Any = None) -> None:
+    def __init__(self, pubsub: Any = None, subscription: Any = None) -> None:
         self.pubsub = pubsub
-        self.owned = pubsub is None
+        self.subscription = subscription
 
 
 def _step(op: Operation[Any], reply: Any) -> Any:
@@ -84,11 +86,8 @@ def _bind(request: Any, client: Any, session: _Session, enqueue: Callable[[Enque
         return execute
     if isinstance(request, Enqueue):
         return functools.partial(enqueue, request)
-    if session.pubsub is None:
-        session.pubsub = client.pubsub()
-    if isinstance(request, Subscribe):
-        return functools.partial(session.pubsub.subscribe, request.channel)
-    return functools.partial(session.pubsub.get_message, ignore_subscribe_messages=True, timeout=request.timeout)
+    # a Subscribe on a connection the caller gave (AsyncRunner.iterate's ``pubsub``)
+    return functools.partial(session.pubsub.subscribe, request.channel)
 
 
 class AsyncRunner(_Closable):
@@ -96,6 +95,13 @@ class AsyncRunner(_Closable):
 
     def __init__(self, client: Redis) -> None:
         self.redis = client
+        #: The pub/sub connection every streaming operation of this runner shares.
+        self.fanout = AsyncFanout(client)
+
+    async def aclose(self) -> None:
+        """:meth:`close`, and close the shared pub/sub connection."""
+        self.close()
+        await self.fanout.aclose()
 
     async def run(self, op: Operation[T], bound: Any = None) -> T:
         """Run an operation that yields no events; return its result.
@@ -118,15 +124,16 @@ class AsyncRunner(_Closable):
             ) from exc
 
     async def _run(self, op: Operation[T]) -> T:
-        async with contextlib.aclosing(self._drive(op, _Session())) as items:
+        async with contextlib.aclosing(self._drive(op, _Session(None, self.fanout.open()))) as items:
             async for item in items:
                 if isinstance(item, _Done):
                     return cast(T, item.value)
         raise AssertionError("an operation always ends with its result")
 
     async def iterate(self, op: Operation[Any], pubsub: Any = None) -> AsyncIterator[Event]:
-        """Run a streaming operation, yielding its events. ``pubsub``: an already-subscribed connection to use."""
-        async for item in self._drive(op, _Session(pubsub)):
+        """Run a streaming operation, yielding its events. ``pubsub``: an already-subscribed connection to use
+        instead of the shared one."""
+        async for item in self._drive(op, _Session(pubsub, None if pubsub is not None else self.fanout.open())):
             if isinstance(item, Event):
                 yield item
 
@@ -141,14 +148,20 @@ class AsyncRunner(_Closable):
                     item = _step(op, None)
             yield item
         finally:
-            if session.owned and session.pubsub is not None:
-                await session.pubsub.aclose()
+            if session.subscription is not None:
+                await session.subscription.close()
 
     @typed_redis_errors
     async def _perform(self, request: Any, session: _Session) -> Any:
         self._check_open(request)
         if isinstance(request, RunScript):
             return await request.script(self.redis, request.keys, request.args)
+        if isinstance(request, (Subscribe, Receive)) and session.subscription is not None:
+            if isinstance(request, Subscribe):
+                return await session.subscription.subscribe(request.channel)
+            return await session.subscription.receive(request.timeout)
+        if isinstance(request, Receive):  # a connection the caller subscribed (tests)
+            return await session.pubsub.get_message(ignore_subscribe_messages=True, timeout=request.timeout)
         return await _bind(request, self.redis, session, self._enqueue_job)()
 
     def _enqueue_job(self, request: Enqueue) -> Any:
@@ -161,11 +174,18 @@ class SyncRunner(_Closable):
     """Runs operations on a blocking :class:`redis.Redis`; for :class:`SyncSmithClient`.
 
     Thread-safe: commands take a connection from the client's pool per call, and
-    each streaming operation opens its own pub/sub connection.
+    streaming operations share one pub/sub connection (:class:`SyncFanout`).
     """
 
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
+        #: The pub/sub connection every streaming operation of this runner shares.
+        self.fanout = SyncFanout(client)
+
+    def close(self) -> None:
+        """Refuse every later request and close the shared pub/sub connection."""
+        super().close()
+        self.fanout.close()
 
     def run(self, op: Operation[T], bound: Any = None) -> T:
         """Run an operation that yields no events; return its result.
@@ -175,11 +195,11 @@ class SyncRunner(_Closable):
         return cast(T, next(item.value for item in self._drive(op) if isinstance(item, _Done)))
 
     def iterate(self, op: Operation[Any], pubsub: Any = None) -> Iterator[Event]:
-        """Run a streaming operation, yielding its events (``pubsub`` is ignored: each operation opens its own)."""
+        """Run a streaming operation, yielding its events (``pubsub`` is ignored: the shared connection is used)."""
         return (item for item in self._drive(op) if isinstance(item, Event))
 
     def _drive(self, op: Operation[Any]) -> Iterator[Any]:
-        session = _Session()
+        session = _Session(None, self.fanout.open())
         try:
             reply = None
             while True:
@@ -190,14 +210,17 @@ class SyncRunner(_Closable):
                 if isinstance(item, _Done):
                     return
         finally:
-            if session.pubsub is not None:
-                session.pubsub.close()
+            session.subscription.close()
 
     @typed_redis_errors
     def _perform(self, request: Any, session: _Session) -> Any:
         self._check_open(request)
         if isinstance(request, RunScript):
             return request.script.call_sync(self.redis, request.keys, request.args)
+        if isinstance(request, Subscribe):
+            return session.subscription.subscribe(request.channel)
+        if isinstance(request, Receive):
+            return session.subscription.receive(request.timeout)
         return _bind(request, self.redis, session, self._enqueue_job)()
 
     def _enqueue_job(self, request: Enqueue) -> bool:

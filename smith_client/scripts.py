@@ -89,6 +89,7 @@ async def execute(redis: Any, fill: Callable[[Pipeline], None], *, transaction: 
 
 
 PUBLISH = LuaScript("publish")
+PUBLISH_BATCH = LuaScript("publish_batch")
 SUBMIT = LuaScript("submit")
 CANCEL = LuaScript("cancel")
 ACTIVATE_SKILL = LuaScript("activate_skill")

@@ -3,9 +3,10 @@
 Same methods, arguments, events and errors (both inherit
 :class:`~smith_client.client.ClientAPI`), run on redis-py's blocking client:
 no event loop is started. One instance can be shared by all threads of a WSGI
-server (Flask, Django): commands take pooled connections and each ``stream`` /
-``follow`` opens its own pub/sub connection, closed when the iterator ends or
-is closed. Under WSGI every open stream holds a worker thread; fan out to many
+server (Flask, Django): commands take pooled connections and every ``stream`` /
+``follow`` shares the client's one pub/sub connection (read by a daemon thread,
+:class:`~smith_client.fanout.SyncFanout`), unsubscribing its channel when the
+iterator ends or is closed. Under WSGI every open stream holds a worker thread; fan out to many
 browsers with the ASGI relay in ``examples/web/`` instead.
 """
 

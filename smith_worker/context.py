@@ -18,11 +18,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from smith_client import scripts
 from smith_client.events import EventData, MessageData
 from smith_client.jobs import TurnJob
 from smith_worker.app import AgentSpec
 from smith_worker.config import AgentConfig
-from smith_worker.fencing import AttemptWrites
+from smith_worker.fencing import AttemptWrites, StaleAttemptError
 from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
 from smith_worker.runtime import TurnServices, WorkerRuntime
@@ -79,10 +80,33 @@ class AgentContext:
         return len(self.agent_path) - 1
 
     async def append(self, *messages: Any) -> None:
-        """Append to the history (fenced), then :meth:`announce` each message."""
-        await self.attempt.append(*messages)
+        """Append to the history and publish a ``message`` event for each, in one round trip (both fenced),
+        then fire ``on_message`` for each. Raises :class:`StaleAttemptError`."""
+        if not messages:
+            return
+        events: list[EventData] = [MessageData(message=m.model_dump(mode="json")) for m in messages]
+
+        def fill(pipe: Any) -> None:
+            self.attempt.queue_append(pipe, *messages)
+            self.queue_publish(pipe, events)
+
+        replies = await scripts.execute(self.runtime.redis, fill, transaction=False)
+        self.attempt.appended(replies)
+        self.published(replies[1])
         for message in messages:
-            await self.announce(message)
+            await fire("on_message", message, self.runtime.app.hooks, self.spec.hooks)
+
+    def queue_publish(self, pipe: Any, events: list[EventData]) -> None:
+        """Queue the publish of consecutive ``events`` of this loop in one script call, fenced by the attempt
+        (:meth:`EventLog.queue_publish_many`); :meth:`published` checks its reply."""
+        self.runtime.events.queue_publish_many(
+            pipe, self.turn_id, events, self.agent_path, self.attempt.attempt, self.call_path
+        )
+
+    def published(self, reply: Any) -> None:
+        """Check a queued publish's reply. Raises :class:`StaleAttemptError`."""
+        if int(reply) < 0:
+            raise StaleAttemptError(self.turn_id)
 
     async def announce(self, message: Any) -> None:
         """Publish a ``message`` event and fire ``on_message`` for a message now in the history."""

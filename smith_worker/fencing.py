@@ -27,6 +27,14 @@ class AttemptWrites(Protocol):
         """Append whole messages to the history."""
         ...
 
+    def queue_append(self, pipe: Any, *messages: BaseModel) -> None:
+        """Queue an append of (at least one of) ``messages`` on ``pipe``; :meth:`appended` reads its reply."""
+        ...
+
+    def appended(self, replies: list[Any]) -> None:
+        """Check a queued append's reply, the first of ``replies``."""
+        ...
+
     async def drain_inbox(self, closing: bool) -> list[bytes]:
         """Move merged user messages into the history; when ``closing`` and none wait, close the inbox."""
         ...

@@ -32,6 +32,7 @@ from smith_client.errors import (
     TurnCancelledError,
 )
 from smith_client.events import (
+    EventData,
     TokenData,
     ToolCallCompletedData,
     ToolCallStartedData,
@@ -253,9 +254,14 @@ class AgentLoop:
         if stream:
             return await llm.complete_stream(request, lambda ev: self._on_stream_event(spec, ev))
         response = await llm.complete(request)
+        events: list[EventData] = []
         for index, call in enumerate(response.message.tool_calls):
-            await self.publish(ToolCallStartedData(id=call.id, name=call.name, index=index))
-            await self.publish(_completed_data(index, call))
+            events += [ToolCallStartedData(id=call.id, name=call.name, index=index), _completed_data(index, call)]
+        if events:  # all known at once: one script call
+            batch = await scripts.execute(
+                self.rt.redis, lambda pipe: self.ctx.queue_publish(pipe, events), transaction=False
+            )
+            self.ctx.published(batch[0])
         return response
 
     def _sampling(self) -> SamplingParams | None:

@@ -93,10 +93,19 @@ class SubAgentHistory:
 
     async def append(self, *messages: BaseModel) -> None:
         """Append whole messages to the sub-agent's history. Raises :class:`StaleAttemptError`."""
-        if not messages:
-            return
+        if messages:
+            self.appended(
+                await scripts.execute(self._redis, lambda pipe: self.queue_append(pipe, *messages), transaction=False)
+            )
+
+    def queue_append(self, pipe: Any, *messages: BaseModel) -> None:
+        """Queue :meth:`append` of (at least one of) ``messages`` on ``pipe``; :meth:`appended` reads its reply."""
         args = [self._attempt, self._ttl, self._max, *(message_to_json(m) for m in messages)]
-        if await scripts.APPEND(self._redis, [self._state, *self._lists], args) < 0:
+        scripts.APPEND.queue(pipe, [self._state, *self._lists], args)
+
+    def appended(self, replies: list[Any]) -> None:
+        """Check a queued append's reply (the first of ``replies``). Raises :class:`StaleAttemptError`."""
+        if replies[0] < 0:
             raise StaleAttemptError(self._state)
 
     async def drain_inbox(self, closing: bool) -> list[bytes]:

@@ -29,6 +29,7 @@ from smith_client import turn_record as record
 from smith_client.errors import InternalError, SmithError, SmithTimeoutError, UnknownAgentError, error_from_exception
 from smith_client.events import (
     EventData,
+    MessageData,
     TurnCancelledData,
     TurnCompletedData,
     TurnFailedData,
@@ -48,7 +49,7 @@ from smith_worker.memory.pairing import pending_repair
 from smith_worker.redaction import redact_error
 from smith_worker.runtime import TurnServices, WorkerRuntime
 from smith_worker.tools import error_content
-from smith_worker.turn_state import TurnAttempt, park, wake_head
+from smith_worker.turn_state import TurnAttempt, park, queue_head, wake_head, woken
 
 logger = logging.getLogger("agent_smith.agent")
 
@@ -165,16 +166,23 @@ class TurnRunner:
         if state.get("cancel_requested"):
             raise CancelRequested(state["cancel_requested"])
         self._check_attempts(state)
-        if self.attempt.attempt > 1:
-            await self.publish(TurnResumedData(attempt=self.attempt.attempt))
-        else:
-            await self.publish(TurnStartedData(conversation_id=self.job.conversation_id, agent=self.job.agent))
+        opening: EventData = (
+            TurnResumedData(attempt=self.attempt.attempt)
+            if self.attempt.attempt > 1
+            else TurnStartedData(conversation_id=self.job.conversation_id, agent=self.job.agent)
+        )
         first = "history_start" not in state  # the user message is not in yet (an earlier attempt may have added it)
         repair = await pending_repair(self.store) if first else None
-        start = await self.attempt.append_user(self.job.message, repair)
-        if first:
-            for message in [*(repair.messages if repair else []), self.job.message]:
-                await self.ctx.announce(message)
+        added = [*(repair.messages if repair else []), self.job.message] if first else []
+        events = [opening, *(MessageData(message=m.model_dump(mode="json")) for m in added)]
+        ctx = self.ctx
+        # the user message, the opening event and its message events: one round trip
+        start, (published,) = await self.attempt.append_user(
+            self.job.message, repair, lambda pipe: ctx.queue_publish(pipe, events)
+        )
+        ctx.published(published)
+        for message in added:
+            await fire("on_message", message, self.rt.app.hooks, spec.hooks)
         final = await AgentLoop(self.ctx).run(start)
         await self._finish(record.COMPLETED, record.RESULT, final.model_dump_json(), TurnCompletedData(message=final))
 
@@ -280,13 +288,13 @@ class TurnRunner:
         def fill(pipe: Any) -> None:
             self.rt.events.publish_in(pipe, self.job.turn_id, data, self.agent_path, self.attempt.attempt)
             self.attempt.queue_finish(pipe, status, field, value)
+            queue_head(pipe, self.rt.keys, self.job.conversation_id)  # the conversation's next turn may run now
 
-        seq, finished = await scripts.execute(self.rt.redis, fill, transaction=True)
+        seq, finished, head = await scripts.execute(self.rt.redis, fill, transaction=True)
         if seq < 0 or not finished:
             raise StaleAttemptError(self.job.turn_id)
         self.rt.metrics.record_turn(self.job.agent, status, time.monotonic() - self._started)
-        # the conversation's next turn may run now
-        await wake_head(self.rt.redis, self.rt.keys, self.job.conversation_id)
+        await woken(self.rt.redis, self.rt.keys, head)
 
     async def _turn_messages(self) -> list[Any]:
         """This turn's messages: the history from its user message on."""

@@ -124,37 +124,54 @@ class TurnAttempt:
         """The turn's state hash, decoded (fields in :mod:`smith_client.turn_record`)."""
         return decode_state(await self.redis.hgetall(self._state))
 
-    async def append_user(self, message: BaseModel, repair: Repair | None = None) -> int:
-        """Append the turn's user message once per turn id; return its absolute position in the history.
+    async def append_user(
+        self, message: BaseModel, repair: Repair | None = None, also: Callable[[Any], None] | None = None
+    ) -> tuple[int, list[Any]]:
+        """Append the turn's user message once per turn id; return its absolute position in the history
+        and the replies of what ``also`` queued after it on the same pipeline (one round trip).
 
         ``repair`` (error tool messages for dangling tool calls of an earlier
         turn) is inserted in the same script, so the history is repaired once
         (issue 13 design rule 3); it is skipped if the history changed since
-        it was computed.
+        it was computed. Raises :class:`StaleAttemptError`.
         """
         extra: list[Any] = []
         if repair is not None:
             extra = [repair.end, repair.position, *(message_to_json(m) for m in repair.messages)]
-        index = await scripts.APPEND_USER(
-            self.redis,
-            [self._state, self._history, self._trimmed],
-            [self.attempt, message_to_json(message), self.history_ttl, self.history_max, *extra],
-        )
+
+        def fill(pipe: Any) -> None:
+            scripts.APPEND_USER.queue(
+                pipe,
+                [self._state, self._history, self._trimmed],
+                [self.attempt, message_to_json(message), self.history_ttl, self.history_max, *extra],
+            )
+            if also is not None:
+                also(pipe)
+
+        index, *rest = await scripts.execute(self.redis, fill, transaction=False)
         if index < 0:
             raise StaleAttemptError(self.turn_id)
-        return int(index)
+        return int(index), rest
 
     async def append(self, *messages: BaseModel) -> None:
         """Append whole messages to the history, fenced. Raises :class:`StaleAttemptError`."""
-        if not messages:
-            return
+        if messages:
+            self.appended(
+                await scripts.execute(self.redis, lambda pipe: self.queue_append(pipe, *messages), transaction=False)
+            )
+
+    def queue_append(self, pipe: Any, *messages: BaseModel) -> None:
+        """Queue :meth:`append` of (at least one of) ``messages`` on ``pipe``; :meth:`appended` reads its reply."""
         blobs = [message_to_json(m) for m in messages]
-        reply = await scripts.APPEND(
-            self.redis,
+        scripts.APPEND.queue(
+            pipe,
             [self._state, self._history, self._trimmed],
             [self.attempt, self.history_ttl, self.history_max, *blobs],
         )
-        if reply < 0:
+
+    def appended(self, replies: list[Any]) -> None:
+        """Check a queued append's reply (the first of ``replies``). Raises :class:`StaleAttemptError`."""
+        if replies[0] < 0:
             raise StaleAttemptError(self.turn_id)
 
     async def drain_inbox(self, closing: bool) -> list[bytes]:
@@ -237,8 +254,18 @@ async def wake_head(redis: Any, keys: Keys, conversation_id: str) -> str:
     Called when a turn ends (the next one runs at once) and by parked turns.
     The job id (:meth:`Keys.turn_kick_job_id`) is fixed, so arq keeps at most one pending.
     """
-    fifo, statuses = keys.conversation_turns(conversation_id), keys.conversation_statuses(conversation_id)
-    reply = await scripts.HEAD(redis, [fifo, statuses])
+    replies = await scripts.execute(redis, lambda pipe: queue_head(pipe, keys, conversation_id), transaction=False)
+    return await woken(redis, keys, replies[0])
+
+
+def queue_head(pipe: Any, keys: Keys, conversation_id: str) -> None:
+    """Queue the read of the conversation's oldest unfinished turn (``lua/head.lua``) on ``pipe``, e.g. in the
+    transaction that ends a turn; pass its reply to :func:`woken`."""
+    scripts.HEAD.queue(pipe, [keys.conversation_turns(conversation_id), keys.conversation_statuses(conversation_id)])
+
+
+async def woken(redis: Any, keys: Keys, reply: Any) -> str:
+    """The second half of :func:`wake_head`, given the reply of :func:`queue_head`: enqueue the head if queued."""
     if not reply:
         return ""
     head: str = reply[0].decode()

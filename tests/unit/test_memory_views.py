@@ -213,7 +213,7 @@ async def test_trimming_keeps_whole_groups_and_positions_stay_absolute(convo):
     # a dangling call of the last turn is answered right after it, atomically with the next user message
     await attempt.append(UserMessage(content="q"), AssistantMessage(tool_calls=[ToolCall(id="d", name="add")]))
     repair = await pending_repair(convo.store)
-    position = await attempt.append_user(UserMessage(content="next"), repair)
+    position, _ = await attempt.append_user(UserMessage(content="next"), repair)
     tail = (await convo.store.read(position - 3)).messages
     assert [m.role for m in tail] == ["user", "assistant", "tool", "user"]
     assert tail[2].tool_call_id == "d" and orjson.loads(tail[2].content)["error"] is True

@@ -1,0 +1,303 @@
+"""One pub/sub connection per client, shared by every turn it follows (issue 18).
+
+:class:`AsyncFanout` keeps a single redis-py ``PubSub`` for a
+:class:`~smith_client.client.SmithClient` and :class:`SyncFanout` one for a
+:class:`~smith_client.sync_client.SyncSmithClient`; each follower (one
+streaming operation) gets a subscription, a queue of the messages of the
+channels it subscribed. One reader (a task; a daemon thread for the blocking
+client, whose followers may be in any thread) routes messages by channel.
+
+A follower never loses an event to a reconnect: when the connection fails,
+or redis-py reconnects it on its own (it then subscribes again, and a second
+``subscribe`` confirmation for a channel shows it), every follower of the
+affected channels is sent a *gap* (``None``), which the operation answers by
+reading the turn's replay log from its last ``seq``
+(:func:`smith_client.operations.follow_subscribed`), so events stay gap-free
+and without duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+import redis
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+logger = logging.getLogger("agent_smith")
+
+#: Longest single wait of the reader for a message, seconds (the socket timeout does not apply to it).
+_LISTEN = 5.0
+#: Seconds between tries to subscribe again while Redis is unreachable.
+_RETRY = 0.2
+
+
+class Subscription:
+    """One follower's view of the shared connection: messages of its channels, in arrival order."""
+
+    def __init__(self, fanout: AsyncFanout) -> None:
+        self._fanout = fanout
+        self.channels: set[str] = set()
+        self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    async def subscribe(self, channel: str) -> None:
+        """Receive ``channel``'s messages from now on (sent to Redis before this returns)."""
+        self.channels.add(channel)
+        await self._fanout.add(channel, self)
+
+    async def receive(self, timeout: float) -> dict[str, Any] | None:
+        """The next message (redis-py's dict, ``data`` bytes), or None after ``timeout`` seconds or on a gap."""
+        try:
+            return await asyncio.wait_for(self.queue.get(), timeout)
+        except TimeoutError:
+            return None
+
+    async def close(self) -> None:
+        """Stop receiving; channels no other follower wants are unsubscribed."""
+        for channel in self.channels:
+            await self._fanout.remove(channel, self)
+        self.channels.clear()
+
+
+class AsyncFanout:
+    """The shared pub/sub connection of one asyncio client (see the module docstring)."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._pubsub: Any = None
+        self._followers: dict[str, set[Subscription]] = {}
+        self._confirmed: set[str] = set()  # channels whose subscription Redis confirmed on this connection
+        self._reader: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()  # one (un)subscribe at a time: the first one also opens the connection
+
+    def open(self) -> Subscription:
+        """A new follower's subscription (subscribe it to channels, close it when done)."""
+        return Subscription(self)
+
+    @property
+    def connections(self) -> int:
+        """Pub/sub connections held now: 0 or 1."""
+        return int(self._pubsub is not None and self._pubsub.connection is not None)
+
+    async def add(self, channel: str, follower: Subscription) -> None:
+        """Route ``channel`` to ``follower``; subscribe the connection when it is the channel's first."""
+        followers = self._followers.setdefault(channel, set())
+        followers.add(follower)
+        if len(followers) > 1:
+            return
+        try:
+            async with self._lock:
+                if self._pubsub is None:
+                    self._pubsub = self._redis.pubsub()
+                await self._pubsub.subscribe(channel)
+        except BaseException:
+            followers.discard(follower)
+            if not followers:
+                del self._followers[channel]
+            raise
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read())
+
+    async def remove(self, channel: str, follower: Subscription) -> None:
+        """Stop routing ``channel`` to ``follower``; unsubscribe it when nobody follows it."""
+        followers = self._followers.get(channel)
+        if followers is None:
+            return
+        followers.discard(follower)
+        if followers:
+            return
+        del self._followers[channel]
+        async with self._lock:
+            with contextlib.suppress(RedisError, OSError):  # a broken connection is not resubscribed to it anyway
+                await self._pubsub.unsubscribe(channel)
+
+    async def aclose(self) -> None:
+        """Stop the reader and close the connection."""
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._pubsub is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await self._pubsub.aclose()
+        self._pubsub = None
+
+    async def _read(self) -> None:
+        while self._pubsub.connection is not None:  # none: closed with nobody to follow (add() restarts it)
+            try:
+                message = await self._pubsub.get_message(timeout=_LISTEN)
+            except (RedisError, OSError) as exc:
+                logger.warning("pub/sub connection lost (%s: %s); subscribing again", type(exc).__name__, exc)
+                self._gap(set(self._followers))
+                await self._resubscribe()
+                continue
+            if message is not None:
+                self._route(message)
+
+    def _route(self, message: dict[str, Any]) -> None:
+        route(message, self._followers, self._confirmed)
+
+    def _gap(self, channels: set[str]) -> None:
+        gap(channels, self._followers)
+
+    async def _resubscribe(self) -> None:
+        """A fresh connection subscribed to every followed channel, retried until Redis answers."""
+        self._confirmed.clear()
+        while True:
+            async with self._lock:
+                with contextlib.suppress(RedisError, OSError):
+                    await self._pubsub.aclose()  # drops the broken connection; subscribe opens a new one
+                if not self._followers:
+                    return
+                try:
+                    await self._pubsub.subscribe(*self._followers)
+                    return
+                except (RedisError, OSError):
+                    pass
+            await asyncio.sleep(_RETRY)
+
+
+def route(message: dict[str, Any], followers: dict[str, Any], confirmed: set[str]) -> None:
+    """Pass a pub/sub message to the followers of its channel, or track a (re)subscription.
+
+    A second ``subscribe`` confirmation for a channel means redis-py reconnected
+    and subscribed again on its own, so messages may have been lost: its
+    followers get a gap.
+    """
+    kind, channel = message["type"], message["channel"].decode()
+    if kind == "message":
+        for follower in followers.get(channel, ()):
+            follower.queue.put_nowait(message)
+    elif kind == "subscribe":
+        if channel in confirmed:
+            gap({channel}, followers)
+        confirmed.add(channel)
+    elif kind == "unsubscribe":
+        confirmed.discard(channel)
+
+
+def gap(channels: set[str], followers: dict[str, Any]) -> None:
+    """Tell the followers of ``channels`` that messages may be lost (``None``: read the log)."""
+    for channel in channels:
+        for follower in followers.get(channel, ()):
+            follower.queue.put_nowait(None)
+
+
+class SyncSubscription:
+    """:class:`Subscription` for the blocking client: one follower, in any thread."""
+
+    def __init__(self, fanout: SyncFanout) -> None:
+        self._fanout = fanout
+        self.channels: set[str] = set()
+        self.queue: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+
+    def subscribe(self, channel: str) -> None:
+        """Receive ``channel``'s messages from now on (sent to Redis before this returns)."""
+        self.channels.add(channel)
+        self._fanout.add(channel, self)
+
+    def receive(self, timeout: float) -> dict[str, Any] | None:
+        """The next message, or None after ``timeout`` seconds or on a gap."""
+        try:
+            return self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        """Stop receiving; channels no other follower wants are unsubscribed."""
+        for channel in self.channels:
+            self._fanout.remove(channel, self)
+        self.channels.clear()
+
+
+class SyncFanout:
+    """The shared pub/sub connection of one blocking client; thread-safe (one lock around the
+    subscriptions and the routing, the reader in a daemon thread)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._redis = client
+        self._pubsub: Any = None
+        self._followers: dict[str, set[SyncSubscription]] = {}
+        self._confirmed: set[str] = set()
+        self._lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+        self._closed = False
+
+    def open(self) -> SyncSubscription:
+        """A new follower's subscription."""
+        return SyncSubscription(self)
+
+    def add(self, channel: str, follower: SyncSubscription) -> None:
+        """Route ``channel`` to ``follower``; subscribe the connection when it is the channel's first."""
+        with self._lock:
+            followers = self._followers.setdefault(channel, set())
+            followers.add(follower)
+            if len(followers) > 1:
+                return
+            try:
+                if self._pubsub is None:
+                    self._pubsub = self._redis.pubsub()
+                self._pubsub.subscribe(channel)
+            except BaseException:
+                del self._followers[channel]
+                raise
+            if self._reader is None or not self._reader.is_alive():
+                self._reader = threading.Thread(target=self._read, name="smith-pubsub", daemon=True)
+                self._reader.start()
+
+    def remove(self, channel: str, follower: SyncSubscription) -> None:
+        """Stop routing ``channel`` to ``follower``; unsubscribe it when nobody follows it."""
+        with self._lock:
+            followers = self._followers.get(channel)
+            if followers is None:
+                return
+            followers.discard(follower)
+            if followers:
+                return
+            del self._followers[channel]
+            with contextlib.suppress(redis.RedisError, OSError):
+                self._pubsub.unsubscribe(channel)
+
+    def close(self) -> None:
+        """Stop the reader (within ``_LISTEN``-bounded reads: it polls every 0.2 s) and close the connection."""
+        self._closed = True
+        if self._reader is not None:
+            self._reader.join()
+        if self._pubsub is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                self._pubsub.close()
+
+    def _read(self) -> None:
+        while not self._closed:
+            try:
+                message = self._pubsub.get_message(timeout=_RETRY)
+            except (redis.RedisError, OSError) as exc:
+                logger.warning("pub/sub connection lost (%s: %s); subscribing again", type(exc).__name__, exc)
+                with self._lock:
+                    gap(set(self._followers), self._followers)
+                self._resubscribe()
+                continue
+            if message is not None:
+                with self._lock:
+                    route(message, self._followers, self._confirmed)
+
+    def _resubscribe(self) -> None:
+        while not self._closed:
+            with self._lock:
+                self._confirmed.clear()
+                with contextlib.suppress(redis.RedisError, OSError):
+                    self._pubsub.close()
+                if not self._followers:
+                    return
+                try:
+                    self._pubsub.subscribe(*self._followers)
+                    return
+                except (redis.RedisError, OSError):
+                    pass
+            time.sleep(_RETRY)

@@ -1,0 +1,130 @@
+"""One pub/sub connection per client, shared by every turn it follows (issue 18), against a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+
+import pytest
+
+from smith_client import SmithClient, SyncSmithClient
+from smith_client.events import TokenData, TurnCompletedData
+
+pytestmark = pytest.mark.integration
+
+STREAMS = 20
+TOKENS = 30
+COMPLETED = TurnCompletedData.model_validate({"message": {"role": "assistant", "content": "x"}})
+
+
+@pytest.fixture
+async def client(redis_url):
+    async with SmithClient.from_url(redis_url, prefix=f"fan{uuid.uuid4().hex[:6]}") as client:
+        yield client
+
+
+async def _running(client: SmithClient, turns: list[str]) -> None:
+    for turn in turns:  # known, running turns (the followers check the state when the channel is silent)
+        await client.redis.hset(client.keys.turn_state(turn), "status", "running")
+        await client.redis.expire(client.keys.turn_state(turn), 60)
+
+
+async def _pubsub_ids(client: SmithClient) -> set[str]:
+    return {c["id"] for c in await client.redis.client_list() if int(c.get("sub", 0)) > 0 or c.get("flags") == "P"}
+
+
+async def _kill_new_pubsub(client: SmithClient, others: set[str]) -> None:
+    """CLIENT KILL the pub/sub connections opened since ``others`` (not other tests' workers')."""
+    mine = await _pubsub_ids(client) - others
+    assert mine
+    for connection in mine:
+        await client.redis.execute_command("CLIENT KILL ID", connection)
+
+
+async def _follow_all(client: SmithClient, turns: list[str]) -> dict[str, list[int]]:
+    seen: dict[str, list[int]] = {turn: [] for turn in turns}
+
+    async def one(turn: str) -> None:
+        async for event in client.follow(turn, timeout=30):
+            seen[turn].append(event.seq)
+
+    await asyncio.gather(*(one(turn) for turn in turns))
+    return seen
+
+
+async def _until(predicate, what: str) -> None:
+    async with asyncio.timeout(10):
+        while not await predicate():
+            await asyncio.sleep(0.01)
+
+
+async def test_concurrent_streams_share_one_pubsub_connection_and_get_every_event_in_order(client):
+    turns = [f"t-fan-{i}-{uuid.uuid4().hex[:6]}" for i in range(STREAMS)]
+    await _running(client, turns)
+    others = await _pubsub_ids(client)  # other tests' workers share this redis-server
+    followers = asyncio.create_task(_follow_all(client, turns))
+    channels = [client.keys.turn_events_channel(t) for t in turns]
+
+    async def all_subscribed() -> bool:
+        counts = await client.redis.pubsub_numsub(*channels)
+        return all(n == 1 for _, n in counts)
+
+    await _until(all_subscribed, "every stream subscribed")
+    assert len(await _pubsub_ids(client) - others) == 1
+    for i in range(TOKENS):
+        await asyncio.gather(*(client.events.publish(t, TokenData(text=str(i))) for t in turns))
+    await asyncio.gather(*(client.events.publish(t, COMPLETED) for t in turns))
+    seen = await followers
+    assert all(seqs == list(range(1, TOKENS + 2)) for seqs in seen.values()), seen
+
+
+async def test_killing_the_pubsub_connection_mid_stream_loses_no_event(client):
+    turns = [f"t-kill-{i}-{uuid.uuid4().hex[:6]}" for i in range(STREAMS)]
+    await _running(client, turns)
+    others = await _pubsub_ids(client)
+    followers = asyncio.create_task(_follow_all(client, turns))
+    channels = [client.keys.turn_events_channel(t) for t in turns]
+
+    async def all_subscribed() -> bool:
+        return all(n == 1 for _, n in await client.redis.pubsub_numsub(*channels))
+
+    await _until(all_subscribed, "every stream subscribed")
+    for i in range(TOKENS):
+        if i == TOKENS // 2:
+            await _kill_new_pubsub(client, others)
+        await asyncio.gather(*(client.events.publish(t, TokenData(text=str(i))) for t in turns))
+    await _until(all_subscribed, "every stream subscribed again")  # events from here on arrive live
+    await asyncio.gather(*(client.events.publish(t, COMPLETED) for t in turns))
+    seen = await followers
+    assert all(seqs == list(range(1, TOKENS + 2)) for seqs in seen.values()), seen
+
+
+async def test_sync_client_threads_share_one_pubsub_connection_and_survive_a_kill(client, redis_url):
+    turns = [f"t-sync-{i}-{uuid.uuid4().hex[:6]}" for i in range(STREAMS)]
+    await _running(client, turns)
+    others = await _pubsub_ids(client)
+    seen: dict[str, list[int]] = {turn: [] for turn in turns}
+    with SyncSmithClient.from_url(redis_url, prefix=client.keys.prefix) as sync_client:
+
+        def one(turn: str) -> None:
+            seen[turn].extend(event.seq for event in sync_client.follow(turn, timeout=30))
+
+        threads = [threading.Thread(target=one, args=(turn,)) for turn in turns]
+        for thread in threads:
+            thread.start()
+        channels = [client.keys.turn_events_channel(t) for t in turns]
+
+        async def all_subscribed() -> bool:
+            return all(n == 1 for _, n in await client.redis.pubsub_numsub(*channels))
+
+        await _until(all_subscribed, "every stream subscribed")
+        assert len(await _pubsub_ids(client) - others) == 1
+        for i in range(TOKENS):
+            if i == TOKENS // 2:
+                await _kill_new_pubsub(client, others)
+            await asyncio.gather(*(client.events.publish(t, TokenData(text=str(i))) for t in turns))
+        await _until(all_subscribed, "every stream subscribed again")
+        await asyncio.gather(*(client.events.publish(t, COMPLETED) for t in turns))
+        await asyncio.to_thread(lambda: [thread.join() for thread in threads])
+    assert all(seqs == list(range(1, TOKENS + 2)) for seqs in seen.values()), seen
