@@ -14,8 +14,9 @@ Figures (one JSON object, ``--out``; durations in ms):
   ``tool.result`` (worker stamps: the tool job's enqueue → its result back in the
   turn worker), vs plain arq ``enqueue_job`` → ``job.result()`` at both polls;
 * (b) turn latency, interleaved: ``send`` text, ``send`` one-tool, ``stream`` one-tool;
-  overhead = turn p50 − the same model requests made directly with httpx (measured
-  by the anchor process beside the SDK's turns, streamed, as the worker streams);
+  overhead = turn p50 − the same model requests made directly with httpx, streamed as
+  the worker streams (``bench/floor.py``, interleaved in this process; the SDK's side
+  subtracts its own floor, measured the same way in its process);
 * (c) Redis commands per text and per one-tool turn (MONITOR: top-level,
   MULTI/EXEC and inside scripts apart, the idle rate measured just before
   subtracted; INFO commandstats total too), turns/s with 16 in flight for one and two
@@ -55,6 +56,7 @@ import redis.asyncio as aioredis  # noqa: E402
 from arq import create_pool  # noqa: E402
 from arq.connections import RedisSettings  # noqa: E402
 
+from bench.floor import Floor  # noqa: E402
 from bench.llm_server import PROMPTS, TOKENS  # noqa: E402
 from bench.stats import pct  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
@@ -286,7 +288,10 @@ class Bench:
             "text": lambda: self.send("text"),
             "tool": lambda: self.send("tool"),
             "stream_tool": lambda: self.stream("tool"),
+            "floor_stream_text": lambda: floor.turn("text", stream=True),
+            "floor_stream_tool": lambda: floor.turn("tool", stream=True),
         }
+        floor = Floor(self.base_url, PROMPTS)
         wall: dict[str, list[float]] = {name: [] for name in variants}
         order = list(variants)
         for _ in range(self.sizes.turns):
@@ -295,6 +300,7 @@ class Bench:
                 started = time.perf_counter()
                 await variants[name]()
                 wall[name].append(time.perf_counter() - started)
+        await floor.aclose()
         self.out["turn"] = {name: ms(values) for name, values in wall.items()}
 
     # ---- (c) commands per turn, throughput, CPU -----------------------------------------------------

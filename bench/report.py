@@ -59,21 +59,22 @@ def get(figures: dict[str, Any], *path: str) -> float | None:
 def overheads(f: dict[str, Any]) -> dict[str, tuple[float | None, float | None]]:
     """(project, SDK) turn overhead p50 in ms: turn p50 − the floor of the same model requests.
 
-    The worker streams its model calls, so ``send`` and ``stream`` turns take the streamed
-    floor; ``Runner.run`` the non-streamed one, ``run_streamed`` the streamed one."""
+    Each side subtracts the floor measured in its own process: the worker streams its model
+    calls, so ``send`` and ``stream`` turns take the streamed floor; ``Runner.run`` the
+    non-streamed one, ``run_streamed`` the streamed one."""
 
     def minus(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else a - b
 
-    floor = {name: get(f, "sdk_turn", f"floor_{name}", "p50")
-             for name in ("text", "tool", "stream_text", "stream_tool")}
+    own = {name: get(f, "turn", f"floor_{name}", "p50") for name in ("stream_text", "stream_tool")}
+    sdk = {name: get(f, "sdk_turn", f"floor_{name}", "p50") for name in ("text", "tool", "stream_tool")}
     return {
-        "text turn": (minus(get(f, "turn", "text", "p50"), floor["stream_text"]),
-                      minus(get(f, "sdk_turn", "sdk_text", "p50"), floor["text"])),
-        "one-tool turn": (minus(get(f, "turn", "tool", "p50"), floor["stream_tool"]),
-                          minus(get(f, "sdk_turn", "sdk_tool", "p50"), floor["tool"])),
-        "streamed one-tool turn": (minus(get(f, "turn", "stream_tool", "p50"), floor["stream_tool"]),
-                                   minus(get(f, "sdk_turn", "sdk_stream_tool", "p50"), floor["stream_tool"])),
+        "text turn": (minus(get(f, "turn", "text", "p50"), own["stream_text"]),
+                      minus(get(f, "sdk_turn", "sdk_text", "p50"), sdk["text"])),
+        "one-tool turn": (minus(get(f, "turn", "tool", "p50"), own["stream_tool"]),
+                          minus(get(f, "sdk_turn", "sdk_tool", "p50"), sdk["tool"])),
+        "streamed one-tool turn": (minus(get(f, "turn", "stream_tool", "p50"), own["stream_tool"]),
+                                   minus(get(f, "sdk_turn", "sdk_stream_tool", "p50"), sdk["stream_tool"])),
     }
 
 

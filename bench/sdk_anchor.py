@@ -32,25 +32,11 @@ import sys
 import time
 from typing import Any
 
-import httpx
 from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from openai import AsyncOpenAI
 
-INSTRUCTIONS = "You are a terse assistant."
-ADD_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-            "additionalProperties": False,
-        },
-    },
-}
-
+# run as a script, so bench/ is sys.path[0]: the floor module, not the bench package (no project in this venv)
+from floor import INSTRUCTIONS, Floor  # noqa: E402
 
 @function_tool
 def add(a: int, b: int) -> int:
@@ -70,34 +56,6 @@ def rss_kib() -> int:
 def cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-class Floor:
-    """The same model requests as a turn, made directly with one ``httpx.AsyncClient``."""
-
-    def __init__(self, base_url: str, prompts: dict[str, str]) -> None:
-        self.http = httpx.AsyncClient(base_url=base_url, headers={"authorization": "Bearer x"})
-        self.prompts = prompts
-
-    async def _post(self, messages: list[dict[str, Any]], stream: bool) -> dict[str, Any] | None:
-        body: dict[str, Any] = {"model": "scripted", "messages": messages, "tools": [ADD_SCHEMA]}
-        if not stream:
-            response = await self.http.post("/chat/completions", json=body)
-            return dict(response.json())
-        body.update(stream=True, stream_options={"include_usage": True})
-        async with self.http.stream("POST", "/chat/completions", json=body) as response:
-            async for _ in response.aiter_bytes():
-                pass
-        return None
-
-    async def turn(self, name: str, stream: bool) -> None:
-        messages = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": self.prompts[name]}]
-        await self._post(messages, stream)
-        if name == "tool":  # the second request replays the call and its result, as the SDK does
-            call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a":1,"b":2}'}}
-            messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
-                         {"role": "tool", "tool_call_id": "call_1", "content": "3"}]
-            await self._post(messages, stream)
 
 
 def make_agent(base_url: str) -> Agent[Any]:

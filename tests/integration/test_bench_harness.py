@@ -24,7 +24,7 @@ def test_quick_run_produces_every_figure(tmp_path):
     assert f["idle"]["arq_fast"]["cmds_per_s"] > 0  # the attribution by client port found the poller
     for part in ("tool_hop", "tool_hop_arq_default", "tool_hop_arq_fast"):
         assert f[part]["n"] > 0 and 0 < f[part]["p50"] <= f[part]["p99"]
-    assert set(f["turn"]) == {"text", "tool", "stream_tool"}
+    assert set(f["turn"]) == {"text", "tool", "stream_tool", "floor_stream_text", "floor_stream_tool"}
     for kind in ("text", "tool"):
         assert set(f["commands_per_turn"][kind]) == {"top", "multi_exec", "lua", "commandstats_total"}
         assert f["commands_per_turn"][kind]["lua"] > 0
