@@ -33,10 +33,11 @@ import time
 from typing import Any
 
 from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
-from openai import AsyncOpenAI
 
 # run as a script, so bench/ is sys.path[0]: the floor module, not the bench package (no project in this venv)
-from floor import INSTRUCTIONS, Floor  # noqa: E402
+from floor import INSTRUCTIONS, Floor
+from openai import AsyncOpenAI
+
 
 @function_tool
 def add(a: int, b: int) -> int:
