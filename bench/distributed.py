@@ -381,35 +381,43 @@ class Bench:
             await asyncio.gather(*(one() for _ in range(streams)))
         return latencies, size
 
-    async def floor_tokens(self, streams: int, sequential: int, size: int) -> list[float]:
+    async def floor_tokens(self, streams: int, sequential: int, size: int) -> tuple[list[float], int]:
+        """Raw PUBLISH → subscriber latencies (s), and how many messages never arrived."""
         latencies: list[float] = []
+        lost = [0]
         for _ in range(sequential):
             channel = f"{self.prefix}:floor:{uuid.uuid4().hex[:6]}"
 
-            async def one(i: int, channel: str = channel) -> None:
+            argv = [sys.executable, "-m", "bench.plain_redis", "publish", self.url, channel,
+                    str(streams), str(TOKENS), "0.02", str(size)]
+            publisher = subprocess.Popen(argv, cwd=ROOT, env=self.env)  # noqa: ASYNC220
+            # it waits for every subscriber before it publishes
+
+            async def one(i: int, channel: str = channel, publisher: subprocess.Popen[bytes] = publisher) -> None:
                 pubsub = self.redis.pubsub()
                 await pubsub.subscribe(f"{channel}:{i}")
                 got = 0
                 while got < TOKENS:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=10)
-                    if message is None:
-                        continue
-                    latencies.append(time.time() - json.loads(message["data"])["ts"])
-                    got += 1
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None:
+                        latencies.append(time.time() - json.loads(message["data"])["ts"])
+                        got += 1
+                    elif publisher.poll() is not None:  # it is done (or died): what never came is lost
+                        lost[0] += TOKENS - got
+                        break
                 await pubsub.aclose()
 
-            publisher = subprocess.Popen([sys.executable,  # noqa: ASYNC220 "-m", "bench.plain_redis", "publish", self.url, channel,
-                                          str(streams), str(TOKENS), "0.02", str(size)], cwd=ROOT, env=self.env)
             await asyncio.gather(*(one(i) for i in range(streams)))
             await asyncio.to_thread(publisher.wait, 30)
-        return latencies
+        return latencies, lost[0]
 
     async def token_latency(self) -> None:
         result: dict[str, Any] = {}
         for label, streams, sequential in (("1", 1, 3), ("50", self.sizes.many_streams, 1)):
             project, size = await self.project_tokens(streams, sequential)
-            floor = await self.floor_tokens(streams, sequential, size)
-            result[label] = {"streams": streams, "payload_bytes": size, "project": ms(project), "pubsub": ms(floor)}
+            floor, lost = await self.floor_tokens(streams, sequential, size)
+            result[label] = {"streams": streams, "payload_bytes": size, "project": ms(project), "pubsub": ms(floor),
+                             "pubsub_lost": lost}
         self.out["token_latency"] = result
 
     # ---- (f) memory ---------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ def test_quick_run_produces_every_figure(tmp_path):
     for streams in ("1", "50"):
         latency = f["token_latency"][streams]
         assert latency["project"]["n"] == latency["pubsub"]["n"] > 0
+        assert latency["pubsub_lost"] == 0
     assert f["memory"]["rss_peak_mib"] > 0
     assert all(project != "—" for _, project, _, _ in table(f))  # every project figure, even without anchors
     judged = [line for line in acceptance(f, None) if not line.startswith("n/a")]
