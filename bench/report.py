@@ -27,8 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 # bench/durability.py's figures as BENCHMARKS.md recorded them before issue 18 (2026-11-30 12:41).
-DURABILITY_BEFORE = {"cancel p50 ms": 7.0, "kill -9 → resumed s": 11.98, "kill -9 → completed s": 12.00,
-                     "SIGTERM → resumed s": 0.78, "SIGTERM → completed s": 0.84}
+DURABILITY_BEFORE = {
+    "cancel p50 ms": 7.0,
+    "kill -9 → resumed s": 11.98,
+    "kill -9 → completed s": 12.00,
+    "SIGTERM → resumed s": 0.78,
+    "SIGTERM → completed s": 0.84,
+}
 _DURABILITY = {
     "cancel p50 ms": r"turn\.cancelled\s+p50\s+([\d.]+) ms",
     "kill -9 → resumed s": r"kill -9 .*turn\.resumed\s+([\d.]+) s",
@@ -69,12 +74,18 @@ def overheads(f: dict[str, Any]) -> dict[str, tuple[float | None, float | None]]
     own = {name: get(f, "turn", f"floor_{name}", "p50") for name in ("stream_text", "stream_tool")}
     sdk = {name: get(f, "sdk_turn", f"floor_{name}", "p50") for name in ("text", "tool", "stream_tool")}
     return {
-        "text turn": (minus(get(f, "turn", "text", "p50"), own["stream_text"]),
-                      minus(get(f, "sdk_turn", "sdk_text", "p50"), sdk["text"])),
-        "one-tool turn": (minus(get(f, "turn", "tool", "p50"), own["stream_tool"]),
-                          minus(get(f, "sdk_turn", "sdk_tool", "p50"), sdk["tool"])),
-        "streamed one-tool turn": (minus(get(f, "turn", "stream_tool", "p50"), own["stream_tool"]),
-                                   minus(get(f, "sdk_turn", "sdk_stream_tool", "p50"), sdk["stream_tool"])),
+        "text turn": (
+            minus(get(f, "turn", "text", "p50"), own["stream_text"]),
+            minus(get(f, "sdk_turn", "sdk_text", "p50"), sdk["text"]),
+        ),
+        "one-tool turn": (
+            minus(get(f, "turn", "tool", "p50"), own["stream_tool"]),
+            minus(get(f, "sdk_turn", "sdk_tool", "p50"), sdk["tool"]),
+        ),
+        "streamed one-tool turn": (
+            minus(get(f, "turn", "stream_tool", "p50"), own["stream_tool"]),
+            minus(get(f, "sdk_turn", "sdk_stream_tool", "p50"), sdk["stream_tool"]),
+        ),
     }
 
 
@@ -83,45 +94,99 @@ def table(f: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     rows: list[tuple[str, str, str, str]] = []
     for pc in ("p50", "p99"):
         project, fast = get(f, "tool_hop", pc), get(f, "tool_hop_arq_fast", pc)
-        rows.append((f"(a) tool hop, no-op tool, {pc} (ms)", fmt(project),
-                     f"arq poll 0.01: {fmt(fast)}; defaults: {fmt(get(f, 'tool_hop_arq_default', pc))}",
-                     ratio(project, fast)))
+        rows.append(
+            (
+                f"(a) tool hop, no-op tool, {pc} (ms)",
+                fmt(project),
+                f"arq poll 0.01: {fmt(fast)}; defaults: {fmt(get(f, 'tool_hop_arq_default', pc))}",
+                ratio(project, fast),
+            )
+        )
     for name, (project, sdk) in overheads(f).items():
         rows.append((f"(b) {name} overhead p50 (ms)", fmt(project), f"Agents SDK {fmt(sdk)}", ratio(project, sdk)))
     for name in ("text", "tool"):
         sdk = get(f, "sdk_throughput", f"sdk_{name}_turns_per_s")
         for workers in ("1", "2"):
             project = get(f, "throughput", f"{workers}_{name}", "turns_per_s")
-            rows.append((f"(c) {name} turns/s, 16 in flight, {workers} turn worker(s)", fmt(project, 1),
-                         f"SDK 1 process {fmt(sdk, 1)}", ratio(project, sdk)))
+            rows.append(
+                (
+                    f"(c) {name} turns/s, 16 in flight, {workers} turn worker(s)",
+                    fmt(project, 1),
+                    f"SDK 1 process {fmt(sdk, 1)}",
+                    ratio(project, sdk),
+                )
+            )
         burst = f.get("throughput", {}).get(f"1_{name}", {})
         sdk_cpu = get(f, "sdk_throughput", f"sdk_{name}_cpu_ms_per_turn")
         for key in sorted(burst):
             if key.startswith("cpu_ms_"):
-                rows.append((f"(c) CPU ms per {name} turn, {key[7:]} (1 turn worker)", fmt(burst[key]),
-                             f"SDK whole process {fmt(sdk_cpu)}", ratio(burst[key], sdk_cpu)))
+                rows.append(
+                    (
+                        f"(c) CPU ms per {name} turn, {key[7:]} (1 turn worker)",
+                        fmt(burst[key]),
+                        f"SDK whole process {fmt(sdk_cpu)}",
+                        ratio(burst[key], sdk_cpu),
+                    )
+                )
         for kind in ("top", "multi_exec", "lua", "commandstats_total"):
-            rows.append((f"(c) Redis commands per {name} turn, {kind}",
-                         fmt(get(f, "commands_per_turn", name, kind), 1), "—", "—"))
+            rows.append(
+                (
+                    f"(c) Redis commands per {name} turn, {kind}",
+                    fmt(get(f, "commands_per_turn", name, kind), 1),
+                    "—",
+                    "—",
+                )
+            )
     for streams in ("1", "50"):
         n = f.get("token_latency", {}).get(streams, {}).get("streams", streams)
         for pc in ("p50", "p99"):
-            project, floor = get(f, "token_latency", streams, "project", pc), get(f, "token_latency", streams,
-                                                                                   "pubsub", pc)
-            rows.append((f"(d) token latency, {n} stream(s), {pc} (ms)", fmt(project, 3),
-                         f"raw PUBLISH {fmt(floor, 3)}", ratio(project, floor)))
+            project, floor = (
+                get(f, "token_latency", streams, "project", pc),
+                get(f, "token_latency", streams, "pubsub", pc),
+            )
+            rows.append(
+                (
+                    f"(d) token latency, {n} stream(s), {pc} (ms)",
+                    fmt(project, 3),
+                    f"raw PUBLISH {fmt(floor, 3)}",
+                    ratio(project, floor),
+                )
+            )
     for worker in ("turn_worker", "tool_worker"):
-        rows.append((f"(f) idle {worker}: Redis commands/s", fmt(get(f, "idle", worker, "cmds_per_s"), 1),
-                     f"arq defaults {fmt(get(f, 'idle', 'arq_default', 'cmds_per_s'), 1)}; "
-                     f"poll 0.01 {fmt(get(f, 'idle', 'arq_fast', 'cmds_per_s'), 1)}", "—"))
-        rows.append((f"(f) idle {worker}: CPU % of a core", fmt(get(f, "idle", worker, "cpu_pct")),
-                     f"arq defaults {fmt(get(f, 'idle', 'arq_default', 'cpu_pct'))}", "—"))
-        rows.append((f"(f) {worker} RSS idle (MiB)", fmt(get(f, "idle", worker, "rss_mib"), 1),
-                     f"SDK after import + 1 turn {fmt(get(f, 'sdk_memory', 'sdk_rss_idle_mib'), 1)}",
-                     ratio(get(f, "idle", worker, "rss_mib"), get(f, "sdk_memory", "sdk_rss_idle_mib"))))
+        rows.append(
+            (
+                f"(f) idle {worker}: Redis commands/s",
+                fmt(get(f, "idle", worker, "cmds_per_s"), 1),
+                f"arq defaults {fmt(get(f, 'idle', 'arq_default', 'cmds_per_s'), 1)}; "
+                f"poll 0.01 {fmt(get(f, 'idle', 'arq_fast', 'cmds_per_s'), 1)}",
+                "—",
+            )
+        )
+        rows.append(
+            (
+                f"(f) idle {worker}: CPU % of a core",
+                fmt(get(f, "idle", worker, "cpu_pct")),
+                f"arq defaults {fmt(get(f, 'idle', 'arq_default', 'cpu_pct'))}",
+                "—",
+            )
+        )
+        rows.append(
+            (
+                f"(f) {worker} RSS idle (MiB)",
+                fmt(get(f, "idle", worker, "rss_mib"), 1),
+                f"SDK after import + 1 turn {fmt(get(f, 'sdk_memory', 'sdk_rss_idle_mib'), 1)}",
+                ratio(get(f, "idle", worker, "rss_mib"), get(f, "sdk_memory", "sdk_rss_idle_mib")),
+            )
+        )
     per_turn, sdk_per_turn = get(f, "memory", "per_turn_kib"), get(f, "sdk_memory", "sdk_rss_per_turn_kib")
-    rows.append((f"(f) turn worker RSS per in-flight streamed turn ({f.get('memory', {}).get('turns')} "
-                 "in flight, KiB)", fmt(per_turn, 1), f"SDK {fmt(sdk_per_turn, 1)}", ratio(per_turn, sdk_per_turn)))
+    rows.append(
+        (
+            f"(f) turn worker RSS per in-flight streamed turn ({f.get('memory', {}).get('turns')} in flight, KiB)",
+            fmt(per_turn, 1),
+            f"SDK {fmt(sdk_per_turn, 1)}",
+            ratio(per_turn, sdk_per_turn),
+        )
+    )
     return rows
 
 
@@ -133,7 +198,7 @@ def at_most(value: float | None, limit: float | None) -> bool | None:
     return None if value is None or limit is None else value <= limit
 
 
-def acceptance(f: dict[str, Any], durability: dict[str, float] | None) -> list[str]:
+def acceptance(f: dict[str, Any], durability: dict[str, float] | None, sse: dict[str, Any] | None = None) -> list[str]:
     """One PASS/MISS line per acceptance line of issue 18 (n/a: its figure is missing from this run)."""
     ov = overheads(f)
 
@@ -143,42 +208,77 @@ def acceptance(f: dict[str, Any], durability: dict[str, float] | None) -> list[s
     def all_of(*checks: bool | None) -> bool | None:
         return None if any(c is None for c in checks) else all(checks)
 
-    idle = [c for w in ("turn_worker", "tool_worker")
-            for c in (at_most(get(f, "idle", w, "cmds_per_s"), 10), at_most(get(f, "idle", w, "cpu_pct"), 1))]
+    idle = [
+        c
+        for w in ("turn_worker", "tool_worker")
+        for c in (at_most(get(f, "idle", w, "cmds_per_s"), 10), at_most(get(f, "idle", w, "cpu_pct"), 1))
+    ]
     lines = [
-        ("1. tool hop p50 ≤ 3 ms, p99 ≤ 15 ms", all_of(at_most(get(f, "tool_hop", "p50"), 3),
-                                                      at_most(get(f, "tool_hop", "p99"), 15))),
+        (
+            "1. tool hop p50 ≤ 3 ms, p99 ≤ 15 ms",
+            all_of(at_most(get(f, "tool_hop", "p50"), 3), at_most(get(f, "tool_hop", "p99"), 15)),
+        ),
         ("1. idle turn and tool workers ≤ 10 Redis commands/s and ≤ 1 % CPU each", all_of(*idle)),
         ("2. one-tool turn overhead ≤ 1.5× SDK", at_most(ov["one-tool turn"][0], scaled(ov["one-tool turn"][1], 1.5))),
         ("2. text turn overhead ≤ 2× SDK", at_most(ov["text turn"][0], scaled(ov["text turn"][1], 2))),
-        ("3. turn-worker CPU per tool turn ≤ SDK CPU per tool turn",
-         at_most(get(f, "throughput", "1_tool", "cpu_ms_turn_worker"),
-                 get(f, "sdk_throughput", "sdk_tool_cpu_ms_per_turn"))),
-        ("4. token latency, 50 streams, p50 and p99 ≤ 1.3× raw pub/sub",
-         all_of(*(at_most(get(f, "token_latency", "50", "project", pc),
-                          scaled(get(f, "token_latency", "50", "pubsub", pc), 1.3)) for pc in ("p50", "p99")))),
-        ("5. SSE parser (part e): judged from bench/sse_parser.py's output above", None),
-        ("6. worker RSS idle ≤ 80 MiB, growth ≤ 82 KiB per in-flight streamed turn",
-         all_of(*(at_most(get(f, "idle", w, "rss_mib"), 80) for w in ("turn_worker", "tool_worker")),
-                at_most(get(f, "memory", "per_turn_kib"), 82))),
-        ("7. durability within 20 % of its recorded figures (`make test` is not run here)",
-         # a figure missing from the output (the script failed) is a miss
-         None if durability is None else all(durability.get(k, float("inf")) <= v * 1.2
-                                              for k, v in DURABILITY_BEFORE.items())),
+        (
+            "3. turn-worker CPU per tool turn ≤ SDK CPU per tool turn",
+            at_most(
+                get(f, "throughput", "1_tool", "cpu_ms_turn_worker"),
+                get(f, "sdk_throughput", "sdk_tool_cpu_ms_per_turn"),
+            ),
+        ),
+        (
+            "4. token latency, 50 streams, p50 and p99 ≤ 1.3× raw pub/sub",
+            all_of(
+                *(
+                    at_most(
+                        get(f, "token_latency", "50", "project", pc),
+                        scaled(get(f, "token_latency", "50", "pubsub", pc), 1.3),
+                    )
+                    for pc in ("p50", "p99")
+                )
+            ),
+        ),
+        (
+            "5. SSE parser ≥ 2× httpx-sse + json and ≥ 1× httpx-sse + orjson, both chunkings (bench/sse_parser.py)",
+            None if sse is None else all(line["pass"] for line in sse["acceptance"]),
+        ),
+        (
+            "6. worker RSS idle ≤ 80 MiB, growth ≤ 82 KiB per in-flight streamed turn",
+            all_of(
+                *(at_most(get(f, "idle", w, "rss_mib"), 80) for w in ("turn_worker", "tool_worker")),
+                at_most(get(f, "memory", "per_turn_kib"), 82),
+            ),
+        ),
+        (
+            "7. durability within 20 % of its recorded figures (`make test` is not run here)",
+            # a figure missing from the output (the script failed) is a miss
+            None
+            if durability is None
+            else all(durability.get(k, float("inf")) <= v * 1.2 for k, v in DURABILITY_BEFORE.items()),
+        ),
     ]
     return [f"{verdict(ok)}  {label}" for label, ok in lines]
 
 
-def render(figures: dict[str, Any], durability: dict[str, float] | None = None) -> str:
+def render(
+    figures: dict[str, Any], durability: dict[str, float] | None = None, sse: dict[str, Any] | None = None
+) -> str:
     """The Markdown table and the acceptance lines for ``figures`` (bench/distributed.py's JSON)."""
     out = ["| figure | Agent Smith | anchor | ratio |", "| --- | --- | --- | --- |"]
     out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in table(figures)]
     if durability is not None:
-        out += ["", "| durability (bench/durability.py) | now | recorded before issue 18 | ratio |",
-                "| --- | --- | --- | --- |"]
-        out += [f"| {k} | {fmt(durability.get(k))} | {v} | {ratio(durability.get(k), v)} |"
-                for k, v in DURABILITY_BEFORE.items()]
-    return "\n".join(out + ["", "Acceptance (issue 18):"] + acceptance(figures, durability))
+        out += [
+            "",
+            "| durability (bench/durability.py) | now | recorded before issue 18 | ratio |",
+            "| --- | --- | --- | --- |",
+        ]
+        out += [
+            f"| {k} | {fmt(durability.get(k))} | {v} | {ratio(durability.get(k), v)} |"
+            for k, v in DURABILITY_BEFORE.items()
+        ]
+    return "\n".join(out + ["", "Acceptance (issue 18):"] + acceptance(figures, durability, sse))
 
 
 def run(argv: list[str], label: str) -> str | None:
@@ -201,20 +301,27 @@ def main() -> None:
     started = time.monotonic()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} CPUs")
     durability: dict[str, float] | None = None
-    if not args.only_distributed:
-        print(run(["bench/sse_parser.py"], "SSE parser (part e)") or "")
-        text = run(["bench/durability.py"], "durability (acceptance 7)") or ""
-        print(text)
-        durability = {k: float(m.group(1)) for k, rx in _DURABILITY.items() if (m := re.search(rx, text))}
+    sse: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory() as tmp:
+        if not args.only_distributed:
+            sse_out = Path(tmp) / "sse.json"
+            sse_text = run(["bench/sse_parser.py", "--json", str(sse_out)], "SSE parser (part e)")
+            if sse_text is not None:
+                print(sse_text)
+                sse = json.loads(sse_out.read_text())
+            text = run(["bench/durability.py"], "durability (acceptance 7)") or ""
+            print(text)
+            durability = {k: float(m.group(1)) for k, rx in _DURABILITY.items() if (m := re.search(rx, text))}
         out = Path(tmp) / "distributed.json"
         flags = [flag for flag, on in (("--quick", args.quick), ("--no-anchors", args.no_anchors)) if on]
         if run(["bench/distributed.py", *flags, "--out", str(out)], "distributed parts a–d, f") is None:
             raise SystemExit("bench/distributed.py failed")
         figures = json.loads(out.read_text())
-    print(render(figures, durability))
-    print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
-          f"`make bench` took {time.monotonic() - started:.0f} s")
+    print(render(figures, durability, sse))
+    print(
+        f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+        f"`make bench` took {time.monotonic() - started:.0f} s"
+    )
 
 
 if __name__ == "__main__":
