@@ -49,6 +49,8 @@ TENANT_COMMANDS = (
     "rpush",
     "llen",
     "lpop",
+    "ltrim",
+    "blpop",  # the wake-up wait of workers (smith_worker/pickup.py)
     "zadd",
     "zincrby",
     "zrem",

@@ -15,6 +15,8 @@ constants below the table.
 key                                      what                            lifetime
 =======================================  ==============================  =========================================
 ``{p}:turns`` / ``{p}:tools``            arq queues (ZSET)               owned by arq and its workers (*)
+``{p}:turns:wake`` / ``…:tools:wake``    wake-up tokens (list)           :data:`WAKE_TTL` after the last push,
+                                                                         at most :data:`WAKE_CAP` entries
 ``{p}:turn:{t}:seq``                     event sequence counter          ``turn_ttl`` after the last event
 ``{p}:turn:{t}:log``                     replay log (Redis Stream)       ``turn_ttl`` after the last event
 ``{p}:turn:{t}:state``                   turn status and result (hash)   ``turn_ttl``
@@ -80,6 +82,12 @@ WORKERS_TTL = 24 * 3600
 REGISTRATION_TTL = 15
 #: How long an abort request stays in arq's abort set, seconds. arq never prunes it (arq #485).
 ABORT_ENTRY_TTL = 60
+
+#: Lifetime of a queue's wake-up list after its last push, seconds: a token only says "poll now", so an
+#: unconsumed one is worthless after a few fallback polls (smith_worker/pickup.py).
+WAKE_TTL = 60
+#: Most tokens a wake-up list keeps (a burst of enqueues with no worker listening must not grow it).
+WAKE_CAP = 100
 
 #: Allowed characters for ids chosen by callers (turn ids, conversation ids, agent names).
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:@-]{1,200}\Z")
@@ -154,6 +162,12 @@ class Keys:
     def tools_queue(self) -> str:
         """The arq queue that tool workers serve."""
         return f"{self.prefix}:tools"
+
+    @staticmethod
+    def wake_list(queue_name: str) -> str:
+        """List of wake-up tokens of arq queue ``queue_name``: every enqueue pushes one, idle workers of
+        the queue block on it (``BLPOP``) instead of polling (smith_worker/pickup.py)."""
+        return f"{queue_name}:wake"
 
     def turn_job_id(self, turn_id: str) -> str:
         """arq job id of a turn: one job per turn id, so enqueue is idempotent."""

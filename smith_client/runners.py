@@ -14,19 +14,15 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any, cast
 
 import redis
-from arq.connections import ArqRedis
-from arq.constants import expires_extra_ms
-from arq.jobs import serialize_job
 from redis.asyncio import Redis
 
 from smith_client import scripts
+from smith_client.enqueue import enqueue_call, enqueue_job
 from smith_client.errors import SmithTimeoutError, TransportError
 from smith_client.events import Event
 from smith_client.fanout import AsyncFanout, SyncFanout
-from smith_client.keys import Keys, now_ms
 from smith_client.protocol import Call, Enqueue, Operation, Receive, RunScript, Subscribe, T, Transaction
 from smith_client.redis_errors import typed_redis_errors
-from smith_client.serialization import job_serializer
 
 
 class _Done:
@@ -165,9 +161,7 @@ class AsyncRunner(_Closable):
         return await _bind(request, self.redis, session, self._enqueue_job)()
 
     def _enqueue_job(self, request: Enqueue) -> Any:
-        return cast(ArqRedis, self.redis).enqueue_job(
-            request.function, request.payload, _job_id=request.job_id, _queue_name=request.queue
-        )
+        return enqueue_job(self.redis, request.function, request.payload, job_id=request.job_id, queue=request.queue)
 
 
 class SyncRunner(_Closable):
@@ -224,7 +218,5 @@ class SyncRunner(_Closable):
         return _bind(request, self.redis, session, self._enqueue_job)()
 
     def _enqueue_job(self, request: Enqueue) -> bool:
-        now = now_ms()  # local clock, as arq's enqueue_job
-        job = serialize_job(request.function, (request.payload,), {}, None, now, serializer=job_serializer)
-        keys = [Keys.arq_job(request.job_id), Keys.arq_result(request.job_id), request.queue]
-        return bool(scripts.ENQUEUE.call_sync(self.redis, keys, [expires_extra_ms, job, now, request.job_id]))
+        keys, args = enqueue_call(request.function, request.payload, job_id=request.job_id, queue=request.queue)
+        return bool(scripts.ENQUEUE.call_sync(self.redis, keys, args))

@@ -61,8 +61,9 @@ class Settings:
     ``SMITH_TURN_JOB_TIMEOUT``   hard cap on one turn job, seconds      600
     ``SMITH_TOOL_JOB_TIMEOUT``   hard cap on one tool job, seconds      300
     ``SMITH_TURN_MAX_ATTEMPTS``  runs of one turn (crashes, timeouts)   3
-    ``SMITH_TURN_POLL_DELAY``    turn queue poll interval, seconds      0.02
-    ``SMITH_TOOL_POLL_DELAY``    tool queue poll interval, seconds      0.01
+    ``SMITH_FALLBACK_POLL``      longest wait between two polls of a    2
+                                 queue, seconds (workers are woken by
+                                 enqueues; smith_worker/pickup.py)
     ``SMITH_TOOL_MAX_OVERRUNS``  overrunning sync-tool threads that     10
                                  make a tool worker drain and restart
     ``SMITH_TOOL_PROCESSES``     processes for ``isolation="process"``  4
@@ -101,8 +102,7 @@ class Settings:
     turn_job_timeout: float = 600.0
     tool_job_timeout: float = 300.0
     turn_max_attempts: int = 3
-    turn_poll_delay: float = 0.02
-    tool_poll_delay: float = 0.01
+    fallback_poll: float = 2.0
     tool_max_overruns: int = DEFAULT_OVERRUN_LIMIT
     tool_processes: int = DEFAULT_TOOL_PROCESSES
     turn_ttl: int = DEFAULT_TURN_TTL
@@ -131,8 +131,7 @@ class Settings:
             turn_job_timeout=_env_float("SMITH_TURN_JOB_TIMEOUT", cls.turn_job_timeout),
             tool_job_timeout=_env_float("SMITH_TOOL_JOB_TIMEOUT", cls.tool_job_timeout),
             turn_max_attempts=_env_int("SMITH_TURN_MAX_ATTEMPTS", cls.turn_max_attempts),
-            turn_poll_delay=_env_float("SMITH_TURN_POLL_DELAY", cls.turn_poll_delay),
-            tool_poll_delay=_env_float("SMITH_TOOL_POLL_DELAY", cls.tool_poll_delay),
+            fallback_poll=_env_float("SMITH_FALLBACK_POLL", cls.fallback_poll),
             tool_max_overruns=_env_int("SMITH_TOOL_MAX_OVERRUNS", cls.tool_max_overruns),
             tool_processes=_env_int("SMITH_TOOL_PROCESSES", cls.tool_processes),
             turn_ttl=turn_ttl,
@@ -144,9 +143,17 @@ class Settings:
             history_max_messages=_env_int("SMITH_HISTORY_MAX_MESSAGES", cls.history_max_messages),
         )
 
-    def connect_redis(self) -> ArqRedis:
-        """A Redis client for these settings (URL, or Sentinel when configured)."""
-        return connect_redis(self.redis_url, sentinels=self.redis_sentinels, sentinel_master=self.redis_sentinel_master)
+    def connect_redis(self, socket_timeout: float | None = None) -> ArqRedis:
+        """A Redis client for these settings (URL, or Sentinel when configured).
+
+        ``socket_timeout`` (seconds) overrides ``SMITH_REDIS_SOCKET_TIMEOUT``, for blocking commands.
+        """
+        return connect_redis(
+            self.redis_url,
+            sentinels=self.redis_sentinels,
+            sentinel_master=self.redis_sentinel_master,
+            socket_timeout=socket_timeout,
+        )
 
     def llm_config(self, override: dict[str, Any] | LlmClientConfig | None = None) -> LlmClientConfig:
         """The LLM settings of the environment, with an agent's ``llm`` override applied on top."""

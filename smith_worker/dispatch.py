@@ -27,6 +27,8 @@ from typing import Any
 from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
+from smith_client import scripts
+from smith_client.enqueue import enqueue_job, wake_args
 from smith_client.jobs import RUN_TOOL, ToolJob, ToolOutcome
 from smith_client.keys import ABORT_ENTRY_TTL, Keys, now_ms
 from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
@@ -124,26 +126,23 @@ class ReplyListener:
 
 
 async def abort_job(redis: Redis, keys: Keys, job_id: str) -> None:
-    """Abort an arq job of the tools queue whether it is queued or running.
+    """Abort an arq job of the tools queue whether it is queued or running, in one round trip (``lua/abort.lua``).
 
-    A running job is cancelled by its worker at the next poll (worker
-    ``allow_abort_jobs``); a queued one is also removed from the queue so it
-    never starts. Old abort entries are pruned, since arq never does (#485)
-    and a stale entry would cancel a later job with the same id; the set
-    itself expires :data:`~smith_client.keys.ABORT_ENTRY_TTL` seconds after the last abort.
+    A running job is cancelled by its worker at its next poll (worker
+    ``allow_abort_jobs``), so the tool workers are woken (:meth:`Keys.wake_list`);
+    a queued one is removed from the queue so it never starts. Old abort entries
+    are pruned, since arq never does (#485) and a stale entry would cancel a later
+    job with the same id; the set itself expires
+    :data:`~smith_client.keys.ABORT_ENTRY_TTL` seconds after the last abort.
     """
-    now = now_ms()
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.zadd(keys.arq_abort_set, {job_id: now})
-        pipe.zremrangebyscore(keys.arq_abort_set, "-inf", now - ABORT_ENTRY_TTL * 1000)
-        # when the set expires, its newest entry is ABORT_ENTRY_TTL old: nothing live is lost
-        pipe.expire(keys.arq_abort_set, ABORT_ENTRY_TTL)
-        await pipe.execute()
-    if not await redis.exists(keys.arq_in_progress(job_id)):
-        async with redis.pipeline(transaction=True) as pipe:
-            pipe.zrem(keys.tools_queue, job_id)
-            pipe.delete(keys.arq_job(job_id))
-            await pipe.execute()
+    script_keys = [
+        keys.arq_abort_set,
+        keys.arq_in_progress(job_id),
+        keys.tools_queue,
+        keys.arq_job(job_id),
+        keys.wake_list(keys.tools_queue),
+    ]
+    await scripts.ABORT(redis, script_keys, [job_id, now_ms(), ABORT_ENTRY_TTL, *wake_args()])
 
 
 async def settle_call(redis: Redis, keys: Keys, job_id: str, result_key: str, ended: ToolOutcome) -> ToolOutcome:
@@ -207,8 +206,8 @@ class ToolJobWaiter:
 
     async def _enqueue(self, job: ToolJob, job_id: str) -> None:
         # A no-op when this job id is still queued or running (a re-run turn re-attaches to it).
-        await self._redis.enqueue_job(
-            RUN_TOOL, job.model_dump(mode="json"), _job_id=job_id, _queue_name=self._keys.tools_queue
+        await enqueue_job(
+            self._redis, RUN_TOOL, job.model_dump(mode="json"), job_id=job_id, queue=self._keys.tools_queue
         )
 
     async def _wait(self, job: ToolJob, job_id: str, wake: asyncio.Event) -> tuple[ToolOutcome | None, str]:

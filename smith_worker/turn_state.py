@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from smith_client import scripts
 from smith_client import turn_record as record
+from smith_client.enqueue import enqueue_job
 from smith_client.errors import ParseError
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import RUNNING_TTL, Keys, now_ms
@@ -232,10 +233,9 @@ async def _enqueue_turn(redis: Any, keys: Keys, turn_id: str, job_id: str, defer
     if payload is None:
         return False
     job = TurnJob.model_validate_json(payload)
-    queued = await redis.enqueue_job(
-        RUN_TURN, job.model_dump(mode="json"), _job_id=job_id, _queue_name=keys.turns_queue, _defer_by=defer
+    return await enqueue_job(
+        redis, RUN_TURN, job.model_dump(mode="json"), job_id=job_id, queue=keys.turns_queue, defer=defer
     )
-    return queued is not None
 
 
 async def park(redis: Any, keys: Keys, turn_id: str, conversation_id: str) -> None:

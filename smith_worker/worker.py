@@ -4,8 +4,10 @@ Turns and tools are separate queues served by separate processes, so a turn
 waiting on its tools never holds the slots its tools need (arq-notes.md
 §4.2). arq settings are chosen deliberately (arq-notes.md §4):
 
-* ``poll_delay`` 0.02 s (turns) / 0.01 s (tools): arq only polls; its 0.5 s
-  default adds half a second per hop;
+* pickup by wake-up (:mod:`smith_worker.pickup`): arq only polls (its 0.5 s
+  default adds half a second per hop, a short one costs hundreds of idle
+  commands per second); here an idle worker blocks on its queue's wake-up
+  list between polls, with a slow fallback poll (``SMITH_FALLBACK_POLL``);
 * ``queue_read_limit`` well above the fleet's concurrency, so idle workers are
   not blinded by running jobs at the head of the queue;
 * ``allow_abort_jobs`` so timed-out tool jobs can be aborted;
@@ -33,15 +35,16 @@ import signal
 from typing import Any
 
 from arq.connections import log_redis_info
-from arq.utils import poll
 from arq.worker import Worker, func
 from redis.exceptions import RedisError
 
+from smith_client.connection import socket_timeout_from_env
 from smith_client.errors import InvalidRequestError
 from smith_client.jobs import RUN_TOOL, RUN_TURN, TurnJob
 from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
+from smith_worker.pickup import POP_MARGIN, Pickup
 from smith_worker.redaction import redact_error
 from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
 from smith_worker.runtime import Queue, TurnServices, WorkerRuntime
@@ -83,9 +86,10 @@ class SmithWorker(Worker):
     by every poll iteration.
     """
 
-    def __init__(self, *args: Any, health: RedisHealth, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, health: RedisHealth, pickup: Pickup, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.health = health
+        self.pickup = pickup
         self.stopping = False
         #: True once SIGTERM / SIGINT stopped the worker: a drain in progress then ends the process, no re-exec.
         self.terminated = False
@@ -96,6 +100,7 @@ class SmithWorker(Worker):
         # asyncio.timeout may turn a pending cancel into a TimeoutError that redis-py treats as
         # "no data"; seen as a worker polling on after SIGTERM): the flag ends the loops anyway.
         self.stopping = self.health.stopping = True
+        self.pickup.stop()
 
     def handle_sig(self, signum: signal.Signals) -> None:
         """arq's immediate stop (turn workers' SIGTERM / SIGINT), noting a termination."""
@@ -111,15 +116,25 @@ class SmithWorker(Worker):
         self.terminated = self.terminated or signum in (signal.SIGTERM, signal.SIGINT)
 
     async def main(self) -> None:
-        """arq's ``main`` (never in burst mode here), waiting for Redis first instead of exiting."""
+        """arq's ``main`` (never in burst mode here), waiting for Redis first instead of exiting, and
+        waiting for a wake-up between polls instead of arq's fixed ``poll_delay`` (:class:`Pickup`)."""
         await self.health.until_ok("start-up", lambda: log_redis_info(self.pool, logger.info))
         self.ctx["redis"] = self.pool
         if self.on_startup:
             await self.on_startup(self.ctx)
-        async for _ in poll(self.poll_delay_s):
-            if self.stopping:
-                return
-            await self._poll_iteration()
+        try:
+            while not self.stopping:
+                self.pickup.before_poll()
+                await self._poll_iteration()
+                if self.health.failures == 0 and not self.stopping:  # a failed poll has backed off already
+                    free = self.max_jobs - self.job_counter if self.allow_pick_jobs else 0
+                    await self.pickup.wait(self.pool, free)
+        finally:
+            await self.pickup.close()
+
+    def _release_sem_dec_counter_on_complete(self) -> None:
+        super()._release_sem_dec_counter_on_complete()
+        self.pickup.job_finished()  # a slot is free: take the next queued job now, not at the next poll
 
     async def close(self) -> None:
         """arq's ``close``, but a Redis that is down at shutdown does not skip ``on_shutdown``."""
@@ -196,14 +211,23 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
     async def on_shutdown(ctx: dict[str, Any]) -> None:
         await runtime.stop()
 
+    # the blocking pop's own connection: its socket timeout outlasts the longest pop
+    pickup = Pickup(
+        functools.partial(
+            settings.connect_redis, socket_timeout=socket_timeout_from_env() + settings.fallback_poll + POP_MARGIN
+        ),
+        runtime.queue_name,
+        settings.fallback_poll,
+        runtime.health,
+    )
     if queue == "turns":
         # the turn bounds itself by turn_job_timeout (a typed failure); arq's cancel is only a backstop
         timeout = settings.turn_job_timeout + TURN_TIMEOUT_GRACE
         functions = [func(run_turn, name=RUN_TURN, timeout=timeout, max_tries=3, keep_result=0)]
-        max_jobs, poll_delay, completion_wait = settings.turn_max_jobs, settings.turn_poll_delay, 0
+        max_jobs, completion_wait = settings.turn_max_jobs, 0
     else:
         functions = [func(run_tool, name=RUN_TOOL, timeout=settings.tool_job_timeout, max_tries=1, keep_result=60)]
-        max_jobs, poll_delay = settings.tool_max_jobs, settings.tool_poll_delay
+        max_jobs = settings.tool_max_jobs
         completion_wait = TOOL_JOB_COMPLETION_WAIT
     options: dict[str, Any] = {
         "functions": functions,
@@ -212,7 +236,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         "on_startup": on_startup,
         "on_shutdown": on_shutdown,
         "max_jobs": max_jobs,
-        "poll_delay": poll_delay,
+        "poll_delay": settings.fallback_poll,  # arq's own use left: its cron window
         "queue_read_limit": max(MIN_QUEUE_READ_LIMIT, 4 * max_jobs),
         "allow_abort_jobs": True,
         "health_check_interval": 10,
@@ -221,7 +245,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         "job_deserializer": job_deserializer,
     }
     options.update(overrides)
-    worker = SmithWorker(ctx={"runtime": runtime}, health=runtime.health, **options)
+    worker = SmithWorker(ctx={"runtime": runtime}, health=runtime.health, pickup=pickup, **options)
     # stop polling, let running jobs finish (job_completion_wait), then end run(): the drain before a restart
     runtime.stop_taking_jobs = functools.partial(worker.handle_sig_wait_for_completion, signal.SIGUSR1)
     return worker

@@ -36,3 +36,11 @@ local function trim(history, trimmed, max, ttl)
   redis.call('INCRBY', trimmed, cut)
   redis.call('EXPIRE', trimmed, ttl)
 end
+
+-- Push a wake-up token for the workers of a queue, which block on the list instead of polling
+-- (smith_worker/pickup.py): a token only means "poll now", so the list is capped and expires.
+local function wake(list, ttl, cap)
+  redis.call('RPUSH', list, '1')
+  redis.call('LTRIM', list, -tonumber(cap), -1)
+  redis.call('EXPIRE', list, ttl)
+end

@@ -43,21 +43,22 @@ async def test_an_oversized_structured_value_is_dropped_but_done_is_kept(client,
     assert orjson.loads(second)["structured"] == {"_done": True, "final_message": "done big"}
 
 
-async def test_a_payload_the_worker_cannot_validate_fails_its_turn_and_frees_the_conversation(client, scenario):
+async def test_a_payload_the_worker_cannot_validate_fails_its_turn_and_frees_the_conversation(
+        client, scenario, monkeypatch):
     key, marker = scenario(Script(Reply.text("next one ran")))
     conv = f"conv-{key}"
     newer = TurnJob(turn_id=f"new-{key}", conversation_id=conv, agent="plain",
                     message=UserMessage(content=f"{marker} from a newer client"))
-    enqueue = client.redis.enqueue_job
+    from smith_client import runners
 
-    async def enqueue_newer(function, payload, **kw):  # a newer client's payload shape
-        return await enqueue(function, {**payload, "stream": "when-convenient"}, **kw)
+    enqueue = runners.enqueue_job
 
-    client.redis.enqueue_job = enqueue_newer
-    try:
+    async def enqueue_newer(redis, function, payload, **kw):  # a newer client's payload shape
+        return await enqueue(redis, function, {**payload, "stream": "when-convenient"}, **kw)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(runners, "enqueue_job", enqueue_newer)
         await submit(client, newer, "enqueue")
-    finally:
-        client.redis.enqueue_job = enqueue
     following = await client.submit(f"{marker} then this", conversation_id=conv, agent="plain")
     assert (await following.result(timeout=10)).content == "next one ran"  # not blocked for 24 h
     failed = client.turn(newer.turn_id)

@@ -189,7 +189,7 @@ async def test_cancelling_a_queued_turn_never_runs_it(redis_url):
         await lonely.redis.delete(lonely.keys.turns_queue)
 
 
-async def test_a_queued_turn_whose_job_was_lost_is_enqueued_again(client, scenario):
+async def test_a_queued_turn_whose_job_was_lost_is_enqueued_again(client, scenario, monkeypatch):
     from smith_client.jobs import TurnJob
     from smith_client.messages import UserMessage as Msg
     from smith_client.turns import submit
@@ -198,16 +198,12 @@ async def test_a_queued_turn_whose_job_was_lost_is_enqueued_again(client, scenar
     _, lost_marker = scenario(Script(Reply.text("first, recovered")))
     lost = TurnJob(turn_id=uid("lost"), conversation_id=conv, agent="plain", message=Msg(content=f"{lost_marker} a"))
     # the submitter "dies" between its two steps: the turn exists, its job was never enqueued
-    original = client.redis.enqueue_job
-
     async def drop(*args, **kwargs):
-        return None
+        return False
 
-    client.redis.enqueue_job = drop
-    try:
+    with monkeypatch.context() as patch:
+        patch.setattr("smith_client.runners.enqueue_job", drop)
         await submit(client, lost, "enqueue")
-    finally:
-        client.redis.enqueue_job = original
     second = await client.submit("b", conversation_id=conv, agent="plain")
     assert (await second.result(timeout=40)).content == "first, recovered"  # same conversation, same script
     assert (await client.turn(lost.turn_id).result(timeout=5)).content == "first, recovered"

@@ -9,6 +9,7 @@ import uuid
 
 import fakeredis
 import pytest
+from redis.asyncio import Redis
 
 from smith_client.errors import LlmApiError, ParseError
 from smith_client.hygiene import keys_without_ttl
@@ -135,14 +136,18 @@ def test_default_max_response_bytes_is_4_mib():
     assert LlmClientConfig(base_url="http://h/v1", model="m").max_response_bytes == 4 * 1024 * 1024
 
 
-async def test_abort_set_expires_and_the_hygiene_report_covers_it():
-    redis = fakeredis.FakeAsyncRedis()
-    keys = Keys("hyg")
-    await abort_job(redis, keys, keys.tool_job_id("t", 1, 0))
-    assert 0 < await redis.ttl(keys.arq_abort_set) <= ABORT_ENTRY_TTL
-    assert await keys_without_ttl(redis, keys) == []
-    await redis.persist(keys.arq_abort_set)
-    assert await keys_without_ttl(redis, keys) == [keys.arq_abort_set]
+async def test_abort_set_expires_and_the_hygiene_report_covers_it(redis_url):
+    redis = Redis.from_url(redis_url)  # a real server: abort_job is a Lua script
+    keys = Keys(f"hyg-{uuid.uuid4().hex[:8]}")
+    try:
+        await abort_job(redis, keys, keys.tool_job_id("t", 1, 0))
+        assert 0 < await redis.ttl(keys.arq_abort_set) <= ABORT_ENTRY_TTL
+        assert await keys_without_ttl(redis, keys) == []
+        await redis.persist(keys.arq_abort_set)
+        assert await keys_without_ttl(redis, keys) == [keys.arq_abort_set]
+    finally:
+        await redis.expire(keys.arq_abort_set, ABORT_ENTRY_TTL)  # the set is shared by the session's workers
+        await redis.aclose()
 
 
 def test_scrub_surrogates_and_bounded_structured():

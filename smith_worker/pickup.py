@@ -1,0 +1,146 @@
+"""How a worker waits between two polls of its queue: woken, not polling (issue 18).
+
+arq only polls. Here every enqueue (and every abort of a running tool job)
+pushes a token on the queue's wake-up list in the same round trip
+(:mod:`smith_client.enqueue`), and a worker with a free job slot waits for
+one with a blocking pop (``BLPOP``) on a dedicated connection, then polls
+at once. The wait also ends:
+
+* when one of the worker's own jobs finishes (:meth:`Pickup.job_finished`):
+  a full worker takes the next queued job as soon as a slot frees;
+* at the score of the queue's next deferred job (parked turns, arq retries
+  with a delay), so they run on time;
+* after ``fallback`` seconds (``SMITH_FALLBACK_POLL``), so a job enqueued
+  without a token (arq's own ``enqueue_job``), or whose token went to another
+  worker, waits at most that long;
+* at once when the worker stops (:meth:`Pickup.stop`), since arq's
+  cancellation of the main task can be lost inside redis-py's reads.
+
+A worker with no free slot, or draining, does not pop: the token stays for a
+worker that can take the job. Extra tokens, up to the free slots, are popped
+with the first, so a burst of enqueues costs one poll, not one per job.
+
+Any Redis failure of the wait (a restart, a frozen Redis, a Sentinel failover
+answering ``UNBLOCKED`` or ``READONLY`` from the demoted master) drops the
+dedicated connection, backs off through :class:`RedisHealth` and returns,
+so the worker polls again; the next wait reconnects (to the new master).
+The blocking pop is bounded by ``asyncio.wait_for`` as well as its socket
+timeout, so a frozen Redis cannot hold it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from smith_client.keys import Keys, now_ms
+from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
+
+logger = logging.getLogger("agent_smith.worker")
+
+#: Seconds the blocking pop may overrun its own timeout before the connection counts as frozen.
+POP_MARGIN = 1.0
+#: Shortest blocking pop, seconds: Redis reads a ``BLPOP`` timeout under 1 ms as 0, "block forever".
+MIN_POP = 0.01
+
+
+class Pickup:
+    """The wait of one worker serving ``queue`` between polls (see the module docstring).
+
+    ``connect()`` builds the dedicated Redis client of the blocking pop, with a
+    socket timeout longer than ``fallback`` (seconds), the longest pop.
+    A pop outlives a wait that ended otherwise (a job of the worker finished, a
+    deferred job is due) and serves the next one, so a busy worker neither
+    re-sends it nor reconnects after every job.
+    """
+
+    def __init__(self, connect: Callable[[], Any], queue: str, fallback: float, health: RedisHealth) -> None:
+        self._connect = connect
+        self._queue = queue
+        self._wake_list = Keys.wake_list(queue)
+        self.fallback = fallback
+        self._health = health
+        self._client: Any = None
+        self._pop: asyncio.Task[None] | None = None
+        self._pop_deadline = 0.0  # loop time past which a pending pop means a frozen Redis
+        self._finished = asyncio.Event()
+        self._stopped = asyncio.Event()
+
+    def job_finished(self) -> None:
+        """One of the worker's jobs ended: a slot is free, end the wait."""
+        self._finished.set()
+
+    def stop(self) -> None:
+        """The worker stops: end the current wait and every later one at once."""
+        self._stopped.set()
+
+    def before_poll(self) -> None:
+        """Forget the job ends seen so far; call right before a poll, so none during it is missed."""
+        self._finished.clear()
+
+    async def wait(self, pool: Any, free_slots: int) -> None:
+        """Return when there may be work (see the module docstring); never raises a Redis error.
+
+        ``pool`` is the worker's own client (the next deferred job's score is read on it);
+        ``free_slots`` is how many more jobs the worker can take now (0 when full or draining).
+        """
+        loop = asyncio.get_running_loop()
+        try:
+            limit = await self._bound(pool)
+            if limit <= 0 or self._stopped.is_set():
+                return
+            if self._pop is None and free_slots > 0:
+                timeout = max(limit, MIN_POP)
+                self._pop = asyncio.ensure_future(self._pop_token(timeout, free_slots))
+                self._pop_deadline = loop.time() + timeout + POP_MARGIN
+            if self._pop is not None:
+                limit = min(limit, max(0.0, self._pop_deadline - loop.time()))
+            await self._first([self._stopped.wait(), self._finished.wait()], limit)
+            if self._pop is not None and self._pop.done():
+                pop, self._pop = self._pop, None
+                pop.result()  # its Redis error, if any
+            elif self._pop is not None and loop.time() >= self._pop_deadline:
+                raise TimeoutError("the wake-up pop did not return in time")
+        except REDIS_DOWN_ERRORS as exc:
+            await self.close()
+            await self._first([self._stopped.wait()], self._health.failed("the wake-up wait", exc))
+
+    async def close(self) -> None:
+        """Cancel a pending pop and close the dedicated connection (it may hold an unread reply)."""
+        pop, self._pop = self._pop, None
+        if pop is not None:
+            pop.cancel()
+            await asyncio.gather(pop, return_exceptions=True)
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.aclose(close_connection_pool=True), POP_MARGIN)
+
+    async def _bound(self, pool: Any) -> float:
+        """Seconds until the fallback poll or the queue's next deferred job, whichever comes first."""
+        now = now_ms()
+        head = await pool.zrangebyscore(self._queue, f"({now}", "+inf", start=0, num=1, withscores=True)
+        if not head:
+            return self.fallback
+        return min(self.fallback, (math.ceil(float(head[0][1])) - now + 1) / 1000)
+
+    async def _pop_token(self, timeout: float, free_slots: int) -> None:
+        if self._client is None:
+            self._client = self._connect()
+        if await self._client.blpop([self._wake_list], timeout=timeout) is not None and free_slots > 1:
+            await self._client.lpop(self._wake_list, free_slots - 1)  # the next poll takes that many jobs
+
+    async def _first(self, waits: list[Awaitable[Any]], timeout: float) -> None:
+        """Wait ``timeout`` seconds at most for the first of ``waits`` or the pending pop."""
+        tasks = [asyncio.ensure_future(w) for w in waits]
+        try:
+            await asyncio.wait([*tasks, *([self._pop] if self._pop else [])], timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

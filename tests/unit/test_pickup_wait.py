@@ -1,0 +1,138 @@
+"""The wait between polls (smith_worker/pickup.py) on fakeredis: what ends it, what it leaves alone.
+
+The fallback is 30 s everywhere, so a wait ending within the 5 s ceilings ended for the reason tested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import fakeredis
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from smith_client.keys import Keys, now_ms
+from smith_worker.pickup import Pickup
+from smith_worker.redis_health import RedisHealth
+
+QUEUE = "pw:tools"
+CEILING = 5.0
+
+
+def pickup_on(server: fakeredis.FakeServer, connect=None) -> Pickup:
+    return Pickup(connect or (lambda: fakeredis.FakeAsyncRedis(server=server)), QUEUE, 30.0, RedisHealth())
+
+
+@pytest.fixture
+def server():
+    return fakeredis.FakeServer()
+
+
+async def test_a_token_ends_the_wait_and_extra_tokens_up_to_the_free_slots_are_drained(server):
+    redis = fakeredis.FakeAsyncRedis(server=server)
+    pickup = pickup_on(server)
+    waiting = asyncio.create_task(pickup.wait(redis, free_slots=3))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    await redis.rpush(Keys.wake_list(QUEUE), *["1"] * 5)
+    async with asyncio.timeout(CEILING):
+        await waiting
+    assert await redis.llen(Keys.wake_list(QUEUE)) == 2  # one popped + two for the other free slots
+    await pickup.close()
+
+
+async def test_a_full_worker_leaves_the_tokens_and_wakes_when_its_job_ends(server):
+    redis = fakeredis.FakeAsyncRedis(server=server)
+    pickup = pickup_on(server)
+    await redis.rpush(Keys.wake_list(QUEUE), "1")
+    pickup.before_poll()
+    waiting = asyncio.create_task(pickup.wait(redis, free_slots=0))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    pickup.job_finished()
+    async with asyncio.timeout(CEILING):
+        await waiting
+    assert await redis.llen(Keys.wake_list(QUEUE)) == 1  # left for a worker that can take the job
+
+
+async def test_a_pop_outlives_a_wait_ended_by_a_job_end_and_serves_the_next(server):
+    redis = fakeredis.FakeAsyncRedis(server=server)
+    connects = []
+
+    def connect():
+        connects.append(1)
+        return fakeredis.FakeAsyncRedis(server=server)
+
+    pickup = pickup_on(server, connect)
+    pickup.before_poll()
+    waiting = asyncio.create_task(pickup.wait(redis, free_slots=1))
+    await asyncio.sleep(0.1)
+    pickup.job_finished()
+    async with asyncio.timeout(CEILING):
+        await waiting
+    pickup.before_poll()
+    waiting = asyncio.create_task(pickup.wait(redis, free_slots=1))
+    await asyncio.sleep(0.1)
+    await redis.rpush(Keys.wake_list(QUEUE), "1")
+    async with asyncio.timeout(CEILING):
+        await waiting
+    assert connects == [1]  # one connection, one pending pop across both waits
+    assert await redis.llen(Keys.wake_list(QUEUE)) == 0
+    await pickup.close()
+
+
+async def test_the_next_deferred_job_bounds_the_wait(server):
+    redis = fakeredis.FakeAsyncRedis(server=server)
+    pickup = pickup_on(server)
+    await redis.zadd(QUEUE, {"due-soon": now_ms() + 300})
+    async with asyncio.timeout(CEILING):
+        await pickup.wait(redis, free_slots=1)
+    assert now_ms() >= int(await redis.zscore(QUEUE, "due-soon"))  # not before its time
+    await pickup.close()
+
+
+async def test_stop_ends_the_wait_at_once(server):
+    redis = fakeredis.FakeAsyncRedis(server=server)
+    pickup = pickup_on(server)
+    waiting = asyncio.create_task(pickup.wait(redis, free_slots=1))
+    await asyncio.sleep(0.1)
+    pickup.stop()
+    async with asyncio.timeout(CEILING):
+        await waiting
+    await pickup.close()
+
+
+@pytest.mark.parametrize("error", [RedisConnectionError("gone"), ResponseError("UNBLOCKED force unblock"),
+                                   ResponseError("READONLY You can't write against a read only replica.")])
+async def test_a_redis_error_of_the_pop_backs_off_drops_the_connection_and_returns(server, error):
+    redis = fakeredis.FakeAsyncRedis(server=server)
+    closed = []
+
+    class Failing:
+        async def blpop(self, *args, **kwargs):
+            raise error
+
+        async def aclose(self, close_connection_pool=False):
+            closed.append(1)
+
+    pickup = pickup_on(server, Failing)
+    async with asyncio.timeout(CEILING):
+        await pickup.wait(redis, free_slots=1)  # never raises: the worker polls again
+    assert pickup._health.failures == 1 and closed == [1]
+
+
+async def test_a_frozen_pop_is_given_up_after_its_timeout(server):
+    redis = fakeredis.FakeAsyncRedis(server=server)
+
+    class Frozen:
+        async def blpop(self, *args, **kwargs):
+            await asyncio.sleep(3600)  # a frozen Redis never answers
+
+        async def aclose(self, close_connection_pool=False):
+            pass
+
+    pickup = Pickup(Frozen, QUEUE, 0.2, RedisHealth())
+    async with asyncio.timeout(CEILING):
+        while pickup._health.failures == 0:  # each wait ends at the 0.2 s fallback; the pop is kept
+            await pickup.wait(redis, free_slots=1)  # until its own timeout plus the margin is past
