@@ -1,4 +1,4 @@
-"""Turn and tool-job latency through real processes, tuned vs arq's default polling, side by side.
+"""Turn and tool-job latency through real processes (plain arq's polling is measured in bench/distributed.py).
 
 Starts a private redis-server, the scripted chat-completions server and, for
 each configuration, one turn worker and one tool worker serving
@@ -32,10 +32,7 @@ from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: 
 from tests.support.scripted_llm import Reply, ScriptedLlmServer, Script, scenario_marker  # noqa: E402
 from bench.stats import summary, tool_hop_and_delivery  # noqa: E402
 
-CONFIGS = {
-    "tuned (poll 0.02 s turns / 0.01 s tools)": {},
-    "arq default polling (0.5 s)": {"SMITH_TURN_POLL_DELAY": "0.5", "SMITH_TOOL_POLL_DELAY": "0.5"},
-}
+CONFIGS: dict[str, dict[str, str]] = {"wake-up pickup, fallback poll 2 s": {}}
 
 
 async def one_turn(client: SmithClient, text: str, conversation: str) -> tuple[float, float | None, list[float]]:
