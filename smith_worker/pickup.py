@@ -17,7 +17,8 @@ at once. The wait also ends:
   cancellation of the main task can be lost inside redis-py's reads.
 
 A worker with no free slot, or draining, does not pop: the token stays for a
-worker that can take the job. Extra tokens, up to the free slots, are popped
+worker that can take the job; a pop that gets a token after its worker filled
+up pushes it back for the same reason. Extra tokens, up to the free slots, are popped
 with the first, so a burst of enqueues costs one poll, not one per job.
 
 Any Redis failure of the wait (a restart, a frozen Redis, a Sentinel failover
@@ -82,18 +83,18 @@ class Pickup:
         """Forget the job ends seen so far; call right before a poll, so none during it is missed."""
         self._finished.clear()
 
-    async def wait(self, pool: Any, free_slots: int) -> None:
+    async def wait(self, pool: Any, free_slots: Callable[[], int]) -> None:
         """Return when there may be work (see the module docstring); never raises a Redis error.
 
         ``pool`` is the worker's own client (the next deferred job's score is read on it);
-        ``free_slots`` is how many more jobs the worker can take now (0 when full or draining).
+        ``free_slots()`` is how many more jobs the worker can take now (0 when full or draining).
         """
         loop = asyncio.get_running_loop()
         try:
             limit = await self._bound(pool)
             if limit <= 0 or self._stopped.is_set():
                 return
-            if self._pop is None and free_slots > 0:
+            if self._pop is None and free_slots() > 0:
                 timeout = max(limit, MIN_POP)
                 self._pop = asyncio.ensure_future(self._pop_token(timeout, free_slots))
                 self._pop_deadline = loop.time() + timeout + POP_MARGIN
@@ -128,11 +129,17 @@ class Pickup:
             return self.fallback
         return min(self.fallback, (math.ceil(float(head[0][1])) - now + 1) / 1000)
 
-    async def _pop_token(self, timeout: float, free_slots: int) -> None:
+    async def _pop_token(self, timeout: float, free_slots: Callable[[], int]) -> None:
         if self._client is None:
             self._client = self._connect()
-        if await self._client.blpop([self._wake_list], timeout=timeout) is not None and free_slots > 1:
-            await self._client.lpop(self._wake_list, free_slots - 1)  # the next poll takes that many jobs
+        popped = await self._client.blpop([self._wake_list], timeout=timeout)
+        if popped is None:
+            return
+        free = free_slots()  # the pop may outlive the wait that sent it: the worker may have filled up since
+        if free == 0:
+            await self._client.lpush(self._wake_list, popped[1])  # for an idle worker of the queue
+        elif free > 1:
+            await self._client.lpop(self._wake_list, free - 1)  # the next poll takes that many jobs
 
     async def _first(self, waits: list[Awaitable[Any]], timeout: float) -> None:
         """Wait ``timeout`` seconds at most for the first of ``waits`` or the pending pop."""

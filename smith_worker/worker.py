@@ -127,10 +127,13 @@ class SmithWorker(Worker):
                 self.pickup.before_poll()
                 await self._poll_iteration()
                 if self.health.failures == 0 and not self.stopping:  # a failed poll has backed off already
-                    free = self.max_jobs - self.job_counter if self.allow_pick_jobs else 0
-                    await self.pickup.wait(self.pool, free)
+                    await self.pickup.wait(self.pool, self._free_slots)
         finally:
             await self.pickup.close()
+
+    def _free_slots(self) -> int:
+        """How many more jobs this worker can take now (0 when full or draining)."""
+        return self.max_jobs - self.job_counter if self.allow_pick_jobs else 0
 
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()

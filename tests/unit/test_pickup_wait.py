@@ -32,7 +32,7 @@ def server():
 async def test_a_token_ends_the_wait_and_extra_tokens_up_to_the_free_slots_are_drained(server):
     redis = fakeredis.FakeAsyncRedis(server=server)
     pickup = pickup_on(server)
-    waiting = asyncio.create_task(pickup.wait(redis, free_slots=3))
+    waiting = asyncio.create_task(pickup.wait(redis, free_slots=lambda: 3))
     await asyncio.sleep(0.1)
     assert not waiting.done()
     await redis.rpush(Keys.wake_list(QUEUE), *["1"] * 5)
@@ -47,13 +47,27 @@ async def test_a_full_worker_leaves_the_tokens_and_wakes_when_its_job_ends(serve
     pickup = pickup_on(server)
     await redis.rpush(Keys.wake_list(QUEUE), "1")
     pickup.before_poll()
-    waiting = asyncio.create_task(pickup.wait(redis, free_slots=0))
+    waiting = asyncio.create_task(pickup.wait(redis, free_slots=lambda: 0))
     await asyncio.sleep(0.1)
     assert not waiting.done()
     pickup.job_finished()
     async with asyncio.timeout(CEILING):
         await waiting
     assert await redis.llen(Keys.wake_list(QUEUE)) == 1  # left for a worker that can take the job
+
+
+async def test_a_token_popped_after_the_worker_filled_up_is_pushed_back_for_another_worker(server):
+    redis = fakeredis.FakeAsyncRedis(server=server)
+    pickup = pickup_on(server)
+    free = [1]
+    waiting = asyncio.create_task(pickup.wait(redis, free_slots=lambda: free[0]))
+    await asyncio.sleep(0.1)  # the pop is pending, started with a free slot
+    free[0] = 0  # then the worker's last slot was taken
+    await redis.rpush(Keys.wake_list(QUEUE), "1")
+    async with asyncio.timeout(CEILING):
+        await waiting
+    assert await redis.lrange(Keys.wake_list(QUEUE), 0, -1) == [b"1"]
+    await pickup.close()
 
 
 async def test_a_pop_outlives_a_wait_ended_by_a_job_end_and_serves_the_next(server):
@@ -66,13 +80,13 @@ async def test_a_pop_outlives_a_wait_ended_by_a_job_end_and_serves_the_next(serv
 
     pickup = pickup_on(server, connect)
     pickup.before_poll()
-    waiting = asyncio.create_task(pickup.wait(redis, free_slots=1))
+    waiting = asyncio.create_task(pickup.wait(redis, free_slots=lambda: 1))
     await asyncio.sleep(0.1)
     pickup.job_finished()
     async with asyncio.timeout(CEILING):
         await waiting
     pickup.before_poll()
-    waiting = asyncio.create_task(pickup.wait(redis, free_slots=1))
+    waiting = asyncio.create_task(pickup.wait(redis, free_slots=lambda: 1))
     await asyncio.sleep(0.1)
     await redis.rpush(Keys.wake_list(QUEUE), "1")
     async with asyncio.timeout(CEILING):
@@ -87,7 +101,7 @@ async def test_the_next_deferred_job_bounds_the_wait(server):
     pickup = pickup_on(server)
     await redis.zadd(QUEUE, {"due-soon": now_ms() + 300})
     async with asyncio.timeout(CEILING):
-        await pickup.wait(redis, free_slots=1)
+        await pickup.wait(redis, free_slots=lambda: 1)
     assert now_ms() >= int(await redis.zscore(QUEUE, "due-soon"))  # not before its time
     await pickup.close()
 
@@ -95,7 +109,7 @@ async def test_the_next_deferred_job_bounds_the_wait(server):
 async def test_stop_ends_the_wait_at_once(server):
     redis = fakeredis.FakeAsyncRedis(server=server)
     pickup = pickup_on(server)
-    waiting = asyncio.create_task(pickup.wait(redis, free_slots=1))
+    waiting = asyncio.create_task(pickup.wait(redis, free_slots=lambda: 1))
     await asyncio.sleep(0.1)
     pickup.stop()
     async with asyncio.timeout(CEILING):
@@ -118,7 +132,7 @@ async def test_a_redis_error_of_the_pop_backs_off_drops_the_connection_and_retur
 
     pickup = pickup_on(server, Failing)
     async with asyncio.timeout(CEILING):
-        await pickup.wait(redis, free_slots=1)  # never raises: the worker polls again
+        await pickup.wait(redis, free_slots=lambda: 1)  # never raises: the worker polls again
     assert pickup._health.failures == 1 and closed == [1]
 
 
@@ -135,4 +149,4 @@ async def test_a_frozen_pop_is_given_up_after_its_timeout(server):
     pickup = Pickup(Frozen, QUEUE, 0.2, RedisHealth())
     async with asyncio.timeout(CEILING):
         while pickup._health.failures == 0:  # each wait ends at the 0.2 s fallback; the pop is kept
-            await pickup.wait(redis, free_slots=1)  # until its own timeout plus the margin is past
+            await pickup.wait(redis, free_slots=lambda: 1)  # until its own timeout plus the margin is past
