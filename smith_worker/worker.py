@@ -10,7 +10,9 @@ waiting on its tools never holds the slots its tools need (arq-notes.md
   list between polls, with a slow fallback poll (``SMITH_FALLBACK_POLL``);
 * ``queue_read_limit`` well above the fleet's concurrency, so idle workers are
   not blinded by running jobs at the head of the queue;
-* ``allow_abort_jobs`` so timed-out tool jobs can be aborted;
+* ``allow_abort_jobs`` on tool workers only, so timed-out or cancelled tool jobs can be
+  aborted; turns are cancelled through their own state, and arq's abort check costs
+  4 commands per poll;
 * ``health_check_interval`` 10 s instead of an hour;
 * ``max_tries`` 1 for tools: a tool call is never silently re-run after a
   crash; 3 for turns.
@@ -241,7 +243,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         "max_jobs": max_jobs,
         "poll_delay": settings.fallback_poll,  # arq's own use left: its cron window
         "queue_read_limit": max(MIN_QUEUE_READ_LIMIT, 4 * max_jobs),
-        "allow_abort_jobs": True,
+        "allow_abort_jobs": queue == "tools",
         "health_check_interval": 10,
         "job_completion_wait": completion_wait,
         "job_serializer": job_serializer,

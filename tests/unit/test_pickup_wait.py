@@ -13,8 +13,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from smith_client.keys import Keys, now_ms
+from smith_worker.app import SmithApp
+from smith_worker.config import Settings
 from smith_worker.pickup import Pickup
 from smith_worker.redis_health import RedisHealth
+from smith_worker.worker import build_worker
 
 QUEUE = "pw:tools"
 CEILING = 5.0
@@ -150,3 +153,11 @@ async def test_a_frozen_pop_is_given_up_after_its_timeout(server):
     async with asyncio.timeout(CEILING):
         while pickup._health.failures == 0:  # each wait ends at the 0.2 s fallback; the pop is kept
             await pickup.wait(redis, free_slots=lambda: 1)  # until its own timeout plus the margin is past
+
+
+@pytest.mark.parametrize(("queue", "checks_aborts"), [("turns", False), ("tools", True)])
+async def test_only_tool_workers_run_arqs_abort_check(queue, checks_aborts):
+    """Only tool jobs are aborted through arq; its check costs a turn worker 4 commands per poll."""
+    worker = build_worker(SmithApp(), queue, Settings(redis_url="redis://127.0.0.1:1/0"))
+    assert worker.allow_abort_jobs is checks_aborts
+    await worker.pool.aclose()
