@@ -11,7 +11,6 @@ on that list starts the job at once instead of at its next poll.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from arq.constants import expires_extra_ms
@@ -49,7 +48,3 @@ async def enqueue_job(
     keys, args = enqueue_call(function, payload, job_id=job_id, queue=queue, defer=defer)
     return bool(await scripts.ENQUEUE(redis, keys, args))
 
-
-def wake_args() -> Sequence[Any]:
-    """The wake-up list's ``(TTL s, cap)`` arguments, for scripts that push a token (``abort``)."""
-    return [WAKE_TTL, WAKE_CAP]

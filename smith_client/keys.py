@@ -50,7 +50,7 @@ that no worker serves therefore keeps its jobs (and the key) until a worker of i
 starts; the hygiene report lists it with this owner
 (:func:`smith_client.hygiene.owned_keys_without_ttl`).
 
-``{p}:worker:{w}:replies`` and ``{p}:control`` are pub/sub channels (no key).
+``{p}:worker:{w}:replies``, ``{p}:control`` and ``{p}:tools:aborts`` are pub/sub channels (no key).
 
 Sub-agents (seed §14) share their root turn's keys; their own tool calls are
 told apart by ``pos``, the agent's position in the tree (:func:`tree_position`):
@@ -298,6 +298,12 @@ class Keys:
     def tool_reruns(self, turn_id: str, step: int, index: int, position: str = "") -> str:
         """Counter: re-runs of an idempotent call after its tool worker died (bounded, issue 8)."""
         return f"{self.tool_result(turn_id, step, index, position)}:reruns"
+
+    @property
+    def tool_aborts_channel(self) -> str:
+        """Pub/sub channel of the ids of running tool jobs just aborted: every tool worker follows it and
+        runs arq's abort check at once (a wake-up token would reach one worker, maybe not the job's)."""
+        return f"{self.prefix}:tools:aborts"
 
     @property
     def control_channel(self) -> str:

@@ -28,7 +28,7 @@ from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
 from smith_client import scripts
-from smith_client.enqueue import enqueue_job, wake_args
+from smith_client.enqueue import enqueue_job
 from smith_client.jobs import RUN_TOOL, ToolJob, ToolOutcome
 from smith_client.keys import ABORT_ENTRY_TTL, Keys, now_ms
 from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
@@ -129,7 +129,7 @@ async def abort_job(redis: Redis, keys: Keys, job_id: str) -> None:
     """Abort an arq job of the tools queue whether it is queued or running, in one round trip (``lua/abort.lua``).
 
     A running job is cancelled by its worker at its next poll (worker
-    ``allow_abort_jobs``), so the tool workers are woken (:meth:`Keys.wake_list`);
+    ``allow_abort_jobs``), so the tool workers are told to poll now (:attr:`Keys.tool_aborts_channel`);
     a queued one is removed from the queue so it never starts. Old abort entries
     are pruned, since arq never does (#485) and a stale entry would cancel a later
     job with the same id; the set itself expires
@@ -140,9 +140,9 @@ async def abort_job(redis: Redis, keys: Keys, job_id: str) -> None:
         keys.arq_in_progress(job_id),
         keys.tools_queue,
         keys.arq_job(job_id),
-        keys.wake_list(keys.tools_queue),
+        keys.tool_aborts_channel,
     ]
-    await scripts.ABORT(redis, script_keys, [job_id, now_ms(), ABORT_ENTRY_TTL, *wake_args()])
+    await scripts.ABORT(redis, script_keys, [job_id, now_ms(), ABORT_ENTRY_TTL])
 
 
 async def settle_call(redis: Redis, keys: Keys, job_id: str, result_key: str, ended: ToolOutcome) -> ToolOutcome:

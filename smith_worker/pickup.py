@@ -8,6 +8,10 @@ at once. The wait also ends:
 
 * when one of the worker's own jobs finishes (:meth:`Pickup.job_finished`):
   a full worker takes the next queued job as soon as a slot frees;
+* on tool workers, when a running tool job is aborted: the abort is published on
+  :attr:`~smith_client.keys.Keys.tool_aborts_channel`, which every tool worker
+  follows on one more connection, so the worker running the job (full or not)
+  runs arq's abort check at once;
 * at the score of the queue's next deferred job (parked turns, arq retries
   with a delay), so they run on time;
 * after ``fallback`` seconds (``SMITH_FALLBACK_POLL``), so a job enqueued
@@ -59,16 +63,25 @@ class Pickup:
     re-sends it nor reconnects after every job.
     """
 
-    def __init__(self, connect: Callable[[], Any], queue: str, fallback: float, health: RedisHealth) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        queue: str,
+        fallback: float,
+        health: RedisHealth,
+        aborts_channel: str | None = None,
+    ) -> None:
         self._connect = connect
         self._queue = queue
         self._wake_list = Keys.wake_list(queue)
         self.fallback = fallback
         self._health = health
+        self._aborts_channel = aborts_channel
         self._client: Any = None
         self._pop: asyncio.Task[None] | None = None
+        self._aborts: asyncio.Task[None] | None = None
         self._pop_deadline = 0.0  # loop time past which a pending pop means a frozen Redis
-        self._finished = asyncio.Event()
+        self._finished = asyncio.Event()  # a job of the worker ended or one was aborted: poll now
         self._stopped = asyncio.Event()
 
     def job_finished(self) -> None:
@@ -90,6 +103,8 @@ class Pickup:
         ``free_slots()`` is how many more jobs the worker can take now (0 when full or draining).
         """
         loop = asyncio.get_running_loop()
+        if self._aborts_channel is not None and self._aborts is None:
+            self._aborts = asyncio.ensure_future(self._follow_aborts(self._aborts_channel))
         try:
             limit = await self._bound(pool)
             if limit <= 0 or self._stopped.is_set():
@@ -116,6 +131,9 @@ class Pickup:
         if pop is not None:
             pop.cancel()
             await asyncio.gather(pop, return_exceptions=True)
+        if self._stopped.is_set() and self._aborts is not None:  # it reconnects by itself otherwise
+            self._aborts.cancel()
+            await asyncio.gather(self._aborts, return_exceptions=True)
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
@@ -140,6 +158,27 @@ class Pickup:
             await self._client.lpush(self._wake_list, popped[1])  # for an idle worker of the queue
         elif free > 1:
             await self._client.lpop(self._wake_list, free - 1)  # the next poll takes that many jobs
+
+    async def _follow_aborts(self, channel: str) -> None:
+        """Until the worker stops: end the wait at every message on ``channel`` (an abort), reconnecting
+        after a Redis failure; an abort missed meanwhile waits for the fallback poll at most."""
+        while not self._stopped.is_set():
+            client = self._connect()
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(channel)
+                while not self._stopped.is_set():
+                    if await pubsub.get_message(timeout=self.fallback) is not None:
+                        self._finished.set()
+            except REDIS_DOWN_ERRORS as exc:
+                logger.debug("the tool-aborts subscription failed, reconnecting: %r", exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopped.wait(), self.fallback)
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(pubsub.aclose(), POP_MARGIN)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.aclose(close_connection_pool=True), POP_MARGIN)
 
     async def _first(self, waits: list[Awaitable[Any]], timeout: float) -> None:
         """Wait ``timeout`` seconds at most for the first of ``waits`` or the pending pop."""

@@ -131,6 +131,7 @@ class SmithWorker(Worker):
                 if self.health.failures == 0 and not self.stopping:  # a failed poll has backed off already
                     await self.pickup.wait(self.pool, self._free_slots)
         finally:
+            self.pickup.stop()  # also ends its tool-aborts subscription
             await self.pickup.close()
 
     def _free_slots(self) -> int:
@@ -224,6 +225,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         runtime.queue_name,
         settings.fallback_poll,
         runtime.health,
+        runtime.keys.tool_aborts_channel if queue == "tools" else None,
     )
     if queue == "turns":
         # the turn bounds itself by turn_job_timeout (a typed failure); arq's cancel is only a backstop

@@ -1,9 +1,10 @@
 -- Abort an arq job of the tools queue, queued or running (smith_worker/dispatch.py abort_job).
 -- The abort request goes in arq's abort set, pruned of entries older than its TTL (arq never prunes
 -- it, #485); a queued job is removed so it never starts; a running one is cancelled by its worker at
--- its next poll, so the queue's workers are woken.
--- KEYS: arq abort set, arq in-progress key, queue, arq job key, wake-up list.
--- ARGV: job id, now ms, abort entry TTL s, wake-up list TTL s, wake-up list cap.
+-- its next poll, so every tool worker is told to poll now on a channel (one wake-up token would reach
+-- one idle worker, maybe not the one running the job).
+-- KEYS: arq abort set, arq in-progress key, queue, arq job key, the tool-aborts channel.
+-- ARGV: job id, now ms, abort entry TTL s.
 local now, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl * 1000)
@@ -13,6 +14,6 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('DEL', KEYS[4])
 else
-  wake(KEYS[5], ARGV[4], ARGV[5])
+  redis.call('PUBLISH', KEYS[5], ARGV[1])
 end
 return 1

@@ -36,10 +36,10 @@ CEILING = 6.0
 
 @pytest.fixture(scope="module")
 async def private(tmp_path_factory, scripted_llm):
-    """A private redis-server with one idle turn worker and one idle tool worker (fallback 30 s).
+    """A private redis-server with one idle turn worker and two idle tool workers (fallback 30 s).
 
     Yields ``(url, prefix, {"turns": rate, "tools": rate})``: the idle Redis commands/s of each worker,
-    measured as the turn worker starts alone and then with the tool worker.
+    measured as the turn worker starts alone and then with the first tool worker.
     """
     server, url = start_redis_server(log_path=tmp_path_factory.mktemp("pickup-redis") / "redis.log")
     prefix = f"pk{uuid.uuid4().hex[:6]}"
@@ -52,6 +52,9 @@ async def private(tmp_path_factory, scripted_llm):
         procs += start_workers("tests.support.app:app", env, ["tools"], f"{prefix}-b")
         await wait_for_workers(url, prefix, 2)
         rates["tools"] = await idle_rate(url) - rates["turns"]
+        # a second tool worker: an abort must reach the one running the job, not the idle one
+        procs += start_workers("tests.support.app:app", env, ["tools"], f"{prefix}-c")
+        await wait_for_workers(url, prefix, 3)
         yield url, prefix, rates
     finally:
         for proc in procs:
@@ -149,7 +152,7 @@ async def test_an_aborted_tool_job_is_cancelled_on_a_wake_up(private, private_cl
     async with asyncio.timeout(CEILING):
         while b"started" not in await redis.lrange(f"{prefix}:test:slow:{turn_id}", 0, -1):
             await asyncio.sleep(0.05)
-    await asyncio.sleep(0.5)  # the tool worker is back in its blocking wait
+    await asyncio.sleep(0.5)  # both tool workers are back in their blocking waits, the idle one first in line
     await abort_job(redis, keys, job_id)
     async with asyncio.timeout(CEILING):  # the tool sleeps 25 s and the fallback poll is 30 s away
         while b"cancelled" not in await redis.lrange(f"{prefix}:test:slow:{turn_id}", 0, -1):

@@ -161,3 +161,17 @@ async def test_only_tool_workers_run_arqs_abort_check(queue, checks_aborts):
     worker = build_worker(SmithApp(), queue, Settings(redis_url="redis://127.0.0.1:1/0"))
     assert worker.allow_abort_jobs is checks_aborts
     await worker.pool.aclose()
+
+
+async def test_an_abort_on_the_channel_ends_the_wait_of_a_full_worker(server):
+    """Every tool worker follows the aborts channel: the one running the job polls (arq's abort check) at once."""
+    redis = fakeredis.FakeAsyncRedis(server=server)
+    pickup = Pickup(lambda: fakeredis.FakeAsyncRedis(server=server), QUEUE, 30.0, RedisHealth(), "pw:tools:aborts")
+    pickup.before_poll()
+    waiting = asyncio.create_task(pickup.wait(redis, free_slots=lambda: 0))
+    async with asyncio.timeout(CEILING):
+        while await redis.publish("pw:tools:aborts", "job-1") == 0:  # until the subscription is up
+            await asyncio.sleep(0.02)
+        await waiting
+    pickup.stop()
+    await pickup.close()
