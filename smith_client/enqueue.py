@@ -47,4 +47,3 @@ async def enqueue_job(
     """
     keys, args = enqueue_call(function, payload, job_id=job_id, queue=queue, defer=defer)
     return bool(await scripts.ENQUEUE(redis, keys, args))
-

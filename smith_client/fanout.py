@@ -74,6 +74,7 @@ class AsyncFanout:
         self._followers: dict[str, set[Subscription]] = {}
         self._confirmed: set[str] = set()  # channels whose subscription Redis confirmed on this connection
         self._reader: asyncio.Task[None] | None = None
+        self._closing = False
         self._lock = asyncio.Lock()  # one (un)subscribe at a time: the first one also opens the connection
 
     def open(self) -> Subscription:
@@ -119,17 +120,20 @@ class AsyncFanout:
 
     async def aclose(self) -> None:
         """Stop the reader and close the connection."""
+        self._closing = True
         if self._reader is not None:
             self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+            # Python 3.11's asyncio.timeout inside redis-py's read can swallow the cancel (it reads as "no
+            # message"): the flag ends the loop at its next turn, at most _LISTEN seconds away
+            await asyncio.wait([self._reader], timeout=2 * _LISTEN + 1)
         if self._pubsub is not None:
             with contextlib.suppress(RedisError, OSError):
                 await self._pubsub.aclose()
         self._pubsub = None
 
     async def _read(self) -> None:
-        while self._pubsub.connection is not None:  # none: closed with nobody to follow (add() restarts it)
+        # no connection: closed with nobody to follow (add() restarts it)
+        while not self._closing and self._pubsub.connection is not None:
             try:
                 message = await self._pubsub.get_message(timeout=_LISTEN)
             except (RedisError, OSError) as exc:
@@ -149,7 +153,7 @@ class AsyncFanout:
     async def _resubscribe(self) -> None:
         """A fresh connection subscribed to every followed channel, retried until Redis answers."""
         self._confirmed.clear()
-        while True:
+        while not self._closing:
             async with self._lock:
                 with contextlib.suppress(RedisError, OSError):
                     await self._pubsub.aclose()  # drops the broken connection; subscribe opens a new one
