@@ -33,6 +33,7 @@ pass their own, shorter bound.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Sequence
 from typing import Any, cast
@@ -86,6 +87,18 @@ class ConnectOutsideLockPool(ConnectionPool):
     ``BlockingConnectionPool`` does, bounds each caller by one timeout.
     """
 
+    async def ensure_connection(self, connection: Any) -> None:
+        """redis-py's check that a pooled connection is connected and holds no unread bytes, cheap when plain.
+
+        redis-py reads the socket with a zero timeout for every command it sends: one extra pass
+        through the event loop each time (~5 % of a busy turn worker's CPU). A connected connection
+        whose stream reader holds no bytes and no EOF and whose hiredis parser holds no reply is
+        ready as it is (redis-py disconnects a connection whose read was interrupted, so no stale
+        reply can be on its way); any other goes through redis-py's own check.
+        """
+        if not _plainly_idle(connection):
+            await super().ensure_connection(connection)
+
     async def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
         """A connected connection from the pool (see the class docstring)."""
         async with self._lock:
@@ -96,6 +109,23 @@ class ConnectOutsideLockPool(ConnectionPool):
             await self.release(connection)
             raise
         return connection
+
+
+def _plainly_idle(connection: Any) -> bool:
+    """True when ``connection`` is connected, its stream reader is empty and open and its parser holds nothing.
+
+    Only redis-py's hiredis parser (the one installed with the worker extra) exposes that; with the
+    pure-Python parser the answer is False and redis-py's own check runs.
+    """
+    reader = getattr(connection, "_reader", None)
+    parser = getattr(getattr(connection, "_parser", None), "_reader", None)
+    if not connection.is_connected or not isinstance(reader, asyncio.StreamReader) or parser is None:
+        return False
+    has_data = getattr(parser, "has_data", None)
+    if has_data is None:
+        return False
+    buffered = reader._buffer  # type: ignore[attr-defined]  # asyncio's buffer, as redis-py reads it too
+    return not buffered and not reader.at_eof() and reader.exception() is None and not has_data()
 
 
 #: Retries of a command while Sentinel promotes a new master (each waits up to 1 s, exponential backoff):

@@ -90,6 +90,13 @@ def _worker_main(argv: list[str] | None) -> None:
     parser.add_argument("--queue", choices=["turns", "tools"])
     parser.add_argument("--log-level", default=os.environ.get("SMITH_LOG_LEVEL", "INFO"))
     parser.add_argument(
+        "--log-jobs",
+        action="store_true",
+        default=os.environ.get("SMITH_LOG_JOBS", "") not in ("", "0"),
+        help="log every job's start and end and every model request at INFO too (SMITH_LOG_JOBS=1); "
+        "otherwise only at --log-level DEBUG",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="liveness probe: exit 0 when this host's worker on --queue touched its heartbeat "
@@ -105,7 +112,7 @@ def _worker_main(argv: list[str] | None) -> None:
         raise SystemExit(run_check(Settings.from_env(), args.queue, args.ready))
     if not args.app or not args.queue:
         parser.error("the app and --queue are required to run a worker")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging(args.log_level, log_jobs=args.log_jobs)
     from smith_worker.worker import build_worker  # imported late: keeps `smith --help` light
 
     worker = build_worker(load_app(args.app), args.queue)
@@ -114,6 +121,39 @@ def _worker_main(argv: list[str] | None) -> None:
     if runtime.restart_requested and not worker.terminated:
         restart_process()
     exit_past_overrunning_threads(runtime.executors.overrunning if runtime.executors else 0)
+
+
+#: INFO records written for every job (arq: its start and its end) and every HTTP request (httpx,
+#: httpx2 under MCP): formatting, redacting and writing them cost a busy worker a few % of its CPU.
+PER_JOB_LINES = {"arq.worker": frozenset({"%6.2fs → %s(%s)%s", "%6.2fs ← %s ● %s"})}
+PER_REQUEST_LOGGERS = ("httpx", "httpx2")
+
+
+class _DropLines(logging.Filter):
+    """Drops the records whose format string is one of ``formats``; passes every other record."""
+
+    def __init__(self, formats: frozenset[str]) -> None:
+        super().__init__()
+        self.formats = formats
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in self.formats
+
+
+def configure_logging(level: str, *, log_jobs: bool = False) -> None:
+    """The worker program's logging: the root at ``level`` (a name, any case) with one stderr handler.
+
+    Above DEBUG, and unless ``log_jobs``, the per-job and per-request INFO lines (:data:`PER_JOB_LINES`,
+    :data:`PER_REQUEST_LOGGERS`) are left out; arq's other INFO lines (start-up, retries, aborts) stay.
+    Raises ``ValueError`` for an unknown level name.
+    """
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if log_jobs or logging.getLogger().isEnabledFor(logging.DEBUG):
+        return
+    for name, formats in PER_JOB_LINES.items():
+        logging.getLogger(name).addFilter(_DropLines(formats))
+    for name in PER_REQUEST_LOGGERS:  # their only INFO line is the per-request one
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def exit_past_overrunning_threads(overrunning: int) -> None:

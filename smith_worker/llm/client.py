@@ -30,7 +30,7 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar, cast
 
 import httpx
@@ -68,6 +68,9 @@ OPERATION = "chat_completions"
 #: ``SmithTimeoutError.operation`` when ``response_timeout`` ends a response (issue 8).
 RESPONSE_OPERATION = "llm.response"
 RESERVED_BODY_KEYS = frozenset({"model", "messages", "tools", "tool_choice", "stream"})
+#: Bounds on reading a streamed body past ``[DONE]`` to keep its connection (bytes, seconds; see ``_drain``).
+DRAIN_BYTES = 64 * 1024
+DRAIN_TIMEOUT = 0.05
 
 OnEvent = Callable[[StreamEvent], Awaitable[None] | None]
 _T = TypeVar("_T")
@@ -302,6 +305,8 @@ class LlmClient:
                     frames, idle_until = decoder.frames, loop.time() + self.config.request_timeout
                 if chunk is None:
                     break
+            else:
+                await _drain(chunks)
         return decoder.finish()
 
     @staticmethod
@@ -396,6 +401,20 @@ def _sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
     if sampling.stop:
         fields["stop"] = list(sampling.stop)
     return fields
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
+    """Read what follows ``[DONE]`` (normally just the body's last chunk) so httpcore returns the connection
+    to the pool: a response closed before its end closes its connection, and the next model request would
+    open a new one. Bounded by :data:`DRAIN_BYTES` and :data:`DRAIN_TIMEOUT`; past either, or on a
+    network error, the connection is dropped as before (the reply is complete either way)."""
+    size = 0
+    with contextlib.suppress(TimeoutError, httpx.TransportError):
+        async with asyncio.timeout(DRAIN_TIMEOUT):
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > DRAIN_BYTES:
+                    return
 
 
 async def _deliver(on_event: OnEvent, event: StreamEvent) -> None:

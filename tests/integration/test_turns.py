@@ -56,6 +56,17 @@ async def test_streamed_turn_with_a_tool_job(client, scenario, scripted_llm, sty
     assert second[-1] == {"role": "tool", "tool_call_id": history[2].tool_call_id, "content": "40"}
 
 
+async def test_a_normal_turn_logs_no_per_job_or_per_request_info_line(client, scenario, workers):
+    """At the default INFO level the workers log neither arq's job start/end lines nor httpx's
+    ``HTTP Request:`` line (test_secrets.py shows both at DEBUG); other INFO lines stay."""
+    key, marker = scenario(Script(Reply.tool_calls([("add", {"a": 1, "b": 2})]), Reply.text("3")))
+    assert (await client.send(f"{marker} 1+2?", conversation_id=f"conv-{key}")).content == "3"
+    logs = "\n".join(proc.log_path.read_text(errors="replace") for proc in workers)
+    assert "started on queue turns" in logs and "started on queue tools" in logs
+    assert "HTTP Request:" not in logs and ":run_turn(…)" not in logs and ":run_tool(…)" not in logs
+    assert " ● " not in logs
+
+
 async def test_send_returns_the_final_message(client, scenario):
     _, marker = scenario(Script(Reply.text("hello there")))
     reply = await client.send(f"{marker} hi", conversation_id="conv-send", agent="plain")

@@ -78,7 +78,8 @@ class RecordedRequest:
     ``headers`` have lowercase names; ``body`` is the decoded JSON (``None``
     if it was not JSON); ``scenario`` the routed key (``None`` without a
     marker); ``step`` see the module doc; ``attempt`` the 1-based number of
-    this request among the requests of its scenario. ``completed`` is set
+    this request among the requests of its scenario; ``peer`` the client's
+    ``(host, port)``: requests with the same peer came on one kept-alive connection. ``completed`` is set
     once the whole reply was written; ``closed_early`` when the client closed
     the connection before the reply finished (cancellation, timeout).
     """
@@ -91,6 +92,7 @@ class RecordedRequest:
     scenario: str | None = None
     step: int = 0
     attempt: int = 0
+    peer: tuple[str, int] | None = None
     received_at: float = field(default_factory=time.monotonic)
     completed: bool = False
     closed_early: bool = False
@@ -576,6 +578,7 @@ class _Connection:
         self.reader = reader
         self.writer = writer
         self.buffer = bytearray()
+        self.peer: tuple[str, int] | None = writer.get_extra_info("peername")
 
     async def _fill(self) -> bool:
         try:
@@ -632,7 +635,7 @@ class _Connection:
             raw_body = await self._read_chunked()
         else:
             raw_body = await self._read_exact(int(headers.get("content-length") or 0))
-        return RecordedRequest(method, target, headers, _decode_json(raw_body), raw_body)
+        return RecordedRequest(method, target, headers, _decode_json(raw_body), raw_body, peer=self.peer)
 
     async def wait_peer_closed(self) -> None:
         """Return when the client closes its side (bytes it sends meanwhile are kept for the next request)."""

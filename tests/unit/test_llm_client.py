@@ -141,6 +141,18 @@ async def test_complete_stream_text(harness):
     assert recorded.headers["accept"] == "text/event-stream"
 
 
+async def test_streamed_requests_reuse_one_kept_alive_connection(harness):
+    """The body's end after ``[DONE]`` is read, so the connection goes back to the pool (no TCP connect per call)."""
+    key = harness.scenario(Reply.text("again and again", chunk_size=4))
+    async with harness.client() as client:
+        for _ in range(3):
+            response, _ = await collect(client, request_for(key))
+            assert response.message.content == "again and again"
+        assert (await client.complete(request_for(key))).message.content == "again and again"
+    peers = {recorded.peer for recorded in harness.server.requests_for(key)}
+    assert len(harness.server.requests_for(key)) == 4 and len(peers) == 1 and None not in peers
+
+
 async def test_stream_without_include_usage(harness):
     key = harness.scenario(Reply.text("x"))
     async with harness.client(include_usage=False) as client:

@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 LOGGERS = [
     "agent_smith",
     "agent_smith.llm",
@@ -53,3 +55,27 @@ def test_importing_every_module_adds_no_handler_and_sets_no_level():
     assert report["root"] == [0, 30]  # the root logger untouched: no handler, default WARNING
     # every logger the library creates lives under "agent_smith" (no stray module-named loggers)
     assert all(name == "agent_smith" or name.startswith("agent_smith.") for name in report["library"])
+
+
+# The worker program's configuration (smith_worker.cli.configure_logging), in a fresh interpreter too.
+CONFIGURED = """
+import json, logging, sys
+from smith_worker.cli import configure_logging
+
+configure_logging(sys.argv[1], log_jobs=sys.argv[2] == "1")
+logging.getLogger("arq.worker").info("%6.2fs → %s(%s)%s", 0.01, "job:run_turn", "…", "")
+logging.getLogger("arq.worker").info("%6.2fs ← %s ● %s", 0.02, "job:run_turn", "")
+logging.getLogger("arq.worker").info("%6.2fs ↻ %s retrying job in %0.2fs", 0.02, "job:run_turn", 1.0)
+logging.getLogger("httpx").info('HTTP Request: %s %s "%s %d %s"', "POST", "http://h/v1", "HTTP/1.1", 200, "OK")
+logging.getLogger("agent_smith.worker").info("own line")
+"""
+
+
+@pytest.mark.parametrize(("level", "log_jobs", "per_job_shown"),
+                         [("INFO", "0", False), ("DEBUG", "0", True), ("info", "1", True)])
+def test_worker_logs_per_job_and_per_request_lines_only_at_debug_or_when_asked(level, log_jobs, per_job_shown):
+    err = subprocess.run([sys.executable, "-c", CONFIGURED, level, log_jobs], check=True, capture_output=True,
+                         text=True, timeout=60).stderr
+    assert "retrying job" in err and "own line" in err  # other INFO lines stay
+    for line in ("0.01s → job:run_turn(…)", "0.02s ← job:run_turn ●", "HTTP Request: POST http://h/v1"):
+        assert (line in err) is per_job_shown

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -113,3 +114,34 @@ def test_answers_again_is_logged_only_after_a_failure(caplog):
     health.failed("a poll", RedisConnectionError("refused"))
     health.ok()
     assert health.ready and len(again()) == 1
+
+
+async def test_a_clean_pooled_connection_is_reused_without_a_socket_probe_and_a_dirty_one_is_replaced(
+    redis_url, monkeypatch
+):
+    """redis-py probes the socket (a zero-timeout read, one pass through the event loop) before every
+    command; a connection that plainly holds nothing skips it, one with unread bytes is still replaced."""
+    from redis._parsers.hiredis import _AsyncHiredisParser
+
+    probes = []
+    real_probe = _AsyncHiredisParser.can_read_destructive
+
+    async def counted(self):
+        probes.append(self)
+        return await real_probe(self)
+
+    monkeypatch.setattr(_AsyncHiredisParser, "can_read_destructive", counted)
+    redis = connect_redis(redis_url)
+    try:
+        await redis.set("pool-probe", "v")
+        for _ in range(5):
+            assert await redis.get("pool-probe") == b"v"
+        assert len(probes) == 1  # only the new connection's, right after its connect
+        (connection,) = redis.connection_pool._available_connections
+        await connection.send_command("PING")  # a reply nobody reads: the next command must not get it
+        while not connection._reader._buffer:
+            await asyncio.sleep(0.01)
+        assert await redis.get("pool-probe") == b"v"
+        assert len(probes) >= 2
+    finally:
+        await redis.aclose()
