@@ -128,12 +128,11 @@ class Pickup:
     async def close(self) -> None:
         """Cancel a pending pop and close the dedicated connection (it may hold an unread reply)."""
         pop, self._pop = self._pop, None
+        # a cancel can be lost inside redis-py's read (Python 3.11): never wait on one unbounded
         if pop is not None:
-            pop.cancel()
-            await asyncio.gather(pop, return_exceptions=True)
+            await _cancel(pop)
         if self._stopped.is_set() and self._aborts is not None:  # it reconnects by itself otherwise
-            self._aborts.cancel()
-            await asyncio.gather(self._aborts, return_exceptions=True)
+            await _cancel(self._aborts)
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
@@ -190,3 +189,10 @@ class Pickup:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait for it :data:`POP_MARGIN` seconds at most; its late end is still collected."""
+    task.cancel()
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    await asyncio.wait([task], timeout=POP_MARGIN)
