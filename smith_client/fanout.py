@@ -107,13 +107,8 @@ class AsyncFanout:
 
     async def remove(self, channel: str, follower: Subscription) -> None:
         """Stop routing ``channel`` to ``follower``; unsubscribe it when nobody follows it."""
-        followers = self._followers.get(channel)
-        if followers is None:
+        if not unfollow(self._followers, channel, follower):
             return
-        followers.discard(follower)
-        if followers:
-            return
-        del self._followers[channel]
         async with self._lock:
             with contextlib.suppress(RedisError, OSError):  # a broken connection is not resubscribed to it anyway
                 await self._pubsub.unsubscribe(channel)
@@ -184,6 +179,19 @@ def route(message: dict[str, Any], followers: dict[str, Any], confirmed: set[str
         confirmed.add(channel)
     elif kind == "unsubscribe":
         confirmed.discard(channel)
+
+
+def unfollow(followers: dict[str, Any], channel: str, follower: Any) -> bool:
+    """Drop ``follower`` from ``channel``'s followers; True when nobody follows the channel any more
+    (the caller unsubscribes it), False when others still do or it was not followed."""
+    following = followers.get(channel)
+    if following is None:
+        return False
+    following.discard(follower)
+    if following:
+        return False
+    del followers[channel]
+    return True
 
 
 def gap(channels: set[str], followers: dict[str, Any]) -> None:
@@ -258,13 +266,8 @@ class SyncFanout:
     def remove(self, channel: str, follower: SyncSubscription) -> None:
         """Stop routing ``channel`` to ``follower``; unsubscribe it when nobody follows it."""
         with self._lock:
-            followers = self._followers.get(channel)
-            if followers is None:
+            if not unfollow(self._followers, channel, follower):
                 return
-            followers.discard(follower)
-            if followers:
-                return
-            del self._followers[channel]
             with contextlib.suppress(redis.RedisError, OSError):
                 self._pubsub.unsubscribe(channel)
 
