@@ -79,22 +79,26 @@ class AgentContext:
         """This agent's depth in the tree: 0 for the root (seed §14.2)."""
         return len(self.agent_path) - 1
 
-    async def append(self, *messages: Any) -> None:
+    async def append(self, *messages: Any, also: Callable[[Any], None] | None = None) -> list[Any]:
         """Append to the history and publish a ``message`` event for each, in one round trip (both fenced),
-        then fire ``on_message`` for each. Raises :class:`StaleAttemptError`."""
+        then fire ``on_message`` for each. Returns the replies of what ``also`` queued after them on the
+        same pipeline (empty without ``also``). Raises :class:`StaleAttemptError`."""
         if not messages:
-            return
+            return []
         events: list[EventData] = [MessageData(message=m.model_dump(mode="json")) for m in messages]
 
         def fill(pipe: Any) -> None:
             self.attempt.queue_append(pipe, *messages)
             self.queue_publish(pipe, events)
+            if also is not None:
+                also(pipe)
 
         replies = await scripts.execute(self.runtime.redis, fill, transaction=False)
         self.attempt.appended(replies)
         self.published(replies[1])
         for message in messages:
             await fire("on_message", message, self.runtime.app.hooks, self.spec.hooks)
+        return replies[2:]
 
     def queue_publish(self, pipe: Any, events: list[EventData]) -> None:
         """Queue the publish of consecutive ``events`` of this loop in one script call, fenced by the attempt

@@ -39,8 +39,8 @@ class AttemptWrites(Protocol):
         """Move merged user messages into the history; when ``closing`` and none wait, close the inbox."""
         ...
 
-    def queue_drain_inbox(self, pipe: Any) -> None:
-        """Queue a non-closing drain on ``pipe``; :meth:`drained` reads its reply."""
+    def queue_drain_inbox(self, pipe: Any, closing: bool = False) -> None:
+        """Queue a drain on ``pipe`` (closing the inbox when ``closing``); :meth:`drained` reads its reply."""
         ...
 
     def drained(self, reply: Any) -> list[bytes]:

@@ -73,6 +73,14 @@ class ConversationStore:
         """The last ``count`` stored messages (fewer when the history is shorter)."""
         return self._slice(await scripts.HISTORY_READ(self._redis, self._keys, [count, "", "tail"]))
 
+    def queue_tail(self, pipe: Any, count: int) -> None:
+        """Queue :meth:`tail` on ``pipe`` (to share another call's round trip); :meth:`tail_from` reads its reply."""
+        scripts.HISTORY_READ.queue(pipe, self._keys, [count, "", "tail"])
+
+    def tail_from(self, reply: Any) -> HistorySlice:
+        """The :class:`HistorySlice` of a queued :meth:`queue_tail`'s reply."""
+        return self._slice(reply)
+
     def _slice(self, reply: Any) -> HistorySlice:
         base, length, index, items = int(reply[0]), int(reply[1]), int(reply[2]), reply[3]
         self.bytes_read += sum(len(item) for item in items)

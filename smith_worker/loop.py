@@ -19,6 +19,7 @@ The turn's lifecycle around it (attempts, cancellation, terminal events) is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -42,6 +43,7 @@ from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, message_from_json
 from smith_worker.app import AgentSpec
 from smith_worker.context import AgentContext, CancelRequested
+from smith_worker.event_batch import EventBatcher
 from smith_worker.fencing import StaleAttemptError
 from smith_worker.hooks import fire
 from smith_worker.llm import LlmClient
@@ -103,23 +105,28 @@ class AgentLoop:
         self.skills = ConversationSkills(self.rt.app.skills, self.rt.app.sources, self.rt.keys, ctx.job.conversation_id)
         self.subagents = SubAgentTools(ctx, lambda child: AgentLoop(child).run(0))
 
-    async def run(self, start: int) -> AssistantMessage:
-        """Run model steps from history position ``start`` (the turn's user message) until a final answer."""
-        return await self._loop(self.ctx.spec, start)
+    async def run(self, start: int, *, fresh: bool = False) -> AssistantMessage:
+        """Run model steps from history position ``start`` (the turn's user message) until a final answer.
 
-    async def _loop(self, spec: AgentSpec, start: int) -> AssistantMessage:
+        ``fresh``: the caller has just appended that message, so nothing of the turn follows it yet
+        and the read of completed steps (a re-run's resume point) is skipped.
+        """
+        return await self._loop(self.ctx.spec, start, fresh)
+
+    async def _loop(self, spec: AgentSpec, start: int, fresh: bool) -> AssistantMessage:
         """Run model steps until a final answer; a re-run resumes after the last completed step."""
         cfg = spec.config
         llm = LlmClient(self.rt.settings.llm_config(spec.llm), self.ctx.services.http)
         memory = self._memory_context(llm, start)
         deadline = None if cfg.deadline is None else time.monotonic() + cfg.deadline
-        done = (await self.store.read(start + 1)).messages
+        done = [] if fresh else (await self.store.read(start + 1)).messages
         replies = [m for m in done if isinstance(m, AssistantMessage)]
         pending = done[-1] if done and isinstance(done[-1], AssistantMessage) else None
         iterations = len(replies)
         total_tokens = sum(m.usage.total for m in replies if m.usage)
         tool_rounds = sum(1 for m in replies if m.tool_calls and m is not pending)
         while True:
+            merged: list[bytes] | None = None  # the closing drain, when it rode along with the reply's append
             if pending is None:
                 tree = await self._begin_step(spec)
                 iterations += 1
@@ -129,11 +136,12 @@ class AgentLoop:
                 ).message
                 used = pending.usage.total if pending.usage else 0
                 total_tokens += used
-                await self._count_tree_tokens(used)
-                await self.ctx.append(pending)
+                merged = await self._append_reply(pending, used)
             message, pending = pending, None
             if not message.tool_calls:
-                if await self._drain_inbox(spec, closing=True):
+                if merged is None:
+                    merged = await self.attempt.drain_inbox(closing=True)
+                if await self._announce_merged(merged):
                     continue  # a merged user message arrived: answer it in this turn
                 return message
             pending = await self._run_tools(spec, iterations, message.tool_calls)  # a `_done` final message
@@ -156,10 +164,6 @@ class AgentLoop:
             conversation_id=self.ctx.memory_scope,
             history_ttl=self.rt.keys.turn_ttl if self.ctx.position else self.rt.keys.history_ttl,
         )
-
-    async def _drain_inbox(self, spec: AgentSpec, closing: bool) -> bool:
-        """Append user messages merged into this turn (``multitask="merge"``); True if there were any."""
-        return await self._announce_merged(await self.attempt.drain_inbox(closing))
 
     async def _announce_merged(self, moved: list[bytes]) -> bool:
         for raw in moved:
@@ -197,14 +201,25 @@ class AgentLoop:
         await self._announce_merged(self.attempt.drained(moved))
         return int(count), int(tokens or 0)
 
-    async def _count_tree_tokens(self, used: int) -> None:
-        """Add a model call's reported tokens to the tree's counter (read by the next step of any agent)."""
-        if used <= 0:
-            return
-        async with self.rt.redis.pipeline(transaction=False) as pipe:
-            pipe.incrby(self.ctx.tree_tokens, used)
-            pipe.expire(self.ctx.tree_tokens, self.rt.keys.turn_ttl)
-            await pipe.execute()
+    async def _append_reply(self, message: AssistantMessage, used: int) -> list[bytes] | None:
+        """Append a model reply and, in the same round trip, add its ``used`` tokens to the tree's
+        counter (read by the next step of any agent) and, for a final answer, close the inbox.
+
+        Returns the user messages merged into the turn that the closing drain moved into the
+        history instead (``multitask="merge"``), or None when ``message`` has tool calls.
+        Raises :class:`StaleAttemptError`.
+        """
+        closing = not message.tool_calls
+
+        def also(pipe: Any) -> None:
+            if used > 0:
+                pipe.incrby(self.ctx.tree_tokens, used)
+                pipe.expire(self.ctx.tree_tokens, self.rt.keys.turn_ttl)
+            if closing:
+                self.attempt.queue_drain_inbox(pipe, closing=True)
+
+        replies = await self.ctx.append(message, also=also)
+        return self.attempt.drained(replies[-1]) if closing else None
 
     def _check_limits(
         self, spec: AgentSpec, iterations: int, tree: tuple[int, int], total_tokens: int, deadline: float | None
@@ -252,17 +267,22 @@ class AgentLoop:
         stream = self.job.stream if self.job.stream is not None else spec.config.stream_default
         self._stream_calls = {}
         if stream:
-            return await llm.complete_stream(request, lambda ev: self._on_stream_event(spec, ev))
+            return await self._stream_model(spec, llm, request)
         response = await llm.complete(request)
         events: list[EventData] = []
         for index, call in enumerate(response.message.tool_calls):
             events += [ToolCallStartedData(id=call.id, name=call.name, index=index), _completed_data(index, call)]
-        if events:  # all known at once: one script call
+        await self._publish_all(events)  # all known at once: one script call
+        return response
+
+    async def _publish_all(self, events: list[EventData]) -> None:
+        """Publish consecutive events of this loop in one script call (none: no call). Raises
+        :class:`StaleAttemptError`."""
+        if events:
             batch = await scripts.execute(
                 self.rt.redis, lambda pipe: self.ctx.queue_publish(pipe, events), transaction=False
             )
             self.ctx.published(batch[0])
-        return response
 
     def _sampling(self) -> SamplingParams | None:
         """The turn's sampling override (seed §15.1 ``AgentRequest.sampling``).
@@ -292,13 +312,29 @@ class AgentLoop:
             schemas += await source.schemas(asking)
         return await self.skills.tools(schemas + self.subagents.schemas(spec), asking)
 
-    async def _on_stream_event(self, spec: AgentSpec, event: StreamEvent) -> None:
-        """Publish stream events as they arrive (tokens, tool-call start and completion)."""
+    async def _stream_model(self, spec: AgentSpec, llm: LlmClient, request: LlmRequest) -> LlmResponse:
+        """A streamed model call whose events are published behind the stream (:class:`EventBatcher`);
+        returns once all are published. Events that arrived before a failed call are published too."""
+        batcher = EventBatcher(self._publish_all)
+        try:
+            response = await llm.complete_stream(request, lambda event: self._on_stream_event(spec, event, batcher))
+            await batcher.flush()
+            return response
+        except Exception:
+            with contextlib.suppress(Exception):  # the call's own error is the one to raise
+                await batcher.flush()
+            raise
+        finally:
+            await batcher.aclose()  # a publish still in flight when the call was cancelled
+
+    async def _on_stream_event(self, spec: AgentSpec, event: StreamEvent, batcher: EventBatcher) -> None:
+        """Publish stream events as they arrive (tokens, tool-call start and completion), then fire
+        ``on_stream_event``."""
         if isinstance(event, StreamTokenDelta):
-            await self.publish(TokenData(text=event.text))
+            batcher.add(TokenData(text=event.text))
         elif isinstance(event, StreamToolCallStarted):
             self._stream_calls[event.index] = ToolCall(id=event.id, name=event.name)
-            await self.publish(ToolCallStartedData(id=event.id, name=event.name, index=event.index))
+            batcher.add(ToolCallStartedData(id=event.id, name=event.name, index=event.index))
         elif isinstance(event, StreamToolCallCompleted):
             started = self._stream_calls.get(event.index)
             call = ToolCall(
@@ -306,7 +342,7 @@ class AgentLoop:
                 name=event.name or (started.name if started else ""),
                 arguments=event.arguments,
             )
-            await self.publish(_completed_data(event.index, call))
+            batcher.add(_completed_data(event.index, call))
         await fire("on_stream_event", event, self.rt.app.hooks, spec.hooks)
 
     async def _run_tools(self, spec: AgentSpec, step: int, calls: list[ToolCall]) -> AssistantMessage | None:

@@ -112,7 +112,7 @@ class SubAgentHistory:
         """Nothing to drain: a sub-agent has no inbox."""
         return []
 
-    def queue_drain_inbox(self, pipe: Any) -> None:
+    def queue_drain_inbox(self, pipe: Any, closing: bool = False) -> None:
         """Queue a read of the root's attempt instead, so a superseded attempt stops at the step's round trip."""
         pipe.hget(self._state, record.ATTEMPT)
 

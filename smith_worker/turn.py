@@ -42,10 +42,10 @@ from smith_worker.app import AgentSpec
 from smith_worker.context import AgentContext, CancelRequested
 from smith_worker.dispatch import settle_call
 from smith_worker.fencing import StaleAttemptError
-from smith_worker.history import ConversationStore
+from smith_worker.history import ConversationStore, HistorySlice
 from smith_worker.hooks import fire
 from smith_worker.loop import AgentLoop
-from smith_worker.memory.pairing import pending_repair
+from smith_worker.memory.pairing import REPAIR_SCAN, pending_repair
 from smith_worker.redaction import redact_error
 from smith_worker.runtime import TurnServices, WorkerRuntime
 from smith_worker.tools import error_content
@@ -92,7 +92,8 @@ class TurnRunner:
 
     async def run(self) -> None:
         """Run the turn if this attempt gets it; end it with exactly one terminal event, or hand it off."""
-        outcome = await self.attempt.begin()
+        # the history's tail rides along: a fresh attempt checks it for an earlier turn's dangling calls
+        outcome, (tail,) = await self.attempt.begin(lambda pipe: self.store.queue_tail(pipe, REPAIR_SCAN))
         if outcome == "wait":
             await park(self.rt.redis, self.rt.keys, self.job.turn_id, self.job.conversation_id)
             return
@@ -106,7 +107,7 @@ class TurnRunner:
         job_timeout = asyncio.timeout(self.rt.settings.turn_job_timeout)
         try:
             async with job_timeout:
-                await self._run_attempt(spec)
+                await self._run_attempt(spec, self.store.tail_from(tail))
         except TimeoutError as exc:
             if not job_timeout.expired():
                 await self._fail(error_from_exception(exc), spec)
@@ -143,7 +144,8 @@ class TurnRunner:
             self.services.running_turns.pop(self.job.turn_id, None)
             await self.attempt.stop_renewing()
 
-    async def _run_attempt(self, spec: AgentSpec | None) -> None:
+    async def _run_attempt(self, spec: AgentSpec | None, tail: HistorySlice) -> None:
+        """Run the agent from the state and history ``tail`` read as the attempt began (:meth:`run`)."""
         if spec is None:
             raise UnknownAgentError(
                 f"this worker does not serve agent {self.job.agent!r}",
@@ -162,7 +164,7 @@ class TurnRunner:
             self.rt,
             self.services,
         )
-        state = await self.attempt.state()  # one read: the cancel flag and whether the user message is in
+        state = self.attempt.begun_state  # the cancel flag and whether the user message is in
         if state.get("cancel_requested"):
             raise CancelRequested(state["cancel_requested"])
         self._check_attempts(state)
@@ -172,7 +174,7 @@ class TurnRunner:
             else TurnStartedData(conversation_id=self.job.conversation_id, agent=self.job.agent)
         )
         first = "history_start" not in state  # the user message is not in yet (an earlier attempt may have added it)
-        repair = await pending_repair(self.store) if first else None
+        repair = pending_repair(tail) if first else None
         added = [*(repair.messages if repair else []), self.job.message] if first else []
         events = [opening, *(MessageData(message=m.model_dump(mode="json")) for m in added)]
         ctx = self.ctx
@@ -183,7 +185,7 @@ class TurnRunner:
         ctx.published(published)
         for message in added:
             await fire("on_message", message, self.rt.app.hooks, spec.hooks)
-        final = await AgentLoop(self.ctx).run(start)
+        final = await AgentLoop(self.ctx).run(start, fresh=first)
         await self._finish(record.COMPLETED, record.RESULT, final.model_dump_json(), TurnCompletedData(message=final))
 
     def _check_attempts(self, state: dict[str, str]) -> None:

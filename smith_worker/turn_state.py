@@ -80,23 +80,36 @@ class TurnAttempt:
         self.history_ttl = keys.history_ttl
         self.history_max = history_max
         self.attempt = 0
+        self.begun_state: dict[str, str] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._state = keys.turn_state(turn_id)
         self._history = keys.history(conversation_id)
         self._statuses = keys.conversation_statuses(conversation_id)
         self._trimmed = keys.history_trimmed(conversation_id)
 
-    async def begin(self) -> str:
+    async def begin(self, also: Callable[[Any], None] | None = None) -> tuple[str, list[Any]]:
         """Take the turn: ``"go"`` (this attempt runs it), ``"wait"`` (an earlier turn of the
-        conversation is unfinished), ``"done"``, ``"busy"`` (another live attempt) or ``"missing"``."""
+        conversation is unfinished), ``"done"``, ``"busy"`` (another live attempt) or ``"missing"``;
+        and the replies of what ``also`` queued after it on the same pipeline (one round trip).
+
+        On ``"go"``, :attr:`begun_state` is the turn's state hash as the attempt starts
+        (decoded, fields in :mod:`smith_client.turn_record`), read by the same script.
+        """
         keys = [self._state, self.keys.running, self.keys.conversation_turns(self.conversation_id), self._statuses]
-        reply = await scripts.BEGIN(
-            self.redis, keys, [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL, self.job_id]
-        )
+        args = [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL, self.job_id]
+
+        def fill(pipe: Any) -> None:
+            scripts.BEGIN.queue(pipe, keys, args)
+            if also is not None:
+                also(pipe)
+
+        reply, *rest = await scripts.execute(self.redis, fill, transaction=False)
         outcome: str = reply[0].decode()
         if outcome == "go":
             self.attempt = int(reply[1])
-        return outcome
+            flat = reply[2]
+            self.begun_state = decode_state(dict(zip(flat[::2], flat[1::2], strict=True)))
+        return outcome, rest
 
     def start_renewing(self, on_lost: Callable[[], None]) -> None:
         """Renew the lease every third of its life until :meth:`stop_renewing`."""
@@ -180,12 +193,12 @@ class TurnAttempt:
         keys, args = self._drain_call(closing)
         return self.drained(await scripts.DRAIN_INBOX(self.redis, keys, args))
 
-    def queue_drain_inbox(self, pipe: Any) -> None:
-        """Queue a non-closing :meth:`drain_inbox` on ``pipe`` (a step's round trip).
+    def queue_drain_inbox(self, pipe: Any, closing: bool = False) -> None:
+        """Queue :meth:`drain_inbox` on ``pipe`` (to share a step's round trip, or a final answer's append).
 
         :meth:`drained` reads its reply.
         """
-        scripts.DRAIN_INBOX.queue(pipe, *self._drain_call(closing=False))
+        scripts.DRAIN_INBOX.queue(pipe, *self._drain_call(closing))
 
     def _drain_call(self, closing: bool) -> tuple[list[str], list[Any]]:
         keys = [self._state, self.keys.turn_inbox(self.turn_id), self._history, self._trimmed]

@@ -2,7 +2,8 @@
 -- conversation may run: a later one gets {'wait', <id ahead>} and parks.
 -- KEYS: state, running ZSET, conversation FIFO, conversation statuses.
 -- ARGV: turn id, worker id, now ms, lease ms, running ZSET TTL s, the attempt's arq job id ('' outside arq).
--- Returns {'missing'} | {'done', status} | {'busy'} | {'wait', id} | {'go', attempt}.
+-- Returns {'missing'} | {'done', status} | {'busy'} | {'wait', id} | {'go', attempt, state as HGETALL}:
+-- the state the attempt starts from comes back in the same round trip.
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {'missing'} end
 if TERMINAL[st] then return {'done', st} end
@@ -17,4 +18,4 @@ redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[2], 'lease_until
 redis.call('HSET', KEYS[4], ARGV[1], 'running')
 redis.call('ZADD', KEYS[2], until_ms, ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
-return {'go', attempt}
+return {'go', attempt, redis.call('HGETALL', KEYS[1])}

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from smith_client.messages import AssistantMessage, ToolMessage
-from smith_worker.history import ConversationStore, Repair
+from smith_worker.history import HistorySlice, Repair
 from smith_worker.tools import error_content
 
 #: Content of the tool message answering a call whose turn ended before its result (issue 13 rule 3).
@@ -124,16 +124,17 @@ def is_well_formed(messages: list[Any]) -> bool:
 REPAIR_SCAN = 64
 
 
-async def pending_repair(store: ConversationStore) -> Repair | None:
+def pending_repair(tail: HistorySlice) -> Repair | None:
     """The error tool messages the history's last dangling tool-call group needs, or None.
 
-    Read before a turn appends its user message, and inserted with it
-    (:meth:`~smith_worker.turn_state.TurnAttempt.append_user`), so the
-    history is repaired once (issue 13 design rule 3). Reads the last
-    :data:`REPAIR_SCAN` messages: an unanswered call can only be left by the
-    previous turn, followed at most by the user messages merged into it.
+    ``tail`` is the history's last :data:`REPAIR_SCAN` messages, read before a
+    turn appends its user message (in the round trip that starts the attempt,
+    :meth:`~smith_worker.turn_state.TurnAttempt.begin`); the repair is inserted
+    with the user message (:meth:`~smith_worker.turn_state.TurnAttempt.append_user`),
+    so the history is repaired once (issue 13 design rule 3). An unanswered call
+    can only be left by the previous turn, followed at most by the user messages
+    merged into it.
     """
-    tail = await store.tail(REPAIR_SCAN)
     repairs = answer_dangling(tail.messages)
     if not repairs:
         return None

@@ -17,7 +17,7 @@ from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, Too
 from smith_worker import FullMemory, RollingWindowMemory, SummaryMemory
 from smith_worker.history import ConversationStore
 from smith_worker.memory import MemoryContext, is_well_formed, wire_size
-from smith_worker.memory.pairing import pending_repair
+from smith_worker.memory.pairing import REPAIR_SCAN, pending_repair
 from smith_client import scripts
 from smith_worker.memory.summary import SUMMARY_HEADING
 from smith_worker.turn_state import TurnAttempt
@@ -189,7 +189,7 @@ async def test_full_memory_and_a_dangling_call_of_an_earlier_turn(convo):
     await convo.push(history)
     view = await FullMemory().view(convo.ctx(len(history)))
     assert is_well_formed(view) and len(view) == 5 and isinstance(view[2], ToolMessage)
-    repair = await pending_repair(convo.store)
+    repair = pending_repair(await convo.store.tail(REPAIR_SCAN))
     assert repair.position == 2 and repair.end == 3 and [m.tool_call_id for m in repair.messages] == ["t0_0", "t0_1"]
 
 
@@ -212,7 +212,7 @@ async def test_trimming_keeps_whole_groups_and_positions_stay_absolute(convo):
     assert (await convo.store.read(len(appended) - 3)).messages == appended[-3:]
     # a dangling call of the last turn is answered right after it, atomically with the next user message
     await attempt.append(UserMessage(content="q"), AssistantMessage(tool_calls=[ToolCall(id="d", name="add")]))
-    repair = await pending_repair(convo.store)
+    repair = pending_repair(await convo.store.tail(REPAIR_SCAN))
     position, _ = await attempt.append_user(UserMessage(content="next"), repair)
     tail = (await convo.store.read(position - 3)).messages
     assert [m.role for m in tail] == ["user", "assistant", "tool", "user"]

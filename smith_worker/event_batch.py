@@ -1,0 +1,67 @@
+"""Stream events published behind the model stream, batched while a publish is in flight (issue 18).
+
+A streamed model reply arrives as many small events (token deltas, tool-call
+starts and completions), often several in one burst. Publishing each before
+reading on costs one Redis round trip per token. :class:`EventBatcher` lets
+the loop read on: the first event starts a publish in the background, and the
+events that arrive while it is in flight go together in the next one (one
+script call, ``lua/publish_batch.lua``). Nothing waits for a timer: an event
+that arrives alone is published at once, and a burst costs one round trip per
+in-flight publish rather than one per event. Each event still gets its own
+``seq``, log entry and pub/sub message, and ``ts`` is stamped when its batch
+is sent.
+
+Order is kept (one publish at a time, in arrival order). A publish's failure
+(:class:`~smith_worker.fencing.StaleAttemptError`, a Redis error) is raised by
+the next :meth:`EventBatcher.add` or by :meth:`EventBatcher.flush`, so a
+superseded attempt stops reading the stream soon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from smith_client.events import EventData
+from smith_worker.tasks import cancel_and_wait
+
+
+class EventBatcher:
+    """Publish events in arrival order, batching those that arrive while a publish is in flight.
+
+    ``publish(events)`` publishes consecutive events in one round trip and
+    raises on failure (the loop's fenced batch publish).
+    """
+
+    def __init__(self, publish: Callable[[list[EventData]], Awaitable[None]]) -> None:
+        self._publish = publish
+        self._pending: list[EventData] = []
+        self._task: asyncio.Task[Any] | None = None
+
+    def add(self, data: EventData) -> None:
+        """Queue ``data`` for publishing; raises the error of an earlier publish that failed."""
+        if self._task is not None and self._task.done():
+            task, self._task = self._task, None
+            task.result()
+        self._pending.append(data)
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        # events added while a publish is awaited are taken by the next pass
+        while self._pending:
+            batch, self._pending = self._pending, []
+            await self._publish(batch)
+
+    async def flush(self) -> None:
+        """Return once every added event is published; raises a failed publish's error."""
+        if self._task is not None:
+            task, self._task = self._task, None
+            await task
+
+    async def aclose(self) -> None:
+        """Stop a publish still in flight (the stream failed or was cancelled); unsent events are dropped."""
+        task, self._task = self._task, None
+        self._pending = []
+        await cancel_and_wait(task)

@@ -1,0 +1,82 @@
+"""EventBatcher: events published in arrival order, batched while a publish is in flight (issue 18)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from smith_client.events import TokenData
+from smith_worker.event_batch import EventBatcher
+from smith_worker.fencing import StaleAttemptError
+
+
+class Publisher:
+    """Records each batch; each publish waits for ``release`` (a Redis round trip in flight)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.release = asyncio.Event()
+        self.fail: BaseException | None = None
+
+    async def __call__(self, events: list) -> None:
+        self.batches.append([event.text for event in events])
+        await self.release.wait()
+        if self.fail is not None:
+            raise self.fail
+
+
+def tokens(*texts: str) -> list[TokenData]:
+    return [TokenData(text=t) for t in texts]
+
+
+async def test_events_added_while_a_publish_is_in_flight_go_in_the_next_one_in_order():
+    publish = Publisher()
+    batcher = EventBatcher(publish)
+    batcher.add(TokenData(text="a"))
+    await asyncio.sleep(0)  # the first publish is in flight now
+    for event in tokens("b", "c", "d"):
+        batcher.add(event)
+    publish.release.set()
+    await batcher.flush()
+    assert publish.batches == [["a"], ["b", "c", "d"]]
+
+
+async def test_a_lone_event_is_published_without_waiting_for_more():
+    publish = Publisher()
+    publish.release.set()
+    batcher = EventBatcher(publish)
+    batcher.add(TokenData(text="a"))
+    await asyncio.sleep(0)
+    assert publish.batches == [["a"]]  # sent at once, no timer
+    batcher.add(TokenData(text="b"))  # the first finished: a new publish starts
+    await batcher.flush()
+    assert publish.batches == [["a"], ["b"]]
+
+
+async def test_a_failed_publish_is_raised_by_the_next_add_and_by_flush():
+    publish = Publisher()
+    publish.fail = StaleAttemptError("t1")
+    publish.release.set()
+    batcher = EventBatcher(publish)
+    batcher.add(TokenData(text="a"))
+    await asyncio.sleep(0.01)
+    with pytest.raises(StaleAttemptError):
+        batcher.add(TokenData(text="b"))
+    other = EventBatcher(publish)
+    other.add(TokenData(text="c"))
+    with pytest.raises(StaleAttemptError):
+        await other.flush()
+
+
+async def test_aclose_stops_a_publish_in_flight_and_drops_unsent_events():
+    publish = Publisher()
+    batcher = EventBatcher(publish)
+    batcher.add(TokenData(text="a"))
+    await asyncio.sleep(0)
+    batcher.add(TokenData(text="b"))
+    await batcher.aclose()
+    publish.release.set()
+    await asyncio.sleep(0.01)
+    assert publish.batches == [["a"]]
+    await batcher.flush()  # nothing left: returns at once
