@@ -14,7 +14,7 @@ turn whose stream it publishes on from here, never from ``job.agent`` /
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,13 +79,16 @@ class AgentContext:
         """This agent's depth in the tree: 0 for the root (seed §14.2)."""
         return len(self.agent_path) - 1
 
-    async def append(self, *messages: Any, also: Callable[[Any], None] | None = None) -> list[Any]:
+    async def append(
+        self, *messages: Any, preceding: Sequence[EventData] = (), also: Callable[[Any], None] | None = None
+    ) -> list[Any]:
         """Append to the history and publish a ``message`` event for each, in one round trip (both fenced),
-        then fire ``on_message`` for each. Returns the replies of what ``also`` queued after them on the
-        same pipeline (empty without ``also``). Raises :class:`StaleAttemptError`."""
+        then fire ``on_message`` for each. ``preceding`` events of this loop are published first, in the
+        same script call. Returns the replies of what ``also`` queued after them on the same pipeline
+        (empty without ``also``). Raises :class:`StaleAttemptError`."""
         if not messages:
             return []
-        events: list[EventData] = [MessageData(message=m.model_dump(mode="json")) for m in messages]
+        events = [*preceding, *(MessageData(message=m.model_dump(mode="json")) for m in messages)]
 
         def fill(pipe: Any) -> None:
             self.attempt.queue_append(pipe, *messages)

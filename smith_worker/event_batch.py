@@ -38,6 +38,7 @@ class EventBatcher:
         self._publish = publish
         self._pending: list[EventData] = []
         self._task: asyncio.Task[Any] | None = None
+        self._detaching = False
 
     def add(self, data: EventData) -> None:
         """Queue ``data`` for publishing; raises the error of an earlier publish that failed."""
@@ -49,16 +50,29 @@ class EventBatcher:
             self._task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
-        # events added while a publish is awaited are taken by the next pass
-        while self._pending:
+        # events added while a publish is awaited are taken by the next pass, unless detach() waits
+        while self._pending and not self._detaching:
             batch, self._pending = self._pending, []
             await self._publish(batch)
 
     async def flush(self) -> None:
         """Return once every added event is published; raises a failed publish's error."""
-        if self._task is not None:
-            task, self._task = self._task, None
-            await task
+        rest = await self.detach()
+        if rest:
+            await self._publish(rest)
+
+    async def detach(self) -> list[EventData]:
+        """Wait for the publish in flight, then return (and forget) the events not sent yet: the caller
+        publishes them in its own next round trip, ahead of its own events. Raises a failed publish's error."""
+        task, self._task = self._task, None
+        self._detaching = True
+        try:
+            if task is not None:
+                await task
+        finally:
+            self._detaching = False
+        pending, self._pending = self._pending, []
+        return pending
 
     async def aclose(self) -> None:
         """Stop a publish still in flight (the stream failed or was cancelled); unsent events are dropped."""

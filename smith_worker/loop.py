@@ -102,6 +102,8 @@ class AgentLoop:
         self.publish = ctx.publish
         self.agent_path = ctx.agent_path
         self._stream_calls: dict[int, ToolCall] = {}
+        #: The last model call's stream events not published yet: they go ahead of its reply's append.
+        self._unpublished: list[EventData] = []
         self.skills = ConversationSkills(self.rt.app.skills, self.rt.app.sources, self.rt.keys, ctx.job.conversation_id)
         self.subagents = SubAgentTools(ctx, lambda child: AgentLoop(child).run(0))
 
@@ -218,7 +220,8 @@ class AgentLoop:
             if closing:
                 self.attempt.queue_drain_inbox(pipe, closing=True)
 
-        replies = await self.ctx.append(message, also=also)
+        preceding, self._unpublished = self._unpublished, []
+        replies = await self.ctx.append(message, preceding=preceding, also=also)
         return self.attempt.drained(replies[-1]) if closing else None
 
     def _check_limits(
@@ -265,14 +268,13 @@ class AgentLoop:
             tool_choice=spec.tool_choice_for(tool_rounds) if tools else None,
         )
         stream = self.job.stream if self.job.stream is not None else spec.config.stream_default
-        self._stream_calls = {}
+        self._stream_calls, self._unpublished = {}, []
         if stream:
             return await self._stream_model(spec, llm, request)
         response = await llm.complete(request)
-        events: list[EventData] = []
-        for index, call in enumerate(response.message.tool_calls):
-            events += [ToolCallStartedData(id=call.id, name=call.name, index=index), _completed_data(index, call)]
-        await self._publish_all(events)  # all known at once: one script call
+        for index, call in enumerate(response.message.tool_calls):  # published with the reply's append
+            self._unpublished += [ToolCallStartedData(id=call.id, name=call.name, index=index)]
+            self._unpublished += [_completed_data(index, call)]
         return response
 
     async def _publish_all(self, events: list[EventData]) -> None:
@@ -313,12 +315,13 @@ class AgentLoop:
         return await self.skills.tools(schemas + self.subagents.schemas(spec), asking)
 
     async def _stream_model(self, spec: AgentSpec, llm: LlmClient, request: LlmRequest) -> LlmResponse:
-        """A streamed model call whose events are published behind the stream (:class:`EventBatcher`);
-        returns once all are published. Events that arrived before a failed call are published too."""
+        """A streamed model call whose events are published behind the stream (:class:`EventBatcher`).
+        The events not sent when it returns wait in :attr:`_unpublished` for the reply's append;
+        those that arrived before a failed call are published."""
         batcher = EventBatcher(self._publish_all)
         try:
             response = await llm.complete_stream(request, lambda event: self._on_stream_event(spec, event, batcher))
-            await batcher.flush()
+            self._unpublished = await batcher.detach()
             return response
         except Exception:
             with contextlib.suppress(Exception):  # the call's own error is the one to raise

@@ -80,3 +80,18 @@ async def test_aclose_stops_a_publish_in_flight_and_drops_unsent_events():
     await asyncio.sleep(0.01)
     assert publish.batches == [["a"]]
     await batcher.flush()  # nothing left: returns at once
+
+
+async def test_detach_waits_for_the_publish_in_flight_and_hands_back_the_rest():
+    publish = Publisher()
+    batcher = EventBatcher(publish)
+    batcher.add(TokenData(text="a"))
+    await asyncio.sleep(0)
+    batcher.add(TokenData(text="b"))
+    batcher.add(TokenData(text="c"))
+    detached = asyncio.ensure_future(batcher.detach())
+    await asyncio.sleep(0.01)
+    assert not detached.done()  # "a" is still in flight
+    publish.release.set()
+    assert [event.text for event in await detached] == ["b", "c"]
+    assert publish.batches == [["a"]]  # the rest is the caller's to publish, in its own round trip
