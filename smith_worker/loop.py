@@ -104,6 +104,8 @@ class AgentLoop:
         self._stream_calls: dict[int, ToolCall] = {}
         #: The last model call's stream events not published yet: they go ahead of its reply's append.
         self._unpublished: list[EventData] = []
+        #: The replies of the next step's round trip when it rode along with a tool round's append.
+        self._next_step: list[Any] | None = None
         self.skills = ConversationSkills(self.rt.app.skills, self.rt.app.sources, self.rt.keys, ctx.job.conversation_id)
         self.subagents = SubAgentTools(ctx, lambda child: AgentLoop(child).run(0))
 
@@ -185,23 +187,27 @@ class AgentLoop:
         (``ctx.cancel_state``); a re-run after a crash keeps counting on the
         same key (the budget errs on the safe side). Returns the tree's model
         calls including this step and the tokens its earlier calls reported.
+        After a tool round, its round trip was the tool messages' append (:meth:`_run_tools`).
         """
-        keys, tree = self.rt.keys, self.ctx.tree_counter
-
-        def fill(pipe: Any) -> None:
-            pipe.hget(self.ctx.cancel_state, record.CANCEL_REQUESTED)
-            self.attempt.queue_drain_inbox(pipe)
-            pipe.incr(tree)
-            pipe.expire(tree, keys.turn_ttl)
-            pipe.get(self.ctx.tree_tokens)
-            self.skills.queue_read(pipe)
-
-        cancel, moved, count, _, tokens, *skills = await scripts.execute(self.rt.redis, fill, transaction=False)
+        replies, self._next_step = self._next_step, None
+        if replies is None:
+            replies = await scripts.execute(self.rt.redis, self._queue_step, transaction=False)
+        cancel, moved, count, _, tokens, *skills = replies
         if cancel:
             raise CancelRequested(cancel.decode())
         self.skills.take(spec, skills)
         await self._announce_merged(self.attempt.drained(moved))
         return int(count), int(tokens or 0)
+
+    def _queue_step(self, pipe: Any) -> None:
+        """Queue the reads and counts of :meth:`_begin_step` on ``pipe``."""
+        tree = self.ctx.tree_counter
+        pipe.hget(self.ctx.cancel_state, record.CANCEL_REQUESTED)
+        self.attempt.queue_drain_inbox(pipe)
+        pipe.incr(tree)
+        pipe.expire(tree, self.rt.keys.turn_ttl)
+        pipe.get(self.ctx.tree_tokens)
+        self.skills.queue_read(pipe)
 
     async def _append_reply(self, message: AssistantMessage, used: int) -> list[bytes] | None:
         """Append a model reply and, in the same round trip, add its ``used`` tokens to the tree's
@@ -361,7 +367,10 @@ class AgentLoop:
             for call, outcome in zip(calls, outcomes, strict=True)
         ]
         final = done_message(list(outcomes))
-        await self.ctx.append(*messages, *([final] if final is not None else []))
+        if final is not None:
+            await self.ctx.append(*messages, final)
+        else:  # the next step follows at once: its round trip is this append's
+            self._next_step = await self.ctx.append(*messages, also=self._queue_step)
         for message in messages:
             await fire("on_tool_result", message, self.rt.app.hooks, spec.hooks)
         return final
