@@ -375,7 +375,8 @@ class Bench:
                                                   timeout=60):
                 if event.type == "token":
                     latencies.append(time.time() - event.ts)
-                    size = len(event.model_dump_json())
+                    if not size:  # once: re-serializing every event would slow the receiving loop it measures
+                        size = len(event.model_dump_json())
 
         for _ in range(sequential):
             await asyncio.gather(*(one() for _ in range(streams)))
