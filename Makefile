@@ -69,8 +69,9 @@ test: install redis-server chromium
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -q
 
-# Issue 18's benchmarks in one run (~5 min): the project beside plain arq/Redis and the Agents SDK (its own
-# .bench-venv, made on first use), the SSE parser, the durability bench, and a PASS/MISS line per acceptance line.
+# Issue 18's benchmarks (~8 min): the project beside plain arq/Redis and the Agents SDK (its own .bench-venv,
+# made on first use; bench/distributed.py runs three times, figures are medians), the SSE parser, the
+# durability bench, and a PASS/MISS line per acceptance line.
 bench: install redis-server
 	$(BIN)/python bench/report.py
 

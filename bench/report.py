@@ -7,7 +7,11 @@ Agents SDK), ``bench/sse_parser.py`` (part e, printed as it prints itself) and
 recorded before issue 18), then prints a Markdown table ready to paste into
 BENCHMARKS.md.
 
-Usage: ``.venv/bin/python bench/report.py [--quick] [--no-anchors] [--only-distributed]``
+``--runs N`` (default 3) runs ``bench/distributed.py`` N times and reports the
+median of each figure over the runs (ratios are taken between medians), so one
+noisy minute on a shared machine does not decide a line.
+
+Usage: ``.venv/bin/python bench/report.py [--quick] [--no-anchors] [--only-distributed] [--runs N]``
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -292,11 +297,26 @@ def run(argv: list[str], label: str) -> str | None:
     return done.stdout
 
 
+def median_figures(runs: list[Any]) -> Any:
+    """The figures of several runs of ``bench/distributed.py`` merged: the median of each number,
+    key by key (a key missing from some runs: the median of those that have it); other values
+    (strings, flags) from the first run."""
+    first = runs[0]
+    if isinstance(first, dict):
+        keys = dict.fromkeys(key for run in runs if isinstance(run, dict) for key in run)
+        return {key: median_figures([run[key] for run in runs if isinstance(run, dict) and key in run])
+                for key in keys}
+    if all(isinstance(value, int | float) and not isinstance(value, bool) for value in runs):
+        return statistics.median(runs)
+    return first
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-anchors", action="store_true")
     parser.add_argument("--only-distributed", action="store_true", help="skip sse_parser.py and durability.py")
+    parser.add_argument("--runs", type=int, default=3, help="runs of bench/distributed.py; figures are medians")
     args = parser.parse_args()
     started = time.monotonic()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} CPUs")
@@ -312,11 +332,17 @@ def main() -> None:
             text = run(["bench/durability.py"], "durability (acceptance 7)") or ""
             print(text)
             durability = {k: float(m.group(1)) for k, rx in _DURABILITY.items() if (m := re.search(rx, text))}
-        out = Path(tmp) / "distributed.json"
         flags = [flag for flag, on in (("--quick", args.quick), ("--no-anchors", args.no_anchors)) if on]
-        if run(["bench/distributed.py", *flags, "--out", str(out)], "distributed parts a–d, f") is None:
-            raise SystemExit("bench/distributed.py failed")
-        figures = json.loads(out.read_text())
+        runs = []
+        for number in range(1, args.runs + 1):
+            out = Path(tmp) / f"distributed-{number}.json"
+            label = f"distributed parts a–d, f (run {number} of {args.runs})"
+            if run(["bench/distributed.py", *flags, "--out", str(out)], label) is None:
+                raise SystemExit("bench/distributed.py failed")
+            runs.append(json.loads(out.read_text()))
+        figures = median_figures(runs)
+    if args.runs > 1:
+        print(f"\nmedians over {args.runs} runs of bench/distributed.py")
     print(render(figures, durability, sse))
     print(
         f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "

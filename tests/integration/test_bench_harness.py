@@ -40,3 +40,14 @@ def test_quick_run_produces_every_figure(tmp_path):
     assert all(project != "—" for _, project, _, _ in table(f))  # every project figure, even without anchors
     judged = [line for line in acceptance(f, None) if not line.startswith("n/a")]
     assert [line[6:8] for line in judged] == ["1.", "1.", "4.", "6."]  # the lines needing no anchor are judged
+
+
+def test_several_runs_are_merged_into_medians_figure_by_figure():
+    from bench.report import median_figures
+
+    runs = [
+        {"quick": True, "tool_hop": {"p50": 5.0, "n": 200}, "only_here": {"x": 1.0}},
+        {"quick": True, "tool_hop": {"p50": 1.0, "n": 200}},
+        {"quick": True, "tool_hop": {"p50": 3.0, "n": 200}},
+    ]
+    assert median_figures(runs) == {"quick": True, "tool_hop": {"p50": 3.0, "n": 200}, "only_here": {"x": 1.0}}
