@@ -116,12 +116,35 @@ class EventLog:
         :meth:`publish`, fenced once by ``attempt`` (or :data:`WHILE_RUNNING`). The call's reply is the
         first event's ``seq``, or -1 when fenced off (none published). Run it with
         :func:`smith_client.scripts.execute`."""
+        scripts.PUBLISH_BATCH.queue(pipe, *self._publish_many_call(turn_id, events, agent_path, attempt, call_path))
+
+    async def publish_many(
+        self,
+        turn_id: str,
+        events: list[EventData],
+        agent_path: list[str] | None,
+        attempt: int,
+        call_path: list[str] | None = None,
+    ) -> int:
+        """:meth:`queue_publish_many` as a call of its own (no pipeline): returns the first event's
+        ``seq``, or -1 when fenced off (none published)."""
+        keys, args = self._publish_many_call(turn_id, events, agent_path, attempt, call_path)
+        return int(await scripts.PUBLISH_BATCH(self._redis, keys, args))
+
+    def _publish_many_call(
+        self,
+        turn_id: str,
+        events: list[EventData],
+        agent_path: list[str] | None,
+        attempt: int,
+        call_path: list[str] | None,
+    ) -> tuple[list[str], list[Any]]:
         keys = self._keys
         script_keys = [keys.turn_seq(turn_id), keys.turn_log(turn_id), keys.turn_events_channel(turn_id)]
         script_keys.append(keys.turn_state(turn_id))
         bodies = [_body(turn_id, data, agent_path, call_path)[1:] for data in events]
         fence = "" if attempt == WHILE_RUNNING else attempt
-        scripts.PUBLISH_BATCH.queue(pipe, script_keys, [self._max_len, self._ttl, fence, *bodies])
+        return script_keys, [self._max_len, self._ttl, fence, *bodies]
 
     async def read(self, turn_id: str, after_seq: int = 0, count: int | None = None) -> list[Event]:
         """Events with ``seq > after_seq`` from the replay log, in order.

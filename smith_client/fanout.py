@@ -53,8 +53,11 @@ class Subscription:
 
     async def receive(self, timeout: float) -> dict[str, Any] | None:
         """The next message (redis-py's dict, ``data`` bytes), or None after ``timeout`` seconds or on a gap."""
-        try:
-            return await asyncio.wait_for(self.queue.get(), timeout)
+        if not self.queue.empty():  # a stream's events come in bursts: no timer for those already here
+            return self.queue.get_nowait()
+        try:  # not wait_for: on Python 3.11 it wraps the get in a task of its own, per message
+            async with asyncio.timeout(timeout):
+                return await self.queue.get()
         except TimeoutError:
             return None
 

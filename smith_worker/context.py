@@ -110,6 +110,15 @@ class AgentContext:
             pipe, self.turn_id, events, self.agent_path, self.attempt.attempt, self.call_path
         )
 
+    async def publish_many(self, events: list[EventData]) -> None:
+        """Publish consecutive ``events`` of this loop in one script call of its own, fenced by the attempt
+        (:meth:`EventLog.publish_many`). Raises :class:`StaleAttemptError`."""
+        self.published(
+            await self.runtime.events.publish_many(
+                self.turn_id, events, self.agent_path, self.attempt.attempt, self.call_path
+            )
+        )
+
     def published(self, reply: Any) -> None:
         """Check a queued publish's reply. Raises :class:`StaleAttemptError`."""
         if int(reply) < 0:

@@ -283,15 +283,6 @@ class AgentLoop:
             self._unpublished += [_completed_data(index, call)]
         return response
 
-    async def _publish_all(self, events: list[EventData]) -> None:
-        """Publish consecutive events of this loop in one script call (none: no call). Raises
-        :class:`StaleAttemptError`."""
-        if events:
-            batch = await scripts.execute(
-                self.rt.redis, lambda pipe: self.ctx.queue_publish(pipe, events), transaction=False
-            )
-            self.ctx.published(batch[0])
-
     def _sampling(self) -> SamplingParams | None:
         """The turn's sampling override (seed §15.1 ``AgentRequest.sampling``).
 
@@ -324,7 +315,7 @@ class AgentLoop:
         """A streamed model call whose events are published behind the stream (:class:`EventBatcher`).
         The events not sent when it returns wait in :attr:`_unpublished` for the reply's append;
         those that arrived before a failed call are published."""
-        batcher = EventBatcher(self._publish_all)
+        batcher = EventBatcher(self.ctx.publish_many)
         try:
             response = await llm.complete_stream(request, lambda event: self._on_stream_event(spec, event, batcher))
             self._unpublished = await batcher.detach()
