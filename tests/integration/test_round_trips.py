@@ -13,7 +13,6 @@ import redis.asyncio
 from smith_client.jobs import REPLY_INLINE_MAX, ToolJob, ToolOutcome
 from smith_client.messages import ToolCall, ToolMessage
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
-
 from tests.support.scripted_llm import Reply, Script
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
@@ -99,7 +98,8 @@ async def _tool_message(client, turn_id: str) -> ToolMessage:
 
 # the tool dispatch's enqueue (which also says whether the call is answered), the tool worker's "answered
 # already?" check, its store with the tool.result event and the reply; before: a GET before the enqueue, a
-# SET NX then a pipeline with the PUBLISH of the key, and a GET after the wake-up
+# SET NX then a pipeline with the PUBLISH of the key, and a GET after the wake-up (a hop over the waiter's 1 s
+# re-check interval would add a GET of its own)
 HOP = ["EVALSHA", "EXISTS", "EVALSHA"]
 
 
