@@ -6,11 +6,14 @@ client, :func:`enqueue_call`: the ``enqueue`` script (``lua/enqueue.lua``)
 writes arq 0.28's job record exactly as ``ArqRedis.enqueue_job`` does, adds
 the job to the queue and pushes a token on the queue's wake-up list
 (:meth:`Keys.wake_list`) in the same round trip, so an idle worker blocked
-on that list starts the job at once instead of at its next poll.
+on that list starts the job at once instead of at its next poll. A tool
+dispatch asks, in the same round trip, whether the call is answered already
+(:func:`enqueue_unless`).
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 from arq.constants import expires_extra_ms
@@ -21,19 +24,39 @@ from smith_client.keys import WAKE_CAP, WAKE_TTL, Keys, now_ms
 from smith_client.serialization import job_serializer
 
 
+class Enqueued(enum.Enum):
+    """What :func:`enqueue_unless` did (the ``enqueue`` script's reply)."""
+
+    #: the job is on the queue now
+    NEW = 1
+    #: nothing enqueued: arq already has that job id queued, running or holding a result
+    EXISTING = 0
+    #: nothing enqueued: the skip key exists
+    SKIPPED = -1
+
+
 def enqueue_call(
-    function: str, payload: Any, *, job_id: str, queue: str, defer: float | None = None
+    function: str,
+    payload: Any,
+    *,
+    job_id: str,
+    queue: str,
+    defer: float | None = None,
+    skip_key: str | None = None,
 ) -> tuple[list[str], list[Any]]:
     """The ``KEYS`` and ``ARGV`` of the ``enqueue`` script for one job.
 
     ``payload`` is the job function's one argument; ``defer`` (seconds) delays
     the job as arq's ``_defer_by`` does (score = now + defer, job record kept
     that much longer). Enqueue time and score are epoch ms of the local clock, as in arq.
+    With ``skip_key``, nothing is enqueued when that key exists (see :class:`Enqueued`).
     """
     now = now_ms()
     score = now + round(defer * 1000) if defer else now
     job = serialize_job(function, (payload,), {}, None, now, serializer=job_serializer)
     keys = [Keys.arq_job(job_id), Keys.arq_result(job_id), queue, Keys.wake_list(queue)]
+    if skip_key is not None:
+        keys.append(skip_key)
     return keys, [score - now + expires_extra_ms, job, score, job_id, WAKE_TTL, WAKE_CAP]
 
 
@@ -47,3 +70,15 @@ async def enqueue_job(
     """
     keys, args = enqueue_call(function, payload, job_id=job_id, queue=queue, defer=defer)
     return bool(await scripts.ENQUEUE(redis, keys, args))
+
+
+async def enqueue_unless(
+    redis: Any, function: str, payload: Any, *, job_id: str, queue: str, skip_key: str
+) -> Enqueued:
+    """:func:`enqueue_job`, unless ``skip_key`` exists (checked in the same script call, one round trip).
+
+    A tool dispatch passes the call's result key, so an answered call is not run again and the
+    turn learns it is answered without a read of its own. Raises redis-py's errors.
+    """
+    keys, args = enqueue_call(function, payload, job_id=job_id, queue=queue, skip_key=skip_key)
+    return Enqueued(int(await scripts.ENQUEUE(redis, keys, args)))

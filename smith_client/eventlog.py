@@ -68,13 +68,13 @@ class EventLog:
         the event; return 0 when it was already set. ``call_path`` is a sub-agent's
         (see :mod:`smith_client.events`).
         """
-        keys, args = self._publish_call(turn_id, data, agent_path, attempt, once_key, call_path)
+        keys, args = self.publish_args(turn_id, data, agent_path, attempt, once_key, call_path)
         return int(await scripts.PUBLISH(self._redis, keys, args))
 
     # ``attempt`` for the publish helpers: an attempt number fences on that attempt
     # and a running turn; WHILE_RUNNING on a running turn only (tool workers); None: no fence.
 
-    def _publish_call(
+    def publish_args(
         self,
         turn_id: str,
         data: EventData,
@@ -83,6 +83,8 @@ class EventLog:
         once_key: str | None = None,
         call_path: list[str] | None = None,
     ) -> tuple[list[str], list[Any]]:
+        """The KEYS and ARGV of ``lua/publish.lua`` for a :meth:`publish` with this log's cap and TTL, for a
+        script that publishes an event as one of its steps (``lua/store_tool_result.lua``)."""
         return publish_script_args(
             self._keys, turn_id, data, agent_path, attempt, self._max_len, once_key=once_key, call_path=call_path
         )
@@ -99,7 +101,7 @@ class EventLog:
     ) -> None:
         """Queue a :meth:`publish` (fenced with ``attempt``, once per ``once_key``) on a pipeline;
         run it with :func:`smith_client.scripts.execute`."""
-        keys, args = self._publish_call(turn_id, data, agent_path, attempt, once_key, call_path)
+        keys, args = self.publish_args(turn_id, data, agent_path, attempt, once_key, call_path)
         scripts.PUBLISH.queue(pipe, keys, args)
 
     def queue_publish_many(

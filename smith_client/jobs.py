@@ -15,6 +15,9 @@ from smith_client.messages import ToolCall, UserMessage
 RUN_TURN = "run_turn"
 RUN_TOOL = "run_tool"
 
+#: Largest outcome JSON (bytes) a tool worker's reply carries; a larger one is read from its result key.
+REPLY_INLINE_MAX = 64 * 1024
+
 
 #: Request fields the framework owns; ``Sampling.extra`` may not set them (seed §8.2).
 RESERVED_REQUEST_KEYS = frozenset({"model", "messages", "tools", "tool_choice", "stream"})
@@ -104,3 +107,14 @@ class ToolOutcome(BaseModel):
     is_error: bool = False
     structured: Any = None
     worker: str | None = None
+
+
+def parse_reply(data: bytes) -> tuple[str, bytes | None]:
+    """Split a message of a turn worker's reply channel into ``(result key, outcome JSON or None)``.
+
+    The tool worker (``lua/store_tool_result.lua``) sends the result key, a newline and the outcome JSON once the
+    outcome is stored, or the bare result key when the JSON is over :data:`REPLY_INLINE_MAX` bytes
+    (the waiter then reads the key). A key never holds a newline (ids are ``[A-Za-z0-9_.:@-]``).
+    """
+    key, _, outcome = data.partition(b"\n")
+    return key.decode(), outcome or None

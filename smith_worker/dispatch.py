@@ -4,10 +4,14 @@ Each call of a step becomes a job on the tools queue (job id from prefix +
 turn id + step + position) and all of a step's calls are awaited
 concurrently (seed §10.4). Waiting does not use arq's ``Job.result()``, which
 polls every 0.5 s (arq-notes.md §1.5): the tool worker stores the outcome
-under the call's result key and publishes that key on the turn worker's
-reply channel; one :class:`ReplyListener` per process wakes the waiter. The
-waiter also re-reads the key every ``recheck_interval`` seconds, which covers
-a lost pub/sub message (arq-notes.md §4.1).
+under the call's result key and publishes that key, with the outcome when it
+is small (:func:`~smith_client.jobs.parse_reply`), on the turn worker's reply
+channel; one :class:`ReplyListener` per process wakes the waiter, which reads
+the key only when the message did not carry the outcome. The waiter also
+re-reads the key every ``recheck_interval`` seconds, which covers a lost
+pub/sub message (arq-notes.md §4.1). The key stays the durable record: the
+enqueue itself says when the call is answered already (a resumed turn), and
+the waiter reads the outcome from it then.
 
 When a job has not answered ``timeout + pickup_grace`` seconds after it was
 enqueued (no tool worker, or a stuck one), the turn records a timeout error
@@ -28,8 +32,8 @@ from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
 from smith_client import scripts
-from smith_client.enqueue import enqueue_job
-from smith_client.jobs import RUN_TOOL, ToolJob, ToolOutcome
+from smith_client.enqueue import Enqueued, enqueue_unless
+from smith_client.jobs import RUN_TOOL, ToolJob, ToolOutcome, parse_reply
 from smith_client.keys import ABORT_ENTRY_TTL, Keys, now_ms
 from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
 from smith_worker.tasks import cancel_and_wait
@@ -43,12 +47,33 @@ MAX_IDEMPOTENT_RERUNS = 1
 LISTEN_BOUND = 5.0
 
 
+class Reply:
+    """The wake-up of one waiter of a tool call (see :meth:`ReplyListener.register`)."""
+
+    def __init__(self) -> None:
+        self._announced = asyncio.Event()
+        self._outcome: bytes | None = None
+
+    def deliver(self, outcome: bytes | None) -> None:
+        """The call's result key was announced, with its outcome JSON or None (then it is read from the key)."""
+        self._outcome = outcome or self._outcome
+        self._announced.set()
+
+    async def wait(self) -> None:
+        """Return once the result key has been announced (at once when it was already)."""
+        await self._announced.wait()
+
+    def outcome(self) -> ToolOutcome | None:
+        """The outcome the announcement carried; None when none did (not announced yet, or over the size cap)."""
+        return ToolOutcome.model_validate_json(self._outcome) if self._outcome else None
+
+
 class ReplyListener:
     """One pub/sub subscription per turn-worker process.
 
     It wakes the waiters of finished tool jobs (messages on ``channel`` name a
-    result key) and passes control messages (on ``control_channel``, a turn
-    id to cancel) to ``on_control``.
+    result key, see :func:`~smith_client.jobs.parse_reply`) and passes control
+    messages (on ``control_channel``, a turn id to cancel) to ``on_control``.
     """
 
     def __init__(
@@ -65,7 +90,7 @@ class ReplyListener:
         self.channel = channel
         self._control_channel = control_channel
         self._on_control = on_control
-        self._waiters: dict[str, asyncio.Event] = {}
+        self._waiters: dict[str, Reply] = {}
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -82,9 +107,9 @@ class ReplyListener:
         """Unsubscribe and stop dispatching."""
         await cancel_and_wait(self._task)
 
-    def register(self, result_key: str) -> asyncio.Event:
-        """An event set when ``result_key`` is announced on the channel."""
-        return self._waiters.setdefault(result_key, asyncio.Event())
+    def register(self, result_key: str) -> Reply:
+        """The wake-up of ``result_key``'s waiter, delivered when the key is announced on the channel."""
+        return self._waiters.setdefault(result_key, Reply())
 
     def discard(self, result_key: str) -> None:
         """Forget the waiter of ``result_key``."""
@@ -100,7 +125,7 @@ class ReplyListener:
                     await self._resubscribe(pubsub)
                     continue
                 if message and message.get("type") == "message":
-                    self._dispatch(message["channel"].decode(), message["data"].decode())
+                    self._dispatch(message["channel"].decode(), message["data"])
         finally:
             with contextlib.suppress(*REDIS_DOWN_ERRORS):
                 await pubsub.aclose()
@@ -115,14 +140,15 @@ class ReplyListener:
         await self._health.until_ok("the reply channel", subscribe)
         logger.info("reply channel %s subscribed again", self.channel)
 
-    def _dispatch(self, channel: str, data: str) -> None:
+    def _dispatch(self, channel: str, data: bytes) -> None:
         if channel == self._control_channel:
             if self._on_control is not None:
-                self._on_control(data)
+                self._on_control(data.decode())
             return
-        waiter = self._waiters.get(data)
+        result_key, outcome = parse_reply(data)
+        waiter = self._waiters.get(result_key)
         if waiter is not None:
-            waiter.set()
+            waiter.deliver(outcome)
 
 
 async def abort_job(redis: Redis, keys: Keys, job_id: str) -> None:
@@ -186,13 +212,13 @@ class ToolJobWaiter:
 
     async def run(self, job: ToolJob) -> tuple[ToolOutcome, bool]:
         """Return ``(outcome, produced_here)``; ``produced_here`` is True when this side wrote a timeout error."""
-        wake = self._listener.register(job.result_key)
+        reply = self._listener.register(job.result_key)
         job_id = self._keys.tool_job_id(job.turn_id, job.step, job.index, job.position)
         try:
-            outcome = await self._stored(job.result_key)
-            if outcome is None:
-                await self._enqueue(job, job_id)
-                outcome, job_id = await self._wait(job, job_id, wake)
+            if await self._enqueue(job, job_id):
+                outcome, job_id = await self._wait(job, job_id, reply)
+            else:  # answered already (a resumed turn): the key has the outcome
+                outcome = await self._stored(job.result_key)
             if outcome is not None:
                 return outcome, False
             reason = (
@@ -204,19 +230,28 @@ class ToolJobWaiter:
         finally:
             self._listener.discard(job.result_key)
 
-    async def _enqueue(self, job: ToolJob, job_id: str) -> None:
-        # A no-op when this job id is still queued or running (a re-run turn re-attaches to it).
-        await enqueue_job(
-            self._redis, RUN_TOOL, job.model_dump(mode="json"), job_id=job_id, queue=self._keys.tools_queue
+    async def _enqueue(self, job: ToolJob, job_id: str) -> bool:
+        """Enqueue the call's job unless the call is answered (then False). Enqueues nothing either when
+        this job id is still queued or running: a re-run turn re-attaches to it."""
+        done = await enqueue_unless(
+            self._redis,
+            RUN_TOOL,
+            job.model_dump(mode="json"),
+            job_id=job_id,
+            queue=self._keys.tools_queue,
+            skip_key=job.result_key,
         )
+        return done is not Enqueued.SKIPPED
 
-    async def _wait(self, job: ToolJob, job_id: str, wake: asyncio.Event) -> tuple[ToolOutcome | None, str]:
+    async def _wait(self, job: ToolJob, job_id: str, reply: Reply) -> tuple[ToolOutcome | None, str]:
         """Wait for the outcome; returns ``(None, "")`` when the call was lost with its tool worker."""
         deadline = time.monotonic() + job.timeout + self._grace
         while (remaining := deadline - time.monotonic()) > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), min(self._recheck, remaining))
-            outcome = await self._stored(job.result_key)
+                await asyncio.wait_for(reply.wait(), min(self._recheck, remaining))
+            outcome = reply.outcome()
+            if outcome is None:  # not announced (a lost message: the re-check), or announced without it
+                outcome = await self._stored(job.result_key)
             if outcome is not None:
                 return outcome, job_id
             if await self._runner_died(job):

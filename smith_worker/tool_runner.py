@@ -16,7 +16,7 @@ from typing import Any
 from smith_client import scripts
 from smith_client.eventlog import WHILE_RUNNING
 from smith_client.events import tool_result_data
-from smith_client.jobs import ToolJob, ToolOutcome
+from smith_client.jobs import REPLY_INLINE_MAX, ToolJob, ToolOutcome
 from smith_worker.redaction import redact_text
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.sources import ToolSource
@@ -102,23 +102,14 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
 
 
 async def _store(rt: WorkerRuntime, job: ToolJob, outcome: ToolOutcome) -> bool:
-    """Store the outcome (first writer wins); when stored, publish ``tool.result`` and wake the turn."""
-    stored = await rt.redis.set(job.result_key, outcome.model_dump_json(), nx=True, ex=rt.keys.turn_ttl)
-    if stored:  # the event, then the waiting turn's wake-up, in one round trip
-        once = rt.keys.tool_result_published(job.turn_id, job.step, job.index, job.position)
-
-        def fill(pipe: Any) -> None:
-            # never after the turn's terminal event, and never twice (a turn between attempts publishes it on resume)
-            rt.events.publish_in(
-                pipe,
-                job.turn_id,
-                tool_result_data(job, outcome),
-                job.agent_path,
-                WHILE_RUNNING,
-                once_key=once,
-                call_path=job.call_path,
-            )
-            pipe.publish(job.reply_channel, job.result_key)  # a repeat after NOSCRIPT only wakes the waiter again
-
-        await scripts.execute(rt.redis, fill, transaction=False)
-    return bool(stored)
+    """Store the outcome (first writer wins); when stored, publish ``tool.result`` and wake the turn with the
+    outcome, all in one script call (``lua/store_tool_result.lua``; all or nothing, so a retry after a lost
+    reply finds the result stored and sends nothing twice)."""
+    once = rt.keys.tool_result_published(job.turn_id, job.step, job.index, job.position)
+    # never after the turn's terminal event, and never twice (a turn between attempts publishes it on resume)
+    event_keys, event_args = rt.events.publish_args(
+        job.turn_id, tool_result_data(job, outcome), job.agent_path, WHILE_RUNNING, once, job.call_path
+    )
+    script_keys = [job.result_key, job.reply_channel, *event_keys]
+    script_args = [outcome.model_dump_json(), rt.keys.turn_ttl, REPLY_INLINE_MAX, *event_args]
+    return bool(await scripts.STORE_TOOL_RESULT(rt.redis, script_keys, script_args))

@@ -1,8 +1,11 @@
 -- arq's enqueue_job in one round trip, for every enqueuer (smith_client/enqueue.py): the same job
 -- record (arq's serializer) and the same rule, a job id already queued, running or holding a result
 -- is not enqueued again; atomic in one script instead of WATCH/MULTI. It also wakes the queue's workers.
--- KEYS: arq job key, arq result key, queue, wake-up list.
+-- KEYS: arq job key, arq result key, queue, wake-up list[, skip key].
 -- ARGV: job expiry ms, job bytes, score ms, job id, wake-up list TTL s, wake-up list cap.
+-- Replies 1 when enqueued, 0 when arq has the job id, -1 when the skip key exists (a tool call's
+-- result key: the call is answered already, so its job is not enqueued again; smith_worker/dispatch.py).
+if KEYS[5] and redis.call('EXISTS', KEYS[5]) == 1 then return -1 end
 if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then return 0 end
 redis.call('PSETEX', KEYS[1], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])

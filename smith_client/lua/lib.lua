@@ -44,3 +44,28 @@ local function wake(list, ttl, cap)
   redis.call('LTRIM', list, -tonumber(cap), -1)
   redis.call('EXPIRE', list, ttl)
 end
+
+-- True when a publish fenced by the turn's `state` is dropped: the turn is not running, or `attempt`
+-- (unless '') is not its current attempt (publish.lua, publish_batch.lua).
+local function fenced_off(state, attempt)
+  return redis.call('HGET', state, 'status') ~= 'running'
+         or (attempt ~= '' and redis.call('HGET', state, 'attempt') ~= attempt)
+end
+
+-- Publish one event of a turn (publish.lua has the contract; store_tool_result.lua publishes with it too):
+-- `state` and `once` may be nil, `attempt` is only read with `state`. Returns the seq, -1 when fenced off,
+-- 0 when `once` was set already.
+local function publish_event(seq_key, log, channel, state, once, body, max_len, ttl, attempt)
+  if state and fenced_off(state, attempt) then return -1 end
+  if once then
+    if redis.call('EXISTS', once) == 1 then return 0 end
+    redis.call('SET', once, '1', 'EX', ttl)
+  end
+  local seq = redis.call('INCR', seq_key)
+  redis.call('EXPIRE', seq_key, ttl)
+  local payload = '{"seq":' .. seq .. ',' .. body
+  redis.call('XADD', log, 'MAXLEN', '~', max_len, '0-' .. seq, 'e', payload)
+  redis.call('EXPIRE', log, ttl)
+  redis.call('PUBLISH', channel, payload)
+  return seq
+end

@@ -8,18 +8,4 @@
 -- marker, which needs the state key), the event is published only if the marker is absent (else 0),
 -- and the marker is set with it: an event several processes may try to publish (a tool result
 -- landing while its turn changes attempts) goes out exactly once.
-if KEYS[4] and (redis.call('HGET', KEYS[4], 'status') ~= 'running'
-                or (ARGV[4] ~= '' and redis.call('HGET', KEYS[4], 'attempt') ~= ARGV[4])) then
-  return -1
-end
-if KEYS[5] then
-  if redis.call('EXISTS', KEYS[5]) == 1 then return 0 end
-  redis.call('SET', KEYS[5], '1', 'EX', ARGV[3])
-end
-local seq = redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-local payload = '{"seq":' .. seq .. ',' .. ARGV[1]
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '0-' .. seq, 'e', payload)
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-redis.call('PUBLISH', KEYS[3], payload)
-return seq
+return publish_event(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[4])

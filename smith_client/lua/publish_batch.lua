@@ -4,10 +4,7 @@
 -- Each event gets the next seq and its own log entry and PUBLISH, exactly as publish.lua would give it, so a
 -- subscriber sees no difference; the fence (as publish.lua's, ARGV[3] '' for any attempt) is checked once
 -- for the whole batch. Returns the first event's seq, or -1 when fenced off (nothing published).
-if KEYS[4] and (redis.call('HGET', KEYS[4], 'status') ~= 'running'
-                or (ARGV[3] ~= '' and redis.call('HGET', KEYS[4], 'attempt') ~= ARGV[3])) then
-  return -1
-end
+if KEYS[4] and fenced_off(KEYS[4], ARGV[3]) then return -1 end
 local count = #ARGV - 3
 local last = redis.call('INCRBY', KEYS[1], count)
 redis.call('EXPIRE', KEYS[1], ARGV[2])

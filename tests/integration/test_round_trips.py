@@ -1,12 +1,18 @@
 """The Redis commands of a text turn and of a one-tool turn stay few (issue 18), counted with INFO commandstats
-on the test's private redis-server, idle workers included (their polling sends none of the commands counted)."""
+on the test's private redis-server, idle workers included (their polling sends none of the commands counted);
+a tool worker's reply carries the outcome, so the turn reads no result key unless it is oversized."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
+import redis.asyncio
 
+from smith_client.jobs import REPLY_INLINE_MAX, ToolJob, ToolOutcome
+from smith_client.messages import ToolCall, ToolMessage
+from smith_worker.dispatch import ReplyListener, ToolJobWaiter
 from tests.support.scripted_llm import Reply, Script
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
@@ -20,11 +26,11 @@ async def _calls(client) -> dict[str, int]:
     return {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in COUNTED}
 
 
-async def _per_turn(client, marker: str) -> dict[str, float]:
-    await client.send(marker, conversation_id=f"warm-{uuid.uuid4().hex[:8]}", timeout=60)
+async def _per_turn(client, marker: str, agent: str = "default") -> dict[str, float]:
+    await client.send(marker, conversation_id=f"warm-{uuid.uuid4().hex[:8]}", agent=agent, timeout=60)
     before = await _calls(client)
     for _ in range(TURNS):
-        await client.send(marker, conversation_id=f"rt-{uuid.uuid4().hex[:8]}", timeout=60)
+        await client.send(marker, conversation_id=f"rt-{uuid.uuid4().hex[:8]}", agent=agent, timeout=60)
     after = await _calls(client)
     return {name: (after[name] - before[name]) / TURNS for name in COUNTED}
 
@@ -44,8 +50,10 @@ async def test_a_text_turn_sends_few_scripts_and_no_log_or_registry_reads(client
 async def test_a_tool_turn_sends_few_scripts_and_no_log_or_registry_reads(client, scenario):
     _, marker = scenario(Script(Reply.tool_calls([("add", {"a": 1, "b": 2})]), Reply.text("3")))
     counts = await _per_turn(client, marker)
-    # before issue 18: 25 EVALSHA, 2 XRANGE, 1 MGET per one-tool turn; + 2 for the turn's and the tool's enqueue
-    assert counts["evalsha"] <= 26.5, counts
+    # before issue 18: 25 EVALSHA, 2 XRANGE, 1 MGET per one-tool turn; + 2 for the turn's and the tool's enqueue;
+    # the tool worker's store, tool.result event and reply are one script call (lua/store_tool_result.lua), the
+    # round trips of the call's hop are counted below
+    assert counts["evalsha"] <= 26, counts
     assert counts["xrange"] <= 0.5 and counts["mget"] <= 0.5, counts
 
 
@@ -55,3 +63,84 @@ async def test_a_burst_of_tokens_goes_out_in_few_script_calls(client, scenario):
     counts = await _per_turn(client, marker)
     # one script call per token before: 60 + the turn's 11 others; batched, a handful
     assert counts["evalsha"] <= 30, counts
+
+
+async def _hop(client, redis_url: str, marker: str, agent: str) -> tuple[list[str], list[bytes], str]:
+    """One tool turn seen from Redis: the commands that name its call's result key sent by clients (not by
+    scripts), the messages on the turn workers' reply channels, and the turn's id."""
+    seen: list[dict] = []
+    end = f"end-{uuid.uuid4().hex}"
+    monitored = redis.asyncio.Redis.from_url(redis_url)
+    pubsub = client.redis.pubsub()
+    await pubsub.psubscribe(client.keys.worker_replies_channel("*"))
+    assert (await pubsub.get_message(timeout=10))["type"] == "psubscribe"  # subscribed before the turn starts
+    try:
+        async with monitored.monitor() as monitor:
+
+            async def collect() -> None:
+                while end not in (command := await monitor.next_command())["command"]:
+                    seen.append(command)
+
+            collecting = asyncio.create_task(collect())
+            handle = await client.submit(marker, conversation_id=f"hop-{uuid.uuid4().hex[:8]}", agent=agent)
+            await handle.result(timeout=60)
+            await client.redis.echo(end)  # the last command the monitor collects
+            await asyncio.wait_for(collecting, 30)
+        messages = []  # all published before the turn's next step, so they are in by now
+        while (message := await pubsub.get_message(timeout=0.5)) is not None:
+            messages.append(message["data"])
+    finally:
+        await pubsub.aclose()
+        await monitored.aclose()
+    key = client.keys.tool_result(handle.turn_id, 1, 0)
+    named = [c["command"].split() for c in seen if c["client_type"] != "lua"]
+    return [words[0].upper() for words in named if key in words], messages, handle.turn_id
+
+
+async def _tool_message(client, turn_id: str) -> ToolMessage:
+    conversation = (await client.turn(turn_id).state())["conversation_id"]
+    [tool] = [m for m in await client.history(conversation) if isinstance(m, ToolMessage)]
+    return tool
+
+
+# the tool dispatch's enqueue (which also says whether the call is answered), the tool worker's "answered
+# already?" check, its store with the tool.result event and the reply; before: a GET before the enqueue, a
+# SET NX then a pipeline with the PUBLISH of the key, and a GET after the wake-up (a hop over the waiter's 1 s
+# re-check interval would add a GET of its own)
+HOP = ["EVALSHA", "EXISTS", "EVALSHA"]
+
+
+async def test_the_reply_carries_a_small_outcome_and_the_turn_reads_no_result_key(client, redis_url, scenario):
+    _, marker = scenario(Script(Reply.tool_calls([("add", {"a": 1, "b": 2})]), Reply.text("3")))
+    commands, messages, turn_id = await _hop(client, redis_url, marker, "default")
+    key = client.keys.tool_result(turn_id, 1, 0)
+    assert messages == [key.encode() + b"\n" + await client.redis.get(key)]
+    assert commands == HOP  # so the turn took the outcome from the reply: its history has it
+    assert (await _tool_message(client, turn_id)).content == "3"
+
+
+async def test_an_oversized_outcome_is_announced_bare_and_read_from_its_key(client, redis_url, scenario):
+    _, marker = scenario(Script(Reply.tool_calls([("big_structured", {"kib": 100})]), Reply.text("ok")))
+    commands, messages, turn_id = await _hop(client, redis_url, marker, "contain")
+    key = client.keys.tool_result(turn_id, 1, 0)
+    assert len(await client.redis.get(key)) > REPLY_INLINE_MAX and messages == [key.encode()]
+    assert commands == [*HOP, "GET"]  # the turn worker's read after the wake-up
+    assert len((await _tool_message(client, turn_id)).content.encode()) >= 64 * 1024  # all of the capped content
+
+
+async def test_an_answered_call_is_read_from_its_key_and_not_enqueued_again(client):
+    """What a resumed turn does with a call answered before its turn worker died: the enqueue says "answered"."""
+    keys, turn_id = client.keys, f"answered-{uuid.uuid4().hex[:8]}"
+    listener = ReplyListener(client.redis, keys.worker_replies_channel(f"test-{turn_id}"))
+    job = ToolJob(turn_id=turn_id, conversation_id=f"c-{turn_id}", agent="default", step=1, index=0,
+                  call=ToolCall(id="call-1", name="add", arguments={"a": 1, "b": 2}), timeout=5.0,
+                  reply_channel=listener.channel, result_key=keys.tool_result(turn_id, 1, 0))
+    answered = ToolOutcome(content="3", worker="a tool worker gone since")
+    await client.redis.set(job.result_key, answered.model_dump_json(), ex=60)
+    await listener.start()
+    try:
+        assert await ToolJobWaiter(client.redis, keys, listener).run(job) == (answered, False)
+    finally:
+        await listener.stop()
+    job_id = keys.tool_job_id(turn_id, 1, 0)
+    assert not await client.redis.exists(keys.arq_job(job_id), keys.arq_result(job_id))  # never enqueued
