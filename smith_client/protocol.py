@@ -52,16 +52,6 @@ class Transaction:
 
 
 @dataclass(frozen=True)
-class Enqueue:
-    """Enqueue arq job ``job_id`` calling ``function(payload)`` on ``queue``; a no-op if that job id exists."""
-
-    function: str
-    payload: dict[str, Any]
-    job_id: str
-    queue: str
-
-
-@dataclass(frozen=True)
 class Subscribe:
     """Subscribe the operation's pub/sub connection (one per operation, opened on first use) to ``channel``."""
 

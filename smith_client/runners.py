@@ -16,12 +16,10 @@ from typing import Any, cast
 import redis
 from redis.asyncio import Redis
 
-from smith_client import scripts
-from smith_client.enqueue import enqueue_call, enqueue_job
 from smith_client.errors import SmithTimeoutError, TransportError
 from smith_client.events import Event
 from smith_client.fanout import AsyncFanout, SyncFanout
-from smith_client.protocol import Call, Enqueue, Operation, Receive, RunScript, Subscribe, T, Transaction
+from smith_client.protocol import Call, Operation, Receive, RunScript, Subscribe, T, Transaction
 from smith_client.redis_errors import typed_redis_errors
 
 
@@ -67,7 +65,7 @@ def _is_request(item: Any) -> bool:
     return not isinstance(item, (Event, _Done))
 
 
-def _bind(request: Any, client: Any, session: _Session, enqueue: Callable[[Enqueue], Any]) -> Callable[[], Any]:
+def _bind(request: Any, client: Any, session: _Session) -> Callable[[], Any]:
     """The redis-py call that performs ``request`` (the asyncio and the blocking client share method names).
 
     Calling it returns the reply, or with the asyncio client an awaitable of it.
@@ -80,8 +78,6 @@ def _bind(request: Any, client: Any, session: _Session, enqueue: Callable[[Enque
             getattr(pipe, call.command)(*call.args, **call.kwargs)
         execute: Callable[[], Any] = pipe.execute
         return execute
-    if isinstance(request, Enqueue):
-        return functools.partial(enqueue, request)
     # a Subscribe on a connection the caller gave (AsyncRunner.iterate's ``pubsub``)
     return functools.partial(session.pubsub.subscribe, request.channel)
 
@@ -158,10 +154,7 @@ class AsyncRunner(_Closable):
             return await session.subscription.receive(request.timeout)
         if isinstance(request, Receive):  # a connection the caller subscribed (tests)
             return await session.pubsub.get_message(ignore_subscribe_messages=True, timeout=request.timeout)
-        return await _bind(request, self.redis, session, self._enqueue_job)()
-
-    def _enqueue_job(self, request: Enqueue) -> Any:
-        return enqueue_job(self.redis, request.function, request.payload, job_id=request.job_id, queue=request.queue)
+        return await _bind(request, self.redis, session)()
 
 
 class SyncRunner(_Closable):
@@ -215,8 +208,4 @@ class SyncRunner(_Closable):
             return session.subscription.subscribe(request.channel)
         if isinstance(request, Receive):
             return session.subscription.receive(request.timeout)
-        return _bind(request, self.redis, session, self._enqueue_job)()
-
-    def _enqueue_job(self, request: Enqueue) -> bool:
-        keys, args = enqueue_call(request.function, request.payload, job_id=request.job_id, queue=request.queue)
-        return bool(scripts.ENQUEUE.call_sync(self.redis, keys, args))
+        return _bind(request, self.redis, session)()

@@ -34,6 +34,7 @@ import orjson
 
 from smith_client import scripts
 from smith_client import turn_record as record
+from smith_client.enqueue import enqueue_call
 from smith_client.errors import (
     ConflictError,
     ConversationBusyError,
@@ -47,7 +48,7 @@ from smith_client.events import TURN_COMPLETED, TURN_FAILED, Event, TurnCancelle
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage
-from smith_client.protocol import Call, Enqueue, Operation, RunScript
+from smith_client.protocol import Call, Operation, RunScript
 from smith_client.runners import AsyncRunner
 from smith_client.turn_record import decode_state
 from smith_client.validation import check_multitask
@@ -100,20 +101,22 @@ def submit_turn(keys: Keys, job: TurnJob, multitask: str) -> Operation[Submissio
             conversation_id=job.conversation_id, active_turn_id=turn_id,
         )  # fmt: skip
     status = reply[2].decode() if outcome == "attach" and len(reply) > 2 and reply[2] else "queued"
-    if outcome == "new" or (outcome == "attach" and status == "queued"):
-        # Enqueueing again on attach covers a first caller that died between the two
-        # steps; arq ignores a second enqueue of a queued or running job id.
-        yield Enqueue(RUN_TURN, job.model_dump(mode="json"), keys.turn_job_id(job.turn_id), keys.turns_queue)
     return Submission(cast(SubmitOutcome, outcome), turn_id, status)
 
 
 def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]]:
     """The ``SUBMIT`` script's reply (``lua/submit.lua``). ``merge`` and ``interrupt`` touch other turns of
-    the conversation; the script names them (a ``keys`` reply) and is called again with their keys."""
+    the conversation; the script names them (a ``keys`` reply) and is called again with their keys.
+    The script enqueues the turn's arq job itself (a new turn, or one still queued), so submitting
+    is one round trip."""
+    enqueue_keys, enqueue_args = enqueue_call(
+        RUN_TURN, job.model_dump(mode="json"), job_id=keys.turn_job_id(job.turn_id), queue=keys.turns_queue
+    )
     base = (
         keys.turn_state(job.turn_id),
         keys.conversation_turns(job.conversation_id),
         keys.conversation_statuses(job.conversation_id),
+        *enqueue_keys,
     )
     args = (
         job.turn_id,
@@ -127,6 +130,7 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]
         keys.history_ttl,
         job.model_dump_json(),
         keys.control_channel,
+        *enqueue_args,
     )
     others: tuple[str, ...] = ()
     for _ in range(_SUBMIT_TRIES):

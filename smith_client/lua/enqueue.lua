@@ -6,8 +6,4 @@
 -- Replies 1 when enqueued, 0 when arq has the job id, -1 when the skip key exists (a tool call's
 -- result key: the call is answered already, so its job is not enqueued again; smith_worker/dispatch.py).
 if KEYS[5] and redis.call('EXISTS', KEYS[5]) == 1 then return -1 end
-if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then return 0 end
-redis.call('PSETEX', KEYS[1], ARGV[1], ARGV[2])
-redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
-wake(KEYS[4], ARGV[5], ARGV[6])
-return 1
+return enqueue_job(KEYS[1], KEYS[2], KEYS[3], KEYS[4], unpack(ARGV, 1, 6))

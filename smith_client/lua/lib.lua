@@ -45,6 +45,17 @@ local function wake(list, ttl, cap)
   redis.call('EXPIRE', list, ttl)
 end
 
+-- arq's enqueue_job (smith_client/enqueue.py): the job record (arq's serializer), the queue entry and
+-- a wake-up token; nothing when arq already has the job id queued, running or holding a result.
+-- Returns 1 when enqueued, 0 otherwise. Used by enqueue.lua and by submit.lua for a new turn.
+local function enqueue_job(job_key, result_key, queue, wake_list, expiry_ms, job, score, job_id, wake_ttl, wake_cap)
+  if redis.call('EXISTS', job_key, result_key) > 0 then return 0 end
+  redis.call('PSETEX', job_key, expiry_ms, job)
+  redis.call('ZADD', queue, score, job_id)
+  wake(wake_list, wake_ttl, wake_cap)
+  return 1
+end
+
 -- True when a publish fenced by the turn's `state` is dropped: the turn is not running, or `attempt`
 -- (unless '') is not its current attempt (publish.lua, publish_batch.lua).
 local function fenced_off(state, attempt)

@@ -1,29 +1,35 @@
--- Create (or attach to) a turn and apply the conversation's multitask policy (smith_client/turns.py).
--- KEYS: state, conversation FIFO, conversation statuses, then for each turn named in ARGV[12..]:
---       its state, its inbox.
+-- Create (or attach to) a turn and apply the conversation's multitask policy (smith_client/turns.py);
+-- a new turn's arq job is enqueued in the same call (lib.lua's enqueue_job), and again on an attach to
+-- a turn still queued (a first caller may have died before its enqueue; arq's rule makes it a no-op).
+-- KEYS: state, conversation FIFO, conversation statuses, the enqueue keys (arq job, arq result, turns
+--       queue, wake-up list), then for each turn named in ARGV[18..]: its state, its inbox.
 -- ARGV: turn id, fingerprint, conversation, agent, policy, message JSON, now (epoch s),
---       turn TTL s, conversation TTL s, job JSON, control channel, then the ids of the other
+--       turn TTL s, conversation TTL s, job JSON, control channel, the enqueue arguments (job expiry ms,
+--       arq job bytes, score ms, arq job id, wake-up TTL s, wake-up cap), then the ids of the other
 --       turns this call may touch (merge: the last unfinished one; interrupt: all unfinished ones).
 -- Returns {'conflict', id} | {'attach', id, status} | {'busy', id} | {'merged', id} | {'new', id}
 --       | {'keys', ids...}: the turns to touch are not those given; call again naming these.
 local turn_id, fp, conv, agent, policy, msg, now, turn_ttl, conv_ttl, job, control = unpack(ARGV, 1, 11)
 local state, fifo, statuses = KEYS[1], KEYS[2], KEYS[3]
+local function enqueue() return enqueue_job(KEYS[4], KEYS[5], KEYS[6], KEYS[7], unpack(ARGV, 12, 17)) end
 local existing = redis.call('HGET', state, 'fingerprint')
 if existing then
   if existing ~= fp then return {'conflict', turn_id} end
-  return {'attach', turn_id, redis.call('HGET', state, 'status')}
+  local status = redis.call('HGET', state, 'status')
+  if status == 'queued' then enqueue() end
+  return {'attach', turn_id, status}
 end
 local active = unfinished_turns(fifo, statuses)
 if #active > 0 then
   if policy == 'reject' then return {'busy', active[1]} end
   local wanted = {}
   if policy == 'merge' then wanted = {active[#active]} elseif policy == 'interrupt' then wanted = active end
-  local given = {unpack(ARGV, 12)}
+  local given = {unpack(ARGV, 18)}
   local same = #given == #wanted
   for i, id in ipairs(wanted) do same = same and given[i] == id end
   if not same then return {'keys', unpack(wanted)} end
   if policy == 'merge' then
-    local tstate, inbox = KEYS[4], KEYS[5]
+    local tstate, inbox = KEYS[8], KEYS[9]
     if redis.call('HGET', tstate, 'status') == 'running' and redis.call('HGET', tstate, 'inbox_closed') ~= '1' then
       redis.call('RPUSH', inbox, msg)
       redis.call('EXPIRE', inbox, turn_ttl)
@@ -40,8 +46,9 @@ redis.call('HSET', statuses, turn_id, 'queued')
 redis.call('EXPIRE', statuses, conv_ttl)
 if policy == 'interrupt' then
   for i, id in ipairs(active) do
-    redis.call('HSET', KEYS[2 + 2 * i], 'cancel_requested', 'interrupt')
+    redis.call('HSET', KEYS[6 + 2 * i], 'cancel_requested', 'interrupt')
     redis.call('PUBLISH', control, id)
   end
 end
+enqueue()
 return {'new', turn_id}

@@ -109,24 +109,32 @@ def test_cancel_from_a_sync_handle(sync_client, scenario):
         handle.result(timeout=60)
 
 
-def test_the_blocking_enqueue_writes_arq_jobs_once_per_job_id(sync_client, prefix):
-    from arq.constants import job_key_prefix
+def test_the_blocking_submit_enqueues_the_turn_job_in_its_script_once_per_turn_id(sync_client):
     from arq.jobs import deserialize_job
 
-    from smith_client.protocol import Enqueue
+    from smith_client.jobs import TurnJob
+    from smith_client.keys import Keys
+    from smith_client.messages import UserMessage
     from smith_client.serialization import job_deserializer
+    from smith_client.turns import submit_turn
 
-    queue, job_id = f"{prefix}:test-queue", f"{prefix}:job-{uuid.uuid4().hex}"  # a queue no worker serves
-    request = Enqueue("run_turn", {"turn_id": "x"}, job_id, queue)
+    keys = Keys(f"unserved{uuid.uuid4().hex[:8]}")  # a prefix no worker serves: the job stays queued
+    job = TurnJob(turn_id=uuid.uuid4().hex, conversation_id="c1", agent="default", message=UserMessage(content="hi"))
+    job_id = keys.turn_job_id(job.turn_id)
     try:
-        assert sync_client.runner._enqueue_job(request) is True
-        assert sync_client.runner._enqueue_job(request) is False  # like arq: one job per id
-        job = deserialize_job(sync_client.redis.get(job_key_prefix + job_id), deserializer=job_deserializer)
-        assert (job.function, list(job.args), job.kwargs) == ("run_turn", [{"turn_id": "x"}], {})
-        assert sync_client.redis.zscore(queue, job_id) is not None
-        assert 0 < sync_client.redis.pttl(job_key_prefix + job_id) <= 86_400_000
+        assert sync_client.runner.run(submit_turn(keys, job, "enqueue")).outcome == "new"
+        record = sync_client.redis.get(Keys.arq_job(job_id))
+        again = sync_client.runner.run(submit_turn(keys, job, "enqueue"))  # attaches; the enqueue is a no-op
+        assert (again.outcome, again.status) == ("attach", "queued")
+        assert sync_client.redis.get(Keys.arq_job(job_id)) == record  # like arq: one job per id
+        queued = deserialize_job(record, deserializer=job_deserializer)
+        assert (queued.function, list(queued.args), queued.kwargs) == ("run_turn", [job.model_dump(mode="json")], {})
+        assert sync_client.redis.zscore(keys.turns_queue, job_id) is not None
+        assert sync_client.redis.llen(Keys.wake_list(keys.turns_queue)) >= 1  # the workers were woken
+        assert 0 < sync_client.redis.pttl(Keys.arq_job(job_id)) <= 86_400_000
     finally:
-        sync_client.redis.delete(queue, job_key_prefix + job_id)
+        stale = [Keys.arq_job(job_id), keys.turns_queue, Keys.wake_list(keys.turns_queue), keys.turn_state(job.turn_id)]
+        sync_client.redis.delete(*stale, keys.conversation_turns("c1"), keys.conversation_statuses("c1"))
 
 
 def test_redis_down_is_a_typed_transport_error_for_the_blocking_client_too():
