@@ -1,5 +1,8 @@
 """The Redis commands of a text turn and of a one-tool turn stay few (issue 18), counted with INFO commandstats
-on the test's private redis-server, idle workers included (their polling sends none of the commands counted)."""
+on the test's private redis-server, idle workers included (their fallback polls, one claim script each per
+``SMITH_FALLBACK_POLL``, add a tenth at most). commandstats also counts the commands scripts run, so the
+commands counted here are those no script sends: MULTI, WATCH and ZSCORE were arq's per-job start
+(smith_worker/claim.py replaced it with one EVALSHA)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,9 @@ from tests.support.scripted_llm import Reply, Script
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 
 TURNS = 10
-COUNTED = ("evalsha", "xrange", "mget", "subscribe")
+COUNTED = ("evalsha", "xrange", "mget", "subscribe", "multi", "watch", "zscore")
+#: Per turn, arq's start of a job (WATCH, ZSCORE) left to no job: the claim script does it.
+NO_ARQ_START = 0.2
 
 
 async def _calls(client) -> dict[str, int]:
@@ -34,7 +39,11 @@ async def test_a_text_turn_sends_few_scripts_and_no_log_or_registry_reads(client
     counts = await _per_turn(client, marker)
     # before issue 18: 19 EVALSHA (one per event), 2 XRANGE, 1 MGET, 1 SUBSCRIBE per text turn; the
     # enqueue is one more EVALSHA now (lua/enqueue.lua, instead of arq's WATCH/MULTI/EXEC): 20 unbatched
-    assert counts["evalsha"] <= 19.5, counts  # the opening events go in one call
+    # + 2 for claiming jobs (lua/claim.lua, at the job's start and at the poll after its end), which
+    # replaced arq's 2 MULTI, WATCH, ZSCORE and 3 ZRANGEBYSCORE, EXISTS, LPOP (3.9 MULTI per turn before)
+    assert counts["evalsha"] <= 21.5, counts  # the opening events go in one call
+    assert counts["multi"] <= 2.5, counts
+    assert counts["watch"] <= NO_ARQ_START and counts["zscore"] <= NO_ARQ_START, counts
     assert counts["xrange"] <= 0.5 and counts["mget"] <= 0.5, counts
     assert counts["subscribe"] <= 1, counts
 
@@ -43,5 +52,9 @@ async def test_a_tool_turn_sends_few_scripts_and_no_log_or_registry_reads(client
     _, marker = scenario(Script(Reply.tool_calls([("add", {"a": 1, "b": 2})]), Reply.text("3")))
     counts = await _per_turn(client, marker)
     # before issue 18: 25 EVALSHA, 2 XRANGE, 1 MGET per one-tool turn; + 2 for the turn's and the tool's enqueue
-    assert counts["evalsha"] <= 26.5, counts
+    # + 4 for claiming the turn's and the tool's job (a claim at each start and at the poll after each end),
+    # which replaced 6 MULTI (arq's start, run_job's first, its abort check), 2 WATCH, 2 ZSCORE (9 MULTI before)
+    assert counts["evalsha"] <= 30.5, counts
+    assert counts["multi"] <= 3.5, counts
+    assert counts["watch"] <= NO_ARQ_START and counts["zscore"] <= NO_ARQ_START, counts
     assert counts["xrange"] <= 0.5 and counts["mget"] <= 0.5, counts
