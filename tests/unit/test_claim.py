@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 from arq.jobs import Job, serialize_job
-from arq.worker import func
+from arq.worker import Retry, func
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -192,9 +192,18 @@ async def probe(ctx: dict) -> str:
     return "done"
 
 
+async def retried(ctx: dict) -> str:
+    """Asks arq to run it again 0.2 s later on its first try (arq re-queues it with a later score)."""
+    RAN.append({"job_id": ctx["job_id"], "job_try": ctx["job_try"]})
+    if ctx["job_try"] == 1:
+        raise Retry(defer=0.2)
+    return "second try"
+
+
 def tool_worker(redis_url: str, keys: Keys, **settings) -> SmithWorker:
     worker = build_worker(SmithApp(), "tools", Settings(redis_url=redis_url, prefix=keys.prefix, **settings),
-                          functions=[func(probe, name="probe", max_tries=2)], keep_result=60)  # fmt: skip
+                          functions=[func(probe, name="probe", max_tries=2), func(retried, name="retried")],
+                          keep_result=60)  # fmt: skip
     worker.ctx.update(keys=keys, redis=worker.pool)
     return worker
 
@@ -225,6 +234,22 @@ async def test_a_claimed_job_runs_through_arqs_run_job_without_its_first_transac
     for command in ("incrby", "watch", "zscore"):  # arq's start_jobs and run_job send these; the claim does not
         assert calls(after, command) == calls(before, command), command
     assert worker.job_counter == 0 and worker.sem._value == worker.max_jobs + 1
+    await worker.pool.aclose()
+
+
+async def test_a_job_arq_deferred_for_a_retry_is_claimed_again_at_its_time_with_its_next_try(redis_url, redis, keys):
+    RAN.clear()
+    worker = tool_worker(redis_url, keys)
+    await enqueue(redis, keys, "again", function="retried")
+    await poll_and_finish(worker)  # the first try asks for a retry in 0.2 s
+    await worker._poll_iteration()
+    due = int(await redis.zscore(keys.tools_queue, jid(keys, "again")))
+    assert worker._next_due == due and not worker.tasks  # the wait is bounded by it; not claimed before
+    async with asyncio.timeout(5):
+        while (info := await result(redis, jid(keys, "again"))) is None:
+            await asyncio.sleep(0.05)
+            await poll_and_finish(worker)
+    assert info.result == "second try" and [run["job_try"] for run in RAN] == [1, 2]
     await worker.pool.aclose()
 
 
