@@ -134,6 +134,7 @@ class PrefetchedPipeline:
 
     def __init__(self, job: ClaimedJob, keys: Keys, take_aborts: bool, transaction: bool) -> None:
         self._job = job
+        self._take_aborts = take_aborts
         self._queued: list[tuple[Any, ...]] = [("transaction", transaction)]
         retry = keys.arq_retry(job.job_id)
         self._expected: list[tuple[Any, ...]] = [
@@ -162,5 +163,5 @@ class PrefetchedPipeline:
         """The replies of the queued commands, as Redis would have given them when the claim ran."""
         if self._queued != self._expected:
             raise ClaimHandOverError(f"arq's run_job queued {self._queued!r}, claim.lua ran {self._expected!r}")
-        replies: list[Any] = [self._job.record, self._job.job_try, True]
-        return [*replies, int(self._job.aborted)] if len(self._expected) == 5 else replies
+        replies: list[Any] = [self._job.record, self._job.job_try, True]  # GET, INCRBY, EXPIRE
+        return [*replies, int(self._job.aborted)] if self._take_aborts else replies  # ZREM: how many removed
