@@ -88,6 +88,9 @@ ABORT_ENTRY_TTL = 60
 WAKE_TTL = 60
 #: Most tokens a wake-up list keeps (a burst of enqueues with no worker listening must not grow it).
 WAKE_CAP = 100
+#: Lifetime of arq's try counter of a job (:meth:`Keys.arq_retry`), seconds: the value arq 0.28's ``run_job``
+#: gives it, which the claim script (``lua/claim.lua``) sets in its place.
+ARQ_RETRY_TTL = 88400
 
 #: Allowed characters for ids chosen by callers (turn ids, conversation ids, agent names).
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:@-]{1,200}\Z")
@@ -360,6 +363,14 @@ class Keys:
     def arq_abort_set(self) -> str:
         """arq's ZSET of abort requests (job id → request epoch ms)."""
         return abort_jobs_ss
+
+    @staticmethod
+    def arq_claim_prefixes() -> list[str]:
+        """The prefixes of arq's in-progress, job and retry keys, in that order: ``lua/claim.lua`` appends
+        to them the ids of the jobs it claims, which it reads from the queue (so no caller can name those
+        keys beforehand). ``prefix + job_id`` is exactly :meth:`arq_in_progress` / :meth:`arq_job` /
+        :meth:`arq_retry` of the id."""
+        return [in_progress_key_prefix, job_key_prefix, retry_key_prefix]
 
     # SCAN patterns (diagnostics and clean-up: smith_client.hygiene, the demo).
 

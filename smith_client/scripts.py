@@ -8,7 +8,9 @@ Inside a pipeline, :meth:`LuaScript.queue` adds an ``EVALSHA`` and
 :func:`execute` runs the pipeline with the same repair, so no call sends a
 script's text each time and nothing sends ``SCRIPT EXISTS`` before a pipeline
 (as redis-py's ``Script`` objects do). Every key a script touches comes in
-``KEYS``, built by :class:`~smith_client.keys.Keys`; no script builds a key name.
+``KEYS``, built by :class:`~smith_client.keys.Keys`; no script builds a key name,
+except that ``claim.lua`` appends the job ids it reads from a queue to arq's key
+prefixes, which it is given by :meth:`~smith_client.keys.Keys.arq_claim_prefixes`.
 """
 
 from __future__ import annotations
@@ -109,3 +111,4 @@ APPEND = LuaScript("append")
 DRAIN_INBOX = LuaScript("drain_inbox")
 HEAD = LuaScript("head")
 STORE_TOOL_RESULT = LuaScript("store_tool_result")
+CLAIM = LuaScript("claim")

@@ -13,7 +13,8 @@ at once. The wait also ends:
   follows on one more connection, so the worker running the job (full or not)
   runs arq's abort check at once;
 * at the score of the queue's next deferred job (parked turns, arq retries
-  with a delay), so they run on time;
+  with a delay), so they run on time: the poll's claim read it
+  (:mod:`smith_worker.claim`), so the wait sends nothing for it;
 * after ``fallback`` seconds (``SMITH_FALLBACK_POLL``), so a job enqueued
   without a token (arq's own ``enqueue_job``), or whose token went to another
   worker, waits at most that long;
@@ -22,8 +23,12 @@ at once. The wait also ends:
 
 A worker with no free slot, or draining, does not pop: the token stays for a
 worker that can take the job; a pop that gets a token after its worker filled
-up pushes it back for the same reason. Extra tokens, up to the free slots, are popped
-with the first, so a burst of enqueues costs one poll, not one per job.
+up pushes it back for the same reason. The tokens of the other jobs a poll takes are
+popped by the poll's claim (``lua/claim.lua``, one per job claimed beyond the tokens the
+wait took, :meth:`Pickup.take_tokens`), so a burst of enqueues costs one poll, not one per job.
+
+On tool workers an abort announced on the channel is remembered (:meth:`Pickup.take_abort`):
+the worker runs arq's abort check only then, or once per ``fallback`` for an abort missed.
 
 Any Redis failure of the wait (a restart, a frozen Redis, a Sentinel failover
 answering ``UNBLOCKED`` or ``READONLY`` from the demoted master) drops the
@@ -72,7 +77,6 @@ class Pickup:
         aborts_channel: str | None = None,
     ) -> None:
         self._connect = connect
-        self._queue = queue
         self._wake_list = Keys.wake_list(queue)
         self.fallback = fallback
         self._health = health
@@ -83,6 +87,8 @@ class Pickup:
         self._pop_deadline = 0.0  # loop time past which a pending pop means a frozen Redis
         self._finished = asyncio.Event()  # a job of the worker ended or one was aborted: poll now
         self._stopped = asyncio.Event()
+        self._tokens = 0  # tokens popped (and kept) since the last take_tokens()
+        self._abort_announced = False
 
     def job_finished(self) -> None:
         """One of the worker's jobs ended: a slot is free, end the wait."""
@@ -96,17 +102,30 @@ class Pickup:
         """Forget the job ends seen so far; call right before a poll, so none during it is missed."""
         self._finished.clear()
 
-    async def wait(self, pool: Any, free_slots: Callable[[], int]) -> None:
+    def take_tokens(self) -> int:
+        """How many wake-up tokens the pops took since the last call (the next claim pops that many fewer)."""
+        tokens, self._tokens = self._tokens, 0
+        return tokens
+
+    def take_abort(self) -> bool:
+        """Whether an abort was announced on the tool-aborts channel since the last call."""
+        announced, self._abort_announced = self._abort_announced, False
+        return announced
+
+    async def wait(self, free_slots: Callable[[], int], next_due: float | None) -> None:
         """Return when there may be work (see the module docstring); never raises a Redis error.
 
-        ``pool`` is the worker's own client (the next deferred job's score is read on it);
-        ``free_slots()`` is how many more jobs the worker can take now (0 when full or draining).
+        ``free_slots()`` is how many more jobs the worker can take now (0 when full or draining);
+        ``next_due`` the epoch ms score of the queue's next deferred job as the last poll read it
+        (``None``: none, or the poll did not look).
         """
         loop = asyncio.get_running_loop()
         if self._aborts_channel is not None and self._aborts is None:
             self._aborts = asyncio.ensure_future(self._follow_aborts(self._aborts_channel))
         try:
-            limit = await self._bound(pool)
+            limit = self.fallback
+            if next_due is not None:  # +1: arq takes a job once its score is <= now, in whole ms
+                limit = min(limit, (math.ceil(next_due) - now_ms() + 1) / 1000)
             if limit <= 0 or self._stopped.is_set():
                 return
             if self._pop is None and free_slots() > 0:
@@ -138,25 +157,16 @@ class Pickup:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(client.aclose(close_connection_pool=True), POP_MARGIN)
 
-    async def _bound(self, pool: Any) -> float:
-        """Seconds until the fallback poll or the queue's next deferred job, whichever comes first."""
-        now = now_ms()
-        head = await pool.zrangebyscore(self._queue, f"({now}", "+inf", start=0, num=1, withscores=True)
-        if not head:
-            return self.fallback
-        return min(self.fallback, (math.ceil(float(head[0][1])) - now + 1) / 1000)
-
     async def _pop_token(self, timeout: float, free_slots: Callable[[], int]) -> None:
         if self._client is None:
             self._client = self._connect()
         popped = await self._client.blpop([self._wake_list], timeout=timeout)
         if popped is None:
             return
-        free = free_slots()  # the pop may outlive the wait that sent it: the worker may have filled up since
-        if free == 0:
+        if free_slots() == 0:  # the pop may outlive the wait that sent it: the worker may have filled up since
             await self._client.lpush(self._wake_list, popped[1])  # for an idle worker of the queue
-        elif free > 1:
-            await self._client.lpop(self._wake_list, free - 1)  # the next poll takes that many jobs
+        else:
+            self._tokens += 1
 
     async def _follow_aborts(self, channel: str) -> None:
         """Until the worker stops: end the wait at every message on ``channel`` (an abort), reconnecting
@@ -168,6 +178,7 @@ class Pickup:
                 await pubsub.subscribe(channel)
                 while not self._stopped.is_set():
                     if await pubsub.get_message(timeout=self.fallback) is not None:
+                        self._abort_announced = True
                         self._finished.set()
             except REDIS_DOWN_ERRORS as exc:
                 logger.debug("the tool-aborts subscription failed, reconnecting: %r", exc)

@@ -12,7 +12,7 @@ waiting on its tools never holds the slots its tools need (arq-notes.md
   not blinded by running jobs at the head of the queue;
 * ``allow_abort_jobs`` on tool workers only, so timed-out or cancelled tool jobs can be
   aborted; turns are cancelled through their own state, and arq's abort check costs
-  4 commands per poll;
+  a transaction each time it runs;
 * ``health_check_interval`` 10 s instead of an hour;
 * ``max_tries`` 1 for tools: a tool call is never silently re-run after a
   crash; 3 for turns.
@@ -25,6 +25,10 @@ signal; ``smith-worker`` then re-executes itself.
 lets a ``ConnectionError`` out of its poll loop, which ends the process. Here
 start-up waits for Redis, and a failed poll iteration backs off with jitter
 and polls again; the process exits only on a signal or a configuration error.
+
+Its poll claims jobs in one round trip (:mod:`smith_worker.claim`, issue 18)
+instead of arq's six per job, and on tool workers runs arq's abort check
+only when an abort was announced or once per fallback poll, not every poll.
 """
 
 from __future__ import annotations
@@ -34,17 +38,18 @@ import contextlib
 import functools
 import logging
 import signal
-from typing import Any
+from typing import Any, cast
 
-from arq.connections import log_redis_info
+from arq.connections import ArqRedis, log_redis_info
 from arq.worker import Worker, func
-from redis.exceptions import RedisError
 
 from smith_client.connection import socket_timeout_from_env
 from smith_client.errors import InvalidRequestError
 from smith_client.jobs import RUN_TOOL, RUN_TURN, TurnJob
+from smith_client.keys import Keys
 from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
+from smith_worker.claim import ClaimedJob, claim_jobs, hand_over, take_handed_over
 from smith_worker.config import Settings
 from smith_worker.pickup import POP_MARGIN, Pickup
 from smith_worker.redaction import redact_error
@@ -85,13 +90,16 @@ class SmithWorker(Worker):
     """arq's :class:`~arq.worker.Worker` that survives Redis interruptions (see the module docstring).
 
     ``health`` is the process's :class:`RedisHealth` (its readiness), updated
-    by every poll iteration.
+    by every poll iteration; ``keys`` names the queue's keys. Never in burst mode.
     """
 
-    def __init__(self, *args: Any, health: RedisHealth, pickup: Pickup, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, health: RedisHealth, pickup: Pickup, keys: Keys, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.health = health
         self.pickup = pickup
+        self.keys = keys
+        self._next_due: float | None = None  # the queue's next deferred job (epoch ms), as the last claim read it
+        self._abort_check_at = 0.0  # loop time of the next abort check without an announced abort
         self.stopping = False
         #: True once SIGTERM / SIGINT stopped the worker: a drain in progress then ends the process, no re-exec.
         self.terminated = False
@@ -129,7 +137,7 @@ class SmithWorker(Worker):
                 self.pickup.before_poll()
                 await self._poll_iteration()
                 if self.health.failures == 0 and not self.stopping:  # a failed poll has backed off already
-                    await self.pickup.wait(self.pool, self._free_slots)
+                    await self.pickup.wait(self._free_slots, self._next_due)
         finally:
             self.pickup.stop()  # also ends its tool-aborts subscription
             await self.pickup.close()
@@ -156,10 +164,24 @@ class SmithWorker(Worker):
         await self.pool.close(close_connection_pool=True)
         self._pool = None
 
+    @property
+    def pool(self) -> ArqRedis:
+        """arq's client, except at the first use by a claimed job's ``run_job``: the claim's answers then
+        (:func:`~smith_worker.claim.take_handed_over`; a stand-in for that one transaction, not an ``ArqRedis``)."""
+        return cast(ArqRedis, take_handed_over() or self._pool)
+
     async def _poll_iteration(self) -> None:
+        """arq's poll in fewer round trips: claim the ready jobs (one script), start them as arq's
+        ``start_jobs`` does, run arq's abort check when due, then arq's heartbeat. A Redis failure
+        backs off (:class:`RedisHealth`) instead of ending the worker."""
         self._reap_finished_jobs()
         try:
-            await super()._poll_iteration()
+            await self._claim_jobs()
+            if self.allow_abort_jobs and (self.pickup.take_abort() or self.loop.time() >= self._abort_check_at):
+                self._abort_check_at = 0.0  # a check that fails is due again at the next poll
+                await self._cancel_aborted_jobs()
+                self._abort_check_at = self.loop.time() + self.pickup.fallback
+            await self.heart_beat()
         except REDIS_DOWN_ERRORS as exc:
             await asyncio.sleep(self.health.failed("the job poll", exc))
         else:
@@ -177,24 +199,39 @@ class SmithWorker(Worker):
                 if not task.cancelled() and task.exception() is not None:
                     logger.warning("job %s could not record its end: %r", job_id, task.exception())
 
-    async def start_jobs(self, job_ids: list[bytes]) -> None:
-        """arq's ``start_jobs`` one id at a time, so a Redis failure cannot leak a job slot.
+    async def _claim_jobs(self) -> None:
+        """Claim up to the free slots' worth of ready jobs and start each as arq's ``start_jobs`` does.
 
-        arq takes the slot (counter and semaphore) before the pipeline that marks the job
-        in progress and gives it back on the errors it expects (``WatchError``, ``ResponseError``);
-        when a connection error or timeout escapes instead, no task was started and the slot is
-        given back here.
+        A slot is taken (counter and semaphore) only for a job the claim returned, after the claim's
+        single round trip, so a Redis failure can never leak one. ``_next_due`` is the next deferred
+        job's score for the wait (``None`` when the worker is full and did not look).
         """
-        for job_id in job_ids:
-            if self.job_counter >= self.max_jobs:
-                return
-            prior = self.tasks.get(job_id.decode())
-            try:
-                await super().start_jobs([job_id])
-            except RedisError:
-                if self.tasks.get(job_id.decode()) is prior:
-                    self._release_sem_dec_counter_on_complete()
-                raise
+        free = self._free_slots()
+        self._next_due = None
+        if free <= 0:
+            return
+        claim = await claim_jobs(
+            self.pool,
+            self.keys,
+            self.queue_name,
+            free=free,
+            read_limit=self.queue_read_limit,
+            in_progress_ms=int(self.in_progress_timeout_s * 1000),
+            tokens_held=self.pickup.take_tokens(),
+            take_aborts=self.allow_abort_jobs,
+        )
+        self._next_due = claim.next_due
+        for job in claim.jobs:  # jobs only end meanwhile: the slots counted in `free` are still free
+            await self.sem.acquire()  # never blocks: job_counter < max_jobs leaves the semaphore >= 2
+            self.job_counter += 1
+            task = self.loop.create_task(self._run_claimed(job))
+            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+            self.tasks[job.job_id] = task
+
+    async def _run_claimed(self, job: ClaimedJob) -> None:
+        """arq's ``run_job`` for a claimed job, its first transaction answered by the claim (in this task only)."""
+        hand_over(job, self.keys, self.allow_abort_jobs)
+        await self.run_job(job.job_id, job.score)
 
 
 def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> SmithWorker:
@@ -252,7 +289,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         "job_deserializer": job_deserializer,
     }
     options.update(overrides)
-    worker = SmithWorker(ctx={"runtime": runtime}, health=runtime.health, pickup=pickup, **options)
+    worker = SmithWorker(ctx={"runtime": runtime}, health=runtime.health, pickup=pickup, keys=runtime.keys, **options)
     # stop polling, let running jobs finish (job_completion_wait), then end run(): the drain before a restart
     runtime.stop_taking_jobs = functools.partial(worker.handle_sig_wait_for_completion, signal.SIGUSR1)
     return worker

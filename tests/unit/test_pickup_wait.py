@@ -32,16 +32,17 @@ def server():
     return fakeredis.FakeServer()
 
 
-async def test_a_token_ends_the_wait_and_extra_tokens_up_to_the_free_slots_are_drained(server):
+async def test_a_token_ends_the_wait_and_is_counted_for_the_claim_which_pops_the_others(server):
     redis = fakeredis.FakeAsyncRedis(server=server)
     pickup = pickup_on(server)
-    waiting = asyncio.create_task(pickup.wait(redis, free_slots=lambda: 3))
+    waiting = asyncio.create_task(pickup.wait(free_slots=lambda: 3, next_due=None))
     await asyncio.sleep(0.1)
     assert not waiting.done()
     await redis.rpush(Keys.wake_list(QUEUE), *["1"] * 5)
     async with asyncio.timeout(CEILING):
         await waiting
-    assert await redis.llen(Keys.wake_list(QUEUE)) == 2  # one popped + two for the other free slots
+    assert await redis.llen(Keys.wake_list(QUEUE)) == 4  # the claim pops one per job it takes beyond the first
+    assert pickup.take_tokens() == 1 and pickup.take_tokens() == 0
     await pickup.close()
 
 
@@ -50,7 +51,7 @@ async def test_a_full_worker_leaves_the_tokens_and_wakes_when_its_job_ends(serve
     pickup = pickup_on(server)
     await redis.rpush(Keys.wake_list(QUEUE), "1")
     pickup.before_poll()
-    waiting = asyncio.create_task(pickup.wait(redis, free_slots=lambda: 0))
+    waiting = asyncio.create_task(pickup.wait(free_slots=lambda: 0, next_due=None))
     await asyncio.sleep(0.1)
     assert not waiting.done()
     pickup.job_finished()
@@ -63,7 +64,7 @@ async def test_a_token_popped_after_the_worker_filled_up_is_pushed_back_for_anot
     redis = fakeredis.FakeAsyncRedis(server=server)
     pickup = pickup_on(server)
     free = [1]
-    waiting = asyncio.create_task(pickup.wait(redis, free_slots=lambda: free[0]))
+    waiting = asyncio.create_task(pickup.wait(free_slots=lambda: free[0], next_due=None))
     await asyncio.sleep(0.1)  # the pop is pending, started with a free slot
     free[0] = 0  # then the worker's last slot was taken
     await redis.rpush(Keys.wake_list(QUEUE), "1")
@@ -83,13 +84,13 @@ async def test_a_pop_outlives_a_wait_ended_by_a_job_end_and_serves_the_next(serv
 
     pickup = pickup_on(server, connect)
     pickup.before_poll()
-    waiting = asyncio.create_task(pickup.wait(redis, free_slots=lambda: 1))
+    waiting = asyncio.create_task(pickup.wait(free_slots=lambda: 1, next_due=None))
     await asyncio.sleep(0.1)
     pickup.job_finished()
     async with asyncio.timeout(CEILING):
         await waiting
     pickup.before_poll()
-    waiting = asyncio.create_task(pickup.wait(redis, free_slots=lambda: 1))
+    waiting = asyncio.create_task(pickup.wait(free_slots=lambda: 1, next_due=None))
     await asyncio.sleep(0.1)
     await redis.rpush(Keys.wake_list(QUEUE), "1")
     async with asyncio.timeout(CEILING):
@@ -100,19 +101,17 @@ async def test_a_pop_outlives_a_wait_ended_by_a_job_end_and_serves_the_next(serv
 
 
 async def test_the_next_deferred_job_bounds_the_wait(server):
-    redis = fakeredis.FakeAsyncRedis(server=server)
     pickup = pickup_on(server)
-    await redis.zadd(QUEUE, {"due-soon": now_ms() + 300})
+    due = now_ms() + 300  # the score the poll's claim read
     async with asyncio.timeout(CEILING):
-        await pickup.wait(redis, free_slots=lambda: 1)
-    assert now_ms() >= int(await redis.zscore(QUEUE, "due-soon"))  # not before its time
+        await pickup.wait(free_slots=lambda: 1, next_due=due)
+    assert now_ms() >= due  # not before its time
     await pickup.close()
 
 
 async def test_stop_ends_the_wait_at_once(server):
-    redis = fakeredis.FakeAsyncRedis(server=server)
     pickup = pickup_on(server)
-    waiting = asyncio.create_task(pickup.wait(redis, free_slots=lambda: 1))
+    waiting = asyncio.create_task(pickup.wait(free_slots=lambda: 1, next_due=None))
     await asyncio.sleep(0.1)
     pickup.stop()
     async with asyncio.timeout(CEILING):
@@ -123,7 +122,6 @@ async def test_stop_ends_the_wait_at_once(server):
 @pytest.mark.parametrize("error", [RedisConnectionError("gone"), ResponseError("UNBLOCKED force unblock"),
                                    ResponseError("READONLY You can't write against a read only replica.")])
 async def test_a_redis_error_of_the_pop_backs_off_drops_the_connection_and_returns(server, error):
-    redis = fakeredis.FakeAsyncRedis(server=server)
     closed = []
 
     class Failing:
@@ -135,12 +133,11 @@ async def test_a_redis_error_of_the_pop_backs_off_drops_the_connection_and_retur
 
     pickup = pickup_on(server, Failing)
     async with asyncio.timeout(CEILING):
-        await pickup.wait(redis, free_slots=lambda: 1)  # never raises: the worker polls again
+        await pickup.wait(free_slots=lambda: 1, next_due=None)  # never raises: the worker polls again
     assert pickup._health.failures == 1 and closed == [1]
 
 
 async def test_a_frozen_pop_is_given_up_after_its_timeout(server):
-    redis = fakeredis.FakeAsyncRedis(server=server)
 
     class Frozen:
         async def blpop(self, *args, **kwargs):
@@ -152,7 +149,7 @@ async def test_a_frozen_pop_is_given_up_after_its_timeout(server):
     pickup = Pickup(Frozen, QUEUE, 0.2, RedisHealth())
     async with asyncio.timeout(CEILING):
         while pickup._health.failures == 0:  # each wait ends at the 0.2 s fallback; the pop is kept
-            await pickup.wait(redis, free_slots=lambda: 1)  # until its own timeout plus the margin is past
+            await pickup.wait(free_slots=lambda: 1, next_due=None)  # until its own timeout plus the margin is past
 
 
 @pytest.mark.parametrize(("queue", "checks_aborts"), [("turns", False), ("tools", True)])
@@ -168,10 +165,11 @@ async def test_an_abort_on_the_channel_ends_the_wait_of_a_full_worker(server):
     redis = fakeredis.FakeAsyncRedis(server=server)
     pickup = Pickup(lambda: fakeredis.FakeAsyncRedis(server=server), QUEUE, 30.0, RedisHealth(), "pw:tools:aborts")
     pickup.before_poll()
-    waiting = asyncio.create_task(pickup.wait(redis, free_slots=lambda: 0))
+    waiting = asyncio.create_task(pickup.wait(free_slots=lambda: 0, next_due=None))
     async with asyncio.timeout(CEILING):
         while await redis.publish("pw:tools:aborts", "job-1") == 0:  # until the subscription is up
             await asyncio.sleep(0.02)
         await waiting
+    assert pickup.take_abort() and not pickup.take_abort()  # the worker runs arq's abort check once for it
     pickup.stop()
     await pickup.close()

@@ -18,11 +18,7 @@ from smith_client.connection import (
     socket_timeout_from_env,
 )
 from smith_client.errors import ConfigurationError
-from smith_worker.app import SmithApp
-from smith_worker.config import Settings
-from smith_worker.local.processes import free_port
 from smith_worker.redis_health import BACKOFF_CAP, RedisHealth, backoff_delay
-from smith_worker.worker import build_worker
 
 
 def test_socket_timeout_defaults_to_5_s_and_reads_the_environment(monkeypatch):
@@ -76,19 +72,6 @@ async def test_readiness_follows_redis():
 
     assert await health.until_ok("start-up", flaky) == "pong"
     assert len(calls) == 3 and health.ready and health.failures == 0
-
-
-async def test_a_job_start_failing_on_redis_gives_its_slot_back():
-    """arq would keep the slot of a job whose start failed on a connection error: after max_jobs
-    such failures the worker would never pick a job again."""
-    settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", tool_max_jobs=2)
-    worker = build_worker(SmithApp(), "tools", settings)
-    for _ in range(3):
-        with pytest.raises(RedisConnectionError):
-            await worker.start_jobs([b"job-1"])
-    assert worker.job_counter == 0 and not worker.tasks
-    assert worker.sem._value == settings.tool_max_jobs + 1  # arq's semaphore: max_jobs + 1, all free again
-    await worker.pool.aclose()
 
 
 async def test_refused_credentials_are_a_configuration_error_not_an_outage():

@@ -1,0 +1,45 @@
+-- Claim the ready jobs of an arq queue for one worker, in one round trip (smith_worker/claim.py): what
+-- arq 0.28 sends per job over six (its poll; start_jobs: WATCH, EXISTS, ZSCORE, MULTI PSETEX EXEC; the
+-- first transaction of run_job: GET the job, INCRBY and EXPIRE its try counter, ZREM its abort request),
+-- atomic, so two workers never both claim a job and nothing needs WATCH. As arq: a job whose in-progress
+-- key exists runs elsewhere and is skipped; a claimed one gets its in-progress key, its try counted and,
+-- on workers that abort jobs, its abort request taken (an aborted job fails before it starts).
+-- It also pops one wake-up token per job claimed beyond the tokens the worker's wait already took,
+-- and reads the score of the queue's next deferred job, which bounds that wait (smith_worker/pickup.py).
+-- KEYS: queue, its wake-up list, arq abort set.
+-- ARGV: now ms, free slots, read limit, in-progress TTL ms, try counter TTL s, tokens held,
+--       take aborts (1 or 0), then arq's in-progress, job and retry key prefixes (Keys.arq_claim_prefixes):
+--       the ids of the jobs come from the queue, so their keys cannot be given in KEYS.
+-- Returns {next deferred score or nil, then for each job claimed: id, score, job record or nil
+--          (expired), try, 1 if it had an abort request else 0}.
+local queue, wake_list, aborts = KEYS[1], KEYS[2], KEYS[3]
+local now, limit, in_progress_ttl, retry_ttl = ARGV[1], ARGV[3], ARGV[4], ARGV[5]
+local free, held, take_aborts = tonumber(ARGV[2]), tonumber(ARGV[6]), ARGV[7] == '1'
+local in_progress_prefix, job_prefix, retry_prefix = ARGV[8], ARGV[9], ARGV[10]
+
+local reply = {false}
+local claimed = 0
+if free > 0 then
+  local ready = redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+  for i = 1, #ready, 2 do
+    if claimed == free then break end
+    local id = ready[i]
+    local in_progress = in_progress_prefix .. id
+    if redis.call('EXISTS', in_progress) == 0 then
+      redis.call('PSETEX', in_progress, in_progress_ttl, '1')
+      local retry = retry_prefix .. id
+      local try = redis.call('INCR', retry)
+      redis.call('EXPIRE', retry, retry_ttl)
+      local aborted = 0
+      if take_aborts then aborted = redis.call('ZREM', aborts, id) end
+      local n = #reply
+      reply[n + 1], reply[n + 2], reply[n + 3] = id, ready[i + 1], redis.call('GET', job_prefix .. id)
+      reply[n + 4], reply[n + 5] = try, aborted
+      claimed = claimed + 1
+    end
+  end
+end
+if claimed > held then redis.call('LPOP', wake_list, claimed - held) end
+local deferred = redis.call('ZRANGEBYSCORE', queue, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+if #deferred > 0 then reply[1] = deferred[2] end
+return reply

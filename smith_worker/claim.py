@@ -1,0 +1,167 @@
+"""Claiming an arq queue's ready jobs in one round trip (issue 18), and handing what it read to arq's ``run_job``.
+
+Per job, arq 0.28 sends a poll (``ZRANGEBYSCORE``), four round trips in
+``start_jobs`` to mark the job in progress (``WATCH``, ``EXISTS``,
+``ZSCORE``, ``MULTI PSETEX EXEC``) and, as ``run_job`` starts, a
+transaction that reads the job record and counts the try (``GET``,
+``INCRBY``, ``EXPIRE`` and, on workers that abort jobs, ``ZREM`` of its abort
+request); the wait between polls read the next deferred job's score in one
+more. :func:`claim_jobs` does all of it in one atomic script
+(``lua/claim.lua``), which also pops the wake-up tokens of the jobs it
+claims (:mod:`smith_worker.pickup`).
+
+The hand-over relies on arq 0.28.0's ``run_job`` (pinned in pyproject.toml):
+its first use of ``self.pool`` is ``pipeline(transaction=True)``, into which it
+queues exactly ``get(job key)``, ``incr(retry key)``, ``expire(retry key,
+88400)`` and, with ``allow_abort_jobs``, ``zrem(abort set, job id)``, then
+``execute()``. :class:`~smith_worker.worker.SmithWorker` starts a claimed job's
+``run_job`` with :func:`hand_over` in the job's own task, and its ``pool``
+gives that first use :func:`take_handed_over`'s stand-in, whose ``execute()``
+returns what the script read, so that transaction is never sent. A stand-in
+used any other way raises :class:`ClaimHandOverError` (the job fails, its try
+is never counted twice); ``tests/unit/test_claim.py`` runs a job through
+arq's ``run_job`` so an arq upgrade that breaks this fails a test.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from smith_client import scripts
+from smith_client.keys import ARQ_RETRY_TTL, Keys, now_ms
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """One job :func:`claim_jobs` claimed: marked in progress, its try counted.
+
+    ``score`` is its queue score (epoch ms, arq's ``run_job`` argument); ``record`` its arq job
+    record (``None``: it expired, and arq fails the job); ``job_try`` its try counter after this
+    try; ``aborted`` whether an abort request for it was taken (arq fails it before it starts).
+    """
+
+    job_id: str
+    score: int
+    record: bytes | None
+    job_try: int
+    aborted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What one :func:`claim_jobs` call got: the ``jobs`` claimed (queue order) and ``next_due``, the
+    epoch ms score of the queue's next deferred job (``None``: there is none)."""
+
+    jobs: list[ClaimedJob]
+    next_due: float | None
+
+
+async def claim_jobs(
+    redis: Any,
+    keys: Keys,
+    queue: str,
+    *,
+    free: int,
+    read_limit: int,
+    in_progress_ms: int,
+    tokens_held: int,
+    take_aborts: bool,
+) -> Claim:
+    """Claim up to ``free`` ready jobs of arq queue ``queue`` (score <= now) in one round trip.
+
+    As arq's ``start_jobs``: a job whose in-progress key exists is skipped, a claimed one gets that
+    key for ``in_progress_ms``; as the start of arq's ``run_job``: its record is read, its try
+    counted, and with ``take_aborts`` its abort request removed and reported. ``read_limit`` is how
+    many ready jobs are looked at (arq's ``queue_read_limit``); ``tokens_held`` how many wake-up
+    tokens the worker's wait has popped already: one more is popped for each job claimed beyond
+    those. Raises what the Redis client raises (nothing is claimed when the call fails before Redis
+    ran it).
+    """
+    script_keys = [queue, Keys.wake_list(queue), keys.arq_abort_set]
+    args = [now_ms(), free, read_limit, in_progress_ms, ARQ_RETRY_TTL, tokens_held, int(take_aborts),
+            *Keys.arq_claim_prefixes()]  # fmt: skip
+    reply = await scripts.CLAIM(redis, script_keys, args)
+    jobs = [
+        ClaimedJob(job_id.decode(), int(float(score)), record, int(job_try), bool(aborted))
+        for job_id, score, record, job_try, aborted in zip(*[iter(reply[1:])] * 5, strict=True)
+    ]
+    return Claim(jobs, None if reply[0] is None else float(reply[0]))
+
+
+class ClaimHandOverError(RuntimeError):
+    """arq's ``run_job`` did not use the claimed job's values as arq 0.28.0 does (see the module docstring)."""
+
+
+_HANDED_OVER: contextvars.ContextVar[PrefetchedPool | None] = contextvars.ContextVar("smith_claimed_job", default=None)
+
+
+def hand_over(job: ClaimedJob, keys: Keys, take_aborts: bool) -> None:
+    """Give ``job``'s values to the next :func:`take_handed_over` of the current task (call it in the
+    job's own task, right before arq's ``run_job``); ``take_aborts`` is the worker's ``allow_abort_jobs``."""
+    _HANDED_OVER.set(PrefetchedPool(job, keys, take_aborts))
+
+
+def take_handed_over() -> PrefetchedPool | None:
+    """The stand-in client :func:`hand_over` left in this task, once (``None`` after, and in any other task)."""
+    pool = _HANDED_OVER.get()
+    if pool is not None:
+        _HANDED_OVER.set(None)
+    return pool
+
+
+class PrefetchedPool:
+    """Stands in for arq's client at ``run_job``'s first use of it: only ``pipeline()``."""
+
+    def __init__(self, job: ClaimedJob, keys: Keys, take_aborts: bool) -> None:
+        self._job = job
+        self._keys = keys
+        self._take_aborts = take_aborts
+
+    def pipeline(self, transaction: bool = True) -> PrefetchedPipeline:
+        """A pipeline whose ``execute()`` returns the claimed job's values (see :class:`PrefetchedPipeline`)."""
+        return PrefetchedPipeline(self._job, self._keys, self._take_aborts, transaction)
+
+    def __getattr__(self, name: str) -> Any:
+        raise ClaimHandOverError(f"arq's run_job used {name!r} first, not the pipeline claim.lua replaces")
+
+
+class PrefetchedPipeline:
+    """arq's first ``run_job`` transaction, answered from the claim: commands are recorded, not sent, and
+    ``execute()`` checks they are the ones the claim ran (:class:`ClaimHandOverError` otherwise)."""
+
+    def __init__(self, job: ClaimedJob, keys: Keys, take_aborts: bool, transaction: bool) -> None:
+        self._job = job
+        self._take_aborts = take_aborts
+        self._queued: list[tuple[Any, ...]] = [("transaction", transaction)]
+        retry = keys.arq_retry(job.job_id)
+        self._expected: list[tuple[Any, ...]] = [
+            ("transaction", True),
+            ("get", keys.arq_job(job.job_id)),
+            ("incr", retry),
+            ("expire", retry, ARQ_RETRY_TTL),
+        ]
+        if take_aborts:
+            self._expected.append(("zrem", keys.arq_abort_set, job.job_id))
+
+    async def __aenter__(self) -> PrefetchedPipeline:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+    def __getattr__(self, command: str) -> Callable[..., PrefetchedPipeline]:
+        def queue(*args: Any, **kwargs: Any) -> PrefetchedPipeline:
+            self._queued.append((command, *args, *sorted(kwargs.items())))
+            return self
+
+        return queue
+
+    async def execute(self) -> list[Any]:
+        """The replies of the queued commands, as Redis would have given them when the claim ran."""
+        if self._queued != self._expected:
+            raise ClaimHandOverError(f"arq's run_job queued {self._queued!r}, claim.lua ran {self._expected!r}")
+        replies: list[Any] = [self._job.record, self._job.job_try, True]  # GET, INCRBY, EXPIRE
+        return [*replies, int(self._job.aborted)] if self._take_aborts else replies  # ZREM: how many removed

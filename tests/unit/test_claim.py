@@ -1,0 +1,327 @@
+"""Claiming jobs in one round trip (smith_worker/claim.py, lua/claim.lua) on the session's real redis-server.
+
+The script is checked against what arq 0.28 does per job (in-progress key, try counter, abort
+request, expired record, deferred jobs, concurrent claimers), then a real SmithWorker runs claimed
+jobs through arq's own ``run_job``: the claim's answers must replace run_job's first transaction
+exactly, so an arq upgrade that changes it fails here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from arq.jobs import Job, serialize_job
+from arq.worker import Retry, func
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from smith_client.keys import ARQ_RETRY_TTL, Keys, now_ms
+from smith_client.serialization import job_deserializer, job_serializer
+from smith_worker.app import SmithApp
+from smith_worker.claim import ClaimedJob, ClaimHandOverError, PrefetchedPipeline, claim_jobs
+from smith_worker.config import Settings
+from smith_worker.local.processes import free_port
+from smith_worker.worker import SmithWorker, build_worker
+
+IN_PROGRESS_MS = 60_000
+
+
+@pytest.fixture
+async def redis(redis_url):
+    client = Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def keys() -> Keys:
+    return Keys(f"cl{uuid.uuid4().hex[:8]}")
+
+
+def jid(keys: Keys, name: str) -> str:
+    """A job id of this test's own: arq's per-job keys are global, and other tests' jobs may hold the same name."""
+    return f"{keys.prefix}:{name}"
+
+
+def names(got, keys: Keys) -> list[str]:
+    return [job.job_id.removeprefix(f"{keys.prefix}:") for job in got.jobs]
+
+
+async def enqueue(redis: Redis, keys: Keys, name: str, *, score: int | None = None, function: str = "probe",
+                  record: bool = True, wake: bool = False) -> None:  # fmt: skip
+    """Queue a job as arq's enqueue_job does (its record, then the queue entry), optionally with a wake-up token."""
+    job_id = jid(keys, name)
+    if record:
+        await redis.psetex(keys.arq_job(job_id), 86_400_000,
+                           serialize_job(function, (), {}, None, now_ms(), serializer=job_serializer))  # fmt: skip
+    await redis.zadd(keys.tools_queue, {job_id: now_ms() if score is None else score})
+    if wake:
+        await redis.rpush(Keys.wake_list(keys.tools_queue), "1")
+
+
+async def claim(redis: Redis, keys: Keys, *, free: int = 10, held: int = 0, take_aborts: bool = False):
+    return await claim_jobs(redis, keys, keys.tools_queue, free=free, read_limit=1000, in_progress_ms=IN_PROGRESS_MS,
+                            tokens_held=held, take_aborts=take_aborts)  # fmt: skip
+
+
+async def test_a_claim_marks_ready_jobs_in_progress_counts_their_try_and_returns_their_records(redis, keys):
+    await enqueue(redis, keys, "j1", score=now_ms() - 20)
+    await enqueue(redis, keys, "j2", score=now_ms() - 10)
+    got = await claim(redis, keys)
+    assert names(got, keys) == ["j1", "j2"]  # queue order
+    for job in got.jobs:
+        assert job.record == await redis.get(keys.arq_job(job.job_id))
+        assert job.job_try == 1 and not job.aborted
+        assert job.score == int(await redis.zscore(keys.tools_queue, job.job_id))
+        assert 0 < await redis.pttl(keys.arq_in_progress(job.job_id)) <= IN_PROGRESS_MS
+        assert 0 < await redis.ttl(keys.arq_retry(job.job_id)) <= ARQ_RETRY_TTL
+    assert got.next_due is None
+    assert (await claim(redis, keys)).jobs == []  # in progress now: skipped, as arq's start_jobs does
+
+
+async def test_a_claim_takes_no_more_jobs_than_the_free_slots(redis, keys):
+    for i in range(3):
+        await enqueue(redis, keys, f"j{i}", score=now_ms() - 10 + i)
+    assert names(await claim(redis, keys, free=2), keys) == ["j0", "j1"]
+    assert (await claim(redis, keys, free=0)).jobs == []
+    assert names(await claim(redis, keys, free=2), keys) == ["j2"]
+
+
+async def test_a_deferred_job_is_not_claimed_before_its_time_and_bounds_the_next_wait(redis, keys):
+    due = now_ms() + 60_000
+    await enqueue(redis, keys, "later", score=due)
+    await enqueue(redis, keys, "much-later", score=due + 1000)
+    got = await claim(redis, keys)
+    assert got.jobs == [] and got.next_due == due
+    assert not await redis.exists(keys.arq_in_progress(jid(keys, "later")), keys.arq_retry(jid(keys, "later")))
+    await redis.zadd(keys.tools_queue, {jid(keys, "later"): now_ms() - 1})  # its time has come
+    assert names(await claim(redis, keys), keys) == ["later"]
+
+
+async def test_every_claim_of_a_job_counts_a_try(redis, keys):
+    """arq re-runs a job by leaving it queued and deleting its in-progress key; max_tries reads this count."""
+    await enqueue(redis, keys, "again")
+    for expected in (1, 2, 3):
+        (job,) = (await claim(redis, keys)).jobs
+        assert job.job_try == expected == int(await redis.get(keys.arq_retry(jid(keys, "again"))))
+        await redis.delete(keys.arq_in_progress(jid(keys, "again")))
+
+
+async def test_an_expired_job_record_is_claimed_without_one(redis, keys):
+    await enqueue(redis, keys, "expired", record=False)
+    (job,) = (await claim(redis, keys)).jobs
+    assert job.record is None and job.job_try == 1  # arq's run_job then fails it: "job expired"
+
+
+async def test_a_claim_on_an_aborting_worker_takes_the_abort_request(redis, keys):
+    await enqueue(redis, keys, "aborted")
+    await enqueue(redis, keys, "kept")
+    await redis.zadd(keys.arq_abort_set, {jid(keys, "aborted"): now_ms(), jid(keys, "other"): now_ms()})
+    got = await claim(redis, keys, take_aborts=True)
+    assert names(got, keys) == ["aborted", "kept"] and [job.aborted for job in got.jobs] == [True, False]
+    assert await redis.zscore(keys.arq_abort_set, jid(keys, "aborted")) is None
+    assert await redis.zscore(keys.arq_abort_set, jid(keys, "other")) is not None  # not this claim's job
+    await redis.zrem(keys.arq_abort_set, jid(keys, "other"))
+
+
+async def test_a_turn_worker_claim_leaves_the_abort_set_alone(redis, keys):
+    await enqueue(redis, keys, "job")
+    await redis.zadd(keys.arq_abort_set, {jid(keys, "job"): now_ms()})
+    (job,) = (await claim(redis, keys, take_aborts=False)).jobs
+    assert not job.aborted and await redis.zscore(keys.arq_abort_set, jid(keys, "job")) is not None
+    await redis.zrem(keys.arq_abort_set, jid(keys, "job"))
+
+
+@pytest.mark.parametrize("held", [0, 1])
+async def test_a_claim_pops_a_wake_up_token_per_job_beyond_those_the_wait_took(redis, keys, held):
+    wake = Keys.wake_list(keys.tools_queue)
+    for i in range(3):
+        await enqueue(redis, keys, f"j{i}", wake=True)
+    await redis.rpush(wake, "1", "1")  # two more: jobs enqueued later, for other workers
+    if held:
+        await redis.lpop(wake)  # the worker's wait took one (held=0: it was woken otherwise)
+    assert len((await claim(redis, keys, held=held)).jobs) == 3
+    assert await redis.llen(wake) == 2
+
+
+async def test_a_claim_with_nothing_ready_pops_no_token(redis, keys):
+    wake = Keys.wake_list(keys.tools_queue)
+    await redis.rpush(wake, "1")
+    assert (await claim(redis, keys)).jobs == []
+    assert await redis.llen(wake) == 1
+
+
+async def test_racing_claimers_never_both_claim_a_job(redis_url, keys):
+    """Two workers polling at once: each job goes to exactly one (the script is atomic; arq needed WATCH)."""
+    clients = [Redis.from_url(redis_url) for _ in range(2)]
+    try:
+        for i in range(50):
+            await enqueue(clients[0], keys, f"race-{i}")
+            got = await asyncio.gather(*(claim(c, keys) for c in clients))
+            winners = [name for result in got for name in names(result, keys)]
+            assert winners == [f"race-{i}"], winners
+            assert int(await clients[0].get(keys.arq_retry(jid(keys, f"race-{i}")))) == 1
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+def test_the_hand_over_refuses_a_run_job_transaction_it_did_not_claim_for():
+    keys = Keys("ho")
+    job = ClaimedJob("ho:job", 1, b"record", 1, False)
+    matching = PrefetchedPipeline(job, keys, False, True)
+    matching.get(keys.arq_job(job.job_id)).incr(keys.arq_retry(job.job_id)).expire(keys.arq_retry(job.job_id), 88400)
+    assert asyncio.run(matching.execute()) == [b"record", 1, True]
+    changed = PrefetchedPipeline(job, keys, False, True)
+    changed.get(keys.arq_job(job.job_id)).incrby(keys.arq_retry(job.job_id), 2)
+    with pytest.raises(ClaimHandOverError):
+        asyncio.run(changed.execute())
+
+
+# A real SmithWorker: claimed jobs go through arq 0.28's own run_job.
+
+RAN: list[dict] = []
+
+
+async def probe(ctx: dict) -> str:
+    keys: Keys = ctx["keys"]
+    RAN.append({"job_id": ctx["job_id"], "job_try": ctx["job_try"],
+                "retry": await ctx["redis"].get(keys.arq_retry(ctx["job_id"]))})  # fmt: skip
+    return "done"
+
+
+async def retried(ctx: dict) -> str:
+    """Asks arq to run it again 0.2 s later on its first try (arq re-queues it with a later score)."""
+    RAN.append({"job_id": ctx["job_id"], "job_try": ctx["job_try"]})
+    if ctx["job_try"] == 1:
+        raise Retry(defer=0.2)
+    return "second try"
+
+
+def tool_worker(redis_url: str, keys: Keys, **settings) -> SmithWorker:
+    worker = build_worker(SmithApp(), "tools", Settings(redis_url=redis_url, prefix=keys.prefix, **settings),
+                          functions=[func(probe, name="probe", max_tries=2), func(retried, name="retried")],
+                          keep_result=60)  # fmt: skip
+    worker.ctx.update(keys=keys, redis=worker.pool)
+    return worker
+
+
+async def poll_and_finish(worker: SmithWorker) -> None:
+    await worker._poll_iteration()
+    await asyncio.gather(*worker.tasks.values())
+
+
+def calls(stats: dict, command: str) -> int:
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def result(redis: Redis, job_id: str):
+    return await Job(job_id, redis, _deserializer=job_deserializer).result_info()
+
+
+async def test_a_claimed_job_runs_through_arqs_run_job_without_its_first_transaction(redis_url, redis, keys):
+    RAN.clear()
+    worker = tool_worker(redis_url, keys)
+    await enqueue(redis, keys, "w1")
+    before = await redis.info("commandstats")
+    await poll_and_finish(worker)
+    after = await redis.info("commandstats")
+    # the try was counted once, by the claim: arq's own INCRBY would have made it 2
+    assert RAN == [{"job_id": jid(keys, "w1"), "job_try": 1, "retry": b"1"}]
+    assert (await result(redis, jid(keys, "w1"))).result == "done"
+    for command in ("incrby", "watch", "zscore"):  # arq's start_jobs and run_job send these; the claim does not
+        assert calls(after, command) == calls(before, command), command
+    assert worker.job_counter == 0 and worker.sem._value == worker.max_jobs + 1
+    await worker.pool.aclose()
+
+
+async def test_a_job_arq_deferred_for_a_retry_is_claimed_again_at_its_time_with_its_next_try(redis_url, redis, keys):
+    RAN.clear()
+    worker = tool_worker(redis_url, keys)
+    await enqueue(redis, keys, "again", function="retried")
+    await poll_and_finish(worker)  # the first try asks for a retry in 0.2 s
+    await worker._poll_iteration()
+    due = int(await redis.zscore(keys.tools_queue, jid(keys, "again")))
+    assert worker._next_due == due and not worker.tasks  # the wait is bounded by it; not claimed before
+    async with asyncio.timeout(5):
+        while (info := await result(redis, jid(keys, "again"))) is None:
+            await asyncio.sleep(0.05)
+            await poll_and_finish(worker)
+    assert info.result == "second try" and [run["job_try"] for run in RAN] == [1, 2]
+    await worker.pool.aclose()
+
+
+async def test_a_claimed_job_whose_record_expired_fails_as_arq_fails_it(redis_url, redis, keys):
+    RAN.clear()
+    worker = tool_worker(redis_url, keys)
+    await enqueue(redis, keys, "gone", record=False)
+    await poll_and_finish(worker)
+    assert RAN == []
+    info = await result(redis, jid(keys, "gone"))
+    assert not info.success and "job expired" in str(info.result)
+    assert not await redis.exists(keys.arq_in_progress(jid(keys, "gone")), keys.arq_retry(jid(keys, "gone")))
+    await worker.pool.aclose()
+
+
+async def test_a_job_past_its_max_tries_fails_without_running(redis_url, redis, keys):
+    RAN.clear()
+    worker = tool_worker(redis_url, keys)
+    await enqueue(redis, keys, "tired")
+    await redis.set(keys.arq_retry(jid(keys, "tired")), 2)  # two tries already: probe's max_tries
+    await poll_and_finish(worker)
+    assert RAN == []
+    info = await result(redis, jid(keys, "tired"))
+    assert not info.success and "max 2 retries exceeded" in str(info.result)
+    await worker.pool.aclose()
+
+
+async def test_a_job_aborted_before_it_started_fails_without_running(redis_url, redis, keys):
+    RAN.clear()
+    worker = tool_worker(redis_url, keys)
+    await enqueue(redis, keys, "aborted-early")
+    await redis.zadd(keys.arq_abort_set, {jid(keys, "aborted-early"): now_ms()})
+    await poll_and_finish(worker)
+    assert RAN == []
+    info = await result(redis, jid(keys, "aborted-early"))
+    assert not info.success and "CancelledError" in str(info.result)  # arq's "aborted before start"
+    assert await redis.zscore(keys.arq_abort_set, jid(keys, "aborted-early")) is None
+    await worker.pool.aclose()
+
+
+async def test_the_abort_check_runs_when_an_abort_is_announced_or_the_fallback_is_due(redis_url, keys, monkeypatch):
+    """arq ran its abort check (a transaction) every poll; a woken tool worker polls after every job."""
+    worker = tool_worker(redis_url, keys, fallback_poll=3600.0)
+    checks = []
+    real_check = worker._cancel_aborted_jobs
+
+    async def counted() -> None:
+        checks.append(1)
+        await real_check()
+
+    monkeypatch.setattr(worker, "_cancel_aborted_jobs", counted)
+    await worker._poll_iteration()
+    assert checks == [1]  # the first poll checks
+    await worker._poll_iteration()
+    assert checks == [1]  # not again before the fallback
+    worker.pickup._abort_announced = True  # what a message on the tool-aborts channel sets
+    await worker._poll_iteration()
+    assert checks == [1, 1]
+    worker._abort_check_at = worker.loop.time()  # the fallback interval is over
+    await worker._poll_iteration()
+    assert checks == [1, 1, 1]
+    await worker.pool.aclose()
+
+
+async def test_a_claim_failing_on_redis_takes_no_job_slot():
+    """arq took the slot before its start transaction: after max_jobs failed starts a worker would never
+    pick a job again. A slot is taken only for a job the claim returned."""
+    settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", tool_max_jobs=2)
+    worker = build_worker(SmithApp(), "tools", settings)
+    for _ in range(3):
+        with pytest.raises(RedisConnectionError):
+            await worker._claim_jobs()
+    assert worker.job_counter == 0 and not worker.tasks
+    assert worker.sem._value == settings.tool_max_jobs + 1  # arq's semaphore: max_jobs + 1, all free
+    await worker.pool.aclose()
