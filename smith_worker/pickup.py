@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from smith_client.keys import Keys, now_ms
@@ -85,22 +85,24 @@ class Pickup:
         self._pop: asyncio.Task[None] | None = None
         self._aborts: asyncio.Task[None] | None = None
         self._pop_deadline = 0.0  # loop time past which a pending pop means a frozen Redis
-        self._finished = asyncio.Event()  # a job of the worker ended or one was aborted: poll now
+        # poll now: a job of the worker ended, an abort was announced, the pop returned, or the worker stops
+        self._nudge = asyncio.Event()
         self._stopped = asyncio.Event()
         self._tokens = 0  # tokens popped (and kept) since the last take_tokens()
         self._abort_announced = False
 
     def job_finished(self) -> None:
         """One of the worker's jobs ended: a slot is free, end the wait."""
-        self._finished.set()
+        self._nudge.set()
 
     def stop(self) -> None:
         """The worker stops: end the current wait and every later one at once."""
         self._stopped.set()
+        self._nudge.set()
 
     def before_poll(self) -> None:
         """Forget the job ends seen so far; call right before a poll, so none during it is missed."""
-        self._finished.clear()
+        self._nudge.clear()
 
     def take_tokens(self) -> int:
         """How many wake-up tokens the pops took since the last call (the next claim pops that many fewer)."""
@@ -131,10 +133,13 @@ class Pickup:
             if self._pop is None and free_slots() > 0:
                 timeout = max(limit, MIN_POP)
                 self._pop = asyncio.ensure_future(self._pop_token(timeout, free_slots))
+                self._pop.add_done_callback(lambda _: self._nudge.set())
                 self._pop_deadline = loop.time() + timeout + POP_MARGIN
             if self._pop is not None:
                 limit = min(limit, max(0.0, self._pop_deadline - loop.time()))
-            await self._first([self._stopped.wait(), self._finished.wait()], limit)
+            with contextlib.suppress(TimeoutError):  # one event, no task per wait: the wake-up path stays short
+                async with asyncio.timeout(limit):
+                    await self._nudge.wait()
             if self._pop is not None and self._pop.done():
                 pop, self._pop = self._pop, None
                 pop.result()  # its Redis error, if any
@@ -142,7 +147,8 @@ class Pickup:
                 raise TimeoutError("the wake-up pop did not return in time")
         except REDIS_DOWN_ERRORS as exc:
             await self.close()
-            await self._first([self._stopped.wait()], self._health.failed("the wake-up wait", exc))
+            with contextlib.suppress(TimeoutError):  # a job's end does not cut the back-off short
+                await asyncio.wait_for(self._stopped.wait(), self._health.failed("the wake-up wait", exc))
 
     async def close(self) -> None:
         """Cancel a pending pop and close the dedicated connection (it may hold an unread reply)."""
@@ -179,7 +185,7 @@ class Pickup:
                 while not self._stopped.is_set():
                     if await pubsub.get_message(timeout=self.fallback) is not None:
                         self._abort_announced = True
-                        self._finished.set()
+                        self._nudge.set()
             except REDIS_DOWN_ERRORS as exc:
                 logger.debug("the tool-aborts subscription failed, reconnecting: %r", exc)
                 with contextlib.suppress(TimeoutError):
@@ -189,17 +195,6 @@ class Pickup:
                     await asyncio.wait_for(pubsub.aclose(), POP_MARGIN)
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(client.aclose(close_connection_pool=True), POP_MARGIN)
-
-    async def _first(self, waits: list[Awaitable[Any]], timeout: float) -> None:
-        """Wait ``timeout`` seconds at most for the first of ``waits`` or the pending pop."""
-        tasks = [asyncio.ensure_future(w) for w in waits]
-        try:
-            await asyncio.wait([*tasks, *([self._pop] if self._pop else [])], timeout=timeout,
-                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
