@@ -21,7 +21,8 @@ Figures (one JSON object, ``--out``; durations in ms):
   MULTI/EXEC and inside scripts apart, the idle rate measured just before
   subtracted; INFO commandstats total too), turns/s with 16 in flight for one and two
   turn workers and CPU ms per turn of each process;
-* (d) token latency (event ``ts`` → receipt) at 1 and 50 streams vs raw PUBLISH;
+* (d) token latency (event ``ts`` → receipt) at 1 and 50 streams vs raw PUBLISH, and the 50 streams
+  through a turn worker coalescing tokens within ``COALESCE`` seconds (events, CPU and latency);
 * (f) turn-worker RSS growth with 100 streamed turns in flight.
 
 Usage: ``.venv/bin/python bench/distributed.py [--quick] [--no-anchors] [--out FILE]``
@@ -67,6 +68,8 @@ APP = "bench.app:app"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 _COMMAND = re.compile(r'^\S+ \[([^\]]*)\] "([A-Za-z]+)"')
 ARQ_POLLS = {"arq_default": 0.5, "arq_fast": 0.01}
+#: The token-coalescing window of (d)'s extra run, seconds (SMITH_TOKEN_COALESCE; off by default).
+COALESCE = 0.05
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -365,14 +368,15 @@ class Bench:
 
     # ---- (d) token latency --------------------------------------------------------------------------
 
-    async def project_tokens(self, streams: int, sequential: int) -> tuple[list[float], int]:
+    async def project_tokens(self, streams: int, sequential: int, client: SmithClient | None = None
+                             ) -> tuple[list[float], int]:
         latencies: list[float] = []
         size = 0
 
         async def one() -> None:
             nonlocal size
-            async for event in self.client.stream(PROMPTS["tokens"], conversation_id=self.conversation(),
-                                                  timeout=60):
+            async for event in (client or self.client).stream(PROMPTS["tokens"], conversation_id=self.conversation(),
+                                                              timeout=60):
                 if event.type == "token":
                     latencies.append(time.time() - event.ts)
                     if not size:  # once: re-serializing every event would slow the receiving loop it measures
@@ -381,6 +385,25 @@ class Bench:
         for _ in range(sequential):
             await asyncio.gather(*(one() for _ in range(streams)))
         return latencies, size
+
+    async def coalesced_tokens(self, streams: int) -> dict[str, Any]:
+        """The 50 streams again through a turn worker coalescing tokens (``SMITH_TOKEN_COALESCE``, its own
+        prefix): token events per stream, the turn worker's CPU ms per stream, and the latency from the
+        event's ``ts`` (stamped when its batch is sent: add the window's wait, up to ``COALESCE`` s)."""
+        prefix = f"{self.prefix}c"
+        env = worker_env(self.url, prefix, self.base_url, SMITH_TOKEN_COALESCE=str(COALESCE))
+        [worker] = start_workers(APP, env, ["turns"], prefix)
+        try:
+            await wait_for_workers(self.url, prefix, 1)
+            async with SmithClient.from_url(self.url, prefix=prefix) as client:
+                await client.send(PROMPTS["text"], conversation_id=self.conversation(), timeout=60)  # warm-up
+                cpu = cpu_s(worker.pid)
+                latencies, _ = await self.project_tokens(streams, 1, client)
+                cpu = cpu_s(worker.pid) - cpu
+        finally:
+            worker.stop()
+        return {"window_s": COALESCE, "project": ms(latencies), "events_per_stream": len(latencies) / streams,
+                "cpu_ms_per_stream": cpu * 1000 / streams}
 
     async def floor_tokens(self, streams: int, sequential: int, size: int) -> tuple[list[float], int]:
         """Raw PUBLISH → subscriber latencies (s), and how many messages never arrived."""
@@ -415,10 +438,14 @@ class Bench:
     async def token_latency(self) -> None:
         result: dict[str, Any] = {}
         for label, streams, sequential in (("1", 1, 3), ("50", self.sizes.many_streams, 1)):
+            cpu = cpu_s(self.procs["turn_worker"].pid)
             project, size = await self.project_tokens(streams, sequential)
+            cpu = cpu_s(self.procs["turn_worker"].pid) - cpu
             floor, lost = await self.floor_tokens(streams, sequential, size)
             result[label] = {"streams": streams, "payload_bytes": size, "project": ms(project), "pubsub": ms(floor),
-                             "pubsub_lost": lost}
+                             "pubsub_lost": lost, "events_per_stream": len(project) / (streams * sequential),
+                             "cpu_ms_per_stream": cpu * 1000 / (streams * sequential)}
+        result["50_coalesced"] = await self.coalesced_tokens(self.sizes.many_streams)
         self.out["token_latency"] = result
 
     # ---- (f) memory ---------------------------------------------------------------------------------

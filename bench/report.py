@@ -157,6 +157,20 @@ def table(f: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     ratio(project, floor),
                 )
             )
+    coalesced = f.get("token_latency", {}).get("50_coalesced", {})
+    window = fmt((coalesced.get("window_s") or 0) * 1000, 0)
+    rows.append((f"(d) 50 streams coalescing tokens ({window} ms): token events per stream",
+                 fmt(coalesced.get("events_per_stream"), 1),
+                 f"not coalescing {fmt(get(f, 'token_latency', '50', 'events_per_stream'), 1)}", "—"))
+    rows.append((f"(d) 50 streams coalescing tokens ({window} ms): turn-worker CPU ms per stream",
+                 fmt(coalesced.get("cpu_ms_per_stream")),
+                 f"not coalescing {fmt(get(f, 'token_latency', '50', 'cpu_ms_per_stream'))}", "—"))
+    for pc in ("p50", "p99"):
+        rows.append((f"(d) 50 streams coalescing tokens ({window} ms): latency from send, {pc} (ms)",
+                     fmt(get(f, "token_latency", "50_coalesced", "project", pc), 3),
+                     f"raw PUBLISH {fmt(get(f, 'token_latency', '50', 'pubsub', pc), 3)}",
+                     ratio(get(f, "token_latency", "50_coalesced", "project", pc),
+                           get(f, "token_latency", "50", "pubsub", pc))))
     for worker in ("turn_worker", "tool_worker"):
         rows.append(
             (

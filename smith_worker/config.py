@@ -64,6 +64,9 @@ class Settings:
     ``SMITH_FALLBACK_POLL``      longest wait between two polls of a    2
                                  queue, seconds (workers are woken by
                                  enqueues; smith_worker/pickup.py)
+    ``SMITH_TOKEN_COALESCE``     window, seconds, in which a stream's   0 (off)
+                                 token deltas are merged into one
+                                 ``token`` event (smith_worker/event_batch.py)
     ``SMITH_TOOL_MAX_OVERRUNS``  overrunning sync-tool threads that     10
                                  make a tool worker drain and restart
     ``SMITH_TOOL_PROCESSES``     processes for ``isolation="process"``  4
@@ -103,6 +106,7 @@ class Settings:
     tool_job_timeout: float = 300.0
     turn_max_attempts: int = 3
     fallback_poll: float = 2.0
+    token_coalesce: float = 0.0
     tool_max_overruns: int = DEFAULT_OVERRUN_LIMIT
     tool_processes: int = DEFAULT_TOOL_PROCESSES
     turn_ttl: int = DEFAULT_TURN_TTL
@@ -132,6 +136,7 @@ class Settings:
             tool_job_timeout=_env_float("SMITH_TOOL_JOB_TIMEOUT", cls.tool_job_timeout),
             turn_max_attempts=_env_int("SMITH_TURN_MAX_ATTEMPTS", cls.turn_max_attempts),
             fallback_poll=_env_float("SMITH_FALLBACK_POLL", cls.fallback_poll),
+            token_coalesce=_env_float("SMITH_TOKEN_COALESCE", cls.token_coalesce),
             tool_max_overruns=_env_int("SMITH_TOOL_MAX_OVERRUNS", cls.tool_max_overruns),
             tool_processes=_env_int("SMITH_TOOL_PROCESSES", cls.tool_processes),
             turn_ttl=turn_ttl,

@@ -11,6 +11,11 @@ in-flight publish rather than one per event. Each event still gets its own
 ``seq``, log entry and pub/sub message, and ``ts`` is stamped when its batch
 is sent.
 
+Token coalescing (``SMITH_TOKEN_COALESCE``, seconds, off by default): with
+a window, a publish waits that long after its first event, and consecutive
+token deltas of its batch become one ``token`` event (their texts joined),
+trading that much latency for fewer events and round trips per stream.
+
 Order is kept (one publish at a time, in arrival order). A publish's failure
 (:class:`~smith_worker.fencing.StaleAttemptError`, a Redis error) is raised by
 the next :meth:`EventBatcher.add` or by :meth:`EventBatcher.flush`, so a
@@ -23,7 +28,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from smith_client.events import EventData
+from smith_client.events import EventData, TokenData
 from smith_worker.tasks import cancel_and_wait
 
 
@@ -31,11 +36,13 @@ class EventBatcher:
     """Publish events in arrival order, batching those that arrive while a publish is in flight.
 
     ``publish(events)`` publishes consecutive events in one round trip and
-    raises on failure (the loop's fenced batch publish).
+    raises on failure (the loop's fenced batch publish). ``coalesce`` is the
+    token-coalescing window in seconds (0: off; see the module docstring).
     """
 
-    def __init__(self, publish: Callable[[list[EventData]], Awaitable[None]]) -> None:
+    def __init__(self, publish: Callable[[list[EventData]], Awaitable[None]], coalesce: float = 0.0) -> None:
         self._publish = publish
+        self._coalesce = coalesce
         self._pending: list[EventData] = []
         self._task: asyncio.Task[Any] | None = None
         self._detaching = False
@@ -52,8 +59,10 @@ class EventBatcher:
     async def _run(self) -> None:
         # events added while a publish is awaited are taken by the next pass, unless detach() waits
         while self._pending and not self._detaching:
+            if self._coalesce > 0:
+                await asyncio.sleep(self._coalesce)  # detach() cancels nothing: it waits this out
             batch, self._pending = self._pending, []
-            await self._publish(batch)
+            await self._publish(merge_tokens(batch) if self._coalesce > 0 else batch)
 
     async def flush(self) -> None:
         """Return once every added event is published; raises a failed publish's error."""
@@ -79,3 +88,15 @@ class EventBatcher:
         task, self._task = self._task, None
         self._pending = []
         await cancel_and_wait(task)
+
+
+def merge_tokens(events: list[EventData]) -> list[EventData]:
+    """``events`` with each run of consecutive :class:`TokenData` replaced by one (texts joined, in order)."""
+    merged: list[EventData] = []
+    for event in events:
+        last = merged[-1] if merged else None
+        if isinstance(event, TokenData) and isinstance(last, TokenData):
+            merged[-1] = TokenData(text=last.text + event.text)
+        else:
+            merged.append(event)
+    return merged

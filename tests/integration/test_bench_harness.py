@@ -36,6 +36,8 @@ def test_quick_run_produces_every_figure(tmp_path):
         latency = f["token_latency"][streams]
         assert latency["project"]["n"] == latency["pubsub"]["n"] > 0
         assert latency["pubsub_lost"] == 0
+    coalesced = f["token_latency"]["50_coalesced"]  # fewer, longer token events through a coalescing worker
+    assert 0 < coalesced["events_per_stream"] < f["token_latency"]["50"]["events_per_stream"]
     assert f["memory"]["rss_peak_mib"] > 0
     assert all(project != "—" for _, project, _, _ in table(f))  # every project figure, even without anchors
     judged = [line for line in acceptance(f, None) if not line.startswith("n/a")]

@@ -95,3 +95,26 @@ async def test_detach_waits_for_the_publish_in_flight_and_hands_back_the_rest():
     publish.release.set()
     assert [event.text for event in await detached] == ["b", "c"]
     assert publish.batches == [["a"]]  # the rest is the caller's to publish, in its own round trip
+
+
+async def test_with_a_coalescing_window_a_burst_of_tokens_becomes_one_event():
+
+    publish = Publisher()
+    publish.release.set()
+    batcher = EventBatcher(publish, coalesce=0.05)
+    for event in tokens("a", "b"):
+        batcher.add(event)
+    await asyncio.sleep(0.01)  # within the window: nothing sent yet
+    assert publish.batches == []
+    batcher.add(TokenData(text="c"))
+    await batcher.flush()
+    assert publish.batches == [["abc"]]
+
+
+def test_merge_tokens_joins_only_consecutive_token_deltas():
+    from smith_client.events import ToolCallStartedData
+    from smith_worker.event_batch import merge_tokens
+
+    started = ToolCallStartedData(id="c1", name="add", index=0)
+    merged = merge_tokens([*tokens("a", "b"), started, *tokens("c", "d", "e")])
+    assert [getattr(e, "text", e) for e in merged] == ["ab", started, "cde"]
