@@ -197,13 +197,22 @@ async def test_a_queued_turn_whose_job_was_lost_is_enqueued_again(client, scenar
     conv = uid("conv")
     _, lost_marker = scenario(Script(Reply.text("first, recovered")))
     lost = TurnJob(turn_id=uid("lost"), conversation_id=conv, agent="plain", message=Msg(content=f"{lost_marker} a"))
-    # the submitter "dies" between its two steps: the turn exists, its job was never enqueued
-    async def drop(*args, **kwargs):
-        return False
+    # the turn exists but its job is lost (a client before the submit script enqueued it died between its two
+    # steps, or the job record was flushed): enqueue it on a queue no worker serves, then drop the record
+    from smith_client import turns
+    from smith_client.keys import Keys
 
+    nowhere = f"{client.keys.turns_queue}:nowhere"
+
+    def to_nowhere(*args, **kwargs):
+        return real_enqueue_call(*args, **{**kwargs, "queue": nowhere})
+
+    real_enqueue_call = turns.enqueue_call
     with monkeypatch.context() as patch:
-        patch.setattr("smith_client.runners.enqueue_job", drop)
+        patch.setattr(turns, "enqueue_call", to_nowhere)
         await submit(client, lost, "enqueue")
+    assert await client.redis.zcard(nowhere) == 1
+    await client.redis.delete(Keys.arq_job(client.keys.turn_job_id(lost.turn_id)), nowhere, Keys.wake_list(nowhere))
     second = await client.submit("b", conversation_id=conv, agent="plain")
     assert (await second.result(timeout=40)).content == "first, recovered"  # same conversation, same script
     assert (await client.turn(lost.turn_id).result(timeout=5)).content == "first, recovered"
