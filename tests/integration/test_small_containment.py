@@ -49,15 +49,15 @@ async def test_a_payload_the_worker_cannot_validate_fails_its_turn_and_frees_the
     conv = f"conv-{key}"
     newer = TurnJob(turn_id=f"new-{key}", conversation_id=conv, agent="plain",
                     message=UserMessage(content=f"{marker} from a newer client"))
-    from smith_client import runners
+    from smith_client import turns
 
-    enqueue = runners.enqueue_job
+    enqueue_call = turns.enqueue_call
 
-    async def enqueue_newer(redis, function, payload, **kw):  # a newer client's payload shape
-        return await enqueue(redis, function, {**payload, "stream": "when-convenient"}, **kw)
+    def enqueue_newer(function, payload, **kw):  # a newer client's payload shape
+        return enqueue_call(function, {**payload, "stream": "when-convenient"}, **kw)
 
     with monkeypatch.context() as patch:
-        patch.setattr(runners, "enqueue_job", enqueue_newer)
+        patch.setattr(turns, "enqueue_call", enqueue_newer)
         await submit(client, newer, "enqueue")
     following = await client.submit(f"{marker} then this", conversation_id=conv, agent="plain")
     assert (await following.result(timeout=10)).content == "next one ran"  # not blocked for 24 h
