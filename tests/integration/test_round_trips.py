@@ -27,9 +27,9 @@ TURNS = 10
 COUNTED = ("evalsha", "xrange", "mget", "subscribe", "multi", "watch", "zscore")
 #: Per turn, arq's start of a job (WATCH, ZSCORE) left to no job: the claim script does it.
 NO_ARQ_START = 0.2
-#: EVALSHA per text and per one-tool turn (measured 15.8 and 27.0, see the tests)
-TEXT_EVALSHA = 16
-TOOL_EVALSHA = 27.5
+#: EVALSHA per text and per one-tool turn (measured 15.8–16.1 and 27.0; idle workers' fallback polls add a claim)
+TEXT_EVALSHA = 17
+TOOL_EVALSHA = 28.5
 
 
 async def _calls(client) -> dict[str, int]:
