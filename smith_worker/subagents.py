@@ -100,7 +100,7 @@ class SubAgentHistory:
 
     def queue_append(self, pipe: Any, *messages: BaseModel) -> None:
         """Queue :meth:`append` of (at least one of) ``messages`` on ``pipe``; :meth:`appended` reads its reply."""
-        args = [self._attempt, self._ttl, self._max, *(message_to_json(m) for m in messages)]
+        args = [self._attempt, "", self._ttl, self._max, *(message_to_json(m) for m in messages)]  # any end
         scripts.APPEND.queue(pipe, [self._state, *self._lists], args)
 
     def appended(self, replies: list[Any]) -> None:

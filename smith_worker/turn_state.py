@@ -81,6 +81,9 @@ class TurnAttempt:
         self.history_max = history_max
         self.attempt = 0
         self.begun_state: dict[str, str] = {}
+        #: The history's absolute end as this attempt's own writes left it (None until its user message
+        #: is in): each append names it, so a failover that lost some of them stops the attempt.
+        self.history_end: int | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._state = keys.turn_state(turn_id)
         self._history = keys.history(conversation_id)
@@ -162,10 +165,11 @@ class TurnAttempt:
             if also is not None:
                 also(pipe)
 
-        index, *rest = await scripts.execute(self.redis, fill, transaction=False)
-        if index < 0:
+        reply, *rest = await scripts.execute(self.redis, fill, transaction=False)
+        if reply == -1:
             raise StaleAttemptError(self.turn_id)
-        return int(index), rest
+        index, self.history_end = int(reply[0]), int(reply[1])
+        return index, rest
 
     async def append(self, *messages: BaseModel) -> None:
         """Append whole messages to the history, fenced. Raises :class:`StaleAttemptError`."""
@@ -177,16 +181,19 @@ class TurnAttempt:
     def queue_append(self, pipe: Any, *messages: BaseModel) -> None:
         """Queue :meth:`append` of (at least one of) ``messages`` on ``pipe``; :meth:`appended` reads its reply."""
         blobs = [message_to_json(m) for m in messages]
+        expected = "" if self.history_end is None else self.history_end
         scripts.APPEND.queue(
             pipe,
             [self._state, self._history, self._trimmed],
-            [self.attempt, self.history_ttl, self.history_max, *blobs],
+            [self.attempt, expected, self.history_ttl, self.history_max, *blobs],
         )
 
     def appended(self, replies: list[Any]) -> None:
-        """Check a queued append's reply (the first of ``replies``). Raises :class:`StaleAttemptError`."""
+        """Check a queued append's reply (the first of ``replies``). Raises :class:`StaleAttemptError`,
+        also when the history does not end where this attempt's own writes left it (:attr:`history_end`)."""
         if replies[0] < 0:
             raise StaleAttemptError(self.turn_id)
+        self.history_end = int(replies[0])
 
     async def drain_inbox(self, closing: bool) -> list[bytes]:
         """Move merged user messages into the history; when ``closing`` and none are waiting, close the inbox."""
@@ -208,6 +215,8 @@ class TurnAttempt:
         """The moved messages from a drain's reply. Raises :class:`StaleAttemptError` when fenced off."""
         if reply is None:
             raise StaleAttemptError(self.turn_id)
+        if self.history_end is not None:
+            self.history_end += len(reply)
         return list(reply)
 
     def queue_finish(self, pipe: Any, status: str, field: str, value: str) -> None:

@@ -37,6 +37,11 @@ local function trim(history, trimmed, max, ttl)
   redis.call('EXPIRE', trimmed, ttl)
 end
 
+-- The history's absolute end: messages ever appended (the trimmed ones counted), smith_worker/history.py.
+local function history_end(history, trimmed)
+  return tonumber(redis.call('GET', trimmed) or '0') + redis.call('LLEN', history)
+end
+
 -- Push a wake-up token for the workers of a queue, which block on the list instead of polling
 -- (smith_worker/pickup.py): a token only means "poll now", so the list is capped and expires.
 local function wake(list, ttl, cap)

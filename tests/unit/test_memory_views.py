@@ -249,3 +249,22 @@ async def test_window_reads_further_pages_until_a_limit_or_the_oldest_message(co
     view = await RollingWindowMemory(max_chars=20_000).view(convo.ctx(start))
     assert 64 < len(view) < len(history) and view == history[-len(view):]
     assert isinstance(view[0], UserMessage) and sum(map(wire_size, view)) <= 20_000
+
+
+async def test_an_attempt_whose_own_writes_were_lost_writes_nothing_after_the_gap(convo):
+    """A failover to a replica that missed the attempt's last append: the next append is refused
+    (StaleAttemptError), so no tool message lands after a history without its assistant message."""
+    from smith_worker.fencing import StaleAttemptError
+
+    keys, cid = convo.keys, convo.cid
+    await convo.redis.hset(keys.turn_state("t2"), mapping={"attempt": 1, "status": "running"})
+    await convo.redis.expire(keys.turn_state("t2"), 60)
+    attempt = TurnAttempt(convo.redis, keys, "t2", cid, "w")
+    attempt.attempt = 1
+    position, _ = await attempt.append_user(UserMessage(content="q"))
+    await attempt.append(AssistantMessage(tool_calls=[ToolCall(id="a", name="add")]))
+    assert (position, attempt.history_end) == (0, 2)
+    await convo.redis.rpop(keys.history(cid))  # the lost write
+    with pytest.raises(StaleAttemptError):
+        await attempt.append(ToolMessage(tool_call_id="a", name="add", content="3"))
+    assert [m.role for m in (await convo.store.read(0)).messages] == ["user"]
