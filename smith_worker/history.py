@@ -16,6 +16,7 @@ trimming (issue 13 design rule 1).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from redis.asyncio import Redis
 from smith_client import scripts
 from smith_client.keys import Keys
 from smith_client.messages import messages_from_json_list
+from smith_worker.fencing import StaleAttemptError
 
 #: Messages kept in a conversation's stored history (``SMITH_HISTORY_MAX_MESSAGES``).
 DEFAULT_HISTORY_MAX_MESSAGES = 10_000
@@ -55,12 +57,24 @@ class ConversationStore:
 
     ``bytes_read`` counts the stored-form bytes this object has read (for benchmarks).
     ``lists`` reads another message list and its trimmed counter instead (a
-    sub-agent's, :mod:`smith_worker.subagents`).
+    sub-agent's, :mod:`smith_worker.subagents`). ``expected_end()`` is where the
+    running attempt's own writes left the history's end (None: not known yet):
+    a read that finds another end raises :class:`~smith_worker.fencing.StaleAttemptError`
+    (a failover lost some of them), so no prompt is built from a history missing them.
     """
 
-    def __init__(self, redis: Redis, keys: Keys, conversation_id: str, *, lists: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        conversation_id: str,
+        *,
+        lists: tuple[str, str] | None = None,
+        expected_end: Callable[[], int | None] | None = None,
+    ) -> None:
         self._redis = redis
         self._keys = lists or (keys.history(conversation_id), keys.history_trimmed(conversation_id))
+        self._expected_end = expected_end
         self.bytes_read = 0
 
     async def read(self, first: int, end: int | None = None) -> HistorySlice:
@@ -83,5 +97,8 @@ class ConversationStore:
 
     def _slice(self, reply: Any) -> HistorySlice:
         base, length, index, items = int(reply[0]), int(reply[1]), int(reply[2]), reply[3]
+        expected = self._expected_end() if self._expected_end is not None else None
+        if expected is not None and base + length != expected:
+            raise StaleAttemptError(f"history ends at {base + length}, this attempt's writes left it at {expected}")
         self.bytes_read += sum(len(item) for item in items)
         return HistorySlice(base + index, messages_from_json_list(items), base, base + length)

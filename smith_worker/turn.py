@@ -61,7 +61,10 @@ class TurnRunner:
         self.rt = rt
         self.services = services
         self.job = job
-        self.store = ConversationStore(rt.redis, rt.keys, job.conversation_id)
+        # reads check the history still ends where this attempt's writes left it (a failover may lose some)
+        self.store = ConversationStore(
+            rt.redis, rt.keys, job.conversation_id, expected_end=lambda: self.attempt.history_end
+        )
         self.attempt = TurnAttempt(
             rt.redis,
             rt.keys,

@@ -268,3 +268,18 @@ async def test_an_attempt_whose_own_writes_were_lost_writes_nothing_after_the_ga
     with pytest.raises(StaleAttemptError):
         await attempt.append(ToolMessage(tool_call_id="a", name="add", content="3"))
     assert [m.role for m in (await convo.store.read(0)).messages] == ["user"]
+
+
+async def test_a_read_finding_the_attempts_own_writes_lost_is_fenced_off(convo):
+    """The prompt is never built from a history missing the attempt's writes: the store's read refuses it."""
+    from smith_worker.fencing import StaleAttemptError
+
+    await convo.push([UserMessage(content="q"), AssistantMessage(content="a")])
+    ends = [2]
+    store = ConversationStore(convo.redis, convo.keys, convo.cid, expected_end=lambda: ends[0])
+    assert len((await store.read(0)).messages) == 2
+    await convo.redis.rpop(convo.keys.history(convo.cid))  # a failover lost the attempt's last append
+    with pytest.raises(StaleAttemptError):
+        await store.read(0)
+    ends[0] = None  # no attempt's writes to check (before its user message is in)
+    assert len((await store.read(0)).messages) == 1
