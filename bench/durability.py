@@ -71,8 +71,10 @@ async def recovery(client: SmithClient, llm: ScriptedLlmServer, signum: int) -> 
     pid = await worker_pid(client, handle.turn_id)
     killed = time.monotonic()
     os.kill(pid, signum)
-    gate.set()
     resumed = await first_event(client, handle.turn_id, "turn.resumed")
+    # the model answers only once another worker resumed the turn: a worker that got SIGTERM cannot finish
+    # it first (a reply already on its socket could beat the signal), so the figure is always a hand-off
+    gate.set()
     completed = await first_event(client, handle.turn_id, "turn.completed")
     return resumed - killed, completed - killed
 
