@@ -50,6 +50,10 @@ class Cancellable(Protocol):
         """Stop the turn's running step now; its state says why."""
         ...
 
+    def hand_off_soon(self) -> None:
+        """The worker stops at once: make sure the turn is handed off, even if arq's cancel is lost."""
+        ...
+
 
 @dataclass
 class TurnServices:

@@ -53,6 +53,9 @@ from smith_worker.turn_state import TurnAttempt, park, queue_head, wake_head, wo
 
 logger = logging.getLogger("agent_smith.agent")
 
+#: Seconds after a worker's immediate stop before a turn still running is cancelled directly (hand_off_soon).
+HANDOFF_CHECK = 0.5
+
 
 class TurnRunner:
     """Runs one attempt of one :class:`TurnJob` on a turn worker (see the module docstring)."""
@@ -81,11 +84,23 @@ class TurnRunner:
         self._cancel_requested = False
         self._lease_lost = False
         self._started = time.monotonic()
+        self._ending = False  # the attempt is handling its cancellation (no second cancel: hand_off_soon)
 
     def request_cancel(self) -> None:
         """A caller asked to cancel (control message): stop the running step now, not at the next check."""
         self._cancel_requested = True
         if self._task is not None:
+            self._task.cancel()
+
+    def hand_off_soon(self) -> None:
+        """The worker stops at once (SIGTERM): arq's cancel of the job hands the turn off. That cancel
+        travels through arq's job wrapper and was seen lost under load (the turn read on until its
+        model request timed out, then failed); if the turn is still running and not handing off after
+        :data:`HANDOFF_CHECK` seconds, its own task is cancelled, which hands it off."""
+        asyncio.get_running_loop().call_later(HANDOFF_CHECK, self._cancel_if_still_running)
+
+    def _cancel_if_still_running(self) -> None:
+        if self._task is not None and not self._task.done() and not self._ending:
             self._task.cancel()
 
     def _on_lease_lost(self) -> None:
@@ -205,6 +220,7 @@ class TurnRunner:
 
     async def _after_task_cancelled(self, spec: AgentSpec | None) -> None:
         """Why was the task cancelled? A caller's cancel, a lost lease, or the worker shutting down."""
+        self._ending = True
         if self._lease_lost:
             return  # another attempt owns the turn now; this one must not write
         if self._cancel_requested:

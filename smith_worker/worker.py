@@ -113,9 +113,14 @@ class SmithWorker(Worker):
         self.pickup.stop()
 
     def handle_sig(self, signum: signal.Signals) -> None:
-        """arq's immediate stop (turn workers' SIGTERM / SIGINT), noting a termination."""
+        """arq's immediate stop (turn workers' SIGTERM / SIGINT), noting a termination; every running
+        turn is then sure to be handed off (:meth:`~smith_worker.turn.TurnRunner.hand_off_soon`)."""
         self._note_signal(signum)
         super().handle_sig(signum)
+        runtime = self.ctx.get("runtime")
+        services = runtime.turn_services if runtime is not None else None
+        for turn in list(services.running_turns.values()) if services is not None else []:
+            turn.hand_off_soon()
 
     def handle_sig_wait_for_completion(self, signum: signal.Signals) -> None:
         """arq's stop after running jobs (tool workers' SIGTERM / SIGINT, and the drain), noting a termination."""

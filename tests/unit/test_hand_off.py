@@ -1,0 +1,45 @@
+"""TurnRunner.hand_off_soon: a turn still running after a worker's immediate stop is cancelled directly."""
+
+from __future__ import annotations
+
+import asyncio
+
+from smith_worker import turn as turn_module
+from smith_worker.turn import TurnRunner
+
+
+def runner(task: asyncio.Task[None]) -> TurnRunner:
+    made = object.__new__(TurnRunner)  # only the hand-off state is exercised
+    made._task, made._ending = task, False
+    return made
+
+
+async def test_a_turn_whose_cancel_was_lost_is_cancelled_after_the_check(monkeypatch):
+    monkeypatch.setattr(turn_module, "HANDOFF_CHECK", 0.01)
+    lost = asyncio.Event()
+
+    async def reads_on() -> None:  # swallows the first cancel, as the lost one did
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            lost.set()
+        await asyncio.sleep(3600)
+
+    task = asyncio.ensure_future(reads_on())
+    await asyncio.sleep(0)
+    task.cancel()
+    await lost.wait()
+    runner(task).hand_off_soon()
+    await asyncio.sleep(0.05)
+    assert task.cancelled()
+
+
+async def test_a_turn_already_handing_off_is_not_cancelled_again(monkeypatch):
+    monkeypatch.setattr(turn_module, "HANDOFF_CHECK", 0.01)
+    task = asyncio.ensure_future(asyncio.sleep(0.2))
+    ending = runner(task)
+    ending._ending = True
+    ending.hand_off_soon()
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    await task
