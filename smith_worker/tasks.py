@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 
@@ -14,6 +13,12 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
     """
     if task is None:
         return
+    current = asyncio.current_task()
+    before = current.cancelling() if current is not None else 0
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
+    try:
         await task
+    except asyncio.CancelledError:
+        # the task's own end is swallowed; a cancel of the caller meanwhile (its count went up) is not
+        if current is not None and current.cancelling() > before:
+            raise

@@ -85,6 +85,7 @@ class TurnAttempt:
         #: is in): each append names it, so a failover that lost some of them stops the attempt.
         self.history_end: int | None = None
         self._renewer: asyncio.Task[None] | None = None
+        self._renewing = False  # cleared by stop_renewing; the renewal loop ends on it
         self._state = keys.turn_state(turn_id)
         self._history = keys.history(conversation_id)
         self._statuses = keys.conversation_statuses(conversation_id)
@@ -116,15 +117,25 @@ class TurnAttempt:
 
     def start_renewing(self, on_lost: Callable[[], None]) -> None:
         """Renew the lease every third of its life until :meth:`stop_renewing`."""
+        self._renewing = True
         self._renewer = asyncio.create_task(self._renew_loop(on_lost))
 
     async def stop_renewing(self) -> None:
-        """Stop the lease renewal task (the attempt is over)."""
+        """Stop the lease renewal task (the attempt is over).
+
+        The flag ends the loop even when the cancel is lost inside a renewal (redis-py retries a
+        read that Python 3.11's ``asyncio.timeout`` turned from the cancel into a ``TimeoutError``,
+        and the renewal succeeds): the loop would otherwise renew the lease of a stopped attempt
+        forever, and the turn would never be re-run. Waiting is then bounded by one renewal interval.
+        """
+        self._renewing = False
         await cancel_and_wait(self._renewer)
 
     async def _renew_loop(self, on_lost: Callable[[], None]) -> None:
-        while True:
+        while self._renewing:
             await asyncio.sleep(self.lease_ms / 3000)
+            if not self._renewing:
+                return
             try:
                 renewed = await scripts.RENEW(
                     self.redis, [self._state, self.keys.running], [self.turn_id, self.attempt, now_ms(), self.lease_ms]

@@ -43,3 +43,35 @@ async def test_a_turn_already_handing_off_is_not_cancelled_again(monkeypatch):
     await asyncio.sleep(0.05)
     assert not task.done()
     await task
+
+
+async def test_the_lease_renewal_ends_even_when_its_cancel_is_lost_inside_a_renewal(monkeypatch):
+    """redis-py can retry a read the cancel interrupted (the renewal then succeeds): the flag still stops it."""
+    from smith_client import scripts
+    from smith_client.keys import Keys
+    from smith_worker.turn_state import TurnAttempt
+
+    renewals = []
+    stop_now = asyncio.Event()
+
+    swallowed = []
+
+    async def renew_swallowing_a_cancel(redis, keys, args):
+        renewals.append(args)
+        try:
+            stop_now.set()
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            if swallowed:
+                raise
+            swallowed.append(True)  # the lost cancel: the renewal goes on and succeeds
+        return 1
+
+    monkeypatch.setattr(scripts, "RENEW", renew_swallowing_a_cancel)
+    attempt = TurnAttempt(None, Keys("t"), "t1", "c1", "w", lease=0.15)
+    attempt.start_renewing(lambda: None)
+    await stop_now.wait()  # a renewal is in flight
+    await asyncio.wait_for(attempt.stop_renewing(), 1.0)  # it used to renew on, forever
+    count = len(renewals)
+    await asyncio.sleep(0.2)
+    assert len(renewals) == count  # no renewal after the stop
