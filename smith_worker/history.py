@@ -83,12 +83,9 @@ class ConversationStore:
             await scripts.HISTORY_READ(self._redis, self._keys, [first, "" if end is None else end, "range"])
         )
 
-    async def tail(self, count: int) -> HistorySlice:
-        """The last ``count`` stored messages (fewer when the history is shorter)."""
-        return self._slice(await scripts.HISTORY_READ(self._redis, self._keys, [count, "", "tail"]))
-
     def queue_tail(self, pipe: Any, count: int) -> None:
-        """Queue :meth:`tail` on ``pipe`` (to share another call's round trip); :meth:`tail_from` reads its reply."""
+        """Queue a read of the last ``count`` stored messages (fewer when the history is shorter) on ``pipe``,
+        to share another call's round trip; :meth:`tail_from` reads its reply."""
         scripts.HISTORY_READ.queue(pipe, self._keys, [count, "", "tail"])
 
     def tail_from(self, reply: Any) -> HistorySlice:

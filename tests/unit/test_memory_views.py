@@ -74,6 +74,12 @@ class Convo:
                              redis=self.redis, keys=self.keys, conversation_id=self.cid)
 
 
+async def read_tail(store: ConversationStore, redis) -> object:
+    """The history's last REPAIR_SCAN messages, read as a turn's start reads them (queued on a pipeline)."""
+    replies = await scripts.execute(redis, lambda pipe: store.queue_tail(pipe, REPAIR_SCAN), transaction=False)
+    return store.tail_from(replies[0])
+
+
 @pytest.fixture
 def convo(redis):
     return Convo(redis, Keys(f"u{uuid.uuid4().hex[:6]}"))
@@ -189,7 +195,7 @@ async def test_full_memory_and_a_dangling_call_of_an_earlier_turn(convo):
     await convo.push(history)
     view = await FullMemory().view(convo.ctx(len(history)))
     assert is_well_formed(view) and len(view) == 5 and isinstance(view[2], ToolMessage)
-    repair = pending_repair(await convo.store.tail(REPAIR_SCAN))
+    repair = pending_repair(await read_tail(convo.store, convo.redis))
     assert repair.position == 2 and repair.end == 3 and [m.tool_call_id for m in repair.messages] == ["t0_0", "t0_1"]
 
 
@@ -212,7 +218,7 @@ async def test_trimming_keeps_whole_groups_and_positions_stay_absolute(convo):
     assert (await convo.store.read(len(appended) - 3)).messages == appended[-3:]
     # a dangling call of the last turn is answered right after it, atomically with the next user message
     await attempt.append(UserMessage(content="q"), AssistantMessage(tool_calls=[ToolCall(id="d", name="add")]))
-    repair = pending_repair(await convo.store.tail(REPAIR_SCAN))
+    repair = pending_repair(await read_tail(convo.store, convo.redis))
     position, _ = await attempt.append_user(UserMessage(content="next"), repair)
     tail = (await convo.store.read(position - 3)).messages
     assert [m.role for m in tail] == ["user", "assistant", "tool", "user"]
