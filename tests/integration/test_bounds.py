@@ -138,7 +138,8 @@ async def test_a_turn_whose_worker_crashed_past_the_attempt_limit_fails(strict_f
     async with strict_fleet.client() as strict_client:
         key, marker = scenario(Reply.text("slow " * 40, chunk_size=5, delay=0.25))
         handle = await strict_client.submit(f"{marker} talk", conversation_id=f"c-{key}", agent="plain")
-        while (await handle.status()) != "running":
+        # killed mid-stream: once the model was asked (a turn is "running" a few ms before that now)
+        while (await handle.status()) != "running" or scripted_llm.attempts(key) < 1:
             await asyncio.sleep(0.05)
         strict_fleet.procs[0].signal(signal.SIGKILL)  # the supervisor starts a new worker; the lease runs out
         with pytest.raises(InternalError) as info:
