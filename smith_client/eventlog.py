@@ -120,19 +120,6 @@ class EventLog:
         :func:`smith_client.scripts.execute`."""
         scripts.PUBLISH_BATCH.queue(pipe, *self._publish_many_call(turn_id, events, agent_path, attempt, call_path))
 
-    async def publish_many(
-        self,
-        turn_id: str,
-        events: list[EventData],
-        agent_path: list[str] | None,
-        attempt: int,
-        call_path: list[str] | None = None,
-    ) -> int:
-        """:meth:`queue_publish_many` as a call of its own (no pipeline): returns the first event's
-        ``seq``, or -1 when fenced off (none published)."""
-        keys, args = self._publish_many_call(turn_id, events, agent_path, attempt, call_path)
-        return int(await scripts.PUBLISH_BATCH(self._redis, keys, args))
-
     def _publish_many_call(
         self,
         turn_id: str,

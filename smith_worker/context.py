@@ -111,13 +111,10 @@ class AgentContext:
         )
 
     async def publish_many(self, events: list[EventData]) -> None:
-        """Publish consecutive ``events`` of this loop in one script call of its own, fenced by the attempt
-        (:meth:`EventLog.publish_many`). Raises :class:`StaleAttemptError`."""
-        self.published(
-            await self.runtime.events.publish_many(
-                self.turn_id, events, self.agent_path, self.attempt.attempt, self.call_path
-            )
-        )
+        """Publish consecutive ``events`` of this loop in one script call, fenced by the attempt, in the
+        worker's next auto-pipeline (:class:`~smith_worker.auto_pipeline.AutoPipeline`: the publishes of
+        the turns streaming at once share one round trip). Raises :class:`StaleAttemptError`."""
+        self.published(await self.runtime.pipeline.call(lambda pipe: self.queue_publish(pipe, events)))
 
     def published(self, reply: Any) -> None:
         """Check a queued publish's reply. Raises :class:`StaleAttemptError`."""

@@ -27,6 +27,7 @@ from smith_client import scripts
 from smith_client.eventlog import EventLog
 from smith_client.keys import REGISTRATION_TTL, Keys
 from smith_worker.app import SmithApp
+from smith_worker.auto_pipeline import AutoPipeline
 from smith_worker.config import Settings
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
 from smith_worker.health import heartbeat_forever, heartbeat_path, remove_heartbeat
@@ -101,6 +102,7 @@ class WorkerRuntime:
     def __post_init__(self) -> None:
         self.keys = Keys(self.settings.prefix, self.settings.turn_ttl, self.settings.history_ttl)
         self.events = EventLog(self.redis, self.keys)
+        self.pipeline = AutoPipeline(self.redis)
         self.worker_id = self.worker_id or new_worker_id(self.queue)
 
     def _running_count(self) -> int:
@@ -191,13 +193,15 @@ class WorkerRuntime:
         for source in self.app.all_sources():  # after the pools: the Python tools run on them
             await source.start(self.source_context())
         if self.queue == "turns":
+            from smith_worker.llm.http import model_http_client  # aiohttp: only a turn worker pays its import
+
             replies = ReplyListener(
                 self.redis, self.keys.worker_replies_channel(self.worker_id), self.keys.control_channel,
                 self.on_control, health=self.health,
             )  # fmt: skip
             await replies.start()
             self.turn_services = TurnServices(
-                httpx.AsyncClient(timeout=None), replies, ToolJobWaiter(self.redis, self.keys, replies)
+                model_http_client(), replies, ToolJobWaiter(self.redis, self.keys, replies)
             )
         await self.health.until_ok("registration", self._register)
         self._background.append(asyncio.create_task(self._heartbeat_loop()))

@@ -45,6 +45,7 @@ from smith_client.errors import (
     TransportError,
 )
 from smith_client.messages import parse_json_object
+from smith_worker.llm.http import NETWORK_ERRORS, is_timeout, model_http_client, origin
 from smith_worker.llm.json_schema_tools import JsonReplyReader, rewrite_request
 from smith_worker.llm.stream import ChatStreamDecoder
 from smith_worker.llm.types import (
@@ -115,7 +116,7 @@ class LlmClient:
     ) -> None:
         self.config = config
         self._owns_http = http is None
-        self._http = http if http is not None else httpx.AsyncClient(timeout=self._timeout())
+        self._http = http if http is not None else model_http_client()
         self._sleep = sleep
         self._rng = rng
 
@@ -329,20 +330,21 @@ class LlmClient:
             yield
         except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             raise ConfigurationError(f"bad LLM base_url: {exc}", setting="base_url") from exc
-        except httpx.TimeoutException as exc:
-            error: SmithError = SmithTimeoutError(
-                f"chat completions timed out ({type(exc).__name__}, budget {self.config.request_timeout}s)",
-                operation=OPERATION,
-                budget=self.config.request_timeout,
-            )
-            raise (_RetryableFailure(error) if retryable else error) from exc
-        except httpx.TransportError as exc:
-            error = TransportError(
-                f"chat completions request failed: {type(exc).__name__}: {exc}",
-                operation=OPERATION,
-                endpoint_or_server=self.config.chat_completions_url,
-            )
-            raise (_RetryableFailure(error) if retryable else error) from exc
+        except NETWORK_ERRORS as exc:
+            error: SmithError
+            if is_timeout(exc):
+                error = SmithTimeoutError(
+                    f"chat completions timed out ({type(exc).__name__}, budget {self.config.request_timeout}s)",
+                    operation=OPERATION,
+                    budget=self.config.request_timeout,
+                )
+            else:
+                error = TransportError(
+                    f"chat completions request failed: {type(origin(exc)).__name__}: {exc}",
+                    operation=OPERATION,
+                    endpoint_or_server=self.config.chat_completions_url,
+                )
+            raise (_RetryableFailure(error) if retryable else error) from origin(exc)
 
     # -- retry loop (seed §6.3) --------------------------------------------
 
@@ -409,7 +411,7 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
     open a new one. Bounded by :data:`DRAIN_BYTES` and :data:`DRAIN_TIMEOUT`; past either, or on a
     network error, the connection is dropped as before (the reply is complete either way)."""
     size = 0
-    with contextlib.suppress(TimeoutError, httpx.TransportError):
+    with contextlib.suppress(TimeoutError, *NETWORK_ERRORS):
         async with asyncio.timeout(DRAIN_TIMEOUT):
             async for chunk in chunks:
                 size += len(chunk)

@@ -16,6 +16,7 @@ import time
 import uuid
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 
@@ -367,7 +368,9 @@ async def test_connection_refused_is_retried_with_backoff_then_transport_error(h
     assert harness.sleeps == [0.5 + JITTER, 1.0 + JITTER, 2.0 + JITTER]
     assert info.value.operation == "chat_completions"
     assert info.value.endpoint_or_server == f"http://127.0.0.1:{port}/v1/chat/completions"
-    assert isinstance(info.value.__cause__, httpx.ConnectError)
+    # the aiohttp error itself, not the ConnectTimeout httpx-aiohttp raises in its place
+    assert isinstance(info.value.__cause__, aiohttp.ClientConnectorError)
+    assert isinstance(info.value.__cause__.os_error, ConnectionRefusedError)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -516,6 +519,31 @@ async def test_stream_dropped_before_any_byte_is_retried(harness):
         response, _ = await collect(client, request_for(key))
     assert response.message.content == "second try"
     assert harness.server.attempts(key) == 2 and harness.sleeps == [0.5 + JITTER]
+
+
+async def hang_up_server() -> tuple[asyncio.Server, int]:
+    """A TCP server that reads the request and closes the connection without an answer."""
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_server_hanging_up_is_a_transport_error_not_a_timeout(harness, stream):
+    """httpx-aiohttp maps aiohttp's ServerDisconnectedError to httpx.ConnectTimeout; it stays a transport error."""
+    server, port = await hang_up_server()
+    async with server, harness.client(base_url=f"http://127.0.0.1:{port}/v1") as client:
+        with pytest.raises(TransportError) as info:
+            if stream:
+                await client.complete_stream(request_for("k"), lambda e: None)
+            else:
+                await client.complete(request_for("k"))
+    assert isinstance(info.value.__cause__, aiohttp.ServerDisconnectedError)
+    assert harness.sleeps == [0.5 + JITTER, 1.0 + JITTER, 2.0 + JITTER]
 
 
 async def test_stream_cut_before_finish_reason_is_a_parse_error(harness):

@@ -1,0 +1,106 @@
+"""Auto-pipelining: the commands many tasks of one worker send at once go to Redis as one pipeline (issue 18).
+
+A turn worker streaming 50 model replies publishes a token event for each of
+them every few milliseconds, each its own script call. redis-py sends every
+call on its own: a connection taken from the pool, one write, one wake-up for
+the reply; about 120 µs of CPU per call with 50 in flight, against about
+30 µs each in one pipeline (``bench/distributed.py``, BENCHMARKS.md).
+:class:`AutoPipeline` queues the commands that tasks send while a pipeline is
+being built or is in flight and sends them together as the next one, the way
+ioredis's ``enableAutoPipelining`` and Lettuce do: nothing waits for a timer
+(a command sent alone goes at once) and one pipeline is in flight at a time,
+so commands keep the order they were sent in.
+
+Each caller gets its own command's reply or error; a failure of the whole
+pipeline (the connection broke) is raised to every caller of that pipeline.
+A ``NOSCRIPT`` reply (a Redis restart or ``SCRIPT FLUSH`` emptied the script
+cache) loads the scripts and sends the calls that met it once more, before
+any later command (:mod:`smith_client.scripts`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from redis.asyncio.client import Pipeline
+from redis.exceptions import NoScriptError
+
+from smith_client import scripts
+
+#: ``fill(pipe)`` adds exactly one command to ``pipe``.
+Fill = Callable[[Pipeline], None]
+
+
+class AutoPipeline:
+    """Commands of many tasks sent as one pipeline (see the module docstring); one per worker process."""
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+        self._queued: list[tuple[Fill, asyncio.Future[Any]]] = []
+        self._sender: asyncio.Task[None] | None = None
+
+    async def call(self, fill: Fill) -> Any:
+        """Send the one command ``fill`` queues, in the next pipeline; return its reply.
+
+        Raises the command's error (e.g. ``ResponseError``), or the pipeline's
+        (``ConnectionError``, ``TimeoutError``). A caller cancelled before its
+        pipeline is sent sends nothing; once it is sent, the reply is dropped.
+        """
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queued.append((fill, future))
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._send())
+        return await future
+
+    async def _send(self) -> None:
+        try:
+            while self._queued:
+                batch, self._queued = [entry for entry in self._queued if not entry[1].done()], []
+                if batch:
+                    await self._send_batch(batch)
+        except BaseException as exc:  # the worker stops: nobody may wait for a pipeline that never goes
+            for _, future in self._queued:
+                _fail(future, exc)
+            self._queued = []
+            raise
+        finally:
+            self._sender = None
+
+    async def _send_batch(self, batch: list[tuple[Fill, asyncio.Future[Any]]]) -> None:
+        try:
+            replies = await self._execute(batch)
+            missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+            if missing:
+                await scripts.load_all(self._redis)
+                for i, reply in zip(missing, await self._execute([batch[i] for i in missing]), strict=True):
+                    replies[i] = reply
+        except BaseException as exc:
+            for _, future in batch:
+                _fail(future, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return  # told to its callers; later commands go in a pipeline of their own
+        for (_, future), reply in zip(batch, replies, strict=True):
+            if future.done():  # its caller was cancelled while the pipeline was in flight
+                continue
+            if isinstance(reply, Exception):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+
+    async def _execute(self, batch: list[tuple[Fill, asyncio.Future[Any]]]) -> list[Any]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for fill, _ in batch:
+                fill(pipe)
+            return list(await pipe.execute(raise_on_error=False))
+
+
+def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(exc, asyncio.CancelledError):
+        future.cancel()
+    else:
+        future.set_exception(exc)
