@@ -406,10 +406,10 @@ def _sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
 
 
 async def _drain(chunks: AsyncIterator[bytes]) -> None:
-    """Read what follows ``[DONE]`` (normally just the body's last chunk) so httpcore returns the connection
-    to the pool: a response closed before its end closes its connection, and the next model request would
-    open a new one. Bounded by :data:`DRAIN_BYTES` and :data:`DRAIN_TIMEOUT`; past either, or on a
-    network error, the connection is dropped as before (the reply is complete either way)."""
+    """Read what follows ``[DONE]`` (normally just the body's last chunk) so the connection goes back to
+    the pool: aiohttp, like httpcore, closes the connection of a response released before its end, and the
+    next model request would open a new one. Bounded by :data:`DRAIN_BYTES` and :data:`DRAIN_TIMEOUT`; past
+    either, or on a network error, the connection is dropped as before (the reply is complete either way)."""
     size = 0
     with contextlib.suppress(TimeoutError, *NETWORK_ERRORS):
         async with asyncio.timeout(DRAIN_TIMEOUT):
