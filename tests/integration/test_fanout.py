@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 
 import pytest
 
 from smith_client import SmithClient, SyncSmithClient
 from smith_client.events import TokenData, TurnCompletedData
+from smith_client.fanout import AsyncFanout
 
 pytestmark = pytest.mark.integration
 
@@ -128,3 +130,26 @@ async def test_sync_client_threads_share_one_pubsub_connection_and_survive_a_kil
         await asyncio.gather(*(client.events.publish(t, COMPLETED) for t in turns))
         await asyncio.to_thread(lambda: [thread.join() for thread in threads])
     assert all(seqs == list(range(1, TOKENS + 2)) for seqs in seen.values()), seen
+
+
+async def test_a_burst_is_handed_to_followers_message_by_message(client):
+    """The reader lets a follower take each message before it parses the next: with 50 streams' events
+    arriving in one read, the first is not held back until the whole burst is routed (issue 18)."""
+    fanout = AsyncFanout(client.redis)
+    subscription = fanout.open()
+    channel = f"{client.keys.prefix}:burst"
+    await subscription.subscribe(channel)
+    try:
+        async with client.redis.pipeline(transaction=False) as pipe:
+            for i in range(3):
+                pipe.publish(channel, str(i))
+            assert await pipe.execute() == [1, 1, 1]
+        time.sleep(0.05)  # noqa: ASYNC251  # all three are in the socket's buffer before the reader wakes
+        first = await subscription.receive(5)
+        left_behind = subscription.queue.qsize()
+        assert first is not None and first["data"] == b"0"
+        assert left_behind == 0  # the reader had not routed the next two yet
+        assert [(await subscription.receive(5) or {}).get("data") for _ in range(2)] == [b"1", b"2"]
+    finally:
+        await subscription.close()
+        await fanout.aclose()
