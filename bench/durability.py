@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from smith_client import SmithClient  # noqa: E402
+from smith_client.registry import live_workers  # noqa: E402
 from smith_worker.local.processes import start_redis_server  # noqa: E402
 from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: E402
 from tests.support.scripted_llm import Reply, ScriptedLlmServer, Script, scenario_marker  # noqa: E402
@@ -62,6 +63,13 @@ async def worker_pid(client: SmithClient, turn_id: str) -> int:
         await asyncio.sleep(0.02)
 
 
+async def registered(client: SmithClient, pid: int) -> None:
+    """Wait until the worker process ``pid`` has registered (it is up and taking jobs)."""
+    async with asyncio.timeout(60):
+        while pid not in {info.get("pid") for info in await live_workers(client.redis, client.keys)}:
+            await asyncio.sleep(0.05)
+
+
 async def recovery(client: SmithClient, llm: ScriptedLlmServer, signum: int) -> tuple[float, float]:
     gate = threading.Event()
     key = uuid.uuid4().hex[:8]
@@ -94,8 +102,9 @@ async def main() -> None:
             async with SmithClient.from_url(redis_url, prefix=prefix) as client:
                 cancels = await cancel_latency(client, llm, args.cancels)
                 kill = await recovery(client, llm, signal.SIGKILL)
-                procs += start_workers(APP, env, ["turns"], prefix)
-                await wait_for_workers(redis_url, prefix, 3)
+                [replacement] = start_workers(APP, env, ["turns"], prefix)
+                procs.append(replacement)
+                await registered(client, replacement.pid)  # not a count: the killed worker's entry outlives it
                 term = await recovery(client, llm, signal.SIGTERM)
     finally:
         for proc in procs:

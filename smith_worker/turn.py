@@ -54,7 +54,7 @@ from smith_worker.turn_state import TurnAttempt, park, queue_head, wake_head, wo
 logger = logging.getLogger("agent_smith.agent")
 
 #: Seconds after a worker's immediate stop before a turn still running is cancelled directly (hand_off_soon).
-HANDOFF_CHECK = 0.5
+HANDOFF_CHECK = 0.1
 
 
 class TurnRunner:
