@@ -141,9 +141,11 @@ class AsyncFanout:
                 continue
             if message is not None:
                 self._route(message)
-                # let its follower take it before the next is parsed: a burst of 50 streams' events is then
-                # delivered one by one, not all after the whole burst was read (issue 18, token latency)
-                await asyncio.sleep(0)
+                if len(self._followers) > 1:
+                    # let its follower take it before the next is parsed: a burst of many streams' events is
+                    # then delivered one by one, not all after the whole burst was read (issue 18, token
+                    # latency); one stream's follower takes them in order anyway, so it is spared the pass
+                    await asyncio.sleep(0)
 
     def _route(self, message: dict[str, Any]) -> None:
         route(message, self._followers, self._confirmed)

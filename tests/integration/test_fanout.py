@@ -133,12 +133,15 @@ async def test_sync_client_threads_share_one_pubsub_connection_and_survive_a_kil
 
 
 async def test_a_burst_is_handed_to_followers_message_by_message(client):
-    """The reader lets a follower take each message before it parses the next: with 50 streams' events
-    arriving in one read, the first is not held back until the whole burst is routed (issue 18)."""
+    """With several streams followed, the reader lets a follower take each message before it parses the
+    next: when 50 streams' events arrive in one read, the first is not held back until the whole burst
+    is routed (issue 18)."""
     fanout = AsyncFanout(client.redis)
     subscription = fanout.open()
     channel = f"{client.keys.prefix}:burst"
     await subscription.subscribe(channel)
+    other = fanout.open()  # a second stream followed: the reader hands messages over one by one
+    await other.subscribe(f"{client.keys.prefix}:quiet")
     try:
         async with client.redis.pipeline(transaction=False) as pipe:
             for i in range(3):
@@ -152,4 +155,5 @@ async def test_a_burst_is_handed_to_followers_message_by_message(client):
         assert [(await subscription.receive(5) or {}).get("data") for _ in range(2)] == [b"1", b"2"]
     finally:
         await subscription.close()
+        await other.close()
         await fanout.aclose()
