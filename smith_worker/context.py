@@ -14,6 +14,7 @@ turn whose stream it publishes on from here, never from ``job.agent`` /
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,11 +111,12 @@ class AgentContext:
             pipe, self.turn_id, events, self.agent_path, self.attempt.attempt, self.call_path
         )
 
-    async def publish_many(self, events: list[EventData]) -> None:
-        """Publish consecutive ``events`` of this loop in one script call, fenced by the attempt, in the
-        worker's next auto-pipeline (:class:`~smith_worker.auto_pipeline.AutoPipeline`: the publishes of
-        the turns streaming at once share one round trip). Raises :class:`StaleAttemptError`."""
-        self.published(await self.runtime.pipeline.call(lambda pipe: self.queue_publish(pipe, events)))
+    def submit_publish(self, take: Callable[[], list[EventData]]) -> asyncio.Future[Any]:
+        """Queue for the worker's next auto-pipeline (:class:`~smith_worker.auto_pipeline.AutoPipeline`: the
+        publishes of the turns streaming at once share one round trip) the publish of the consecutive events
+        ``take()`` returns when that pipeline is built, in one script call fenced by the attempt. The future
+        gets the script's reply, for :meth:`published` to check."""
+        return self.runtime.pipeline.submit(lambda pipe: self.queue_publish(pipe, take()))
 
     def published(self, reply: Any) -> None:
         """Check a queued publish's reply. Raises :class:`StaleAttemptError`."""

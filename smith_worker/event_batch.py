@@ -3,13 +3,16 @@
 A streamed model reply arrives as many small events (token deltas, tool-call
 starts and completions), often several in one burst. Publishing each before
 reading on costs one Redis round trip per token. :class:`EventBatcher` lets
-the loop read on: the first event starts a publish in the background, and the
-events that arrive while it is in flight go together in the next one (one
-script call, ``lua/publish_batch.lua``). Nothing waits for a timer: an event
-that arrives alone is published at once, and a burst costs one round trip per
-in-flight publish rather than one per event. Each event still gets its own
+the loop read on: the first event queues a publish for the worker's next
+auto-pipeline (:meth:`AgentContext.submit_publish`), which takes every event
+that arrived by the time that pipeline is built (one script call,
+``lua/publish_batch.lua``); the events that arrive while it is in flight go
+in the next one. Nothing waits for a timer: an event that arrives alone is
+published at once, and a burst costs one round trip per in-flight publish
+rather than one per event. No task runs per publish either: the next publish
+is queued from the reply's done-callback. Each event still gets its own
 ``seq``, log entry and pub/sub message, and ``ts`` is stamped when its batch
-is sent.
+is built.
 
 Token coalescing (``SMITH_TOKEN_COALESCE``, seconds, off by default): with
 a window, a publish waits that long after its first event, and consecutive
@@ -25,69 +28,104 @@ superseded attempt stops reading the stream soon.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from smith_client.events import EventData, TokenData
-from smith_worker.tasks import cancel_and_wait
+
+#: ``submit(take)``: queue a publish of the events ``take()`` returns when it is sent; the future gets its reply.
+Submit = Callable[[Callable[[], list[EventData]]], "asyncio.Future[Any]"]
 
 
 class EventBatcher:
     """Publish events in arrival order, batching those that arrive while a publish is in flight.
 
-    ``publish(events)`` publishes consecutive events in one round trip and
-    raises on failure (the loop's fenced batch publish). ``coalesce`` is the
-    token-coalescing window in seconds (0: off; see the module docstring).
+    ``submit`` queues one publish (:meth:`AgentContext.submit_publish`);
+    ``check(reply)`` raises when its reply says it failed (the attempt was
+    superseded: :class:`~smith_worker.fencing.StaleAttemptError`).
+    ``coalesce`` is the token-coalescing window in seconds (0: off; see the
+    module docstring).
     """
 
-    def __init__(self, publish: Callable[[list[EventData]], Awaitable[None]], coalesce: float = 0.0) -> None:
-        self._publish = publish
+    def __init__(self, submit: Submit, check: Callable[[Any], None], coalesce: float = 0.0) -> None:
+        self._submit = submit
+        self._check = check
         self._coalesce = coalesce
         self._pending: list[EventData] = []
-        self._task: asyncio.Task[Any] | None = None
+        self._error: BaseException | None = None
         self._detaching = False
+        self._idle = asyncio.Event()  # set while no publish is queued, in flight or waiting out its window
+        self._idle.set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._reply: asyncio.Future[Any] | None = None
 
     def add(self, data: EventData) -> None:
         """Queue ``data`` for publishing; raises the error of an earlier publish that failed."""
-        if self._task is not None and self._task.done():
-            task, self._task = self._task, None
-            task.result()
+        if self._error is not None:
+            raise self._error
         self._pending.append(data)
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
+        if self._idle.is_set():
+            self._begin()
 
-    async def _run(self) -> None:
-        # events added while a publish is awaited are taken by the next pass, unless detach() waits
-        while self._pending and not self._detaching:
-            if self._coalesce > 0:
-                await asyncio.sleep(self._coalesce)  # detach() cancels nothing: it waits this out
-            batch, self._pending = self._pending, []
-            await self._publish(merge_tokens(batch) if self._coalesce > 0 else batch)
+    def _begin(self) -> None:
+        self._idle.clear()
+        if self._coalesce > 0:  # detach() cancels nothing: it waits the window out
+            self._timer = asyncio.get_running_loop().call_later(self._coalesce, self._send)
+        else:
+            self._send()
+
+    def _send(self) -> None:
+        self._timer = None
+        self._reply = self._submit(self._take)
+        self._reply.add_done_callback(self._sent)
+
+    def _take(self) -> list[EventData]:
+        batch, self._pending = self._pending, []
+        return merge_tokens(batch) if self._coalesce > 0 else batch
+
+    def _sent(self, reply: asyncio.Future[Any]) -> None:
+        self._reply = None
+        if reply.cancelled():  # aclose()
+            self._idle.set()
+            return
+        try:
+            self._check(reply.result())
+        except Exception as exc:
+            self._error = exc
+        if self._error is None and self._pending and not self._detaching:
+            self._begin()  # the events that came while it was in flight
+        else:
+            self._idle.set()
 
     async def flush(self) -> None:
         """Return once every added event is published; raises a failed publish's error."""
         rest = await self.detach()
         if rest:
-            await self._publish(rest)
+            self._check(await self._submit(lambda: rest))
 
     async def detach(self) -> list[EventData]:
         """Wait for the publish in flight, then return (and forget) the events not sent yet: the caller
         publishes them in its own next round trip, ahead of its own events. Raises a failed publish's error."""
-        task, self._task = self._task, None
         self._detaching = True
         try:
-            if task is not None:
-                await task
+            await self._idle.wait()
         finally:
             self._detaching = False
+        if self._error is not None:
+            raise self._error
         pending, self._pending = self._pending, []
         return pending
 
     async def aclose(self) -> None:
-        """Stop a publish still in flight (the stream failed or was cancelled); unsent events are dropped."""
-        task, self._task = self._task, None
+        """Stop a publish still queued (the stream failed or was cancelled); unsent events are dropped.
+        One already sent finishes on its own, its reply unread."""
         self._pending = []
-        await cancel_and_wait(task)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._reply is not None:
+            self._reply.cancel()
+        self._idle.set()
 
 
 def merge_tokens(events: list[EventData]) -> list[EventData]:

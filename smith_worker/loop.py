@@ -315,7 +315,7 @@ class AgentLoop:
         """A streamed model call whose events are published behind the stream (:class:`EventBatcher`).
         The events not sent when it returns wait in :attr:`_unpublished` for the reply's append;
         those that arrived before a failed call are published."""
-        batcher = EventBatcher(self.ctx.publish_many, self.rt.settings.token_coalesce)
+        batcher = EventBatcher(self.ctx.submit_publish, self.ctx.published, self.rt.settings.token_coalesce)
         try:
             response = await llm.complete_stream(request, lambda event: self._on_stream_event(spec, event, batcher))
             self._unpublished = await batcher.detach()

@@ -18,11 +18,17 @@ Two differences are handled here, not by the callers:
   ``TimeoutError``) from those, so they stay transport errors (seed §6.3
   retries both, but reports them as different kinds).
 * an httpx client with its own transport ignores the proxy environment; the
-  aiohttp session is made with ``trust_env=True`` so ``HTTP(S)_PROXY`` and
-  ``NO_PROXY`` still apply, as they did with httpx's own transport.
+  aiohttp session is made with ``trust_env=True`` when the environment names
+  a proxy, so ``HTTP(S)_PROXY``, ``ALL_PROXY`` and ``NO_PROXY`` still apply, as
+  they did with httpx's own transport (which reads them once, when the client
+  is made: so does this). Only then: a ``trust_env`` session looks the proxy
+  and ``~/.netrc`` up again in a thread of the default executor for every
+  request, two thread hops per model call.
 """
 
 from __future__ import annotations
+
+import urllib.request
 
 import aiohttp
 import httpx
@@ -46,7 +52,13 @@ def model_http_client() -> httpx.AsyncClient:
 
 def _session() -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_EXPIRY)
-    return aiohttp.ClientSession(connector=connector, trust_env=True)
+    return aiohttp.ClientSession(connector=connector, trust_env=proxy_in_environment())
+
+
+def proxy_in_environment() -> bool:
+    """Whether the environment names a proxy (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``…, either case;
+    ``NO_PROXY`` alone names none), as :func:`urllib.request.getproxies_environment` reads it."""
+    return any(scheme != "no" for scheme in urllib.request.getproxies_environment())
 
 
 def origin(exc: BaseException) -> BaseException:

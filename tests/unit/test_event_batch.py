@@ -11,19 +11,44 @@ from smith_worker.event_batch import EventBatcher
 from smith_worker.fencing import StaleAttemptError
 
 
-class Publisher:
-    """Records each batch; each publish waits for ``release`` (a Redis round trip in flight)."""
+class Pipeline:
+    """A stand-in for the worker's auto-pipeline: a submitted publish is built (its events taken) at once and
+    answered once ``release`` is set (a round trip in flight), with ``reply`` (a negative one: the attempt
+    was superseded) or the error ``fail``."""
 
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
         self.release = asyncio.Event()
+        self.reply = 1
         self.fail: BaseException | None = None
+        self._answering: set[asyncio.Task[None]] = set()
 
-    async def __call__(self, events: list) -> None:
-        self.batches.append([event.text for event in events])
+    def submit(self, take):
+        self.batches.append([event.text for event in take()])
+        future = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(self._answer(future))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+        return future
+
+    async def _answer(self, future: asyncio.Future) -> None:
         await self.release.wait()
+        if future.done():  # cancelled by aclose()
+            return
         if self.fail is not None:
-            raise self.fail
+            future.set_exception(self.fail)
+        else:
+            future.set_result(self.reply)
+
+
+def check(reply: int) -> None:
+    """As AgentContext.published: a negative reply means the attempt was superseded."""
+    if reply < 0:
+        raise StaleAttemptError("t1")
+
+
+def batcher_for(publish: Pipeline, coalesce: float = 0.0) -> EventBatcher:
+    return EventBatcher(publish.submit, check, coalesce)
 
 
 def tokens(*texts: str) -> list[TokenData]:
@@ -31,8 +56,8 @@ def tokens(*texts: str) -> list[TokenData]:
 
 
 async def test_events_added_while_a_publish_is_in_flight_go_in_the_next_one_in_order():
-    publish = Publisher()
-    batcher = EventBatcher(publish)
+    publish = Pipeline()
+    batcher = batcher_for(publish)
     batcher.add(TokenData(text="a"))
     await asyncio.sleep(0)  # the first publish is in flight now
     for event in tokens("b", "c", "d"):
@@ -43,9 +68,9 @@ async def test_events_added_while_a_publish_is_in_flight_go_in_the_next_one_in_o
 
 
 async def test_a_lone_event_is_published_without_waiting_for_more():
-    publish = Publisher()
+    publish = Pipeline()
     publish.release.set()
-    batcher = EventBatcher(publish)
+    batcher = batcher_for(publish)
     batcher.add(TokenData(text="a"))
     await asyncio.sleep(0)
     assert publish.batches == [["a"]]  # sent at once, no timer
@@ -55,23 +80,39 @@ async def test_a_lone_event_is_published_without_waiting_for_more():
 
 
 async def test_a_failed_publish_is_raised_by_the_next_add_and_by_flush():
-    publish = Publisher()
-    publish.fail = StaleAttemptError("t1")
+    publish = Pipeline()
+    publish.reply = -1
     publish.release.set()
-    batcher = EventBatcher(publish)
+    batcher = batcher_for(publish)
     batcher.add(TokenData(text="a"))
     await asyncio.sleep(0.01)
     with pytest.raises(StaleAttemptError):
         batcher.add(TokenData(text="b"))
-    other = EventBatcher(publish)
+    with pytest.raises(StaleAttemptError):  # and it stays failed: nothing after it is published
+        batcher.add(TokenData(text="c"))
+    assert publish.batches == [["a"]]
+    other = batcher_for(publish)
     other.add(TokenData(text="c"))
     with pytest.raises(StaleAttemptError):
         await other.flush()
 
 
+async def test_a_redis_error_stops_the_events_queued_behind_it():
+    """Events that arrived while a failed publish was in flight are never sent after it (no hole in the stream)."""
+    publish = Pipeline()
+    publish.fail = ConnectionError("connection reset")
+    batcher = batcher_for(publish)
+    batcher.add(TokenData(text="a"))
+    batcher.add(TokenData(text="b"))  # queued behind "a"
+    publish.release.set()
+    with pytest.raises(ConnectionError):
+        await batcher.flush()
+    assert publish.batches == [["a"]]
+
+
 async def test_aclose_stops_a_publish_in_flight_and_drops_unsent_events():
-    publish = Publisher()
-    batcher = EventBatcher(publish)
+    publish = Pipeline()
+    batcher = batcher_for(publish)
     batcher.add(TokenData(text="a"))
     await asyncio.sleep(0)
     batcher.add(TokenData(text="b"))
@@ -83,8 +124,8 @@ async def test_aclose_stops_a_publish_in_flight_and_drops_unsent_events():
 
 
 async def test_detach_waits_for_the_publish_in_flight_and_hands_back_the_rest():
-    publish = Publisher()
-    batcher = EventBatcher(publish)
+    publish = Pipeline()
+    batcher = batcher_for(publish)
     batcher.add(TokenData(text="a"))
     await asyncio.sleep(0)
     batcher.add(TokenData(text="b"))
@@ -99,9 +140,9 @@ async def test_detach_waits_for_the_publish_in_flight_and_hands_back_the_rest():
 
 async def test_with_a_coalescing_window_a_burst_of_tokens_becomes_one_event():
 
-    publish = Publisher()
+    publish = Pipeline()
     publish.release.set()
-    batcher = EventBatcher(publish, coalesce=0.05)
+    batcher = batcher_for(publish, coalesce=0.05)
     for event in tokens("a", "b"):
         batcher.add(event)
     await asyncio.sleep(0.01)  # within the window: nothing sent yet

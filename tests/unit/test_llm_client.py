@@ -8,6 +8,7 @@ jitter is 0.125 s and no test waits on the wall clock for a backoff.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import email.utils
 import logging
 import socket
@@ -256,6 +257,68 @@ async def test_first_event_arrives_long_before_a_delayed_chunk(harness):
 
 
 # -- request body (seed §8.2) -------------------------------------------------------
+
+
+class CountingExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor, counting what is submitted to it."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self.submitted = 0
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        self.submitted += 1
+        return super().submit(*args, **kwargs)
+
+
+async def test_requests_use_no_thread_without_a_proxy_in_the_environment(harness, monkeypatch):
+    """aiohttp's ``trust_env`` looks up the proxy and ~/.netrc in a thread per request; without a proxy
+    named in the environment the session does without it, so a model call hops to no thread."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "example.com")  # names no proxy
+    executor = CountingExecutor()
+    asyncio.get_running_loop().set_default_executor(executor)
+    key = harness.scenario(Reply.text("no threads"))
+    async with harness.client() as client:
+        for stream in (False, True):
+            assert (await call(client, request_for(key), stream)).message.content == "no threads"
+    assert executor.submitted == 0
+
+
+async def forward_proxy(upstream_port: int, seen: list[str]) -> tuple[asyncio.Server, int]:
+    """An HTTP forward proxy for one upstream: records each request line, sends it on in origin form."""
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+        writer.close()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        method, target, rest = head.split(b" ", 2)
+        seen.append(f"{method.decode()} {target.decode()}")
+        origin_form = b"/" + target.split(b"/", 3)[3]  # http://host/path -> /path
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
+        up_writer.write(b" ".join((method, origin_form, rest)))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def test_a_proxy_named_in_the_environment_is_used(harness, monkeypatch):
+    """As with httpx's own transport, ``HTTP_PROXY`` carries the model calls (read when the client is made)."""
+    seen: list[str] = []
+    server, port = await forward_proxy(harness.server.port, seen)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    key = harness.scenario(Reply.text("via the proxy"))
+    async with server, harness.client(base_url="http://model.invalid/v1") as client:  # resolves only at the proxy
+        response = await client.complete(request_for(key))
+    assert response.message.content == "via the proxy"
+    assert seen == ["POST http://model.invalid/v1/chat/completions"]
 
 
 async def test_request_body_merge_rules(harness):
