@@ -77,8 +77,10 @@ async def claim_jobs(
     counted, and with ``take_aborts`` its abort request removed and reported. ``read_limit`` is how
     many ready jobs are looked at (arq's ``queue_read_limit``); ``tokens_held`` how many wake-up
     tokens the worker's wait has popped already: one more is popped for each job claimed beyond
-    those. Raises what the Redis client raises (nothing is claimed when the call fails before Redis
-    ran it).
+    those. A worker holding tokens claims no more jobs than those plus the tokens still listed (the
+    rest went to other idle workers: a burst is spread over them); holding none (the fallback poll,
+    a deferred job due, a slot freed) it claims up to ``free``. Raises what the Redis client raises
+    (nothing is claimed when the call fails before Redis ran it).
     """
     script_keys = [queue, Keys.wake_list(queue), keys.arq_abort_set]
     args = [now_ms(), free, read_limit, in_progress_ms, ARQ_RETRY_TTL, tokens_held, int(take_aborts),

@@ -90,7 +90,7 @@ class EventBatcher:
             return
         try:
             self._check(reply.result())
-        except Exception as exc:
+        except BaseException as exc:  # whatever it is, detach() must not wait for a publish that never comes
             self._error = exc
         if self._error is None and self._pending and not self._detaching:
             self._begin()  # the events that came while it was in flight

@@ -6,6 +6,10 @@
 -- on workers that abort jobs, its abort request taken (an aborted job fails before it starts).
 -- It also pops one wake-up token per job claimed beyond the tokens the worker's wait already took,
 -- and reads the score of the queue's next deferred job, which bounds that wait (smith_worker/pickup.py).
+-- A worker its wait's tokens woke claims no more jobs than the tokens it holds and those still listed:
+-- the others' tokens went to other idle workers, whose claims take those jobs, so the jobs of a burst
+-- are spread over the idle workers. Woken otherwise (the fallback poll, a deferred job due, a slot
+-- freed), it claims every ready job it has slots for, as arq does.
 -- KEYS: queue, its wake-up list, arq abort set.
 -- ARGV: now ms, free slots, read limit, in-progress TTL ms, try counter TTL s, tokens held,
 --       take aborts (1 or 0), then arq's in-progress, job and retry key prefixes (Keys.arq_claim_prefixes):
@@ -19,6 +23,7 @@ local in_progress_prefix, job_prefix, retry_prefix = ARGV[8], ARGV[9], ARGV[10]
 
 local reply = {false}
 local claimed = 0
+if held > 0 then free = math.min(free, held + redis.call('LLEN', wake_list)) end
 if free > 0 then
   local ready = redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
   for i = 1, #ready, 2 do

@@ -146,6 +146,18 @@ async def test_a_claim_pops_a_wake_up_token_per_job_beyond_those_the_wait_took(r
     assert await redis.llen(wake) == 2
 
 
+async def test_a_worker_woken_by_a_token_leaves_the_jobs_whose_tokens_other_workers_took(redis, keys):
+    """Two jobs, two tokens, two idle workers: each wait took one token, so each claim takes one job."""
+    wake = Keys.wake_list(keys.tools_queue)
+    for i in range(2):
+        await enqueue(redis, keys, f"j{i}", wake=True)
+    await redis.lpop(wake, 2)  # both waits were served
+    first = await claim(redis, keys, held=1)
+    second = await claim(redis, keys, held=1)
+    assert len(first.jobs) == len(second.jobs) == 1 and first.jobs[0].job_id != second.jobs[0].job_id
+    assert await redis.llen(wake) == 0
+
+
 async def test_a_claim_with_nothing_ready_pops_no_token(redis, keys):
     wake = Keys.wake_list(keys.tools_queue)
     await redis.rpush(wake, "1")
