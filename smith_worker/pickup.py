@@ -26,6 +26,9 @@ worker that can take the job; a pop that gets a token after its worker filled
 up pushes it back for the same reason. The tokens of the other jobs a poll takes are
 popped by the poll's claim (``lua/claim.lua``, one per job claimed beyond the tokens the
 wait took, :meth:`Pickup.take_tokens`), so a burst of enqueues costs one poll, not one per job.
+A claim after a wait that took tokens takes no more jobs than those and the tokens still
+listed: Redis hands each token of a burst to another blocked worker, so the burst's jobs are
+spread over the idle workers rather than all claimed by the first to poll.
 
 On tool workers an abort announced on the channel is remembered (:meth:`Pickup.take_abort`):
 the worker runs arq's abort check only then, or once per ``fallback`` for an abort missed.
