@@ -30,6 +30,7 @@ from smith_client.events import (
     ToolResultData,
     TurnCompletedData,
     TurnFailedData,
+    TurnResumedData,
 )
 from smith_client.hygiene import conversation_keys
 from smith_client.registry import fleet_status
@@ -40,7 +41,9 @@ class StreamPrinter:
     """Prints a turn's events: tokens to ``out``, tool status lines to ``err``.
 
     An agent that does not stream publishes no ``token`` events, so its answer
-    is printed from the final message of ``turn.completed``. A sub-agent's
+    is printed from the final message of ``turn.completed``. After ``turn.resumed``
+    (a worker crashed or stopped mid-turn) the interrupted step's reply is
+    streamed again from its start, so it begins on a new line, with a status line. A sub-agent's
     status lines start with its chain (``[lead > researcher]``, the event's
     ``agent_path``); its tokens are not printed: its answer is its parent's tool result.
     """
@@ -63,7 +66,15 @@ class StreamPrinter:
             self._status(f"{chain}[tool call] {data.name}({_compact(data.arguments)})")
         elif isinstance(data, ToolResultData):
             label = "error" if data.is_error else "result"
-            self._status(f"{chain}[tool {label}] {data.name} -> {_short(data.content)} (worker {data.worker})")
+            ran_on = f" (worker {data.worker})" if data.worker else ""  # none: the turn gave up on the call
+            self._status(f"{chain}[tool {label}] {data.name} -> {_short(data.content)}{ran_on}")
+        elif isinstance(data, TurnResumedData):
+            if event.turn_id in self._streamed:  # the interrupted reply is streamed again: start it on a new line
+                self.out.write("\n")
+                self.out.flush()
+            self._status(
+                f"[turn resumed, attempt {data.attempt}: a worker stopped; its unfinished reply streams again]"
+            )
         elif isinstance(data, TurnCompletedData):
             if event.turn_id not in self._streamed:
                 self.out.write(data.message.content or "")

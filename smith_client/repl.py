@@ -10,6 +10,7 @@ keeps the REPL; at the prompt it only reminds how to leave.
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import sys
 import uuid
@@ -22,6 +23,8 @@ from smith_client.events import TURN_COMPLETED, Event
 PROMPT = "you> "
 EXIT_COMMANDS = ("/exit", "/quit")
 RESET_COMMAND = "/reset"
+#: A line that is one ``/word`` is a command; any other line (``/usr/bin is a path``) is a message.
+COMMAND = re.compile(r"/\w+")
 
 Printer = Callable[[Event], None]
 
@@ -104,6 +107,8 @@ class ChatRepl:
                 if line == RESET_COMMAND:
                     self.conversation_id = new_conversation_id()
                     self._status(f"[new conversation {self.conversation_id}]")
+                elif COMMAND.fullmatch(line):  # a mistyped command is not sent to the model
+                    self._status(f"[unknown command {line}: /reset starts a new conversation, /exit leaves]")
                 elif line:
                     await self._ask(line)
         finally:

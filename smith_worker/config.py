@@ -42,6 +42,14 @@ def _env_int(name: str, default: int) -> int:
     return int(_env_float(name, default))
 
 
+def _env_count(name: str, default: int) -> int:
+    """``name`` as a whole number of at least 1 (job slots, attempts). Raises :class:`ConfigurationError`."""
+    value = _env_int(name, default)
+    if value < 1:
+        raise ConfigurationError(f"{name} must be at least 1, got {value}", setting=name)
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """Deployment settings, read from the environment by :meth:`from_env`.
@@ -119,7 +127,8 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> Settings:
-        """Read ``SMITH_*`` variables; raises :class:`ConfigurationError` on a malformed number."""
+        """Read ``SMITH_*`` variables; raises :class:`ConfigurationError` on a malformed number, or a count
+        (job slots, attempts) below 1."""
         env = os.environ
         turn_ttl, history_ttl = lifetimes_from_env(env)
         return cls(
@@ -130,11 +139,11 @@ class Settings:
             llm_api_key=env.get("SMITH_LLM_API_KEY") or None,
             llm_tool_calling=env.get("SMITH_LLM_TOOL_CALLING") or cls.llm_tool_calling,
             llm_temperature=_env_optional_float("SMITH_LLM_TEMPERATURE"),
-            turn_max_jobs=_env_int("SMITH_TURN_MAX_JOBS", cls.turn_max_jobs),
-            tool_max_jobs=_env_int("SMITH_TOOL_MAX_JOBS", cls.tool_max_jobs),
+            turn_max_jobs=_env_count("SMITH_TURN_MAX_JOBS", cls.turn_max_jobs),
+            tool_max_jobs=_env_count("SMITH_TOOL_MAX_JOBS", cls.tool_max_jobs),
             turn_job_timeout=_env_float("SMITH_TURN_JOB_TIMEOUT", cls.turn_job_timeout),
             tool_job_timeout=_env_float("SMITH_TOOL_JOB_TIMEOUT", cls.tool_job_timeout),
-            turn_max_attempts=_env_int("SMITH_TURN_MAX_ATTEMPTS", cls.turn_max_attempts),
+            turn_max_attempts=_env_count("SMITH_TURN_MAX_ATTEMPTS", cls.turn_max_attempts),
             fallback_poll=_env_float("SMITH_FALLBACK_POLL", cls.fallback_poll),
             token_coalesce=_env_float("SMITH_TOKEN_COALESCE", cls.token_coalesce),
             tool_max_overruns=_env_int("SMITH_TOOL_MAX_OVERRUNS", cls.tool_max_overruns),
@@ -176,7 +185,8 @@ class Settings:
         try:
             return LlmClientConfig(**base)
         except ValidationError as exc:
-            raise ConfigurationError(f"invalid LLM settings: {exc}", setting="llm") from exc
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ConfigurationError(f"invalid LLM settings: {problems}", setting="llm") from exc
 
 
 @dataclass(frozen=True)

@@ -224,7 +224,10 @@ class ToolJobWaiter:
             reason = (
                 "interrupted: the tool worker running it stopped"
                 if job_id == ""
-                else (f"timed out after {job.timeout:g} s (no tool worker answered)")
+                else (
+                    f"timed out: no tool worker answered within {job.timeout + self._grace:g} s "
+                    f"(its timeout {job.timeout:g} s + {self._grace:g} s for a tool worker to take it)"
+                )
             )
             return await self._give_up(job, job_id, reason)
         finally:

@@ -213,8 +213,8 @@ class TurnRunner:
         runs = self.attempt.attempt - int(state.get(record.HANDOFFS) or 0)
         if runs > limit:
             raise InternalError(
-                f"turn was started {runs} times without finishing (limit SMITH_TURN_MAX_ATTEMPTS={limit}): "
-                "each earlier run ended with its worker crashing or losing Redis",
+                f"turn ran {runs - 1} times without finishing (limit SMITH_TURN_MAX_ATTEMPTS={limit}), each run "
+                "ended with its worker crashing or losing Redis: not started again",
                 exception_type="TurnAttemptsExhausted",
             )
 

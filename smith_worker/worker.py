@@ -242,10 +242,15 @@ class SmithWorker(Worker):
 def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> SmithWorker:
     """A :class:`SmithWorker` serving ``queue`` for ``app``. ``overrides`` go to ``Worker(...)``.
 
-    Raises :class:`~smith_client.errors.ConfigurationError` for an agent's bad ``subagents`` (seed §14.1).
+    Raises :class:`~smith_client.errors.ConfigurationError` for an agent's bad ``subagents`` (seed §14.1)
+    and, on the turns queue, for LLM settings that are invalid for any agent (``SMITH_LLM_TOOL_CALLING``,
+    an agent's ``llm`` override), so the worker exits at start rather than failing every turn.
     """
     app.resolve_subagents()
     settings = settings or app.settings
+    if queue == "turns":
+        for spec in app.agents.values():
+            settings.llm_config(spec.llm)
     redis = settings.connect_redis()
     runtime = WorkerRuntime(app=app, queue=queue, settings=settings, redis=redis)
 

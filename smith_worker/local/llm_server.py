@@ -118,7 +118,8 @@ def server_argv(port: int) -> list[str]:
 
 def _healthy(port: int) -> bool:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0).status_code == 200
+        # our own loopback child: never through a proxy the environment names
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0, trust_env=False).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -141,12 +142,17 @@ class LocalModelServer:
         self._startup_timeout = startup_timeout
 
     def client_env(self) -> dict[str, str]:
-        """``SMITH_LLM_*`` variables for workers using this server: its URL and model, json_schema tool calling."""
+        """``SMITH_LLM_*`` variables for workers using this server: its URL and model, json_schema tool calling;
+        and ``NO_PROXY`` (both cases) with ``127.0.0.1`` added, so a proxy in the environment is not asked
+        for this loopback server."""
+        bypass = ",".join(filter(None, [os.environ.get("NO_PROXY") or os.environ.get("no_proxy"), "127.0.0.1"]))
         return {
             "SMITH_LLM_BASE_URL": self.base_url,
             "SMITH_LLM_MODEL": self.model,
             "SMITH_LLM_TOOL_CALLING": "json_schema",
             "SMITH_LLM_TEMPERATURE": "0",
+            "NO_PROXY": bypass,
+            "no_proxy": bypass,
         }
 
     def start(self) -> LocalModelServer:

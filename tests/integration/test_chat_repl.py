@@ -62,6 +62,9 @@ def test_smith_chat_leaves_on_exit(redis_url):
     try:
         child.expect(r"\[conversation cli-\d+\]")
         child.expect_exact("you> ")
+        child.sendline("/bogus")  # not sent as a turn (none could run: no worker)
+        child.expect_exact("[unknown command /bogus: /reset starts a new conversation, /exit leaves]")
+        child.expect_exact("you> ")
         child.sendline("/exit")
         child.expect(pexpect.EOF)
     finally:

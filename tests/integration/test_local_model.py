@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import uuid
 
 import pytest
@@ -15,9 +16,22 @@ pytestmark = [pytest.mark.integration, pytest.mark.local_llm]
 
 @pytest.fixture(scope="module")
 def local_model():
+    """The server, started (and its workers run) with a dead proxy in the environment, as on a machine behind
+    a proxy: its readiness probe and the workers' model calls go to loopback directly (NO_PROXY)."""
     LOGS.mkdir(parents=True, exist_ok=True)
-    with LocalModelServer(log_path=LOGS / "local-model.log") as server:
-        yield server
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HTTP_PROXY", f"http://127.0.0.1:{closed_port()}")
+        for name in ("NO_PROXY", "no_proxy"):
+            env.delenv(name, raising=False)
+        with LocalModelServer(log_path=LOGS / "local-model.log", startup_timeout=60.0) as server:
+            assert "127.0.0.1" in server.client_env()["NO_PROXY"].split(",")
+            yield server
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

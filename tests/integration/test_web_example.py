@@ -168,3 +168,25 @@ def test_a_browser_streams_a_turn_resumes_after_a_reload_and_cancels(web, browse
     turn_id = page.evaluate("JSON.parse(sessionStorage.turn).turnId")
     assert httpx.get(f"{web}/turns/{turn_id}/events?after={rendered(page)[-1]}").status_code == 204
     page.close()
+
+
+def test_the_page_drops_the_unfinished_reply_a_resumed_turn_streams_again(web, browser):
+    """After ``turn.resumed`` the interrupted step's tokens come again from its start: the page keeps the
+    completed steps' text and replaces the rest (the real page's renderer in a real Chromium, fed events)."""
+    page = browser.new_page()
+    page.goto(web + "/")
+    page.evaluate("""() => {
+        saved = { turnId: "t", last: 0, seqs: [], answer: "", tools: [], done: null };
+        window.renderedSeqs = saved.seqs;
+        const events = [
+            ["token", { text: "Let me add. " }],
+            ["message", { message: { role: "assistant", content: "Let me add. ", tool_calls: [] } }],
+            ["token", { text: "It is 4" }],
+            ["turn.resumed", { attempt: 2 }],
+            ["token", { text: "It is 42." }],
+        ];
+        events.forEach(([type, data], i) => render({ turn_id: "t", seq: i + 1, type, data, agent_path: [] }));
+    }""")
+    assert page.inner_text("#answer") == "Let me add. It is 42."
+    assert "resumed (attempt 2): the unfinished reply streams again" in page.inner_text("#tools")
+    page.close()

@@ -43,6 +43,10 @@ def test_smith_with_a_malformed_url_prints_a_configuration_error_naming_it(comma
 
 @pytest.mark.parametrize(("variable", "value", "named"), [
     ("SMITH_TURN_MAX_JOBS", "abc", "SMITH_TURN_MAX_JOBS"),
+    ("SMITH_TURN_MAX_JOBS", "0", "SMITH_TURN_MAX_JOBS must be at least"),  # a worker that never takes a turn
+    ("SMITH_TOOL_MAX_JOBS", "-3", "SMITH_TOOL_MAX_JOBS must be at least"),
+    ("SMITH_TURN_MAX_ATTEMPTS", "0", "SMITH_TURN_MAX_ATTEMPTS must be at least"),
+    ("SMITH_LLM_TOOL_CALLING", "bogus", "invalid LLM settings: tool_calling:"),  # at start, not at every turn
     ("SMITH_REDIS_URL", "bogus://x", "SMITH_REDIS_URL"),
 ])
 def test_smith_worker_with_bad_configuration_prints_one_line(variable, value, named):

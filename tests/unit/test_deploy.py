@@ -42,7 +42,7 @@ def resolve(argv: list[str], env: dict[str, str] | None = None) -> list[str]:
 
 
 def env_names_read_by_code() -> set[str]:
-    pattern = re.compile(r"(?:environ\.get|env\.get|_env_float|_env_int)\(\s*\"(SMITH_\w+)\"")
+    pattern = re.compile(r"(?:environ\.get|env\.get|_env_float|_env_int|_env_count)\(\s*\"(SMITH_\w+)\"")
     names = {m for path in [*ROOT.glob("smith_worker/**/*.py"), *ROOT.glob("smith_client/*.py")]
              for m in pattern.findall(path.read_text())}
     return names | {"SMITH_APP"}  # the Procfile's own variable: which app the workers serve

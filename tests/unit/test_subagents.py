@@ -83,6 +83,17 @@ def test_smith_ask_shows_the_chain_on_status_lines():
     printer(_event(4, ["lead"], "token", {"text": "answer"}))
     assert err.getvalue().splitlines() == [
         "[lead > researcher] [tool call] whoami({})",
-        "[tool result] researcher -> found (worker None)",
+        "[tool result] researcher -> found",  # no worker: none is named
     ]
     assert out.getvalue() == "answer"  # only the root agent's tokens are the answer
+
+
+def test_smith_ask_starts_a_resumed_reply_on_a_new_line_and_says_so():
+    out, err = io.StringIO(), io.StringIO()
+    printer = StreamPrinter(out, err)
+    printer(_event(1, ["lead"], "token", {"text": "The ans"}))
+    printer(_event(2, ["lead"], "turn.resumed", {"attempt": 2}))
+    printer(_event(3, ["lead"], "token", {"text": "The answer."}))
+    printer(_event(4, ["lead"], "turn.completed", {"message": {"role": "assistant", "content": "The answer."}}))
+    assert out.getvalue() == "The ans\nThe answer.\n"
+    assert err.getvalue() == "[turn resumed, attempt 2: a worker stopped; its unfinished reply streams again]\n"
