@@ -147,8 +147,11 @@ async def _run_status(args: argparse.Namespace) -> int:
 
 async def _run_keys(args: argparse.Namespace) -> int:
     async with _connect(args) as client:
-        for info in await conversation_keys(client.redis, client.keys, args.conversation):
-            print(f"{info.ttl:>9}  {info.type:<7} {info.key}")
+        found = await conversation_keys(client.redis, client.keys, args.conversation)
+    for info in found:
+        print(f"{info.ttl:>9}  {info.type:<7} {info.key}")
+    if not found:
+        print(f"no keys for conversation {args.conversation!r} under prefix {args.prefix!r}", file=sys.stderr)
     return 0
 
 
@@ -169,7 +172,7 @@ def smith_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--redis-url", default=os.environ.get("SMITH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--prefix", default=os.environ.get("SMITH_PREFIX", "smith"))
     parser.add_argument("--agent", default="default")
-    parser.add_argument("--conversation", default=f"cli-{os.getpid()}")
+    parser.add_argument("--conversation", help="conversation id (ask, chat: default a new cli-PID; keys: required)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for a turn")
     sub = parser.add_subparsers(dest="command", required=True)
     ask = sub.add_parser("ask", help="run one turn and print it")
@@ -178,6 +181,10 @@ def smith_main(argv: list[str] | None = None) -> None:
     sub.add_parser("keys", help="list the conversation's Redis keys and their TTLs (seconds)")
     sub.add_parser("status", help="queue lengths, running turns and live workers per queue")
     args = parser.parse_args(argv)
+    if args.conversation is None:
+        if args.command == "keys":
+            parser.error("keys needs --conversation ID")
+        args.conversation = f"cli-{os.getpid()}"
     commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys, "status": _run_status}
     try:
         code = asyncio.run(commands[args.command](args))

@@ -8,6 +8,7 @@ anything reaches Redis (seed §15.1 ``AgentRequest``; ids per
 
 from __future__ import annotations
 
+import reprlib
 import time
 import uuid
 from typing import Any, Required, TypedDict
@@ -38,6 +39,15 @@ class TurnOptions(TypedDict, total=False):
     stream: bool | None
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 80
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to about 80 characters: an error message quotes a caller's bad value, not all of it."""
+    return _SHOWN.repr(value)
+
+
 def check_options(options: dict[str, Any]) -> dict[str, Any]:
     """Turn options: only the names of :class:`TurnOptions` (a misspelt option must not be silently ignored)."""
     unknown = sorted(set(options) - set(TurnOptions.__annotations__))
@@ -52,7 +62,7 @@ def check_id(value: Any, field: str) -> str:
     """A caller-chosen id (turn, conversation, agent): 1-200 characters from ``[A-Za-z0-9_.:@-]``."""
     if not isinstance(value, str) or not ID_PATTERN.match(value):
         raise InvalidRequestError(
-            f"{field} must be a string of 1-200 characters from [A-Za-z0-9_.:@-], got {value!r}",
+            f"{field} must be a string of 1-200 characters from [A-Za-z0-9_.:@-], got {shown(value)}",
             field=field,
         )
     return value
@@ -101,7 +111,7 @@ def check_timeout(timeout: Any) -> float | None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise InvalidRequestError(
-            f"timeout must be a positive number of seconds or None, got {timeout!r}", field="timeout"
+            f"timeout must be a positive number of seconds or None, got {shown(timeout)}", field="timeout"
         )
     return float(timeout)
 
@@ -113,7 +123,9 @@ MAX_SEQ = 2**63 - 1
 def check_seq(after_seq: Any) -> int:
     """A resume cursor: the ``seq`` of the last event seen, an integer in [0, :data:`MAX_SEQ`] (0: from the start)."""
     if isinstance(after_seq, bool) or not isinstance(after_seq, int) or not 0 <= after_seq <= MAX_SEQ:
-        raise InvalidRequestError(f"after_seq must be an integer in [0, 2**63-1], got {after_seq!r}", field="after_seq")
+        raise InvalidRequestError(
+            f"after_seq must be an integer in [0, 2**63-1], got {shown(after_seq)}", field="after_seq"
+        )
     return after_seq
 
 
@@ -121,7 +133,7 @@ def check_multitask(multitask: Any) -> str:
     """One of :data:`MULTITASK_POLICIES`."""
     if multitask not in MULTITASK_POLICIES:
         raise InvalidRequestError(
-            f"multitask must be one of {MULTITASK_POLICIES}, got {multitask!r}", field="multitask"
+            f"multitask must be one of {MULTITASK_POLICIES}, got {shown(multitask)}", field="multitask"
         )
     return str(multitask)
 

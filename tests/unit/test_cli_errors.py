@@ -30,14 +30,15 @@ def assert_one_clean_line(result: subprocess.CompletedProcess[str], prefix: str)
 
 @pytest.mark.parametrize("command", ["status", "keys"])
 def test_smith_with_redis_unreachable_prints_a_transport_error(command):
-    result = run(["-c", SMITH, command], SMITH_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    result = run(["-c", SMITH, "--conversation", "c1", command], SMITH_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
     assert_one_clean_line(result, "smith: TransportError: ")
 
 
 @pytest.mark.parametrize("command", ["status", "keys", "ask"])
 @pytest.mark.parametrize("url", ["bogus://127.0.0.1/0", "redis://127.0.0.1:notaport/0"])
 def test_smith_with_a_malformed_url_prints_a_configuration_error_naming_it(command, url):
-    result = run(["-c", SMITH, command, *(["hi"] if command == "ask" else [])], SMITH_REDIS_URL=url)
+    result = run(["-c", SMITH, "--conversation", "c1", command, *(["hi"] if command == "ask" else [])],
+                 SMITH_REDIS_URL=url)
     assert_one_clean_line(result, "smith: ConfigurationError: SMITH_REDIS_URL ")
 
 
@@ -52,3 +53,14 @@ def test_smith_with_a_malformed_url_prints_a_configuration_error_naming_it(comma
 def test_smith_worker_with_bad_configuration_prints_one_line(variable, value, named):
     result = run(["-m", "smith_worker", "tests.support.app:app", "--queue", "turns"], **{variable: value})
     assert_one_clean_line(result, f"smith-worker: ConfigurationError: {named} ")
+
+
+def test_smith_keys_needs_a_conversation():
+    result = run(["-c", SMITH, "keys"])
+    assert result.returncode == 2 and "keys needs --conversation ID" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_smith_keys_says_when_a_conversation_has_none(redis_url):
+    result = run(["-c", SMITH, "--redis-url", redis_url, "--prefix", "nokeys", "--conversation", "none", "keys"])
+    assert result.returncode == 0 and result.stdout == ""
+    assert result.stderr.strip() == "no keys for conversation 'none' under prefix 'nokeys'"

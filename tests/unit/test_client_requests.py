@@ -21,6 +21,14 @@ async def test_an_unknown_option_is_an_invalid_request_naming_it():
             pass
 
 
+async def test_a_bad_id_is_quoted_cut_short_in_the_error():
+    client = SmithClient(fakeredis.FakeAsyncRedis(), prefix="t")
+    with pytest.raises(InvalidRequestError) as err:
+        await client.send("hi", conversation_id="x" * 5000)
+    assert err.value.fields["field"] == "conversation_id"
+    assert "got 'xxxx" in err.value.message and len(err.value.message) < 200  # not the 5000 characters
+
+
 def test_an_unknown_option_is_refused_by_the_sync_client_too():
     redis = fakeredis.FakeRedis()
     client = SyncSmithClient(redis, prefix="t")
