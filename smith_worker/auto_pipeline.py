@@ -53,19 +53,14 @@ class AutoPipeline:
         self._queued: list[tuple[Fill, asyncio.Future[Any]]] = []
         self._sender: asyncio.Task[None] | None = None
 
-    async def call(self, fill: Fill) -> Any:
-        """Send the one command ``fill`` queues, in the next pipeline; return its reply.
-
-        Raises the command's error (e.g. ``ResponseError``), or the pipeline's
-        (``ConnectionError``, ``TimeoutError``). A caller cancelled before its
-        pipeline is sent sends nothing; once it is sent, the reply is dropped.
-        """
-        return await self.submit(fill)
-
     def submit(self, fill: Fill) -> asyncio.Future[Any]:
-        """:meth:`call` without a coroutine: queue ``fill`` for the next pipeline and return the future of
-        its reply (or error). ``fill`` runs when that pipeline is built, so what it queues may be decided
-        then. Cancelling the future before the pipeline is built sends nothing."""
+        """Queue the one command ``fill`` adds for the next pipeline; return the future of its reply.
+
+        ``fill`` runs when that pipeline is built, so what it queues may be decided then. The future
+        raises the command's error (e.g. ``ResponseError``), or the pipeline's (``ConnectionError``,
+        ``TimeoutError``). Cancelled before its pipeline is built, the command is never sent; once it
+        is sent, the reply is dropped.
+        """
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queued.append((fill, future))
         if self._sender is None:
