@@ -23,7 +23,7 @@ def main() -> int:
     """Serve the example until interrupted; returns the exit code."""
     port = int(os.environ.get("SMITH_WEB_PORT", "8000"))
     with contextlib.ExitStack() as stack:
-        redis_url, prefix = start_services(stack, Path(".demo-logs"))
+        redis_url, prefix = start_services(stack, Path(".demo-logs"), status=_status)
         os.environ.update(SMITH_REDIS_URL=redis_url, SMITH_PREFIX=prefix)  # read by the app at startup
         _status(f"open http://127.0.0.1:{port}/ (Ctrl-C stops everything)")
         uvicorn.run("examples.web.app:app", host="127.0.0.1", port=port, log_level="info")

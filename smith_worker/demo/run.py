@@ -17,8 +17,10 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shlex
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from smith_client import SmithClient
@@ -28,6 +30,7 @@ from smith_client.keys import Keys
 from smith_client.registry import live_agents
 from smith_worker.local.llm_server import LocalModelServer
 from smith_worker.local.processes import ManagedProcess, redis_answers, start_redis_server, wait_until, worker_argv
+from smith_worker.redaction import redact_text
 
 DEFAULT_QUESTION = "What is 17*23?"
 
@@ -66,11 +69,27 @@ async def _agents_ready(redis_url: str, prefix: str) -> bool:
         return "default" in (await live_agents(client.redis, Keys(prefix)) or set())
 
 
-def start_services(stack: contextlib.ExitStack, logs: Path) -> tuple[str, str]:
+def smith_hint(redis_url: str, prefix: str) -> str:
+    """A ``smith status`` command line for another terminal, talking to ``redis_url`` under ``prefix``.
+
+    ``smith`` reads both from ``SMITH_REDIS_URL`` and ``SMITH_PREFIX`` (:func:`smith_client.cli.smith_main`);
+    the URL's credentials are shown redacted. The ``smith`` beside this interpreter is named
+    (relative to the cwd when under it: ``.venv/bin/smith`` for ``make demo``), else ``smith``.
+    """
+    smith = Path(sys.executable).parent / "smith"
+    command = "smith"
+    if smith.exists():
+        command = os.path.relpath(smith) if smith.is_relative_to(Path.cwd()) else str(smith)
+    return shlex.join([f"SMITH_REDIS_URL={redact_text(redis_url)}", f"SMITH_PREFIX={prefix}", command, "status"])
+
+
+def start_services(stack: contextlib.ExitStack, logs: Path, status: Callable[[str], None] = _status) -> tuple[str, str]:
     """Redis, the model (unless ``SMITH_LLM_BASE_URL``) and a turn and a tool worker; returns (redis URL, prefix).
 
     Everything started is stopped when ``stack`` closes; this run's keys are
-    removed from a borrowed Redis. Raises ``ConfigurationError`` / ``SmithTimeoutError``.
+    removed from a borrowed Redis. ``status`` prints progress lines, the Redis URL
+    and key prefix among them (with :func:`smith_hint`). Raises ``ConfigurationError``
+    / ``SmithTimeoutError``.
     """
     logs.mkdir(exist_ok=True)
     prefix = f"smith-demo-{uuid.uuid4().hex[:6]}"  # never touches a developer's own keys
@@ -78,12 +97,14 @@ def start_services(stack: contextlib.ExitStack, logs: Path) -> tuple[str, str]:
     if redis_answers(redis_url):
         stack.callback(lambda: asyncio.run(_delete_keys(redis_url, prefix)))
     else:
-        _status(f"no Redis at {redis_url}; starting a private redis-server")
+        status(f"no Redis at {redact_text(redis_url)}; starting a private redis-server")
         redis_proc, redis_url = start_redis_server(log_path=logs / "redis.log")
         stack.callback(redis_proc.stop)
+    hint = smith_hint(redis_url, prefix)
+    status(f"Redis {redact_text(redis_url)}, key prefix {prefix}; from another terminal: {hint}")
     env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_PREFIX=prefix)
     if not os.environ.get("SMITH_LLM_BASE_URL"):
-        _status("starting the local model server (SmolLM2-135M via xllamacpp, json_schema tool calling)")
+        status("starting the local model server (SmolLM2-135M via xllamacpp, json_schema tool calling)")
         model = stack.enter_context(LocalModelServer(log_path=logs / "llm.log"))
         env.update(model.client_env())
     for queue in ("turns", "tools"):

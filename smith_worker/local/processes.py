@@ -54,7 +54,8 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: f
 class ManagedProcess:
     """A child process that is always stopped and reaped.
 
-    Output goes to ``log_path`` (or is inherited when None). Use as a context manager.
+    Output goes to ``log_path`` (or is inherited when None); ``cleanup`` runs after every
+    :meth:`stop` (so it must be idempotent). Use as a context manager.
     """
 
     def __init__(
@@ -64,11 +65,13 @@ class ManagedProcess:
         env: dict[str, str] | None = None,
         log_path: Path | None = None,
         grace: float = 10.0,
+        cleanup: Callable[[], None] | None = None,
     ) -> None:
         self.argv = list(argv)
         self.env = env
         self.log_path = log_path
         self.grace = grace
+        self.cleanup = cleanup
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ManagedProcess:
@@ -110,6 +113,8 @@ class ManagedProcess:
         code = self.proc.wait()
         if self._log:
             self._log.close()
+        if self.cleanup:
+            self.cleanup()
         return code
 
     def _kill_group(self) -> None:
@@ -126,42 +131,67 @@ class ManagedProcess:
         self.stop()
 
 
+#: How many lines of a redis-server log :func:`start_redis_server` quotes when the server exits at start.
+STARTUP_LOG_LINES = 10
+
+
 def start_redis_server(
     port: int | None = None, log_path: Path | None = None, password: str | None = None
 ) -> tuple[ManagedProcess, str]:
     """Start a private, diskless ``redis-server`` on 127.0.0.1; return it and its URL.
 
-    With ``password`` the server requires it (``requirepass``) and the URL carries it.
-    Raises :class:`ConfigurationError` when ``redis-server`` is not installed.
+    The server works in a fresh temporary directory of its own (its ``--dir``, where a
+    replica's full sync or a SHUTDOWN SAVE would write ``dump.rdb``), removed when the
+    process is stopped. Its log (redis's own lines, on its stdout, and anything it prints
+    before it can log) goes to ``log_path``, opened here (relative to the caller's cwd),
+    else to a file in that directory. With ``password`` the server requires it
+    (``requirepass``) and the URL carries it.
+
+    Raises :class:`ConfigurationError` when ``redis-server`` is not installed or exits
+    before it answers (the message quotes the last :data:`STARTUP_LOG_LINES` lines of
+    its log, e.g. ``Address already in use``), and :class:`SmithTimeoutError` when it
+    runs but does not answer PING within 10 s; either way nothing is left behind.
     """
     binary = shutil.which("redis-server")
     if binary is None:
         raise ConfigurationError("redis-server is not installed (apt-get install redis-server)", setting="redis")
     port = port or free_port()
-    # --dir: a replica's full sync or a SHUTDOWN SAVE would otherwise write dump.rdb into the cwd (the repo)
-    argv = [
-        binary,
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        tempfile.gettempdir(),
-        "--loglevel",
-        "warning",
-        "--logfile",
-        str(log_path) if log_path else "/dev/null",
-    ]
+    workdir = tempfile.mkdtemp(prefix="smith-redis-")
+    log_file = log_path or Path(workdir, "redis.log")
+    log_start = log_file.stat().st_size if log_file.exists() else 0
+    # --logfile "": log to stdout (redis.conf, "logfile"), which ManagedProcess writes to log_file
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    argv += ["--dir", workdir, "--loglevel", "warning", "--logfile", ""]
     if password:
         argv += ["--requirepass", password]
-    proc = ManagedProcess(argv, grace=5.0).start()
+    proc = ManagedProcess(
+        argv, log_path=log_file, grace=5.0, cleanup=lambda: shutil.rmtree(workdir, ignore_errors=True)
+    ).start()
     url = f"redis://{f':{password}@' if password else ''}127.0.0.1:{port}/0"
-    wait_until(lambda: redis_answers(url), 10.0, "redis-server")
+
+    def started() -> bool:
+        answers = redis_answers(url)  # before the liveness check: another server may hold the port
+        if not proc.alive():
+            tail = _log_tail(log_file, log_start)  # before stop(): it removes the working directory
+            raise ConfigurationError(
+                f"redis-server exited at start (exit code {proc.stop()}); its log ends with:\n{tail}", setting="redis"
+            )
+        return answers
+
+    try:
+        wait_until(started, 10.0, "redis-server")
+    except BaseException:
+        proc.stop()
+        raise
     return proc, url
+
+
+def _log_tail(log_path: Path, start: int) -> str:
+    """The last :data:`STARTUP_LOG_LINES` lines written to ``log_path`` after byte ``start``."""
+    with open(log_path, "rb") as log:
+        log.seek(start)
+        lines = log.read().decode(errors="replace").splitlines()
+    return "\n".join(lines[-STARTUP_LOG_LINES:]) or "(nothing)"
 
 
 def worker_argv(app: str, queue: str) -> list[str]:

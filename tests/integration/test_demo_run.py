@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 import redis
 
-from smith_worker.local.processes import free_port, wait_until
+from smith_client.errors import ConfigurationError
+from smith_worker.local.processes import free_port, redis_answers, start_redis_server, wait_until
 from tests.conftest import ROOT
 from tests.support.scripted_llm import Reply, Script
 from tests.support.web import serves
 
 pytestmark = pytest.mark.integration
+#: The ``smith`` command of this interpreter (its hint names it by absolute path when it is outside the cwd).
+SMITH = Path(sys.executable).parent / "smith"
 
 
 def demo_processes(redis_url: str) -> list[psutil.Process]:
@@ -50,22 +57,82 @@ def test_demo_run_streams_a_turn_and_stops_everything(redis_url, scripted_llm, s
     assert leftover.keys("arq:*smith-demo-*") == []  # arq's job/result keys of its jobs too (their ids carry it)
 
 
+def test_demo_starts_its_own_redis_where_none_answers(scripted_llm, scenario, tmp_path):
+    """SMITH_REDIS_URL at a port where nothing listens: a private redis-server, the answer 391, the URL and prefix.
+
+    TMPDIR is a fresh directory, so a redis-server working there cannot open a log path relative to the demo's
+    cwd (``.demo-logs/redis.log``); the server's own working directory is removed at the end.
+    """
+    _, marker = scenario(Script(Reply.tool_calls([("calculator", {"expression": "17*23"})]), Reply.text("391.")))
+    dead_url = f"redis://127.0.0.1:{free_port()}/0"
+    clone, tmpdir = tmp_path / "clone", tmp_path / "tmp"
+    clone.mkdir()
+    tmpdir.mkdir()
+    env = dict(os.environ, SMITH_REDIS_URL=dead_url, SMITH_LLM_BASE_URL=scripted_llm.base_url, TMPDIR=str(tmpdir),
+               PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "smith_worker.demo.run", f"{marker} What is 17*23?"],
+                          cwd=clone, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "391."
+    assert f"[demo] no Redis at {dead_url}; starting a private redis-server" in proc.stderr
+    url, prefix = announced(proc.stderr, "demo")
+    assert url != dead_url and prefix.startswith("smith-demo-")
+    assert not redis_answers(url)  # stopped
+    assert list(tmpdir.glob("smith-redis-*")) == []  # its working directory removed
+    assert (clone / ".demo-logs" / "redis.log").exists()
+
+
+def announced(stderr: str, tag: str) -> tuple[str, str]:
+    """The Redis URL and key prefix of a ``[demo]``/``[web]`` status line, checked against its ``smith status`` hint.
+    """
+    found = re.search(rf"^\[{tag}\] Redis (\S+), key prefix (\S+); from another terminal: (.+)$", stderr, re.M)
+    assert found, stderr
+    url, prefix, hint = found.groups()
+    assert hint == f"SMITH_REDIS_URL={url} SMITH_PREFIX={prefix} {SMITH} status"
+    return url, prefix
+
+
+@pytest.mark.parametrize("log_name", ["redis.log", None], ids=["log_path", "default_log"])
+def test_private_redis_that_exits_at_start_fails_at_once_quoting_its_log(log_name, tmp_path, monkeypatch):
+    """redis-server cannot bind its port: ConfigurationError with its log's last lines, not a 10 s timeout;
+    its working directory (and the default log in it) is removed."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(ConfigurationError, match="exited at start") as caught:
+            start_redis_server(taken.getsockname()[1], log_path=tmp_path / log_name if log_name else None)
+    assert "Address already in use" in caught.value.message
+    assert caught.value.setting == "redis"
+    assert list(tmp_path.glob("smith-redis-*")) == []
+
+
 def test_make_web_serves_the_relay_with_workers_and_stops_everything(redis_url, scripted_llm, scenario, tmp_path):
     _, marker = scenario(Script(Reply.tool_calls([("calculator", {"expression": "6*7"})]), Reply.text("42.")))
     port = free_port()
     env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_LLM_BASE_URL=scripted_llm.base_url,
                SMITH_WEB_PORT=str(port), PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "examples.web.run"], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: serves(base + "/"), 60.0, "make web's page")
-        turn = httpx.post(f"{base}/conversations/web-demo/turns", json={"text": f"{marker} 6*7?"}).json()
-        events = httpx.get(base + turn["events"], timeout=60).text
-        assert '"type":"tool.result"' in events and '"content":"42"' in events and '"turn.completed"' in events
-    finally:
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        _, stderr = proc.communicate(timeout=60)
+    stderr_path = tmp_path / "stderr"
+    with stderr_path.open("w") as stderr_file:
+        proc = subprocess.Popen([sys.executable, "-m", "examples.web.run"], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=stderr_file, text=True)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_until(lambda: serves(base + "/"), 60.0, "make web's page")
+            # the announced prefix is the one its workers serve: the pasted hint's `smith status` lists them
+            url, prefix = announced(stderr_path.read_text(), "web")
+            assert url == redis_url
+            hint_env = dict(os.environ, SMITH_REDIS_URL=url, SMITH_PREFIX=prefix)
+            status = subprocess.run([SMITH, "status"], env=hint_env, capture_output=True, text=True, timeout=60)
+            listed = {int(pid) for pid in re.findall(r"^worker .* pid (\d+)\)$", status.stdout, re.M)}
+            assert listed == {p.pid for p in demo_processes(redis_url)} and len(listed) == 2, status
+            turn = httpx.post(f"{base}/conversations/web-demo/turns", json={"text": f"{marker} 6*7?"}).json()
+            events = httpx.get(base + turn["events"], timeout=60).text
+            assert '"type":"tool.result"' in events and '"content":"42"' in events and '"turn.completed"' in events
+        finally:
+            proc.send_signal(signal.SIGINT)  # Ctrl-C
+            proc.communicate(timeout=60)
+    stderr = stderr_path.read_text()
     assert proc.returncode == 0, stderr
     assert "stopped everything it started" in stderr
     assert demo_processes(redis_url) == []
