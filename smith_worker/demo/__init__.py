@@ -1,32 +1,40 @@
-"""The demo app (seed §19): agent ``default`` with ``calculator``, ``read_local_file`` and the
+"""The demo app (seed §19): two agents over ``calculator``, ``read_local_file`` and the
 tools of the bundled MCP example server (``mcp_example__echo``, ``mcp_example__now``).
 
-Run it with ``smith-worker smith_worker.demo:app --queue turns`` and
-``--queue tools``, then ``smith ask "What is 17*23?"``. The sandbox of
-``read_local_file`` is ``SMITH_DEMO_FS`` or the ``demo_fs`` folder beside
-this file.
+* ``default`` (``make demo``, ``smith ask``, ``make web``) forces the calculator on its
+  first model call: the small local model (SmolLM2-135M) rarely picks the right tool by
+  itself but gives schema-valid arguments for a named ``tool_choice``, so "What is
+  17*23?" comes out as 391.
+* ``chat`` (:data:`CHAT_AGENT`, ``make chat``) lets the model choose
+  (``tool_choice="auto"``), so it can read a file or call the MCP tools; the 135M
+  model often picks the wrong tool or arguments (``SMITH_LLM_BASE_URL`` selects another).
 
-The demo agent forces the calculator on its first model call: the small local
-model (SmolLM2-135M) rarely picks the right tool by itself but gives
-schema-valid arguments for a named ``tool_choice``. After the tool round it
-answers with ``tool_choice="none"``. With the embedded server the workers use
+After one tool round both answer with ``tool_choice="none"``.
+
+Run it with ``smith-worker smith_worker.demo:app --queue turns`` and
+``--queue tools``, then ``smith ask "What is 17*23?"`` (or ``smith --agent chat chat``).
+The sandbox of ``read_local_file`` is ``SMITH_DEMO_FS`` or the ``demo_fs`` folder
+beside this file. With the embedded server the workers use
 ``SMITH_LLM_TOOL_CALLING=json_schema`` (set by the launcher, see
 :meth:`smith_worker.local.llm_server.LocalModelServer.client_env`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
 
 from smith_worker.app import SmithApp
 from smith_worker.demo.calculator import evaluate
+from smith_worker.demo.files import DEMO_SANDBOX
 from smith_worker.demo.files import read_local_file as _read_local_file
 
 app = SmithApp()
 
-DEFAULT_SANDBOX = Path(__file__).parent / "demo_fs"
+#: The agent ``make chat`` talks to: the model chooses its tools.
+CHAT_AGENT = "chat"
 
 
 @app.tool(timeout=5.0, idempotent=True)
@@ -38,7 +46,7 @@ def calculator(expression: str) -> int | float:
 @app.tool(timeout=5.0, idempotent=True)
 def read_local_file(path: str) -> str:
     """Read a UTF-8 text file from the demo sandbox directory, by relative path (e.g. "README.txt")."""
-    return _read_local_file(path, Path(os.environ.get("SMITH_DEMO_FS") or DEFAULT_SANDBOX))
+    return _read_local_file(path, Path(os.environ.get("SMITH_DEMO_FS") or DEMO_SANDBOX))
 
 
 # The bundled MCP example server (seed §19): its tools reach the model as mcp_example__echo and
@@ -53,17 +61,23 @@ app.mcp_server(
 )
 
 
-app.agent(
-    "default",
+# Both agents share the prompt, the tools, greedy decoding (the 135M model's sampled tool
+# arguments sometimes carry raw control characters) and one tool round per turn; they differ
+# only in the first call's tool_choice.
+_demo_agent = functools.partial(
+    app.agent,
     system_prompt=(
         "You are a helpful assistant. Use the calculator tool for arithmetic and "
         "read_local_file to read files. After a tool result, answer briefly with the result."
     ),
     tools=[calculator, read_local_file],
     sources=["example"],
-    tool_choice="calculator",
-    # After the calculator's result the 135M model, offered tools again, calls another one; "none" makes it answer.
-    tool_choice_after_tools="none",
-    # Greedy decoding: the 135M model's sampled tool arguments sometimes carry raw control characters.
     llm={"default_sampling": {"temperature": 0.0}},
+    # After a tool result the 135M model, offered tools again, calls more of them until the turn's
+    # max_iterations (16) ends it; "none" makes it answer with the result.
+    tool_choice_after_tools="none",
 )
+# make demo's agent: its scripted question "What is 17*23?" needs the forced calculator (module doc).
+_demo_agent("default", tool_choice="calculator")
+# make chat's agent: the model chooses, so read_local_file and the MCP tools can be used.
+_demo_agent(CHAT_AGENT, tool_choice="auto")

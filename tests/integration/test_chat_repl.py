@@ -1,9 +1,11 @@
-"""`make chat` driven through a pseudo-terminal: tokens, tool status, /reset, Ctrl-C cancelling a turn, Ctrl-D."""
+"""`make chat` driven through a pseudo-terminal: tokens, tool status, /reset, Ctrl-C cancelling a turn, Ctrl-D,
+and the model choosing read_local_file or the bundled MCP example server's tool itself."""
 
 from __future__ import annotations
 
 import os
 import sys
+import uuid
 
 import pexpect
 import pytest
@@ -15,13 +17,43 @@ from tests.support.scripted_llm import Reply, Script
 pytestmark = pytest.mark.integration
 
 
+def spawn_chat(redis_url, scripted_llm, cwd, **extra_env) -> pexpect.spawn:
+    """`make chat`'s command (`python -m smith_worker.demo.chat`) in a pseudo-terminal, on the scripted model."""
+    env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_LLM_BASE_URL=scripted_llm.base_url, PYTHONPATH=str(ROOT),
+               **extra_env)
+    return pexpect.spawn(sys.executable, ["-m", "smith_worker.demo.chat"], cwd=str(cwd), env=env, encoding="utf-8",
+                         timeout=60)
+
+
+def chat_one_turn(child: pexpect.spawn, prompt: str, *expected: str) -> None:
+    """Send one line at the prompt, see each of ``expected`` in order, then leave with Ctrl-D (exit status 0)."""
+    try:
+        child.expect_exact("you> ")
+        child.sendline(prompt)
+        for text in expected:
+            child.expect_exact(text)
+        child.expect_exact("you> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, child.before
+
+
+def assert_model_chose_and_saw(requests, tool: str, result: str) -> None:
+    """The chat agent's first model call let the model choose (tool_choice "auto", ``tool`` offered, so no forced
+    calculator) and the next call carried ``tool``'s ``result`` back as the tool message."""
+    first, after_tool = requests
+    assert first.body["tool_choice"] == "auto"
+    assert tool in [t["function"]["name"] for t in first.body["tools"]]
+    assert [(m["role"], m["content"]) for m in after_tool.messages if m["role"] == "tool"] == [("tool", result)]
+
+
 def test_chat_repl_through_a_pty(redis_url, scripted_llm, scenario, tmp_path):
     _, calc = scenario(Script(Reply.tool_calls([("calculator", {"expression": "17*23"})]), Reply.text("It is 391.")))
     slow_key, slow = scenario(Reply.text("tick " * 200, chunk_size=5, delay=0.2))
     fresh_key, fresh = scenario(Reply.text("hi again"))
-    env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_LLM_BASE_URL=scripted_llm.base_url, PYTHONPATH=str(ROOT))
-    child = pexpect.spawn(sys.executable, ["-m", "smith_worker.demo.chat"], cwd=str(tmp_path), env=env,
-                          encoding="utf-8", timeout=60)
+    child = spawn_chat(redis_url, scripted_llm, tmp_path)
     try:
         child.expect_exact("you> ")
         child.sendline(f"{calc} What is 17*23?")
@@ -51,6 +83,31 @@ def test_chat_repl_through_a_pty(redis_url, scripted_llm, scenario, tmp_path):
     finally:
         child.close(force=True)
     assert child.exitstatus == 0, child.before
+    assert demo_processes(redis_url) == []
+
+
+def test_chat_model_reads_a_sandbox_file(redis_url, scripted_llm, scenario, tmp_path):
+    """The model calls read_local_file by itself; the tool worker reads the file from SMITH_DEMO_FS."""
+    sandbox = tmp_path / "demo_fs"
+    sandbox.mkdir()
+    content = f"notes {uuid.uuid4().hex}"
+    (sandbox / "notes.txt").write_text(content)
+    key, marker = scenario(Script(Reply.tool_calls([("read_local_file", {"path": "notes.txt"})]),
+                                  Reply.text("The notes are read.")))
+    chat_one_turn(spawn_chat(redis_url, scripted_llm, tmp_path, SMITH_DEMO_FS=str(sandbox)),
+                  f"{marker} Read notes.txt", f"[tool result] read_local_file -> {content} (worker ",
+                  "The notes are read.")
+    assert_model_chose_and_saw(scripted_llm.requests_for(key), "read_local_file", content)
+    assert demo_processes(redis_url) == []
+
+
+def test_chat_model_calls_the_mcp_example_tool(redis_url, scripted_llm, scenario, tmp_path):
+    """The model calls mcp_example__echo by itself; the bundled MCP example server echoes the text."""
+    text = f"echo {uuid.uuid4().hex}"
+    key, marker = scenario(Script(Reply.tool_calls([("mcp_example__echo", {"text": text})]), Reply.text("Echoed.")))
+    chat_one_turn(spawn_chat(redis_url, scripted_llm, tmp_path), f"{marker} Echo it",
+                  f"[tool result] mcp_example__echo -> {text} (worker ", "Echoed.")
+    assert_model_chose_and_saw(scripted_llm.requests_for(key), "mcp_example__echo", text)
     assert demo_processes(redis_url) == []
 
 
