@@ -43,7 +43,6 @@ from typing import Any, cast
 from arq.connections import ArqRedis, log_redis_info
 from arq.worker import Worker, func
 
-from smith_client.connection import socket_timeout_from_env
 from smith_client.errors import InvalidRequestError
 from smith_client.jobs import RUN_TOOL, RUN_TURN, TurnJob
 from smith_client.keys import Keys
@@ -280,7 +279,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
     # the blocking pop's own connection: its socket timeout outlasts the longest pop
     pickup = Pickup(
         functools.partial(
-            settings.connect_redis, socket_timeout=socket_timeout_from_env() + settings.fallback_poll + POP_MARGIN
+            settings.connect_redis, socket_timeout=settings.redis_socket_timeout + settings.fallback_poll + POP_MARGIN
         ),
         runtime.queue_name,
         settings.fallback_poll,
