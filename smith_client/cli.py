@@ -5,7 +5,8 @@
   stderr (seed §19).
 * ``smith --conversation ID keys`` lists that conversation's Redis keys and TTLs.
 * ``smith status`` prints queue lengths, running turns and live workers per queue.
-* It reads ``SMITH_REDIS_URL``, ``SMITH_PREFIX`` and the Sentinel variables.
+* It reads the variables of :class:`~smith_client.settings.ClientSettings` (``SMITH_REDIS_URL``,
+  ``SMITH_PREFIX``, …), checked before any command: a bad one is one line on stderr and exit code 1.
 
 ``smith-worker`` (running workers) is :mod:`smith_worker.cli`.
 """
@@ -35,6 +36,7 @@ from smith_client.events import (
 from smith_client.hygiene import conversation_keys
 from smith_client.registry import fleet_status
 from smith_client.repl import ChatRepl, run_turn
+from smith_client.settings import DEFAULT_REDIS_URL, ClientSettings
 
 
 class StreamPrinter:
@@ -124,11 +126,15 @@ async def _run_chat(args: argparse.Namespace) -> int:
 
 
 def _connect(args: argparse.Namespace) -> SmithClient:
+    settings: ClientSettings = args.settings
     return SmithClient.from_url(
         args.redis_url,
         prefix=args.prefix,
-        sentinels=os.environ.get("SMITH_REDIS_SENTINELS"),
-        sentinel_master=os.environ.get("SMITH_REDIS_SENTINEL_MASTER"),
+        sentinels=settings.redis_sentinels,
+        sentinel_master=settings.redis_sentinel_master,
+        socket_timeout=settings.redis_socket_timeout,
+        turn_ttl=settings.turn_ttl,
+        history_ttl=settings.history_ttl,
     )
 
 
@@ -169,8 +175,8 @@ def smith_main(argv: list[str] | None = None) -> None:
     """Entry point of ``smith``: ``smith ask "question"``, ``smith chat``, ``smith keys --conversation ID``,
     ``smith status``."""
     parser = argparse.ArgumentParser(prog="smith", description="Talk to Agent Smith agents.")
-    parser.add_argument("--redis-url", default=os.environ.get("SMITH_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--prefix", default=os.environ.get("SMITH_PREFIX", "smith"))
+    parser.add_argument("--redis-url", help=f"default SMITH_REDIS_URL, else {DEFAULT_REDIS_URL}")
+    parser.add_argument("--prefix", help="default SMITH_PREFIX, else smith")
     parser.add_argument("--agent", default="default")
     parser.add_argument("--conversation", help="conversation id (ask, chat: default a new cli-PID; keys: required)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for a turn")
@@ -187,6 +193,8 @@ def smith_main(argv: list[str] | None = None) -> None:
         args.conversation = f"cli-{os.getpid()}"
     commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys, "status": _run_status}
     try:
+        args.settings = settings = ClientSettings.from_env()  # every variable `smith` reads, checked first
+        args.redis_url, args.prefix = args.redis_url or settings.redis_url, args.prefix or settings.prefix
         code = asyncio.run(commands[args.command](args))
     except (SmithError, RedisError) as exc:  # status and keys read Redis directly: its errors too
         code = fail("smith", exc)

@@ -30,10 +30,9 @@ from smith_client.keys import Keys
 from smith_client.protocol import Operation
 from smith_client.registry import ServedAgents
 from smith_client.runners import AsyncRunner, SyncRunner
+from smith_client.settings import DEFAULT_REDIS_URL, ClientSettings
 from smith_client.turns import cancel_turn, read_state
 from smith_client.validation import TurnOptions, check_id
-
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 class ClientAPI:
@@ -64,7 +63,8 @@ class ClientAPI:
         history_ttl: int | None = None,
     ) -> None:
         self.redis = redis
-        self.keys = Keys.configured(prefix, turn_ttl, history_ttl)
+        env = ClientSettings.from_env(only=("turn_ttl", "history_ttl"))
+        self.keys = Keys(prefix, turn_ttl or env.turn_ttl, history_ttl or env.history_ttl)
         self.runner = self._runner(redis)
         self.served = ServedAgents()
         self._owns_redis = owns_redis
@@ -90,6 +90,8 @@ class ClientAPI:
         answering, a call raises :class:`TransportError` after it instead of blocking.
         The client closes these connections when it is closed.
         """
+        if socket_timeout is None:
+            socket_timeout = ClientSettings.from_env(only=("redis_socket_timeout",)).redis_socket_timeout
         redis = cls._connect(
             redis_url, sentinels=sentinels, sentinel_master=sentinel_master, socket_timeout=socket_timeout
         )

@@ -34,7 +34,6 @@ pass their own, shorter bound.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -53,28 +52,10 @@ from redis.sentinel import Sentinel as SyncSentinel
 from smith_client.errors import ConfigurationError
 from smith_client.serialization import job_deserializer, job_serializer
 
-#: Default bound on one Redis connect or command, seconds (``SMITH_REDIS_SOCKET_TIMEOUT``).
+#: Default bound on one Redis connect or command, seconds (``SMITH_REDIS_SOCKET_TIMEOUT``, smith_client/settings.py).
 DEFAULT_SOCKET_TIMEOUT = 5.0
 #: Seconds a pooled connection may sit idle before it is checked with PING on its next use.
 HEALTH_CHECK_INTERVAL = 10
-
-
-def socket_timeout_from_env() -> float:
-    """``SMITH_REDIS_SOCKET_TIMEOUT`` in seconds (default :data:`DEFAULT_SOCKET_TIMEOUT`).
-
-    Raises :class:`ConfigurationError` unless it is a positive number.
-    """
-    raw = os.environ.get("SMITH_REDIS_SOCKET_TIMEOUT") or ""
-    try:
-        value = float(raw) if raw else DEFAULT_SOCKET_TIMEOUT
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise ConfigurationError(
-            f"SMITH_REDIS_SOCKET_TIMEOUT must be a positive number of seconds, got {raw!r}",
-            setting="SMITH_REDIS_SOCKET_TIMEOUT",
-        )
-    return value
 
 
 class ConnectOutsideLockPool(ConnectionPool):
@@ -183,8 +164,8 @@ def connect_redis(
     and follows failovers: commands that meet a dead master retry (up to
     :data:`SENTINEL_RETRIES` times) until a new one is promoted.
 
-    ``socket_timeout`` (seconds; default ``SMITH_REDIS_SOCKET_TIMEOUT``, else
-    5 s) bounds each connect and each command, to the Sentinels too.
+    ``socket_timeout`` (seconds; default :data:`DEFAULT_SOCKET_TIMEOUT`) bounds each connect and each
+    command, to the Sentinels too (the clients' ``from_url`` and the workers pass ``SMITH_REDIS_SOCKET_TIMEOUT``).
 
     Connects lazily: no command is sent until the first use. Raises
     :class:`ConfigurationError` for a malformed ``url`` (:func:`check_url`) or when only one of the
@@ -230,7 +211,7 @@ def connect_sync_redis(
 
 def _bounds(socket_timeout: float | None) -> dict[str, Any]:
     """The connection options bounding every wait (issue 8), for redis-py's asyncio and blocking pools."""
-    timeout = socket_timeout if socket_timeout is not None else socket_timeout_from_env()
+    timeout = socket_timeout if socket_timeout is not None else DEFAULT_SOCKET_TIMEOUT
     return {
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,

@@ -8,7 +8,7 @@ are global per database, so queue names and job ids carry the prefix too.
 Lifetimes (DESIGN.md §8; every key has a TTL or an owner). ``turn_ttl`` and
 ``history_ttl`` are the two configurable ones (:attr:`Keys.turn_ttl`,
 :attr:`Keys.history_ttl`; ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL``, read by
-:func:`lifetimes_from_env` for workers and clients alike); the others are the
+:class:`~smith_client.settings.ClientSettings` for workers and clients alike); the others are the
 constants below the table.
 
 =======================================  ==============================  =========================================
@@ -61,15 +61,11 @@ caller ids cannot contain, so no caller turn id names a sub-agent's call.
 
 from __future__ import annotations
 
-import os
 import re
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from arq.constants import abort_jobs_ss, in_progress_key_prefix, job_key_prefix, result_key_prefix, retry_key_prefix
-
-from smith_client.errors import ConfigurationError
 
 #: Idle lifetime of a conversation's keys (history, FIFO, statuses, active skills), seconds: 30 days (DESIGN.md §8).
 DEFAULT_HISTORY_TTL = 30 * 24 * 3600
@@ -114,30 +110,6 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _env_seconds(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ConfigurationError(f"{name} must be a positive number of seconds, got {raw!r}", setting=name)
-    return value
-
-
-def lifetimes_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
-    """``(turn_ttl, history_ttl)`` in seconds from ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL``
-    (defaults :data:`DEFAULT_TURN_TTL`, :data:`DEFAULT_HISTORY_TTL`). Raises
-    :class:`~smith_client.errors.ConfigurationError` on a value that is not a positive integer."""
-    env = os.environ if env is None else env
-    return (
-        _env_seconds(env, "SMITH_TURN_TTL", DEFAULT_TURN_TTL),
-        _env_seconds(env, "SMITH_HISTORY_TTL", DEFAULT_HISTORY_TTL),
-    )
-
-
 @dataclass(frozen=True)
 class Keys:
     """Names (and the two configurable lifetimes) for one deployment prefix. All name methods return ``str``.
@@ -148,13 +120,6 @@ class Keys:
     prefix: str = "smith"
     turn_ttl: int = DEFAULT_TURN_TTL
     history_ttl: int = DEFAULT_HISTORY_TTL
-
-    @classmethod
-    def configured(cls, prefix: str, turn_ttl: int | None = None, history_ttl: int | None = None) -> Keys:
-        """Keys with the given lifetimes (seconds); None reads ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL``
-        (:func:`lifetimes_from_env`). Raises :class:`~smith_client.errors.ConfigurationError` on a bad variable."""
-        env_turn_ttl, env_history_ttl = lifetimes_from_env()
-        return cls(prefix, turn_ttl or env_turn_ttl, history_ttl or env_history_ttl)
 
     @property
     def turns_queue(self) -> str:

@@ -14,7 +14,6 @@ Skills (:mod:`smith_worker.skills`) are registered with :meth:`SmithApp.skill`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,15 +28,12 @@ from smith_worker.memory import FullMemory, Memory
 from smith_worker.native import NativeTools
 from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
 from smith_worker.sources import ToolSource
-from smith_worker.tools import Isolation, Tool, ToolRegistry, make_tool
+from smith_worker.tools import TOOL_NAME, Isolation, Tool, ToolRegistry, make_tool
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 #: An agent's ``tool_choice``: the chat-completions values (:data:`ToolChoice`) or one of its tools' names.
 AgentToolChoice = str | dict[str, Any]
-
-#: Names an agent must have to be offered as a sub-agent tool (OpenAI function names; issue 15).
-SUBAGENT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 
 
 @dataclass
@@ -245,9 +241,9 @@ class SmithApp:
                     raise ConfigurationError(
                         f"agent {spec.name!r}: sub-agent {name!r} is not a declared agent", setting="subagents"
                     )
-                if not SUBAGENT_NAME.match(name):
+                if not TOOL_NAME.match(name):  # offered to the model as a tool named after the agent
                     raise ConfigurationError(
-                        f"agent {spec.name!r}: sub-agent {name!r} is not a valid tool name ({SUBAGENT_NAME.pattern})",
+                        f"agent {spec.name!r}: sub-agent {name!r} is not a valid tool name ({TOOL_NAME.pattern})",
                         setting="subagents",
                     )
                 if any(source.owns(name) for source in self.sources_for(spec)) or spec.subagents.count(name) > 1:

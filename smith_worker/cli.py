@@ -1,6 +1,6 @@
 """``smith-worker MODULE:APP --queue turns|tools`` runs an arq worker; ``smith-worker --check [--ready]
---queue Q`` is the liveness (readiness) probe (:mod:`smith_worker.health`). It reads ``SMITH_REDIS_URL``,
-``SMITH_PREFIX`` and the Sentinel variables.
+--queue Q`` is the liveness (readiness) probe (:mod:`smith_worker.health`). Both read every ``SMITH_*``
+variable first (:class:`~smith_worker.config.Settings`): a bad one is one line on stderr and exit code 1.
 
 The client commands (``smith ask|chat|keys|status``) are :mod:`smith_client.cli`, so they work with the
 base install.
@@ -88,11 +88,13 @@ def _worker_main(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(prog="smith-worker", description="Run an Agent Smith worker.")
     parser.add_argument("app", nargs="?", help="the app to serve, as package.module:attribute")
     parser.add_argument("--queue", choices=["turns", "tools"])
-    parser.add_argument("--log-level", default=os.environ.get("SMITH_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-level", type=_log_level, help="DEBUG, INFO, WARNING, ... (default SMITH_LOG_LEVEL, INFO)"
+    )
     parser.add_argument(
         "--log-jobs",
         action="store_true",
-        default=os.environ.get("SMITH_LOG_JOBS", "") not in ("", "0"),
+        default=None,
         help="log every job's start and end and every model request at INFO too (SMITH_LOG_JOBS=1); "
         "otherwise only at --log-level DEBUG",
     )
@@ -105,15 +107,17 @@ def _worker_main(argv: list[str] | None) -> None:
     )
     parser.add_argument("--ready", action="store_true", help="with --check: also require Redis to answer PING")
     args = parser.parse_args(argv)
+    from smith_worker.config import Settings  # imported late: keeps `smith-worker --help` light
+
+    settings = Settings.from_env()  # every SMITH_* variable, checked before anything starts
     if args.check:
-        from smith_worker.config import Settings
         from smith_worker.health import run_check
 
-        raise SystemExit(run_check(Settings.from_env(), args.queue, args.ready))
+        raise SystemExit(run_check(settings, args.queue, args.ready))
     if not args.app or not args.queue:
         parser.error("the app and --queue are required to run a worker")
-    configure_logging(args.log_level, log_jobs=args.log_jobs)
-    from smith_worker.worker import build_worker  # imported late: keeps `smith --help` light
+    configure_logging(args.log_level or settings.log_level, log_jobs=args.log_jobs or settings.log_jobs)
+    from smith_worker.worker import build_worker
 
     worker = build_worker(load_app(args.app), args.queue)
     worker.run()
@@ -121,6 +125,17 @@ def _worker_main(argv: list[str] | None) -> None:
     if runtime.restart_requested and not worker.terminated:
         restart_process()
     exit_past_overrunning_threads(runtime.executors.overrunning if runtime.executors else 0)
+
+
+def _log_level(value: str) -> str:
+    """``--log-level``'s value as a level name (:func:`~smith_worker.config.log_level_name`); argparse's
+    one-line usage error otherwise."""
+    from smith_worker.config import LOG_LEVELS, log_level_name
+
+    try:
+        return log_level_name(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {LOG_LEVELS}, got {value!r}") from None
 
 
 #: INFO records written for every job (arq: its start and its end) and every HTTP request (httpx,

@@ -1,161 +1,93 @@
-"""Configuration: environment variables with the ``SMITH_`` prefix (DESIGN.md §9)
-and the per-agent loop limits of the seed (§15.1 ``AgentConfig``).
+"""Configuration: environment variables with the ``SMITH_`` prefix (DESIGN.md §9), checked at worker
+start (:class:`Settings`), and the per-agent loop limits of the seed (§15.1 ``AgentConfig``).
 
 All durations are seconds (floats).
 """
 
 from __future__ import annotations
 
-import os
+import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from arq.connections import ArqRedis
-from pydantic import ValidationError
+from pydantic import AfterValidator, Field, ValidationError
 
 from smith_client.connection import connect_redis
 from smith_client.errors import ConfigurationError
-from smith_client.keys import DEFAULT_HISTORY_TTL, DEFAULT_TURN_TTL, lifetimes_from_env
+from smith_client.settings import Accepts, ClientSettings, Count, OptionalText, Seconds, Secret, Text
 from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES
 from smith_worker.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
-from smith_worker.llm.types import LlmClientConfig
+from smith_worker.llm.types import LlmClientConfig, check_base_url
 from smith_worker.tools import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
 
 
-def _env_float(name: str, default: float) -> float:
-    value = _env_optional_float(name)
-    return default if value is None else value
+def log_level_name(value: str) -> str:
+    """``value`` in capitals if it is the name of a :mod:`logging` level (``debug``, ``INFO``, ``warning``, …);
+    raises ``ValueError`` otherwise."""
+    name = value.strip().upper()
+    if name not in logging.getLevelNamesMapping():
+        raise ValueError(f"unknown log level {value!r}")
+    return name
 
 
-def _env_optional_float(name: str) -> float | None:
-    """``name`` as a float, None when unset or empty. Raises :class:`ConfigurationError` on a malformed number."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return float(raw)
-    except ValueError as exc:
-        raise ConfigurationError(f"{name} must be a number, got {raw!r}", setting=name) from exc
+#: The level names :func:`log_level_name` accepts, for messages (the standard ones; aliases such as WARN work too).
+LOG_LEVELS = "DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)"
+
+HttpUrl = Annotated[
+    str,
+    AfterValidator(lambda url: check_base_url(url).rstrip("/")),
+    Accepts("an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080/v1"),
+]
+LogLevel = Annotated[str, AfterValidator(log_level_name), Accepts(f"a log level: {LOG_LEVELS}")]
+NonNegativeSeconds = Annotated[float, Field(ge=0), Accepts("a number of seconds >= 0")]
+OptionalPort = Annotated[int | None, Field(ge=1, le=65535), Accepts("a TCP port number from 1 to 65535")]
+ToolCalling = Annotated[Literal["native", "json_schema"], Accepts("native or json_schema")]
+Temperature = Annotated[float | None, Field(ge=0, le=2), Accepts("a number from 0 to 2")]
+Flag = Annotated[bool, Accepts("a boolean: 1, 0, true, false, yes, no, on or off")]
 
 
-def _env_int(name: str, default: int) -> int:
-    return int(_env_float(name, default))
+class Settings(ClientSettings):
+    """Deployment settings of a worker: the shared ones (:class:`~smith_client.settings.ClientSettings`)
+    and the worker's own, one field per ``SMITH_*`` variable (``fallback_poll`` is ``SMITH_FALLBACK_POLL``).
 
-
-def _env_count(name: str, default: int) -> int:
-    """``name`` as a whole number of at least 1 (job slots, attempts). Raises :class:`ConfigurationError`."""
-    value = _env_int(name, default)
-    if value < 1:
-        raise ConfigurationError(f"{name} must be at least 1, got {value}", setting=name)
-    return value
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Deployment settings, read from the environment by :meth:`from_env`.
-
-    ===========================  =====================================  ==================
-    variable                     meaning                                default
-    ===========================  =====================================  ==================
-    ``SMITH_REDIS_URL``          Redis URL                              ``redis://127.0.0.1:6379/0``
-    ``SMITH_PREFIX``             key / queue prefix                     ``smith``
-    ``SMITH_LLM_BASE_URL``       chat-completions base URL, with /v1    ``http://127.0.0.1:8080/v1``
-    ``SMITH_LLM_MODEL``          model name                             ``local``
-    ``SMITH_LLM_API_KEY``        bearer token (never sent in jobs)      unset
-    ``SMITH_LLM_TOOL_CALLING``   ``native`` or ``json_schema``          ``native``
-    ``SMITH_LLM_TEMPERATURE``    default sampling temperature           unset (server's)
-    ``SMITH_TURN_MAX_JOBS``      concurrent turns per turn worker       100
-    ``SMITH_TOOL_MAX_JOBS``      concurrent tool calls per tool worker  20
-    ``SMITH_TURN_JOB_TIMEOUT``   hard cap on one turn job, seconds      600
-    ``SMITH_TOOL_JOB_TIMEOUT``   hard cap on one tool job, seconds      300
-    ``SMITH_TURN_MAX_ATTEMPTS``  runs of one turn (crashes, timeouts)   3
-    ``SMITH_FALLBACK_POLL``      longest wait between two polls of a    2
-                                 queue, seconds (workers are woken by
-                                 enqueues; smith_worker/pickup.py)
-    ``SMITH_TOKEN_COALESCE``     window, seconds, in which a stream's   0 (off)
-                                 token deltas are merged into one
-                                 ``token`` event (smith_worker/event_batch.py)
-    ``SMITH_TOOL_MAX_OVERRUNS``  overrunning sync-tool threads that     10
-                                 make a tool worker drain and restart
-    ``SMITH_TOOL_PROCESSES``     processes for ``isolation="process"``  4
-                                 tools, per tool worker
-    ``SMITH_TURN_TTL``           lifetime of a turn's keys after its    86400 (24 h)
-                                 last write, seconds (DESIGN.md §8)
-    ``SMITH_HISTORY_TTL``        idle lifetime of a conversation's      2592000 (30 days)
-                                 keys, seconds (DESIGN.md §8)
-    ``SMITH_REDIS_SENTINELS``    Sentinel ``host:port`` list (commas)   unset (no Sentinel)
-    ``SMITH_REDIS_SENTINEL_MASTER``  name of the Sentinel-monitored master  unset
-    ``SMITH_METRICS_PORT``       Prometheus ``/metrics`` port           unset (no metrics)
-    ``SMITH_HEARTBEAT_FILE``     liveness file touched every 5 s        ``<tmp>/smith-<queue>-<pid>.heartbeat``
-    ===========================  =====================================  ==================
-
-    ``SMITH_HISTORY_MAX_MESSAGES`` (default 10000): messages a conversation's
-    stored history keeps; the oldest are trimmed, whole tool-call groups at a time.
-
-    ``SMITH_REDIS_URL`` may be ``rediss://`` (TLS) and carry an ACL user and
-    password; see :mod:`smith_client.connection`.
-    ``SMITH_REDIS_SOCKET_TIMEOUT`` (seconds, default 5) bounds every Redis
-    connect and command of clients and workers alike, so it is read where
-    connections are built (:func:`smith_client.connection.connect_redis`).
-    ``SMITH_TURN_MAX_ATTEMPTS`` counts runs ended by a crash, a lost lease or
-    a Redis failure; hand-offs at a graceful shutdown are not counted (issue 8).
+    Read from the environment by :meth:`from_env` when ``smith-worker`` starts, so a bad value ends the
+    worker at once with one :class:`ConfigurationError` line (naming the variable, quoting the value,
+    saying what is accepted) instead of failing every turn. Each field's description says what it is; the
+    README's Configuration section lists them all with their defaults. Durations are seconds.
+    ``SMITH_TURN_MAX_ATTEMPTS`` counts runs ended by a crash, a lost lease or a Redis failure; hand-offs at
+    a graceful shutdown are not counted.
     """
 
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    prefix: str = "smith"
-    llm_base_url: str = "http://127.0.0.1:8080/v1"
-    llm_model: str = "local"
-    llm_api_key: str | None = None
-    llm_tool_calling: str = "native"
-    llm_temperature: float | None = None
-    turn_max_jobs: int = 100
-    tool_max_jobs: int = 20
-    turn_job_timeout: float = 600.0
-    tool_job_timeout: float = 300.0
-    turn_max_attempts: int = 3
-    fallback_poll: float = 2.0
-    token_coalesce: float = 0.0
-    tool_max_overruns: int = DEFAULT_OVERRUN_LIMIT
-    tool_processes: int = DEFAULT_TOOL_PROCESSES
-    turn_ttl: int = DEFAULT_TURN_TTL
-    history_ttl: int = DEFAULT_HISTORY_TTL
-    redis_sentinels: str | None = None
-    redis_sentinel_master: str | None = None
-    metrics_port: int | None = None
-    heartbeat_file: str | None = None
-    history_max_messages: int = DEFAULT_HISTORY_MAX_MESSAGES
-
-    @classmethod
-    def from_env(cls) -> Settings:
-        """Read ``SMITH_*`` variables; raises :class:`ConfigurationError` on a malformed number, or a count
-        (job slots, attempts) below 1."""
-        env = os.environ
-        turn_ttl, history_ttl = lifetimes_from_env(env)
-        return cls(
-            redis_url=env.get("SMITH_REDIS_URL") or cls.redis_url,
-            prefix=env.get("SMITH_PREFIX") or cls.prefix,
-            llm_base_url=(env.get("SMITH_LLM_BASE_URL") or cls.llm_base_url).rstrip("/"),
-            llm_model=env.get("SMITH_LLM_MODEL") or cls.llm_model,
-            llm_api_key=env.get("SMITH_LLM_API_KEY") or None,
-            llm_tool_calling=env.get("SMITH_LLM_TOOL_CALLING") or cls.llm_tool_calling,
-            llm_temperature=_env_optional_float("SMITH_LLM_TEMPERATURE"),
-            turn_max_jobs=_env_count("SMITH_TURN_MAX_JOBS", cls.turn_max_jobs),
-            tool_max_jobs=_env_count("SMITH_TOOL_MAX_JOBS", cls.tool_max_jobs),
-            turn_job_timeout=_env_float("SMITH_TURN_JOB_TIMEOUT", cls.turn_job_timeout),
-            tool_job_timeout=_env_float("SMITH_TOOL_JOB_TIMEOUT", cls.tool_job_timeout),
-            turn_max_attempts=_env_count("SMITH_TURN_MAX_ATTEMPTS", cls.turn_max_attempts),
-            fallback_poll=_env_float("SMITH_FALLBACK_POLL", cls.fallback_poll),
-            token_coalesce=_env_float("SMITH_TOKEN_COALESCE", cls.token_coalesce),
-            tool_max_overruns=_env_int("SMITH_TOOL_MAX_OVERRUNS", cls.tool_max_overruns),
-            tool_processes=_env_int("SMITH_TOOL_PROCESSES", cls.tool_processes),
-            turn_ttl=turn_ttl,
-            history_ttl=history_ttl,
-            redis_sentinels=env.get("SMITH_REDIS_SENTINELS") or None,
-            redis_sentinel_master=env.get("SMITH_REDIS_SENTINEL_MASTER") or None,
-            metrics_port=_env_int("SMITH_METRICS_PORT", 0) or None,
-            heartbeat_file=env.get("SMITH_HEARTBEAT_FILE") or None,
-            history_max_messages=_env_int("SMITH_HISTORY_MAX_MESSAGES", cls.history_max_messages),
-        )
+    llm_base_url: HttpUrl = Field("http://127.0.0.1:8080/v1", description="chat-completions base URL, with /v1")
+    llm_model: Text = Field("local", description="model name sent with every request")
+    llm_api_key: Annotated[OptionalText, Secret()] = Field(None, description="bearer token (never sent in jobs)")
+    llm_tool_calling: ToolCalling = Field(
+        "native", description="how tools reach the model (smith_worker/llm/json_schema_tools.py)"
+    )
+    llm_temperature: Temperature = Field(None, description="default sampling temperature (unset: the server's)")
+    turn_max_jobs: Count = Field(100, description="concurrent turns per turn worker")
+    tool_max_jobs: Count = Field(20, description="concurrent tool calls per tool worker")
+    turn_job_timeout: Seconds = Field(600.0, description="hard cap on one turn job")
+    tool_job_timeout: Seconds = Field(300.0, description="hard cap on one tool job")
+    turn_max_attempts: Count = Field(3, description="runs of one turn (crashes, lost leases, Redis failures)")
+    fallback_poll: Seconds = Field(
+        2.0, description="longest wait between two polls of a queue (workers are woken by enqueues; pickup.py)"
+    )
+    token_coalesce: NonNegativeSeconds = Field(
+        0.0, description="window in which a stream's token deltas are merged into one event; 0 = off"
+    )
+    tool_max_overruns: Count = Field(
+        DEFAULT_OVERRUN_LIMIT, description="overrunning sync-tool threads that make a tool worker drain and restart"
+    )
+    tool_processes: Count = Field(DEFAULT_TOOL_PROCESSES, description='processes for isolation="process" tools')
+    metrics_port: OptionalPort = Field(None, description="port of Prometheus /metrics (unset: no metrics)")
+    heartbeat_file: OptionalText = Field(None, description="liveness file touched every 5 s (smith_worker/health.py)")
+    history_max_messages: Count = Field(
+        DEFAULT_HISTORY_MAX_MESSAGES, description="messages a conversation's stored history keeps"
+    )
+    log_level: LogLevel = Field("INFO", description="level of smith-worker's log (--log-level)")
+    log_jobs: Flag = Field(False, description="log every job and model request at INFO too (--log-jobs)")
 
     def connect_redis(self, socket_timeout: float | None = None) -> ArqRedis:
         """A Redis client for these settings (URL, or Sentinel when configured).
@@ -166,7 +98,7 @@ class Settings:
             self.redis_url,
             sentinels=self.redis_sentinels,
             sentinel_master=self.redis_sentinel_master,
-            socket_timeout=socket_timeout,
+            socket_timeout=self.redis_socket_timeout if socket_timeout is None else socket_timeout,
         )
 
     def llm_config(self, override: dict[str, Any] | LlmClientConfig | None = None) -> LlmClientConfig:

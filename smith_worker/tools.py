@@ -28,6 +28,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, create_model
 
 from smith_client.errors import ConfigurationError, SmithTimeoutError
+from smith_client.validation import shown
 from smith_worker.llm.types import ToolSchema
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ logger = logging.getLogger("agent_smith.tool")
 DEFAULT_TOOL_TIMEOUT = 30.0
 #: Default cap on a tool result's content, in UTF-8 bytes (seed §10.4).
 DEFAULT_RESULT_MAX_BYTES = 64 * 1024
+#: A tool's name: a function name as chat-completions servers take it (OpenAI: ``^[a-zA-Z0-9_-]{1,64}$``).
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 
 
 @dataclass
@@ -251,6 +254,25 @@ class Tool:
         return result
 
 
+def checked_tool_name(fn: Callable[..., Any], name: str | None) -> str:
+    """``name``, else ``fn``'s ``__name__``, if it matches :data:`TOOL_NAME`.
+
+    Raises :class:`ConfigurationError` (``setting="name"``) for a callable without a name of its own
+    (a lambda, a ``functools.partial``, a callable object) and no ``name``, or a name servers refuse.
+    """
+    if name is None:
+        name = getattr(fn, "__name__", None)
+        if not isinstance(name, str) or name == "<lambda>":
+            raise ConfigurationError(
+                f"a tool needs a name: {shown(fn)} has none of its own; register it with name=...", setting="name"
+            )
+    if not TOOL_NAME.match(name):
+        raise ConfigurationError(
+            f"tool name must be 1-64 characters from [A-Za-z0-9_-], got {shown(name)}", setting="name"
+        )
+    return name
+
+
 def make_tool(
     fn: Callable[..., Any],
     *,
@@ -268,7 +290,7 @@ def make_tool(
     ``isolation="process"`` runs a sync function in a pool process killed at
     its timeout (:mod:`smith_worker.isolation`). Raises
     :class:`ConfigurationError` for a non-positive timeout, an unknown
-    isolation, or process isolation of an ``async def``.
+    isolation, process isolation of an ``async def``, or a bad name (:func:`checked_tool_name`).
     """
     if timeout is not None and timeout <= 0:
         raise ConfigurationError(f"tool timeout must be positive, got {timeout}", setting="timeout")
@@ -280,7 +302,7 @@ def make_tool(
         raise ConfigurationError(
             "isolation='process' is for sync functions; an async tool can be cancelled", setting="isolation"
         )
-    tool_name = name or fn.__name__
+    tool_name = checked_tool_name(fn, name)
     doc = (description if description is not None else inspect.getdoc(fn) or "").strip()
     schema_params = parameters if parameters is not None else schema_from_signature(fn)
     check_schema(tool_name, schema_params)

@@ -43,7 +43,6 @@ from typing import Any, cast
 from arq.connections import ArqRedis, log_redis_info
 from arq.worker import Worker, func
 
-from smith_client.connection import socket_timeout_from_env
 from smith_client.errors import InvalidRequestError
 from smith_client.jobs import RUN_TOOL, RUN_TURN, TurnJob
 from smith_client.keys import Keys
@@ -239,14 +238,27 @@ class SmithWorker(Worker):
         await self.run_job(job.job_id, job.score)
 
 
+def warn_if_nothing_to_serve(app: SmithApp, queue: Queue) -> None:
+    """Log a warning when ``app`` gives a worker on ``queue`` nothing to do: a turn worker without agents
+    (clients asking for any agent get ``UnknownAgentError``), a tool worker without tools (no Python tool,
+    tool source or skill). A tools-only app is right for tool workers, so only the turns queue needs agents.
+    """
+    if queue == "turns" and not app.agents:
+        logger.warning("the app declares no agents: this turn worker serves none (declare one with app.agent(...))")
+    if queue == "tools" and not (len(app.tools) or app.sources or app.skills.names()):
+        logger.warning("the app declares no tools, tool sources or skills: this tool worker has nothing to run")
+
+
 def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> SmithWorker:
     """A :class:`SmithWorker` serving ``queue`` for ``app``. ``overrides`` go to ``Worker(...)``.
 
     Raises :class:`~smith_client.errors.ConfigurationError` for an agent's bad ``subagents`` (seed §14.1)
     and, on the turns queue, for LLM settings that are invalid for any agent (``SMITH_LLM_TOOL_CALLING``,
-    an agent's ``llm`` override), so the worker exits at start rather than failing every turn.
+    an agent's ``llm`` override), so the worker exits at start rather than failing every turn. Logs a
+    warning when the app gives the queue nothing to serve (:func:`warn_if_nothing_to_serve`).
     """
     app.resolve_subagents()
+    warn_if_nothing_to_serve(app, queue)
     settings = settings or app.settings
     if queue == "turns":
         for spec in app.agents.values():
@@ -267,7 +279,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
     # the blocking pop's own connection: its socket timeout outlasts the longest pop
     pickup = Pickup(
         functools.partial(
-            settings.connect_redis, socket_timeout=socket_timeout_from_env() + settings.fallback_poll + POP_MARGIN
+            settings.connect_redis, socket_timeout=settings.redis_socket_timeout + settings.fallback_poll + POP_MARGIN
         ),
         runtime.queue_name,
         settings.fallback_poll,

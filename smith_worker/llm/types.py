@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from smith_client.jobs import Sampling
 from smith_client.messages import AssistantMessage, Message, TokenUsage
@@ -19,6 +20,18 @@ from smith_worker.redaction import register_secrets, url_credentials
 
 #: Default cap on one response body, in bytes (4 MiB).
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+
+
+def check_base_url(value: str) -> str:
+    """``value`` if it is an ``http://`` or ``https://`` URL with a host (and a numeric port, if any).
+
+    Raises ``ValueError`` otherwise: a server that cannot be reached must fail the worker's start, not each turn.
+    """
+    parts = urlsplit(value)
+    parts.port  # noqa: B018  # parses the port: raises ValueError unless it is a number in 0-65535
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http:// or https:// URL with a host")  # not quoted: it may carry a password
+    return value
 
 
 class ToolSchema(BaseModel):
@@ -110,7 +123,7 @@ class LlmClientConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     _basic_auth: str | None = PrivateAttr(default=None)
 
-    base_url: str
+    base_url: Annotated[str, AfterValidator(check_base_url)]
     model: str
     api_key: str | None = None
     request_timeout: float = Field(default=60.0, gt=0)

@@ -105,7 +105,7 @@ async def test_model_trickling_keep_alives_ends_at_response_timeout(bound_client
     elapsed = time.monotonic() - started
     assert info.value.operation == "llm.response" and info.value.budget == 3.0
     assert elapsed < 3.0 + 15.0  # response_timeout plus a generous margin
-    assert scripted_llm.attempts(key) <= Settings.turn_max_attempts  # in fact 1: it is never re-run
+    assert scripted_llm.attempts(key) <= Settings().turn_max_attempts  # in fact 1: it is never re-run
     assert scripted_llm.attempts(key) == 1
 
 

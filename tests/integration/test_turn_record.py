@@ -68,13 +68,19 @@ async def test_the_client_writes_the_lifetimes_it_is_given(redis_url, prefix, sc
 
 
 def test_lifetimes_come_from_the_environment_and_bad_values_are_refused(monkeypatch):
+    from smith_client import SmithClient
     from smith_client.errors import ConfigurationError
-    from smith_client.keys import DEFAULT_HISTORY_TTL, Keys, lifetimes_from_env
+    from smith_client.keys import DEFAULT_HISTORY_TTL
+    from smith_client.settings import ClientSettings
 
-    assert lifetimes_from_env({}) == (24 * 3600, DEFAULT_HISTORY_TTL)
-    assert lifetimes_from_env({"SMITH_TURN_TTL": "60", "SMITH_HISTORY_TTL": "120"}) == (60, 120)
+    def lifetimes(env):
+        settings = ClientSettings.from_env(env)
+        return settings.turn_ttl, settings.history_ttl
+
+    assert lifetimes({}) == (24 * 3600, DEFAULT_HISTORY_TTL)
+    assert lifetimes({"SMITH_TURN_TTL": "60", "SMITH_HISTORY_TTL": "120"}) == (60, 120)
     monkeypatch.setenv("SMITH_TURN_TTL", "90")
-    assert Keys.configured("p").turn_ttl == 90 and Keys.configured("p", turn_ttl=5).turn_ttl == 5
+    assert SmithClient(None).keys.turn_ttl == 90 and SmithClient(None, turn_ttl=5).keys.turn_ttl == 5
     for bad in ("0", "-1", "soon"):
         with pytest.raises(ConfigurationError, match="SMITH_HISTORY_TTL"):
-            lifetimes_from_env({"SMITH_HISTORY_TTL": bad})
+            lifetimes({"SMITH_HISTORY_TTL": bad})

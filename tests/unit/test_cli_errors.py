@@ -44,15 +44,37 @@ def test_smith_with_a_malformed_url_prints_a_configuration_error_naming_it(comma
 
 @pytest.mark.parametrize(("variable", "value", "named"), [
     ("SMITH_TURN_MAX_JOBS", "abc", "SMITH_TURN_MAX_JOBS"),
-    ("SMITH_TURN_MAX_JOBS", "0", "SMITH_TURN_MAX_JOBS must be at least"),  # a worker that never takes a turn
-    ("SMITH_TOOL_MAX_JOBS", "-3", "SMITH_TOOL_MAX_JOBS must be at least"),
-    ("SMITH_TURN_MAX_ATTEMPTS", "0", "SMITH_TURN_MAX_ATTEMPTS must be at least"),
-    ("SMITH_LLM_TOOL_CALLING", "bogus", "invalid LLM settings: tool_calling:"),  # at start, not at every turn
+    ("SMITH_TURN_MAX_JOBS", "0", "SMITH_TURN_MAX_JOBS must be a whole number of at least 1,"),  # never takes a turn
+    ("SMITH_TOOL_MAX_JOBS", "-3", "SMITH_TOOL_MAX_JOBS must be a whole number of at least 1,"),
+    ("SMITH_TURN_MAX_ATTEMPTS", "0", "SMITH_TURN_MAX_ATTEMPTS must be a whole number of at least 1,"),
+    ("SMITH_LLM_TOOL_CALLING", "bogus", "SMITH_LLM_TOOL_CALLING must be native or json_schema,"),  # not at every turn
     ("SMITH_REDIS_URL", "bogus://x", "SMITH_REDIS_URL"),
 ])
 def test_smith_worker_with_bad_configuration_prints_one_line(variable, value, named):
     result = run(["-m", "smith_worker", "tests.support.app:app", "--queue", "turns"], **{variable: value})
     assert_one_clean_line(result, f"smith-worker: ConfigurationError: {named} ")
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("SMITH_LOG_LEVEL", "LOUD"),  # was logging's ValueError traceback
+    ("SMITH_LLM_BASE_URL", "notaurl"),  # was a worker failing every turn
+    ("SMITH_FALLBACK_POLL", "0"),  # was an idle worker spinning on its queue
+    ("SMITH_FALLBACK_POLL", "-1"),
+])
+def test_smith_worker_refuses_a_bad_setting_at_once_in_one_line(variable, value):
+    """The installed ``smith-worker`` script: it exits (a started worker would run past the 60 s ``timeout``
+    of :func:`run`, failing the test) with exit code 1 and one line naming the variable and quoting the value."""
+    script = str(Path(sys.executable).parent / "smith-worker")
+    result = subprocess.run([script, "tests.support.app:app", "--queue", "turns"], capture_output=True, text=True,
+                            timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), **{variable: value}))
+    assert result.returncode == 1
+    assert_one_clean_line(result, f"smith-worker: ConfigurationError: {variable} must be ")
+    assert result.stderr.rstrip().endswith(f"got {value!r}")
+
+
+def test_smith_refuses_a_bad_setting_before_any_command():
+    result = run(["-c", SMITH, "status"], SMITH_REDIS_SOCKET_TIMEOUT="0")
+    assert_one_clean_line(result, "smith: ConfigurationError: SMITH_REDIS_SOCKET_TIMEOUT must be a number of seconds")
 
 
 def test_smith_keys_needs_a_conversation():

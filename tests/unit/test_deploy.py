@@ -22,6 +22,8 @@ import pytest
 import yaml
 
 from smith_client.keys import Keys
+from smith_client.settings import env_name
+from smith_worker.config import Settings
 from smith_worker.health import HEARTBEAT_MAX_AGE
 from smith_worker.worker import TOOL_JOB_COMPLETION_WAIT
 
@@ -44,10 +46,12 @@ def resolve(argv: list[str], env: dict[str, str] | None = None) -> list[str]:
 
 
 def env_names_read_by_code() -> set[str]:
-    pattern = re.compile(r"(?:environ\.get|env\.get|_env_float|_env_int|_env_count)\(\s*\"(SMITH_\w+)\"")
+    """The settings model's variables, those the demo modules read themselves, and ``SMITH_APP``."""
+    pattern = re.compile(r"(?:environ\.get|env\.get)\(\s*\"(SMITH_\w+)\"")
     names = {m for path in [*ROOT.glob("smith_worker/**/*.py"), *ROOT.glob("smith_client/*.py")]
              for m in pattern.findall(path.read_text())}
-    return names | {"SMITH_APP"}  # the Procfile's own variable: which app the workers serve
+    settings = {env_name(field) for field in Settings.model_fields}
+    return names | settings | {"SMITH_APP"}  # the Procfile's own variable: which app the workers serve
 
 
 def manifests() -> list[dict]:

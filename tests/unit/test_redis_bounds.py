@@ -11,35 +11,32 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from smith_client import SmithClient
 from smith_client.sync_client import SyncSmithClient
-from smith_client.connection import (
-    DEFAULT_SOCKET_TIMEOUT,
-    HEALTH_CHECK_INTERVAL,
-    connect_redis,
-    socket_timeout_from_env,
-)
+from smith_client.connection import DEFAULT_SOCKET_TIMEOUT, HEALTH_CHECK_INTERVAL, connect_redis
 from smith_client.errors import ConfigurationError
+from smith_client.settings import ClientSettings
 from smith_worker.redis_health import BACKOFF_CAP, RedisHealth, backoff_delay
 
 
 def test_socket_timeout_defaults_to_5_s_and_reads_the_environment(monkeypatch):
     monkeypatch.delenv("SMITH_REDIS_SOCKET_TIMEOUT", raising=False)
-    assert socket_timeout_from_env() == DEFAULT_SOCKET_TIMEOUT == 5.0
+    assert ClientSettings.from_env().redis_socket_timeout == DEFAULT_SOCKET_TIMEOUT == 5.0
     monkeypatch.setenv("SMITH_REDIS_SOCKET_TIMEOUT", "2.5")
-    assert socket_timeout_from_env() == 2.5
+    assert ClientSettings.from_env().redis_socket_timeout == 2.5
 
 
 @pytest.mark.parametrize("raw", ["soon", "0", "-1"])
 def test_a_bad_socket_timeout_is_a_configuration_error(monkeypatch, raw):
     monkeypatch.setenv("SMITH_REDIS_SOCKET_TIMEOUT", raw)
     with pytest.raises(ConfigurationError) as info:
-        socket_timeout_from_env()
+        SmithClient.from_url("redis://127.0.0.1:1/0")  # a client reads it too
     assert info.value.setting == "SMITH_REDIS_SOCKET_TIMEOUT"
 
 
 def test_every_connection_is_bounded(monkeypatch):
     monkeypatch.setenv("SMITH_REDIS_SOCKET_TIMEOUT", "7")
-    kwargs = connect_redis("redis://127.0.0.1:1/0").connection_pool.connection_kwargs
+    kwargs = SmithClient.from_url("redis://127.0.0.1:1/0").redis.connection_pool.connection_kwargs
     assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (7.0, 7.0)
+    assert connect_redis("redis://127.0.0.1:1/0").connection_pool.connection_kwargs["socket_timeout"] == 5.0
     assert kwargs["health_check_interval"] == HEALTH_CHECK_INTERVAL
     client = SmithClient.from_url("redis://127.0.0.1:1/0", socket_timeout=1.5)  # the argument wins
     assert client.redis.connection_pool.connection_kwargs["socket_timeout"] == 1.5

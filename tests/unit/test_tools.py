@@ -1,6 +1,7 @@
 """Native tools: normalization, schemas, timeouts, truncation, registry (seed §10)."""
 
 import asyncio
+import functools
 import logging
 
 import orjson
@@ -193,3 +194,16 @@ async def test_native_tools_are_a_tool_source_with_agent_views():
     assert (await view.call("other", {}, ctx)).is_error  # not this agent's tool
     single = native.only("skill__echo", make_tool(lambda text: text, name="echo"))
     assert single.owns("skill__echo") and (await single.call("skill__echo", {"text": "hi"}, ctx)).content == "hi"
+
+
+def test_a_tool_needs_a_name_a_lambda_or_partial_has_none():
+    app = SmithApp()
+    for nameless in (lambda x: x, functools.partial(pow, 2)):
+        with pytest.raises(ConfigurationError, match="a tool needs a name: .* register it with name=") as info:
+            app.tool(nameless)
+        assert info.value.setting == "name"
+    assert len(app.tools) == 0  # nothing registered as "<lambda>"
+    app.tool(lambda x: x, name="echo")  # an explicit name is enough
+    assert app.tools.names() == ["echo"]
+    with pytest.raises(ConfigurationError, match=r"tool name must be 1-64 characters from \[A-Za-z0-9_-\], got 'a b'"):
+        app.tool(name="a b")(lambda: 1)
