@@ -127,11 +127,16 @@ class ManagedProcess:
 
 
 def start_redis_server(
-    port: int | None = None, log_path: Path | None = None, password: str | None = None
+    port: int | None = None,
+    log_path: Path | None = None,
+    password: str | None = None,
+    aof_dir: Path | None = None,
 ) -> tuple[ManagedProcess, str]:
     """Start a private, diskless ``redis-server`` on 127.0.0.1; return it and its URL.
 
     With ``password`` the server requires it (``requirepass``) and the URL carries it.
+    With ``aof_dir`` it persists to an append-only file in that directory instead: started again
+    there after a clean stop (SIGTERM), it has every key back (Redis docs, "Redis persistence").
     Raises :class:`ConfigurationError` when ``redis-server`` is not installed.
     """
     binary = shutil.which("redis-server")
@@ -158,6 +163,8 @@ def start_redis_server(
     ]
     if password:
         argv += ["--requirepass", password]
+    if aof_dir is not None:  # later options override earlier ones
+        argv += ["--appendonly", "yes", "--dir", str(aof_dir)]
     proc = ManagedProcess(argv, grace=5.0).start()
     url = f"redis://{f':{password}@' if password else ''}127.0.0.1:{port}/0"
     wait_until(lambda: redis_answers(url), 10.0, "redis-server")
