@@ -11,8 +11,11 @@ Routes:
   it reconnects) or ``?after=`` (for fetch clients and for a page reload); the stream replays what
   came after it from the replay log, follows live, and closes after the terminal event. A finished turn
   whose events were all delivered answers 204, which stops ``EventSource`` from reconnecting (WHATWG
-  HTML, server-sent events). A comment line is sent every ``SMITH_WEB_HEARTBEAT`` seconds (default 15)
-  to keep proxies from closing an idle stream; ``X-Accel-Buffering: no`` stops nginx buffering it.
+  HTML, server-sent events). When Redis fails mid-stream the stream just ends (logged) and the browser
+  reconnects after its last ``seq``; while Redis is unreachable the route answers 503 with
+  ``Retry-After`` (RFC 9110, 15.6.4), for a turn Redis no longer has 404, for events no longer kept 410.
+  A comment line is sent every ``SMITH_WEB_HEARTBEAT`` seconds (default 15) to keep proxies from
+  closing an idle stream; ``X-Accel-Buffering: no`` stops nginx buffering it.
 * ``POST /turns/{id}/cancel``: stop the turn (closing the tab only disconnects, it never cancels).
 * ``GET /``: the page (``index.html``).
 
@@ -23,6 +26,7 @@ The relay holds no state, so any web process can serve any turn. Configuration: 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -36,7 +40,7 @@ from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from smith_client import ConflictError, InvalidRequestError, SmithClient, SmithError, UnknownAgentError
-from smith_client.errors import ConversationBusyError, EventsTrimmedError, TurnNotFoundError
+from smith_client.errors import ConversationBusyError, EventsTrimmedError, TransportError, TurnNotFoundError
 from smith_client.turn_record import TERMINAL_STATUSES
 
 PAGE = Path(__file__).with_name("index.html")
@@ -44,6 +48,10 @@ PAGE = Path(__file__).with_name("index.html")
 HEARTBEAT_SECONDS = float(os.environ.get("SMITH_WEB_HEARTBEAT", "15"))
 #: Reconnection delay the page's EventSource is told to use (SSE ``retry:``), milliseconds.
 RETRY_MS = 1000
+#: Seconds a client is told to wait (``Retry-After``) when Redis is unreachable (503).
+RETRY_AFTER_SECONDS = 1
+
+logger = logging.getLogger("agent_smith.web")
 
 _STATUS = {
     InvalidRequestError: 422,
@@ -52,6 +60,7 @@ _STATUS = {
     ConversationBusyError: 409,
     TurnNotFoundError: 404,
     EventsTrimmedError: 410,
+    TransportError: 503,  # Redis is unreachable: try again later
 }
 
 
@@ -75,8 +84,11 @@ app = FastAPI(title="Agent Smith web relay", lifespan=lifespan)
 
 @app.exception_handler(SmithError)
 async def smith_error(request: Request, exc: SmithError) -> JSONResponse:
-    """A typed client error as JSON ``{"error": {kind, message, fields}}`` with a matching status."""
-    return JSONResponse({"error": exc.to_payload()}, status_code=_STATUS.get(type(exc), 502))
+    """A typed client error as JSON ``{"error": {kind, message, fields}}`` with a matching status
+    (503 comes with ``Retry-After``)."""
+    status = _STATUS.get(type(exc), 502)
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 503 else None
+    return JSONResponse({"error": exc.to_payload()}, status_code=status, headers=headers)
 
 
 @app.exception_handler(RequestValidationError)
@@ -145,8 +157,13 @@ async def turn_events(
 
     async def messages() -> AsyncIterator[ServerSentEvent]:
         yield ServerSentEvent(comment="stream open", retry=RETRY_MS)
-        async for event in handle.events(after_seq=cursor):  # ends after the terminal event
-            yield ServerSentEvent(data=event.model_dump_json(), id=str(event.seq))
+        sent = cursor
+        try:
+            async for event in handle.events(after_seq=cursor):  # ends after the terminal event
+                yield ServerSentEvent(data=event.model_dump_json(), id=str(event.seq))
+                sent = event.seq
+        except SmithError as exc:  # too late for an error status: end the stream, the browser reconnects
+            logger.warning("turn %s: event stream ended after seq %d: %s", turn_id, sent, exc)
 
     return EventSourceResponse(messages(), ping=HEARTBEAT_SECONDS)
 

@@ -136,7 +136,10 @@ STARTUP_LOG_LINES = 10
 
 
 def start_redis_server(
-    port: int | None = None, log_path: Path | None = None, password: str | None = None
+    port: int | None = None,
+    log_path: Path | None = None,
+    password: str | None = None,
+    aof_dir: Path | None = None,
 ) -> tuple[ManagedProcess, str]:
     """Start a private, diskless ``redis-server`` on 127.0.0.1; return it and its URL.
 
@@ -145,7 +148,9 @@ def start_redis_server(
     process is stopped. Its log (redis's own lines, on its stdout, and anything it prints
     before it can log) goes to ``log_path``, opened here (relative to the caller's cwd),
     else to a file in that directory. With ``password`` the server requires it
-    (``requirepass``) and the URL carries it.
+    (``requirepass``) and the URL carries it. With ``aof_dir`` it persists to an
+    append-only file in that directory instead: started again there after a clean stop
+    (SIGTERM), it has every key back (Redis docs, "Redis persistence").
 
     Raises :class:`ConfigurationError` when ``redis-server`` is not installed or exits
     before it answers (the message quotes the last :data:`STARTUP_LOG_LINES` lines of
@@ -164,6 +169,8 @@ def start_redis_server(
     argv += ["--dir", workdir, "--loglevel", "warning", "--logfile", ""]
     if password:
         argv += ["--requirepass", password]
+    if aof_dir is not None:  # later options override earlier ones
+        argv += ["--appendonly", "yes", "--dir", str(aof_dir)]
     proc = ManagedProcess(
         argv, log_path=log_file, grace=5.0, cleanup=lambda: shutil.rmtree(workdir, ignore_errors=True)
     ).start()

@@ -1,45 +1,61 @@
-"""The web relay example (examples/web/) against real workers: SSE over curl, and a real Chromium (issue 16)."""
+"""The web relay example (examples/web/) against real workers: SSE over curl, and a real Chromium (issue 16),
+also across Redis restarts (a rig of its own, below)."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import pytest
 import redis
 
 from smith_client.keys import Keys
-from smith_worker.local.processes import ManagedProcess, free_port, wait_until
-from tests.conftest import LOGS, ROOT
+from smith_worker.local.processes import ManagedProcess, free_port, start_redis_server, wait_until
+from tests.conftest import LOGS, ROOT, start_workers, wait_for_workers, worker_env
 from tests.support.scripted_llm import Reply, Script
 from tests.support.web import serves
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 
+APP = "tests.support.app:app"
 CHROMIUM = "/usr/bin/chromium"
 HEARTBEAT = 0.5  # seconds; the example's default is 15
+T = TypeVar("T")
 
 
-@pytest.fixture(scope="module")
-def web(redis_url, prefix):
+@contextlib.contextmanager
+def relay(redis_url: str, prefix: str, log_path: Path) -> Iterator[str]:
     """The example app under uvicorn, a real HTTP server in its own process; yields its base URL."""
     port = free_port()
     env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_PREFIX=prefix, SMITH_WEB_HEARTBEAT=str(HEARTBEAT),
                PYTHONPATH=str(ROOT))
     argv = [sys.executable, "-m", "uvicorn", "examples.web.app:app", "--host", "127.0.0.1", "--port", str(port)]
     LOGS.mkdir(parents=True, exist_ok=True)
-    proc = ManagedProcess(argv, env=env, log_path=LOGS / "web-example.log").start()
+    proc = ManagedProcess(argv, env=env, log_path=log_path).start()
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: serves(base + "/"), 30.0, "the web example")
         yield base
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def web(redis_url, prefix):
+    with relay(redis_url, prefix, LOGS / "web-example.log") as base:
+        yield base
 
 
 def start(web: str, text: str, key: str | None = None) -> str:
@@ -189,4 +205,194 @@ def test_the_page_drops_the_unfinished_reply_a_resumed_turn_streams_again(web, b
     }""")
     assert page.inner_text("#answer") == "Let me add. It is 42."
     assert "resumed (attempt 2): the unfinished reply streams again" in page.inner_text("#tools")
+    page.close()
+
+
+def wait_for_status(page, status: str, timeout: float = 60_000) -> None:
+    page.wait_for_function(f"document.getElementById('status').textContent === {status!r}", timeout=timeout)
+
+
+def saved_turn(page) -> dict:
+    return page.evaluate("JSON.parse(sessionStorage.turn)")
+
+
+def store_turn(page, turn_id: str, last: int) -> None:
+    """Put an unfinished turn in the page's sessionStorage, as a reload finds it, having rendered up to ``last``."""
+    page.evaluate("""([turnId, last]) => { sessionStorage.turn = JSON.stringify({ turnId, last,
+        seqs: Array.from({ length: last }, (_, i) => i + 1), answer: "partial", tools: [], done: null }); }""",
+                  [turn_id, last])
+
+
+def test_a_reloaded_page_whose_turn_is_over_or_gone_says_so_and_can_send_again(
+        web, browser, scenario, redis_url, prefix):
+    """A stored turn the relay answers 204 for (over, nothing left) ends in ``ended``; one it answers 404 for
+    (unknown) or 410 for (its events trimmed) in ``lost``, forgotten, and so across reloads; Send is enabled."""
+    _, marker = scenario(Script(Reply.text("ok")))
+    turn_id = start(web, f"{marker} hi")
+    last = int(sse_messages(httpx.get(f"{web}/turns/{turn_id}/events?after=0", timeout=30).text)[0][-1]["id"])
+    page = browser.new_page()
+    page.goto(web + "/")
+    store_turn(page, turn_id, last)  # its terminal event never rendered: EventSource gets a 204
+    page.reload()
+    wait_for_status(page, "ended", timeout=30_000)
+    assert page.is_enabled("#send") and page.is_disabled("#cancel")
+    redis.Redis.from_url(redis_url).delete(Keys(prefix).turn_log(turn_id))
+    for lost, why in ((f"gone-{uuid.uuid4().hex}", "never submitted, or expired"), (turn_id, "no longer in the replay")):
+        store_turn(page, lost, 1)
+        page.reload()
+        wait_for_status(page, "lost", timeout=30_000)
+        for _ in range(2):
+            assert page.is_enabled("#send") and page.is_disabled("#cancel")
+            assert page.inner_text("#answer") == "partial"
+            assert "turn lost" in page.inner_text("#tools") and why in page.inner_text("#tools")
+            assert "turnId" not in saved_turn(page)
+            page.reload()
+            wait_for_status(page, "lost", timeout=30_000)
+    page.close()
+
+
+class RestartableRedis:
+    """A private redis-server with an append-only file in a directory of its own, restarted on the same port."""
+
+    def __init__(self, aof_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.aof_dir = aof_dir
+        self.proc: ManagedProcess | None = None
+
+    def start(self, persistent: bool = True) -> None:
+        LOGS.mkdir(parents=True, exist_ok=True)
+        self.proc, _ = start_redis_server(self.port, log_path=LOGS / f"web-outage-redis-{self.port}.log",
+                                          aof_dir=self.aof_dir if persistent else None)
+
+    def stop(self) -> None:
+        """SIGTERM: Redis writes its append-only file out, then exits."""
+        assert self.proc is not None
+        self.proc.stop()
+
+    def restart(self, *, persistent: bool, down: float) -> None:
+        """Stop, stay down ``down`` seconds, start again: from the AOF (``persistent``, every key back), or
+        empty, as a Redis without persistence comes back."""
+        self.stop()
+        time.sleep(down)
+        self.start(persistent)
+
+
+@dataclass
+class OutageRig:
+    redis: RestartableRedis
+    prefix: str
+    web: str
+    relay_log: Path
+
+
+def in_thread(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine in a thread of its own: the sync Playwright API keeps an event loop running in this one."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+@pytest.fixture(scope="module")
+def outage_rig(scripted_llm, tmp_path_factory):
+    """A Redis (AOF), a turn worker, a tool worker and a relay of their own: these tests restart that Redis."""
+    server = RestartableRedis(tmp_path_factory.mktemp("web-aof"))
+    server.start()
+    prefix = f"webout{uuid.uuid4().hex[:6]}"
+    relay_log = LOGS / f"web-outage-{prefix}.log"
+    procs = start_workers(APP, worker_env(server.url, prefix, scripted_llm.base_url), ["turns", "tools"], prefix)
+    try:
+        in_thread(wait_for_workers(server.url, prefix, len(procs)))
+        with relay(server.url, prefix, relay_log) as base:
+            yield OutageRig(server, prefix, base, relay_log)
+    finally:
+        for proc in procs:
+            proc.stop()
+        server.stop()
+
+
+def slow_answer(scenario, answer: str) -> str:
+    """The prompt of a turn streaming ``answer`` two characters every 0.1 s."""
+    _, marker = scenario(Script(Reply.text(answer, chunk_size=2, delay=0.1)))
+    return f"{marker} talk"
+
+
+def test_the_relay_ends_a_stream_cleanly_when_redis_stops_and_answers_503_until_it_is_back(outage_rig, scenario):
+    answer = "an answer still streaming while Redis is down " * 3
+    turn_id = start(outage_rig.web, slow_answer(scenario, answer))
+    seqs = []
+    with httpx.stream("GET", f"{outage_rig.web}/turns/{turn_id}/events?after=0", timeout=30) as stream:
+        for message in sse_messages_of(stream):
+            seqs.append(int(message["id"]))
+            if len(seqs) == 5:
+                outage_rig.redis.stop()
+    # the loop ended without httpx.RemoteProtocolError: the relay closed the stream properly
+    assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) >= 5
+    try:
+        down = httpx.get(f"{outage_rig.web}/turns/{turn_id}/events", headers={"Last-Event-ID": str(seqs[-1])})
+    finally:
+        outage_rig.redis.start()  # from its AOF
+    assert down.status_code == 503 and down.headers["retry-after"] == "1", down.text
+    assert down.json()["error"]["kind"] == "TransportError"
+    rest = httpx.get(f"{outage_rig.web}/turns/{turn_id}/events", headers={"Last-Event-ID": str(seqs[-1])},
+                     timeout=60)
+    messages = sse_messages(rest.text)[0]
+    assert [int(m["id"]) for m in messages] == list(range(seqs[-1] + 1, seqs[-1] + 1 + len(messages)))
+    assert '"turn.completed"' in messages[-1]["data"]
+    log = outage_rig.relay_log.read_text()
+    assert f"turn {turn_id}: event stream ended after seq" in log and "response already started" not in log
+
+
+def sse_messages_of(stream: httpx.Response) -> Iterator[dict[str, str]]:
+    """The messages of a streamed SSE response, as they arrive."""
+    block: list[str] = []
+    for text in stream.iter_lines():
+        if text:
+            block.append(text)
+            continue
+        messages, _ = sse_messages("\n".join(block))
+        block = []
+        yield from messages
+
+
+def test_a_browser_resumes_across_a_redis_restart_without_a_reload(outage_rig, browser, scenario):
+    """Redis restarted mid-stream, from its AOF: the page reconnects (the relay answers 503 meanwhile, and
+    EventSource gives up on it) and finishes the turn, every event once and in order."""
+    answer = "an answer that keeps streaming while Redis restarts " * 3
+    page = browser.new_page()
+    page.goto(outage_rig.web + "/")
+    page.fill("#text", slow_answer(scenario, answer))
+    page.click("#send")
+    page.wait_for_function("window.renderedSeqs.length >= 10")
+    outage_rig.redis.restart(persistent=True, down=3.0)  # longer than EventSource's retry: it meets a 503
+    wait_for_status(page, "completed")
+    seqs = rendered(page)
+    assert seqs == list(range(1, len(seqs) + 1))  # no gap, no duplicate across the outage
+    assert page.inner_text("#answer") == answer and page.is_enabled("#send")
+    refused = [line for line in outage_rig.relay_log.read_text().splitlines()
+               if f"/turns/{saved_turn(page)['turnId']}/events" in line and " 503 " in line]
+    assert refused  # the outage outlasted EventSource's own retry: the page's reconnection loop resumed it
+    assert "response already started" not in outage_rig.relay_log.read_text()
+    page.close()
+
+
+def test_a_browser_says_a_turn_lost_to_an_empty_redis_and_sends_again(outage_rig, browser, scenario):
+    """Redis restarted without its data mid-stream: the page says the turn was lost, forgets it and sends
+    again, also after a reload. Runs last: it leaves the rig's Redis without persistence."""
+    page = browser.new_page()
+    page.goto(outage_rig.web + "/")
+    page.fill("#text", slow_answer(scenario, "an answer Redis forgets " * 10))
+    page.click("#send")
+    page.wait_for_function("window.renderedSeqs.length >= 5")
+    outage_rig.redis.restart(persistent=False, down=1.0)
+    wait_for_status(page, "lost")
+    assert "turn lost" in page.inner_text("#tools") and "turnId" not in saved_turn(page)
+    page.reload()
+    wait_for_status(page, "lost", timeout=10_000)
+    assert page.is_enabled("#send") and page.is_disabled("#cancel")
+    in_thread(wait_for_workers(outage_rig.redis.url, outage_rig.prefix, 2))  # registered again in the new Redis
+    _, marker = scenario(Script(Reply.text("sent again")))
+    page.fill("#text", f"{marker} again")
+    page.click("#send")
+    wait_for_status(page, "completed")
+    assert page.inner_text("#answer") == "sent again"
     page.close()
