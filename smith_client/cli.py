@@ -3,10 +3,11 @@
 * ``smith ask "question"`` runs one turn; ``smith chat`` is a REPL. Tokens go
   to stdout as they arrive; one status line per tool call and result goes to
   stderr (seed §19).
-* ``smith --conversation ID keys`` lists that conversation's Redis keys and TTLs.
+* ``smith keys --conversation ID`` lists that conversation's Redis keys and TTLs.
 * ``smith status`` prints queue lengths, running turns and live workers per queue.
 * It reads the variables of :class:`~smith_client.settings.ClientSettings` (``SMITH_REDIS_URL``,
   ``SMITH_PREFIX``, …), checked before any command: a bad one is one line on stderr and exit code 1.
+* ``smith COMMAND -h`` lists a command's options, which go after it (or, as before, ahead of it).
 
 ``smith-worker`` (running workers) is :mod:`smith_worker.cli`.
 """
@@ -23,7 +24,7 @@ import orjson
 from redis.exceptions import RedisError
 
 from smith_client.client import SmithClient
-from smith_client.errors import SmithError, error_from_redis
+from smith_client.errors import SmithError, UnknownAgentError, error_from_redis
 from smith_client.events import (
     Event,
     TokenData,
@@ -37,6 +38,7 @@ from smith_client.hygiene import conversation_keys
 from smith_client.registry import fleet_status
 from smith_client.repl import ChatRepl, run_turn
 from smith_client.settings import DEFAULT_REDIS_URL, ClientSettings
+from smith_client.validation import check_served
 
 
 class StreamPrinter:
@@ -106,6 +108,7 @@ def _short(text: str, limit: int = 200) -> str:
 
 async def _run_ask(args: argparse.Namespace) -> int:
     async with _connect(args) as client:
+        await _check_served(client, args.agent)
         ok = await run_turn(
             client,
             args.question,
@@ -123,6 +126,21 @@ async def _run_chat(args: argparse.Namespace) -> int:
             client, StreamPrinter(), agent=args.agent, conversation_id=args.conversation, timeout=args.timeout
         )
         return await repl.run()
+
+
+async def _check_served(client: SmithClient, agent: str) -> None:
+    """Raise :class:`UnknownAgentError` at once when no live turn worker serves ``agent`` under the client's
+    prefix, instead of leaving the turn to wait in a queue no worker reads (a mistyped prefix or Redis URL).
+
+    The registrations read stay in the client's cache, so the submit that follows does not read them again.
+    """
+    served = await client.runner.run(client.served.read(client.keys, agent))
+    if not check_served(agent, served):  # raises when workers are registered but none serves the agent
+        raise UnknownAgentError(
+            f"no turn worker is registered under prefix {client.keys.prefix!r} on this Redis: start one "
+            "(smith-worker APP --queue turns) or give the workers' --prefix and --redis-url",
+            agent=agent,
+        )
 
 
 def _connect(args: argparse.Namespace) -> SmithClient:
@@ -171,26 +189,96 @@ def fail(prog: str, exc: BaseException) -> int:
     return 1
 
 
-def smith_main(argv: list[str] | None = None) -> None:
-    """Entry point of ``smith``: ``smith ask "question"``, ``smith chat``, ``smith keys --conversation ID``,
-    ``smith status``."""
-    parser = argparse.ArgumentParser(prog="smith", description="Talk to Agent Smith agents.")
-    parser.add_argument("--redis-url", help=f"default SMITH_REDIS_URL, else {DEFAULT_REDIS_URL}")
-    parser.add_argument("--prefix", help="default SMITH_PREFIX, else smith")
-    parser.add_argument("--agent", default="default")
-    parser.add_argument("--conversation", help="conversation id (ask, chat: default a new cli-PID; keys: required)")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for a turn")
+#: Seconds ``smith ask`` waits for its answer unless ``--timeout`` says otherwise (as long as ``make demo``).
+ASK_TIMEOUT = 300.0
+
+#: How each option is parsed; every command that accepts it lists it in its ``-h`` with its own help.
+_OPTIONS: dict[str, dict[str, Any]] = {
+    "--redis-url": {"metavar": "URL"},
+    "--prefix": {"metavar": "PREFIX"},
+    "--agent": {"metavar": "NAME"},
+    "--conversation": {"metavar": "ID"},
+    "--timeout": {"metavar": "SECONDS", "type": float},
+}
+_CONNECTION = {
+    "--redis-url": f"the workers' Redis (default: $SMITH_REDIS_URL, else {DEFAULT_REDIS_URL})",
+    "--prefix": "the workers' key prefix (default: $SMITH_PREFIX, else smith)",
+}
+_AGENT = "the agent to talk to (default: default)"
+_NEW_CONVERSATION = "conversation id (default: a new cli-PID)"
+#: Each command: its one-line help and the options it accepts, with their help.
+_COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
+    "ask": (
+        "run one turn and print it",
+        {
+            **_CONNECTION,
+            "--agent": _AGENT,
+            "--conversation": _NEW_CONVERSATION,
+            "--timeout": f"seconds to wait for the answer, then cancel the turn (default: {ASK_TIMEOUT:g})",
+        },
+    ),
+    "chat": (
+        "an interactive conversation (/reset, /exit, Ctrl-D; Ctrl-C cancels a turn)",
+        {
+            **_CONNECTION,
+            "--agent": _AGENT,
+            "--conversation": _NEW_CONVERSATION,
+            "--timeout": "seconds to wait for each answer, then cancel the turn (default: no limit)",
+        },
+    ),
+    "keys": (
+        "list the conversation's Redis keys and their TTLs (seconds)",
+        {**_CONNECTION, "--conversation": "the conversation whose keys to list (required)"},
+    ),
+    "status": ("queue lengths, running turns and live workers per queue", dict(_CONNECTION)),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    """``smith``'s parser: each option goes after its command (listed by ``smith COMMAND -h``) or, as
+    before, ahead of the command.
+
+    The options ahead of the command are the main parser's, with the defaults. A
+    command's parser has the same options with ``argparse.SUPPRESS`` defaults:
+    one it is not given sets nothing, so a value given ahead of the command is
+    kept (https://docs.python.org/3/library/argparse.html#default).
+    """
+    parser = argparse.ArgumentParser(
+        prog="smith",
+        description="Talk to Agent Smith agents. Options go after the command (smith COMMAND -h lists them).",
+    )
+    for option, how in _OPTIONS.items():  # --redis-url and --prefix: None, then the settings' (smith_main)
+        parser.add_argument(option, **how, default="default" if option == "--agent" else None, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
-    ask = sub.add_parser("ask", help="run one turn and print it")
-    ask.add_argument("question")
-    sub.add_parser("chat", help="an interactive conversation (/reset, /exit, Ctrl-D; Ctrl-C cancels a turn)")
-    sub.add_parser("keys", help="list the conversation's Redis keys and their TTLs (seconds)")
-    sub.add_parser("status", help="queue lengths, running turns and live workers per queue")
+    for command, (summary, options) in _COMMANDS.items():
+        command_parser = sub.add_parser(command, help=summary, description=summary)
+        for option, help_text in options.items():
+            command_parser.add_argument(option, **_OPTIONS[option], default=argparse.SUPPRESS, help=help_text)
+        if command == "ask":
+            command_parser.add_argument("question")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``smith``'s arguments (``sys.argv[1:]`` when None), with each command's defaults filled in.
+
+    Exits with status 2 and a usage message on bad arguments (argparse).
+    """
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.conversation is None:
         if args.command == "keys":
             parser.error("keys needs --conversation ID")
         args.conversation = f"cli-{os.getpid()}"
+    if args.timeout is None and args.command == "ask":
+        args.timeout = ASK_TIMEOUT
+    return args
+
+
+def smith_main(argv: list[str] | None = None) -> None:
+    """Entry point of ``smith``: ``smith ask "question"``, ``smith chat``, ``smith keys --conversation ID``,
+    ``smith status``."""
+    args = parse_args(argv)
     commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys, "status": _run_status}
     try:
         args.settings = settings = ClientSettings.from_env()  # every variable `smith` reads, checked first
@@ -201,3 +289,7 @@ def smith_main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         code = 130
     raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    smith_main()

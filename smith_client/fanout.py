@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import sys
 import threading
 import time
 from typing import Any
@@ -110,11 +111,16 @@ class AsyncFanout:
 
     async def remove(self, channel: str, follower: Subscription) -> None:
         """Stop routing ``channel`` to ``follower``; unsubscribe it when nobody follows it."""
-        if not unfollow(self._followers, channel, follower):
+        if not unfollow(self._followers, channel, follower) or not self._connected():
             return
         async with self._lock:
             with contextlib.suppress(RedisError, OSError):  # a broken connection is not resubscribed to it anyway
                 await self._pubsub.unsubscribe(channel)
+
+    def _connected(self) -> bool:
+        """Whether the connection is open: redis-py would open a new one only to unsubscribe (and leave it
+        open), and a closed client (its follower let go after ``aclose``) has none to use."""
+        return not self._closing and self.connections == 1
 
     async def aclose(self) -> None:
         """Stop the reader and close the connection."""
@@ -272,9 +278,21 @@ class SyncFanout:
                 self._reader.start()
 
     def remove(self, channel: str, follower: SyncSubscription) -> None:
-        """Stop routing ``channel`` to ``follower``; unsubscribe it when nobody follows it."""
+        """Stop routing ``channel`` to ``follower``; unsubscribe it when nobody follows it.
+
+        Without an open connection (the client was closed first, or it was lost and is
+        resubscribed without the channel) there is nothing to unsubscribe: redis-py would open
+        a connection for it and leave it open. At interpreter exit (an iterator never finished,
+        collected with the module globals) it does nothing: the connection ends with the process,
+        and the reader, a daemon thread stopped by the shutdown, may have held the lock
+        (https://docs.python.org/3/library/sys.html#sys.is_finalizing).
+        """
+        if sys.is_finalizing():
+            return
         with self._lock:
             if not unfollow(self._followers, channel, follower):
+                return
+            if self._closed or self._pubsub.connection is None:
                 return
             with contextlib.suppress(redis.RedisError, OSError):
                 self._pubsub.unsubscribe(channel)

@@ -224,7 +224,9 @@ def follow_subscribed(
             if event.terminal:
                 return
         if deadline is not None and time.monotonic() > deadline:
-            raise SmithTimeoutError(f"turn {turn_id} did not finish in time", operation="send", budget=timeout or 0.0)
+            raise SmithTimeoutError(
+                f"turn {turn_id} did not finish in {timeout:g} s", operation="send", budget=timeout or 0.0
+            )
         message = yield Receive(poll_interval)
         if message is None:
             pending, over = yield from _catch_up(keys, turn_id, last, seen_any=True)

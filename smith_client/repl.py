@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import TextIO
 
-from smith_client import SmithClient, SmithError
+from smith_client import SmithClient, SmithError, SmithTimeoutError
 from smith_client.events import TURN_COMPLETED, Event
 
 PROMPT = "you> "
@@ -34,8 +34,10 @@ async def run_turn(
 ) -> bool:
     """Submit one turn and print its events as they arrive; True when it completed.
 
-    Cancelling the calling task cancels the turn itself, not only the printing.
-    Raises :class:`SmithError` from the client (e.g. a timeout, seconds).
+    Cancelling the calling task cancels the turn itself, not only the printing;
+    so does ``timeout`` (seconds, None: no limit), nobody waiting for the answer
+    any more. Raises :class:`SmithError` from the client (:class:`SmithTimeoutError`
+    at the timeout).
     """
     handle = await client.submit(text, conversation_id=conversation_id, agent=agent)
     ok = False
@@ -46,6 +48,9 @@ async def run_turn(
     except asyncio.CancelledError:
         await asyncio.shield(handle.cancel())
         raise
+    except SmithTimeoutError as exc:
+        await handle.cancel()
+        raise SmithTimeoutError(f"{exc.message}; it was cancelled", **exc.fields) from exc
     return ok
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from typing import Any, cast
 
 import redis
@@ -125,9 +125,11 @@ class AsyncRunner(_Closable):
     async def iterate(self, op: Operation[Any], pubsub: Any = None) -> AsyncIterator[Event]:
         """Run a streaming operation, yielding its events. ``pubsub``: an already-subscribed connection to use
         instead of the shared one."""
-        async for item in self._drive(op, _Session(pubsub, None if pubsub is not None else self.fanout.open())):
-            if isinstance(item, Event):
-                yield item
+        session = _Session(pubsub, None if pubsub is not None else self.fanout.open())
+        async with contextlib.aclosing(self._drive(op, session)) as items:  # closing this closes the run now
+            async for item in items:
+                if isinstance(item, Event):
+                    yield item
 
     async def _drive(self, op: Operation[Any], session: _Session) -> AsyncGenerator[Any, None]:
         try:
@@ -182,10 +184,15 @@ class SyncRunner(_Closable):
         return cast(T, next(item.value for item in self._drive(op) if isinstance(item, _Done)))
 
     def iterate(self, op: Operation[Any], pubsub: Any = None) -> Iterator[Event]:
-        """Run a streaming operation, yielding its events (``pubsub`` is ignored: the shared connection is used)."""
-        return (item for item in self._drive(op) if isinstance(item, Event))
+        """Run a streaming operation, yielding its events (``pubsub`` is ignored: the shared connection is used).
 
-    def _drive(self, op: Operation[Any]) -> Iterator[Any]:
+        Closing the iterator (``close()``, or letting it go unfinished) unsubscribes its channels at
+        once; after the client is closed, or at interpreter exit, without any Redis I/O.
+        """
+        with contextlib.closing(self._drive(op)) as items:
+            yield from (item for item in items if isinstance(item, Event))
+
+    def _drive(self, op: Operation[Any]) -> Generator[Any, None, None]:
         session = _Session(None, self.fanout.open())
         try:
             reply = None

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
 import subprocess
 import sys
+import uuid
 
 import pytest
 from arq.constants import job_key_prefix
@@ -115,6 +118,22 @@ def test_smith_ask_prints_the_answer_of_an_agent_that_does_not_stream(redis_url,
     assert "[tool result] add -> 5" in proc.stderr
     assert not any(r.stream for r in scripted_llm.requests_for(key))  # the model was really called unstreamed
 
+
+
+async def test_smith_ask_gives_up_at_its_timeout_in_one_line_and_cancels_the_turn(client, redis_url, prefix, scenario):
+    _, marker = scenario(Reply.stall())  # the model never answers
+    conversation = f"conv-stalled-{uuid.uuid4().hex[:8]}"
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", "from smith_client.cli import smith_main; smith_main()", "ask", "--redis-url", redis_url,
+         "--prefix", prefix, "--conversation", conversation, "--timeout", "2", f"{marker} hi"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert re.fullmatch(r"smith: SmithTimeoutError: turn \S+ did not finish in 2 s; it was cancelled\n", proc.stderr)
+    async with asyncio.timeout(30):  # the turn ends (cancelled) instead of running on with nobody waiting
+        while await client.redis.hlen(client.keys.conversation_statuses(conversation)):
+            await asyncio.sleep(0.1)
 
 @pytest.mark.parametrize(
     "kwargs, field",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +14,7 @@ import pytest
 from flask import Flask, Response, request
 
 from smith_client import ConflictError, InvalidRequestError, SyncSmithClient, TurnCancelledError
+from tests.conftest import ROOT
 from tests.support.scripted_llm import Reply, Script
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
@@ -147,3 +151,51 @@ def test_redis_down_is_a_typed_transport_error_for_the_blocking_client_too():
         assert err.value.operation == "redis"
         with pytest.raises(TransportError):
             list(down.follow("t"))
+
+
+# A process that leaves a stream unfinished: argv is the Redis URL, the question, the mode and the prefix.
+LEFT_STREAM = '''
+import asyncio, gc, sys, threading
+import redis
+from smith_client import SmithClient, SyncSmithClient
+
+url, text, mode = sys.argv[1:4]
+prefix = sys.argv[4]
+if mode.startswith("async"):
+    async def main():
+        client = SmithClient.from_url(url, prefix=prefix)
+        events = client.stream(text, conversation_id="conv-left-" + mode, agent="plain", timeout=60)
+        async for event in events:
+            if event.type == "token":
+                break
+        await client.aclose()  # the iterator is let go after its client is closed
+    asyncio.run(main())
+    sys.exit()
+client = SyncSmithClient(redis.Redis.from_url(url, client_name="left-stream"), prefix=prefix, owns_redis=True)
+events = client.stream(text, conversation_id="conv-left-" + mode, agent="plain", timeout=60)
+next(e for e in events if e.type == "token")
+if mode == "client-closed-first":
+    client.close()  # the iterator goes at interpreter exit, after its client
+elif mode == "lock-held-at-exit":  # the pub/sub reader, a daemon thread, stopped by the exit while routing a message
+    held = threading.Event()
+    threading.Thread(target=lambda: (client.runner.fanout._lock.acquire(), held.set()), daemon=True).start()
+    held.wait()
+elif mode == "collected-after-close":
+    client.close()
+    del events
+    gc.collect()
+    named = [c for c in redis.Redis.from_url(url).client_list() if c["name"] == "left-stream"]
+    print(len(named))  # connections the closed client still holds
+'''
+
+
+@pytest.mark.parametrize(
+    "mode", ["left-at-exit", "lock-held-at-exit", "client-closed-first", "collected-after-close", "async-closed-first"]
+)
+def test_a_stream_left_unfinished_prints_nothing_and_keeps_no_connection(redis_url, prefix, scenario, mode):
+    _, marker = scenario(Script(Reply.text("a slow answer that is still streaming " * 2, chunk_size=2, delay=0.05)))
+    environ = dict(os.environ, PYTHONPATH=str(ROOT))
+    left = subprocess.run([sys.executable, "-c", LEFT_STREAM, redis_url, f"{marker} hi", mode, prefix],
+                          env=environ, capture_output=True, text=True, timeout=60)  # a hang at exit fails
+    assert left.returncode == 0 and left.stderr == "", left.stderr  # no "Exception ignored in: <generator ..."
+    assert left.stdout == ("0\n" if mode == "collected-after-close" else "")

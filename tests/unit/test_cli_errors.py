@@ -86,3 +86,41 @@ def test_smith_keys_says_when_a_conversation_has_none(redis_url):
     result = run(["-c", SMITH, "--redis-url", redis_url, "--prefix", "nokeys", "--conversation", "none", "keys"])
     assert result.returncode == 0 and result.stdout == ""
     assert result.stderr.strip() == "no keys for conversation 'none' under prefix 'nokeys'"
+
+
+@pytest.mark.parametrize("options_first", [False, True], ids=["after-the-command", "before-the-command"])
+def test_smith_takes_its_options_after_the_command_and_before_it(redis_url, options_first):
+    options = ["--redis-url", redis_url, "--prefix", "nokeys", "--conversation", "none"]
+    result = run(["-c", SMITH, *(options + ["keys"] if options_first else ["keys", *options])])
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "no keys for conversation 'none' under prefix 'nokeys'"
+
+
+@pytest.mark.parametrize(("command", "options"), [
+    ("ask", ["--redis-url", "--prefix", "--agent", "--conversation", "--timeout", "(default: 300)"]),
+    ("chat", ["--redis-url", "--prefix", "--agent", "--conversation", "--timeout"]),
+    ("keys", ["--redis-url", "--prefix", "--conversation"]),
+    ("status", ["--redis-url", "--prefix"]),
+])
+def test_each_command_help_lists_its_options(command, options):
+    smith = Path(sys.executable).with_name("smith")  # the installed console script, on this checkout's code
+    environ = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run([smith, command, "-h"], env=environ, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: smith {command} ")
+    for option in options:
+        assert option in result.stdout, (option, result.stdout)
+
+
+def test_smith_ask_waits_300_s_by_default_and_its_timeout_option_wins():
+    from smith_client.cli import parse_args
+
+    assert parse_args(["ask", "hi"]).timeout == 300
+    assert parse_args(["ask", "hi", "--timeout", "5"]).timeout == 5
+    assert parse_args(["--timeout", "7", "ask", "hi"]).timeout == 7
+    assert parse_args(["chat"]).timeout is None  # a REPL turn waits until Ctrl-C
+
+
+def test_smith_ask_under_a_prefix_no_worker_serves_says_so_at_once(redis_url):
+    result = run(["-c", SMITH, "ask", "--redis-url", redis_url, "--prefix", "noworkers", "hi"])
+    assert_one_clean_line(result, "smith: UnknownAgentError: no turn worker is registered under prefix 'noworkers'")

@@ -54,3 +54,21 @@ def test_error_from_exception_wraps_foreign_exceptions():
 def test_unknown_field_is_a_programming_error():
     with pytest.raises(TypeError):
         E.SmithError.__init__(E.ParseError.__new__(E.ParseError), "m", offset=1, nope=2)
+
+
+def _error_classes() -> list[type[E.SmithError]]:
+    """Every SmithError class defined in smith_client.errors, found by walking the module."""
+    return [
+        value
+        for value in vars(E).values()
+        if isinstance(value, type) and issubclass(value, E.SmithError) and value.__module__ == E.__name__
+    ]
+
+
+@pytest.mark.parametrize("cls", _error_classes(), ids=lambda cls: cls.__name__)
+def test_every_error_is_exported_from_the_package_root(cls):
+    import smith_client
+
+    assert getattr(smith_client, cls.__name__, None) is cls
+    assert cls.__name__ in smith_client.__all__
+    assert E.ERROR_CLASSES[cls.__name__] is cls  # and rebuilt as itself when it crosses Redis
