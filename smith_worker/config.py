@@ -97,8 +97,10 @@ class Settings:
     ``SMITH_REDIS_SOCKET_TIMEOUT`` (seconds, default 5) bounds every Redis
     connect and command of clients and workers alike, so it is read where
     connections are built (:func:`smith_client.connection.connect_redis`).
-    ``SMITH_TURN_MAX_ATTEMPTS`` counts runs ended by a crash, a lost lease or
-    a Redis failure; hand-offs at a graceful shutdown are not counted (issue 8).
+    ``SMITH_TURN_MAX_ATTEMPTS`` counts the attempts whose worker died (or lost
+    Redis past the lease) while running that turn alone; hand-offs, workers that
+    died with other turns in flight and fleet-wide Redis outages are not counted
+    (the rule: :mod:`smith_worker.turn`).
     """
 
     redis_url: str = "redis://127.0.0.1:6379/0"
