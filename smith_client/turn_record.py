@@ -53,8 +53,18 @@ RESULT = "result"
 ERROR = "error"
 #: How many times the turn was re-enqueued (crash recovery, hand-offs).
 REQUEUES = "requeues"
-#: How many of those were hand-offs at a worker's shutdown (they do not count as failed attempts).
+#: How many of those were hand-offs by the attempt's own worker, at its shutdown or after Redis failed under
+#: the attempt (they do not count as failed attempts).
 HANDOFFS = "handoffs"
+#: How many turns the current attempt's worker ran, this one included, at the attempt's start or its last
+#: lease renewal: whether a worker that died under the attempt was running this turn alone.
+PEERS = "peers"
+#: Attempts whose worker died (or lost Redis for good) while it ran this turn alone: the turn may be what
+#: kills its worker, so these count against ``SMITH_TURN_MAX_ATTEMPTS``.
+CRASHES = "crashes"
+#: Attempts whose worker died while running other turns too: bad luck, not counted against
+#: ``SMITH_TURN_MAX_ATTEMPTS``, but bounded (a turn killing busy workers still stops; smith_worker/turn.py).
+SHARED_CRASHES = "shared_crashes"
 
 
 def decode_state(raw: dict[Any, Any]) -> dict[str, str]:

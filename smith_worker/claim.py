@@ -33,6 +33,11 @@ from typing import Any
 from smith_client import scripts
 from smith_client.keys import ARQ_RETRY_TTL, Keys, now_ms
 
+#: How long a claim waits for its worker's confirmation, milliseconds, before its jobs are claimable again.
+#: A worker confirms as soon as the claim's reply arrives (a loopback round trip); this bounds how long a
+#: claim whose reply was lost keeps its jobs from running.
+CLAIM_LEASE_MS = 5_000
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimedJob:
@@ -52,11 +57,13 @@ class ClaimedJob:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """What one :func:`claim_jobs` call got: the ``jobs`` claimed (queue order) and ``next_due``, the
-    epoch ms score of the queue's next deferred job (``None``: there is none)."""
+    """What one :func:`claim_jobs` call got: the ``jobs`` claimed (queue order), ``next_due``, the
+    epoch ms score of the queue's next deferred job (``None``: there is none), and ``marker``, the
+    value of the jobs' in-progress keys until :func:`confirm_claims` confirms them."""
 
     jobs: list[ClaimedJob]
     next_due: float | None
+    marker: str
 
 
 async def claim_jobs(
@@ -69,6 +76,7 @@ async def claim_jobs(
     in_progress_ms: int,
     tokens_held: int,
     take_aborts: bool,
+    claimer: str,
 ) -> Claim:
     """Claim up to ``free`` ready jobs of arq queue ``queue`` (score <= now) in one round trip.
 
@@ -79,18 +87,38 @@ async def claim_jobs(
     tokens the worker's wait has popped already: one more is popped for each job claimed beyond
     those. A worker holding tokens claims no more jobs than those plus the tokens still listed (the
     rest went to other idle workers: a burst is spread over them); holding none (the fallback poll,
-    a deferred job due, a slot freed) it claims up to ``free``. Raises what the Redis client raises
-    (nothing is claimed when the call fails before Redis ran it).
+    a deferred job due, a slot freed) it claims up to ``free``. The claim is a lease of
+    :data:`CLAIM_LEASE_MS` held by ``claimer`` (a unique string per claim call, e.g. the worker id and a
+    counter) until :func:`confirm_claims`; a job whose earlier claim lapsed unconfirmed is claimed again
+    without counting its try. Raises what the Redis client raises (a claim that Redis ran anyway
+    lapses unconfirmed).
     """
+    now = now_ms()
+    marker = f"claim:{now + CLAIM_LEASE_MS}:{claimer}"
     script_keys = [queue, Keys.wake_list(queue), keys.arq_abort_set]
-    args = [now_ms(), free, read_limit, in_progress_ms, ARQ_RETRY_TTL, tokens_held, int(take_aborts),
+    args = [now, free, read_limit, in_progress_ms, ARQ_RETRY_TTL, tokens_held, int(take_aborts), marker,
             *Keys.arq_claim_prefixes()]  # fmt: skip
     reply = await scripts.CLAIM(redis, script_keys, args)
     jobs = [
         ClaimedJob(job_id.decode(), int(float(score)), record, int(job_try), bool(aborted))
         for job_id, score, record, job_try, aborted in zip(*[iter(reply[1:])] * 5, strict=True)
     ]
-    return Claim(jobs, None if reply[0] is None else float(reply[0]))
+    return Claim(jobs, None if reply[0] is None else float(reply[0]), marker)
+
+
+async def confirm_claims(redis: Any, claim: Claim, in_progress_ms: int) -> list[ClaimedJob]:
+    """Confirm ``claim``'s jobs in one round trip and return those still held by it, to run now.
+
+    A confirmed job's in-progress key becomes arq's (``"1"``, for ``in_progress_ms``); a job whose
+    lease ended and that another claim took is left out and must not run. Raises what the Redis
+    client raises: then nothing may run, and the claim lapses after its lease.
+    """
+    if not claim.jobs:
+        return []
+    in_progress_prefix = Keys.arq_claim_prefixes()[0]
+    args = [claim.marker, in_progress_ms, in_progress_prefix, *(job.job_id for job in claim.jobs)]
+    confirmed = await scripts.CONFIRM_CLAIMS(redis, [], args)
+    return [job for job, held in zip(claim.jobs, confirmed, strict=True) if held]
 
 
 class ClaimHandOverError(RuntimeError):

@@ -55,8 +55,9 @@ class Settings(ClientSettings):
     worker at once with one :class:`ConfigurationError` line (naming the variable, quoting the value,
     saying what is accepted) instead of failing every turn. Each field's description says what it is; the
     README's Configuration section lists them all with their defaults. Durations are seconds.
-    ``SMITH_TURN_MAX_ATTEMPTS`` counts runs ended by a crash, a lost lease or a Redis failure; hand-offs at
-    a graceful shutdown are not counted.
+    ``SMITH_TURN_MAX_ATTEMPTS`` counts the attempts whose worker died (or lost Redis past the lease) while
+    running that turn alone; hand-offs, workers that died with other turns in flight and fleet-wide Redis
+    outages are not counted (the rule: :mod:`smith_worker.turn`).
     """
 
     llm_base_url: HttpUrl = Field("http://127.0.0.1:8080/v1", description="chat-completions base URL, with /v1")
@@ -70,7 +71,7 @@ class Settings(ClientSettings):
     tool_max_jobs: Count = Field(20, description="concurrent tool calls per tool worker")
     turn_job_timeout: Seconds = Field(600.0, description="hard cap on one turn job")
     tool_job_timeout: Seconds = Field(300.0, description="hard cap on one tool job")
-    turn_max_attempts: Count = Field(3, description="runs of one turn (crashes, lost leases, Redis failures)")
+    turn_max_attempts: Count = Field(3, description="deaths of a worker running the turn alone that fail it")
     fallback_poll: Seconds = Field(
         2.0, description="longest wait between two polls of a queue (workers are woken by enqueues; pickup.py)"
     )

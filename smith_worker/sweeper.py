@@ -6,6 +6,12 @@ entries cost more, and the re-enqueue script takes each turn at most once
 (DESIGN.md §8; issue 4: arq alone would wait for the job's in-progress key,
 job timeout + 10 s).
 
+After Redis was unreachable to the sweeper, it leaves expired leases alone
+for :data:`SETTLE` seconds once Redis answers again: a fleet-wide outage
+(a restart, a freeze, a partition) let every lease run out, and the owners
+that are alive renew theirs when Redis is back (``lua/renew.lua`` renews a
+lease nobody took over), so their turns go on without a re-run.
+
 A re-enqueued turn's dead attempt leaves its arq job in the turns queue with
 its in-progress key (arq removes a job only when it finishes), which would count
 as queued until arq's own timeout and then run once more for nothing; the sweep
@@ -16,17 +22,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any
 
 from smith_client import turn_record as record
 from smith_client.keys import Keys, now_ms
 from smith_worker.redis_health import REDIS_DOWN_ERRORS
-from smith_worker.turn_state import requeue_turn
+from smith_worker.turn_state import DEFAULT_LEASE, requeue_turn
 
 logger = logging.getLogger("agent_smith.worker")
 
 #: Seconds between sweeps.
 SWEEP_INTERVAL = 2.0
+#: Seconds a sweeper leaves expired leases to their owners once Redis answers again after an outage:
+#: a lease's life, within which a live owner renews (every third of it).
+SETTLE = DEFAULT_LEASE
 
 
 async def sweep_once(redis: Any, keys: Keys) -> list[str]:
@@ -60,15 +70,25 @@ async def drop_dead_job(redis: Any, keys: Keys, job_id: str) -> None:
         await pipe.execute()
 
 
-async def sweep_forever(redis: Any, keys: Keys, interval: float = SWEEP_INTERVAL) -> None:
-    """Run :func:`sweep_once` every ``interval`` seconds until cancelled; errors are logged, never raised."""
+async def sweep_forever(redis: Any, keys: Keys, interval: float = SWEEP_INTERVAL, settle: float = SETTLE) -> None:
+    """Run :func:`sweep_once` every ``interval`` seconds until cancelled, except for ``settle`` seconds after
+    Redis answers again following an outage (only a ``PING`` then); errors are logged, never raised."""
+    loop = asyncio.get_running_loop()
+    resume_at = 0.0  # loop time from which expired leases are taken; inf while Redis is unreachable
     while True:
         await asyncio.sleep(interval)
         try:
+            if loop.time() < resume_at:
+                await redis.ping()
+                if resume_at == math.inf:
+                    resume_at = loop.time() + settle
+                    logger.info("Redis answers again: expired leases are left to their owners for %g s", settle)
+                continue
             recovered = await sweep_once(redis, keys)
             if recovered:
                 logger.warning("re-enqueued turns whose worker stopped: %s", recovered)
         except REDIS_DOWN_ERRORS as exc:  # an outage, reported once a poll by the worker: one line, no traceback
+            resume_at = math.inf
             logger.warning("sweep skipped, Redis unavailable (%s: %s)", type(exc).__name__, exc)
         except Exception:
             logger.warning("sweep failed", exc_info=True)

@@ -8,9 +8,20 @@ event: ``turn.completed``, ``turn.failed`` (every failure, typed), or
 calls answered). When the worker shuts down it hands the turn off instead;
 when its lease was lost, or Redis failed, it stops without writing (the
 sweeper resumes it). ``SMITH_TURN_JOB_TIMEOUT`` ends the turn with
-``SmithTimeoutError`` (operation ``turn.job``); a turn started more than
-``SMITH_TURN_MAX_ATTEMPTS`` times (hand-offs not counted) fails. A turn never raises out of
+``SmithTimeoutError`` (operation ``turn.job``). A turn never raises out of
 :meth:`TurnRunner.run`, so the worker keeps serving.
+
+The attempt limit counts only the attempts a turn can be blamed for, so bad luck never fails a turn
+while a turn that kills its worker still stops (:meth:`TurnRunner._check_attempts`):
+
+* a worker that died (or lost Redis past its lease) while it ran this turn alone: a crash, counted;
+  ``SMITH_TURN_MAX_ATTEMPTS`` (3) of them fail the turn with ``TurnAttemptsExhausted``;
+* a worker that died while running other turns too: a shared crash, not counted, except that
+  :data:`SHARED_CRASH_FACTOR` x ``SMITH_TURN_MAX_ATTEMPTS`` crashes of either kind also fail the turn;
+* a hand-off at a graceful shutdown, an attempt stopped by a failing Redis (its worker hands the turn
+  back once Redis answers), and a lease that ran out while Redis was unreachable for the whole fleet (the
+  owner renews it when Redis is back; sweepers wait for that, :mod:`smith_worker.sweeper`): not counted.
+  The turn's own job timeout fails it at once.
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ from smith_worker.hooks import fire
 from smith_worker.loop import AgentLoop
 from smith_worker.memory.pairing import REPAIR_SCAN, pending_repair
 from smith_worker.redaction import redact_error
+from smith_worker.redis_health import REDIS_DOWN_ERRORS
 from smith_worker.runtime import TurnServices, WorkerRuntime
 from smith_worker.tools import error_content
 from smith_worker.turn_state import TurnAttempt, park, queue_head, wake_head, woken
@@ -55,6 +67,12 @@ logger = logging.getLogger("agent_smith.agent")
 
 #: Seconds after a worker's immediate stop before a turn still running is cancelled directly (hand_off_soon).
 HANDOFF_CHECK = 0.1
+#: Seconds a turn whose attempt Redis failed keeps trying to hand itself back, and the pause between tries.
+OUTAGE_HAND_BACK = 60.0
+OUTAGE_RETRY = 1.0
+#: Crashes of any kind (alone or with other turns) that fail a turn: this times SMITH_TURN_MAX_ATTEMPTS.
+#: Shared crashes are bad luck for all but one of the turns involved; this bounds the one that is not.
+SHARED_CRASH_FACTOR = 3
 
 
 class TurnRunner:
@@ -76,6 +94,7 @@ class TurnRunner:
             rt.worker_id,
             history_max=rt.settings.history_max_messages,
             job_id=job_id,
+            peers=lambda: len(services.running_turns.keys() | {job.turn_id}),
         )
         self.agent_path = [job.agent]
         #: What the agent loop gets (built once the agent is known).
@@ -123,6 +142,7 @@ class TurnRunner:
         self.attempt.start_renewing(self._on_lease_lost)
         spec = self.rt.app.get_agent(self.job.agent)
         job_timeout = asyncio.timeout(self.rt.settings.turn_job_timeout)
+        redis_failed = False
         try:
             async with job_timeout:
                 await self._run_attempt(spec, self.store.tail_from(tail))
@@ -140,8 +160,9 @@ class TurnRunner:
                     spec,
                 )
         except RedisError as exc:
-            # Redis is down or frozen: nothing can be written now. The lease runs out and a
-            # sweeper re-enqueues the turn once Redis answers; it resumes from its history.
+            # Redis is down or frozen: nothing can be written now. The attempt hands the turn back once
+            # Redis answers (below); it resumes from its history.
+            redis_failed = True
             logger.warning(
                 "turn %s: attempt %d stopped, Redis failed (%s: %s); it resumes once Redis is back",
                 self.job.turn_id,
@@ -161,6 +182,25 @@ class TurnRunner:
         finally:
             self.services.running_turns.pop(self.job.turn_id, None)
             await self.attempt.stop_renewing()
+        if redis_failed:
+            await self._hand_back_after_outage()
+
+    async def _hand_back_after_outage(self) -> None:
+        """Redis failed under the attempt: re-enqueue the turn as soon as Redis answers, as a hand-off, so
+        an outage never counts against the attempt limit. Tries for :data:`OUTAGE_HAND_BACK` seconds; a
+        longer outage leaves the turn to the sweeper (a crash, counted), as does a turn taken meanwhile."""
+        deadline = time.monotonic() + OUTAGE_HAND_BACK
+        while True:
+            try:
+                count = await self.attempt.requeue()
+            except REDIS_DOWN_ERRORS:
+                if time.monotonic() > deadline:
+                    return
+                await asyncio.sleep(OUTAGE_RETRY)
+                continue
+            if count:
+                logger.info("turn %s handed back after a Redis failure (re-enqueue #%d)", self.job.turn_id, count)
+            return
 
     async def _run_attempt(self, spec: AgentSpec | None, tail: HistorySlice) -> None:
         """Run the agent from the state and history ``tail`` read as the attempt began (:meth:`run`)."""
@@ -207,14 +247,17 @@ class TurnRunner:
         await self._finish(record.COMPLETED, record.RESULT, final.model_dump_json(), TurnCompletedData(message=final))
 
     def _check_attempts(self, state: dict[str, str]) -> None:
-        """Refuse a run past ``SMITH_TURN_MAX_ATTEMPTS``: crashes and lost leases count, hand-offs at a
-        graceful shutdown do not (a rolling deploy must not fail long turns). Raises :class:`InternalError`."""
+        """Refuse a run after ``SMITH_TURN_MAX_ATTEMPTS`` crashes of a worker running this turn alone, or
+        :data:`SHARED_CRASH_FACTOR` times that many crashes in all (see the module docstring).
+        Raises :class:`InternalError` (``exception_type`` ``TurnAttemptsExhausted``)."""
         limit = self.rt.settings.turn_max_attempts
-        runs = self.attempt.attempt - int(state.get(record.HANDOFFS) or 0)
-        if runs > limit:
+        alone = int(state.get(record.CRASHES) or 0)
+        shared = int(state.get(record.SHARED_CRASHES) or 0)
+        if alone >= limit or alone + shared >= SHARED_CRASH_FACTOR * limit:
             raise InternalError(
-                f"turn ran {runs - 1} times without finishing (limit SMITH_TURN_MAX_ATTEMPTS={limit}), each run "
-                "ended with its worker crashing or losing Redis: not started again",
+                f"turn's worker died under it {alone} times while running it alone and {shared} times with "
+                f"other turns (limit SMITH_TURN_MAX_ATTEMPTS={limit} alone, {SHARED_CRASH_FACTOR * limit} in all): "
+                "not started again",
                 exception_type="TurnAttemptsExhausted",
             )
 

@@ -55,7 +55,9 @@ class TurnAttempt:
     ``lease`` is seconds. ``on_lost`` is called (once) when renewal finds the
     lease taken over, so the owner can stop its task. ``history_max`` is the
     number of messages the stored history keeps (``SMITH_HISTORY_MAX_MESSAGES``). ``job_id`` is the arq
-    job the attempt runs under (``""`` outside arq), recorded for the sweeper.
+    job the attempt runs under (``""`` outside arq), recorded for the sweeper. ``peers`` says how many
+    turns the worker runs, this one included; the attempt's start and each renewal record it, so a worker
+    that dies under the turn is blamed on it only when it ran it alone (``record.CRASHES``).
     """
 
     def __init__(
@@ -69,8 +71,10 @@ class TurnAttempt:
         lease: float = DEFAULT_LEASE,
         history_max: int = DEFAULT_HISTORY_MAX_MESSAGES,
         job_id: str = "",
+        peers: Callable[[], int] = lambda: 1,
     ) -> None:
         self.redis = redis
+        self.peers = peers
         self.job_id = job_id
         self.keys = keys
         self.turn_id = turn_id
@@ -100,7 +104,7 @@ class TurnAttempt:
         (decoded, fields in :mod:`smith_client.turn_record`), read by the same script.
         """
         keys = [self._state, self.keys.running, self.keys.conversation_turns(self.conversation_id), self._statuses]
-        args = [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL, self.job_id]
+        args = [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL, self.job_id, self.peers()]
 
         def fill(pipe: Any) -> None:
             scripts.BEGIN.queue(pipe, keys, args)
@@ -137,9 +141,8 @@ class TurnAttempt:
             if not self._renewing:
                 return
             try:
-                renewed = await scripts.RENEW(
-                    self.redis, [self._state, self.keys.running], [self.turn_id, self.attempt, now_ms(), self.lease_ms]
-                )
+                args = [self.turn_id, self.attempt, now_ms(), self.lease_ms, self.peers()]
+                renewed = await scripts.RENEW(self.redis, [self._state, self.keys.running], args)
             except Exception:  # a Redis blip: the lease has slack for two more tries
                 logger.warning("turn %s: lease renewal failed", self.turn_id, exc_info=True)
                 continue

@@ -36,8 +36,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import signal
+import uuid
 from typing import Any, cast
 
 from arq.connections import ArqRedis, log_redis_info
@@ -48,7 +50,7 @@ from smith_client.jobs import RUN_TOOL, RUN_TURN, TurnJob
 from smith_client.keys import Keys
 from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
-from smith_worker.claim import ClaimedJob, claim_jobs, hand_over, take_handed_over
+from smith_worker.claim import ClaimedJob, claim_jobs, confirm_claims, hand_over, take_handed_over
 from smith_worker.config import Settings
 from smith_worker.pickup import POP_MARGIN, Pickup
 from smith_worker.redaction import redact_error
@@ -99,6 +101,9 @@ class SmithWorker(Worker):
         self.keys = keys
         self._next_due: float | None = None  # the queue's next deferred job (epoch ms), as the last claim read it
         self._abort_check_at = 0.0  # loop time of the next abort check without an announced abort
+        # each claim's marker names its claimer: this worker object and a counter (smith_worker/claim.py)
+        self._claimer = f"{uuid.uuid4().hex[:12]}:{{}}"
+        self._claims = itertools.count()
         self.stopping = False
         #: True once SIGTERM / SIGINT stopped the worker: a drain in progress then ends the process, no re-exec.
         self.terminated = False
@@ -206,26 +211,30 @@ class SmithWorker(Worker):
     async def _claim_jobs(self) -> None:
         """Claim up to the free slots' worth of ready jobs and start each as arq's ``start_jobs`` does.
 
-        A slot is taken (counter and semaphore) only for a job the claim returned, after the claim's
-        single round trip, so a Redis failure can never leak one. ``_next_due`` is the next deferred
-        job's score for the wait (``None`` when the worker is full and did not look).
+        A slot is taken (counter and semaphore) only for a job the claim returned and the worker then
+        confirmed (:func:`~smith_worker.claim.confirm_claims`), so a Redis failure can never leak one
+        and a claim whose reply was lost is never run. ``_next_due`` is the next deferred job's score for
+        the wait (``None`` when the worker is full and did not look).
         """
         free = self._free_slots()
         self._next_due = None
         if free <= 0:
             return
+        in_progress_ms = int(self.in_progress_timeout_s * 1000)
         claim = await claim_jobs(
             self.pool,
             self.keys,
             self.queue_name,
             free=free,
             read_limit=self.queue_read_limit,
-            in_progress_ms=int(self.in_progress_timeout_s * 1000),
+            in_progress_ms=in_progress_ms,
             tokens_held=self.pickup.take_tokens(),
             take_aborts=self.allow_abort_jobs,
+            claimer=self._claimer.format(next(self._claims)),
         )
         self._next_due = claim.next_due
-        for job in claim.jobs:  # jobs only end meanwhile: the slots counted in `free` are still free
+        # jobs only end meanwhile: the slots counted in `free` are still free
+        for job in await confirm_claims(self.pool, claim, in_progress_ms):
             await self.sem.acquire()  # never blocks: job_counter < max_jobs leaves the semaphore >= 2
             self.job_counter += 1
             task = self.loop.create_task(self._run_claimed(job))

@@ -4,6 +4,17 @@
 -- The statuses after which a turn changes no more.
 local TERMINAL = {completed = true, failed = true, cancelled = true}
 
+-- Count how a running attempt of the turn whose state hash is `state` ended without ending the turn
+-- (its worker died, or lost Redis past its lease): a crash of the turn when its worker ran it alone at
+-- its last lease renewal ('peers'), otherwise a shared crash (smith_worker/turn.py, the attempt limit).
+local function count_crash(state)
+  if tonumber(redis.call('HGET', state, 'peers') or '1') <= 1 then
+    redis.call('HINCRBY', state, 'crashes', 1)
+  else
+    redis.call('HINCRBY', state, 'shared_crashes', 1)
+  end
+end
+
 -- Walk a conversation's FIFO of turn ids (oldest first) up to `stop_at` (or its end),
 -- dropping the turns that are no longer in `statuses`, the conversation's hash of
 -- unfinished turns (turn id -> status), which the scripts that end a turn update.

@@ -231,10 +231,25 @@ async def _run_with_state(
 
 async def test_a_run_past_the_attempt_limit_fails_the_turn(redis_url, scripted_llm, scenario):
     _key, marker = scenario(Reply.text("should not be asked"))
-    # three earlier runs crashed (attempt 3, no hand-off): the fourth is refused
-    types, state = await _run_with_state(redis_url, scripted_llm.base_url, marker, attempt=3)
+    # three earlier runs' workers died while running this turn alone: the fourth is refused
+    types, state = await _run_with_state(redis_url, scripted_llm.base_url, marker, attempt=3, crashes=3)
     assert types[-1] == "turn.failed" and state["status"] == "failed"
     assert "TurnAttemptsExhausted" in state["error"] and "SMITH_TURN_MAX_ATTEMPTS=3" in state["error"]
+
+
+async def test_workers_that_died_running_other_turns_too_do_not_use_up_attempts(redis_url, scripted_llm, scenario):
+    _key, marker = scenario(Reply.text("finished despite bad luck"))
+    # two crashes alone and six with other turns in flight: bad luck, below the bound in all (9)
+    types, state = await _run_with_state(redis_url, scripted_llm.base_url, marker, attempt=8, crashes=2,
+                                         shared_crashes=6)  # fmt: skip
+    assert types[-1] == "turn.completed" and state["status"] == "completed"
+
+
+async def test_a_turn_whose_busy_workers_keep_dying_still_stops(redis_url, scripted_llm, scenario):
+    _key, marker = scenario(Reply.text("should not be asked"))
+    # nine crashes, all with other turns in flight: 3 x SMITH_TURN_MAX_ATTEMPTS in all refuses the tenth
+    types, state = await _run_with_state(redis_url, scripted_llm.base_url, marker, attempt=9, shared_crashes=9)
+    assert types[-1] == "turn.failed" and "TurnAttemptsExhausted" in state["error"]
 
 
 async def test_graceful_hand_offs_do_not_use_up_attempts(redis_url, scripted_llm, scenario):

@@ -28,8 +28,8 @@ COUNTED = ("evalsha", "xrange", "mget", "subscribe", "multi", "watch", "zscore")
 #: Per turn, arq's start of a job (WATCH, ZSCORE) left to no job: the claim script does it.
 NO_ARQ_START = 0.2
 #: EVALSHA per text and per one-tool turn (measured 15.8–16.1 and 27.0; idle workers' fallback polls add a claim)
-TEXT_EVALSHA = 17
-TOOL_EVALSHA = 28.5
+TEXT_EVALSHA = 18
+TOOL_EVALSHA = 30.5
 
 
 async def _calls(client) -> dict[str, int]:
@@ -76,7 +76,7 @@ async def test_a_text_turn_sends_few_scripts_and_no_log_or_registry_reads(client
     # append carries the tree's token count and the inbox's closing, the token events are batched: 15
     # + 2 for claiming jobs (lua/claim.lua, at the job's start and at the poll after its end), which
     # replaced arq's 2 MULTI, WATCH, ZSCORE and 3 ZRANGEBYSCORE, EXISTS, LPOP (3.9 MULTI per turn before);
-    # the submit script enqueues the turn's job itself: 16
+    # the submit script enqueues the turn's job itself: 16; + 1 confirming the claim (lua/confirm_claims.lua)
     assert counts["evalsha"] <= TEXT_EVALSHA, counts
     assert counts["multi"] <= 2.5, counts
     assert counts["watch"] <= NO_ARQ_START and counts["zscore"] <= NO_ARQ_START, counts
@@ -91,7 +91,7 @@ async def test_a_tool_turn_sends_few_scripts_and_no_log_or_registry_reads(client
     # + 4 for claiming the turn's and the tool's job (a claim at each start and at the poll after each end),
     # which replaced 6 MULTI (arq's start, run_job's first, its abort check), 2 WATCH, 2 ZSCORE (9 MULTI before);
     # the tool worker's store, tool.result event and reply are one script call (lua/store_tool_result.lua),
-    # the round trips of the call's hop are counted below
+    # the round trips of the call's hop are counted below; + 2 confirming the turn's and the tool's claim
     assert counts["evalsha"] <= TOOL_EVALSHA, counts
     assert counts["multi"] <= 3.5, counts
     assert counts["watch"] <= NO_ARQ_START and counts["zscore"] <= NO_ARQ_START, counts

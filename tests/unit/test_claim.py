@@ -20,7 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from smith_client.keys import ARQ_RETRY_TTL, Keys, now_ms
 from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
-from smith_worker.claim import ClaimedJob, ClaimHandOverError, PrefetchedPipeline, claim_jobs
+from smith_worker.claim import CLAIM_LEASE_MS, ClaimedJob, ClaimHandOverError, PrefetchedPipeline, claim_jobs, confirm_claims
 from smith_worker.config import Settings
 from smith_worker.local.processes import free_port
 from smith_worker.worker import SmithWorker, build_worker
@@ -61,9 +61,17 @@ async def enqueue(redis: Redis, keys: Keys, name: str, *, score: int | None = No
         await redis.rpush(Keys.wake_list(keys.tools_queue), "1")
 
 
-async def claim(redis: Redis, keys: Keys, *, free: int = 10, held: int = 0, take_aborts: bool = False):
+async def claim(redis: Redis, keys: Keys, *, free: int = 10, held: int = 0, take_aborts: bool = False,
+                claimer: str = "w:0"):  # fmt: skip
     return await claim_jobs(redis, keys, keys.tools_queue, free=free, read_limit=1000, in_progress_ms=IN_PROGRESS_MS,
-                            tokens_held=held, take_aborts=take_aborts)  # fmt: skip
+                            tokens_held=held, take_aborts=take_aborts, claimer=claimer)  # fmt: skip
+
+
+async def lapse(redis: Redis, keys: Keys, name: str) -> None:
+    """Move the lease end of ``name``'s unconfirmed claim into the past (as CLAIM_LEASE_MS passing would)."""
+    key = keys.arq_in_progress(jid(keys, name))
+    _, _, claimer = (await redis.get(key)).decode().split(":", 2)
+    await redis.set(key, f"claim:{now_ms() - 1}:{claimer}", keepttl=True)
 
 
 async def test_a_claim_marks_ready_jobs_in_progress_counts_their_try_and_returns_their_records(redis, keys):
@@ -79,6 +87,38 @@ async def test_a_claim_marks_ready_jobs_in_progress_counts_their_try_and_returns
         assert 0 < await redis.ttl(keys.arq_retry(job.job_id)) <= ARQ_RETRY_TTL
     assert got.next_due is None
     assert (await claim(redis, keys)).jobs == []  # in progress now: skipped, as arq's start_jobs does
+
+
+async def test_a_claim_is_a_lease_until_its_worker_confirms_it(redis, keys):
+    await enqueue(redis, keys, "j1")
+    got = await claim(redis, keys, claimer="w:1")
+    job_id = jid(keys, "j1")
+    marker = (await redis.get(keys.arq_in_progress(job_id))).decode()
+    assert marker == got.marker and marker.startswith("claim:") and marker.endswith(":w:1")
+    assert 0 < int(marker.split(":")[1]) - now_ms() <= CLAIM_LEASE_MS
+    assert await confirm_claims(redis, got, IN_PROGRESS_MS) == got.jobs
+    assert await redis.get(keys.arq_in_progress(job_id)) == b"1"  # arq's own value from now on
+    assert 0 < await redis.pttl(keys.arq_in_progress(job_id)) <= IN_PROGRESS_MS
+    assert (await claim(redis, keys, claimer="w:2")).jobs == []  # a confirmed job has no lease to end
+
+
+async def test_a_claim_whose_reply_was_lost_returns_its_jobs_after_the_lease_without_counting_a_try(redis, keys):
+    """Redis ran the claim after its worker gave up waiting: nobody confirms it; the job runs once, later."""
+    await enqueue(redis, keys, "lost")
+    lost = await claim(redis, keys, claimer="gone:0")
+    assert (await claim(redis, keys, claimer="w:1")).jobs == []  # leased: not claimable yet
+    await lapse(redis, keys, "lost")
+    again = await claim(redis, keys, claimer="w:1")
+    assert names(again, keys) == ["lost"] and again.jobs[0].job_try == 1  # the lost claim's try never ran
+    assert await confirm_claims(redis, lost, IN_PROGRESS_MS) == []  # a late confirmation is refused
+    assert await confirm_claims(redis, again, IN_PROGRESS_MS) == again.jobs
+
+
+async def test_a_claim_of_a_job_that_ended_meanwhile_is_not_confirmed(redis, keys):
+    await enqueue(redis, keys, "ended")
+    got = await claim(redis, keys)
+    await redis.delete(keys.arq_in_progress(jid(keys, "ended")))  # e.g. the sweeper removed the job
+    assert await confirm_claims(redis, got, IN_PROGRESS_MS) == []
 
 
 async def test_a_claim_takes_no_more_jobs_than_the_free_slots(redis, keys):
