@@ -16,7 +16,7 @@ from pathlib import Path
 
 import uvicorn
 
-from smith_worker.demo.run import start_services
+from smith_worker.demo.run import one_line_errors, start_services
 
 
 def main() -> int:
@@ -36,4 +36,4 @@ def _status(line: str) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(one_line_errors("make web", main))

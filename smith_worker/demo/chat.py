@@ -20,7 +20,7 @@ from smith_client import SmithClient
 from smith_client.cli import StreamPrinter
 from smith_client.repl import ChatRepl
 from smith_worker.demo import CHAT_AGENT
-from smith_worker.demo.run import start_services
+from smith_worker.demo.run import one_line_errors, start_services
 
 
 async def _chat(redis_url: str, prefix: str) -> int:
@@ -36,4 +36,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(one_line_errors("make chat", main))

@@ -24,10 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from smith_client import SmithClient
-from smith_client.cli import StreamPrinter
+from smith_client.cli import StreamPrinter, fail
+from smith_client.errors import SmithError
 from smith_client.events import TokenData, ToolResultData, TurnCompletedData
 from smith_client.keys import Keys
 from smith_client.registry import live_agents
+from smith_worker.config import Settings
 from smith_worker.local.llm_server import LocalModelServer
 from smith_worker.local.processes import ManagedProcess, redis_answers, start_redis_server, wait_until, worker_argv
 from smith_worker.redaction import redact_text
@@ -91,6 +93,7 @@ def start_services(stack: contextlib.ExitStack, logs: Path, status: Callable[[st
     and key prefix among them (with :func:`smith_hint`). Raises ``ConfigurationError``
     / ``SmithTimeoutError``.
     """
+    Settings.from_env()  # a bad SMITH_* value fails here, in one line, not in the workers' logs
     logs.mkdir(exist_ok=True)
     prefix = f"smith-demo-{uuid.uuid4().hex[:6]}"  # never touches a developer's own keys
     redis_url = os.environ.get("SMITH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -114,6 +117,15 @@ def start_services(stack: contextlib.ExitStack, logs: Path, status: Callable[[st
     return redis_url, prefix
 
 
+def one_line_errors(prog: str, body: Callable[[], int]) -> int:
+    """Run ``body`` and return its exit code; a typed error (a service that cannot start, a bad setting)
+    is printed as one ``prog: Kind: message`` line instead of a traceback, exit code 1."""
+    try:
+        return body()
+    except SmithError as exc:
+        return fail(prog, exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the exit code (0: a streamed turn with a tool call on the tool worker)."""
     parser = argparse.ArgumentParser(description="Run one real streamed turn end to end.")
@@ -128,4 +140,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(one_line_errors("make demo", main))

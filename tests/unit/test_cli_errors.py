@@ -72,6 +72,13 @@ def test_smith_worker_refuses_a_bad_setting_at_once_in_one_line(variable, value)
     assert result.stderr.rstrip().endswith(f"got {value!r}")
 
 
+@pytest.mark.parametrize("module", ["smith_worker.demo.run", "smith_worker.demo.chat", "examples.web.run"])
+def test_make_demo_chat_and_web_refuse_a_bad_setting_in_one_line_before_starting_anything(module):
+    result = run(["-m", module], SMITH_FALLBACK_POLL="0")
+    prog = {"smith_worker.demo.run": "make demo", "smith_worker.demo.chat": "make chat"}.get(module, "make web")
+    assert_one_clean_line(result, f"{prog}: ConfigurationError: SMITH_FALLBACK_POLL must be ")
+
+
 def test_smith_refuses_a_bad_setting_before_any_command():
     result = run(["-c", SMITH, "status"], SMITH_REDIS_SOCKET_TIMEOUT="0")
     assert_one_clean_line(result, "smith: ConfigurationError: SMITH_REDIS_SOCKET_TIMEOUT must be a number of seconds")
