@@ -97,8 +97,9 @@ class LlmClient:
     Errors raised by :meth:`complete` / :meth:`complete_stream`:
     ``ConfigurationError`` (reserved key in ``sampling.extra``, bad URL),
     ``LlmApiError`` (non-2xx status, or an error reported inside a 200 body
-    or stream), ``TransportError`` (connection failures once retries are
-    exhausted, or a stream cut after bytes arrived), ``SmithTimeoutError``
+    or stream), ``TransportError`` (connection failures or a reply that
+    cannot be read, once retries are exhausted, or a stream cut after bytes
+    arrived), ``SmithTimeoutError``
     (``operation="chat_completions"``, ``budget=request_timeout``: a phase or
     a stream's wait for its next data line; ``operation="llm.response"``,
     ``budget=response_timeout``: the whole response, retries included),

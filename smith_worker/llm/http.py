@@ -10,7 +10,9 @@ the turn worker's CPU per streamed reply fell by about 30 % (BENCHMARKS.md,
 issue 18). The rest of the client keeps httpx's API: requests, streamed
 responses, ``httpx.Timeout`` and httpx's exception types.
 
-Two differences are handled here, not by the callers:
+Where aiohttp behaves differently, this module makes it answer as httpx's own
+transport does, so callers see one set of errors (seed §6.3 decides retries
+by them):
 
 * ``httpx-aiohttp`` 0.2 maps every ``aiohttp.ClientConnectionError`` to
   ``httpx.ConnectTimeout``, a refused connection and a server that hung up
@@ -24,23 +26,30 @@ Two differences are handled here, not by the callers:
   is made: so does this). Only then: a ``trust_env`` session looks the proxy
   and ``~/.netrc`` up again in a thread of the default executor for every
   request, two thread hops per model call.
-* aiohttp's parser refuses some responses httpx's parser (h11) reads: an
-  identical ``Content-Length`` sent twice or as a list, both
-  ``Transfer-Encoding`` and ``Content-Length``, bytes past the end of the
-  body, a header longer than 8 KiB. A 400 or a 429 read that way used to fail
-  as a ``TransportError`` (retried, or not, by the wrong rule of seed §6.3);
-  aiohttp even names its own parser's code (400) as the response's status.
-  The connection's protocol keeps each response's bytes until its head is
-  parsed; when aiohttp refuses it, h11 reads those bytes as httpx would
-  (:func:`reread`), so the caller gets the status, headers and body httpx
-  gave. aiohttp closes the connection at its refusal: an error reply's body is
-  what had arrived by then (its status is what the retry table needs), a 2xx
-  body cut there fails. Headers may be as long as httpcore allows
-  (:data:`MAX_HEAD_BYTES`), and, as h11, a response whose
-  ``Transfer-Encoding`` is not just ``chunked`` is refused: neither client
-  decodes another transfer coding (RFC 9112 §7), so its body is unreadable.
-  ``tests/unit/test_llm_malformed_responses.py`` holds both transports to the
-  same error per malformed response.
+* aiohttp's parser refuses response heads that httpx's parser (h11) reads: a
+  ``Content-Length`` sent twice or as a list of one value, ``Content-Length``
+  beside ``Transfer-Encoding: chunked``, bytes past the end of the body in the
+  same read, more than 128 header lines. aiohttp then raises
+  ``ClientResponseError`` whose ``status`` is its parser's code (400), not the
+  response's: a 429 or a 503 was reported as a ``TransportError``. The
+  connection's protocol keeps each response's bytes until its head is parsed;
+  when aiohttp refuses the head, h11 reads those bytes as httpx would
+  (:func:`_reread`) and the caller gets that status, headers and body. aiohttp
+  closes the connection at its refusal, so the body is what had arrived by
+  then: an error reply keeps its status with that much of its body, a 2xx
+  reply cut there fails (``httpx.RemoteProtocolError``).
+* header lines may be as long as httpcore allows (:data:`MAX_HEAD_BYTES`;
+  aiohttp's own bound is 8 KiB).
+* as h11, a response whose ``Transfer-Encoding`` is anything but one
+  ``chunked`` is refused (``httpx.RemoteProtocolError``): neither client
+  decodes another transfer coding (RFC 9112 §7), so the body is unreadable.
+* a broken chunk after the head: aiohttp's C parser drops the body stream
+  before raising, nothing ends it and its reader waits forever (aiohttp 3.14);
+  here it ends with ``ClientPayloadError`` (httpx's ``ReadError``), as a cut body.
+
+``tests/unit/test_llm_malformed_responses.py`` runs a corpus of malformed
+replies over both transports and holds them to the same error kind, status and
+retry decision.
 """
 
 from __future__ import annotations
@@ -66,7 +75,7 @@ MAX_CONNECTIONS = 100
 KEEPALIVE_EXPIRY = 5.0
 #: The longest response head (status line and headers, bytes) read: httpcore's bound for httpx's own transport.
 MAX_HEAD_BYTES = 100 * 1024
-#: The most bytes of a response kept for :func:`reread`: a head, and an error body as long as the excerpt of
+#: The most bytes of a response kept for :func:`_reread`: a head, and an error body as long as the excerpt of
 #: an ``LlmApiError`` (64 KiB).
 MAX_KEPT_BYTES = MAX_HEAD_BYTES + 64 * 1024
 
@@ -102,7 +111,7 @@ class _ModelTransport(AiohttpTransport):
             refused = exc.__cause__
             if not isinstance(refused, _RefusedResponse):
                 raise
-            return reread(request, refused.received, refused=exc)
+            return _reread(request, refused.received, refused=exc)
         codings = response.headers.get_list("transfer-encoding")
         if codings and [coding.lower() for coding in codings] != ["chunked"]:
             await response.aclose()
@@ -175,7 +184,7 @@ class _Connector(aiohttp.TCPConnector):
         self._factory = functools.partial(protocol, loop=self._loop)
 
 
-def reread(request: httpx.Request, received: bytes, *, refused: Exception) -> httpx.Response:
+def _reread(request: httpx.Request, received: bytes, *, refused: Exception) -> httpx.Response:
     """The response h11 (httpx's own parser) reads from ``received``, the bytes aiohttp's parser ``refused``.
 
     Interim (1xx) responses are skipped. Raises ``httpx.RemoteProtocolError``
@@ -186,7 +195,8 @@ def reread(request: httpx.Request, received: bytes, *, refused: Exception) -> ht
     reply's status and what arrived of its body are kept instead).
     """
     connection = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
-    connection.send(h11.Request(method=request.method, target=request.url.raw_path, headers=[("Host", "model")]))
+    url = request.url
+    connection.send(h11.Request(method=request.method, target=url.raw_path, headers=[(b"Host", url.netloc)]))
     connection.send(h11.EndOfMessage())
     connection.receive_data(received)
     head: h11.Response | None = None

@@ -6,10 +6,11 @@ request's path), keeping the connection open for the next request unless the
 case closes it. Every case goes through the project's ``LlmClient``, streamed
 and not, over both transports it can be given: httpx's own
 (``LlmClient(config, httpx.AsyncClient())``: httpcore and h11) and the aiohttp
-one workers use (``LlmClient(config)``: ``model_http_client()``). Both must give
-the outcome written in the table: the error kind, the HTTP status where one
-was read, and the retry waits (seed §6.3, ``max_retries=1``): none, the
-backoff (0.625 s with ``rng`` at 0.5), or the ``Retry-After``.
+one (``model_http_client()``, which a worker shares between its agents and
+``LlmClient(config)`` makes for itself). Both must give the outcome written in
+the table, which was read off httpx's transport: the error kind, the HTTP
+status where one was read, and the retry waits (seed §6.3, ``max_retries=1``):
+none, the backoff (0.625 s with ``rng`` at 0.5), or the ``Retry-After``.
 """
 
 from __future__ import annotations
