@@ -97,8 +97,9 @@ class LlmClient:
     Errors raised by :meth:`complete` / :meth:`complete_stream`:
     ``ConfigurationError`` (reserved key in ``sampling.extra``, bad URL),
     ``LlmApiError`` (non-2xx status, or an error reported inside a 200 body
-    or stream), ``TransportError`` (connection failures once retries are
-    exhausted, or a stream cut after bytes arrived), ``SmithTimeoutError``
+    or stream), ``TransportError`` (connection failures or a reply that
+    cannot be read, once retries are exhausted, or a stream cut after bytes
+    arrived), ``SmithTimeoutError``
     (``operation="chat_completions"``, ``budget=request_timeout``: a phase or
     a stream's wait for its next data line; ``operation="llm.response"``,
     ``budget=response_timeout``: the whole response, retries included),
@@ -238,9 +239,9 @@ class LlmClient:
             async with self._http.stream(
                 "POST", self.config.chat_completions_url, content=content, headers=headers, timeout=self._timeout()
             ) as response:
+                if not response.is_success:
+                    raise await self._error_reply(response)
                 body = await self._read_body(response)
-        if not response.is_success:
-            raise _status_failure(response.status_code, response.headers, _text(body))
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("response body=%s", redact_body(body, [self.config.api_key]))
         return parse_completion(body)
@@ -251,11 +252,19 @@ class LlmClient:
                 "POST", self.config.chat_completions_url, content=content, headers=headers, timeout=self._timeout()
             ) as response:
                 if not response.is_success:
-                    body = await self._read_body(response)
-                    raise _status_failure(response.status_code, response.headers, _text(body))
+                    raise await self._error_reply(response)
                 if _is_json(response):
                     return await self._consume_json(response, on_event)
                 return await self._consume_stream(response, on_event)
+
+    async def _error_reply(self, response: httpx.Response) -> Exception:
+        """The error for a non-2xx reply (see :func:`_status_failure`). A body that cannot be decoded (a broken
+        ``Content-Encoding``) still leaves the status, which decides the retry (seed §6.3)."""
+        try:
+            body = _text(await self._read_body(response))
+        except httpx.DecodingError as exc:
+            body = f"(body not decodable: {exc})"
+        return _status_failure(response.status_code, response.headers, body)
 
     async def _read_body(self, response: httpx.Response) -> bytes:
         """The whole body, refusing one longer than ``max_response_bytes`` (``ParseError``, offset = the limit)."""
