@@ -87,6 +87,8 @@ class Settings:
     ``SMITH_REDIS_SENTINEL_MASTER``  name of the Sentinel-monitored master  unset
     ``SMITH_METRICS_PORT``       Prometheus ``/metrics`` port           unset (no metrics)
     ``SMITH_HEARTBEAT_FILE``     liveness file touched every 5 s        ``<tmp>/smith-<queue>-<pid>.heartbeat``
+    ``SMITH_WORKER_ID``          this process's worker id, claimed in   ``<host>:<pid>:<queue>:<random>``
+                                 Redis (smith_worker/registration.py)
     ===========================  =====================================  ==================
 
     ``SMITH_HISTORY_MAX_MESSAGES`` (default 10000): messages a conversation's
@@ -124,6 +126,7 @@ class Settings:
     metrics_port: int | None = None
     heartbeat_file: str | None = None
     history_max_messages: int = DEFAULT_HISTORY_MAX_MESSAGES
+    worker_id: str | None = None
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -155,6 +158,7 @@ class Settings:
             metrics_port=_env_int("SMITH_METRICS_PORT", 0) or None,
             heartbeat_file=env.get("SMITH_HEARTBEAT_FILE") or None,
             history_max_messages=_env_int("SMITH_HISTORY_MAX_MESSAGES", cls.history_max_messages),
+            worker_id=env.get("SMITH_WORKER_ID") or None,
         )
 
     def connect_redis(self, socket_timeout: float | None = None) -> ArqRedis:
