@@ -108,7 +108,8 @@ class LlmClient:
     or stream), ``TransportError`` (connection failures once retries are
     exhausted, or a stream cut after bytes arrived), ``SmithTimeoutError``
     (``operation="chat_completions"``, ``budget=request_timeout``: a phase or
-    a stream's wait for its next data line; ``operation="llm.response"``,
+    a stream's wait for its next data line, ``budget=silence_budget``: no data
+    within 2 × ``request_timeout``, retries included; ``operation="llm.response"``,
     ``budget=response_timeout``: the whole response, retries included),
     ``ParseError`` (malformed JSON or shape). ``asyncio.CancelledError``
     propagates after the HTTP request is closed.
