@@ -34,6 +34,7 @@ TENANT_COMMANDS = (
     "expire",
     "pexpire",
     "ttl",
+    "pttl",  # a worker id's claim (lua/register.lua)
     "type",
     "incr",
     "incrby",

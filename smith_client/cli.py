@@ -24,7 +24,7 @@ import orjson
 from redis.exceptions import RedisError
 
 from smith_client.client import SmithClient
-from smith_client.errors import SmithError, UnknownAgentError, error_from_redis
+from smith_client.errors import SmithError, UnknownAgentError
 from smith_client.events import (
     Event,
     TokenData,
@@ -35,6 +35,7 @@ from smith_client.events import (
     TurnResumedData,
 )
 from smith_client.hygiene import conversation_keys
+from smith_client.redis_errors import smith_error
 from smith_client.registry import fleet_status
 from smith_client.repl import ChatRepl, run_turn
 from smith_client.settings import DEFAULT_REDIS_URL, ClientSettings
@@ -182,9 +183,9 @@ async def _run_keys(args: argparse.Namespace) -> int:
 def fail(prog: str, exc: BaseException) -> int:
     """Print a typed error as one ``PROG: Kind: message`` line on stderr (no traceback); returns exit code 1.
 
-    A Redis failure (``RedisError``) is printed as the :class:`TransportError` it means.
+    A Redis failure (``RedisError``) is printed as the typed error it means (:func:`smith_error`).
     """
-    error = exc if isinstance(exc, SmithError) else error_from_redis(exc)
+    error = exc if isinstance(exc, SmithError) else smith_error(exc)
     print(f"{prog}: {error.kind}: {error.message}", file=sys.stderr)
     return 1
 

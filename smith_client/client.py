@@ -24,7 +24,7 @@ from arq.connections import ArqRedis
 from smith_client import operations as ops
 from smith_client import skills
 from smith_client import turn_record as record
-from smith_client.connection import connect_redis
+from smith_client.connection import client_max_connections, connect_redis
 from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
 from smith_client.protocol import Operation
@@ -80,6 +80,8 @@ class ClientAPI:
         socket_timeout: float | None = None,
         turn_ttl: int | None = None,
         history_ttl: int | None = None,
+        max_connections: int | None = None,
+        pool_timeout: float | None = None,
     ) -> Self:
         """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``, ``rediss://user:pw@host:6380/0``).
 
@@ -88,12 +90,24 @@ class ClientAPI:
         ``socket_timeout`` (seconds) bounds every Redis connect and command
         (default ``SMITH_REDIS_SOCKET_TIMEOUT``, else 5 s): with Redis not
         answering, a call raises :class:`TransportError` after it instead of blocking.
+        ``max_connections`` caps the client's Redis connections, its one shared
+        pub/sub connection included (default ``SMITH_REDIS_MAX_CONNECTIONS``, else 50;
+        at least 2, else :class:`ConfigurationError`): a command finding all in use
+        waits for one up to ``pool_timeout`` seconds (default ``socket_timeout``),
+        then raises :class:`SmithTimeoutError` (operation ``redis.pool``).
         The client closes these connections when it is closed.
         """
         if socket_timeout is None:
             socket_timeout = ClientSettings.from_env(only=("redis_socket_timeout",)).redis_socket_timeout
+        if max_connections is None:
+            max_connections = ClientSettings.from_env(only=("redis_max_connections",)).redis_max_connections
         redis = cls._connect(
-            redis_url, sentinels=sentinels, sentinel_master=sentinel_master, socket_timeout=socket_timeout
+            redis_url,
+            sentinels=sentinels,
+            sentinel_master=sentinel_master,
+            socket_timeout=socket_timeout,
+            max_connections=client_max_connections(max_connections),
+            pool_timeout=pool_timeout,
         )
         return cls(redis, prefix=prefix, owns_redis=True, turn_ttl=turn_ttl, history_ttl=history_ttl)
 

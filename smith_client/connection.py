@@ -29,44 +29,69 @@ server, and a connection idle for :data:`HEALTH_CHECK_INTERVAL` seconds is
 PINGed before it is used again, so one broken by a Redis restart is replaced
 rather than failing the next command. Blocking reads (pub/sub ``get_message``)
 pass their own, shorter bound.
+
+A client's connections are capped (:func:`client_max_connections`; default
+:data:`DEFAULT_MAX_CONNECTIONS`, the client's one shared pub/sub connection
+included, :mod:`smith_client.fanout`): a command finding them all in use waits
+for one, up to ``pool_timeout`` seconds (default the socket timeout), then fails
+with :class:`~smith_client.redis_errors.PoolTimeoutError`, which callers get as
+:class:`~smith_client.errors.SmithTimeoutError`. Workers' pools are not capped:
+their job slots bound their commands in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
 from collections.abc import Sequence
 from typing import Any, cast
 
 import redis as sync_redis
 from arq.connections import ArqRedis
-from redis.asyncio import ConnectionPool
+from redis.asyncio import BlockingConnectionPool, ConnectionPool
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry as SyncRetry
 from redis.sentinel import Sentinel as SyncSentinel
+from redis.sentinel import SentinelConnectionPool as SyncSentinelConnectionPool
 
 from smith_client.errors import ConfigurationError
+from smith_client.redis_errors import PoolTimeoutError
 from smith_client.serialization import job_deserializer, job_serializer
 
 #: Default bound on one Redis connect or command, seconds (``SMITH_REDIS_SOCKET_TIMEOUT``, smith_client/settings.py).
 DEFAULT_SOCKET_TIMEOUT = 5.0
 #: Seconds a pooled connection may sit idle before it is checked with PING on its next use.
 HEALTH_CHECK_INTERVAL = 10
+#: Default cap on one client's Redis connections (``SMITH_REDIS_MAX_CONNECTIONS``), as redis-py's
+#: ``BlockingConnectionPool``: a command holds one for a round trip, so a few dozen serve thousands of streams.
+DEFAULT_MAX_CONNECTIONS = 50
+#: The smallest cap: a client streaming holds one connection for its shared pub/sub, commands need another.
+MIN_MAX_CONNECTIONS = 2
 
 
-class ConnectOutsideLockPool(ConnectionPool):
-    """redis-py's asyncio :class:`ConnectionPool`, connecting new connections outside the pool's lock.
+def client_max_connections(value: int) -> int:
+    """``value`` as a client's connection cap (``SMITH_REDIS_MAX_CONNECTIONS`` by default, read by the clients'
+    ``from_url``).
 
-    redis-py 5 (pinned below 6 by arq 0.28) connects while holding the pool
-    lock, so with Redis frozen N concurrent callers queue behind each other's
-    connect timeouts (N x ``socket_timeout``; 17 s seen with 20 callers and a
-    5 s timeout). Connecting outside the lock, as redis-py's own
-    ``BlockingConnectionPool`` does, bounds each caller by one timeout.
+    Raises :class:`ConfigurationError` unless it is a whole number of at least
+    :data:`MIN_MAX_CONNECTIONS`.
     """
+    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_MAX_CONNECTIONS:
+        raise ConfigurationError(
+            f"max_connections (SMITH_REDIS_MAX_CONNECTIONS) must be a whole number of at least {MIN_MAX_CONNECTIONS} "
+            f"(one is the shared pub/sub connection), got {value!r}",
+            setting="SMITH_REDIS_MAX_CONNECTIONS",
+        )
+    return value
+
+
+class _PlainIdleCheck(ConnectionPool):
+    """A pool whose check of a pooled connection before a command is cheap when the connection is plainly idle."""
 
     async def ensure_connection(self, connection: Any) -> None:
         """redis-py's check that a pooled connection is connected and holds no unread bytes, cheap when plain.
@@ -80,6 +105,17 @@ class ConnectOutsideLockPool(ConnectionPool):
         if not _plainly_idle(connection):
             await super().ensure_connection(connection)
 
+
+class ConnectOutsideLockPool(_PlainIdleCheck):
+    """redis-py's asyncio :class:`ConnectionPool`, connecting new connections outside the pool's lock (workers).
+
+    redis-py 5 (pinned below 6 by arq 0.28) connects while holding the pool
+    lock, so with Redis frozen N concurrent callers queue behind each other's
+    connect timeouts (N x ``socket_timeout``; 17 s seen with 20 callers and a
+    5 s timeout). Connecting outside the lock, as redis-py's own
+    ``BlockingConnectionPool`` does, bounds each caller by one timeout.
+    """
+
     async def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
         """A connected connection from the pool (see the class docstring)."""
         async with self._lock:
@@ -90,6 +126,44 @@ class ConnectOutsideLockPool(ConnectionPool):
             await self.release(connection)
             raise
         return connection
+
+
+class BoundedPool(_PlainIdleCheck, BlockingConnectionPool):
+    """redis-py's asyncio :class:`BlockingConnectionPool` (clients): at most ``max_connections`` connections; a
+    caller finding them all in use waits up to ``timeout`` seconds for one, then gets :class:`PoolTimeoutError`.
+
+    redis-py's pool also connects outside its lock (see :class:`ConnectOutsideLockPool`).
+    """
+
+    async def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
+        """A connected connection; raises :class:`PoolTimeoutError` when none came free within ``timeout``."""
+        try:
+            return await super().get_connection()
+        except RedisConnectionError as exc:
+            if isinstance(exc.__cause__, TimeoutError):  # redis-py's "No connection available." ends the wait so
+                raise PoolTimeoutError(self.max_connections, float(self.timeout or 0)) from exc
+            raise
+
+
+class BoundedSentinelPool(SentinelConnectionPool, BoundedPool):
+    """:class:`BoundedPool` for a master found through Sentinel (redis-py's :class:`SentinelConnectionPool`)."""
+
+
+class SyncBoundedPool(sync_redis.BlockingConnectionPool):
+    """:class:`BoundedPool` for redis-py's blocking client (``SyncSmithClient``); thread-safe."""
+
+    def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
+        """A connected connection; raises :class:`PoolTimeoutError` when none came free within ``timeout``."""
+        try:
+            return super().get_connection()
+        except RedisConnectionError as exc:
+            if isinstance(exc.__context__, queue.Empty):  # redis-py's "No connection available." ends the wait so
+                raise PoolTimeoutError(self.max_connections, float(self.timeout or 0)) from exc
+            raise
+
+
+class SyncBoundedSentinelPool(SyncSentinelConnectionPool, SyncBoundedPool):
+    """:class:`SyncBoundedPool` for a master found through Sentinel."""
 
 
 def _plainly_idle(connection: Any) -> bool:
@@ -155,6 +229,8 @@ def connect_redis(
     sentinels: str | Sequence[str | tuple[str, int]] | None = None,
     sentinel_master: str | None = None,
     socket_timeout: float | None = None,
+    max_connections: int | None = None,
+    pool_timeout: float | None = None,
 ) -> ArqRedis:
     """An :class:`ArqRedis` client using the project's JSON job serializer.
 
@@ -166,6 +242,9 @@ def connect_redis(
 
     ``socket_timeout`` (seconds; default :data:`DEFAULT_SOCKET_TIMEOUT`) bounds each connect and each
     command, to the Sentinels too (the clients' ``from_url`` and the workers pass ``SMITH_REDIS_SOCKET_TIMEOUT``).
+    ``max_connections`` caps the pool (None: no cap, the workers'): a command
+    finding every connection in use waits up to ``pool_timeout`` seconds
+    (default ``socket_timeout``) for one, then raises :class:`PoolTimeoutError`.
 
     Connects lazily: no command is sent until the first use. Raises
     :class:`ConfigurationError` for a malformed ``url`` (:func:`check_url`) or when only one of the
@@ -174,13 +253,17 @@ def connect_redis(
     check_url(url)
     addresses = _sentinel_addresses(sentinels, sentinel_master)
     bounds = _bounds(socket_timeout)
+    cap = _cap(max_connections, pool_timeout, bounds)
     if not addresses:
-        pool = ConnectOutsideLockPool.from_url(url, **bounds)
+        pool = (BoundedPool if cap else ConnectOutsideLockPool).from_url(url, **bounds, **cap)
         return ArqRedis(pool, job_serializer=job_serializer, job_deserializer=job_deserializer)
     assert sentinel_master is not None
-    options = _master_options(url, Retry(ExponentialBackoff(cap=1.0, base=0.1), SENTINEL_RETRIES)) | bounds
+    options = _master_options(url, Retry(ExponentialBackoff(cap=1.0, base=0.1), SENTINEL_RETRIES)) | bounds | cap
     redis = Sentinel(addresses, sentinel_kwargs=_sentinel_bounds(bounds)).master_for(
-        sentinel_master, redis_class=ArqRedis, **options
+        sentinel_master,
+        redis_class=ArqRedis,
+        connection_pool_class=BoundedSentinelPool if cap else SentinelConnectionPool,
+        **options,
     )
     redis.job_serializer, redis.job_deserializer = job_serializer, job_deserializer  # master_for takes no such options
     return cast(ArqRedis, redis)
@@ -192,6 +275,8 @@ def connect_sync_redis(
     sentinels: str | Sequence[str | tuple[str, int]] | None = None,
     sentinel_master: str | None = None,
     socket_timeout: float | None = None,
+    max_connections: int | None = None,
+    pool_timeout: float | None = None,
 ) -> sync_redis.Redis:
     """A blocking :class:`redis.Redis` for ``url``, for :class:`SyncSmithClient`; options as :func:`connect_redis`.
 
@@ -201,12 +286,27 @@ def connect_sync_redis(
     check_url(url)
     addresses = _sentinel_addresses(sentinels, sentinel_master)
     bounds = _bounds(socket_timeout)
+    cap = _cap(max_connections, pool_timeout, bounds)
     if not addresses:
-        return sync_redis.Redis(connection_pool=sync_redis.ConnectionPool.from_url(url, **bounds))
+        pool = (SyncBoundedPool if cap else sync_redis.ConnectionPool).from_url(url, **bounds, **cap)
+        return sync_redis.Redis(connection_pool=pool)
     assert sentinel_master is not None
-    options = _master_options(url, SyncRetry(ExponentialBackoff(cap=1.0, base=0.1), SENTINEL_RETRIES)) | bounds
+    options = _master_options(url, SyncRetry(ExponentialBackoff(cap=1.0, base=0.1), SENTINEL_RETRIES)) | bounds | cap
     sentinel = SyncSentinel(addresses, sentinel_kwargs=_sentinel_bounds(bounds))
-    return cast(sync_redis.Redis, sentinel.master_for(sentinel_master, **options))
+    pool_class = SyncBoundedSentinelPool if cap else SyncSentinelConnectionPool
+    return cast(sync_redis.Redis, sentinel.master_for(sentinel_master, connection_pool_class=pool_class, **options))
+
+
+def _cap(max_connections: int | None, pool_timeout: float | None, bounds: dict[str, Any]) -> dict[str, Any]:
+    """The options of a capped pool (redis-py's ``BlockingConnectionPool``), or ``{}`` for no cap."""
+    if max_connections is None:
+        return {}
+    if pool_timeout is not None and not pool_timeout > 0:
+        raise ConfigurationError(f"pool_timeout must be a positive number of seconds, got {pool_timeout!r}")
+    return {
+        "max_connections": client_max_connections(max_connections),
+        "timeout": pool_timeout if pool_timeout is not None else bounds["socket_timeout"],
+    }
 
 
 def _bounds(socket_timeout: float | None) -> dict[str, Any]:

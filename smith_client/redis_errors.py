@@ -1,4 +1,5 @@
-"""Redis failures reach callers as typed errors: :class:`~smith_client.errors.TransportError`.
+"""Redis failures reach callers as typed errors: :class:`~smith_client.errors.TransportError`,
+or :class:`~smith_client.errors.SmithTimeoutError` when no pooled connection came free in time.
 
 The clients' runners (:mod:`smith_client.runners`) perform every request through
 a function wrapped with :func:`typed_redis_errors`, so a web app catches one base class,
@@ -12,15 +13,41 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from smith_client.errors import error_from_redis
+from smith_client.errors import SmithError, SmithTimeoutError, error_from_redis
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class PoolTimeoutError(RedisConnectionError):
+    """Every connection of a capped pool stayed in use for the pool's whole wait (:mod:`smith_client.connection`).
+
+    A ``redis.exceptions.ConnectionError``, so redis-py and the pub/sub reader
+    treat it as any failure to get a connection; callers get it as
+    :class:`SmithTimeoutError` (:func:`smith_error`).
+    """
+
+    def __init__(self, max_connections: int, timeout: float) -> None:
+        super().__init__(
+            f"no Redis connection came free in {timeout:g} s: all {max_connections} of the client's connections "
+            "were in use (max_connections, SMITH_REDIS_MAX_CONNECTIONS)"
+        )
+        self.max_connections = max_connections
+        self.timeout = timeout
+
+
+def smith_error(exc: BaseException) -> SmithError:
+    """The typed error a Redis failure means: :class:`SmithTimeoutError` (operation ``redis.pool``,
+    ``budget`` the pool's wait) for :class:`PoolTimeoutError`, else :func:`error_from_redis`'s ``TransportError``."""
+    if isinstance(exc, PoolTimeoutError):
+        return SmithTimeoutError(str(exc), operation="redis.pool", budget=exc.timeout)
+    return error_from_redis(exc)
+
+
 def typed_redis_errors(fn: F) -> F:
-    """Re-raise ``redis.exceptions.RedisError`` from ``fn`` as ``TransportError``.
+    """Re-raise ``redis.exceptions.RedisError`` from ``fn`` as its typed error (:func:`smith_error`).
 
     ``fn`` is a coroutine function, an async generator function or a plain function.
     """
@@ -31,7 +58,7 @@ def typed_redis_errors(fn: F) -> F:
             try:
                 return fn(*args, **kwargs)
             except RedisError as exc:
-                raise error_from_redis(exc) from exc
+                raise smith_error(exc) from exc
 
         return function  # type: ignore[return-value]
 
@@ -43,7 +70,7 @@ def typed_redis_errors(fn: F) -> F:
                 async for item in fn(*args, **kwargs):
                     yield item
             except RedisError as exc:
-                raise error_from_redis(exc) from exc
+                raise smith_error(exc) from exc
 
         return generator  # type: ignore[return-value]
 
@@ -52,6 +79,6 @@ def typed_redis_errors(fn: F) -> F:
         try:
             return await fn(*args, **kwargs)
         except RedisError as exc:
-            raise error_from_redis(exc) from exc
+            raise smith_error(exc) from exc
 
     return coroutine  # type: ignore[return-value]

@@ -26,7 +26,13 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.functional_validators import ModelWrapValidatorHandler
 
-from smith_client.connection import DEFAULT_SOCKET_TIMEOUT, check_url, parse_sentinels
+from smith_client.connection import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_SOCKET_TIMEOUT,
+    MIN_MAX_CONNECTIONS,
+    check_url,
+    parse_sentinels,
+)
 from smith_client.errors import ConfigurationError
 from smith_client.keys import DEFAULT_HISTORY_TTL, DEFAULT_TURN_TTL, ID_PATTERN
 from smith_client.validation import shown
@@ -54,6 +60,11 @@ def env_name(field: str) -> str:
 Seconds = Annotated[float, Field(gt=0), Accepts("a number of seconds > 0")]
 WholeSeconds = Annotated[int, Field(gt=0), Accepts("a whole number of seconds > 0")]
 Count = Annotated[int, Field(ge=1), Accepts("a whole number of at least 1")]
+ConnectionCap = Annotated[
+    int,
+    Field(ge=MIN_MAX_CONNECTIONS),
+    Accepts(f"a whole number of at least {MIN_MAX_CONNECTIONS} (one is the shared pub/sub connection)"),
+]
 
 
 def _redis_url(value: str) -> str:
@@ -88,8 +99,8 @@ def _text(value: str | None) -> str | None:
     return value
 
 
-def _prefix(value: str) -> str:
-    if not ID_PATTERN.match(value):
+def _prefix(value: str | None) -> str | None:
+    if value is not None and not ID_PATTERN.match(value):
         raise ValueError("not an id")
     return value
 
@@ -103,6 +114,8 @@ RedisUrl = Annotated[
     str, AfterValidator(_redis_url), Accepts("a redis://, rediss:// (TLS) or unix:// URL naming a host or socket")
 ]
 Prefix = Annotated[str, AfterValidator(_prefix), Accepts("1-200 characters from [A-Za-z0-9_.:@-]")]
+#: An id set by the operator (``SMITH_WORKER_ID``), or None when unset.
+OptionalId = Annotated[str | None, AfterValidator(_prefix), Accepts("1-200 characters from [A-Za-z0-9_.:@-]")]
 Sentinels = Annotated[
     str | None, AfterValidator(_sentinels), Accepts("a comma-separated list of host:port Sentinel addresses")
 ]
@@ -133,6 +146,9 @@ class ClientSettings(BaseModel):
     redis_sentinels: Sentinels = Field(None, description="Sentinels to ask for the master (with the master's name)")
     redis_sentinel_master: OptionalText = Field(None, description="name of the Sentinel-monitored master")
     redis_socket_timeout: Seconds = Field(DEFAULT_SOCKET_TIMEOUT, description="bound on one Redis connect or command")
+    redis_max_connections: ConnectionCap = Field(
+        DEFAULT_MAX_CONNECTIONS, description="cap on one client's Redis connections (not the workers')"
+    )
     turn_ttl: WholeSeconds = Field(DEFAULT_TURN_TTL, description="lifetime of a turn's keys after its last write")
     history_ttl: WholeSeconds = Field(
         DEFAULT_HISTORY_TTL, description="idle lifetime of a conversation's keys after its last write"

@@ -122,6 +122,7 @@ def _worker_main(argv: list[str] | None) -> None:
     worker = build_worker(load_app(args.app), args.queue)
     worker.run()
     runtime = worker.ctx["runtime"]
+    runtime.check_id_kept()
     if runtime.restart_requested and not worker.terminated:
         restart_process()
     exit_past_overrunning_threads(runtime.executors.overrunning if runtime.executors else 0)

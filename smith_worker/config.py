@@ -15,7 +15,7 @@ from pydantic import AfterValidator, Field, ValidationError
 
 from smith_client.connection import connect_redis
 from smith_client.errors import ConfigurationError
-from smith_client.settings import Accepts, ClientSettings, Count, OptionalText, Seconds, Secret, Text
+from smith_client.settings import Accepts, ClientSettings, Count, OptionalId, OptionalText, Seconds, Secret, Text
 from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES
 from smith_worker.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
 from smith_worker.llm.types import LlmClientConfig, check_base_url
@@ -89,6 +89,9 @@ class Settings(ClientSettings):
     )
     log_level: LogLevel = Field("INFO", description="level of smith-worker's log (--log-level)")
     log_jobs: Flag = Field(False, description="log every job and model request at INFO too (--log-jobs)")
+    worker_id: OptionalId = Field(
+        None, description="this process's worker id, claimed in Redis (default <host>:<pid>:<queue>:<random>)"
+    )
 
     def connect_redis(self, socket_timeout: float | None = None) -> ArqRedis:
         """A Redis client for these settings (URL, or Sentinel when configured).

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from arq.connections import ArqRedis
 from redis.exceptions import ResponseError
 
 from smith_client import scripts
+from smith_client.errors import ConfigurationError
 from smith_client.eventlog import EventLog
 from smith_client.keys import REGISTRATION_TTL, Keys
 from smith_worker.app import SmithApp
@@ -35,7 +37,7 @@ from smith_worker.isolation import ToolExecutors
 from smith_worker.metrics import WorkerMetrics
 from smith_worker.redaction import SENSITIVE_HEADERS, install_log_redaction, register_secrets, url_credentials
 from smith_worker.redis_health import RedisHealth
-from smith_worker.registration import register_worker, unregister_worker
+from smith_worker.registration import Holder, register_worker, unregister_worker
 from smith_worker.sources import SourceContext
 from smith_worker.tasks import cancel_and_wait
 
@@ -72,6 +74,10 @@ class TurnServices:
         await self.http.aclose()
 
 
+#: Seconds between two looks at a worker id another process holds, at start-up (:meth:`WorkerRuntime.start`).
+CLAIM_POLL = 0.5
+
+
 def new_worker_id(queue: str) -> str:
     """``<host>:<pid>:<queue>:<random>``: unique per process start."""
     return f"{socket.gethostname()}:{os.getpid()}:{queue}:{uuid.uuid4().hex[:6]}"
@@ -97,13 +103,17 @@ class WorkerRuntime:
     stop_taking_jobs: Callable[[], None] | None = None
     #: Set when the worker drains to restart (too many overrunning tool threads): the CLI re-executes it.
     restart_requested: bool = False
+    #: Set when another process took this worker's id (see :meth:`_lose_id`): it drains, then exits with an error.
+    id_lost: bool = False
+    #: This process start's token in its registration: who holds the worker id (smith_worker/registration.py).
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex)
     _background: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.settings.prefix, self.settings.turn_ttl, self.settings.history_ttl)
         self.events = EventLog(self.redis, self.keys)
         self.pipeline = AutoPipeline(self.redis)
-        self.worker_id = self.worker_id or new_worker_id(self.queue)
+        self.worker_id = self.worker_id or self.settings.worker_id or new_worker_id(self.queue)
 
     def _running_count(self) -> int:
         """Turns running in this process (0 on a tool worker), for the metrics."""
@@ -164,7 +174,7 @@ class WorkerRuntime:
             self.worker_id,
             self.executors.overrunning if self.executors else 0,
         )
-        self._background.append(asyncio.create_task(self._register()))  # readiness: "draining"
+        self._background.append(asyncio.create_task(self._heartbeat()))  # readiness: "draining"
         if self.stop_taking_jobs is not None:
             self.stop_taking_jobs()
 
@@ -203,7 +213,7 @@ class WorkerRuntime:
             self.turn_services = TurnServices(
                 model_http_client(), replies, ToolJobWaiter(self.redis, self.keys, replies)
             )
-        await self.health.until_ok("registration", self._register)
+        await self._claim_id()
         self._background.append(asyncio.create_task(self._heartbeat_loop()))
         logger.info("worker %s started on queue %s", self.worker_id, self.queue)
 
@@ -218,7 +228,7 @@ class WorkerRuntime:
         remove_heartbeat(heartbeat_path(self.settings, self.queue))
         self.metrics.close()
         with contextlib.suppress(Exception):
-            await unregister_worker(self.redis, self.keys, self.worker_id)
+            await unregister_worker(self.redis, self.keys, self.worker_id, self.instance)
         for source in self.app.all_sources():
             try:
                 await source.close()
@@ -246,9 +256,11 @@ class WorkerRuntime:
                 policy,
             )
 
-    async def _register(self) -> None:
+    async def _register(self) -> Holder | None:
+        """Claim or renew the worker id; the other process holding it, if one does (nothing written then)."""
         info = {
             "id": self.worker_id,
+            "instance": self.instance,
             "queue": self.queue,
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -258,14 +270,75 @@ class WorkerRuntime:
             "draining": self.restart_requested,
             "overrunning_threads": self.executors.overrunning if self.executors else 0,
         }
-        await register_worker(self.redis, self.keys, self.worker_id, info, REGISTRATION_TTL)
+        return await register_worker(self.redis, self.keys, self.worker_id, info, REGISTRATION_TTL)
+
+    async def _claim_id(self) -> None:
+        """Register, claiming the worker id; waits (backing off) while Redis does not answer.
+
+        An id another process holds is waited for, up to one registration
+        lifetime (:data:`REGISTRATION_TTL`, 15 s): a holder that died without
+        unregistering (kill -9, a crash, a lost host) renews it no more, so it
+        lapses and this process takes the id; a restart after a graceful stop
+        (which unregisters) starts at once. A holder that renews it meanwhile
+        (every ``REGISTRATION_TTL / 3`` s) is alive: :class:`ConfigurationError`
+        naming it, and ``smith-worker`` exits 1, since two processes sharing an
+        id would pass for each other (a dead one's tool calls would look alive).
+        """
+        deadline = time.monotonic() + REGISTRATION_TTL + 1
+        seen: Holder | None = None
+        while (holder := await self.health.until_ok("registration", self._register)) is not None:
+            if seen is None:
+                logger.warning(
+                    "worker id %s is registered by %s; waiting up to %d s for that registration to lapse",
+                    self.worker_id, holder.describe(), REGISTRATION_TTL,
+                )  # fmt: skip
+            elif _renewed(seen, holder) or time.monotonic() > deadline:
+                raise ConfigurationError(
+                    f"worker id {self.worker_id!r} is held by a live worker ({holder.describe()}): "
+                    "give each worker process its own SMITH_WORKER_ID, or leave it unset",
+                    setting="SMITH_WORKER_ID",
+                )
+            seen = holder
+            await asyncio.sleep(CLAIM_POLL)
+
+    def _lose_id(self, holder: Holder) -> None:
+        """Another process took this worker's id while its registration had lapsed (this process was frozen or
+        cut off from Redis for over :data:`REGISTRATION_TTL` s): it stops taking jobs, drains and exits with
+        :meth:`check_id_kept`'s error, so the two never run side by side."""
+        logger.error(
+            "worker %s: the id was taken by %s while this worker could not renew it; draining and exiting",
+            self.worker_id, holder.describe(),
+        )  # fmt: skip
+        self.id_lost = True
+        if self.stop_taking_jobs is not None:
+            self.stop_taking_jobs()
+
+    def check_id_kept(self) -> None:
+        """Raise :class:`ConfigurationError` when this worker stopped because another process took its id."""
+        if self.id_lost:
+            raise ConfigurationError(
+                f"worker {self.worker_id!r} stopped: another process took its id (SMITH_WORKER_ID)",
+                setting="SMITH_WORKER_ID",
+            )
+
+    async def _heartbeat(self) -> None:
+        """Renew the registration once; another process holding the id makes this one lose it (:meth:`_lose_id`)."""
+        try:
+            holder = await self._register()
+        except Exception as exc:  # Redis blip: the next beat retries (it re-registers after a Redis restart)
+            self.health.failed("the worker heartbeat", exc)
+            return
+        self.health.ok()
+        if holder is not None and not self.id_lost:
+            self._lose_id(holder)
 
     async def _heartbeat_loop(self) -> None:
-        while True:
+        while not self.id_lost:
             await asyncio.sleep(REGISTRATION_TTL / 3)
-            try:
-                await self._register()
-            except Exception as exc:  # Redis blip: the next beat retries (it re-registers after a Redis restart)
-                self.health.failed("the worker heartbeat", exc)
-            else:
-                self.health.ok()
+            await self._heartbeat()
+
+
+def _renewed(before: Holder, now: Holder) -> bool:
+    """Whether the id's registration was written again between two looks (its holder is alive): another
+    process instance holds it, or its lifetime went up."""
+    return now.registration.get("instance") != before.registration.get("instance") or now.ttl_ms > before.ttl_ms

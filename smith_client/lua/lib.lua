@@ -96,3 +96,12 @@ local function publish_event(seq_key, log, channel, state, once, body, max_len, 
   redis.call('PUBLISH', channel, payload)
   return seq
 end
+
+-- A worker registration (smith_worker/registration.py) at `key`, and whether the process instance
+-- `instance` wrote it (its JSON's "instance"); nil, true when there is none.
+local function registration(key, instance)
+  local held = redis.call('GET', key)
+  if not held then return nil, true end
+  local ok, holder = pcall(cjson.decode, held)
+  return held, ok and type(holder) == 'table' and holder['instance'] == instance
+end

@@ -19,6 +19,14 @@ other status, bad JSON, stream error       no retry
 
 Backoff before retry *n* (1-based): ``backoff_base * 2**(n-1) + uniform(0, 0.25)``
 seconds, capped at 8 s. Every wait goes through the injected ``sleep``.
+
+Two deadlines bound a call, retries and their waits included (issue 8):
+``response_timeout`` the whole response, and, until the first data arrives
+(an SSE data line; a non-streamed response's whole body), the silence budget
+:attr:`~smith_worker.llm.types.LlmClientConfig.silence_budget`
+(``2 × request_timeout``): a model that takes requests and never answers fails
+its call then, whatever ``max_retries`` (the seed's "retry up to N times" holds
+within it), not after ``(max_retries + 1) × request_timeout`` plus the backoffs.
 """
 
 from __future__ import annotations
@@ -101,7 +109,8 @@ class LlmClient:
     cannot be read, once retries are exhausted, or a stream cut after bytes
     arrived), ``SmithTimeoutError``
     (``operation="chat_completions"``, ``budget=request_timeout``: a phase or
-    a stream's wait for its next data line; ``operation="llm.response"``,
+    a stream's wait for its next data line, ``budget=silence_budget``: no data
+    within 2 × ``request_timeout``, retries included; ``operation="llm.response"``,
     ``budget=response_timeout``: the whole response, retries included),
     ``ParseError`` (malformed JSON or shape). ``asyncio.CancelledError``
     propagates after the HTTP request is closed.
@@ -179,7 +188,7 @@ class LlmClient:
     async def complete(self, req: LlmRequest) -> LlmResponse:
         """Post a non-streamed request and parse the completion (seed §8.3). Errors: see class doc."""
         content, headers = self._prepare(req, stream=False)
-        response = await self._whole_response(lambda: self._complete_once(content, headers))
+        response = await self._whole_response(lambda _silence: self._complete_once(content, headers))
         reader = self._json_reply(req)
         return reader.finish(response) if reader else response
 
@@ -195,8 +204,10 @@ class LlmClient:
         content, headers = self._prepare(req, stream=True)
         reader = self._json_reply(req, on_event)
         if reader is None:
-            return await self._whole_response(lambda: self._stream_once(content, headers, on_event))
-        return reader.finish(await self._whole_response(lambda: self._stream_once(content, headers, reader.on_event)))
+            return await self._whole_response(lambda silence: self._stream_once(content, headers, on_event, silence))
+        return reader.finish(
+            await self._whole_response(lambda silence: self._stream_once(content, headers, reader.on_event, silence))
+        )
 
     def _json_reply(self, req: LlmRequest, on_event: OnEvent | None = None) -> JsonReplyReader | None:
         """The reader mapping a json_schema reply back to tool calls or content (None in native mode)."""
@@ -204,21 +215,31 @@ class LlmClient:
             return JsonReplyReader(on_event)
         return None
 
-    async def _whole_response(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
-        """:meth:`_with_retries`, all attempts bounded by ``response_timeout`` (never retried after it fires)."""
-        budget = self.config.response_timeout
-        bound = asyncio.timeout(budget)
+    async def _whole_response(self, attempt: Callable[[asyncio.Timeout], Awaitable[_T]]) -> _T:
+        """:meth:`_with_retries`, all attempts bounded by ``response_timeout`` and, until the first data arrives,
+        by the silence budget (never retried after either fires; see the module docstring).
+
+        ``attempt(silence)`` lifts the silence budget with ``silence.reschedule(None)`` when data arrives.
+        """
+        budget, silent = self.config.response_timeout, self.config.silence_budget
+        whole, silence = asyncio.timeout(budget), asyncio.timeout(silent)
         try:
-            async with bound:
-                return await self._with_retries(attempt)
+            async with whole, silence:
+                return await self._with_retries(lambda: attempt(silence))
         except TimeoutError as exc:
-            if not bound.expired():
-                raise
-            raise SmithTimeoutError(
-                f"the model's response did not end within {budget:g} s (response_timeout)",
-                operation=RESPONSE_OPERATION,
-                budget=budget,
-            ) from exc
+            if whole.expired():
+                raise SmithTimeoutError(
+                    f"the model's response did not end within {budget:g} s (response_timeout)",
+                    operation=RESPONSE_OPERATION,
+                    budget=budget,
+                ) from exc
+            if silence.expired():
+                raise SmithTimeoutError(
+                    f"the model sent no data within {silent:g} s (2 x request_timeout, retries included)",
+                    operation=OPERATION,
+                    budget=silent,
+                ) from exc
+            raise
 
     def _prepare(self, req: LlmRequest, *, stream: bool) -> tuple[bytes, dict[str, str]]:
         content = orjson.dumps(self.build_body(req, stream=stream))
@@ -246,7 +267,9 @@ class LlmClient:
             logger.debug("response body=%s", redact_body(body, [self.config.api_key]))
         return parse_completion(body)
 
-    async def _stream_once(self, content: bytes, headers: dict[str, str], on_event: OnEvent) -> LlmResponse:
+    async def _stream_once(
+        self, content: bytes, headers: dict[str, str], on_event: OnEvent, silence: asyncio.Timeout
+    ) -> LlmResponse:
         with self._network_errors(retryable=True):
             async with self._http.stream(
                 "POST", self.config.chat_completions_url, content=content, headers=headers, timeout=self._timeout()
@@ -255,7 +278,7 @@ class LlmClient:
                     raise await self._error_reply(response)
                 if _is_json(response):
                     return await self._consume_json(response, on_event)
-                return await self._consume_stream(response, on_event)
+                return await self._consume_stream(response, on_event, silence)
 
     async def _error_reply(self, response: httpx.Response) -> Exception:
         """The error for a non-2xx reply (see :func:`_status_failure`). A body that cannot be decoded (a broken
@@ -286,11 +309,13 @@ class LlmClient:
             await _deliver(on_event, event)
         return result
 
-    async def _consume_stream(self, response: httpx.Response, on_event: OnEvent) -> LlmResponse:
+    async def _consume_stream(
+        self, response: httpx.Response, on_event: OnEvent, silence: asyncio.Timeout
+    ) -> LlmResponse:
         """Decode the body as it arrives; once a byte arrived, failures are final (no retry).
 
         Bytes are counted before they are parsed: the read that crosses
-        ``max_response_bytes`` ends the call with ``ParseError``.
+        ``max_response_bytes`` ends the call with ``ParseError``. The first data frame lifts ``silence``.
         """
         decoder = ChatStreamDecoder()
         delivered = False
@@ -312,6 +337,8 @@ class LlmClient:
                 for event in events:
                     await _deliver(on_event, event)
                 if decoder.frames != frames:  # only data frames show progress; comments and blank lines do not
+                    if not frames:
+                        silence.reschedule(None)
                     frames, idle_until = decoder.frames, loop.time() + self.config.request_timeout
                 if chunk is None:
                     break

@@ -20,6 +20,9 @@ from smith_worker.redaction import register_secrets, url_credentials
 
 #: Default cap on one response body, in bytes (4 MiB).
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+#: A call that has no data yet ends this many ``request_timeout`` after it started (``silence_budget``): one
+#: retry of a silent attempt, not ``max_retries`` of them, so the retries never multiply the longest silence.
+SILENCE_TIMEOUTS = 2
 
 
 def check_base_url(value: str) -> str:
@@ -91,13 +94,21 @@ class LlmClientConfig(BaseModel):
 
     * ``base_url`` includes ``/v1`` (like the OpenAI SDK); requests go to
       ``{base_url}/chat/completions``.
-    * ``request_timeout`` (seconds): the budget of each network phase of one
+    * ``request_timeout`` (seconds, 60): the budget of each network phase of one
       attempt (connect, write, and the wait for each read — for a stream, the
       longest wait for the next SSE data line: keep-alive comments and blank
       lines do not reset it).
-    * ``response_timeout`` (seconds): the bound on one whole response,
+    * :attr:`silence_budget` (``2 × request_timeout``, not settable): until its
+      first data arrives (an SSE data line; a non-streamed response's whole
+      body), a call ends within it, all attempts and retry waits included,
+      whatever ``max_retries`` (``SmithTimeoutError``, operation
+      ``chat_completions``, ``budget`` = the silence budget); so a silent model
+      fails a call in 120 s with the defaults, not in 4 × 60 s plus backoffs.
+    * ``response_timeout`` (seconds, 300): the bound on one whole response,
       retries included; when it fires the call raises ``SmithTimeoutError``
-      (operation ``llm.response``) and is not retried (issue 8).
+      (operation ``llm.response``) and is not retried (issue 8). Once data
+      flows it is the only bound of a long answer besides ``request_timeout``
+      between data lines; one below the silence budget bounds the silence too.
     * ``max_retries``: retries after the first attempt (3 → up to 4 attempts).
     * ``max_retry_after`` (seconds): the longest ``Retry-After`` honoured; a
       longer one fails at once.
@@ -145,6 +156,11 @@ class LlmClientConfig(BaseModel):
             self._basic_auth = f"Basic {token}"
             register_secrets(password, token)
         register_secrets(self.api_key)
+
+    @property
+    def silence_budget(self) -> float:
+        """Seconds a call may go without data, all its attempts included: ``2 × request_timeout`` (see above)."""
+        return SILENCE_TIMEOUTS * self.request_timeout
 
     @property
     def authorization(self) -> str | None:

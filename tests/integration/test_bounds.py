@@ -109,6 +109,20 @@ async def test_model_trickling_keep_alives_ends_at_response_timeout(bound_client
     assert scripted_llm.attempts(key) == 1
 
 
+async def test_a_silent_model_ends_the_turn_within_twice_the_read_timeout(bound_client, scenario, scripted_llm):
+    """The model sends its response head, then nothing. ``max_retries=10`` would allow 11 silent attempts of
+    ``request_timeout`` (1 s) and the backoffs between them (over a minute); the silence budget ends the call,
+    and so the turn (not re-run), at 2 x request_timeout."""
+    key, marker = scenario(Reply.silent())
+    started = time.monotonic()
+    with pytest.raises(SmithTimeoutError) as info:
+        await bound_client.send(f"{marker} hello?", conversation_id=f"c-{key}", agent="silence_bounded", timeout=120)
+    elapsed = time.monotonic() - started
+    assert (info.value.operation, info.value.budget) == ("chat_completions", 2.0)
+    assert elapsed < 5 * 2.0  # 2 x request_timeout x the one run of the turn, with a generous margin
+    assert scripted_llm.attempts(key) == 2  # one retry after the first silence, cut short by the budget
+
+
 @pytest.fixture(scope="module")
 async def strict_fleet(redis_url, scripted_llm):
     """A supervised turn worker with a short job timeout and a single attempt per turn."""

@@ -307,6 +307,8 @@ async def kills_its_worker(label: str) -> str:
 app.agent("deadly", tools=[kills_its_worker, add])
 # a model that never finishes meets response_timeout long before request_timeout (60 s default)
 app.agent("response_bounded", llm={"response_timeout": 3.0})
+# a model silent after its response head: 11 attempts allowed, the silence budget (2 x 1 s) ends the call
+app.agent("silence_bounded", llm={"request_timeout": 1.0, "max_retries": 10})
 # with SMITH_TURN_JOB_TIMEOUT shorter than this, the job timeout ends the turn first
 app.agent("response_unbounded", llm={"response_timeout": 120.0, "request_timeout": 120.0})
 

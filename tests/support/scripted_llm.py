@@ -151,8 +151,8 @@ class Reply:
     """One scripted HTTP reply, rendered against the request it answers.
 
     Build with the class methods: :meth:`text`, :meth:`tool_calls`,
-    :meth:`raw`, :meth:`json`, :meth:`error`, :meth:`stall`,
-    :meth:`sequence`. ``text`` and ``tool_calls`` stream SSE when the
+    :meth:`raw`, :meth:`json`, :meth:`error`, :meth:`stall`, :meth:`silent`,
+    :meth:`trickle`, :meth:`sequence`. ``text`` and ``tool_calls`` stream SSE when the
     request has ``stream: true`` and answer one JSON completion otherwise.
     """
 
@@ -276,6 +276,13 @@ class Reply:
     def stall(cls) -> Reply:
         """Read the request, then never answer (until the client closes or the server stops)."""
         plan = WirePlan(stall=True)
+        return cls(lambda _request: plan)
+
+    @classmethod
+    def silent(cls) -> Reply:
+        """A 200 SSE head, then nothing, ever (a model hung after taking the request)."""
+        never = threading.Event()
+        plan = WirePlan(headers={"Content-Type": "text/event-stream"}, chunks=(b"", b"data: {}\n\n"), gate=never)
         return cls(lambda _request: plan)
 
     @classmethod

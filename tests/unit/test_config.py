@@ -54,6 +54,8 @@ BAD_VALUES = {
     "SMITH_REDIS_SENTINELS": ["nohost", "s1:port"],
     "SMITH_REDIS_SENTINEL_MASTER": [" ", "m\n"],
     "SMITH_REDIS_SOCKET_TIMEOUT": ["0", "-1", "soon", "inf", "nan"],
+    "SMITH_REDIS_MAX_CONNECTIONS": ["1", "0", "many", "2.5"],
+    "SMITH_WORKER_ID": ["a b", "x" * 201],
     "SMITH_TURN_TTL": ["0", "-5", "1.5", "day"],
     "SMITH_HISTORY_TTL": ["0", "-1"],
     "SMITH_LLM_BASE_URL": ["notaurl", "ftp://h/v1", "http:///v1", "http://h:99999/v1", "127.0.0.1:8080/v1"],

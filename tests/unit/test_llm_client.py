@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from smith_client.errors import ConfigurationError, LlmApiError, ParseError, SmithTimeoutError, TransportError
 from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
@@ -439,14 +440,53 @@ async def test_connection_refused_is_retried_with_backoff_then_transport_error(h
 @pytest.mark.parametrize("stream", [False, True])
 async def test_stalled_server_times_out_and_is_retried(harness, stream):
     key = harness.scenario(Reply.stall())
+    async with harness.client(request_timeout=0.3, max_retries=1, response_timeout=30.0) as client:
+        with pytest.raises(SmithTimeoutError) as info:
+            await call(client, request_for(key), stream)
+    # the retry (sleeps are not waited here) ends with the silence budget: 2 x request_timeout
+    assert (info.value.operation, info.value.budget) == ("chat_completions", 0.6)
+    assert "no data within 0.6 s" in info.value.message
+    assert harness.server.attempts(key) == 2
+    assert harness.sleeps == [0.5 + JITTER]
+    assert await harness.server.wait_until_async(lambda: all(r.closed_early for r in harness.server.requests_for(key)))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_last_timeout_of_a_call_says_its_real_cost(harness, stream):
+    """Retries within the silence budget: the timeout that ends them names the attempts, not one budget."""
+    key = harness.scenario(Reply.sequence(Reply.error(503), Reply.stall()))
     async with harness.client(request_timeout=0.3, max_retries=1) as client:
         with pytest.raises(SmithTimeoutError) as info:
             await call(client, request_for(key), stream)
     assert (info.value.operation, info.value.budget) == ("chat_completions", 0.3)
-    assert "(after 2 attempts in " in info.value.message  # the real cost, not one budget
+    assert "(after 2 attempts in " in info.value.message
     assert harness.server.attempts(key) == 2
-    assert harness.sleeps == [0.5 + JITTER]
-    assert await harness.server.wait_until_async(lambda: all(r.closed_early for r in harness.server.requests_for(key)))
+
+
+@pytest.mark.parametrize("reply", [Reply.stall, Reply.silent], ids=["no-head", "head-then-nothing"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_silent_model_ends_within_the_silence_budget_whatever_the_retries(harness, stream, reply):
+    """max_retries=10 and response_timeout=100 s would allow 11 silent attempts; 2 x request_timeout ends them."""
+    key = harness.scenario(reply())
+    started = time.monotonic()
+    async with harness.client(request_timeout=0.3, max_retries=10, response_timeout=100.0) as client:
+        with pytest.raises(SmithTimeoutError) as info:
+            await call(client, request_for(key), stream)
+    assert (info.value.operation, info.value.budget) == ("chat_completions", 0.6)
+    assert time.monotonic() - started < 5 * 0.6
+    assert harness.server.attempts(key) <= 3  # the retries fit in the budget, not 11 of them
+
+
+def test_the_default_model_timeouts_bound_a_silent_call_by_twice_the_read_timeout():
+    defaults = LlmClientConfig(base_url="http://127.0.0.1:1/v1", model="m")
+    assert (defaults.request_timeout, defaults.response_timeout, defaults.max_retries) == (60.0, 300.0, 3)
+    assert defaults.silence_budget == 2 * defaults.request_timeout == 120.0
+    # retries and a longer response_timeout cannot stretch it: the budget is derived, not set
+    lavish = LlmClientConfig(base_url="http://127.0.0.1:1/v1", model="m", request_timeout=5.0, max_retries=50,
+                             response_timeout=10_000.0)
+    assert lavish.silence_budget == 10.0
+    with pytest.raises(ValidationError):
+        LlmClientConfig(base_url="http://127.0.0.1:1/v1", model="m", silence_budget=500.0)
 
 
 async def test_keep_alive_comments_do_not_reset_the_idle_timeout(harness):

@@ -11,7 +11,18 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from smith_client import SmithClient
 from smith_client.sync_client import SyncSmithClient
-from smith_client.connection import DEFAULT_SOCKET_TIMEOUT, HEALTH_CHECK_INTERVAL, connect_redis
+from smith_client.connection import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_SOCKET_TIMEOUT,
+    HEALTH_CHECK_INTERVAL,
+    BoundedPool,
+    BoundedSentinelPool,
+    ConnectOutsideLockPool,
+    SyncBoundedPool,
+    SyncBoundedSentinelPool,
+    client_max_connections,
+    connect_redis,
+)
 from smith_client.errors import ConfigurationError
 from smith_client.settings import ClientSettings
 from smith_worker.redis_health import BACKOFF_CAP, RedisHealth, backoff_delay
@@ -42,6 +53,35 @@ def test_every_connection_is_bounded(monkeypatch):
     assert client.redis.connection_pool.connection_kwargs["socket_timeout"] == 1.5
     sync_kwargs = SyncSmithClient.from_url("redis://127.0.0.1:1/0").redis.connection_pool.connection_kwargs
     assert (sync_kwargs["socket_timeout"], sync_kwargs["health_check_interval"]) == (7.0, HEALTH_CHECK_INTERVAL)
+
+
+def test_a_clients_pool_is_capped_and_its_wait_bounded_a_workers_is_not(monkeypatch):
+    monkeypatch.delenv("SMITH_REDIS_MAX_CONNECTIONS", raising=False)
+    pool = SmithClient.from_url("redis://127.0.0.1:1/0", socket_timeout=1.5).redis.connection_pool
+    assert (type(pool), pool.max_connections, pool.timeout) == (BoundedPool, DEFAULT_MAX_CONNECTIONS, 1.5)
+    monkeypatch.setenv("SMITH_REDIS_MAX_CONNECTIONS", "7")
+    pool = SyncSmithClient.from_url("redis://127.0.0.1:1/0", pool_timeout=0.5).redis.connection_pool
+    assert (type(pool), pool.max_connections, pool.timeout) == (SyncBoundedPool, 7, 0.5)
+    sentinel = {"sentinels": "a:1", "sentinel_master": "m"}
+    pool = SmithClient.from_url("redis://x/0", max_connections=3, **sentinel).redis.connection_pool
+    assert (type(pool), pool.max_connections) == (BoundedSentinelPool, 3)
+    pool = SyncSmithClient.from_url("redis://x/0", **sentinel).redis.connection_pool
+    assert (type(pool), pool.max_connections) == (SyncBoundedSentinelPool, 7)
+    assert type(connect_redis("redis://127.0.0.1:1/0").connection_pool) is ConnectOutsideLockPool  # workers'
+
+
+@pytest.mark.parametrize("raw", ["many", "1", "0", "-3", "2.5"])
+def test_a_connection_cap_below_two_or_not_a_whole_number_is_a_configuration_error(monkeypatch, raw):
+    monkeypatch.setenv("SMITH_REDIS_MAX_CONNECTIONS", raw)
+    with pytest.raises(ConfigurationError) as info:
+        SmithClient.from_url("redis://127.0.0.1:1/0")
+    assert info.value.setting == "SMITH_REDIS_MAX_CONNECTIONS"
+    with pytest.raises(ConfigurationError):
+        client_max_connections(1)
+    with pytest.raises(ConfigurationError):
+        SmithClient.from_url("redis://127.0.0.1:1/0", max_connections=1)
+    with pytest.raises(ConfigurationError):
+        SmithClient.from_url("redis://127.0.0.1:1/0", max_connections=5, pool_timeout=0)
 
 
 def test_backoff_grows_with_jitter_up_to_the_cap():
