@@ -136,21 +136,20 @@ STARTUP_LOG_LINES = 10
 
 
 def start_redis_server(
-    port: int | None = None,
-    log_path: Path | None = None,
-    password: str | None = None,
-    aof_dir: Path | None = None,
+    port: int | None = None, log_path: Path | None = None, password: str | None = None, *, aof_dir: Path | None = None
 ) -> tuple[ManagedProcess, str]:
-    """Start a private, diskless ``redis-server`` on 127.0.0.1; return it and its URL.
+    """Start a private ``redis-server`` on 127.0.0.1, diskless unless ``aof_dir`` is given; return it and its URL.
 
     The server works in a fresh temporary directory of its own (its ``--dir``, where a
     replica's full sync or a SHUTDOWN SAVE would write ``dump.rdb``), removed when the
     process is stopped. Its log (redis's own lines, on its stdout, and anything it prints
     before it can log) goes to ``log_path``, opened here (relative to the caller's cwd),
     else to a file in that directory. With ``password`` the server requires it
-    (``requirepass``) and the URL carries it. With ``aof_dir`` it persists to an
-    append-only file in that directory instead: started again there after a clean stop
-    (SIGTERM), it has every key back (Redis docs, "Redis persistence").
+    (``requirepass``) and the URL carries it. With ``aof_dir`` (an existing directory,
+    the caller's: never removed here) the server works there instead and keeps an
+    append-only file (``appendonly yes``, ``appendfsync always``: a write is on disk
+    before Redis acknowledges it, so even a SIGKILL loses no acknowledged write); a
+    server started again on the same directory loads it (redis.conf, "APPEND ONLY MODE").
 
     Raises :class:`ConfigurationError` when ``redis-server`` is not installed or exits
     before it answers (the message quotes the last :data:`STARTUP_LOG_LINES` lines of
@@ -161,19 +160,17 @@ def start_redis_server(
     if binary is None:
         raise ConfigurationError("redis-server is not installed (apt-get install redis-server)", setting="redis")
     port = port or free_port()
-    workdir = tempfile.mkdtemp(prefix="smith-redis-")
+    workdir = str(aof_dir) if aof_dir else tempfile.mkdtemp(prefix="smith-redis-")
     log_file = log_path or Path(workdir, "redis.log")
     log_start = log_file.stat().st_size if log_file.exists() else 0
+    persistence = ["--appendonly", "yes", "--appendfsync", "always"] if aof_dir else ["--appendonly", "no"]
     # --logfile "": log to stdout (redis.conf, "logfile"), which ManagedProcess writes to log_file
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence]
     argv += ["--dir", workdir, "--loglevel", "warning", "--logfile", ""]
     if password:
         argv += ["--requirepass", password]
-    if aof_dir is not None:  # later options override earlier ones
-        argv += ["--appendonly", "yes", "--dir", str(aof_dir)]
-    proc = ManagedProcess(
-        argv, log_path=log_file, grace=5.0, cleanup=lambda: shutil.rmtree(workdir, ignore_errors=True)
-    ).start()
+    cleanup = None if aof_dir else lambda: shutil.rmtree(workdir, ignore_errors=True)
+    proc = ManagedProcess(argv, log_path=log_file, grace=5.0, cleanup=cleanup).start()
     url = f"redis://{f':{password}@' if password else ''}127.0.0.1:{port}/0"
 
     def started() -> bool:

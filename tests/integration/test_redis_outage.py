@@ -254,3 +254,26 @@ async def test_a_worker_refused_by_redis_exits_with_a_configuration_error(script
     finally:
         procs[0].stop()
         redis_proc.stop()
+
+
+def test_a_server_on_an_append_only_dir_keeps_acknowledged_writes_through_a_kill(tmp_path):
+    """``start_redis_server(aof_dir=...)`` (the soak's Redis restart): a SIGKILLed server started again on the same
+    directory has every write it acknowledged (``appendfsync always``); the directory is left to its owner."""
+    port, data = free_port(), tmp_path / "data"
+    data.mkdir()
+    redis_proc, url = start_redis_server(port, log_path=tmp_path / "redis.log", aof_dir=data)
+    try:
+        client = sync_redis.Redis.from_url(url)
+        for i in range(100):
+            client.set(f"k{i}", i)
+        client.close()
+        redis_proc.signal(signal.SIGKILL)
+        redis_proc.stop()
+        assert data.is_dir()
+        redis_proc, url = start_redis_server(port, log_path=tmp_path / "redis.log", aof_dir=data)
+        client = sync_redis.Redis.from_url(url)
+        assert client.dbsize() == 100 and client.get("k99") == b"99"
+        client.close()
+    finally:
+        redis_proc.stop()
+    assert data.is_dir()
