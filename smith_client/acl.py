@@ -45,6 +45,8 @@ TENANT_COMMANDS = (
     "hgetall",
     "hincrby",
     "hdel",
+    "sadd",  # capability sets (smith_worker/registration.py) and their reads in scripts
+    "sismember",
     "lrange",
     "lrem",
     "rpush",
@@ -58,6 +60,7 @@ TENANT_COMMANDS = (
     "zcard",
     "zcount",
     "zscore",
+    "zmscore",
     "zrange",
     "zrangebyscore",
     "zremrangebyscore",

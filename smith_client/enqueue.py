@@ -9,6 +9,13 @@ the job to the queue and pushes a token on the queue's wake-up list
 on that list starts the job at once instead of at its next poll. A tool
 dispatch asks, in the same round trip, whether the call is answered already
 (:func:`enqueue_unless`).
+
+A job may name what it ``requires`` to run (a turn job its agent, a tool job
+its tool: ``smith_worker/routing.py``): in a fleet whose workers serve
+different things (a rolling deploy: v1 and v2 workers live), only a worker
+whose capability set holds it claims it, and its wake-up token goes only to
+such workers (``lua/lib.lua``). A tool dispatch also asks to be refused when
+live workers exist but none serves the tool (:attr:`Enqueued.UNSERVED`).
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ class Enqueued(enum.Enum):
     EXISTING = 0
     #: nothing enqueued: the skip key exists
     SKIPPED = -1
+    #: nothing enqueued: live workers exist, but none serves what the job requires
+    UNSERVED = -2
 
 
 def enqueue_call(
@@ -43,6 +52,8 @@ def enqueue_call(
     queue: str,
     defer: float | None = None,
     skip_key: str | None = None,
+    requires: str = "",
+    refuse_unserved: bool = False,
 ) -> tuple[list[str], list[Any]]:
     """The ``KEYS`` and ``ARGV`` of the ``enqueue`` script for one job.
 
@@ -50,35 +61,51 @@ def enqueue_call(
     the job as arq's ``_defer_by`` does (score = now + defer, job record kept
     that much longer). Enqueue time and score are epoch ms of the local clock, as in arq.
     With ``skip_key``, nothing is enqueued when that key exists (see :class:`Enqueued`).
+    ``requires`` ("" for nothing) is what a worker must serve to claim the job; with
+    ``refuse_unserved``, nothing is enqueued when live workers exist but none serves it.
     """
     now = now_ms()
     score = now + round(defer * 1000) if defer else now
     job = serialize_job(function, (payload,), {}, None, now, serializer=job_serializer)
-    keys = [Keys.arq_job(job_id), Keys.arq_result(job_id), queue, Keys.wake_list(queue)]
+    keys = [Keys.arq_job(job_id), Keys.arq_result(job_id), queue, Keys.wake_list(queue),
+            Keys.job_requirements(queue), Keys.capability_sets(queue)]  # fmt: skip
     if skip_key is not None:
         keys.append(skip_key)
-    return keys, [score - now + expires_extra_ms, job, score, job_id, WAKE_TTL, WAKE_CAP]
+    args = [score - now + expires_extra_ms, job, score, job_id, WAKE_TTL, WAKE_CAP, requires, int(refuse_unserved),
+            now, *Keys.capability_prefixes(queue)]  # fmt: skip
+    return keys, args
 
 
 async def enqueue_job(
-    redis: Any, function: str, payload: Any, *, job_id: str, queue: str, defer: float | None = None
+    redis: Any,
+    function: str,
+    payload: Any,
+    *,
+    job_id: str,
+    queue: str,
+    defer: float | None = None,
+    requires: str = "",
 ) -> bool:
-    """Enqueue ``function(payload)`` as arq job ``job_id`` on ``queue`` (asyncio redis-py client).
+    """Enqueue ``function(payload)`` as arq job ``job_id`` on ``queue`` (asyncio redis-py client), for a
+    worker that serves ``requires`` ("" for any worker).
 
     Returns False, enqueueing nothing, when arq already has that job id queued,
     running or holding a result (arq's own rule). Raises redis-py's errors.
     """
-    keys, args = enqueue_call(function, payload, job_id=job_id, queue=queue, defer=defer)
+    keys, args = enqueue_call(function, payload, job_id=job_id, queue=queue, defer=defer, requires=requires)
     return bool(await scripts.ENQUEUE(redis, keys, args))
 
 
 async def enqueue_unless(
-    redis: Any, function: str, payload: Any, *, job_id: str, queue: str, skip_key: str
+    redis: Any, function: str, payload: Any, *, job_id: str, queue: str, skip_key: str, requires: str = ""
 ) -> Enqueued:
-    """:func:`enqueue_job`, unless ``skip_key`` exists (checked in the same script call, one round trip).
+    """:func:`enqueue_job`, unless ``skip_key`` exists or no live worker serves ``requires`` (checked in the
+    same script call, one round trip; with no worker registered at all the job is enqueued and waits).
 
     A tool dispatch passes the call's result key, so an answered call is not run again and the
     turn learns it is answered without a read of its own. Raises redis-py's errors.
     """
-    keys, args = enqueue_call(function, payload, job_id=job_id, queue=queue, skip_key=skip_key)
+    keys, args = enqueue_call(
+        function, payload, job_id=job_id, queue=queue, skip_key=skip_key, requires=requires, refuse_unserved=True
+    )
     return Enqueued(int(await scripts.ENQUEUE(redis, keys, args)))

@@ -17,6 +17,11 @@ key                                      what                            lifetim
 ``{p}:turns`` / ``{p}:tools``            arq queues (ZSET)               owned by arq and its workers (*)
 ``{p}:turns:wake`` / ``…:tools:wake``    wake-up tokens (list)           :data:`WAKE_TTL` after the last push,
                                                                          at most :data:`WAKE_CAP` entries
+``{p}:turns:wake:{d}`` (and tools)       tokens for capability set d     :data:`WAKE_TTL`, :data:`WAKE_CAP` (as above)
+``{p}:turns:requires`` (and tools)       job id → what the job needs     its longest-lived job's expiry; an entry
+                                                                         goes when its job leaves the queue
+``{p}:turns:capsets`` (and tools)        live capability sets (ZSET)     pruned by workers; :data:`WORKERS_TTL`
+``{p}:turns:caps:{d}`` (and tools)       what set d's workers serve      :data:`REGISTRATION_TTL` (heartbeat)
 ``{p}:turn:{t}:seq``                     event sequence counter          ``turn_ttl`` after the last event
 ``{p}:turn:{t}:log``                     replay log (Redis Stream)       ``turn_ttl`` after the last event
 ``{p}:turn:{t}:state``                   turn status and result (hash)   ``turn_ttl``
@@ -132,10 +137,40 @@ class Keys:
         return f"{self.prefix}:tools"
 
     @staticmethod
-    def wake_list(queue_name: str) -> str:
+    def wake_list(queue_name: str, capset: str = "") -> str:
         """List of wake-up tokens of arq queue ``queue_name``: every enqueue pushes one, idle workers of
-        the queue block on it (``BLPOP``) instead of polling (smith_worker/pickup.py)."""
-        return f"{queue_name}:wake"
+        the queue block on it (``BLPOP``) instead of polling (smith_worker/pickup.py). With ``capset``
+        (a capability set's digest, :meth:`capability_set`), the tokens of the jobs only some live
+        capability sets serve, one list per set that serves the job (``lua/lib.lua`` ``enqueue_job``)."""
+        return f"{Keys.capability_prefixes(queue_name)[1]}{capset}" if capset else f"{queue_name}:wake"
+
+    @staticmethod
+    def job_requirements(queue_name: str) -> str:
+        """Hash of the queued jobs of ``queue_name`` that need something to run → what they need (a turn
+        job its agent, a tool job its tool, see smith_worker/routing.py), each prefixed by where its
+        wake-up token went: ``*`` the queue's :meth:`wake_list`, ``@`` the lists of the capability sets
+        that serve it. Written by the enqueue, read by the claim (``lua/claim.lua``): a worker claims
+        only a job its capability set holds. A job's entry is deleted when the job leaves the queue."""
+        return f"{queue_name}:requires"
+
+    @staticmethod
+    def capability_sets(queue_name: str) -> str:
+        """ZSET of the capability sets of the live workers of ``queue_name``: digest → expiry (epoch ms)."""
+        return f"{queue_name}:capsets"
+
+    @staticmethod
+    def capability_set(queue_name: str, digest: str) -> str:
+        """SET of what the workers of capability set ``digest`` serve (agent names on the turns queue,
+        tool requirements on the tools queue; smith_worker/routing.py). Workers of one app version share it:
+        ``digest`` is a hash of its members."""
+        return f"{Keys.capability_prefixes(queue_name)[0]}{digest}"
+
+    @staticmethod
+    def capability_prefixes(queue_name: str) -> list[str]:
+        """The prefixes of :meth:`capability_set` and of a capability set's :meth:`wake_list`, in that
+        order: the enqueue script (``lua/lib.lua``) appends to them the digests of the live sets it reads
+        from :meth:`capability_sets`."""
+        return [f"{queue_name}:caps:", f"{queue_name}:wake:"]
 
     def turn_job_id(self, turn_id: str) -> str:
         """arq job id of a turn: one job per turn id, so enqueue is idempotent."""
@@ -228,7 +263,7 @@ class Keys:
         return f"{self.prefix}:workers"
 
     def worker(self, worker_id: str) -> str:
-        """One worker's registration (JSON: queue, agents, skills, tools, pid, host)."""
+        """One worker's registration (JSON: queue, agents, skills, tools, capability set digest, pid, host)."""
         return f"{self.prefix}:worker:{worker_id}"
 
     def mcp_tools(self, alias: str) -> str:

@@ -10,7 +10,9 @@ script's text each time and nothing sends ``SCRIPT EXISTS`` before a pipeline
 (as redis-py's ``Script`` objects do). Every key a script touches comes in
 ``KEYS``, built by :class:`~smith_client.keys.Keys`; no script builds a key name,
 except that ``claim.lua`` appends the job ids it reads from a queue to arq's key
-prefixes, which it is given by :meth:`~smith_client.keys.Keys.arq_claim_prefixes`.
+prefixes, which it is given by :meth:`~smith_client.keys.Keys.arq_claim_prefixes`, and
+the enqueue (``lib.lua``) appends the digests of the live capability sets it reads to
+the prefixes of :meth:`~smith_client.keys.Keys.capability_prefixes`.
 """
 
 from __future__ import annotations

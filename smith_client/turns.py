@@ -110,7 +110,11 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]
     The script enqueues the turn's arq job itself (a new turn, or one still queued), so submitting
     is one round trip."""
     enqueue_keys, enqueue_args = enqueue_call(
-        RUN_TURN, job.model_dump(mode="json"), job_id=keys.turn_job_id(job.turn_id), queue=keys.turns_queue
+        RUN_TURN,
+        job.model_dump(mode="json"),
+        job_id=keys.turn_job_id(job.turn_id),
+        queue=keys.turns_queue,
+        requires=job.agent,  # a turn runs on a worker serving its agent
     )
     base = (
         keys.turn_state(job.turn_id),

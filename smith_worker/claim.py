@@ -8,7 +8,9 @@ transaction that reads the job record and counts the try (``GET``,
 request); the wait between polls read the next deferred job's score in one
 more. :func:`claim_jobs` does all of it in one atomic script
 (``lua/claim.lua``), which also pops the wake-up tokens of the jobs it
-claims (:mod:`smith_worker.pickup`).
+claims (:mod:`smith_worker.pickup`) and leaves a job whose requirement the
+worker's capability set does not hold to the workers that serve it
+(:mod:`smith_worker.routing`).
 
 The hand-over relies on arq 0.28.0's ``run_job`` (pinned in pyproject.toml):
 its first use of ``self.pool`` is ``pipeline(transaction=True)``, into which it
@@ -26,7 +28,7 @@ arq's ``run_job`` so an arq upgrade that breaks this fails a test.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +68,15 @@ class Claim:
     marker: str
 
 
+@dataclass(frozen=True, slots=True)
+class HeldTokens:
+    """Wake-up tokens a worker's wait popped since its last claim: from the queue's list (``queue``) and from
+    its capability set's list (``own``, :meth:`~smith_client.keys.Keys.wake_list` with a digest)."""
+
+    queue: int = 0
+    own: int = 0
+
+
 async def claim_jobs(
     redis: Any,
     keys: Keys,
@@ -74,30 +85,41 @@ async def claim_jobs(
     free: int,
     read_limit: int,
     in_progress_ms: int,
-    tokens_held: int,
+    tokens_held: HeldTokens,
     take_aborts: bool,
     claimer: str,
+    capset: str | None,
+    ended: Sequence[str] = (),
 ) -> Claim:
     """Claim up to ``free`` ready jobs of arq queue ``queue`` (score <= now) in one round trip.
 
     As arq's ``start_jobs``: a job whose in-progress key exists is skipped, a claimed one gets that
     key for ``in_progress_ms``; as the start of arq's ``run_job``: its record is read, its try
     counted, and with ``take_aborts`` its abort request removed and reported. ``read_limit`` is how
-    many ready jobs are looked at (arq's ``queue_read_limit``); ``tokens_held`` how many wake-up
-    tokens the worker's wait has popped already: one more is popped for each job claimed beyond
-    those. A worker holding tokens claims no more jobs than those plus the tokens still listed (the
-    rest went to other idle workers: a burst is spread over them); holding none (the fallback poll,
-    a deferred job due, a slot freed) it claims up to ``free``. The claim is a lease of
-    :data:`CLAIM_LEASE_MS` held by ``claimer`` (a unique string per claim call, e.g. the worker id and a
-    counter) until :func:`confirm_claims`; a job whose earlier claim lapsed unconfirmed is claimed again
-    without counting its try. Raises what the Redis client raises (a claim that Redis ran anyway
-    lapses unconfirmed).
+    many ready jobs are looked at (arq's ``queue_read_limit``). A job that requires something
+    (:mod:`smith_worker.routing`) is claimed only when capability set ``capset`` (a digest) holds it;
+    ``None`` claims any job (a claimer outside the fleet, e.g. a test). ``tokens_held`` are the wake-up
+    tokens the worker's wait has popped already: one more is popped for each job claimed beyond those,
+    from the list its token went to. A worker holding tokens claims no more jobs than those plus the
+    tokens still listed (the rest went to other idle workers: a burst is spread over them); holding
+    none (the fallback poll, a deferred job due, a slot freed) it claims up to ``free``. The claim is a
+    lease of :data:`CLAIM_LEASE_MS` held by ``claimer`` (a unique string per claim call, e.g. the worker
+    id and a counter) until :func:`confirm_claims`; a job whose earlier claim lapsed unconfirmed is
+    claimed again without counting its try. ``ended`` are the ids of the worker's jobs that ended since
+    its last claim (their requirements are forgotten once they left the queue). Raises what the Redis
+    client raises (a claim that Redis ran anyway lapses unconfirmed).
     """
     now = now_ms()
     marker = f"claim:{now + CLAIM_LEASE_MS}:{claimer}"
-    script_keys = [queue, Keys.wake_list(queue), keys.arq_abort_set]
-    args = [now, free, read_limit, in_progress_ms, ARQ_RETRY_TTL, tokens_held, int(take_aborts), marker,
-            *Keys.arq_claim_prefixes()]  # fmt: skip
+    requirements = Keys.job_requirements(queue)
+    wake = Keys.wake_list(queue)
+    if capset is None:  # no set of its own: its list and members are never read
+        own_wake, members = wake, requirements
+    else:
+        own_wake, members = Keys.wake_list(queue, capset), Keys.capability_set(queue, capset)
+    script_keys = [queue, wake, own_wake, requirements, members, keys.arq_abort_set]
+    args = [now, free, read_limit, in_progress_ms, ARQ_RETRY_TTL, tokens_held.queue, tokens_held.own,
+            int(take_aborts), int(capset is not None), marker, *Keys.arq_claim_prefixes(), *ended]  # fmt: skip
     reply = await scripts.CLAIM(redis, script_keys, args)
     jobs = [
         ClaimedJob(job_id.decode(), int(float(score)), record, int(job_try), bool(aborted))

@@ -17,6 +17,12 @@ When a job has not answered ``timeout + pickup_grace`` seconds after it was
 enqueued (no tool worker, or a stuck one), the turn records a timeout error
 for the call and aborts the job. A call whose tool worker died while running
 it becomes an error tool message; an idempotent one is re-run once first.
+
+A job names the tool it requires (:func:`smith_worker.routing.tool_requirement`),
+so only a tool worker serving that tool takes it (a fleet in a rolling deploy
+runs tool workers of two app versions); when live tool workers exist but none
+serves it, the enqueue refuses the job and the call's answer is an unknown-tool
+error at once, as a tool worker without the tool would have given.
 """
 
 from __future__ import annotations
@@ -167,6 +173,7 @@ async def abort_job(redis: Redis, keys: Keys, job_id: str) -> None:
         keys.tools_queue,
         keys.arq_job(job_id),
         keys.tool_aborts_channel,
+        keys.job_requirements(keys.tools_queue),
     ]
     await scripts.ABORT(redis, script_keys, [job_id, now_ms(), ABORT_ENTRY_TTL])
 
@@ -210,13 +217,18 @@ class ToolJobWaiter:
         self._grace = pickup_grace
         self._recheck = recheck_interval
 
-    async def run(self, job: ToolJob) -> tuple[ToolOutcome, bool]:
-        """Return ``(outcome, produced_here)``; ``produced_here`` is True when this side wrote a timeout error."""
+    async def run(self, job: ToolJob, requires: str = "") -> tuple[ToolOutcome, bool]:
+        """Return ``(outcome, produced_here)``; ``produced_here`` is True when this side wrote the outcome (a
+        timeout, or an unknown-tool error when no live tool worker serves ``requires``, "" for any worker)."""
         reply = self._listener.register(job.result_key)
         job_id = self._keys.tool_job_id(job.turn_id, job.step, job.index, job.position)
         try:
-            if await self._enqueue(job, job_id):
-                outcome, job_id = await self._wait(job, job_id, reply)
+            enqueued = await self._enqueue(job, job_id, requires)
+            if enqueued is Enqueued.UNSERVED:
+                content = error_content(f"unknown tool: {job.call.name} (no live tool worker serves it)")
+                return ToolOutcome(content=content, is_error=True), True
+            if enqueued is not Enqueued.SKIPPED:
+                outcome, job_id = await self._wait(job, job_id, reply, requires)
             else:  # answered already (a resumed turn): the key has the outcome
                 outcome = await self._stored(job.result_key)
             if outcome is not None:
@@ -233,20 +245,21 @@ class ToolJobWaiter:
         finally:
             self._listener.discard(job.result_key)
 
-    async def _enqueue(self, job: ToolJob, job_id: str) -> bool:
-        """Enqueue the call's job unless the call is answered (then False). Enqueues nothing either when
-        this job id is still queued or running: a re-run turn re-attaches to it."""
-        done = await enqueue_unless(
+    async def _enqueue(self, job: ToolJob, job_id: str, requires: str) -> Enqueued:
+        """Enqueue the call's job for a tool worker serving ``requires``, unless the call is answered or no
+        live tool worker serves it (see :class:`Enqueued`). Enqueues nothing either when this job id is
+        still queued or running: a re-run turn re-attaches to it."""
+        return await enqueue_unless(
             self._redis,
             RUN_TOOL,
             job.model_dump(mode="json"),
             job_id=job_id,
             queue=self._keys.tools_queue,
             skip_key=job.result_key,
+            requires=requires,
         )
-        return done is not Enqueued.SKIPPED
 
-    async def _wait(self, job: ToolJob, job_id: str, reply: Reply) -> tuple[ToolOutcome | None, str]:
+    async def _wait(self, job: ToolJob, job_id: str, reply: Reply, requires: str) -> tuple[ToolOutcome | None, str]:
         """Wait for the outcome; returns ``(None, "")`` when the call was lost with its tool worker."""
         deadline = time.monotonic() + job.timeout + self._grace
         while (remaining := deadline - time.monotonic()) > 0:
@@ -261,7 +274,8 @@ class ToolJobWaiter:
                 if not job.idempotent or not await self._may_rerun(job):
                     return None, ""  # never silently re-run a call that may have had effects
                 job_id = self._keys.tool_rerun_job_id(job.turn_id, job.step, job.index, now_ms(), job.position)
-                await self._enqueue(job, job_id)
+                if await self._enqueue(job, job_id, requires) is Enqueued.UNSERVED:
+                    return None, ""  # no live tool worker serves it any more: lost with its worker
                 deadline = time.monotonic() + job.timeout + self._grace
         return None, job_id
 

@@ -58,6 +58,7 @@ from smith_worker.llm.types import (
     ToolSchema,
 )
 from smith_worker.memory import MemoryContext
+from smith_worker.routing import tool_requirement
 from smith_worker.skills import ConversationSkills
 from smith_worker.subagents import SubAgentTools
 from smith_worker.tools import ToolContext, ToolRoute, error_content
@@ -377,7 +378,8 @@ class AgentLoop:
             )
         else:
             job.timeout, job.idempotent, job.skill = route.timeout, route.idempotent, route.skill
-            outcome, produced_here = await self.ctx.services.tool_waiter.run(job)
+            requires = tool_requirement(self.rt.app, route.skill, call.name)  # only a tool worker serving it runs it
+            outcome, produced_here = await self.ctx.services.tool_waiter.run(job, requires)
         if produced_here or self.attempt.attempt > 1:  # else the tool worker published it
             await self._publish_result_once(job, outcome)
         return outcome

@@ -30,6 +30,11 @@ A claim after a wait that took tokens takes no more jobs than those and the toke
 listed: Redis hands each token of a burst to another blocked worker, so the burst's jobs are
 spread over the idle workers rather than all claimed by the first to poll.
 
+A worker pops from two lists, its capability set's first (:mod:`smith_worker.routing`): the
+enqueue puts the token of a job that only some live capability sets serve (a rolling deploy) on
+the lists of those sets, so a worker that cannot run the job never takes its token; every other
+token goes to the queue's list.
+
 On tool workers an abort announced on the channel is remembered (:meth:`Pickup.take_abort`):
 the worker runs arq's abort check only then, or once per ``fallback`` for an abort missed.
 
@@ -45,12 +50,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
 from typing import Any
 
 from smith_client.keys import Keys, now_ms
+from smith_worker.claim import HeldTokens
 from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
 
 logger = logging.getLogger("agent_smith.worker")
@@ -66,6 +73,7 @@ class Pickup:
 
     ``connect()`` builds the dedicated Redis client of the blocking pop, with a
     socket timeout longer than ``fallback`` (seconds), the longest pop.
+    ``capset`` is the digest of the worker's capability set ("" for none: the queue's list only).
     A pop outlives a wait that ended otherwise (a job of the worker finished, a
     deferred job is due) and serves the next one, so a busy worker neither
     re-sends it nor reconnects after every job.
@@ -78,9 +86,12 @@ class Pickup:
         fallback: float,
         health: RedisHealth,
         aborts_channel: str | None = None,
+        capset: str = "",
     ) -> None:
         self._connect = connect
         self._wake_list = Keys.wake_list(queue)
+        # the set's list first: BLPOP pops from the first non-empty list
+        self._wake_lists = [Keys.wake_list(queue, capset), self._wake_list] if capset else [self._wake_list]
         self.fallback = fallback
         self._health = health
         self._aborts_channel = aborts_channel
@@ -91,7 +102,7 @@ class Pickup:
         # poll now: a job of the worker ended, an abort was announced, the pop returned, or the worker stops
         self._nudge = asyncio.Event()
         self._stopped = asyncio.Event()
-        self._tokens = 0  # tokens popped (and kept) since the last take_tokens()
+        self._tokens = HeldTokens()  # tokens popped (and kept) since the last take_tokens()
         self._abort_announced = False
 
     def job_finished(self) -> None:
@@ -107,9 +118,9 @@ class Pickup:
         """Forget the job ends seen so far; call right before a poll, so none during it is missed."""
         self._nudge.clear()
 
-    def take_tokens(self) -> int:
-        """How many wake-up tokens the pops took since the last call (the next claim pops that many fewer)."""
-        tokens, self._tokens = self._tokens, 0
+    def take_tokens(self) -> HeldTokens:
+        """The wake-up tokens the pops took since the last call, per list (the next claim pops that many fewer)."""
+        tokens, self._tokens = self._tokens, HeldTokens()
         return tokens
 
     def take_abort(self) -> bool:
@@ -169,13 +180,16 @@ class Pickup:
     async def _pop_token(self, timeout: float, free_slots: Callable[[], int]) -> None:
         if self._client is None:
             self._client = self._connect()
-        popped = await self._client.blpop([self._wake_list], timeout=timeout)
+        popped = await self._client.blpop(self._wake_lists, timeout=timeout)
         if popped is None:
             return
+        wake_list, token = popped[0].decode(), popped[1]
         if free_slots() == 0:  # the pop may outlive the wait that sent it: the worker may have filled up since
-            await self._client.lpush(self._wake_list, popped[1])  # for an idle worker of the queue
+            await self._client.lpush(wake_list, token)  # for an idle worker of the queue (of the set)
+        elif wake_list == self._wake_list:
+            self._tokens = dataclasses.replace(self._tokens, queue=self._tokens.queue + 1)
         else:
-            self._tokens += 1
+            self._tokens = dataclasses.replace(self._tokens, own=self._tokens.own + 1)
 
     async def _follow_aborts(self, channel: str) -> None:
         """Until the worker stops: end the wait at every message on ``channel`` (an abort), reconnecting

@@ -37,7 +37,8 @@ from smith_worker.isolation import ToolExecutors
 from smith_worker.metrics import WorkerMetrics
 from smith_worker.redaction import SENSITIVE_HEADERS, install_log_redaction, register_secrets, url_credentials
 from smith_worker.redis_health import RedisHealth
-from smith_worker.registration import Holder, register_worker, unregister_worker
+from smith_worker.registration import CapabilitySet, Holder, register_worker, unregister_worker
+from smith_worker.routing import capabilities, capability_digest
 from smith_worker.sources import SourceContext
 from smith_worker.tasks import cancel_and_wait
 
@@ -114,6 +115,9 @@ class WorkerRuntime:
         self.events = EventLog(self.redis, self.keys)
         self.pipeline = AutoPipeline(self.redis)
         self.worker_id = self.worker_id or self.settings.worker_id or new_worker_id(self.queue)
+        served = capabilities(self.app, self.queue)
+        #: What this worker serves (smith_worker/routing.py): it claims only the jobs whose requirement this holds.
+        self.capability_set = CapabilitySet(self.queue_name, capability_digest(served), served)
 
     def _running_count(self) -> int:
         """Turns running in this process (0 on a tool worker), for the metrics."""
@@ -267,10 +271,11 @@ class WorkerRuntime:
             "agents": sorted(self.app.agents) if self.queue == "turns" else [],
             "skills": self.app.skills.names(),
             "tools": self.app.tools.names() if self.queue == "tools" else [],
+            "capabilities": self.capability_set.digest,
             "draining": self.restart_requested,
             "overrunning_threads": self.executors.overrunning if self.executors else 0,
         }
-        return await register_worker(self.redis, self.keys, self.worker_id, info, REGISTRATION_TTL)
+        return await register_worker(self.redis, self.keys, self.worker_id, info, self.capability_set, REGISTRATION_TTL)
 
     async def _claim_id(self) -> None:
         """Register, claiming the worker id; waits (backing off) while Redis does not answer.

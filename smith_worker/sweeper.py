@@ -59,7 +59,8 @@ async def sweep_once(redis: Any, keys: Keys) -> list[str]:
 
 async def drop_dead_job(redis: Any, keys: Keys, job_id: str) -> None:
     """Remove arq job ``job_id`` of a turn attempt whose lease expired from the turns queue, with its
-    payload, in-progress and retry keys, in one transaction (no other worker can take it in between).
+    payload, in-progress and retry keys and its requirement, in one transaction (no other worker can
+    take it in between).
 
     Safe even if that attempt's worker is not dead but only cut off: its writes are fenced by the
     attempt (DESIGN.md §8), and arq's own clean-up when its job ends finds nothing left to remove.
@@ -67,6 +68,7 @@ async def drop_dead_job(redis: Any, keys: Keys, job_id: str) -> None:
     async with redis.pipeline(transaction=True) as pipe:
         pipe.zrem(keys.turns_queue, job_id)
         pipe.delete(keys.arq_job(job_id), keys.arq_in_progress(job_id), keys.arq_retry(job_id))
+        pipe.hdel(keys.job_requirements(keys.turns_queue), job_id)
         await pipe.execute()
 
 

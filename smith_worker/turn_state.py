@@ -270,7 +270,13 @@ async def _enqueue_turn(redis: Any, keys: Keys, turn_id: str, job_id: str, defer
         return False
     job = TurnJob.model_validate_json(payload)
     return await enqueue_job(
-        redis, RUN_TURN, job.model_dump(mode="json"), job_id=job_id, queue=keys.turns_queue, defer=defer
+        redis,
+        RUN_TURN,
+        job.model_dump(mode="json"),
+        job_id=job_id,
+        queue=keys.turns_queue,
+        defer=defer,
+        requires=job.agent,  # on a worker serving its agent (smith_worker/routing.py)
     )
 
 

@@ -29,6 +29,8 @@ and polls again; the process exits only on a signal or a configuration error.
 Its poll claims jobs in one round trip (:mod:`smith_worker.claim`, issue 18)
 instead of arq's six per job, and on tool workers runs arq's abort check
 only when an abort was announced or once per fallback poll, not every poll.
+It claims only the jobs its capability set serves (:mod:`smith_worker.routing`):
+a fleet in a rolling deploy runs workers of two app versions on one queue.
 """
 
 from __future__ import annotations
@@ -91,14 +93,17 @@ class SmithWorker(Worker):
     """arq's :class:`~arq.worker.Worker` that survives Redis interruptions (see the module docstring).
 
     ``health`` is the process's :class:`RedisHealth` (its readiness), updated
-    by every poll iteration; ``keys`` names the queue's keys. Never in burst mode.
+    by every poll iteration; ``keys`` names the queue's keys; ``capset`` is the digest of the worker's
+    capability set (:mod:`smith_worker.routing`). Never in burst mode.
     """
 
-    def __init__(self, *args: Any, health: RedisHealth, pickup: Pickup, keys: Keys, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, health: RedisHealth, pickup: Pickup, keys: Keys, capset: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.health = health
         self.pickup = pickup
         self.keys = keys
+        self.capset = capset
+        self._ended: list[str] = []  # ids of this worker's jobs that ended since its last claim
         self._next_due: float | None = None  # the queue's next deferred job (epoch ms), as the last claim read it
         self._abort_check_at = 0.0  # loop time of the next abort check without an announced abort
         # each claim's marker names its claimer: this worker object and a counter (smith_worker/claim.py)
@@ -205,6 +210,7 @@ class SmithWorker(Worker):
         for job_id, task in list(self.tasks.items()):
             if task.done():
                 del self.tasks[job_id]
+                self._ended.append(job_id)
                 if not task.cancelled() and task.exception() is not None:
                     logger.warning("job %s could not record its end: %r", job_id, task.exception())
 
@@ -214,7 +220,8 @@ class SmithWorker(Worker):
         A slot is taken (counter and semaphore) only for a job the claim returned and the worker then
         confirmed (:func:`~smith_worker.claim.confirm_claims`), so a Redis failure can never leak one
         and a claim whose reply was lost is never run. ``_next_due`` is the next deferred job's score for
-        the wait (``None`` when the worker is full and did not look).
+        the wait (``None`` when the worker is full and did not look). The claim is told which of the
+        worker's jobs ended since the last one, so it forgets their requirements.
         """
         free = self._free_slots()
         self._next_due = None
@@ -231,7 +238,10 @@ class SmithWorker(Worker):
             tokens_held=self.pickup.take_tokens(),
             take_aborts=self.allow_abort_jobs,
             claimer=self._claimer.format(next(self._claims)),
+            capset=self.capset,
+            ended=self._ended,
         )
+        self._ended = []
         self._next_due = claim.next_due
         # jobs only end meanwhile: the slots counted in `free` are still free
         for job in await confirm_claims(self.pool, claim, in_progress_ms):
@@ -294,6 +304,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         settings.fallback_poll,
         runtime.health,
         runtime.keys.tool_aborts_channel if queue == "tools" else None,
+        capset=runtime.capability_set.digest,
     )
     if queue == "turns":
         # the turn bounds itself by turn_job_timeout (a typed failure); arq's cancel is only a backstop
@@ -320,7 +331,14 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         "job_deserializer": job_deserializer,
     }
     options.update(overrides)
-    worker = SmithWorker(ctx={"runtime": runtime}, health=runtime.health, pickup=pickup, keys=runtime.keys, **options)
+    worker = SmithWorker(
+        ctx={"runtime": runtime},
+        health=runtime.health,
+        pickup=pickup,
+        keys=runtime.keys,
+        capset=runtime.capability_set.digest,
+        **options,
+    )
     # stop polling, let running jobs finish (job_completion_wait), then end run(): the drain before a restart
     runtime.stop_taking_jobs = functools.partial(worker.handle_sig_wait_for_completion, signal.SIGUSR1)
     return worker

@@ -3,7 +3,8 @@
 -- it, #485); a queued job is removed so it never starts; a running one is cancelled by its worker at
 -- its next poll, so every tool worker is told to poll now on a channel (one wake-up token would reach
 -- one idle worker, maybe not the one running the job).
--- KEYS: arq abort set, arq in-progress key, queue, arq job key, the tool-aborts channel.
+-- KEYS: arq abort set, arq in-progress key, queue, arq job key, the tool-aborts channel, the queue's
+--       requirements hash (a removed job's entry goes with it).
 -- ARGV: job id, now ms, abort entry TTL s.
 local now, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 redis.call('ZADD', KEYS[1], now, ARGV[1])
@@ -13,6 +14,7 @@ redis.call('EXPIRE', KEYS[1], ttl)
 if redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('DEL', KEYS[4])
+  redis.call('HDEL', KEYS[6], ARGV[1])
 else
   redis.call('PUBLISH', KEYS[5], ARGV[1])
 end

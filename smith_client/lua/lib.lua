@@ -61,14 +61,48 @@ local function wake(list, ttl, cap)
   redis.call('EXPIRE', list, ttl)
 end
 
+-- The capability sets of a queue's live workers that hold `need` (smith_worker/routing.py), and how many
+-- sets are live. `capsets` is the queue's ZSET of live sets (digest -> expiry ms), `caps_prefix` the prefix
+-- of a set's key (Keys.capability_prefixes).
+local function serving_sets(capsets, caps_prefix, need, now)
+  local live = redis.call('ZRANGEBYSCORE', capsets, now, '+inf')
+  local serving = {}
+  for _, digest in ipairs(live) do
+    if redis.call('SISMEMBER', caps_prefix .. digest, need) == 1 then serving[#serving + 1] = digest end
+  end
+  return serving, #live
+end
+
 -- arq's enqueue_job (smith_client/enqueue.py): the job record (arq's serializer), the queue entry and
 -- a wake-up token; nothing when arq already has the job id queued, running or holding a result.
--- Returns 1 when enqueued, 0 otherwise. Used by enqueue.lua and by submit.lua for a new turn.
-local function enqueue_job(job_key, result_key, queue, wake_list, expiry_ms, job, score, job_id, wake_ttl, wake_cap)
+-- A job that needs something (`need`, '' for nothing) is listed in the queue's requirements hash, so
+-- only a worker whose capability set holds it claims it (claim.lua); its token goes to the queue's list
+-- when every live set serves it (or none is live: the job waits for a worker), else to the list of each
+-- set that does, so no worker that cannot run it takes its token. With `refuse` '1', a job that live sets
+-- exist for but none serves is not enqueued.
+-- k: arq job key, arq result key, queue, wake-up list, requirements hash, capability sets ZSET.
+-- a: job expiry ms, job bytes, score ms, job id, wake-up list TTL s, wake-up list cap, need, refuse
+--    ('1'/'0'), now ms, then the prefixes of a capability set's key and of its wake-up list.
+-- Returns 1 when enqueued, 0 when arq has the job id, -2 when refused. Used by enqueue.lua and submit.lua.
+local function enqueue_job(k, a)
+  local job_key, result_key, queue, wake_list, requirements, capsets = unpack(k)
+  local expiry_ms, job, score, job_id, wake_ttl, wake_cap, need, refuse, now, caps_prefix, wake_prefix = unpack(a)
   if redis.call('EXISTS', job_key, result_key) > 0 then return 0 end
+  local lists = {wake_list}
+  if need ~= '' then
+    local serving, live = serving_sets(capsets, caps_prefix, need, now)
+    if #serving == 0 and live > 0 and refuse == '1' then return -2 end
+    local routed = #serving > 0 and #serving < live
+    if routed then
+      lists = {}
+      for i, digest in ipairs(serving) do lists[i] = wake_prefix .. digest end
+    end
+    redis.call('HSET', requirements, job_id, (routed and '@' or '*') .. need)
+    if redis.call('PTTL', requirements) < tonumber(expiry_ms) then redis.call('PEXPIRE', requirements, expiry_ms) end
+  end
   redis.call('PSETEX', job_key, expiry_ms, job)
   redis.call('ZADD', queue, score, job_id)
-  wake(wake_list, wake_ttl, wake_cap)
+  for _, list in ipairs(lists) do wake(list, wake_ttl, wake_cap) end
   return 1
 end
 

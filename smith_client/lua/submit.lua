@@ -2,16 +2,17 @@
 -- a new turn's arq job is enqueued in the same call (lib.lua's enqueue_job), and again on an attach to
 -- a turn still queued (a first caller may have died before its enqueue; arq's rule makes it a no-op).
 -- KEYS: state, conversation FIFO, conversation statuses, the enqueue keys (arq job, arq result, turns
---       queue, wake-up list), then for each turn named in ARGV[18..]: its state, its inbox.
+--       queue, wake-up list, requirements hash, capability sets), then for each turn named in ARGV[23..]:
+--       its state, its inbox.
 -- ARGV: turn id, fingerprint, conversation, agent, policy, message JSON, now (epoch s),
---       turn TTL s, conversation TTL s, job JSON, control channel, the enqueue arguments (job expiry ms,
---       arq job bytes, score ms, arq job id, wake-up TTL s, wake-up cap), then the ids of the other
---       turns this call may touch (merge: the last unfinished one; interrupt: all unfinished ones).
+--       turn TTL s, conversation TTL s, job JSON, control channel, the 11 enqueue arguments (enqueue.lua's;
+--       the job needs its agent), then the ids of the other turns this call may touch (merge: the last
+--       unfinished one; interrupt: all unfinished ones).
 -- Returns {'conflict', id} | {'attach', id, status} | {'busy', id} | {'merged', id} | {'new', id}
 --       | {'keys', ids...}: the turns to touch are not those given; call again naming these.
 local turn_id, fp, conv, agent, policy, msg, now, turn_ttl, conv_ttl, job, control = unpack(ARGV, 1, 11)
 local state, fifo, statuses = KEYS[1], KEYS[2], KEYS[3]
-local function enqueue() return enqueue_job(KEYS[4], KEYS[5], KEYS[6], KEYS[7], unpack(ARGV, 12, 17)) end
+local function enqueue() return enqueue_job({unpack(KEYS, 4, 9)}, {unpack(ARGV, 12, 22)}) end
 local existing = redis.call('HGET', state, 'fingerprint')
 if existing then
   if existing ~= fp then return {'conflict', turn_id} end
@@ -24,12 +25,12 @@ if #active > 0 then
   if policy == 'reject' then return {'busy', active[1]} end
   local wanted = {}
   if policy == 'merge' then wanted = {active[#active]} elseif policy == 'interrupt' then wanted = active end
-  local given = {unpack(ARGV, 18)}
+  local given = {unpack(ARGV, 23)}
   local same = #given == #wanted
   for i, id in ipairs(wanted) do same = same and given[i] == id end
   if not same then return {'keys', unpack(wanted)} end
   if policy == 'merge' then
-    local tstate, inbox = KEYS[8], KEYS[9]
+    local tstate, inbox = KEYS[10], KEYS[11]
     if redis.call('HGET', tstate, 'status') == 'running' and redis.call('HGET', tstate, 'inbox_closed') ~= '1' then
       redis.call('RPUSH', inbox, msg)
       redis.call('EXPIRE', inbox, turn_ttl)
@@ -46,7 +47,7 @@ redis.call('HSET', statuses, turn_id, 'queued')
 redis.call('EXPIRE', statuses, conv_ttl)
 if policy == 'interrupt' then
   for i, id in ipairs(active) do
-    redis.call('HSET', KEYS[6 + 2 * i], 'cancel_requested', 'interrupt')
+    redis.call('HSET', KEYS[8 + 2 * i], 'cancel_requested', 'interrupt')
     redis.call('PUBLISH', control, id)
   end
 end

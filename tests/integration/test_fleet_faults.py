@@ -19,7 +19,7 @@ import redis as sync_redis
 from smith_client import SmithClient
 from smith_client.errors import SmithTimeoutError, TransportError
 from smith_client.keys import Keys
-from smith_worker.claim import CLAIM_LEASE_MS, claim_jobs
+from smith_worker.claim import CLAIM_LEASE_MS, HeldTokens, claim_jobs
 from smith_client.turn_record import CRASHES, SHARED_CRASHES
 from smith_worker.turn_state import DEFAULT_LEASE
 from tests.conftest import start_workers, wait_for_workers, worker_env, worker_pair
@@ -65,8 +65,8 @@ async def test_a_claim_nobody_confirmed_runs_after_its_lease_once(lease_redis, s
     async with SmithClient.from_url(lease_redis.url, prefix=prefix) as client:
         handle = await client.submit(f"{marker} count", conversation_id=f"c-{label}", agent="durable")
         lost = await claim_jobs(client.redis, Keys(prefix), Keys(prefix).turns_queue, free=1, read_limit=100,
-                                in_progress_ms=600_000, tokens_held=0, take_aborts=False,
-                                claimer="ghost:0")  # fmt: skip
+                                in_progress_ms=600_000, tokens_held=HeldTokens(), take_aborts=False,
+                                claimer="ghost:0", capset=None)  # fmt: skip
         assert [job.job_id for job in lost.jobs] == [Keys(prefix).turn_job_id(handle.turn_id)]
         claimed_at = time.monotonic()
         env = worker_env(lease_redis.url, prefix, scripted_llm.base_url)

@@ -17,12 +17,23 @@ from arq.worker import Retry, func
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from smith_client.enqueue import Enqueued, enqueue_job, enqueue_unless
 from smith_client.keys import ARQ_RETRY_TTL, Keys, now_ms
 from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
-from smith_worker.claim import CLAIM_LEASE_MS, ClaimedJob, ClaimHandOverError, PrefetchedPipeline, claim_jobs, confirm_claims
+from smith_worker.claim import (
+    CLAIM_LEASE_MS,
+    ClaimedJob,
+    ClaimHandOverError,
+    HeldTokens,
+    PrefetchedPipeline,
+    claim_jobs,
+    confirm_claims,
+)
 from smith_worker.config import Settings
+from smith_worker.dispatch import abort_job
 from smith_worker.local.processes import free_port
+from smith_worker.registration import CapabilitySet, register_worker
 from smith_worker.worker import SmithWorker, build_worker
 
 IN_PROGRESS_MS = 60_000
@@ -61,10 +72,11 @@ async def enqueue(redis: Redis, keys: Keys, name: str, *, score: int | None = No
         await redis.rpush(Keys.wake_list(keys.tools_queue), "1")
 
 
-async def claim(redis: Redis, keys: Keys, *, free: int = 10, held: int = 0, take_aborts: bool = False,
-                claimer: str = "w:0"):  # fmt: skip
+async def claim(redis: Redis, keys: Keys, *, free: int = 10, held: int = 0, held_own: int = 0,
+                take_aborts: bool = False, claimer: str = "w:0", capset: str | None = "v1", ended=()):  # fmt: skip
     return await claim_jobs(redis, keys, keys.tools_queue, free=free, read_limit=1000, in_progress_ms=IN_PROGRESS_MS,
-                            tokens_held=held, take_aborts=take_aborts, claimer=claimer)  # fmt: skip
+                            tokens_held=HeldTokens(held, held_own), take_aborts=take_aborts, claimer=claimer,
+                            capset=capset, ended=ended)  # fmt: skip
 
 
 async def lapse(redis: Redis, keys: Keys, name: str) -> None:
@@ -203,6 +215,133 @@ async def test_a_claim_with_nothing_ready_pops_no_token(redis, keys):
     await redis.rpush(wake, "1")
     assert (await claim(redis, keys)).jobs == []
     assert await redis.llen(wake) == 1
+
+
+# Mixed-version fleets: a job that requires something goes only to a worker whose capability set holds it.
+
+
+async def fleet(redis: Redis, keys: Keys, **sets: list[str]) -> None:
+    """Register one worker per capability set (digest = the set's name here), as worker heartbeats do."""
+    for digest, names in sets.items():
+        await register_worker(redis, keys, f"{digest}-worker", {"queue": "tools"},
+                              CapabilitySet(keys.tools_queue, digest, names))  # fmt: skip
+
+
+async def enqueue_requiring(redis: Redis, keys: Keys, name: str, requires: str, **options) -> Enqueued:
+    """Queue a job through the enqueue script, as a tool dispatch does (refused when no live set serves it)."""
+    return await enqueue_unless(redis, "probe", {}, job_id=jid(keys, name), queue=keys.tools_queue,
+                                skip_key=f"{keys.prefix}:answered:{name}", requires=requires, **options)  # fmt: skip
+
+
+async def test_a_job_is_claimed_only_by_a_worker_whose_capability_set_holds_what_it_requires(redis, keys):
+    await fleet(redis, keys, v1=["tool:add"], v2=["tool:add", "tool:new"])
+    assert await enqueue_requiring(redis, keys, "new", "tool:new") is Enqueued.NEW
+    assert await enqueue_requiring(redis, keys, "old", "tool:add") is Enqueued.NEW
+    assert names(await claim(redis, keys, capset="v1"), keys) == ["old"]  # "new" is left, untouched
+    new = jid(keys, "new")
+    assert not await redis.exists(keys.arq_in_progress(new), keys.arq_retry(new))
+    assert names(await claim(redis, keys, capset="v1"), keys) == []  # not even when nothing else is ready
+    got = await claim(redis, keys, capset="v2")
+    assert names(got, keys) == ["new"] and got.jobs[0].job_try == 1
+
+
+async def test_a_job_only_some_sets_serve_wakes_only_their_workers(redis, keys):
+    """Its token goes to the lists of the sets that serve it: a v1 worker never takes (and loses) it."""
+    await fleet(redis, keys, v1=["tool:add"], v2=["tool:add", "tool:new"], v3=["tool:new"])
+    queue_list = Keys.wake_list(keys.tools_queue)
+    lists = {digest: Keys.wake_list(keys.tools_queue, digest) for digest in ("v1", "v2", "v3")}
+    await enqueue_requiring(redis, keys, "new", "tool:new")
+    assert [await redis.llen(lists[d]) for d in ("v1", "v2", "v3")] == [0, 1, 1]
+    assert await redis.llen(queue_list) == 0
+    await enqueue_requiring(redis, keys, "old", "tool:add")  # not v3's: on the lists of v1 and v2
+    assert [await redis.llen(lists[d]) for d in ("v1", "v2", "v3")] == [1, 2, 1]
+    await redis.lpop(lists["v2"])  # a v2 worker's wait took a token
+    got = await claim(redis, keys, capset="v2", held_own=1)
+    assert sorted(names(got, keys)) == ["new", "old"]
+    assert await redis.llen(lists["v2"]) == 0  # the token of the other job it claimed is popped too
+
+
+async def test_a_job_every_live_set_serves_wakes_any_worker_through_the_queues_list(redis, keys):
+    await fleet(redis, keys, v1=["tool:add"], v2=["tool:add", "tool:new"])
+    await enqueue_requiring(redis, keys, "old", "tool:add")
+    assert await redis.llen(Keys.wake_list(keys.tools_queue)) == 1
+    assert not await redis.exists(Keys.wake_list(keys.tools_queue, "v1"), Keys.wake_list(keys.tools_queue, "v2"))
+    assert names(await claim(redis, keys, capset="v1", held=1), keys) == ["old"]
+
+
+async def test_a_worker_woken_for_a_job_it_serves_leaves_the_others_tokens(redis, keys):
+    """A v1 worker woken by the queue's list claims the job it can run; the v2-only job keeps its token."""
+    await fleet(redis, keys, v1=["tool:add"], v2=["tool:add", "tool:new"])
+    await enqueue_requiring(redis, keys, "new", "tool:new")
+    await enqueue_requiring(redis, keys, "old", "tool:add")
+    await redis.lpop(Keys.wake_list(keys.tools_queue))
+    assert names(await claim(redis, keys, capset="v1", held=1), keys) == ["old"]
+    assert await redis.llen(Keys.wake_list(keys.tools_queue, "v2")) == 1  # still there for a v2 worker
+
+
+async def test_a_tool_no_live_set_serves_is_refused_and_nothing_is_queued(redis, keys):
+    await fleet(redis, keys, v1=["tool:add"])
+    assert await enqueue_requiring(redis, keys, "gone", "tool:gone") is Enqueued.UNSERVED
+    assert not await redis.exists(keys.tools_queue, keys.arq_job(jid(keys, "gone")), Keys.wake_list(keys.tools_queue))
+
+
+async def test_with_no_worker_registered_a_job_is_queued_and_waits(redis, keys):
+    """No live set at all (the fleet is starting): the job waits for whichever worker serves it."""
+    assert await enqueue_requiring(redis, keys, "early", "tool:new") is Enqueued.NEW
+    assert await redis.llen(Keys.wake_list(keys.tools_queue)) == 1
+    await fleet(redis, keys, v1=["tool:add"], v2=["tool:new"])
+    assert names(await claim(redis, keys, capset="v1"), keys) == []
+    assert names(await claim(redis, keys, capset="v2"), keys) == ["early"]
+
+
+async def test_a_turn_job_that_no_live_set_serves_is_queued_and_waits(redis, keys):
+    """Turn enqueues never refuse (a turn must not be lost): the job waits for a worker serving its agent."""
+    await fleet(redis, keys, v1=["default"])
+    assert await enqueue_job(redis, "probe", {}, job_id=jid(keys, "turn"), queue=keys.tools_queue, requires="v2agent")
+    assert names(await claim(redis, keys, capset="v1"), keys) == []
+    await fleet(redis, keys, v2=["default", "v2agent"])  # a v2 worker starts
+    assert names(await claim(redis, keys, capset="v2"), keys) == ["turn"]
+
+
+async def test_a_set_without_a_live_worker_serves_nothing(redis, keys):
+    await fleet(redis, keys, v1=["tool:add"])
+    await redis.zadd(Keys.capability_sets(keys.tools_queue), {"v2": now_ms() - 1})  # its last worker's beat ended
+    await redis.sadd(Keys.capability_set(keys.tools_queue, "v2"), "tool:new")
+    assert await enqueue_requiring(redis, keys, "new", "tool:new") is Enqueued.UNSERVED
+
+
+async def test_a_claimer_without_a_set_takes_any_job(redis, keys):
+    await fleet(redis, keys, v1=["tool:add"], v2=["tool:new"])
+    await enqueue_requiring(redis, keys, "new", "tool:new")
+    assert names(await claim(redis, keys, capset=None), keys) == ["new"]
+
+
+async def test_a_requirement_lives_while_its_job_is_queued(redis, keys):
+    requirements = Keys.job_requirements(keys.tools_queue)
+    await fleet(redis, keys, v1=["tool:add"], v2=["tool:new"])
+    for name in ("done", "rerun", "waiting"):
+        await enqueue_requiring(redis, keys, name, "tool:new")
+    assert await redis.hget(requirements, jid(keys, "done")) == b"@tool:new"  # its token went to v2's list
+    assert await redis.pttl(requirements) >= 86_000_000  # as long as arq keeps the job records
+    claimed = await claim(redis, keys, capset="v2", free=2)  # one score: queue order is by id
+    assert names(claimed, keys) == ["done", "rerun"]
+    await redis.zrem(keys.tools_queue, jid(keys, "done"))  # arq finished it; it re-queued "rerun" (kept queued)
+    await redis.delete(keys.arq_in_progress(jid(keys, "rerun")))
+    again = await claim(redis, keys, capset="v2", ended=[jid(keys, "done"), jid(keys, "rerun")])
+    assert names(again, keys) == ["rerun", "waiting"]
+    assert sorted(await redis.hkeys(requirements)) == [jid(keys, "rerun").encode(), jid(keys, "waiting").encode()]
+    await redis.delete(keys.tools_queue)  # the queue emptied: nothing left to require anything
+    await claim(redis, keys, capset="v2")
+    assert not await redis.exists(requirements)
+
+
+async def test_an_aborted_queued_job_takes_its_requirement_with_it(redis, keys):
+    await fleet(redis, keys, v1=["tool:add"])
+    await enqueue_requiring(redis, keys, "dropped", "tool:add")
+    await enqueue_requiring(redis, keys, "kept", "tool:add")
+    await abort_job(redis, keys, jid(keys, "dropped"))
+    assert await redis.hkeys(Keys.job_requirements(keys.tools_queue)) == [jid(keys, "kept").encode()]
+    await redis.zrem(keys.arq_abort_set, jid(keys, "dropped"))
 
 
 async def test_racing_claimers_never_both_claim_a_job(redis_url, keys):

@@ -14,6 +14,7 @@ from redis.exceptions import ResponseError
 
 from smith_client.keys import Keys, now_ms
 from smith_worker.app import SmithApp
+from smith_worker.claim import HeldTokens
 from smith_worker.config import Settings
 from smith_worker.pickup import Pickup
 from smith_worker.redis_health import RedisHealth
@@ -42,7 +43,24 @@ async def test_a_token_ends_the_wait_and_is_counted_for_the_claim_which_pops_the
     async with asyncio.timeout(CEILING):
         await waiting
     assert await redis.llen(Keys.wake_list(QUEUE)) == 4  # the claim pops one per job it takes beyond the first
-    assert pickup.take_tokens() == 1 and pickup.take_tokens() == 0
+    assert pickup.take_tokens() == HeldTokens(queue=1) and pickup.take_tokens() == HeldTokens()
+    await pickup.close()
+
+
+async def test_a_token_of_the_capability_sets_list_is_taken_first_and_counted_apart(server):
+    redis = fakeredis.FakeAsyncRedis(server=server)
+    pickup = Pickup(lambda: fakeredis.FakeAsyncRedis(server=server), QUEUE, 30.0, RedisHealth(), capset="v2")
+    await redis.rpush(Keys.wake_list(QUEUE), "1")
+    await redis.rpush(Keys.wake_list(QUEUE, "v2"), "1")
+    for expected in (HeldTokens(own=1), HeldTokens(queue=1)):  # a job only v2 serves, then any job
+        pickup.before_poll()
+        async with asyncio.timeout(CEILING):
+            await pickup.wait(free_slots=lambda: 1, next_due=None)
+        assert pickup.take_tokens() == expected
+    await redis.rpush(Keys.wake_list(QUEUE, "v1"), "1")  # another version's job: not this worker's token
+    async with asyncio.timeout(CEILING):
+        await pickup.wait(free_slots=lambda: 1, next_due=now_ms() + 300)
+    assert pickup.take_tokens() == HeldTokens() and await redis.llen(Keys.wake_list(QUEUE, "v1")) == 1
     await pickup.close()
 
 
