@@ -47,6 +47,8 @@ TENANT_COMMANDS = (
     "hdel",
     "sadd",  # capability sets (smith_worker/registration.py) and their reads in scripts
     "sismember",
+    "srem",  # a turn worker's running turns (Keys.worker_turns)
+    "scard",
     "lrange",
     "lrem",
     "rpush",

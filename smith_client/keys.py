@@ -262,6 +262,12 @@ class Keys:
         """ZSET of live workers: worker id → registration expiry (epoch ms)."""
         return f"{self.prefix}:workers"
 
+    def worker_turns(self, worker_id: str) -> str:
+        """The turns turn worker ``worker_id`` runs (SET of turn ids): an attempt's start adds its turn, its end
+        or hand-off removes it; it lives three turn leases past the last start or renewal, so the sweeper still
+        reads it after the worker died (whether it ran a turn alone: smith_worker/turn.py, the attempt limit)."""
+        return f"{self.prefix}:worker-turns:{worker_id}"
+
     def worker(self, worker_id: str) -> str:
         """One worker's registration (JSON: queue, agents, skills, tools, capability set digest, pid, host)."""
         return f"{self.prefix}:worker:{worker_id}"

@@ -56,9 +56,6 @@ REQUEUES = "requeues"
 #: How many of those were hand-offs by the attempt's own worker, at its shutdown or after Redis failed under
 #: the attempt (they do not count as failed attempts).
 HANDOFFS = "handoffs"
-#: How many turns the current attempt's worker ran, this one included, at the attempt's start or its last
-#: lease renewal: whether a worker that died under the attempt was running this turn alone.
-PEERS = "peers"
 #: Attempts whose worker died (or lost Redis for good) while it ran this turn alone: the turn may be what
 #: kills its worker, so these count against ``SMITH_TURN_MAX_ATTEMPTS``.
 CRASHES = "crashes"

@@ -45,8 +45,11 @@ async def sweep_once(redis: Any, keys: Keys) -> list[str]:
     taken = []
     for raw in expired:
         turn_id = raw.decode()
-        conversation, job_id = await redis.hmget(keys.turn_state(turn_id), [record.CONVERSATION_ID, record.JOB_ID])
-        if conversation is not None and await requeue_turn(redis, keys, turn_id, conversation.decode()):
+        fields = [record.CONVERSATION_ID, record.JOB_ID, record.WORKER]
+        conversation, job_id, worker = await redis.hmget(keys.turn_state(turn_id), fields)
+        if conversation is not None and await requeue_turn(
+            redis, keys, turn_id, conversation.decode(), (worker or b"").decode()
+        ):
             if job_id:
                 await drop_dead_job(redis, keys, job_id.decode())
             taken.append(turn_id)

@@ -94,7 +94,6 @@ class TurnRunner:
             rt.worker_id,
             history_max=rt.settings.history_max_messages,
             job_id=job_id,
-            peers=lambda: len(services.running_turns.keys() | {job.turn_id}),
         )
         self.agent_path = [job.agent]
         #: What the agent loop gets (built once the agent is known).

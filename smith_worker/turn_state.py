@@ -55,9 +55,9 @@ class TurnAttempt:
     ``lease`` is seconds. ``on_lost`` is called (once) when renewal finds the
     lease taken over, so the owner can stop its task. ``history_max`` is the
     number of messages the stored history keeps (``SMITH_HISTORY_MAX_MESSAGES``). ``job_id`` is the arq
-    job the attempt runs under (``""`` outside arq), recorded for the sweeper. ``peers`` says how many
-    turns the worker runs, this one included; the attempt's start and each renewal record it, so a worker
-    that dies under the turn is blamed on it only when it ran it alone (``record.CRASHES``).
+    job the attempt runs under (``""`` outside arq), recorded for the sweeper. The attempt's start and
+    its renewals keep the turn in its worker's SET of running turns (:meth:`Keys.worker_turns`), so a
+    worker that dies under the turn is blamed on it only when it ran it alone (``record.CRASHES``).
     """
 
     def __init__(
@@ -71,10 +71,8 @@ class TurnAttempt:
         lease: float = DEFAULT_LEASE,
         history_max: int = DEFAULT_HISTORY_MAX_MESSAGES,
         job_id: str = "",
-        peers: Callable[[], int] = lambda: 1,
     ) -> None:
         self.redis = redis
-        self.peers = peers
         self.job_id = job_id
         self.keys = keys
         self.turn_id = turn_id
@@ -91,6 +89,7 @@ class TurnAttempt:
         self._renewer: asyncio.Task[None] | None = None
         self._renewing = False  # cleared by stop_renewing; the renewal loop ends on it
         self._state = keys.turn_state(turn_id)
+        self._worker_turns = keys.worker_turns(worker_id)
         self._history = keys.history(conversation_id)
         self._statuses = keys.conversation_statuses(conversation_id)
         self._trimmed = keys.history_trimmed(conversation_id)
@@ -103,8 +102,14 @@ class TurnAttempt:
         On ``"go"``, :attr:`begun_state` is the turn's state hash as the attempt starts
         (decoded, fields in :mod:`smith_client.turn_record`), read by the same script.
         """
-        keys = [self._state, self.keys.running, self.keys.conversation_turns(self.conversation_id), self._statuses]
-        args = [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL, self.job_id, self.peers()]
+        keys = [
+            self._state,
+            self.keys.running,
+            self.keys.conversation_turns(self.conversation_id),
+            self._statuses,
+            self._worker_turns,
+        ]
+        args = [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL, self.job_id]
 
         def fill(pipe: Any) -> None:
             scripts.BEGIN.queue(pipe, keys, args)
@@ -141,8 +146,8 @@ class TurnAttempt:
             if not self._renewing:
                 return
             try:
-                args = [self.turn_id, self.attempt, now_ms(), self.lease_ms, self.peers()]
-                renewed = await scripts.RENEW(self.redis, [self._state, self.keys.running], args)
+                args = [self.turn_id, self.attempt, now_ms(), self.lease_ms]
+                renewed = await scripts.RENEW(self.redis, [self._state, self.keys.running, self._worker_turns], args)
             except Exception:  # a Redis blip: the lease has slack for two more tries
                 logger.warning("turn %s: lease renewal failed", self.turn_id, exc_info=True)
                 continue
@@ -244,13 +249,16 @@ class TurnAttempt:
             self.keys.turn_inbox(self.turn_id),
             self._history,
             self._statuses,
+            self._worker_turns,
         ]
         args = [self.turn_id, self.attempt, status, field, value, self.keys.turn_ttl, self.history_ttl]
         scripts.FINISH.queue(pipe, keys, args)
 
     async def requeue(self) -> int:
         """Hand the turn off (worker shutdown): back to ``queued`` and re-enqueued under a new job id."""
-        return await requeue_turn(self.redis, self.keys, self.turn_id, self.conversation_id, str(self.attempt))
+        return await requeue_turn(
+            self.redis, self.keys, self.turn_id, self.conversation_id, self.worker_id, str(self.attempt)
+        )
 
     async def requeue_if_regressed(self) -> bool:
         """After this attempt was fenced off: re-enqueue the turn when its state fell back to ``queued``
@@ -316,16 +324,18 @@ async def woken(redis: Any, keys: Keys, reply: Any) -> str:
     return head
 
 
-async def requeue_turn(redis: Any, keys: Keys, turn_id: str, conversation_id: str, attempt: str = "") -> int:
+async def requeue_turn(
+    redis: Any, keys: Keys, turn_id: str, conversation_id: str, worker_id: str, attempt: str = ""
+) -> int:
     """Put a running turn of ``conversation_id`` back on the turns queue; with ``attempt=""`` only if its
-    lease expired.
+    lease expired. ``worker_id`` is the worker of the attempt that stops (its SET of running turns).
 
     Returns the re-enqueue number, or 0 when the turn was not taken. The new
     job id is unique per re-enqueue, so arq's leftover keys of the old job
     (its in-progress key survives a crash) cannot block it.
     """
     state = keys.turn_state(turn_id)
-    script_keys = [state, keys.running, keys.conversation_statuses(conversation_id)]
+    script_keys = [state, keys.running, keys.conversation_statuses(conversation_id), keys.worker_turns(worker_id)]
     count = int(await scripts.REQUEUE(redis, script_keys, [turn_id, attempt, now_ms()]))
     if count:
         if not await redis.hexists(state, record.JOB):

@@ -1,10 +1,10 @@
 -- Take a turn for a new attempt (smith_worker/turn_state.py). Only the oldest unfinished turn of a
 -- conversation may run: a later one gets {'wait', <id ahead>} and parks.
--- KEYS: state, running ZSET, conversation FIFO, conversation statuses.
--- ARGV: turn id, worker id, now ms, lease ms, running ZSET TTL s, the attempt's arq job id ('' outside arq),
---       how many turns the worker runs with this one (peers).
--- An expired lease taken over here (no sweeper re-enqueued the turn first) counts its dead attempt as
--- the sweeper's re-enqueue does (count_crash).
+-- KEYS: state, running ZSET, conversation FIFO, conversation statuses, the worker's running turns SET.
+-- ARGV: turn id, worker id, now ms, lease ms, running ZSET TTL s, the attempt's arq job id ('' outside arq).
+-- The turn joins its worker's SET of running turns (kept 3 leases past the last start or renewal), by
+-- which a dead worker's turns are counted as crashes alone or with others (count_crash). An expired lease
+-- taken over here (no sweeper re-enqueued the turn first) counts its dead attempt as a crash alone.
 -- Returns {'missing'} | {'done', status} | {'busy'} | {'wait', id} | {'go', attempt, state as HGETALL}:
 -- the state the attempt starts from comes back in the same round trip.
 local st = redis.call('HGET', KEYS[1], 'status')
@@ -15,11 +15,12 @@ if st == 'running' and tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0
 end
 local ahead = unfinished_turns(KEYS[3], KEYS[4], ARGV[1])
 if #ahead > 0 then return {'wait', ahead[1]} end
-if st == 'running' then count_crash(KEYS[1]) end
+if st == 'running' then count_crash(KEYS[1], false) end
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 local until_ms = tonumber(ARGV[3]) + tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[2], 'lease_until', until_ms, 'job_id', ARGV[6],
-           'peers', ARGV[7])
+redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[2], 'lease_until', until_ms, 'job_id', ARGV[6])
+redis.call('SADD', KEYS[5], ARGV[1])
+redis.call('PEXPIRE', KEYS[5], 3 * tonumber(ARGV[4]))
 redis.call('HSET', KEYS[4], ARGV[1], 'running')
 redis.call('ZADD', KEYS[2], until_ms, ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[5])

@@ -1,5 +1,6 @@
 -- The fenced final write of an attempt (committed with the terminal event).
--- KEYS: state, running ZSET, conversation FIFO, inbox, history, conversation statuses.
+-- KEYS: state, running ZSET, conversation FIFO, inbox, history, conversation statuses, the worker's running
+--       turns SET (the turn leaves it).
 -- ARGV: turn id, attempt, status, field, value, turn TTL s, history TTL s.
 -- Merged user messages the turn did not get to (it was cancelled or failed first) are kept:
 -- moved to the history, after what the turn completed. Returns 1, or 0 when fenced off.
@@ -9,6 +10,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('LREM', KEYS[3], 0, ARGV[1])
 redis.call('HDEL', KEYS[6], ARGV[1])
+redis.call('SREM', KEYS[7], ARGV[1])
 local merged = redis.call('LRANGE', KEYS[4], 0, -1)
 if #merged > 0 then
   redis.call('RPUSH', KEYS[5], unpack(merged))

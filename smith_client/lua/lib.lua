@@ -5,10 +5,11 @@
 local TERMINAL = {completed = true, failed = true, cancelled = true}
 
 -- Count how a running attempt of the turn whose state hash is `state` ended without ending the turn
--- (its worker died, or lost Redis past its lease): a crash of the turn when its worker ran it alone at
--- its last lease renewal ('peers'), otherwise a shared crash (smith_worker/turn.py, the attempt limit).
-local function count_crash(state)
-  if tonumber(redis.call('HGET', state, 'peers') or '1') <= 1 then
+-- (its worker died, or lost Redis past its lease): a crash of the turn when its worker ran it alone,
+-- otherwise a shared crash (smith_worker/turn.py, the attempt limit). `worker_turns` is that worker's
+-- SET of running turns (false: unknown, taken as alone); it keeps them after the worker died.
+local function count_crash(state, worker_turns)
+  if not worker_turns or redis.call('SCARD', worker_turns) <= 1 then
     redis.call('HINCRBY', state, 'crashes', 1)
   else
     redis.call('HINCRBY', state, 'shared_crashes', 1)

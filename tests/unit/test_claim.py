@@ -223,7 +223,7 @@ async def test_a_claim_with_nothing_ready_pops_no_token(redis, keys):
 async def fleet(redis: Redis, keys: Keys, **sets: list[str]) -> None:
     """Register one worker per capability set (digest = the set's name here), as worker heartbeats do."""
     for digest, names in sets.items():
-        await register_worker(redis, keys, f"{digest}-worker", {"queue": "tools"},
+        await register_worker(redis, keys, f"{digest}-worker", {"queue": "tools", "instance": digest},
                               CapabilitySet(keys.tools_queue, digest, names))  # fmt: skip
 
 
