@@ -123,6 +123,7 @@ async def _run_ask(args: argparse.Namespace) -> int:
 
 async def _run_chat(args: argparse.Namespace) -> int:
     async with _connect(args) as client:
+        await _check_served(client, args.agent)
         repl = ChatRepl(
             client, StreamPrinter(), agent=args.agent, conversation_id=args.conversation, timeout=args.timeout
         )

@@ -30,7 +30,7 @@ from smith_client.keys import Keys
 from smith_client.protocol import Operation
 from smith_client.registry import ServedAgents
 from smith_client.runners import AsyncRunner, SyncRunner
-from smith_client.settings import DEFAULT_REDIS_URL, ClientSettings
+from smith_client.settings import ClientSettings
 from smith_client.turns import cancel_turn, read_state
 from smith_client.validation import TurnOptions, check_id
 
@@ -72,9 +72,9 @@ class ClientAPI:
     @classmethod
     def from_url(
         cls,
-        redis_url: str = DEFAULT_REDIS_URL,
+        redis_url: str | None = None,
         *,
-        prefix: str = "smith",
+        prefix: str | None = None,
         sentinels: str | Sequence[str | tuple[str, int]] | None = None,
         sentinel_master: str | None = None,
         socket_timeout: float | None = None,
@@ -83,7 +83,9 @@ class ClientAPI:
         max_connections: int | None = None,
         pool_timeout: float | None = None,
     ) -> Self:
-        """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``, ``rediss://user:pw@host:6380/0``).
+        """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``, ``rediss://user:pw@host:6380/0``;
+        default ``SMITH_REDIS_URL``, else ``redis://127.0.0.1:6379/0``), the workers' keys under ``prefix`` (default
+        ``SMITH_PREFIX``, else ``smith``): a client started beside ``make demo``'s printed variables finds its workers.
 
         With ``sentinels`` (``"host:port,host:port"``) and ``sentinel_master``
         the client follows the master through Sentinel (see :func:`connect_redis`).
@@ -97,10 +99,13 @@ class ClientAPI:
         then raises :class:`SmithTimeoutError` (operation ``redis.pool``).
         The client closes these connections when it is closed.
         """
-        if socket_timeout is None:
-            socket_timeout = ClientSettings.from_env(only=("redis_socket_timeout",)).redis_socket_timeout
-        if max_connections is None:
-            max_connections = ClientSettings.from_env(only=("redis_max_connections",)).redis_max_connections
+        given = {"redis_url": redis_url, "prefix": prefix, "redis_socket_timeout": socket_timeout,
+                 "redis_max_connections": max_connections}  # fmt: skip
+        env = ClientSettings.from_env(only=[name for name, value in given.items() if value is None])
+        redis_url = redis_url or env.redis_url
+        prefix = prefix or env.prefix
+        socket_timeout = env.redis_socket_timeout if socket_timeout is None else socket_timeout
+        max_connections = env.redis_max_connections if max_connections is None else max_connections
         redis = cls._connect(
             redis_url,
             sentinels=sentinels,

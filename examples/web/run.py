@@ -16,12 +16,22 @@ from pathlib import Path
 
 import uvicorn
 
+from smith_client.errors import ConfigurationError
 from smith_worker.demo.run import one_line_errors, start_services
+
+
+def web_port() -> int:
+    """``SMITH_WEB_PORT`` (default 8000) as a TCP port number; else :class:`ConfigurationError`, before any start."""
+    raw = os.environ.get("SMITH_WEB_PORT") or "8000"
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise ConfigurationError(f"SMITH_WEB_PORT must be a TCP port number from 1 to 65535, got {raw[:80]!r}",
+                                 setting="SMITH_WEB_PORT")  # fmt: skip
+    return int(raw)
 
 
 def main() -> int:
     """Serve the example until interrupted; returns the exit code."""
-    port = int(os.environ.get("SMITH_WEB_PORT", "8000"))
+    port = web_port()
     with contextlib.ExitStack() as stack:
         redis_url, prefix = start_services(stack, Path(".demo-logs"), status=_status)
         os.environ.update(SMITH_REDIS_URL=redis_url, SMITH_PREFIX=prefix)  # read by the app at startup

@@ -119,11 +119,15 @@ def start_services(stack: contextlib.ExitStack, logs: Path, status: Callable[[st
 
 def one_line_errors(prog: str, body: Callable[[], int]) -> int:
     """Run ``body`` and return its exit code; a typed error (a service that cannot start, a bad setting)
-    is printed as one ``prog: Kind: message`` line instead of a traceback, exit code 1."""
+    is printed as one ``prog: Kind: message`` line instead of a traceback, exit code 1; a Ctrl-C (once
+    everything started was stopped) as ``prog: interrupted``, exit code 130."""
     try:
         return body()
     except SmithError as exc:
         return fail(prog, exc)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 def main(argv: list[str] | None = None) -> int:

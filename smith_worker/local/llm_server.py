@@ -164,7 +164,7 @@ class LocalModelServer:
         self._process.start()
         try:
             wait_until(lambda: self._process.alive() and _healthy(self.port), self._startup_timeout, "local model")
-        except Exception:
+        except BaseException:  # a Ctrl-C too: the server runs in a session of its own, SIGINT never reaches it
             self._process.stop()
             raise
         return self

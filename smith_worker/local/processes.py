@@ -21,6 +21,7 @@ from pathlib import Path
 import redis as sync_redis
 
 from smith_client.errors import ConfigurationError, SmithTimeoutError
+from smith_worker.redaction import redact_text
 
 
 def free_port() -> int:
@@ -31,13 +32,21 @@ def free_port() -> int:
 
 
 def redis_answers(url: str, timeout: float = 1.0) -> bool:
-    """True when a Redis server at ``url`` answers PING within ``timeout`` seconds."""
+    """True when a Redis server at ``url`` answers PING within ``timeout`` seconds; False when none does.
+
+    Raises :class:`ConfigurationError` when one answers but refuses ``url``'s terms (a wrong password or
+    user, a database index it does not have): that Redis is there, and another would not be the one meant.
+    """
     try:
         client = sync_redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
         try:
             return bool(client.ping())
         finally:
             client.close()
+    except (sync_redis.AuthenticationError, sync_redis.ResponseError) as exc:
+        raise ConfigurationError(
+            f"the Redis at {redact_text(url)} refused it: {exc}", setting="SMITH_REDIS_URL"
+        ) from exc
     except (sync_redis.RedisError, OSError, ValueError):
         return False
 

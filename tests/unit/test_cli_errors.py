@@ -79,6 +79,18 @@ def test_make_demo_chat_and_web_refuse_a_bad_setting_in_one_line_before_starting
     assert_one_clean_line(result, f"{prog}: ConfigurationError: SMITH_FALLBACK_POLL must be ")
 
 
+@pytest.mark.parametrize("port", ["abc", "99999", "0"])
+def test_make_web_refuses_a_bad_port_before_starting_anything(port):
+    result = run(["-m", "examples.web.run"], SMITH_WEB_PORT=port)
+    assert_one_clean_line(result, "make web: ConfigurationError: SMITH_WEB_PORT must be a TCP port number")
+
+
+def test_make_demo_refuses_a_redis_that_refuses_its_url_instead_of_starting_another(redis_url):
+    result = run(["-m", "smith_worker.demo.run"], SMITH_REDIS_URL=redis_url.rsplit("/", 1)[0] + "/99")
+    assert_one_clean_line(result, "make demo: ConfigurationError: the Redis at redis://")
+    assert "DB index is out of range" in result.stderr
+
+
 def test_smith_refuses_a_bad_setting_before_any_command():
     result = run(["-c", SMITH, "status"], SMITH_REDIS_SOCKET_TIMEOUT="0")
     assert_one_clean_line(result, "smith: ConfigurationError: SMITH_REDIS_SOCKET_TIMEOUT must be a number of seconds")
@@ -128,6 +140,19 @@ def test_smith_ask_waits_300_s_by_default_and_its_timeout_option_wins():
     assert parse_args(["chat"]).timeout is None  # a REPL turn waits until Ctrl-C
 
 
-def test_smith_ask_under_a_prefix_no_worker_serves_says_so_at_once(redis_url):
-    result = run(["-c", SMITH, "ask", "--redis-url", redis_url, "--prefix", "noworkers", "hi"])
+@pytest.mark.parametrize("command", [["ask", "hi"], ["chat"]])
+def test_smith_ask_and_chat_under_a_prefix_no_worker_serves_say_so_at_once(redis_url, command):
+    result = run(["-c", SMITH, *command, "--redis-url", redis_url, "--prefix", "noworkers"])
     assert_one_clean_line(result, "smith: UnknownAgentError: no turn worker is registered under prefix 'noworkers'")
+
+
+def test_a_client_takes_its_redis_url_and_prefix_from_the_environment(redis_url, monkeypatch):
+    """What ``make demo`` prints (SMITH_REDIS_URL=… SMITH_PREFIX=…) is what ``from_url()`` reads by default."""
+    from smith_client import SmithClient, SyncSmithClient
+
+    monkeypatch.setenv("SMITH_REDIS_URL", redis_url)
+    monkeypatch.setenv("SMITH_PREFIX", "from-env")
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    for client in (SmithClient.from_url(), SyncSmithClient.from_url()):
+        assert (client.keys.prefix, client.redis.connection_pool.connection_kwargs["port"]) == ("from-env", port)
+    assert SmithClient.from_url(prefix="given").keys.prefix == "given"  # an argument wins
