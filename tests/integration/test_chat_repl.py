@@ -111,15 +111,16 @@ def test_chat_model_calls_the_mcp_example_tool(redis_url, scripted_llm, scenario
     assert demo_processes(redis_url) == []
 
 
-def test_smith_chat_leaves_on_exit(redis_url):
-    """`smith chat` is the same REPL; /exit leaves it with status 0 (no worker needed: no turn is sent)."""
+def test_smith_chat_leaves_on_exit(redis_url, prefix, workers):
+    """`smith chat` is the same REPL (it starts only where a worker serves its agent); /exit leaves it with
+    status 0."""
     child = pexpect.spawn(sys.executable, ["-c", "from smith_client.cli import smith_main; smith_main()",
-                                           "--redis-url", redis_url, "chat"],
+                                           "--redis-url", redis_url, "--prefix", prefix, "chat"],
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), encoding="utf-8", timeout=30)
     try:
         child.expect(r"\[conversation cli-\d+\]")
         child.expect_exact("you> ")
-        child.sendline("/bogus")  # not sent as a turn (none could run: no worker)
+        child.sendline("/bogus")  # not sent as a turn
         child.expect_exact("[unknown command /bogus: /reset starts a new conversation, /exit leaves]")
         child.expect_exact("you> ")
         child.sendline("/exit")
