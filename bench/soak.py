@@ -283,6 +283,8 @@ class Soak:
         self.submitting: set[str] = set()  # conversations with a submission in progress (keeps their order)
         self.due: collections.deque[tuple[float, str]] = collections.deque()  # (when, turn id) to read the log of
         self.event_verdicts: dict[str, list[str]] = {}
+        #: Turn id → its state and events when its log first failed a check (evidence_of).
+        self.evidence: dict[str, str] = {}
         self.follow_problems: list[str] = []
         self.samples: dict[str, list[tuple[float, int, float]]] = collections.defaultdict(list)
         self.timeline: list[str] = []
@@ -526,6 +528,14 @@ class Soak:
                 continue  # expired since its first check: that verdict stands
             problems = event_problems(events, counter, self.turns[turn_id].status)
             self.event_verdicts[turn_id] = ["replay log gone"] if counter is None and not events else problems
+            if problems and turn_id not in self.evidence:  # the keys expire long before the summary
+                self.evidence[turn_id] = await self.evidence_of(turn_id, events)
+
+    async def evidence_of(self, turn_id: str, events: list[tuple[int, str]]) -> str:
+        """A turn's state hash (without its job payload) and its event types, as they are when a check fails."""
+        state = record.decode_state(await self.client.redis.hgetall(self.client.keys.turn_state(turn_id)))
+        state.pop(record.JOB, None)
+        return f"state {state or 'gone'}; events {[kind for _, kind in events]}"
 
     async def sample_loop(self) -> None:
         while True:
@@ -766,7 +776,7 @@ class Soak:
         lines += [f"not submitted {t.turn_id}: {t.status} {t.error_kind}" for t in never]
         lines += [f"state changed {c}" for c in changed]
         lines += [f"duplicated {label}: run by {workers}" for label, workers in dupes.items()]
-        lines += [f"events {turn_id}: {'; '.join(p)}" for turn_id, p in gaps.items()]
+        lines += [f"events {turn_id}: {'; '.join(p)} ({self.evidence.get(turn_id, '')})" for turn_id, p in gaps.items()]
         lines += [f"stream {p}" for p in self.follow_problems]
         lines += [f"history {c}: {p}" for c, problems in histories.items() for p in problems]
         lines += [f"no TTL {key}" for key in no_ttl]

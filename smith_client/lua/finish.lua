@@ -3,8 +3,12 @@
 --       turns SET (the turn leaves it).
 -- ARGV: turn id, attempt, status, field, value, turn TTL s, history TTL s.
 -- Merged user messages the turn did not get to (it was cancelled or failed first) are kept:
--- moved to the history, after what the turn completed. Returns 1, or 0 when fenced off.
-if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return 0 end
+-- moved to the history, after what the turn completed. Returns 1, or 0 when fenced off: the attempt
+-- is not the current one, or the turn is not running. The second guard keeps a turn's status and its
+-- terminal event in agreement: the terminal event in the same transaction is dropped on the same test
+-- (fenced_off), so an attempt that already ended the turn (completed, its reply lost to a cancel of
+-- the task awaiting it) cannot rewrite the status as cancelled behind a logged turn.completed.
+if fenced_off(KEYS[1], ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[3], ARGV[4], ARGV[5], 'inbox_closed', '1', 'lease_until', 0)
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('ZREM', KEYS[2], ARGV[1])
