@@ -7,7 +7,10 @@
 * ``smith status`` prints queue lengths, running turns and live workers per queue.
 * It reads the variables of :class:`~smith_client.settings.ClientSettings` (``SMITH_REDIS_URL``,
   ``SMITH_PREFIX``, …), checked before any command: a bad one is one line on stderr and exit code 1.
-* ``smith COMMAND -h`` lists a command's options, which go after it (or, as before, ahead of it).
+* ``smith COMMAND -h`` lists a command's options, which go after it (or, as before, ahead of it);
+  ``--redis-url`` and ``--prefix`` are checked by the same rules as their variables.
+* SIGTERM stops a command as Ctrl-C does: a turn it is waiting for is cancelled, not left running
+  (exit code 143, Ctrl-C's is 130).
 
 ``smith-worker`` (running workers) is :mod:`smith_worker.cli`.
 """
@@ -17,14 +20,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
+from collections.abc import Awaitable
 from typing import Any, TextIO
 
 import orjson
 from redis.exceptions import RedisError
 
 from smith_client.client import SmithClient
-from smith_client.errors import SmithError, UnknownAgentError
+from smith_client.errors import ConfigurationError, SmithError, UnknownAgentError
 from smith_client.events import (
     Event,
     TokenData,
@@ -38,7 +43,7 @@ from smith_client.hygiene import conversation_keys
 from smith_client.redis_errors import smith_error
 from smith_client.registry import fleet_status
 from smith_client.repl import ChatRepl, run_turn
-from smith_client.settings import DEFAULT_REDIS_URL, ClientSettings
+from smith_client.settings import DEFAULT_REDIS_URL, ClientSettings, env_name
 from smith_client.validation import check_served
 
 
@@ -277,15 +282,60 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+#: The options that override a variable of :class:`ClientSettings`, by field name.
+_SETTING_OPTIONS = {"redis_url": "--redis-url", "prefix": "--prefix"}
+#: The exit code after SIGTERM (128 + the signal's number, as a shell reports it).
+SIGTERM_EXIT = 128 + signal.SIGTERM
+
+
+def _with_options(settings: ClientSettings, args: argparse.Namespace) -> ClientSettings:
+    """``settings`` with ``--redis-url`` and ``--prefix`` (when given) in place of their variables, checked
+    by the same rules. Raises :class:`ConfigurationError` naming the option for a refused value."""
+    given = {field: getattr(args, field) for field in _SETTING_OPTIONS if getattr(args, field) is not None}
+    if not given:
+        return settings
+    try:
+        return ClientSettings.model_validate({**settings.model_dump(), **given})
+    except ConfigurationError as exc:
+        variable = exc.fields["setting"]
+        field = next((f for f in given if env_name(f) == variable), None)
+        if field is None:
+            raise
+        option = _SETTING_OPTIONS[field]
+        raise ConfigurationError(exc.message.replace(variable, option, 1), setting=option) from None
+
+
+async def _stopped_by_sigterm(command: Awaitable[int]) -> int:
+    """Run ``command``; SIGTERM cancels it as Ctrl-C does (its turn is cancelled, not left running) and
+    makes the exit code :data:`SIGTERM_EXIT`. Ctrl-C still ends in ``KeyboardInterrupt`` (asyncio.run)."""
+    task, loop = asyncio.current_task(), asyncio.get_running_loop()
+    terminated = []
+
+    def terminate() -> None:
+        terminated.append(True)
+        if task is not None:
+            task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, terminate)
+    try:
+        return await command
+    except asyncio.CancelledError:
+        if not terminated:
+            raise
+        return SIGTERM_EXIT
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
 def smith_main(argv: list[str] | None = None) -> None:
     """Entry point of ``smith``: ``smith ask "question"``, ``smith chat``, ``smith keys --conversation ID``,
     ``smith status``."""
     args = parse_args(argv)
     commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys, "status": _run_status}
     try:
-        args.settings = settings = ClientSettings.from_env()  # every variable `smith` reads, checked first
-        args.redis_url, args.prefix = args.redis_url or settings.redis_url, args.prefix or settings.prefix
-        code = asyncio.run(commands[args.command](args))
+        args.settings = settings = _with_options(ClientSettings.from_env(), args)  # all checked first
+        args.redis_url, args.prefix = settings.redis_url, settings.prefix
+        code = asyncio.run(_stopped_by_sigterm(commands[args.command](args)))
     except (SmithError, RedisError) as exc:  # status and keys read Redis directly: its errors too
         code = fail("smith", exc)
     except KeyboardInterrupt:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import subprocess
 import sys
 import uuid
@@ -20,6 +21,34 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 
 async def queued_turns(client: SmithClient) -> int:
     return await client.redis.zcard(client.keys.turns_queue)
+
+
+
+
+async def test_smith_ask_stopped_by_sigterm_cancels_its_turn(client, redis_url, prefix, scenario):
+    _, marker = scenario(Reply.stall())  # the model never answers: the turn runs until something ends it
+    conversation = f"conv-sigterm-{uuid.uuid4().hex[:8]}"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "from smith_client.cli import smith_main; smith_main()", "ask", "--redis-url", redis_url,
+        "--prefix", prefix, "--conversation", conversation, f"{marker} hi",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    statuses = client.keys.conversation_statuses(conversation)
+    async with asyncio.timeout(60):  # its turn is running
+        while await client.redis.hget(statuses, await first_turn(client, conversation)) != b"running":
+            await asyncio.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 143 and b"Traceback" not in err, err
+    async with asyncio.timeout(30):  # the turn ends (cancelled) instead of running on with nobody waiting
+        while await client.redis.hlen(statuses):
+            await asyncio.sleep(0.1)
+
+
+async def first_turn(client, conversation: str) -> str:
+    """The id of the conversation's first turn ('' until it is submitted)."""
+    ids = await client.redis.lrange(client.keys.conversation_turns(conversation), 0, 0)
+    return ids[0].decode() if ids else ""
 
 
 @pytest.mark.parametrize(

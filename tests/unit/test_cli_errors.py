@@ -96,6 +96,15 @@ def test_smith_refuses_a_bad_setting_before_any_command():
     assert_one_clean_line(result, "smith: ConfigurationError: SMITH_REDIS_SOCKET_TIMEOUT must be a number of seconds")
 
 
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("--prefix", "bad prefix!", "--prefix must be 1-200 characters from [A-Za-z0-9_.:@-], got 'bad prefix!'"),
+    ("--redis-url", "http://x", "--redis-url must be a redis://"),
+])
+def test_smith_checks_its_options_as_it_checks_their_variables(option, value, says):
+    result = run(["-c", SMITH, "status", option, value])
+    assert_one_clean_line(result, f"smith: ConfigurationError: {says}")
+
+
 def test_smith_keys_needs_a_conversation():
     result = run(["-c", SMITH, "keys"])
     assert result.returncode == 2 and "keys needs --conversation ID" in result.stderr and "Traceback" not in result.stderr
