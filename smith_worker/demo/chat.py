@@ -31,7 +31,7 @@ async def _chat(redis_url: str, prefix: str) -> int:
 def main() -> int:
     """Run the REPL until /exit or Ctrl-D; everything started is stopped on the way out."""
     with contextlib.ExitStack() as stack:
-        redis_url, prefix = start_services(stack, Path(".demo-logs"))
+        redis_url, prefix, _ = start_services(stack, Path(".demo-logs"))
         return asyncio.run(_chat(redis_url, prefix))
 
 

@@ -19,9 +19,11 @@ import contextlib
 import os
 import shlex
 import sys
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from smith_client import SmithClient
 from smith_client.cli import StreamPrinter, fail
@@ -85,8 +87,22 @@ def smith_hint(redis_url: str, prefix: str) -> str:
     return shlex.join([f"SMITH_REDIS_URL={redact_text(redis_url)}", f"SMITH_PREFIX={prefix}", command, "status"])
 
 
-def start_services(stack: contextlib.ExitStack, logs: Path, status: Callable[[str], None] = _status) -> tuple[str, str]:
-    """Redis, the model (unless ``SMITH_LLM_BASE_URL``) and a turn and a tool worker; returns (redis URL, prefix).
+#: A started child process and its log file.
+Child = tuple[ManagedProcess, Path]
+
+
+class Services(NamedTuple):
+    """What :func:`start_services` started: the Redis URL and key prefix its workers use, and its child
+    processes by name (``"redis-server"``, ``"local model"``, ``"turn worker"``, ``"tool worker"``; a
+    borrowed Redis or model is not one of them) with their log files."""
+
+    redis_url: str
+    prefix: str
+    children: dict[str, Child]
+
+
+def start_services(stack: contextlib.ExitStack, logs: Path, status: Callable[[str], None] = _status) -> Services:
+    """Redis, the model (unless ``SMITH_LLM_BASE_URL``) and a turn and a tool worker.
 
     Everything started is stopped when ``stack`` closes; this run's keys are
     removed from a borrowed Redis. ``status`` prints progress lines, the Redis URL
@@ -97,12 +113,14 @@ def start_services(stack: contextlib.ExitStack, logs: Path, status: Callable[[st
     logs.mkdir(exist_ok=True)
     prefix = f"smith-demo-{uuid.uuid4().hex[:6]}"  # never touches a developer's own keys
     redis_url = os.environ.get("SMITH_REDIS_URL", "redis://127.0.0.1:6379/0")
+    children: dict[str, Child] = {}
     if redis_answers(redis_url):
         stack.callback(lambda: asyncio.run(_delete_keys(redis_url, prefix)))
     else:
         status(f"no Redis at {redact_text(redis_url)}; starting a private redis-server")
         redis_proc, redis_url = start_redis_server(log_path=logs / "redis.log")
         stack.callback(redis_proc.stop)
+        children["redis-server"] = (redis_proc, logs / "redis.log")
     hint = smith_hint(redis_url, prefix)
     status(f"Redis {redact_text(redis_url)}, key prefix {prefix}; from another terminal: {hint}")
     env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_PREFIX=prefix)
@@ -110,11 +128,40 @@ def start_services(stack: contextlib.ExitStack, logs: Path, status: Callable[[st
         status("starting the local model server (SmolLM2-135M via xllamacpp, json_schema tool calling)")
         model = stack.enter_context(LocalModelServer(log_path=logs / "llm.log"))
         env.update(model.client_env())
-    for queue in ("turns", "tools"):
-        worker = ManagedProcess(worker_argv("smith_worker.demo:app", queue), env=env, log_path=logs / f"{queue}.log")
-        stack.enter_context(worker)
+        children["local model"] = (model.process, logs / "llm.log")
+    for queue, name in (("turns", "turn worker"), ("tools", "tool worker")):
+        log = logs / f"{queue}.log"
+        worker = ManagedProcess(worker_argv("smith_worker.demo:app", queue), env=env, log_path=log)
+        children[name] = (stack.enter_context(worker), log)
     wait_until(lambda: asyncio.run(_agents_ready(redis_url, prefix)), 30.0, "turn worker", interval=0.3)
-    return redis_url, prefix
+    return Services(redis_url, prefix, children)
+
+
+#: Seconds between two looks at the children of a long-running demo (:func:`watch_children`).
+WATCH_EVERY = 0.5
+
+
+@contextlib.contextmanager
+def watching_children(children: dict[str, Child], on_exit: Callable[[str], None]) -> Iterator[None]:
+    """While the block runs, call ``on_exit`` once (from a thread) with a line naming the first child that
+    exits, its exit code and log, so a long-running ``make web`` says so instead of serving on without it.
+    The watch ends with the block, before the children are stopped."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(WATCH_EVERY):
+            for name, (child, log) in children.items():
+                if not child.alive():
+                    on_exit(f"the {name} exited (code {child.returncode}; its log: {log}): stopping everything")
+                    return
+
+    watcher = threading.Thread(target=watch, name="watch-children", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 def one_line_errors(prog: str, body: Callable[[], int]) -> int:
@@ -136,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("question", nargs="?", default=DEFAULT_QUESTION)
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
-        redis_url, prefix = start_services(stack, Path(".demo-logs"))
+        redis_url, prefix, _ = start_services(stack, Path(".demo-logs"))
         _status(f"asking: {args.question}")
         ok = asyncio.run(_turn(redis_url, prefix, args.question))
     _status("stopped everything it started")

@@ -138,7 +138,8 @@ class LocalModelServer:
         self.model = model_alias(self.model_path)
         model_threads()  # a bad setting fails here, not in the child
         env = dict(os.environ, SMITH_LOCAL_MODEL=str(self.model_path))
-        self._process = ManagedProcess(server_argv(self.port), env=env, log_path=log_path, grace=5.0)
+        #: The server's process (a :class:`ManagedProcess`, started by :meth:`start`).
+        self.process = ManagedProcess(server_argv(self.port), env=env, log_path=log_path, grace=5.0)
         self._startup_timeout = startup_timeout
 
     def client_env(self) -> dict[str, str]:
@@ -161,17 +162,17 @@ class LocalModelServer:
             raise ConfigurationError(
                 "xllamacpp is not installed: pip install '.[local-llm]'", setting="SMITH_LLM_BASE_URL"
             )
-        self._process.start()
+        self.process.start()
         try:
-            wait_until(lambda: self._process.alive() and _healthy(self.port), self._startup_timeout, "local model")
+            wait_until(lambda: self.process.alive() and _healthy(self.port), self._startup_timeout, "local model")
         except BaseException:  # a Ctrl-C too: the server runs in a session of its own, SIGINT never reaches it
-            self._process.stop()
+            self.process.stop()
             raise
         return self
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL)."""
-        self._process.stop()
+        self.process.stop()
 
     def __enter__(self) -> LocalModelServer:
         return self.start()

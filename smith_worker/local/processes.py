@@ -102,6 +102,11 @@ class ManagedProcess:
         """True while the process runs."""
         return self.proc is not None and self.proc.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        """The exit code once the process has exited (negative: the signal that ended it), else None."""
+        return None if self.proc is None else self.proc.poll()
+
     def signal(self, signum: int) -> None:
         """Send ``signum`` if the process still runs."""
         if self.alive():

@@ -137,3 +137,27 @@ def test_make_web_serves_the_relay_with_workers_and_stops_everything(redis_url, 
     assert "stopped everything it started" in stderr
     assert demo_processes(redis_url) == []
 
+
+
+def test_make_web_stops_everything_when_a_worker_it_started_dies(redis_url, scripted_llm, tmp_path):
+    port = free_port()
+    env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_LLM_BASE_URL=scripted_llm.base_url,
+               SMITH_WEB_PORT=str(port), PYTHONPATH=str(ROOT))
+    stderr_path = tmp_path / "stderr"
+    with stderr_path.open("w") as stderr_file:
+        proc = subprocess.Popen([sys.executable, "-m", "examples.web.run"], cwd=tmp_path, env=env,
+                                stdout=subprocess.DEVNULL, stderr=stderr_file, text=True)
+        try:
+            wait_until(lambda: serves(f"http://127.0.0.1:{port}/"), 60.0, "make web's page")
+            turn_worker = next(p for p in demo_processes(redis_url) if "turns" in p.cmdline())
+            turn_worker.kill()  # kill -9: the page would otherwise accept turns nobody runs
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=60)
+    stderr = stderr_path.read_text()
+    assert proc.returncode == 1, stderr
+    assert "[web] the turn worker exited (code -9; its log: .demo-logs/turns.log): stopping everything" in stderr
+    assert "stopped everything it started" in stderr
+    assert demo_processes(redis_url) == []

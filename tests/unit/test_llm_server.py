@@ -18,7 +18,7 @@ def test_bundled_model_is_found_and_smith_local_model_overrides_it(monkeypatch, 
     monkeypatch.setenv("SMITH_LOCAL_MODEL", str(own))
     assert find_model_path() == own
     server = LocalModelServer(port=1)  # not started: the child would serve the user's file
-    assert server.model_path == own and server._process.env["SMITH_LOCAL_MODEL"] == str(own)
+    assert server.model_path == own and server.process.env["SMITH_LOCAL_MODEL"] == str(own)
     assert server.model == "mine"  # the user's model answers to its own name
     monkeypatch.setenv("SMITH_LOCAL_MODEL", str(tmp_path / "missing.gguf"))
     with pytest.raises(ConfigurationError):
