@@ -125,14 +125,15 @@ async def start_turn(
 
 
 def _cursor(last_event_id: str | None, after: int | None) -> int:
-    """The ``seq`` of the last event the browser has: ``Last-Event-ID`` first, then ``?after=``, else 0."""
-    raw = last_event_id if last_event_id not in (None, "") else after
+    """The ``seq`` of the last event the browser has: ``Last-Event-ID`` first, then ``?after=``, else 0.
+    Raises :class:`InvalidRequestError` naming the one given when it is not a seq (a whole number >= 0)."""
+    field, raw = ("Last-Event-ID", last_event_id) if last_event_id not in (None, "") else ("after", after)
     try:
         cursor = int(raw or 0)
     except ValueError:
-        raise InvalidRequestError(f"Last-Event-ID must be an event seq, got {raw!r}", field="Last-Event-ID") from None
+        cursor = -1
     if cursor < 0:
-        raise InvalidRequestError(f"the cursor must be >= 0, got {cursor}", field="after")
+        raise InvalidRequestError(f"{field} must be an event seq (a whole number >= 0), got {raw!r}", field=field)
     return cursor
 
 

@@ -120,7 +120,9 @@ def test_the_api_answers_idempotently_and_with_typed_errors(web, scenario, redis
     assert httpx.post(f"{web}/conversations/{conversation}/turns", json={"text": " "}).status_code == 422
     assert httpx.get(f"{web}/turns/nope-{uuid.uuid4().hex}/events").status_code == 404
     assert httpx.post(f"{web}/turns/nope-{uuid.uuid4().hex}/cancel").status_code == 404
-    assert httpx.get(f"{web}/turns/{key}/events", headers={"Last-Event-ID": "x"}).status_code == 422
+    for bad in ("x", "-1"):
+        refused = httpx.get(f"{web}/turns/{key}/events", headers={"Last-Event-ID": bad})
+        assert refused.status_code == 422 and refused.json()["error"]["fields"] == {"field": "Last-Event-ID"}
     full = httpx.get(f"{web}/turns/{key}/events?after=0", timeout=30)  # ?after= for fetch clients
     assert [int(m["id"]) for m in sse_messages(full.text)[0]][0] == 1
     redis.Redis.from_url(redis_url).delete(Keys(prefix).turn_log(key))  # as if the log had expired
