@@ -38,7 +38,7 @@ from smith_client.messages import (
     ToolMessage,
     UserMessage,
 )
-from smith_client.sync_client import SyncSmithClient
+from smith_client.sync_client import SyncSmithClient, SyncTurnHandle
 
 __all__ = [
     "AssistantMessage",
@@ -60,6 +60,7 @@ __all__ = [
     "SmithError",
     "SmithTimeoutError",
     "SyncSmithClient",
+    "SyncTurnHandle",
     "SystemMessage",
     "TokenUsage",
     "ToolCall",

@@ -6,17 +6,19 @@ queue with the turn id as the arq job id, and follows the events until
 ``turn.completed`` or ``turn.failed`` (DESIGN.md §4 step 1).
 
 :class:`SmithClient` (asyncio) and :class:`~smith_client.sync_client.SyncSmithClient`
-(blocking, for WSGI apps) share this module's API: every method is written once in
-:class:`ClientAPI` as an operation of :mod:`smith_client.operations`, and each
-client only runs it (:mod:`smith_client.runners`). A method therefore returns an
-awaitable (``SmithClient``) or the value itself (``SyncSmithClient``), and a
-stream is an async iterator or a plain one.
+(blocking, for WSGI apps) have the same methods, arguments and errors: each
+method is one operation of :mod:`smith_client.operations`, built once in
+:class:`ClientBase`, which each client runs (:mod:`smith_client.runners`). Only
+the signatures differ, written out per client as httpx does for its two
+clients, so a type checker sees what each returns: an awaitable of the value
+and an async generator of events (``SmithClient``), or the value and a plain
+generator (``SyncSmithClient``).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, Self, Unpack
 
 from arq.connections import ArqRedis
@@ -26,7 +28,9 @@ from smith_client import skills
 from smith_client import turn_record as record
 from smith_client.connection import client_max_connections, connect_redis
 from smith_client.eventlog import EventLog
+from smith_client.events import Event
 from smith_client.keys import Keys
+from smith_client.messages import AssistantMessage, Message
 from smith_client.protocol import Operation
 from smith_client.registry import ServedAgents
 from smith_client.runners import AsyncRunner, SyncRunner
@@ -35,11 +39,10 @@ from smith_client.turns import cancel_turn, read_state
 from smith_client.validation import TurnOptions, check_id
 
 
-class ClientAPI:
-    """The methods :class:`SmithClient` and :class:`SyncSmithClient` share (same names, arguments, errors).
+class ClientBase:
+    """What :class:`SmithClient` and :class:`SyncSmithClient` share: construction, keys, and each public
+    method's operation (``_op_<method>``), which a client's method runs on its runner.
 
-    With ``SmithClient`` each returns an awaitable and ``stream``/``follow`` an
-    async iterator; with ``SyncSmithClient`` the value and a plain iterator.
     Redis failures raise :class:`~smith_client.errors.TransportError`.
     """
 
@@ -97,6 +100,9 @@ class ClientAPI:
         at least 2, else :class:`ConfigurationError`): a command finding all in use
         waits for one up to ``pool_timeout`` seconds (default ``socket_timeout``),
         then raises :class:`SmithTimeoutError` (operation ``redis.pool``).
+        ``turn_ttl`` / ``history_ttl`` (seconds) are the lifetimes of what the client
+        writes (a turn's state, a conversation's FIFO and skills); None reads
+        ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL`` (defaults 24 h / 30 days, DESIGN.md §8).
         The client closes these connections when it is closed.
         """
         given = {"redis_url": redis_url, "prefix": prefix, "redis_socket_timeout": socket_timeout,
@@ -116,162 +122,68 @@ class ClientAPI:
         )
         return cls(redis, prefix=prefix, owns_redis=True, turn_ttl=turn_ttl, history_ttl=history_ttl)
 
-    def send(self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]) -> Any:
-        """Run one turn and return its final :class:`AssistantMessage`.
+    def _op_send(self, text: str, timeout: float | None, options: TurnOptions) -> Operation[AssistantMessage]:
+        return ops.send(self.keys, text, timeout, dict(options), self.served)
 
-        ``options`` are :class:`TurnOptions`: ``conversation_id`` (required),
-        ``agent``, ``turn_id`` (an idempotency key: the same id sent again with
-        the same request attaches to the existing turn instead of starting
-        another), ``multitask`` (the policy when the conversation already has
-        an unfinished turn, see :mod:`smith_client.turns`), ``sampling`` and
-        ``stream`` (per-turn model options). ``timeout`` (seconds, None = wait
-        forever) bounds the wait, not the turn.
+    def _op_stream(self, text: str, timeout: float | None, options: TurnOptions) -> Operation[None]:
+        return ops.stream(self.keys, text, timeout, dict(options), self.served)
 
-        Raises :class:`InvalidRequestError` / :class:`UnknownAgentError` /
-        :class:`ConversationBusyError` / :class:`ConflictError` before
-        enqueueing; the turn's own typed error (e.g. ``ParseError``,
-        ``LlmApiError``) when it fails; :class:`TurnCancelledError` when it is
-        cancelled; :class:`SmithTimeoutError` on ``timeout``.
-        """
-        return self.runner.run(ops.send(self.keys, text, timeout, dict(options), self.served), bound=timeout)
+    def _op_submit(self, text: str, options: TurnOptions) -> Operation[str]:
+        return ops.submit(self.keys, text, dict(options), self.served)
 
-    def stream(self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]) -> Any:
-        """Run one turn and iterate its :class:`Event` objects, ending with ``turn.completed``, ``turn.failed``
-        or ``turn.cancelled``.
+    def _op_follow(self, turn_id: str, after_seq: int, timeout: float | None) -> Operation[None]:
+        return ops.follow(self.keys, turn_id, after_seq, timeout)
 
-        Options and errors as for :meth:`send`; validation errors are raised at
-        the first iteration, before anything is enqueued. A caller attaching to
-        an existing turn (same ``turn_id``) gets all of its events from the
-        start; a ``merge`` caller gets the events of the turn it joined from the
-        moment it joined.
-        """
-        return self.runner.iterate(ops.stream(self.keys, text, timeout, dict(options), self.served))
+    def _op_clear(self, conversation_id: str) -> Operation[None]:
+        return ops.clear(self.keys, conversation_id)
 
-    def submit(self, text: str, **options: Unpack[TurnOptions]) -> Any:
-        """Start a background turn and return its :class:`TurnHandle` at once.
+    def _op_history(self, conversation_id: str) -> Operation[list[Message]]:
+        return ops.history(self.keys, conversation_id)
 
-        Options and errors as for :meth:`send`.
-        """
-        return self.runner.run(ops.submit(self.keys, text, dict(options), self.turn, self.served))
+    def _op_activate_skill(self, conversation_id: str, name: str) -> Operation[None]:
+        return skills.activate_checked(self.keys, conversation_id, name)
 
-    def turn(self, turn_id: str) -> TurnHandle:
-        """A handle on an existing turn, from any process (e.g. a web request after a reload)."""
-        return TurnHandle(self, check_id(turn_id, "turn_id"))
+    def _op_deactivate_skill(self, conversation_id: str, name: str) -> Operation[None]:
+        return skills.deactivate_checked(self.keys, conversation_id, name)
 
-    def follow(self, turn_id: str, after_seq: int = 0, timeout: float | None = None) -> Any:
-        """Iterate the events of ``turn_id`` with ``seq > after_seq``: replayed from the log, then live, until terminal.
-
-        ``after_seq`` is the ``seq`` of the last event the caller has (an SSE
-        ``Last-Event-ID``); 0 replays everything. Raises :class:`InvalidRequestError`
-        for a bad argument, :class:`TurnNotFoundError` for an unknown turn,
-        :class:`EventsTrimmedError`, :class:`SmithTimeoutError`.
-        """
-        return self.runner.iterate(ops.follow(self.keys, turn_id, after_seq, timeout))
-
-    def clear(self, conversation_id: str) -> Any:
-        """Remove a conversation's messages, memory state (its summary) and active skills, in one atomic step.
-
-        Raises :class:`ConversationBusyError` (``active_turn_id`` set) and
-        changes nothing while the conversation has an unfinished (queued or
-        running) turn; :class:`InvalidRequestError` for a bad id. Finished
-        turns keep their own state (results, events) until it expires.
-        """
-        return self.runner.run(ops.clear(self.keys, conversation_id))
-
-    def history(self, conversation_id: str) -> Any:
-        """All messages of a conversation, oldest first (stored form, ``is_error`` included)."""
-        return self.runner.run(ops.history(self.keys, conversation_id))
-
-    def activate_skill(self, conversation_id: str, name: str) -> Any:
-        """Activate skill ``name`` (its declared name) on a conversation, after the skills active already.
-
-        Any registered skill can be activated on any conversation, whatever
-        agent runs it; the activation is stored in Redis, so every worker's next
-        step sees it (a running turn at its next model call), and lives as long
-        as the conversation's history (issue 14). Activating an active skill
-        does nothing (it keeps its place in the activation order).
-
-        Raises :class:`InvalidRequestError` for a bad id or name and
-        :class:`UnknownSkillError` when live turn workers are registered and
-        none serves ``name``; in both cases nothing changes. With no turn
-        worker registered at all it logs a warning and accepts.
-        """
-        return self.runner.run(skills.activate_checked(self.keys, conversation_id, name))
-
-    def deactivate_skill(self, conversation_id: str, name: str) -> Any:
-        """Deactivate skill ``name`` on a conversation; deactivating an inactive skill does nothing.
-
-        Takes effect at the next step of any turn, like an activation. An
-        agent's default skills (``app.agent(..., skills=[...])``) stay active
-        for that agent. Raises :class:`InvalidRequestError` for a bad id or name.
-        """
-        return self.runner.run(skills.deactivate_checked(self.keys, conversation_id, name))
-
-    def active_skills(self, conversation_id: str) -> Any:
-        """Declared names (``list[str]``) of the skills activated on a conversation, in activation order.
-
-        An agent's default skills are not listed: they belong to the agent, not
-        to the conversation. Raises :class:`InvalidRequestError` for a bad id.
-        """
-        return self.runner.run(skills.active_checked(self.keys, conversation_id))
+    def _op_active_skills(self, conversation_id: str) -> Operation[list[str]]:
+        return skills.active_checked(self.keys, conversation_id)
 
 
-class TurnHandle:
-    """A turn seen from any process: its status, events, result, and cancel.
+class HandleBase:
+    """What :class:`TurnHandle` and :class:`~smith_client.sync_client.SyncTurnHandle` share: the turn id
+    and each method's operation (``_op_<method>``), run on the handle's client."""
 
-    Get one from ``submit()`` or ``turn()`` of either client; its methods
-    return awaitables with :class:`SmithClient` and values with ``SyncSmithClient``.
-    """
-
-    def __init__(self, client: ClientAPI, turn_id: str) -> None:
-        self.client = client
+    def __init__(self, keys: Keys, turn_id: str) -> None:
+        self.keys = keys
         self.turn_id = turn_id
 
     def __repr__(self) -> str:
-        return f"TurnHandle({self.turn_id!r})"
+        return f"{type(self).__name__}({self.turn_id!r})"
 
-    def state(self) -> Any:
-        """The raw state hash as ``dict[str, str]`` (empty when the turn is unknown or expired)."""
-        return self.client.runner.run(read_state(self.client.keys, self.turn_id))
+    def _op_state(self) -> Operation[dict[str, str]]:
+        return read_state(self.keys, self.turn_id)
 
-    def status(self) -> Any:
-        """``queued``, ``running``, ``completed``, ``failed``, ``cancelled``, or ``unknown``."""
-        return self.client.runner.run(_status(self.client.keys, self.turn_id))
+    def _op_status(self) -> Operation[str]:
+        return _status(self.keys, self.turn_id)
 
-    def events(self, after_seq: int = 0, timeout: float | None = None) -> Any:
-        """Every event with ``seq > after_seq``, exactly once and in order, then live ones until the end.
+    def _op_result(self, timeout: float | None) -> Operation[AssistantMessage]:
+        return ops.result(self.keys, self.turn_id, timeout)
 
-        Raises :class:`EventsTrimmedError` when the asked-for events are no longer kept.
-        """
-        return self.client.follow(self.turn_id, after_seq, timeout)
-
-    def result(self, timeout: float | None = None) -> Any:
-        """Wait for the final :class:`AssistantMessage` (``timeout`` seconds, None = forever).
-
-        Raises the turn's typed error, :class:`TurnCancelledError` for a
-        cancelled turn, or :class:`SmithTimeoutError`.
-        """
-        return self.client.runner.run(ops.result(self.client.keys, self.turn_id, timeout), bound=timeout)
-
-    def cancel(self, reason: str = "cancel") -> Any:
-        """Ask for the turn to stop; returns what happened: ``cancelled_queued`` (it never started),
-        ``cancelling`` (its worker stops it and publishes ``turn.cancelled``), a terminal status
-        (nothing to do), or ``missing``."""
-        return self.client.runner.run(cancel_turn(self.client.keys, self.turn_id, reason))
+    def _op_cancel(self, reason: str) -> Operation[str]:
+        return cancel_turn(self.keys, self.turn_id, reason)
 
 
 def _status(keys: Keys, turn_id: str) -> Operation[str]:
     return (yield from read_state(keys, turn_id)).get(record.STATUS, "unknown")
 
 
-class SmithClient(ClientAPI):
+class SmithClient(ClientBase):
     """Asyncio client for one Agent Smith deployment (one Redis database, one key prefix).
 
     Use ``SmithClient.from_url(url, prefix=...)``, as ``async with`` or closing
     with :meth:`aclose`. Safe to share between concurrent tasks of one event loop.
-    ``turn_ttl`` / ``history_ttl`` (seconds) are the lifetimes of what the client
-    writes (a turn's state, a conversation's FIFO and skills); None reads
-    ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL`` (defaults 24 h / 30 days, DESIGN.md §8).
+    Every method raises :class:`TransportError` when Redis fails; times are seconds.
     """
 
     _connect = staticmethod(connect_redis)
@@ -279,12 +191,123 @@ class SmithClient(ClientAPI):
     redis: ArqRedis
     runner: AsyncRunner
 
+    async def send(
+        self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
+    ) -> AssistantMessage:
+        """Run one turn and return its final :class:`AssistantMessage`.
+
+        ``text``: the user message (non-blank, at most 1 000 000 UTF-8 bytes).
+        ``options`` are :class:`TurnOptions`: ``conversation_id`` (required),
+        ``agent``, ``turn_id`` (an idempotency key: the same id sent again with
+        the same request attaches to the existing turn instead of starting
+        another), ``multitask`` (the policy when the conversation already has
+        an unfinished turn, see :mod:`smith_client.turns`), ``sampling`` and
+        ``stream`` (per-turn model options). ``timeout`` (seconds, None = wait
+        forever) bounds the wait, Redis commands included, not the turn.
+
+        Raises :class:`InvalidRequestError` / :class:`UnknownAgentError` /
+        :class:`ConversationBusyError` / :class:`ConflictError` before
+        enqueueing; the turn's own typed error (e.g. ``ParseError``,
+        ``LlmApiError``) when it fails; :class:`TurnCancelledError` when it is
+        cancelled; :class:`SmithTimeoutError` on ``timeout``.
+        """
+        return await self.runner.run(self._op_send(text, timeout, options), bound=timeout)
+
+    def stream(
+        self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
+    ) -> AsyncGenerator[Event, None]:
+        """Run one turn and iterate its :class:`Event` objects (``async for``), ending with ``turn.completed``,
+        ``turn.failed`` or ``turn.cancelled``.
+
+        Options, ``timeout`` (seconds) and errors as for :meth:`send`; the
+        errors are raised at the first iteration, validation errors before
+        anything is enqueued. A caller attaching to an existing turn (same
+        ``turn_id``) gets all of its events from the start; a ``merge`` caller
+        gets the events of the turn it joined from the moment it joined. Leaving
+        the loop early (or ``aclose()``) unsubscribes; the turn goes on.
+        """
+        return self.runner.iterate(self._op_stream(text, timeout, options))
+
+    async def submit(self, text: str, **options: Unpack[TurnOptions]) -> TurnHandle:
+        """Start a background turn and return its :class:`TurnHandle` at once (the turn queued, not awaited).
+
+        Options and the errors raised before enqueueing as for :meth:`send`.
+        """
+        return self.turn(await self.runner.run(self._op_submit(text, options)))
+
+    def turn(self, turn_id: str) -> TurnHandle:
+        """A handle on an existing turn, from any process (e.g. a web request after a reload).
+
+        Raises :class:`InvalidRequestError` for a malformed id; an unknown turn is
+        found out by the handle's methods.
+        """
+        return TurnHandle(self, check_id(turn_id, "turn_id"))
+
+    def follow(self, turn_id: str, after_seq: int = 0, timeout: float | None = None) -> AsyncGenerator[Event, None]:
+        """Iterate the events of ``turn_id`` with ``seq > after_seq``: replayed from the log, then live, until terminal.
+
+        ``after_seq`` is the ``seq`` of the last event the caller has (an SSE
+        ``Last-Event-ID``); 0 replays everything. ``timeout`` (seconds, None = forever)
+        bounds the whole iteration. Raises :class:`InvalidRequestError`
+        for a bad argument, :class:`TurnNotFoundError` for an unknown turn,
+        :class:`EventsTrimmedError`, :class:`SmithTimeoutError`.
+        """
+        return self.runner.iterate(self._op_follow(turn_id, after_seq, timeout))
+
+    async def clear(self, conversation_id: str) -> None:
+        """Remove a conversation's messages, memory state (its summary) and active skills, in one atomic step.
+
+        Raises :class:`ConversationBusyError` (``active_turn_id`` set) and
+        changes nothing while the conversation has an unfinished (queued or
+        running) turn; :class:`InvalidRequestError` for a bad id. Finished
+        turns keep their own state (results, events) until it expires.
+        """
+        await self.runner.run(self._op_clear(conversation_id))
+
+    async def history(self, conversation_id: str) -> list[Message]:
+        """All messages of a conversation, oldest first (stored form, ``is_error`` included); ``[]`` for an
+        unknown or cleared conversation. Raises :class:`InvalidRequestError` for a bad id."""
+        return await self.runner.run(self._op_history(conversation_id))
+
+    async def activate_skill(self, conversation_id: str, name: str) -> None:
+        """Activate skill ``name`` (its declared name) on a conversation, after the skills active already.
+
+        Any registered skill can be activated on any conversation, whatever
+        agent runs it; the activation is stored in Redis, so every worker's next
+        step sees it (a running turn at its next model call), and lives as long
+        as the conversation's history. Activating an active skill
+        does nothing (it keeps its place in the activation order).
+
+        Raises :class:`InvalidRequestError` for a bad id or name and
+        :class:`UnknownSkillError` when live turn workers are registered and
+        none serves ``name``; in both cases nothing changes. With no turn
+        worker registered at all it logs a warning and accepts.
+        """
+        await self.runner.run(self._op_activate_skill(conversation_id, name))
+
+    async def deactivate_skill(self, conversation_id: str, name: str) -> None:
+        """Deactivate skill ``name`` on a conversation; deactivating an inactive skill does nothing.
+
+        Takes effect at the next step of any turn, like an activation. An
+        agent's default skills (``app.agent(..., skills=[...])``) stay active
+        for that agent. Raises :class:`InvalidRequestError` for a bad id or name.
+        """
+        await self.runner.run(self._op_deactivate_skill(conversation_id, name))
+
+    async def active_skills(self, conversation_id: str) -> list[str]:
+        """Declared names of the skills activated on a conversation, in activation order.
+
+        An agent's default skills are not listed: they belong to the agent, not
+        to the conversation. Raises :class:`InvalidRequestError` for a bad id.
+        """
+        return await self.runner.run(self._op_active_skills(conversation_id))
+
     @functools.cached_property
     def events(self) -> EventLog:
         """Publish and read turns' events (the worker side's :class:`EventLog`, on this client's Redis)."""
         return EventLog(self.redis, self.keys)
 
-    async def __aenter__(self) -> SmithClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -298,6 +321,50 @@ class SmithClient(ClientAPI):
 
     def _follow(
         self, pubsub: Any, turn_id: str, after_seq: int, timeout: float | None, poll_interval: float = ops.POLL_INTERVAL
-    ) -> Any:
+    ) -> AsyncGenerator[Event, None]:
         """:meth:`follow` on a pub/sub connection the caller subscribed (tests use a lossy one)."""
         return self.runner.iterate(ops.follow_subscribed(self.keys, turn_id, after_seq, timeout, poll_interval), pubsub)
+
+
+class TurnHandle(HandleBase):
+    """A turn seen from any process through a :class:`SmithClient`: its status, events, result, and cancel.
+
+    Get one from :meth:`SmithClient.submit` or :meth:`SmithClient.turn`
+    (:class:`~smith_client.sync_client.SyncTurnHandle` is the blocking one).
+    Its methods raise :class:`TransportError` when Redis fails.
+    """
+
+    def __init__(self, client: SmithClient, turn_id: str) -> None:
+        super().__init__(client.keys, turn_id)
+        self.client = client
+
+    async def state(self) -> dict[str, str]:
+        """The raw state hash, field to value (empty when the turn is unknown or expired)."""
+        return await self.client.runner.run(self._op_state())
+
+    async def status(self) -> str:
+        """``queued``, ``running``, ``completed``, ``failed``, ``cancelled``, or ``unknown``."""
+        return await self.client.runner.run(self._op_status())
+
+    def events(self, after_seq: int = 0, timeout: float | None = None) -> AsyncGenerator[Event, None]:
+        """Every event with ``seq > after_seq``, exactly once and in order, then live ones until the end
+        (``async for``; ``timeout`` in seconds, None = forever).
+
+        Raises as :meth:`SmithClient.follow`, e.g. :class:`EventsTrimmedError` when the asked-for events are
+        no longer kept.
+        """
+        return self.client.follow(self.turn_id, after_seq, timeout)
+
+    async def result(self, timeout: float | None = None) -> AssistantMessage:
+        """Wait for the final :class:`AssistantMessage` (``timeout`` seconds, None = forever).
+
+        Raises the turn's typed error, :class:`TurnCancelledError` for a
+        cancelled turn, :class:`TurnNotFoundError` for an unknown one, or :class:`SmithTimeoutError`.
+        """
+        return await self.client.runner.run(self._op_result(timeout), bound=timeout)
+
+    async def cancel(self, reason: str = "cancel") -> str:
+        """Ask for the turn to stop; returns what happened: ``cancelled_queued`` (it never started),
+        ``cancelling`` (its worker stops it and publishes ``turn.cancelled``), a terminal status
+        (nothing to do), or ``missing``. Raises :class:`InvalidRequestError` for an empty ``reason``."""
+        return await self.client.runner.run(self._op_cancel(reason))

@@ -131,7 +131,7 @@ def message_from_json(raw: bytes | str) -> SystemMessage | UserMessage | Assista
     return message_from_dict(parse_json_object(raw, "message"))
 
 
-def messages_from_json_list(items: list[bytes]) -> list[Any]:
+def messages_from_json_list(items: list[bytes]) -> list[Message]:
     """Parse a list of stored-form JSON messages (e.g. a Redis list)."""
     return [message_from_json(item) for item in items]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from smith_client import scripts
@@ -23,7 +22,7 @@ from smith_client.eventlog import events_after, last_seq, log_reads, read_events
 from smith_client.events import Event, event_from_json
 from smith_client.jobs import TurnJob
 from smith_client.keys import Keys
-from smith_client.messages import AssistantMessage, messages_from_json_list
+from smith_client.messages import AssistantMessage, Message, messages_from_json_list
 from smith_client.protocol import Call, Operation, Receive, RunScript, Subscribe, Transaction
 from smith_client.registry import ServedAgents, read_served
 from smith_client.turns import outcome_from_event, outcome_from_state, read_state, submit_turn
@@ -52,12 +51,10 @@ def prepare(
     return job, multitask
 
 
-def submit(
-    keys: Keys, text: Any, options: dict[str, Any], handle: Callable[[str], Any], served: ServedAgents | None = None
-) -> Operation[Any]:
-    """Operation of ``submit``: start a background turn; returns ``handle(turn_id)``."""
+def submit(keys: Keys, text: Any, options: dict[str, Any], served: ServedAgents | None = None) -> Operation[str]:
+    """Operation of ``submit``: start a background turn; returns the id of the turn to follow."""
     job, multitask = yield from prepare(keys, text, options, served)
-    return handle((yield from submit_turn(keys, job, multitask)).turn_id)
+    return (yield from submit_turn(keys, job, multitask)).turn_id
 
 
 def stream(
@@ -119,7 +116,7 @@ def clear(keys: Keys, conversation_id: Any) -> Operation[None]:
         )  # fmt: skip
 
 
-def history(keys: Keys, conversation_id: Any) -> Operation[list[Any]]:
+def history(keys: Keys, conversation_id: Any) -> Operation[list[Message]]:
     """Operation of ``history``: all messages of a conversation, oldest first (stored form)."""
     check_id(conversation_id, "conversation_id")
     return messages_from_json_list((yield Call("lrange", (keys.history(conversation_id), 0, -1))))

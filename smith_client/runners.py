@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncGenerator, Callable, Generator
 from typing import Any, cast
 
 import redis
@@ -122,7 +122,7 @@ class AsyncRunner(_Closable):
                     return cast(T, item.value)
         raise AssertionError("an operation always ends with its result")
 
-    async def iterate(self, op: Operation[Any], pubsub: Any = None) -> AsyncIterator[Event]:
+    async def iterate(self, op: Operation[Any], pubsub: Any = None) -> AsyncGenerator[Event, None]:
         """Run a streaming operation, yielding its events. ``pubsub``: an already-subscribed connection to use
         instead of the shared one."""
         session = _Session(pubsub, None if pubsub is not None else self.fanout.open())
@@ -183,7 +183,7 @@ class SyncRunner(_Closable):
         """
         return cast(T, next(item.value for item in self._drive(op) if isinstance(item, _Done)))
 
-    def iterate(self, op: Operation[Any], pubsub: Any = None) -> Iterator[Event]:
+    def iterate(self, op: Operation[Any], pubsub: Any = None) -> Generator[Event, None, None]:
         """Run a streaming operation, yielding its events (``pubsub`` is ignored: the shared connection is used).
 
         Closing the iterator (``close()``, or letting it go unfinished) unsubscribes its channels at

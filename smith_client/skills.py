@@ -80,7 +80,7 @@ async def active(redis: Redis, keys: Keys, conversation_id: str) -> list[str]:
 
 
 def activate_checked(keys: Keys, conversation_id: Any, name: Any) -> Operation[None]:
-    """Operation of the clients' ``activate_skill`` (see :meth:`ClientAPI.activate_skill`)."""
+    """Operation of the clients' ``activate_skill`` (see :meth:`SmithClient.activate_skill`)."""
     check_id(conversation_id, "conversation_id")
     check_skill_name(name)
     served = yield from read_served(keys, "skills")

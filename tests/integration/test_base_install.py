@@ -56,6 +56,9 @@ def test_the_client_imports_and_smith_runs_on_the_base_install(base_venv):
     scripts_found = run(base_venv, "python", "-c",
                         "from smith_client import scripts; print(len(scripts.SUBMIT.source) > 0)")
     assert scripts_found.stdout.strip() == "True", scripts_found.stderr  # the .lua files are in the wheel
+    marker = "import pathlib, smith_client; print(pathlib.Path(smith_client.__file__).with_name('py.typed').is_file())"
+    typed = run(base_venv, "python", "-c", marker)
+    assert typed.stdout.strip() == "True", typed.stderr  # a user's mypy/pyright reads the package's own types
 
 
 def test_smith_worker_on_the_base_install_names_the_extra_in_one_line(base_venv):
