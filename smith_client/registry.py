@@ -5,9 +5,8 @@ Each worker process writes ``{p}:worker:{id}`` (JSON: queue, agents, skills,
 tools, pid, host) with a short TTL and refreshes it on a heartbeat; ``{p}:workers`` is a
 ZSET of worker id → expiry (epoch milliseconds) so clients find live workers
 without SCAN. The client uses :func:`live_agents` to reject an agent no live
-worker serves (issue 2: when no worker is registered at all the turn is
-enqueued and waits), and :func:`live_skills` to refuse activating a skill no
-live worker serves (issue 14 rule 5).
+worker serves (when no worker is registered at all the turn is enqueued and
+waits); the skills they serve are read the same way (``read_served(keys, "skills")``).
 """
 
 from __future__ import annotations
@@ -79,12 +78,6 @@ async def live_workers(redis: Redis, keys: Keys) -> list[dict[str, Any]]:
 async def live_agents(redis: Redis, keys: Keys) -> set[str] | None:
     """Agents served by live turn workers, or ``None`` when no turn worker is registered."""
     return await AsyncRunner(redis).run(read_served(keys, "agents"))
-
-
-async def live_skills(redis: Redis, keys: Keys) -> set[str] | None:
-    """Declared names of the skills served by live turn workers (which compose the prompts),
-    or ``None`` when no turn worker is registered."""
-    return await AsyncRunner(redis).run(read_served(keys, "skills"))
 
 
 @dataclass

@@ -82,7 +82,6 @@ class _SessionRead:
                 link._lost("eof")
                 raise anyio.EndOfStream from None
             if isinstance(item, Exception):
-                link.bad_lines += 1
                 logger.warning(
                     "MCP server %r sent a line that is not a JSON-RPC message (ignored): %.200r",
                     link.alias,
@@ -171,7 +170,6 @@ class Link:
         self._direct = callable(getattr(transport_write, "send_nowait", None))
         self._wake = asyncio.Event()
         self.sent: set[str] = set()
-        self.bad_lines = 0
         self.session_read = _SessionRead(self)
         self.session_write = _SessionWrite(self)
 
