@@ -57,12 +57,13 @@ import redis.asyncio as aioredis  # noqa: E402
 from arq import create_pool  # noqa: E402
 from arq.connections import RedisSettings  # noqa: E402
 
+from bench import LOGS  # noqa: E402
 from bench.floor import Floor  # noqa: E402
 from bench.llm_server import PROMPTS, TOKENS  # noqa: E402
 from bench.stats import pct  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
 from smith_worker.local.processes import ManagedProcess, start_redis_server  # noqa: E402
-from tests.conftest import LOGS, start_workers, wait_for_workers, worker_env  # noqa: E402
+from smith_worker.testing import start_workers, wait_for_workers, worker_env  # noqa: E402
 
 APP = "bench.app:app"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -190,7 +191,7 @@ class Bench:
             self.base_url = llm.stdout.readline().strip()
             self.prefix = f"bench{uuid.uuid4().hex[:6]}"
             self.env = worker_env(self.url, self.prefix, self.base_url)
-            turn, tool = start_workers(APP, self.env, ["turns", "tools"], self.prefix)
+            turn, tool = start_workers(APP, self.env, ["turns", "tools"], self.prefix, log_dir=LOGS)
             self.procs.update(turn_worker=turn, tool_worker=tool)
             for name, poll in ARQ_POLLS.items():
                 argv = [sys.executable, "-m", "bench.plain_redis", "arq-worker", self.url, f"{self.prefix}:{name}",
@@ -355,7 +356,7 @@ class Bench:
         result: dict[str, Any] = {}
         for name in ("text", "tool"):
             result[f"1_{name}"] = await self.burst(name)
-        second = start_workers(APP, self.env, ["turns"], f"{self.prefix}-2")[0]
+        second = start_workers(APP, self.env, ["turns"], f"{self.prefix}-2", log_dir=LOGS)[0]
         self.procs["turn_worker_2"] = second
         await wait_for_workers(self.url, self.prefix, 3)
         for _ in range(4):
@@ -392,7 +393,7 @@ class Bench:
         event's ``ts`` (stamped when its batch is sent: add the window's wait, up to ``COALESCE`` s)."""
         prefix = f"{self.prefix}c"
         env = worker_env(self.url, prefix, self.base_url, SMITH_TOKEN_COALESCE=str(COALESCE))
-        [worker] = start_workers(APP, env, ["turns"], prefix)
+        [worker] = start_workers(APP, env, ["turns"], prefix, log_dir=LOGS)
         try:
             await wait_for_workers(self.url, prefix, 1)
             async with SmithClient.from_url(self.url, prefix=prefix) as client:

@@ -26,11 +26,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import LOGS  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
 from smith_client.registry import live_workers  # noqa: E402
 from smith_worker.local.processes import start_redis_server  # noqa: E402
-from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: E402
-from tests.support.scripted_llm import Reply, ScriptedLlmServer, Script, scenario_marker  # noqa: E402
+from smith_worker.testing import (  # noqa: E402
+    Reply,
+    Script,
+    ScriptedLlmServer,
+    scenario_marker,
+    start_workers,
+    wait_for_workers,
+    worker_env,
+)
 
 APP = "tests.support.app:app"
 
@@ -97,12 +105,12 @@ async def main() -> None:
     try:
         with ScriptedLlmServer() as llm:
             env = worker_env(redis_url, prefix, llm.base_url)
-            procs = start_workers(APP, env, ["turns", "turns", "tools"], prefix)
+            procs = start_workers(APP, env, ["turns", "turns", "tools"], prefix, log_dir=LOGS)
             await wait_for_workers(redis_url, prefix, 3)
             async with SmithClient.from_url(redis_url, prefix=prefix) as client:
                 cancels = await cancel_latency(client, llm, args.cancels)
                 kill = await recovery(client, llm, signal.SIGKILL)
-                [replacement] = start_workers(APP, env, ["turns"], prefix)
+                [replacement] = start_workers(APP, env, ["turns"], prefix, log_dir=LOGS)
                 procs.append(replacement)
                 await registered(client, replacement.pid)  # not a count: the killed worker's entry outlives it
                 term = await recovery(client, llm, signal.SIGTERM)

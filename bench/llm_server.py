@@ -1,6 +1,6 @@
 """The scripted chat-completions server of ``make bench``, in its own process (no GIL shared with a client).
 
-Runs :class:`tests.support.scripted_llm.ScriptedLlmServer` with the fixed
+Runs :class:`smith_worker.testing.ScriptedLlmServer` with the fixed
 scenarios below, prints its base URL on the first line of stdout and serves
 until stdin closes. Every scenario answers streamed and non-streamed requests.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.scripted_llm import Reply, Script, ScriptedLlmServer, scenario_marker  # noqa: E402
+from smith_worker.testing import Reply, Script, ScriptedLlmServer, scenario_marker  # noqa: E402
 
 TOKENS = 50  # token deltas per ``tokens`` stream
 SCENARIOS = {

@@ -39,15 +39,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import LOGS  # noqa: E402
+from bench.stats import summary, tool_hop_and_delivery  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
 from smith_worker.local.processes import start_redis_server  # noqa: E402
 from smith_worker.mcp import ServerConfig, ServerHandle  # noqa: E402
-from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: E402
-from tests.support.scripted_llm import Reply, Script, ScriptedLlmServer, scenario_marker  # noqa: E402
-from bench.stats import summary, tool_hop_and_delivery  # noqa: E402
-from tests.support.mcp_servers import HTTP_SERVER  # noqa: E402
+from smith_worker.testing import (  # noqa: E402
+    Reply,
+    Script,
+    ScriptedLlmServer,
+    scenario_marker,
+    start_workers,
+    wait_for_workers,
+    worker_env,
+)
 
 EXAMPLE = str(ROOT / "smith_worker" / "demo" / "mcp_server_example.py")
+#: The tests' Streamable HTTP MCP server, run as a script (its own process), never imported.
+HTTP_SERVER = str(ROOT / "tests" / "support" / "mcp_servers" / "http_server.py")
 
 
 def example_config() -> ServerConfig:
@@ -160,7 +169,7 @@ async def through_jobs(turns: int) -> dict[str, list[float]]:
         llm.add_scenario(mcp_key, Script(Reply.tool_calls([("mcp_lab__echo", {"text": "hi"})]), Reply.text("ok")))
         llm.add_scenario(native_key, Script(Reply.tool_calls([("add", {"a": 1, "b": 2})]), Reply.text("3")))
         procs = start_workers("tests.support.app:app", worker_env(redis_url, prefix, llm.base_url),
-                              ["turns", "tools"], prefix)
+                              ["turns", "tools"], prefix, log_dir=LOGS)
         try:
             await wait_for_workers(redis_url, prefix, 2)
             async with SmithClient.from_url(redis_url, prefix=prefix) as client:

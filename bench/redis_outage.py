@@ -30,11 +30,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import LOGS  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
 from smith_client.errors import SmithError, TransportError  # noqa: E402
 from smith_worker.local.processes import free_port, start_redis_server  # noqa: E402
-from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: E402
-from tests.support.scripted_llm import Reply, Script, ScriptedLlmServer, scenario_marker  # noqa: E402
+from smith_worker.testing import (  # noqa: E402
+    Reply,
+    Script,
+    ScriptedLlmServer,
+    scenario_marker,
+    start_workers,
+    wait_for_workers,
+    worker_env,
+)
 
 APP = "tests.support.app:app"
 
@@ -131,7 +139,7 @@ async def restart(redis_proc, port: int, url: str, prefix: str, llm: ScriptedLlm
 async def late_start(llm: ScriptedLlmServer) -> None:
     port = free_port()
     url, prefix = f"redis://127.0.0.1:{port}/0", f"late{uuid.uuid4().hex[:6]}"
-    procs = start_workers(APP, worker_env(url, prefix, llm.base_url), ["turns"], prefix)
+    procs = start_workers(APP, worker_env(url, prefix, llm.base_url), ["turns"], prefix, log_dir=LOGS)
     await asyncio.sleep(5.0)
     redis_proc, _ = start_redis_server(port)
     started = time.monotonic()
@@ -147,7 +155,8 @@ async def main(turns: int, seconds: float) -> None:
     redis_proc, url = start_redis_server(port)
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     with ScriptedLlmServer() as llm:
-        procs = start_workers(APP, worker_env(url, prefix, llm.base_url), ["turns", "turns", "tools", "tools"], prefix)
+        procs = start_workers(APP, worker_env(url, prefix, llm.base_url), ["turns", "turns", "tools", "tools"], prefix,
+                              log_dir=LOGS)
         try:
             await wait_for_workers(url, prefix, len(procs))
             await freeze(redis_proc, url, prefix, llm, turns, seconds)

@@ -52,10 +52,18 @@ ARGS = _parse_args()
 sys.path.insert(0, str(ARGS.root.resolve()))
 os.environ["PYTHONPATH"] = str(ARGS.root.resolve())  # the worker processes import the same packages
 
+from bench import LOGS  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
 from smith_worker.local.processes import start_redis_server  # noqa: E402
-from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: E402
-from tests.support.scripted_llm import Reply, Script, ScriptedLlmServer, scenario_marker  # noqa: E402
+from smith_worker.testing import (  # noqa: E402
+    Reply,
+    Script,
+    ScriptedLlmServer,
+    scenario_marker,
+    start_workers,
+    wait_for_workers,
+    worker_env,
+)
 
 # redis-cli monitor lines: 1700000000.123456 [0 127.0.0.1:5555] "EVALSHA" "ab12…" "3" "key" …
 _LINE = re.compile(r'^\S+ \[\d+ ([^\]]*)\] "([A-Za-z]+)"')
@@ -215,7 +223,8 @@ async def main() -> None:
         with ScriptedLlmServer() as llm:
             prefix = f"rt{uuid.uuid4().hex[:6]}"
             queues = ["turns", "tools"]
-            procs = start_workers("tests.support.app:app", worker_env(redis_url, prefix, llm.base_url), queues, prefix)
+            procs = start_workers("tests.support.app:app", worker_env(redis_url, prefix, llm.base_url), queues, prefix,
+                                  log_dir=LOGS)
             try:
                 await wait_for_workers(redis_url, prefix, 2)
                 with log.open("w") as out:

@@ -60,6 +60,7 @@ from redis.exceptions import RedisError
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import LOGS  # noqa: E402
 from bench.distributed import rss_mib  # noqa: E402
 from bench.durability import registered  # noqa: E402
 from bench.soak_app import effects_key  # noqa: E402
@@ -72,8 +73,15 @@ from smith_client.hygiene import keys_without_ttl, owned_keys_without_ttl  # noq
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage  # noqa: E402
 from smith_worker.local.processes import ManagedProcess, free_port, start_redis_server  # noqa: E402
 from smith_worker.memory.pairing import answer_dangling, is_well_formed  # noqa: E402
-from tests.conftest import LOGS, start_workers, wait_for_workers, worker_env  # noqa: E402
-from tests.support.scripted_llm import RecordedRequest, Reply, ScriptedLlmServer, scenario_marker  # noqa: E402
+from smith_worker.testing import (  # noqa: E402
+    RecordedRequest,
+    Reply,
+    ScriptedLlmServer,
+    scenario_marker,
+    start_workers,
+    wait_for_workers,
+    worker_env,
+)
 
 APP = "bench.soak_app:app"
 AGENT = "soak"
@@ -364,7 +372,7 @@ class Soak:
 
     def start_worker(self, slot: int) -> ManagedProcess:
         name, queue = SLOTS[slot]
-        return start_workers(APP, self.env, [queue], f"{self.prefix}-{name}")[0]
+        return start_workers(APP, self.env, [queue], f"{self.prefix}-{name}", log_dir=LOGS)[0]
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)

@@ -22,11 +22,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import LOGS  # noqa: E402
+from bench.stats import summary  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
 from smith_worker.local.processes import start_redis_server  # noqa: E402
-from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: E402
-from tests.support.scripted_llm import Reply, ScriptedLlmServer, Script, scenario_marker  # noqa: E402
-from bench.stats import summary  # noqa: E402
+from smith_worker.testing import (  # noqa: E402
+    Reply,
+    Script,
+    ScriptedLlmServer,
+    scenario_marker,
+    start_workers,
+    wait_for_workers,
+    worker_env,
+)
 
 
 def _scenario(llm: ScriptedLlmServer, *replies: Reply) -> str:
@@ -66,7 +74,7 @@ async def main() -> None:
     try:
         with ScriptedLlmServer() as llm:
             procs = start_workers("tests.support.app:app", worker_env(redis_url, prefix, llm.base_url),
-                                  ["turns", "tools", "tools"], prefix)
+                                  ["turns", "tools", "tools"], prefix, log_dir=LOGS)
             try:
                 await wait_for_workers(redis_url, prefix, len(procs))
                 async with SmithClient.from_url(redis_url, prefix=prefix) as client:

@@ -26,11 +26,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import LOGS  # noqa: E402
+from bench.stats import summary, tool_hop_and_delivery  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
 from smith_worker.local.processes import start_redis_server  # noqa: E402
-from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: E402
-from tests.support.scripted_llm import Reply, ScriptedLlmServer, Script, scenario_marker  # noqa: E402
-from bench.stats import summary, tool_hop_and_delivery  # noqa: E402
+from smith_worker.testing import (  # noqa: E402
+    Reply,
+    Script,
+    ScriptedLlmServer,
+    scenario_marker,
+    start_workers,
+    wait_for_workers,
+    worker_env,
+)
 
 CONFIGS: dict[str, dict[str, str]] = {"wake-up pickup, fallback poll 2 s": {}}
 
@@ -71,7 +79,7 @@ async def main() -> None:
             for name, extra in CONFIGS.items():
                 prefix = f"bench{uuid.uuid4().hex[:6]}"
                 procs = start_workers("tests.support.app:app", worker_env(redis_url, prefix, llm.base_url, **extra),
-                                      ["turns", "tools"], prefix)
+                                      ["turns", "tools"], prefix, log_dir=LOGS)
                 try:
                     await wait_for_workers(redis_url, prefix, 2)
                     results[name] = await measure(redis_url, prefix, llm, args.turns)

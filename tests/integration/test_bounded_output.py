@@ -8,7 +8,7 @@ import pytest
 
 from smith_client.errors import ParseError
 from smith_worker.llm.types import DEFAULT_MAX_RESPONSE_BYTES
-from tests.support.scripted_llm import Reply, Script, sse_frame
+from smith_worker.testing import Reply, Script, sse_frame
 
 pytestmark = [pytest.mark.integration]
 

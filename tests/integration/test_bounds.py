@@ -25,10 +25,10 @@ from smith_client.turns import submit
 from smith_worker.config import Settings
 from smith_worker.local.processes import ManagedProcess
 from smith_worker.runtime import WorkerRuntime
+from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
 from smith_worker.turn import TurnRunner
-from tests.conftest import start_workers, wait_for_workers, worker_env
+from tests.conftest import LOGS
 from tests.support.app import app as test_app
-from tests.support.scripted_llm import Reply, Script
 
 pytestmark = [pytest.mark.integration]
 
@@ -50,7 +50,7 @@ class Supervised:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> "Supervised":
-        self.procs = start_workers(APP, self.env, self.queues, self.prefix)
+        self.procs = start_workers(APP, self.env, self.queues, self.prefix, log_dir=LOGS)
         await wait_for_workers(self.redis_url, self.prefix, len(self.procs))
         self._task = asyncio.create_task(self._supervise())
         return self
@@ -61,7 +61,7 @@ class Supervised:
             for i, proc in enumerate(self.procs):
                 if not proc.alive():
                     proc.stop()
-                    self.procs[i] = start_workers(APP, self.env, [self.queues[i]], self.prefix)[0]
+                    self.procs[i] = start_workers(APP, self.env, [self.queues[i]], self.prefix, log_dir=LOGS)[0]
                     self.restarts += 1
 
     def stop(self) -> None:

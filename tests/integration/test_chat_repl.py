@@ -10,9 +10,9 @@ import uuid
 import pexpect
 import pytest
 
+from smith_worker.testing import Reply, Script
 from tests.conftest import ROOT
 from tests.integration.test_demo_run import demo_processes
-from tests.support.scripted_llm import Reply, Script
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from arq.constants import job_key_prefix
 
 from smith_client import InvalidRequestError, SmithClient, UnknownAgentError
 from smith_client.registry import live_agents, live_workers
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.testing import Reply, Script
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 

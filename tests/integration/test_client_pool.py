@@ -18,7 +18,7 @@ import pytest
 
 from smith_client import SmithClient, SyncSmithClient
 from smith_client.errors import SmithTimeoutError
-from tests.support.scripted_llm import Reply
+from smith_worker.testing import Reply
 
 pytestmark = pytest.mark.integration
 

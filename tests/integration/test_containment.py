@@ -16,8 +16,8 @@ import pytest
 from smith_client import SmithClient
 from smith_client.messages import ToolMessage
 from smith_client.registry import live_workers
-from tests.conftest import start_workers, wait_for_workers, worker_env
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
+from tests.conftest import LOGS
 
 pytestmark = [pytest.mark.integration]
 
@@ -44,7 +44,9 @@ async def fleet(redis_url, scripted_llm):
     """One turn worker and one tool worker of their own prefix (the tool worker restarts in a test)."""
     prefix = f"contain{uuid.uuid4().hex[:6]}"
     env = worker_env(redis_url, prefix, scripted_llm.base_url)
-    procs = {q: start_workers("tests.support.app:app", env, [q], f"{prefix}-a")[0] for q in ("turns", "tools")}
+    procs = {
+        q: start_workers("tests.support.app:app", env, [q], f"{prefix}-a", log_dir=LOGS)[0] for q in ("turns", "tools")
+    }
     await wait_for_workers(redis_url, prefix, 2)
     async with SmithClient.from_url(redis_url, prefix=prefix) as client:
         yield procs, env, client
@@ -118,7 +120,7 @@ async def test_a_tool_result_landing_between_attempts_is_published_exactly_once(
     turns.signal(signal.SIGTERM)  # the only turn worker hands the turn off while the tool runs
     await asyncio.to_thread(turns.proc.wait, 30)
     await asyncio.sleep(3.5)  # the tool finishes while no attempt runs the turn
-    procs["turns"] = start_workers("tests.support.app:app", env, ["turns"], f"{client.keys.prefix}-b")[0]
+    procs["turns"] = start_workers("tests.support.app:app", env, ["turns"], f"{client.keys.prefix}-b", log_dir=LOGS)[0]
     assert (await handle.result(timeout=60)).content == "after"
     events = [e async for e in handle.events()]
     assert [e.type for e in events].count("tool.result") == 1
@@ -133,7 +135,7 @@ async def test_sigterm_ends_a_tool_worker_with_an_overrunning_thread(redis_url, 
 
     prefix = f"overrun{uuid.uuid4().hex[:6]}"
     env = worker_env(redis_url, prefix, scripted_llm.base_url)
-    turns, tools = start_workers("tests.support.app:app", env, ["turns", "tools"], prefix)
+    turns, tools = start_workers("tests.support.app:app", env, ["turns", "tools"], prefix, log_dir=LOGS)
     try:
         await wait_for_workers(redis_url, prefix, 2)
         key, marker = scenario(Script(Reply.tool_calls([("block_sync", {"seconds": 3600})]), Reply.text("left")))
@@ -160,7 +162,7 @@ async def test_sigterm_during_a_drain_to_restart_ends_the_worker_instead_of_re_e
 
     prefix = f"drainterm{uuid.uuid4().hex[:6]}"
     env = worker_env(redis_url, prefix, scripted_llm.base_url, SMITH_TOOL_MAX_OVERRUNS="1")
-    turns, tools = start_workers("tests.support.app:app", env, ["turns", "tools"], prefix)
+    turns, tools = start_workers("tests.support.app:app", env, ["turns", "tools"], prefix, log_dir=LOGS)
     try:
         await wait_for_workers(redis_url, prefix, 2)
         # the overrun starts the drain; the slow async tool keeps the drain waiting while SIGTERM comes

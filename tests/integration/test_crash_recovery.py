@@ -19,8 +19,8 @@ from smith_client import SmithClient
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
 from smith_client.registry import live_workers
 from smith_worker.local.processes import ManagedProcess
-from tests.conftest import start_workers, wait_for_workers, worker_env
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
+from tests.conftest import LOGS
 
 pytestmark = [pytest.mark.integration]
 
@@ -39,7 +39,8 @@ class Fleet:
             self.procs[queue] = [p for p in self.procs[queue] if p.alive()]
             missing = wanted - len(self.procs[queue])
             if missing > 0:
-                self.procs[queue] += start_workers("tests.support.app:app", self.env, [queue] * missing, self.prefix)
+                self.procs[queue] += start_workers("tests.support.app:app", self.env, [queue] * missing, self.prefix,
+                                                   log_dir=LOGS)
         await wait_for_workers(self.redis_url, self.prefix, turns + tools)
 
     def stop(self) -> None:

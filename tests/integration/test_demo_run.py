@@ -18,8 +18,8 @@ import redis
 
 from smith_client.errors import ConfigurationError
 from smith_worker.local.processes import free_port, redis_answers, start_redis_server, wait_until
+from smith_worker.testing import Reply, Script
 from tests.conftest import ROOT
-from tests.support.scripted_llm import Reply, Script
 from tests.support.web import serves
 
 pytestmark = pytest.mark.integration

@@ -19,12 +19,12 @@ import redis as sync_redis
 from smith_client import SmithClient
 from smith_client.errors import SmithTimeoutError, TransportError
 from smith_client.keys import Keys
-from smith_worker.claim import CLAIM_LEASE_MS, HeldTokens, claim_jobs
 from smith_client.turn_record import CRASHES, SHARED_CRASHES
+from smith_worker.claim import CLAIM_LEASE_MS, HeldTokens, claim_jobs
+from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env, worker_pair
 from smith_worker.turn_state import DEFAULT_LEASE
-from tests.conftest import start_workers, wait_for_workers, worker_env, worker_pair
+from tests.conftest import LOGS
 from tests.integration.test_redis_outage import RedisOnPort
-from tests.support.scripted_llm import Reply, Script
 
 pytestmark = [pytest.mark.integration]
 
@@ -70,7 +70,7 @@ async def test_a_claim_nobody_confirmed_runs_after_its_lease_once(lease_redis, s
         assert [job.job_id for job in lost.jobs] == [Keys(prefix).turn_job_id(handle.turn_id)]
         claimed_at = time.monotonic()
         env = worker_env(lease_redis.url, prefix, scripted_llm.base_url)
-        async with worker_pair(APP, lease_redis.url, prefix, env):
+        async with worker_pair(APP, lease_redis.url, prefix, env, log_dir=LOGS):
             final = await handle.result(timeout=60)
         waited = time.monotonic() - claimed_at
     assert final.content == f"done {label}"
@@ -104,7 +104,7 @@ async def test_turns_submitted_while_redis_stalls_all_run_once_soon_after(lease_
     prefix = f"stall{uuid.uuid4().hex[:6]}"
     # a short socket timeout: more claims are abandoned during the stall, each run by Redis when it thaws
     env = worker_env(lease_redis.url, prefix, scripted_llm.base_url, SMITH_REDIS_SOCKET_TIMEOUT="1")
-    procs = start_workers(APP, env, ["turns", "turns", "tools", "tools"], prefix)
+    procs = start_workers(APP, env, ["turns", "turns", "tools", "tools"], prefix, log_dir=LOGS)
     labels = [uuid.uuid4().hex[:8] for _ in range(TURNS)]
     scripts = [counted_turn(scenario, label) for label in labels]
     try:
@@ -153,7 +153,7 @@ async def test_a_worker_killed_with_several_turns_in_flight_spends_none_of_their
 ):
     prefix = f"shared{uuid.uuid4().hex[:6]}"
     env = worker_env(lease_redis.url, prefix, scripted_llm.base_url, SMITH_TURN_MAX_ATTEMPTS="1")
-    procs = start_workers(APP, env, ["turns"], prefix)
+    procs = start_workers(APP, env, ["turns"], prefix, log_dir=LOGS)
     try:
         await wait_for_workers(lease_redis.url, prefix, 1)
         async with SmithClient.from_url(lease_redis.url, prefix=prefix) as client:
@@ -161,7 +161,7 @@ async def test_a_worker_killed_with_several_turns_in_flight_spends_none_of_their
             handles = [await client.submit(f"{marker} talk", conversation_id=f"c-{key}", agent="plain")
                        for key, marker in turns]  # fmt: skip
             await _running(client, scripted_llm, handles, [key for key, _ in turns])
-            procs += start_workers(APP, env, ["turns"], f"{prefix}-b")  # takes the turns over
+            procs += start_workers(APP, env, ["turns"], f"{prefix}-b", log_dir=LOGS)  # takes the turns over
             await wait_for_workers(lease_redis.url, prefix, 2)
             procs[0].signal(signal.SIGKILL)
             finals = [await handle.result(timeout=90) for handle in handles]
@@ -177,7 +177,7 @@ async def test_a_worker_killed_with_several_turns_in_flight_spends_none_of_their
 async def test_a_redis_stall_longer_than_the_lease_spends_no_attempt(lease_redis, scripted_llm, scenario):
     prefix = f"stall{uuid.uuid4().hex[:6]}"
     env = worker_env(lease_redis.url, prefix, scripted_llm.base_url, SMITH_TURN_MAX_ATTEMPTS="1")
-    procs = start_workers(APP, env, ["turns", "turns"], prefix)  # one runs the turn, the other sweeps too
+    procs = start_workers(APP, env, ["turns", "turns"], prefix, log_dir=LOGS)  # one runs the turn, the other sweeps too
     try:
         await wait_for_workers(lease_redis.url, prefix, len(procs))
         async with SmithClient.from_url(lease_redis.url, prefix=prefix) as client:

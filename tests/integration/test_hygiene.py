@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from smith_client.hygiene import conversation_keys, keys_without_ttl
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.testing import Reply, Script
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 

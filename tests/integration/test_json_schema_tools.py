@@ -7,7 +7,7 @@ import json
 import pytest
 
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
-from tests.support.scripted_llm import Reply, Script, native_tool_fields, without_native_tools
+from smith_worker.testing import Reply, Script, native_tool_fields, without_native_tools
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 

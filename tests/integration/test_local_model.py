@@ -9,7 +9,8 @@ import pytest
 
 from smith_client import SmithClient
 from smith_worker.local.llm_server import LocalModelServer
-from tests.conftest import LOGS, worker_pair, worker_env
+from smith_worker.testing import worker_env, worker_pair
+from tests.conftest import LOGS
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_llm]
 
@@ -39,7 +40,7 @@ async def demo_workers(redis_url, local_model):
     prefix = f"local{uuid.uuid4().hex[:6]}"
     env = worker_env(redis_url, prefix, local_model.base_url, **local_model.client_env())
     assert env["SMITH_LLM_TOOL_CALLING"] == "json_schema"
-    async with worker_pair("smith_worker.demo:app", redis_url, prefix, env):
+    async with worker_pair("smith_worker.demo:app", redis_url, prefix, env, log_dir=LOGS):
         yield prefix
 
 

@@ -12,8 +12,8 @@ from collections import Counter
 import pytest
 
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
+from smith_worker.testing import Reply, Script
 from tests.integration.test_turns import collect, of_type
-from tests.support.scripted_llm import Reply, Script
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 

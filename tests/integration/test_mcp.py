@@ -18,9 +18,9 @@ from smith_client import SmithClient
 from smith_client.jobs import RUN_TOOL, ToolJob, ToolOutcome
 from smith_client.keys import Keys
 from smith_client.messages import ToolCall
-from tests.conftest import LOGS, start_workers, wait_for_workers, worker_env, worker_pair
+from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env, worker_pair
+from tests.conftest import LOGS
 from tests.support.mcp_helpers import eventually, running
-from tests.support.scripted_llm import Reply, Script
 
 pytestmark = [pytest.mark.integration]
 
@@ -29,7 +29,7 @@ async def test_a_turn_calls_mcp_tools_end_to_end(redis_url, scenario, scripted_l
     # workers of its own prefix: their MCP servers are cold and no schemas are cached, whichever tests ran first
     prefix = f"mcpe{uuid.uuid4().hex[:6]}"
     env = worker_env(redis_url, prefix, scripted_llm.base_url)
-    async with worker_pair("tests.support.app:app", redis_url, prefix, env), \
+    async with worker_pair("tests.support.app:app", redis_url, prefix, env, log_dir=LOGS), \
             SmithClient.from_url(redis_url, prefix=prefix) as client:
         await _a_turn_calls_mcp_tools_end_to_end(client, scenario, scripted_llm, prefix)
 
@@ -74,7 +74,7 @@ async def test_tool_worker_shutdown_leaves_no_mcp_process(redis_url, scripted_ll
     prefix = f"mcpw{uuid.uuid4().hex[:6]}"
     keys = Keys(prefix)
     (worker,) = start_workers("tests.support.app:app", worker_env(redis_url, prefix, scripted_llm.base_url),
-                              ["tools"], prefix)
+                              ["tools"], prefix, log_dir=LOGS)
     try:
         await wait_for_workers(redis_url, prefix, 1)
         job = ToolJob(turn_id="t-shutdown", conversation_id="c", agent="mcp", step=1, index=0,

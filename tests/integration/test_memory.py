@@ -16,10 +16,10 @@ import pytest
 from smith_client import ContextOverflowError, ConversationBusyError, SyncSmithClient
 from smith_client.messages import AssistantMessage, ToolMessage
 from smith_worker.memory.summary import DEFAULT_SUMMARY_PROMPT, SUMMARY_HEADING
-from tests.conftest import start_workers, wait_for_workers, worker_env
+from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
+from tests.conftest import LOGS
 from tests.integration.test_turns import collect, of_type
 from tests.support.app import SUMMARY, WINDOW
-from tests.support.scripted_llm import Reply, Script
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 
@@ -31,7 +31,7 @@ PATTERN = [("tools2", 5), ("text", 2), ("tools3", 6), ("text", 2)]
 async def second_turn_worker(workers, redis_url, prefix, scripted_llm):
     """Another turn worker of the session's prefix, so consecutive turns land on two workers."""
     env = worker_env(redis_url, prefix, scripted_llm.base_url)
-    procs = start_workers("tests.support.app:app", env, ["turns"], f"{prefix}-memory")
+    procs = start_workers("tests.support.app:app", env, ["turns"], f"{prefix}-memory", log_dir=LOGS)
     try:
         await wait_for_workers(redis_url, prefix, len(workers) + 1)
         yield procs[0]

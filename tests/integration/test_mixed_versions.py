@@ -17,8 +17,8 @@ from smith_client import SmithClient
 from smith_client.events import ToolResultData
 from smith_client.keys import Keys
 from smith_client.registry import live_workers
-from tests.conftest import start_workers, wait_for_workers, worker_env
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
+from tests.conftest import LOGS
 
 pytestmark = [pytest.mark.integration]
 
@@ -31,8 +31,8 @@ async def fleet(redis_url, scripted_llm):
     """(prefix, worker ids by (version, queue)): v1 and v2 turn and tool workers, registered."""
     prefix = f"mixed{uuid.uuid4().hex[:6]}"
     env = worker_env(redis_url, prefix, scripted_llm.base_url, SMITH_TOOL_MAX_JOBS="1", SMITH_TURN_MAX_JOBS="1")
-    procs = start_workers(V1, env, ["turns", "tools"], f"{prefix}-v1") + start_workers(
-        V2, env, ["turns", "tools"], f"{prefix}-v2"
+    procs = start_workers(V1, env, ["turns", "tools"], f"{prefix}-v1", log_dir=LOGS) + start_workers(
+        V2, env, ["turns", "tools"], f"{prefix}-v2", log_dir=LOGS
     )
     try:
         await wait_for_workers(redis_url, prefix, len(procs))
@@ -96,7 +96,9 @@ async def test_a_tool_no_live_tool_worker_serves_is_an_unknown_tool_at_once(redi
     """A v2 turn worker with only v1 tool workers live: the call is refused at enqueue, not left to time out."""
     prefix = f"unserved{uuid.uuid4().hex[:6]}"
     env = worker_env(redis_url, prefix, scripted_llm.base_url)
-    procs = start_workers(V2, env, ["turns"], f"{prefix}-v2") + start_workers(V1, env, ["tools"], f"{prefix}-v1")
+    procs = start_workers(V2, env, ["turns"], f"{prefix}-v2", log_dir=LOGS) + start_workers(
+        V1, env, ["tools"], f"{prefix}-v1", log_dir=LOGS
+    )
     _key, marker = scenario(Script(Reply.tool_calls([("convert", {"amount": 1}), ("whoami", {})]), Reply.text("ok")))
     try:
         await wait_for_workers(redis_url, prefix, len(procs))

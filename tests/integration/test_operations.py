@@ -20,11 +20,11 @@ from arq.constants import in_progress_key_prefix
 from prometheus_client.parser import text_string_to_metric_families
 
 from smith_client import SmithClient
-from smith_worker.local.processes import ManagedProcess, free_port, redis_answers, wait_until
 from smith_client.connection import connect_redis
+from smith_worker.local.processes import ManagedProcess, free_port, redis_answers, wait_until
 from smith_worker.metrics import QueueCollector, WorkerMetrics
-from tests.conftest import start_workers, wait_for_workers, worker_env
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
+from tests.conftest import LOGS
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +69,9 @@ class Fleet:
 @pytest.fixture(scope="module")
 async def fleet(tmp_path_factory, scripted_llm):
     fleet = Fleet(tmp_path_factory.mktemp("ops"), scripted_llm.base_url)
-    fleet.procs = {q: start_workers("tests.support.app:app", fleet.env(q), [q], f"ops-{q}")[0] for q in fleet.ports}
+    fleet.procs = {
+        q: start_workers("tests.support.app:app", fleet.env(q), [q], f"ops-{q}", log_dir=LOGS)[0] for q in fleet.ports
+    }
     try:
         await wait_for_workers(fleet.redis_url, fleet.prefix, 2)
         yield fleet

@@ -25,8 +25,8 @@ from smith_client.messages import ToolCall
 from smith_client.serialization import job_deserializer
 from smith_worker.dispatch import abort_job
 from smith_worker.local.processes import start_redis_server
-from tests.conftest import start_workers, wait_for_workers, worker_env
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
+from tests.conftest import LOGS
 
 #: The fallback poll of the workers here, seconds: far longer than any ceiling below.
 LONG_FALLBACK = "30"
@@ -46,14 +46,14 @@ async def private(tmp_path_factory, scripted_llm):
     env = worker_env(url, prefix, scripted_llm.base_url, SMITH_FALLBACK_POLL=LONG_FALLBACK)
     procs = []
     try:
-        procs += start_workers("tests.support.app:app", env, ["turns"], f"{prefix}-a")
+        procs += start_workers("tests.support.app:app", env, ["turns"], f"{prefix}-a", log_dir=LOGS)
         await wait_for_workers(url, prefix, 1)
         rates = {"turns": await idle_rate(url)}
-        procs += start_workers("tests.support.app:app", env, ["tools"], f"{prefix}-b")
+        procs += start_workers("tests.support.app:app", env, ["tools"], f"{prefix}-b", log_dir=LOGS)
         await wait_for_workers(url, prefix, 2)
         rates["tools"] = await idle_rate(url) - rates["turns"]
         # a second tool worker: an abort must reach the one running the job, not the idle one
-        procs += start_workers("tests.support.app:app", env, ["tools"], f"{prefix}-c")
+        procs += start_workers("tests.support.app:app", env, ["tools"], f"{prefix}-c", log_dir=LOGS)
         await wait_for_workers(url, prefix, 3)
         yield url, prefix, rates
     finally:
@@ -128,7 +128,7 @@ async def test_a_job_enqueued_without_a_token_still_runs_within_the_fallback(red
     prefix = f"pkf{uuid.uuid4().hex[:6]}"
     keys, turn_id = Keys(prefix), "no-token"
     env = worker_env(redis_url, prefix, scripted_llm.base_url, SMITH_FALLBACK_POLL="2")
-    (worker,) = start_workers("tests.support.app:app", env, ["tools"], prefix)
+    (worker,) = start_workers("tests.support.app:app", env, ["tools"], prefix, log_dir=LOGS)
     try:
         await wait_for_workers(redis_url, prefix, 1)
         job_id = keys.tool_job_id(turn_id, 1, 0)

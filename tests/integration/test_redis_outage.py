@@ -23,10 +23,10 @@ from smith_client.errors import SmithTimeoutError, TransportError, TurnNotFoundE
 from smith_client.messages import AssistantMessage
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
-from smith_worker.runtime import WorkerRuntime
 from smith_worker.local.processes import ManagedProcess, free_port, redis_answers, start_redis_server, wait_until
-from tests.conftest import LOGS, start_workers, wait_for_workers, worker_env
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.runtime import WorkerRuntime
+from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
+from tests.conftest import LOGS
 
 pytestmark = [pytest.mark.integration]
 
@@ -74,7 +74,7 @@ def outage_redis():
 async def outage_fleet(outage_redis, scripted_llm):
     prefix = f"out{uuid.uuid4().hex[:6]}"
     env = worker_env(outage_redis.url, prefix, scripted_llm.base_url)
-    procs = start_workers(APP, env, ["turns", "turns", "tools", "tools"], prefix)
+    procs = start_workers(APP, env, ["turns", "turns", "tools", "tools"], prefix, log_dir=LOGS)
     await wait_for_workers(outage_redis.url, prefix, len(procs))
     yield prefix, procs
     for proc in procs:
@@ -139,7 +139,7 @@ async def test_worker_started_with_redis_down_waits_then_serves(scripted_llm, sc
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     prefix = f"late{uuid.uuid4().hex[:6]}"
-    procs = start_workers(APP, worker_env(url, prefix, scripted_llm.base_url), ["turns", "tools"], prefix)
+    procs = start_workers(APP, worker_env(url, prefix, scripted_llm.base_url), ["turns", "tools"], prefix, log_dir=LOGS)
     redis_proc = None
     try:
         await asyncio.sleep(4.0)  # several failed connection attempts
@@ -246,7 +246,7 @@ async def test_a_worker_refused_by_redis_exits_with_a_configuration_error(script
     redis_proc, _url_with_password = start_redis_server(port, log_path=tmp_path / "redis.log", password="s3cret")
     url = f"redis://127.0.0.1:{port}/0"  # no password
     prefix = f"auth{uuid.uuid4().hex[:6]}"
-    procs = start_workers(APP, worker_env(url, prefix, scripted_llm.base_url), ["turns"], prefix)
+    procs = start_workers(APP, worker_env(url, prefix, scripted_llm.base_url), ["turns"], prefix, log_dir=LOGS)
     try:
         wait_until(lambda: not procs[0].alive(), 30.0, "worker exit")
         assert procs[0].proc.returncode != 0

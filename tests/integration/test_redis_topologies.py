@@ -30,14 +30,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from smith_client import SmithClient, SmithError, SmithTimeoutError, TransportError
-from smith_client.errors import TurnNotFoundError
 from smith_client.acl import tenant_acl_rules
+from smith_client.errors import TurnNotFoundError
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, UserMessage
 from smith_client.registry import live_workers
 from smith_worker.local.processes import ManagedProcess, free_port, wait_until
-from tests.conftest import start_workers, worker_env
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.testing import Reply, Script, start_workers, worker_env
+from tests.conftest import LOGS
 
 pytestmark = pytest.mark.integration
 
@@ -152,7 +152,7 @@ def tls_server(tmp_path_factory):
 async def tenant_a_workers(tls_server, scripted_llm):
     """A turn and a tool worker of tenant-a, connected over TLS as the tenant-a ACL user."""
     env = worker_env(tls_server.url("tenant-a"), "tenant-a", scripted_llm.base_url)
-    procs = start_workers("tests.support.app:app", env, ["turns", "tools"], "tenant-a")
+    procs = start_workers("tests.support.app:app", env, ["turns", "tools"], "tenant-a", log_dir=LOGS)
     try:
         async with SmithClient.from_url(tls_server.url("tenant-a"), prefix="tenant-a") as client:
             await wait_registered(client, 2)
@@ -303,7 +303,7 @@ async def test_turns_continue_through_a_sentinel_failover_and_lost_turns_end_typ
     prefix = "sentinel"
     env = worker_env("redis://master-from-sentinel/0", prefix, scripted_llm.base_url,
                      SMITH_REDIS_SENTINELS=sentinel_set.addresses, SMITH_REDIS_SENTINEL_MASTER=MASTER)
-    procs = start_workers("tests.support.app:app", env, ["turns", "tools"], "sentinel")
+    procs = start_workers("tests.support.app:app", env, ["turns", "tools"], "sentinel", log_dir=LOGS)
     gate = threading.Event()
     client = sentinel_client(sentinel_set, prefix)
     try:

@@ -19,7 +19,7 @@ import redis.asyncio
 from smith_client.jobs import REPLY_INLINE_MAX, ToolJob, ToolOutcome
 from smith_client.messages import ToolCall, ToolMessage
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.testing import Reply, Script
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 

@@ -21,9 +21,9 @@ from redis.asyncio import Redis
 
 from smith_client import SmithClient
 from smith_worker.local.processes import start_redis_server
-from tests.conftest import start_workers, wait_for_workers, worker_env
+from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
+from tests.conftest import LOGS
 from tests.integration.test_turns import collect
-from tests.support.scripted_llm import Reply, Script
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +67,7 @@ async def _captured_turn(redis_url: str, prefix: str, env: dict[str, str], text:
     ready = asyncio.Event()
     monitor = asyncio.create_task(_monitor(redis_url, commands, ready))
     await ready.wait()
-    procs = start_workers("tests.support.app:app", env, ["turns", "tools"], prefix)
+    procs = start_workers("tests.support.app:app", env, ["turns", "tools"], prefix, log_dir=LOGS)
     try:
         await wait_for_workers(redis_url, prefix, len(procs))
         async with SmithClient.from_url(redis_url, prefix=prefix) as client:

@@ -19,8 +19,8 @@ from smith_client import SmithClient
 from smith_client.errors import InvalidRequestError, UnknownSkillError
 from smith_client.hygiene import conversation_keys
 from smith_client.keys import DEFAULT_HISTORY_TTL
-from tests.conftest import start_workers, wait_for_workers, worker_env
-from tests.support.scripted_llm import RecordedRequest, Reply, Script
+from smith_worker.testing import RecordedRequest, Reply, Script, start_workers, wait_for_workers, worker_env
+from tests.conftest import LOGS
 
 pytestmark = [pytest.mark.integration]
 
@@ -36,7 +36,7 @@ async def skill_workers(redis_url, scripted_llm):
     """Turn worker A and a tool worker for the skills app, under a prefix of their own."""
     prefix = f"sk{uuid.uuid4().hex[:6]}"
     env = worker_env(redis_url, prefix, scripted_llm.base_url)
-    procs = start_workers(APP, env, ["turns", "tools"], prefix)
+    procs = start_workers(APP, env, ["turns", "tools"], prefix, log_dir=LOGS)
     ns = SimpleNamespace(prefix=prefix, env=env, procs=procs)
     try:
         await wait_for_workers(redis_url, prefix, 2)
@@ -106,7 +106,7 @@ async def test_skills_shape_requests_run_tools_and_follow_the_conversation_to_an
     assert results["mcp_lab__echo"]["content"] == "from a skill" and ":tools:" in results["mcp_lab__echo"]["worker"]
 
     # turn 2, on turn worker B only (started before A stops, so a turn worker is always alive): the same skills
-    (worker_b,) = start_workers(APP, skill_workers.env, ["turns"], f"{skill_workers.prefix}-b")
+    (worker_b,) = start_workers(APP, skill_workers.env, ["turns"], f"{skill_workers.prefix}-b", log_dir=LOGS)
     skill_workers.procs.append(worker_b)
     await wait_for_workers(redis_url, skill_workers.prefix, 3)
     skill_workers.procs[0].stop()

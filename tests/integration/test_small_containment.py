@@ -13,7 +13,7 @@ from smith_client.errors import InternalError, InvalidRequestError, ParseError
 from smith_client.jobs import TurnJob
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
 from smith_client.turns import submit
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.testing import Reply, Script
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 

@@ -19,8 +19,8 @@ from smith_client import SmithClient
 from smith_client.errors import TurnCancelledError
 from smith_client.keys import tree_position
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage, messages_from_json_list
+from smith_worker.testing import Reply, Script
 from tests.integration.test_crash_recovery import fleet, worker_pid_running  # noqa: F401 (the fleet fixture)
-from tests.support.scripted_llm import Reply, Script
 
 pytestmark = [pytest.mark.integration]
 

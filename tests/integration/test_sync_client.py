@@ -14,8 +14,8 @@ import pytest
 from flask import Flask, Response, request
 
 from smith_client import ConflictError, InvalidRequestError, SyncSmithClient, TurnCancelledError
+from smith_worker.testing import Reply, Script
 from tests.conftest import ROOT
-from tests.support.scripted_llm import Reply, Script
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 

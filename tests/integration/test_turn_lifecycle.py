@@ -13,7 +13,7 @@ import pytest
 from smith_client import SmithClient, TurnCancelledError
 from smith_client.errors import ConflictError, ConversationBusyError, EventsTrimmedError
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.testing import Reply, Script
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 

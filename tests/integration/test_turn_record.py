@@ -10,7 +10,7 @@ from smith_client import SmithClient
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.messages import UserMessage
 from smith_client.turns import fingerprint
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.testing import Reply, Script
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 

@@ -11,7 +11,7 @@ from arq.constants import in_progress_key_prefix, job_key_prefix
 
 from smith_client import ParseError, SmithClient
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.testing import Reply, Script
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 

@@ -25,7 +25,7 @@ from smith_client.events import (
     TurnFailedData,
     UnknownData,
 )
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.testing import Reply, Script
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 

@@ -23,8 +23,8 @@ import redis
 
 from smith_client.keys import Keys
 from smith_worker.local.processes import ManagedProcess, free_port, start_redis_server, wait_until
-from tests.conftest import LOGS, ROOT, start_workers, wait_for_workers, worker_env
-from tests.support.scripted_llm import Reply, Script
+from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
+from tests.conftest import LOGS, ROOT
 from tests.support.web import serves
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
@@ -301,7 +301,8 @@ def outage_rig(scripted_llm, tmp_path_factory):
     server.start()
     prefix = f"webout{uuid.uuid4().hex[:6]}"
     relay_log = LOGS / f"web-outage-{prefix}.log"
-    procs = start_workers(APP, worker_env(server.url, prefix, scripted_llm.base_url), ["turns", "tools"], prefix)
+    env = worker_env(server.url, prefix, scripted_llm.base_url)
+    procs = start_workers(APP, env, ["turns", "tools"], prefix, log_dir=LOGS)
     try:
         in_thread(wait_for_workers(server.url, prefix, len(procs)))
         with relay(server.url, prefix, relay_log) as base:

@@ -20,7 +20,8 @@ import redis
 
 from smith_client.keys import REGISTRATION_TTL, Keys
 from smith_worker.local.processes import ManagedProcess, wait_until
-from tests.conftest import start_workers, worker_env
+from smith_worker.testing import start_workers, worker_env
+from tests.conftest import LOGS
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +41,7 @@ class Fleet:
         self.procs: list[ManagedProcess] = []
 
     def start(self) -> ManagedProcess:
-        (proc,) = start_workers(APP, self.env, ["tools"], f"{self.prefix}-{len(self.procs)}")
+        (proc,) = start_workers(APP, self.env, ["tools"], f"{self.prefix}-{len(self.procs)}", log_dir=LOGS)
         self.procs.append(proc)
         return proc
 

@@ -13,10 +13,10 @@ from redis.asyncio import Redis
 
 from smith_client.errors import LlmApiError, ParseError
 from smith_client.hygiene import keys_without_ttl
-from smith_client.keys import Keys
+from smith_client.keys import ABORT_ENTRY_TTL, Keys
 from smith_client.messages import UserMessage
+from smith_worker.app import SmithApp
 from smith_worker.config import Settings
-from smith_client.keys import ABORT_ENTRY_TTL
 from smith_worker.dispatch import abort_job
 from smith_worker.llm import LlmClient, LlmClientConfig, LlmRequest
 from smith_worker.redaction import (
@@ -29,8 +29,7 @@ from smith_worker.redaction import (
     url_credentials,
 )
 from smith_worker.runtime import WorkerRuntime
-from smith_worker.app import SmithApp
-from tests.support.scripted_llm import Reply, ScriptedLlmServer, scenario_marker, sse_frame
+from smith_worker.testing import Reply, ScriptedLlmServer, scenario_marker, sse_frame
 
 
 @pytest.fixture(scope="module")

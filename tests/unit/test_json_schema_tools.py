@@ -22,7 +22,7 @@ from smith_worker.llm.types import (
     StreamToolCallStarted,
     ToolSchema,
 )
-from tests.support.scripted_llm import Reply, ScriptedLlmServer, native_tool_fields, without_native_tools
+from smith_worker.testing import Reply, ScriptedLlmServer, native_tool_fields, without_native_tools
 
 ADD = ToolSchema(name="add", description="Add.", parameters={"type": "object", "properties": {"a": {"type": "integer"}}})
 NOW = ToolSchema(name="now", description="The time.")

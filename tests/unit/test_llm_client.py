@@ -24,7 +24,6 @@ from pydantic import ValidationError
 
 from smith_client.errors import ConfigurationError, LlmApiError, ParseError, SmithTimeoutError, TransportError
 from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage
-from smith_worker.llm.wire import to_openai
 from smith_worker.llm import (
     LlmClient,
     LlmClientConfig,
@@ -37,7 +36,8 @@ from smith_worker.llm import (
     ToolSchema,
     parse_retry_after,
 )
-from tests.support.scripted_llm import Reply, Script, ScriptedLlmServer, scenario_marker, sse_frame
+from smith_worker.llm.wire import to_openai
+from smith_worker.testing import Reply, Script, ScriptedLlmServer, scenario_marker, sse_frame
 
 JITTER = 0.125  # rng() = 0.5 times the 0.25 s jitter bound
 WEATHER = ToolSchema(

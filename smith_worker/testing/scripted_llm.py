@@ -1,44 +1,69 @@
-"""A scripted OpenAI-compatible chat-completions server for tests.
+"""The scripted chat-completions server: an OpenAI-compatible model whose every reply a test writes.
 
-It is a real HTTP/1.1 server on ``127.0.0.1`` (a free port), written on
-:func:`asyncio.start_server` so a test controls the exact bytes on the wire:
-chunk boundaries, delays between chunks, dropped connections, stalls. It runs
-its own event loop in a background thread, so it serves sync tests, async
-tests (whatever their loop) and other processes (integration tests point
-worker processes at :attr:`ScriptedLlmServer.base_url`).
+:class:`ScriptedLlmServer` is a real HTTP/1.1 server on ``127.0.0.1`` (a free
+port), written on :func:`asyncio.start_server` so a test controls the exact
+bytes on the wire: chunk boundaries, delays between chunks, dropped
+connections, stalls. It runs its own event loop in a background thread, so it
+serves sync tests, async tests (whatever their loop) and other processes:
+point worker processes at :attr:`ScriptedLlmServer.base_url`
+(``SMITH_LLM_BASE_URL``, see :func:`smith_worker.testing.worker_env`).
 
-Routes: ``POST /v1/chat/completions`` (streamed when the body has
-``"stream": true``, else one JSON completion) and ``GET /v1/models``.
-Anything else is a 404 JSON error.
+Routes: ``POST /v1/chat/completions`` (streamed as server-sent events when
+the body has ``"stream": true``, else one JSON completion) and
+``GET /v1/models`` (one model, ``"scripted"``). Anything else is a 404 JSON
+error.
 
-Routing to scenarios
---------------------
-A chat request belongs to scenario ``KEY`` when its first user message
-contains the marker ``[[scenario:KEY]]`` (regex ``\\[\\[scenario:([\\w.-]+)\\]\\]``).
-The scenario's handler gets the :class:`RecordedRequest` and returns a
-:class:`Reply`. ``RecordedRequest.step`` is the number of assistant messages
-after the last user message (0 for the first model call of a turn, 1 after
-one tool round, ...; a user message carrying ``{"tool_results": ...}`` of
-json_schema tool calling does not count as one), so :class:`Script` can
-answer each step of a turn. :func:`without_native_tools` wraps a handler
-into a server that refuses native tool fields with HTTP 400.
-No marker or an unknown key → HTTP 404 with an OpenAI-style error body.
+Scenarios
+---------
+Many conversations share one server; each request picks its script by a
+marker. A chat request belongs to scenario ``KEY`` when its first user
+message contains ``[[scenario:KEY]]`` (:func:`scenario_marker`; ``KEY``
+matches ``[\\w.-]+``). :meth:`ScriptedLlmServer.add_scenario` registers a
+*handler* for a key: a callable ``handler(request: RecordedRequest) -> Reply``.
+No marker, or a key without a handler, is answered HTTP 404 with an
+OpenAI-style error body; a handler that raises is answered HTTP 500 and its
+exception kept in :attr:`ScriptedLlmServer.handler_errors`.
+
+:attr:`RecordedRequest.step` is the number of assistant messages after the
+last user message: 0 for the first model call of a turn, 1 after one tool
+round, and so on (a user message carrying ``{"tool_results": ...}`` of
+json_schema tool calling does not start a turn). :class:`Script` is the usual
+handler: one :class:`Reply` per step of a turn, the last one repeating.
+:func:`without_native_tools` wraps a handler into a server that refuses
+native tool fields with HTTP 400.
+
+Replies
+-------
+:class:`Reply` class methods build every answer: :meth:`Reply.text` (an
+assistant message, optionally with reasoning), :meth:`Reply.tool_calls`
+(``(name, arguments)`` pairs), :meth:`Reply.error` (a status code and JSON
+error body, e.g. 429 with ``Retry-After``), :meth:`Reply.json` and
+:meth:`Reply.raw` (any body, byte for byte), :meth:`Reply.stall`,
+:meth:`Reply.silent` and :meth:`Reply.trickle` (a model that never finishes)
+and :meth:`Reply.sequence` (one reply per attempt, for retries). ``text`` and
+``tool_calls`` stream when the request asks to (a role chunk, content deltas
+of ``chunk_size`` characters, a finish chunk, a usage frame when
+``stream_options.include_usage`` is set, ``data: [DONE]``) and answer one
+``chat.completion`` JSON object otherwise. Delays are in seconds: ``delay``
+is slept before every streamed chunk but the first; a ``gate``
+(:class:`threading.Event`) holds the second and later chunks until it is set.
 
 Example::
 
-    server = ScriptedLlmServer().start()
-    server.add_scenario("weather", Script(
-        Reply.tool_calls([("get_weather", {"city": "Paris"})]),   # step 0
-        Reply.text("It is sunny."),                                # step 1
-    ))
-    # a client posting to server.base_url with "[[scenario:weather]] ..." as
-    # its first user message gets the tool call, then the text.
-    server.stop()
+    with ScriptedLlmServer() as server:
+        server.add_scenario("weather", Script(
+            Reply.tool_calls([("get_weather", {"city": "Paris"})]),   # step 0
+            Reply.text("It is sunny."),                                # step 1
+        ))
+        # a client posting to server.base_url with "[[scenario:weather]] ..."
+        # as its first user message gets the tool call, then the text.
+        assert server.attempts("weather") == 0
 
-Retries: :meth:`Reply.sequence` answers with its replies in turn (the last
-one repeats), e.g. ``Reply.sequence(Reply.error(500, {...}), Reply.text("ok"))``.
-Every request is recorded in :attr:`ScriptedLlmServer.requests` with its
-per-scenario ``attempt`` number; :meth:`ScriptedLlmServer.attempts` counts them.
+Inspection: every request is recorded in :attr:`ScriptedLlmServer.requests`
+(headers, decoded JSON body, routed scenario, step, per-scenario ``attempt``
+number, whether the client closed early); :meth:`ScriptedLlmServer.attempts`
+counts a scenario's requests and :meth:`ScriptedLlmServer.wait_until` polls a
+condition on them.
 
 Wire shapes follow https://platform.openai.com/docs/api-reference/chat/streaming:
 each SSE frame is written as its own HTTP chunk (``Transfer-Encoding: chunked``).
@@ -181,7 +206,12 @@ class Reply:
         ``chunk_size`` characters, a finish chunk, a usage-only frame
         (``choices: []``) when the request asks for it, ``[DONE]``.
         ``usage`` is ``(prompt_tokens, completion_tokens)``, an OpenAI usage
-        dict, or ``None`` for none.
+        dict, or ``None`` for none. ``finish_reason`` is sent as is (``"length"``
+        for a truncated answer). Streamed only: ``delay`` seconds are slept
+        before every chunk but the first, and ``gate``, when given, holds the
+        second and later chunks until it is set. Not streamed: one
+        ``chat.completion`` object whose message has ``content`` (and
+        ``reasoning_content`` when ``reasoning`` is given).
         """
         deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
         deltas += [{"reasoning_content": piece} for piece in _pieces(reasoning, chunk_size)]
@@ -211,10 +241,15 @@ class Reply:
         chunk. ``style="openai"`` sends id and name only in a call's first
         chunk (with ``arguments: ""``); ``style="llama_cpp"`` repeats the same
         id and name in every chunk, as llama-cpp-python does. ``ids``
-        defaults to fresh ``call_<hex>`` ids.
+        defaults to fresh ``call_<hex>`` ids (one per call: raises ``ValueError``
+        when the lengths differ). ``content`` is text sent before the calls;
+        ``usage``, ``delay`` (seconds) and ``gate`` as in :meth:`text`.
         """
         call_ids = list(ids) if ids is not None else [f"call_{uuid.uuid4().hex[:12]}" for _ in calls]
-        encoded = [(call_id, name, json.dumps(args, ensure_ascii=False)) for call_id, (name, args) in zip(call_ids, calls)]
+        encoded = [
+            (call_id, name, json.dumps(args, ensure_ascii=False))
+            for call_id, (name, args) in zip(call_ids, calls, strict=True)
+        ]
         deltas: list[dict[str, Any]] = [{"role": "assistant", "content": None}]
         deltas += [{"content": piece} for piece in _pieces(content, split)]
         for index, (call_id, name, arguments) in enumerate(encoded):
@@ -328,6 +363,7 @@ class Reply:
         return cls(render)
 
 
+#: A scenario's handler: the reply for one recorded request (:class:`Script` is one).
 Handler = Callable[[RecordedRequest], Reply]
 
 
@@ -340,6 +376,7 @@ class Script:
         self.replies = replies
 
     def __call__(self, request: RecordedRequest) -> Reply:
+        """The reply for ``request.step``."""
         return self.replies[min(request.step, len(self.replies) - 1)]
 
 
@@ -368,7 +405,9 @@ def without_native_tools(handler: Handler) -> Handler:
     def refuse_native(request: RecordedRequest) -> Reply:
         found = native_tool_fields(request)
         if found:
-            return Reply.error(400, {"error": {"message": f"unsupported: {', '.join(found)}", "type": "invalid_request_error"}})
+            return Reply.error(
+                400, {"error": {"message": f"unsupported: {', '.join(found)}", "type": "invalid_request_error"}}
+            )
         return handler(request)
 
     return refuse_native
@@ -399,7 +438,10 @@ class ScriptedLlmServer:
     # -- lifecycle -----------------------------------------------------------
 
     def start(self) -> ScriptedLlmServer:
-        """Start listening in a background thread; returns ``self``."""
+        """Start listening in a background thread; returns ``self``.
+
+        Raises ``RuntimeError`` when already started or when the port cannot be bound.
+        """
         if self._thread is not None:
             raise RuntimeError("server already started")
         ready = threading.Event()
@@ -432,7 +474,11 @@ class ScriptedLlmServer:
     # -- configuration and inspection ------------------------------------------
 
     def add_scenario(self, key: str, handler: Handler | Reply) -> None:
-        """Route requests marked ``[[scenario:key]]`` to ``handler(request) -> Reply`` (a bare Reply answers every request)."""
+        """Route requests marked ``[[scenario:key]]`` to ``handler(request) -> Reply``.
+
+        A bare :class:`Reply` answers every request of the scenario. A key already registered is replaced.
+        Raises ``ValueError`` for a key outside ``[\\w.-]+``.
+        """
         if not re.fullmatch(r"[\w.-]+", key):
             raise ValueError(f"invalid scenario key {key!r}")
         if isinstance(handler, Reply):
@@ -535,7 +581,9 @@ class ScriptedLlmServer:
     def _route(self, request: RecordedRequest) -> WirePlan:
         path = request.path.split("?", 1)[0].rstrip("/")
         if request.method == "GET" and path in ("/v1/models", "/models"):
-            return _json_plan(200, {"object": "list", "data": [{"id": "scripted", "object": "model", "owned_by": "tests"}]}, None)
+            return _json_plan(
+                200, {"object": "list", "data": [{"id": "scripted", "object": "model", "owned_by": "tests"}]}, None
+            )
         if request.method == "POST" and path in ("/v1/chat/completions", "/chat/completions"):
             return self._route_chat(request)
         return _error_plan(404, f"no route for {request.method} {request.path}", "not_found_error")
@@ -676,7 +724,8 @@ class _Connection:
 async def _pause(plan: WirePlan) -> None:
     if plan.delay > 0:
         await asyncio.sleep(plan.delay)
-    while plan.gate is not None and not plan.gate.is_set():
+    # The gate is a threading.Event set from the test's thread, which an asyncio.Event cannot be.
+    while plan.gate is not None and not plan.gate.is_set():  # noqa: ASYNC110
         await asyncio.sleep(0.005)
 
 
@@ -753,7 +802,9 @@ def _pieces(text: str, size: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
-def _tool_call_deltas(index: int, call_id: str, name: str, arguments: str, style: str, split: int) -> list[dict[str, Any]]:
+def _tool_call_deltas(
+    index: int, call_id: str, name: str, arguments: str, style: str, split: int
+) -> list[dict[str, Any]]:
     header = {"index": index, "id": call_id, "type": "function"}
     fragments = _pieces(arguments, split) or [""]
     if style == "llama_cpp":
@@ -773,7 +824,12 @@ def _usage(usage: tuple[int, int] | dict[str, int] | None) -> dict[str, int] | N
 
 
 def _envelope(request: RecordedRequest, kind: str) -> dict[str, Any]:
-    return {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": kind, "created": int(time.time()), "model": request.model}
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": request.model,
+    }
 
 
 def _completion_body(
@@ -800,17 +856,3 @@ def _stream_chunks(
     if usage is not None and request.include_usage:
         frames.append({**envelope, "choices": [], "usage": usage})
     return (*(sse_frame(frame) for frame in frames), DONE_FRAME)
-
-
-__all__ = [
-    "DONE_FRAME",
-    "RecordedRequest",
-    "Reply",
-    "Script",
-    "ScriptedLlmServer",
-    "WirePlan",
-    "native_tool_fields",
-    "scenario_marker",
-    "sse_frame",
-    "without_native_tools",
-]

@@ -1,0 +1,1 @@
+"""Testing an agent with ``smith_worker.testing`` (README, "Testing your agents")."""
