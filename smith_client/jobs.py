@@ -72,8 +72,12 @@ class ToolJob(BaseModel):
     channel of the waiting turn worker; ``result_key`` where the result is
     stored; ``result_max_bytes`` the agent's cap on the content (UTF-8 bytes);
     ``idempotent`` whether the call may be re-run when its tool worker died;
-    ``skill`` the declared name of the skill owning the tool ("" for the
-    agent's own tools), so the tool worker runs that skill's tool; ``position``
+    ``source`` the id of the tool source that runs the call (``app``,
+    ``source:<alias>``, ``skill:<name>``), which the tool worker runs it
+    through; ``skill`` the declared name of the skill offering the tool (""
+    for the agent's own tools), what tool workers older than ``source`` find
+    it by. A job without ``source`` (enqueued by a worker older than it) is
+    resolved by its tool's name and ``skill``, as those workers did; ``position``
     the calling agent's place in the sub-agent tree (``""`` for the root agent,
     see :func:`smith_client.keys.tree_position`), part of the call's job id and keys; ``call_path``
     the calling agent's ``call_path`` for the ``tool.result`` event (see :mod:`smith_client.events`).
@@ -93,6 +97,7 @@ class ToolJob(BaseModel):
     result_key: str
     result_max_bytes: int = 64 * 1024
     idempotent: bool = False
+    source: str = ""
     skill: str = ""
 
 

@@ -29,6 +29,8 @@ from smith_worker.native import NativeTools
 from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
 from smith_worker.sources import ToolSource
 from smith_worker.tools import TOOL_NAME, Isolation, Tool, ToolRegistry, make_tool
+from smith_worker.toolset import APP_TOOLS, skill_id
+from smith_worker.toolset import source_id as added_source_id
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -353,9 +355,21 @@ class SmithApp:
         (``spec.tools``), then its ``spec.sources`` in declaration order."""
         return [self.native.restricted(spec.tools), *(self.sources[name] for name in spec.sources)]
 
-    def owner_of(self, tool_name: str) -> ToolSource | None:
-        """The source that runs ``tool_name`` on a tool worker (a Python tool first), or None."""
-        return next((source for source in self.all_sources() if source.owns(tool_name)), None)
+    def skill_tools(self, skill: Skill) -> ToolSource:
+        """The Python tools of ``skill`` as a source, by their prefixed names (a view of :attr:`native`:
+        it runs them on the tool worker's pools)."""
+        return self.native.named({name: own.tool for name, own in skill.native.items()})
+
+    def source(self, source_id: str) -> ToolSource | None:
+        """The source named by ``source_id`` (a tool job's, see :mod:`smith_worker.toolset`): the app's
+        Python tools, an added source, or a skill's Python tools; None when this app has no such source."""
+        if source_id == APP_TOOLS:
+            return self.native
+        name = source_id.partition(":")[2]
+        if source_id == added_source_id(name):
+            return self.sources.get(name)
+        skill = self.skills.get(name) if source_id == skill_id(name) else None
+        return self.skill_tools(skill) if skill is not None else None
 
 
 def _require_registered(kind: str, names: Sequence[str] | None, registered: Container[str], setting: str) -> None:

@@ -18,7 +18,7 @@ enqueued (no tool worker, or a stuck one), the turn records a timeout error
 for the call and aborts the job. A call whose tool worker died while running
 it becomes an error tool message; an idempotent one is re-run once first.
 
-A job names the tool it requires (:func:`smith_worker.routing.tool_requirement`),
+A job names the tool it requires (its route's ``requires``, :mod:`smith_worker.routing`),
 so only a tool worker serving that tool takes it (a fleet in a rolling deploy
 runs tool workers of two app versions); when live tool workers exist but none
 serves it, the enqueue refuses the job and the call's answer is an unknown-tool

@@ -58,10 +58,10 @@ from smith_worker.llm.types import (
     ToolSchema,
 )
 from smith_worker.memory import MemoryContext
-from smith_worker.routing import tool_requirement
 from smith_worker.skills import ConversationSkills
 from smith_worker.subagents import SubAgentTools
-from smith_worker.tools import ToolContext, ToolRoute, error_content
+from smith_worker.tools import ToolContext
+from smith_worker.toolset import ToolRoute, Toolset, step_toolset
 
 logger = logging.getLogger("agent_smith.agent")
 
@@ -107,8 +107,10 @@ class AgentLoop:
         self._unpublished: list[EventData] = []
         #: The replies of the next step's round trip when it rode along with a tool round's append.
         self._next_step: list[Any] | None = None
-        self.skills = ConversationSkills(self.rt.app.skills, self.rt.app.sources, self.rt.keys, ctx.job.conversation_id)
+        self.skills = ConversationSkills(self.rt.app.skills, self.rt.keys, ctx.job.conversation_id)
         self.subagents = SubAgentTools(ctx, lambda child: AgentLoop(child).run(0))
+        #: The step's toolset, built once its active skills are known (None: not built yet this step).
+        self._toolset: Toolset | None = None
 
     async def run(self, start: int, *, fresh: bool = False) -> AssistantMessage:
         """Run model steps from history position ``start`` (the turn's user message) until a final answer.
@@ -197,6 +199,7 @@ class AgentLoop:
         if cancel:
             raise CancelRequested(cancel.decode())
         self.skills.take(spec, skills)
+        self._toolset = None  # a new step: its active skills may differ
         await self._announce_merged(self.attempt.drained(moved))
         return int(count), int(tokens or 0)
 
@@ -297,9 +300,7 @@ class AgentLoop:
             raise ConfigurationError(f"invalid per-turn sampling: {exc}", setting="sampling") from exc
 
     async def _tool_schemas(self, spec: AgentSpec) -> list[ToolSchema]:
-        """Native tools of the agent, then each of its sources' tools, in declaration order, then
-        the tools of the active skills (seed §12.3)."""
-        schemas: list[ToolSchema] = []
+        """The schemas of the step's toolset (:mod:`smith_worker.toolset`), discovery reported to this turn."""
         asking = ToolContext(
             call_id="",
             tool_name="",
@@ -308,9 +309,20 @@ class AgentLoop:
             agent=spec.name,
             worker_id=self.rt.worker_id,
         )
-        for source in self.rt.app.sources_for(spec):
-            schemas += await source.schemas(asking)
-        return await self.skills.tools(schemas + self.subagents.schemas(spec), asking)
+        return await self._step_toolset(spec).schemas(asking)
+
+    def _step_toolset(self, spec: AgentSpec) -> Toolset:
+        """This step's toolset: the agent's tools, its sources, its sub-agents, the active skills' tools."""
+        if self._toolset is None:
+            app = self.rt.app
+            self._toolset = step_toolset(
+                app, spec, self.skills.active or [], self.subagents, self._run_job, app.skills.warn_once
+            )
+        return self._toolset
+
+    async def _run_job(self, job: ToolJob, route: ToolRoute) -> tuple[ToolOutcome, bool]:
+        """Run ``job`` on a tool worker serving ``route.requires`` and wait for its outcome."""
+        return await self.ctx.services.tool_waiter.run(job, route.requires)
 
     async def _stream_model(self, spec: AgentSpec, llm: LlmClient, request: LlmRequest) -> LlmResponse:
         """A streamed model call whose events are published behind the stream (:class:`EventBatcher`).
@@ -351,9 +363,10 @@ class AgentLoop:
         in the same append, so a crash cannot fall between them (issue 13 design rule 4). Returns that
         final message, or None."""
         await self.skills.ensure(spec, self.rt.redis)  # a re-run may resume here, before any model call
+        toolset = self._step_toolset(spec)
         for call in calls:
             await fire("on_tool_call", call, self.rt.app.hooks, spec.hooks)
-        outcomes = await gather_all([self._run_tool(spec, step, i, c) for i, c in enumerate(calls)])
+        outcomes = await gather_all([self._run_tool(toolset, spec, step, i, c) for i, c in enumerate(calls)])
         messages = [
             ToolMessage(tool_call_id=call.id, name=call.name, content=outcome.content, is_error=outcome.is_error)
             for call, outcome in zip(calls, outcomes, strict=True)
@@ -367,19 +380,10 @@ class AgentLoop:
             await fire("on_tool_result", message, self.rt.app.hooks, spec.hooks)
         return final
 
-    async def _run_tool(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolOutcome:
-        job = self._tool_job(spec, step, index, call)
-        if self.subagents.owns(spec, call.name):  # runs here, as a nested loop (seed §14.1)
-            outcome, produced_here = await self.subagents.call(step, index, call), True
-        elif (route := self._route(spec, call.name)) is None:
-            outcome, produced_here = (
-                ToolOutcome(content=error_content(f"unknown tool: {call.name}"), is_error=True),
-                True,
-            )
-        else:
-            job.timeout, job.idempotent, job.skill = route.timeout, route.idempotent, route.skill
-            requires = tool_requirement(self.rt.app, route.skill, call.name)  # only a tool worker serving it runs it
-            outcome, produced_here = await self.ctx.services.tool_waiter.run(job, requires)
+    async def _run_tool(self, toolset: Toolset, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolOutcome:
+        route = toolset.route(call.name)
+        job = self._tool_job(spec, step, index, call, route)
+        outcome, produced_here = await toolset.run(job, route)
         if produced_here or self.attempt.attempt > 1:  # else the tool worker published it
             await self._publish_result_once(job, outcome)
         return outcome
@@ -399,24 +403,11 @@ class AgentLoop:
         if seq < 0:
             raise StaleAttemptError(job.turn_id)
 
-    def _route(self, spec: AgentSpec, tool_name: str) -> ToolRoute | None:
-        """How a call of ``tool_name`` runs this step, or None when this agent may not call it.
-
-        An active skill's tool shadows the agent's own of the same name (seed §12.3: last registered wins).
-        """
-        route = self.skills.route(spec, tool_name)
-        if route is not None:
-            return route
-        source = next((s for s in self.rt.app.sources_for(spec) if s.owns(tool_name)), None)
-        if source is None:
-            return None
-        timeout = source.timeout_for(tool_name)  # None: a Python tool without its own, the agent's default
-        return ToolRoute(
-            timeout if timeout is not None else spec.config.default_tool_timeout, source.idempotent(tool_name)
-        )
-
-    def _tool_job(self, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolJob:
+    def _tool_job(self, spec: AgentSpec, step: int, index: int, call: ToolCall, route: ToolRoute | None) -> ToolJob:
+        """The call's job, complete: the source running it, its budget and idempotency are ``route``'s
+        (None, a tool this agent does not have: no source, the agent's default budget; never enqueued)."""
         keys = self.rt.keys
+        route = route or ToolRoute(source="", timeout=spec.config.default_tool_timeout)
         return ToolJob(
             turn_id=self.ctx.turn_id,
             conversation_id=self.job.conversation_id,
@@ -427,7 +418,10 @@ class AgentLoop:
             step=step,
             index=index,
             call=call,
-            timeout=spec.config.default_tool_timeout,
+            source=route.source,
+            skill=route.skill,
+            timeout=route.timeout,
+            idempotent=route.idempotent,
             reply_channel=keys.worker_replies_channel(self.rt.worker_id),
             result_key=keys.tool_result(self.ctx.turn_id, step, index, self.ctx.position),
             result_max_bytes=spec.config.tool_result_max_bytes,

@@ -4,11 +4,13 @@
 :class:`~smith_worker.sources.ToolSource` protocol (compare pydantic-ai's
 ``FunctionToolset`` beside its MCP toolsets): schemas, budget, idempotency and
 ``call``. :meth:`NativeTools.restricted` is the view an agent gets (the tools it
-lists); views share the worker's sync-tool pools, given at :meth:`start`.
+lists), :meth:`NativeTools.named` a skill's (its tools under their prefixed names);
+views share the worker's sync-tool pools, given at :meth:`start`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,11 +45,11 @@ class NativeTools:
         """The view of the tools named in ``allowed`` (an agent's ``tools``), in that order."""
         return NativeTools(self._registry, allowed, self._pools)
 
-    def only(self, tool_name: str, tool: Tool) -> NativeTools:
-        """A view of one tool that is not in the registry, called as ``tool_name`` (a skill's own
-        native tool, under its prefixed name)."""
+    def named(self, tools: Mapping[str, Tool]) -> NativeTools:
+        """A view of tools outside the registry, each called (and offered) by its key in ``tools``
+        (a skill's own Python tools, under their prefixed names)."""
         view = NativeTools(ToolRegistry(), [], self._pools)
-        view._named = {tool_name: tool}
+        view._named = dict(tools)
         return view
 
     async def start(self, ctx: SourceContext) -> None:
@@ -79,8 +81,10 @@ class NativeTools:
         return tool is not None and tool.idempotent
 
     async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:
-        """The schemas of the (allowed) tools, in registration order (a view: in its ``allowed`` order)."""
-        return self._registry.schemas(self._order)
+        """The schemas of the (allowed) tools, in registration order (a view: in its ``allowed`` order),
+        then those of the :meth:`named` tools under their names."""
+        renamed = [tool.schema.model_copy(update={"name": name}) for name, tool in self._named.items()]
+        return self._registry.schemas(self._order) + renamed
 
     async def call(self, tool_name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         """Run the tool within ``ctx.budget`` seconds on the worker's pools; never raises except cancellation."""

@@ -6,11 +6,10 @@ add a tool or an agent that v1 workers do not have. So a job names what it
 
 * a turn job requires its agent (``TurnJob.agent``, set by every enqueuer of a
   turn); a turn worker serves the agents of its app;
-* a tool job requires what the tool worker resolves the call to
-  (:func:`tool_requirement`, the same resolution as
-  ``smith_worker/tool_runner.py``): ``tool:<name>`` for a Python tool of the
-  app, ``source:<alias>`` for a tool of an added source (an MCP server), and
-  for a skill's tool ``skill:<skill>/tool:<name>`` or
+* a tool job requires what its route names (``ToolRoute.requires``, given by
+  the step's toolset, :mod:`smith_worker.toolset`): ``tool:<name>`` for a
+  Python tool of the app, ``source:<alias>`` for a tool of an added source (an
+  MCP server), and for a skill's tool ``skill:<skill>/tool:<name>`` or
   ``skill:<skill>/source:<alias>``; a tool worker serves those of its app
   (:func:`capabilities`).
 
@@ -31,54 +30,23 @@ import hashlib
 from collections.abc import Iterable
 
 from smith_worker.app import SmithApp
+from smith_worker.toolset import in_skill, source_id, tool_unit
 
 #: Hex digits of a capability set's digest (a SHA-1 prefix: sets of different versions never share one).
 DIGEST_LENGTH = 16
 
 
-def _tool(name: str) -> str:
-    return f"tool:{name}"
-
-
-def _source(alias: str) -> str:
-    return f"source:{alias}"
-
-
-def _skill(skill: str, unit: str) -> str:
-    return f"skill:{skill}/{unit}"
-
-
-def tool_requirement(app: SmithApp, skill: str, tool_name: str) -> str:
-    """What a tool worker must serve to run a call of ``tool_name`` (owned by skill ``skill``, "" for the
-    agent's own tools), as ``app`` resolves it; "" when ``app`` has no such tool (any tool worker may take
-    the job, which fails it as an unknown tool). The resolution is the tool worker's
-    (``smith_worker/tool_runner.py``): a skill's Python tool, then the skill's MCP servers; else a Python
-    tool of the app, then its other sources."""
-    if skill:
-        found = app.skills.get(skill)
-        if found is None:
-            return ""
-        if tool_name in found.native:
-            return _skill(skill, _tool(tool_name))
-        alias = next((a for a in found.aliases if app.sources[a].owns(tool_name)), None)
-        return _skill(skill, _source(alias)) if alias is not None else ""
-    source = app.owner_of(tool_name)
-    if source is None:
-        return ""
-    return _tool(tool_name) if source is app.native else _source(source.name)
-
-
 def capabilities(app: SmithApp, queue: str) -> list[str]:
     """What a worker of ``app`` on ``queue`` (``"turns"`` or ``"tools"``) serves, sorted: the agents, or
-    every requirement :func:`tool_requirement` can give for ``app``."""
+    every requirement a route of ``app``'s tools can name (:class:`~smith_worker.toolset.ToolRoute`)."""
     if queue == "turns":
         return sorted(app.agents)
-    served = [_tool(name) for name in app.tools.names()] + [_source(alias) for alias in app.sources]
+    served = [tool_unit(name) for name in app.tools.names()] + [source_id(alias) for alias in app.sources]
     for name in app.skills.names():
         skill = app.skills.get(name)
         if skill is not None:
-            served += [_skill(name, _tool(tool)) for tool in skill.native]
-            served += [_skill(name, _source(alias)) for alias in skill.aliases]
+            served += [in_skill(name, tool_unit(tool)) for tool in skill.native]
+            served += [in_skill(name, source_id(alias)) for alias in skill.aliases]
     return sorted(set(served))
 
 

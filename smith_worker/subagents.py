@@ -3,7 +3,8 @@
 ``app.agent("lead", subagents=["researcher"])`` gives ``lead`` a tool named
 ``researcher`` with one ``task`` string parameter and the description of
 ``app.agent("researcher", description=...)`` (seed §14.1). The loop uses this
-module through :class:`SubAgentTools` only: ``schemas``, ``owns``, ``call``.
+module through :class:`SubAgentTools` only, a source of the step's toolset
+(:mod:`smith_worker.toolset`) whose calls run here.
 
 A call runs the child's loop as a task of the parent's turn worker (inside the
 parent's step, so parallel calls of one step run concurrently), never as a job
@@ -41,17 +42,17 @@ from smith_client import scripts
 from smith_client import turn_record as record
 from smith_client.errors import TurnCancelledError, error_from_exception
 from smith_client.events import EventData
-from smith_client.jobs import ToolOutcome
+from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.keys import tree_position
 from smith_client.messages import AssistantMessage, ToolCall, UserMessage, message_to_json
-from smith_worker.app import AgentSpec
 from smith_worker.context import AgentContext, CancelRequested
 from smith_worker.dispatch import settle_call
 from smith_worker.fencing import StaleAttemptError
 from smith_worker.history import ConversationStore
 from smith_worker.llm.types import ToolSchema
 from smith_worker.redaction import redact_error
-from smith_worker.tools import error_content
+from smith_worker.tools import ToolContext, error_content
+from smith_worker.toolset import ToolRoute
 
 #: The error tool result of a call past the root's ``max_subagent_depth`` (seed §14.2).
 DEPTH_LIMIT_REACHED = "sub-agent depth limit reached"
@@ -124,24 +125,37 @@ class SubAgentHistory:
 
 
 class SubAgentTools:
-    """The sub-agent tools of one agent loop (``ctx`` is the calling agent's context)."""
+    """The sub-agents of one agent loop as a source of its step's toolset (``ctx`` is the calling agent's
+    context, ``ctx.spec`` the agent): a source whose calls run here (:meth:`run`), never on a tool worker."""
 
     def __init__(self, ctx: AgentContext, run_loop: RunLoop) -> None:
         self.ctx = ctx
         self._run_loop = run_loop
 
-    def owns(self, spec: AgentSpec, tool_name: str) -> bool:
-        """True when ``tool_name`` is one of ``spec``'s sub-agents."""
-        return tool_name in spec.subagents
+    def owns(self, tool_name: str) -> bool:
+        """True when ``tool_name`` is one of the agent's sub-agents."""
+        return tool_name in self.ctx.spec.subagents
 
-    def schemas(self, spec: AgentSpec) -> list[ToolSchema]:
-        """One tool per sub-agent of ``spec``: its name, its description, a ``task`` string (seed §14.1).
+    def timeout_for(self, tool_name: str) -> float | None:
+        """None: a sub-agent call has no budget of its own (the tree's limits bound it)."""
+        return None
+
+    def idempotent(self, tool_name: str) -> bool:
+        """False: a sub-agent resumes from its checkpointed messages, it is never re-run."""
+        return False
+
+    async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:
+        """One tool per sub-agent of the agent: its name, its description, a ``task`` string (seed §14.1).
         Offered at every depth: past the depth limit the refusal is the call's result."""
         agents = self.ctx.runtime.app.agents
         return [
             ToolSchema(name=name, description=agents[name].description, parameters=_TASK_PARAMETERS)
-            for name in spec.subagents
+            for name in self.ctx.spec.subagents
         ]
+
+    async def run(self, job: ToolJob, route: ToolRoute) -> tuple[ToolOutcome, bool]:
+        """Run the call of ``job`` here (:meth:`call`); its outcome is always produced here."""
+        return await self.call(job.step, job.index, job.call), True
 
     async def call(self, step: int, index: int, call: ToolCall) -> ToolOutcome:
         """Run call ``index`` of step ``step`` (a sub-agent tool call) and return its outcome.

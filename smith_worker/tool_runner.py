@@ -1,9 +1,10 @@
 """Tool side of tool calls: the ``run_tool`` job function.
 
-Runs one native tool call within its timeout, cuts the content to the
-agent's byte cap, stores the outcome under the call's result key (first
-writer wins, so a turn that already gave up on the call keeps its answer),
-publishes the ``tool.result`` event and wakes the waiting turn worker.
+Runs one tool call through the source its job names (``ToolJob.source``,
+without choosing again) within its timeout, cuts the content to the agent's
+byte cap, stores the outcome under the call's result key (first writer wins,
+so a turn that already gave up on the call keeps its answer), publishes the
+``tool.result`` event and wakes the waiting turn worker.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from smith_client import scripts
 from smith_client.eventlog import WHILE_RUNNING
 from smith_client.events import tool_result_data
 from smith_client.jobs import REPLY_INLINE_MAX, ToolJob, ToolOutcome
+from smith_worker.app import SmithApp
 from smith_worker.redaction import redact_text
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.sources import ToolSource
@@ -28,6 +30,7 @@ from smith_worker.tools import (
     scrub_surrogates,
     truncate_content,
 )
+from smith_worker.toolset import APP_TOOLS, skill_id, source_id
 
 logger = logging.getLogger("agent_smith.tool")
 
@@ -48,16 +51,31 @@ def stored_outcome(result: ToolResult, max_bytes: int, worker: str) -> ToolOutco
     )
 
 
-def _target(rt: WorkerRuntime, job: ToolJob) -> ToolSource | None:
-    """The source running the call; a skill's own when the job names a skill (a skill tool may
-    shadow an app tool of the same name, seed §12.3)."""
-    if job.skill:
-        return rt.app.skills.target(job.skill, job.call.name, rt.app.sources, rt.app.native)
-    return rt.app.owner_of(job.call.name)
+def _source(app: SmithApp, job: ToolJob) -> ToolSource | None:
+    """The source the job names (:attr:`ToolJob.source`), or None when this app has none."""
+    return app.source(job.source or legacy_source_id(app, job.skill, job.call.name))
+
+
+def legacy_source_id(app: SmithApp, skill_name: str, tool_name: str) -> str:
+    """The source id of a job that names none (enqueued by a worker older than source ids): found by the
+    tool's name as those workers found it, in skill ``skill_name``'s Python tools then its MCP servers, or
+    ("" skill) in the app's Python tools then its other sources; "" when nothing owns it."""
+    if skill_name:
+        skill = app.skills.get(skill_name)
+        if skill is None:
+            return ""
+        if tool_name in skill.native:
+            return skill_id(skill_name)
+        aliases = skill.aliases
+    elif app.native.owns(tool_name):
+        return APP_TOOLS
+    else:
+        aliases = list(app.sources)
+    return next((source_id(alias) for alias in aliases if app.sources[alias].owns(tool_name)), "")
 
 
 async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
-    source = _target(rt, job)
+    source = _source(rt.app, job)
     if source is None:
         return error_result(f"unknown tool: {job.call.name}")
     ctx = ToolContext(

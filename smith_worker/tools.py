@@ -351,14 +351,3 @@ class ToolRegistry:
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
-
-
-@dataclass(frozen=True)
-class ToolRoute:
-    """How one tool call of a step runs: its budget (``timeout``, seconds), whether it may be
-    re-run after a crash (``idempotent``), and the skill owning the tool (``skill``, its
-    declared name; "" for the agent's own tools), which tells a tool worker where to find it."""
-
-    timeout: float
-    idempotent: bool = False
-    skill: str = ""

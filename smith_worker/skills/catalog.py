@@ -2,20 +2,16 @@
 
 Registration refuses two skills whose names normalize to the same tool prefix
 (:class:`ConfigurationError`) and context data over the app's
-``skill_context_max_bytes`` (:class:`SkillError`). Tool workers resolve a
-skill tool call through :meth:`SkillCatalog.target`.
+``skill_context_max_bytes`` (:class:`SkillError`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 from smith_client.errors import ConfigurationError
-from smith_worker.native import NativeTools
 from smith_worker.skills.model import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill
-from smith_worker.sources import ToolSource
 
 logger = logging.getLogger("agent_smith.skill")
 
@@ -53,20 +49,6 @@ class SkillCatalog:
 
     def __contains__(self, name: object) -> bool:
         return name in self._skills
-
-    def target(
-        self, skill_name: str, tool_name: str, sources: Mapping[str, ToolSource], native: NativeTools
-    ) -> ToolSource | None:
-        """The source that runs ``tool_name`` of skill ``skill_name`` on a tool worker: a view of its
-        native tool (by prefixed name; ``native`` gives the worker's pools) or the MCP source owning it;
-        None when neither exists."""
-        skill = self._skills.get(skill_name)
-        if skill is None:
-            return None
-        own = skill.native.get(tool_name)
-        if own is not None:
-            return native.only(tool_name, own.tool)
-        return next((sources[a] for a in skill.aliases if sources[a].owns(tool_name)), None)
 
     def warn_once(self, key: tuple[Any, ...], message: str, *args: Any) -> None:
         """Log a warning the first time ``key`` is seen in this process (per-step rebuilds would repeat it)."""

@@ -18,7 +18,6 @@ import orjson
 
 from smith_client.errors import ConfigurationError, SkillError
 from smith_client.skills import skill_name_problem
-from smith_worker.llm.types import ToolSchema
 from smith_worker.tools import Tool, make_tool
 
 if TYPE_CHECKING:
@@ -57,10 +56,6 @@ class SkillTool:
     name: str
     tool: Tool
     timeout: float | None
-
-    def schema(self) -> ToolSchema:
-        """The tool's schema under its prefixed name."""
-        return self.tool.schema.model_copy(update={"name": self.name})
 
 
 @dataclass

@@ -95,8 +95,8 @@ def test_app_mcp_server_registers_a_source_agents_can_use():
     source = app.mcp_server("example", command="python", args=["server.py"], deny=["now"])
     app.agent("a", sources=["example"])
     assert app.sources["example"] is source
-    assert app.owner_of("mcp_example__echo") is source
-    assert app.owner_of("mcp_other__echo") is None
+    assert app.source("source:example") is source
+    assert app.source("source:other") is None
     assert app.sources_for(app.get_agent("a"))[1:] == [source]  # after the agent's Python tools
     assert source.timeout_for("mcp_example__echo") == 30.0 + 20.0
     with pytest.raises(ConfigurationError):

@@ -1,18 +1,16 @@
 """What a tool job requires and what a worker serves (smith_worker/routing.py), on apps of two versions.
 
-A job requires what the tool worker resolves its call to (smith_worker/tool_runner.py ``_target``), so a
-worker serves a requirement exactly when it can run the call: checked here for every kind of tool.
+A job requires what its route in the step's toolset names (smith_worker/toolset.py), and a tool worker runs it
+through the source the route names, so a worker serves a requirement exactly when it can run the call: checked
+here for every kind of tool.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-from smith_client.jobs import ToolJob
-from smith_client.messages import ToolCall
 from smith_worker import Skill, SmithApp
-from smith_worker.routing import capabilities, capability_digest, tool_requirement
-from smith_worker.tool_runner import _target
+from smith_worker.routing import capabilities, capability_digest
+from smith_worker.toolset import ToolRoute, step_toolset
+from tests.unit.test_toolset import FakeSubAgents, Jobs
 
 
 def add(a: int, b: int) -> int:
@@ -46,40 +44,41 @@ def v2_app() -> SmithApp:
     return app
 
 
-#: (skill, tool name) of a call of each kind: a Python tool, an MCP tool, a skill's own tool, a skill's MCP tool.
+#: (active skill, tool name) of a call of each kind: a Python tool, an MCP tool, a skill's own tool, a skill's MCP tool.
 CALLS = [("", "add"), ("", "mcp_files__read"), ("notes", "notes__lookup"), ("notes", "mcp_notes-db__query")]
 
 
-def runs(app: SmithApp, skill: str, name: str) -> bool:
-    """Whether a tool worker of ``app`` finds the call's tool (an "unknown tool" error otherwise)."""
-    job = ToolJob(turn_id="t", conversation_id="c", agent="default", step=1, index=0, call=ToolCall(id="1", name=name),
-                  timeout=1.0, reply_channel="r", result_key="k", skill=skill)  # fmt: skip
-    return _target(SimpleNamespace(app=app), job) is not None  # type: ignore[arg-type]
+def route(app: SmithApp, skill: str, name: str, agent: str = "default") -> ToolRoute | None:
+    """The route of the call in a step of ``agent`` with ``skill`` active (besides the agent's default skills)."""
+    spec = app.agents[agent]
+    active = [app.skills.get(s) for s in dict.fromkeys([*spec.skills, *([skill] if skill else [])])]
+    toolset = step_toolset(app, spec, active, FakeSubAgents(), Jobs(), app.skills.warn_once)
+    return toolset.route(name)
+
+
+def runs(app: SmithApp, found: ToolRoute | None) -> bool:
+    """Whether a tool worker of ``app`` has the source a job of this route names (an "unknown tool" error otherwise)."""
+    return found is not None and app.source(found.source) is not None
 
 
 def test_every_call_a_tool_worker_runs_requires_something_its_set_holds():
     app = v2_app()
     served = capabilities(app, "tools")
-    for skill, name in [*CALLS, ("", "convert")]:
-        assert runs(app, skill, name)
-        assert tool_requirement(app, skill, name) in served, (skill, name)
-    assert [tool_requirement(app, s, n) for s, n in CALLS] == [
+    for skill, name, agent in [*((s, n, "default") for s, n in CALLS), ("", "convert", "v2agent")]:
+        found = route(app, skill, name, agent)
+        assert runs(app, found) and found.requires in served, (skill, name)
+    assert [route(app, s, n).requires for s, n in CALLS] == [
         "tool:add", "source:files", "skill:notes/tool:notes__lookup", "skill:notes/source:notes-db",
-    ]  # fmt: skip
+    ]  # the requirements workers older than source ids register  # fmt: skip
 
 
 def test_a_tool_only_v2_has_is_required_from_a_set_only_v2_workers_hold():
     v1, v2 = v1_app(), v2_app()
-    requires = tool_requirement(v2, "", "convert")
-    assert requires == "tool:convert" and requires in capabilities(v2, "tools")
-    assert requires not in capabilities(v1, "tools") and not runs(v1, "", "convert")
+    found = route(v2, "", "convert", "v2agent")
+    assert found.requires == "tool:convert" and found.requires in capabilities(v2, "tools")
+    assert found.requires not in capabilities(v1, "tools") and not v1.native.owns("convert")
     for skill, name in CALLS:  # the tools both versions have: both sets hold them
-        assert tool_requirement(v2, skill, name) in capabilities(v1, "tools")
-
-
-def test_a_tool_the_app_does_not_have_requires_nothing():
-    app = v1_app()
-    assert tool_requirement(app, "", "nowhere") == "" and tool_requirement(app, "unknown-skill", "x") == ""
+        assert route(v2, skill, name).requires in capabilities(v1, "tools")
 
 
 def test_turn_workers_serve_their_agents():

@@ -1,17 +1,15 @@
-"""Skills without Redis (issue 14): loading both formats, every refusal, prompt composition, the tool set per step."""
+"""Skills without Redis (issue 14): loading both formats, every refusal, prompt composition, the active skills
+of a step (their tools in a step's toolset: tests/unit/test_toolset.py)."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
 
 from smith_client.errors import ConfigurationError, SkillError
-from smith_worker import AgentConfig, Skill, SmithApp, load_skill, make_tool
-from smith_worker.llm.types import ToolSchema
+from smith_worker import Skill, SmithApp, load_skill, make_tool
 from smith_worker.skills import ConversationSkills, compose_system_prompt, normalize_skill_name
-from smith_worker.tools import ToolContext
 
 SKILLS = Path(__file__).resolve().parents[1] / "support" / "skills"
 
@@ -193,8 +191,8 @@ def test_skill_mcp_servers_are_pooled_sources_shared_by_alias():
     app.skill(Skill("two", mcp_servers=[dict(server)]))  # the same server: one pooled source
     assert list(app.sources) == ["files"]
     assert app.sources["files"].config is app.skills.get("one").servers[0]  # the first binding's config
-    assert app.skills.target("missing", "one__x", app.sources, app.native) is None
-    assert app.skills.target("one", "mcp_files__read", app.sources, app.native) is app.sources["files"]
+    assert app.source("skill:missing") is None
+    assert app.source("source:files") is app.sources["files"]
     with pytest.raises(ConfigurationError, match="alias 'files' is registered with another configuration"):
         app.skill(Skill("three", mcp_servers=[{"alias": "files", "command": "other"}]))
     assert "three" not in app.skills
@@ -215,81 +213,17 @@ def test_system_prompt_is_composed_in_order_with_empty_sections_omitted():
     assert compose_system_prompt("Base.", [Skill("empty")]) == "Base."
 
 
-# ---- the tool set of a step (seed §12.3) ------------------------------------------------------------
-
-
-class FakeSource:
-    """A tool source with one fixed tool (the MCP source's interface, without a server)."""
-
-    def __init__(self, alias: str, tool: str) -> None:
-        self.name = alias
-        self.tool = tool
-
-    def owns(self, tool_name: str) -> bool:
-        return tool_name.startswith(f"mcp_{self.name}__")
-
-    def timeout_for(self, tool_name: str) -> float:
-        return 12.0
-
-    async def schemas(self, ctx=None):
-        return [ToolSchema(name=self.tool, description=f"MCP {self.tool}")]
+# ---- the active skills of a step -------------------------------------------------------------------
 
 
 def step_skills(skills: list[Skill], active: list[str], defaults: list[str] | None = None):
     app = SmithApp()
     for skill in skills:
         app.skill(skill)
-    for skill in skills:
-        for alias in skill.aliases:
-            app.sources[alias] = FakeSource(alias, f"mcp_{alias}__search")  # stands in for the pooled server
-    spec = app.agent("a", skills=defaults or [], config=AgentConfig(default_tool_timeout=7.0))
-    conversation = ConversationSkills(app.skills, app.sources, None, "c")  # type: ignore[arg-type]
+    spec = app.agent("a", skills=defaults or [])
+    conversation = ConversationSkills(app.skills, None, "c")  # type: ignore[arg-type]
     conversation.take(spec, [[name.encode() for name in active]])
     return conversation, spec
-
-
-async def test_tool_set_order_collisions_and_routes(caplog):
-    def search(q: str) -> str:
-        """Skill search."""
-        return q
-
-    notes = Skill("notes", tools=[lookup, make_tool(search, timeout=3.0, idempotent=True)],
-                  mcp_servers=[{"alias": "web", "command": "web-server"}])
-    other = Skill("other", tools=[make_tool(lookup, name="lookup", description="Other's lookup.")])
-    shadowing = Skill("notes.v2", tools=[lookup])  # a different prefix: no collision
-    conversation, spec = step_skills([notes, other, shadowing], ["notes", "other"])
-    base = [ToolSchema(name="notes__lookup", description="The app's lookup."), ToolSchema(name="add")]
-    ctx = ToolContext(call_id="", tool_name="")
-    with caplog.at_level(logging.WARNING, logger="agent_smith.skill"):
-        tools = await conversation.tools(base, ctx)
-        await conversation.tools(base, ctx)
-    assert [t.name for t in tools] == ["notes__lookup", "add", "notes__search", "other__lookup", "mcp_web__search"]
-    assert tools[0].description == "Look a note up."  # the skill's, registered last, wins
-    warnings = [r.getMessage() for r in caplog.records]
-    assert warnings == ["tool name collision: 'notes__lookup' of skill 'notes' replaces the one of the agent "
-                        "(last registered wins)"]  # named both, once per process
-    assert conversation.route(spec, "notes__lookup").skill == "notes"
-    assert conversation.route(spec, "notes__lookup").timeout == 7.0  # a plain callable: the agent's default
-    assert (conversation.route(spec, "notes__search").timeout, conversation.route(spec, "notes__search").idempotent) \
-        == (3.0, True)
-    assert conversation.route(spec, "mcp_web__search").timeout == 12.0
-    assert conversation.route(spec, "add") is None  # the agent's own
-    assert conversation.system_prompt("Base.") == "Base."
-
-
-async def test_mcp_tools_of_active_skills_come_last_and_win(caplog):
-    def search(q: str) -> str:
-        """Native search."""
-        return q
-
-    native = Skill("mcp_web", tools=[search])  # prefixes its tool exactly like MCP server "web" does
-    bound = Skill("bound", mcp_servers=[{"alias": "web", "command": "web-server"}])
-    conversation, spec = step_skills([native, bound], ["bound", "mcp_web"])
-    tools = await conversation.tools([], ToolContext(call_id="", tool_name=""))
-    assert [(t.name, t.description) for t in tools] == [("mcp_web__search", "MCP mcp_web__search")]
-    assert "'mcp_web__search' of skill 'bound' (MCP server 'web') replaces the one of skill 'mcp_web'" in caplog.text
-    route = conversation.route(spec, "mcp_web__search")
-    assert (route.skill, route.timeout) == ("bound", 12.0)
 
 
 async def test_defaults_come_first_and_unserved_names_are_skipped(caplog):
@@ -311,9 +245,9 @@ async def test_a_resumed_step_reads_the_active_skills_once():
     app.skill(Skill("notes", tools=[lookup]))
     spec = app.agent("a")
     await redis.rpush(keys.conversation_skills("c"), "notes")
-    conversation = ConversationSkills(app.skills, app.sources, keys, "c")
+    conversation = ConversationSkills(app.skills, keys, "c")
     await conversation.ensure(spec, redis)  # a re-run resuming at its tool calls: nothing was read yet
     assert [s.name for s in conversation.active] == ["notes"]
     await redis.delete(keys.conversation_skills("c"))
     await conversation.ensure(spec, redis)  # read already in this step: kept
-    assert conversation.route(spec, "notes__lookup").skill == "notes"
+    assert [s.name for s in conversation.active] == ["notes"]

@@ -192,8 +192,9 @@ async def test_native_tools_are_a_tool_source_with_agent_views():
     ctx = ToolContext(call_id="c", tool_name="double", budget=3.0)
     assert (await view.call("double", {"a": 21}, ctx)).content == "42"
     assert (await view.call("other", {}, ctx)).is_error  # not this agent's tool
-    single = native.only("skill__echo", make_tool(lambda text: text, name="echo"))
-    assert single.owns("skill__echo") and (await single.call("skill__echo", {"text": "hi"}, ctx)).content == "hi"
+    skill = native.named({"skill__echo": make_tool(lambda text: text, name="echo")})
+    assert skill.owns("skill__echo") and (await skill.call("skill__echo", {"text": "hi"}, ctx)).content == "hi"
+    assert [s.name for s in await skill.schemas()] == ["skill__echo"] and not skill.owns("double")
 
 
 def test_a_tool_needs_a_name_a_lambda_or_partial_has_none():

@@ -1,0 +1,255 @@
+"""One model step's tools (seed §12.3, §14.1): the names, schemas, shadowing and routes of every tool a step offers.
+
+Each step builds one :class:`Toolset` (:func:`step_toolset`) from layers, each
+a tool source as the step offers it, in this order:
+
+1. the agent's Python tools (``AgentSpec.tools``);
+2. the agent's sources (``AgentSpec.sources``: MCP servers), in declaration order;
+3. the agent's sub-agents (``AgentSpec.subagents``), which run here, in the turn worker;
+4. the Python tools of the active skills, ``<normalized_name>__<tool>``, skills in activation order
+   (the agent's default skills, then the conversation's);
+5. the MCP servers of the active skills, in the same skill order, each skill's servers in declaration order.
+
+**A name offered twice keeps the last layer offering it** ("last registered
+wins"), for the schema sent to the model and for the route of a call alike;
+the schema keeps the place of the name's first appearance, and each
+collision logs one warning per process naming both owners. So deactivating a
+skill brings back a tool it shadowed. A call is routed by name ownership
+(:meth:`ToolSource.owns`), not by this step's listing, so a step that listed
+nothing (a re-run resuming at its tool calls) or a server that offered no
+tools this step still routes its calls.
+
+A route (:class:`ToolRoute`) names the source that runs the call by a
+**source id**: :data:`APP_TOOLS` (the app's Python tools), :func:`source_id`
+(an added source such as an MCP server), :func:`skill_id` (a skill's Python
+tools) or :data:`SUBAGENTS`. A tool job carries it, and the tool worker runs
+the job through that source (:meth:`smith_worker.app.SmithApp.source`)
+without choosing again. The route also says what a tool worker must serve to
+take the job (``requires``: the capability strings of
+:mod:`smith_worker.routing`, the same as workers older than source ids
+register). A new kind of tool is one more layer here and its source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from smith_client.jobs import ToolJob, ToolOutcome
+from smith_worker.config import AgentConfig
+from smith_worker.llm.types import ToolSchema
+from smith_worker.native import NativeTools
+from smith_worker.skills import Skill
+from smith_worker.sources import ToolSource
+from smith_worker.tools import ToolContext, error_content
+
+#: The source id of the app's Python tools.
+APP_TOOLS = "app"
+#: The source id of an agent's sub-agents (they never run on a tool worker).
+SUBAGENTS = "agents"
+
+
+def source_id(name: str) -> str:
+    """The source id (and the capability) of the added source ``name`` (an MCP server's alias)."""
+    return f"source:{name}"
+
+
+def skill_id(skill: str) -> str:
+    """The source id of the Python tools of the skill declared as ``skill``."""
+    return f"skill:{skill}"
+
+
+def tool_unit(tool_name: str) -> str:
+    """The capability of the app's Python tool ``tool_name``."""
+    return f"tool:{tool_name}"
+
+
+def in_skill(skill: str, unit: str) -> str:
+    """The capability of ``unit`` (:func:`tool_unit`, :func:`source_id`) as skill ``skill`` offers it."""
+    return f"skill:{skill}/{unit}"
+
+
+@dataclass(frozen=True)
+class ToolRoute:
+    """How one call of a step runs.
+
+    ``source``: the source id of the source running it (see the module doc);
+    ``timeout``: its budget, seconds; ``idempotent``: whether it may be re-run
+    after its tool worker died (seed §10.4); ``requires``: what a tool worker
+    must serve to take its job ("" for a call that never becomes one);
+    ``skill``: the declared name of the skill offering the tool ("" for the
+    agent's own), which workers older than source ids resolve a job by.
+    """
+
+    source: str
+    timeout: float
+    idempotent: bool = False
+    requires: str = ""
+    skill: str = ""
+
+
+#: Runs a routed call's job: its outcome and whether it was produced here (else the tool worker published it).
+Runner = Callable[[ToolJob, ToolRoute], Awaitable[tuple[ToolOutcome, bool]]]
+#: Logs a warning once per process for a key (:meth:`smith_worker.skills.SkillCatalog.warn_once`).
+WarnOnce = Callable[..., None]
+
+
+class OffersTools(Protocol):
+    """What a step asks of a layer's source (a :class:`ToolSource` has it; so do sub-agents)."""
+
+    def owns(self, tool_name: str) -> bool: ...
+
+    def timeout_for(self, tool_name: str) -> float | None: ...
+
+    def idempotent(self, tool_name: str) -> bool: ...
+
+    async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]: ...
+
+
+class RunsHere(OffersTools, Protocol):
+    """A source whose calls run in the turn worker (sub-agents), not as tool jobs."""
+
+    async def run(self, job: ToolJob, route: ToolRoute) -> tuple[ToolOutcome, bool]: ...
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One source as a step offers it: ``tools``, its ``source_id``, ``owner`` (who offers it, for the
+    collision warning), ``requires`` (a tool name → what a tool worker must serve to run it), ``skill``
+    (the offering skill, "" for the agent's own) and ``run`` (how a call of it runs)."""
+
+    tools: OffersTools
+    source_id: str
+    owner: str
+    requires: Callable[[str], str]
+    run: Runner
+    skill: str = ""
+
+
+class Toolset:
+    """The tools of one step: ``layers`` in shadowing order (a later layer wins a name); ``default_timeout``
+    (seconds) is the budget of a tool without its own; ``warn`` logs a collision once per process."""
+
+    def __init__(self, layers: Sequence[Layer], default_timeout: float, warn: WarnOnce) -> None:
+        self._layers = list(layers)
+        self._default_timeout = default_timeout
+        self._warn = warn
+        self._runners = {layer.source_id: layer.run for layer in self._layers}
+
+    async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:
+        """The schemas sent to the model this step: every layer's, a name once (see the module doc).
+
+        ``asking`` names the turn asking, so an MCP discovery reports on its stream.
+        Raises what a required MCP server's listing raises.
+        """
+        table: dict[str, tuple[ToolSchema, str]] = {}
+        for layer in self._layers:
+            for schema in await layer.tools.schemas(asking):
+                previous = table.get(schema.name)
+                if previous is not None and previous[1] != layer.owner:
+                    self._warn(
+                        ("collision", schema.name, previous[1], layer.owner),
+                        "tool name collision: %r of %s replaces the one of %s (last registered wins)",
+                        schema.name,
+                        layer.owner,
+                        previous[1],
+                    )
+                table[schema.name] = (schema, layer.owner)
+        return [schema for schema, _ in table.values()]
+
+    def route(self, tool_name: str) -> ToolRoute | None:
+        """How a call of ``tool_name`` runs this step (the last layer owning the name), or None when no
+        layer owns it (the call's answer is an unknown-tool error)."""
+        for layer in reversed(self._layers):
+            if layer.tools.owns(tool_name):
+                timeout = layer.tools.timeout_for(tool_name)
+                return ToolRoute(
+                    layer.source_id,
+                    timeout if timeout is not None else self._default_timeout,
+                    layer.tools.idempotent(tool_name),
+                    layer.requires(tool_name),
+                    layer.skill,
+                )
+        return None
+
+    async def run(self, job: ToolJob, route: ToolRoute | None) -> tuple[ToolOutcome, bool]:
+        """Run ``job`` as ``route`` says (:meth:`route` of its call's name): its outcome, and whether it was
+        produced here (True) or by a tool worker, which published it. Raises what the runner raises."""
+        if route is None:
+            return ToolOutcome(content=error_content(f"unknown tool: {job.call.name}"), is_error=True), True
+        return await self._runners[route.source](job, route)
+
+
+class AgentTools(Protocol):
+    """What a toolset reads of an agent (:class:`smith_worker.app.AgentSpec` has it)."""
+
+    @property
+    def tools(self) -> list[str]: ...
+
+    @property
+    def sources(self) -> list[str]: ...
+
+    @property
+    def config(self) -> AgentConfig: ...
+
+
+class ToolCatalog(Protocol):
+    """What a toolset reads of the app (:class:`smith_worker.app.SmithApp` has it)."""
+
+    native: NativeTools
+
+    @property
+    def sources(self) -> Mapping[str, ToolSource]: ...
+
+    def skill_tools(self, skill: Skill) -> ToolSource: ...
+
+
+def _fixed(requirement: str) -> Callable[[str], str]:
+    return lambda _tool_name: requirement
+
+
+def _skill_tool(skill: str) -> Callable[[str], str]:
+    return lambda tool_name: in_skill(skill, tool_unit(tool_name))
+
+
+def step_toolset(
+    app: ToolCatalog,
+    agent: AgentTools,
+    skills: Sequence[Skill],
+    subagents: RunsHere,
+    run_job: Runner,
+    warn: WarnOnce,
+) -> Toolset:
+    """The toolset of one step of ``agent``: its layers in the module doc's order.
+
+    ``skills`` are the step's active skills in order; ``subagents`` the agent's
+    sub-agents; ``run_job`` runs a call as a tool job (every layer but the
+    sub-agents'). Raises ``KeyError`` for a source name the app does not have
+    (agents and skills are checked when declared).
+    """
+    layers = [
+        Layer(app.native.restricted(agent.tools), APP_TOOLS, "the agent", tool_unit, run_job),
+        *(
+            Layer(app.sources[name], source_id(name), f"the agent (source {name!r})", _fixed(source_id(name)), run_job)
+            for name in agent.sources
+        ),
+        Layer(subagents, SUBAGENTS, "the agent (sub-agent)", _fixed(""), subagents.run),
+    ]
+    for skill in skills:
+        own = app.skill_tools(skill)
+        owner = f"skill {skill.name!r}"
+        layers.append(Layer(own, skill_id(skill.name), owner, _skill_tool(skill.name), run_job, skill.name))
+    for skill in skills:
+        for alias in skill.aliases:
+            layers.append(
+                Layer(
+                    app.sources[alias],
+                    source_id(alias),
+                    f"skill {skill.name!r} (MCP server {alias!r})",
+                    _fixed(in_skill(skill.name, source_id(alias))),
+                    run_job,
+                    skill.name,
+                )
+            )
+    return Toolset(layers, agent.config.default_tool_timeout, warn)
