@@ -235,9 +235,11 @@ class SmithApp:
         Raises :class:`ConfigurationError` for an undeclared agent, a name that
         is not a valid tool name (``^[A-Za-z0-9_-]{1,64}$``), or one that clashes
         with another tool of the calling agent (its native tools, its sources'
-        tools, its other sub-agents).
+        tools, its other sub-agents); and for a Python tool of an agent named as
+        one of its sources' tools (``mcp_<alias>__…``), which that source would run.
         """
         for spec in self.agents.values():
+            _check_own_tools(spec, self.sources_for(spec)[1:])
             for name in spec.subagents:
                 if name not in self.agents:
                     raise ConfigurationError(
@@ -370,6 +372,18 @@ class SmithApp:
             return self.sources.get(name)
         skill = self.skills.get(name) if source_id == skill_id(name) else None
         return self.skill_tools(skill) if skill is not None else None
+
+
+def _check_own_tools(spec: AgentSpec, sources: list[ToolSource]) -> None:
+    """Refuse a Python tool of ``spec`` that one of its ``sources`` owns by name: a step routes a name to
+    its last owner (:mod:`smith_worker.toolset`), so the tool would never run."""
+    for tool in spec.tools:
+        owner = next((source for source in sources if source.owns(tool)), None)
+        if owner is not None:
+            raise ConfigurationError(
+                f"agent {spec.name!r}: tool {tool!r} is named as a tool of its source {owner.name!r}",
+                setting="tools",
+            )
 
 
 def _require_registered(kind: str, names: Sequence[str] | None, registered: Container[str], setting: str) -> None:

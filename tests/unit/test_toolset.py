@@ -6,6 +6,9 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 
+import pytest
+
+from smith_client.errors import ConfigurationError
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.messages import ToolCall
 from smith_worker import AgentConfig, Skill, SmithApp, make_tool
@@ -214,3 +217,13 @@ async def test_a_job_enqueued_before_source_ids_is_routed_by_its_tool_and_skill(
     assert legacy_source_id(app, "notes", "mcp_web__search") == "source:web"
     assert legacy_source_id(app, "", "mcp_web__search") == "source:web"
     assert legacy_source_id(app, "gone", "notes__lookup") == legacy_source_id(app, "", "nowhere") == ""
+
+
+def test_a_worker_refuses_an_agent_tool_named_as_a_tool_of_its_own_mcp_server():
+    """Its server would own the name (a step routes a name to its last owner), so the tool could never run."""
+    app = app_with([])
+    app.sources["agentweb"] = FakeSource("web", "mcp_web__search")
+    app.tool(lookup, name="mcp_web__search", description="The app's.")
+    app.agent("a", tools=["mcp_web__search"], sources=["agentweb"])
+    with pytest.raises(ConfigurationError, match="tool 'mcp_web__search' is named as a tool of its source 'web'"):
+        app.resolve_subagents()
