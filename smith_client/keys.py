@@ -36,6 +36,7 @@ key                                      what                            lifetim
 ``{p}:toolres:{t}#{pos}:{step}:{i}``     a sub-agent's call's result     ``turn_ttl``
 ``{p}:workers``                          live workers (ZSET)             pruned by workers; :data:`WORKERS_TTL`
 ``{p}:worker:{w}``                       one worker's registration       :data:`REGISTRATION_TTL` (heartbeat)
+``{p}:worker-turns:{w}``                 turns worker w runs (SET)       3 turn leases after the last start or renewal
 ``{p}:mcp:{alias}:tools``                an MCP server's tool schemas    ``schema_cache_ttl`` (300 s)
 ``{p}:running``                          running turns (ZSET)            removed on finish; :data:`RUNNING_TTL`
 ``{p}:conv:{c}:turns``                   unfinished turns (FIFO list)    ``history_ttl``; finished turns removed
