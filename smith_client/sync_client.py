@@ -40,45 +40,20 @@ class SyncSmithClient(ClientBase):
     runner: SyncRunner
 
     def send(self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]) -> AssistantMessage:
-        """Run one turn and return its final :class:`AssistantMessage`.
-
-        ``text``: the user message (non-blank, at most 1 000 000 UTF-8 bytes).
-        ``options`` are :class:`TurnOptions`: ``conversation_id`` (required),
-        ``agent``, ``turn_id`` (an idempotency key: the same id sent again with
-        the same request attaches to the existing turn instead of starting
-        another), ``multitask`` (the policy when the conversation already has
-        an unfinished turn, see :mod:`smith_client.turns`), ``sampling`` and
-        ``stream`` (per-turn model options). ``timeout`` (seconds, None = wait
-        forever) bounds the wait for the turn's events, not the turn.
-
-        Raises :class:`InvalidRequestError` / :class:`UnknownAgentError` /
-        :class:`ConversationBusyError` / :class:`ConflictError` before
-        enqueueing; the turn's own typed error (e.g. ``ParseError``,
-        ``LlmApiError``) when it fails; :class:`TurnCancelledError` when it is
-        cancelled; :class:`SmithTimeoutError` on ``timeout``.
-        """
+        """Blocking :meth:`SmithClient.send <smith_client.client.SmithClient.send>`: the same ``text``, ``options``
+        (:class:`TurnOptions`), ``timeout`` (seconds) and errors; returns the final :class:`AssistantMessage`."""
         return self.runner.run(self._op_send(text, timeout, options), bound=timeout)
 
     def stream(
         self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
     ) -> Generator[Event, None, None]:
-        """Run one turn and iterate its :class:`Event` objects (a plain ``for``), ending with ``turn.completed``,
-        ``turn.failed`` or ``turn.cancelled``.
-
-        Options, ``timeout`` (seconds) and errors as for :meth:`send`; the
-        errors are raised at the first iteration, validation errors before
-        anything is enqueued. A caller attaching to an existing turn (same
-        ``turn_id``) gets all of its events from the start; a ``merge`` caller
-        gets the events of the turn it joined from the moment it joined. Leaving
-        the loop early (or ``close()``) unsubscribes; the turn goes on.
-        """
+        """Blocking :meth:`SmithClient.stream <smith_client.client.SmithClient.stream>`: the same arguments, events
+        and errors, as a plain iterator; leaving the loop early (or ``close()``) unsubscribes, the turn goes on."""
         return self.runner.iterate(self._op_stream(text, timeout, options))
 
     def submit(self, text: str, **options: Unpack[TurnOptions]) -> SyncTurnHandle:
-        """Start a background turn and return its :class:`SyncTurnHandle` at once (the turn queued, not awaited).
-
-        Options and the errors raised before enqueueing as for :meth:`send`.
-        """
+        """Blocking :meth:`SmithClient.submit <smith_client.client.SmithClient.submit>`: returns a
+        :class:`SyncTurnHandle` at once; the same options and errors."""
         return self.turn(self.runner.run(self._op_submit(text, options)))
 
     def turn(self, turn_id: str) -> SyncTurnHandle:
@@ -90,62 +65,31 @@ class SyncSmithClient(ClientBase):
         return SyncTurnHandle(self, check_id(turn_id, "turn_id"))
 
     def follow(self, turn_id: str, after_seq: int = 0, timeout: float | None = None) -> Generator[Event, None, None]:
-        """Iterate the events of ``turn_id`` with ``seq > after_seq``: replayed from the log, then live, until terminal.
-
-        ``after_seq`` is the ``seq`` of the last event the caller has (an SSE
-        ``Last-Event-ID``); 0 replays everything. ``timeout`` (seconds, None = forever)
-        bounds the whole iteration. Raises :class:`InvalidRequestError`
-        for a bad argument, :class:`TurnNotFoundError` for an unknown turn,
-        :class:`EventsTrimmedError`, :class:`SmithTimeoutError`.
-        """
+        """Blocking :meth:`SmithClient.follow <smith_client.client.SmithClient.follow>` (``after_seq``: the last
+        ``seq`` the caller has; ``timeout`` in seconds), as a plain iterator; the same errors."""
         return self.runner.iterate(self._op_follow(turn_id, after_seq, timeout))
 
     def clear(self, conversation_id: str) -> None:
-        """Remove a conversation's messages, memory state (its summary) and active skills, in one atomic step.
-
-        Raises :class:`ConversationBusyError` (``active_turn_id`` set) and
-        changes nothing while the conversation has an unfinished (queued or
-        running) turn; :class:`InvalidRequestError` for a bad id. Finished
-        turns keep their own state (results, events) until it expires.
-        """
+        """Blocking :meth:`SmithClient.clear <smith_client.client.SmithClient.clear>`: the same rules and errors."""
         self.runner.run(self._op_clear(conversation_id))
 
     def history(self, conversation_id: str) -> list[Message]:
-        """All messages of a conversation, oldest first (stored form, ``is_error`` included); ``[]`` for an
-        unknown or cleared conversation. Raises :class:`InvalidRequestError` for a bad id."""
+        """Blocking :meth:`SmithClient.history <smith_client.client.SmithClient.history>`: a conversation's
+        messages, oldest first; ``[]`` for an unknown one."""
         return self.runner.run(self._op_history(conversation_id))
 
     def activate_skill(self, conversation_id: str, name: str) -> None:
-        """Activate skill ``name`` (its declared name) on a conversation, after the skills active already.
-
-        Any registered skill can be activated on any conversation, whatever
-        agent runs it; the activation is stored in Redis, so every worker's next
-        step sees it (a running turn at its next model call), and lives as long
-        as the conversation's history. Activating an active skill
-        does nothing (it keeps its place in the activation order).
-
-        Raises :class:`InvalidRequestError` for a bad id or name and
-        :class:`UnknownSkillError` when live turn workers are registered and
-        none serves ``name``; in both cases nothing changes. With no turn
-        worker registered at all it logs a warning and accepts.
-        """
+        """Blocking :meth:`SmithClient.activate_skill <smith_client.client.SmithClient.activate_skill>`: the
+        same rules and errors."""
         self.runner.run(self._op_activate_skill(conversation_id, name))
 
     def deactivate_skill(self, conversation_id: str, name: str) -> None:
-        """Deactivate skill ``name`` on a conversation; deactivating an inactive skill does nothing.
-
-        Takes effect at the next step of any turn, like an activation. An
-        agent's default skills (``app.agent(..., skills=[...])``) stay active
-        for that agent. Raises :class:`InvalidRequestError` for a bad id or name.
-        """
+        """Blocking :meth:`SmithClient.deactivate_skill <smith_client.client.SmithClient.deactivate_skill>`."""
         self.runner.run(self._op_deactivate_skill(conversation_id, name))
 
     def active_skills(self, conversation_id: str) -> list[str]:
-        """Declared names of the skills activated on a conversation, in activation order.
-
-        An agent's default skills are not listed: they belong to the agent, not
-        to the conversation. Raises :class:`InvalidRequestError` for a bad id.
-        """
+        """Blocking :meth:`SmithClient.active_skills <smith_client.client.SmithClient.active_skills>`: declared
+        names in activation order."""
         return self.runner.run(self._op_active_skills(conversation_id))
 
     def __enter__(self) -> Self:
