@@ -30,15 +30,7 @@ from bench import LOGS  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
 from smith_client.registry import live_workers  # noqa: E402
 from smith_worker.local.processes import start_redis_server  # noqa: E402
-from smith_worker.testing import (  # noqa: E402
-    Reply,
-    Script,
-    ScriptedLlmServer,
-    scenario_marker,
-    start_workers,
-    wait_for_workers,
-    worker_env,
-)
+from smith_worker import testing  # noqa: E402
 
 APP = "tests.support.app:app"
 
@@ -50,12 +42,12 @@ async def first_event(client: SmithClient, turn_id: str, wanted: str) -> float:
     raise RuntimeError(f"no {wanted}")
 
 
-async def cancel_latency(client: SmithClient, llm: ScriptedLlmServer, runs: int) -> list[float]:
+async def cancel_latency(client: SmithClient, llm: testing.ScriptedLlmServer, runs: int) -> list[float]:
     key = uuid.uuid4().hex[:8]
-    llm.add_scenario(key, Script(Reply.text("tick " * 400, chunk_size=5, delay=0.05)))
+    llm.add_scenario(key, testing.Script(testing.Reply.text("tick " * 400, chunk_size=5, delay=0.05)))
     out = []
     for i in range(runs):
-        handle = await client.submit(scenario_marker(key), conversation_id=f"cancel-{key}-{i}", agent="plain")
+        handle = await client.submit(testing.scenario_marker(key), conversation_id=f"cancel-{key}-{i}", agent="plain")
         await first_event(client, handle.turn_id, "token")
         started = time.monotonic()
         await handle.cancel()
@@ -78,11 +70,11 @@ async def registered(client: SmithClient, pid: int) -> None:
             await asyncio.sleep(0.05)
 
 
-async def recovery(client: SmithClient, llm: ScriptedLlmServer, signum: int) -> tuple[float, float]:
+async def recovery(client: SmithClient, llm: testing.ScriptedLlmServer, signum: int) -> tuple[float, float]:
     gate = threading.Event()
     key = uuid.uuid4().hex[:8]
-    llm.add_scenario(key, Script(Reply.text("recovered", chunk_size=3, gate=gate)))
-    handle = await client.submit(scenario_marker(key), conversation_id=f"rec-{key}", agent="plain")
+    llm.add_scenario(key, testing.Script(testing.Reply.text("recovered", chunk_size=3, gate=gate)))
+    handle = await client.submit(testing.scenario_marker(key), conversation_id=f"rec-{key}", agent="plain")
     await first_event(client, handle.turn_id, "turn.started")
     pid = await worker_pid(client, handle.turn_id)
     killed = time.monotonic()
@@ -103,14 +95,14 @@ async def main() -> None:
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     procs = []
     try:
-        with ScriptedLlmServer() as llm:
-            env = worker_env(redis_url, prefix, llm.base_url)
-            procs = start_workers(APP, env, ["turns", "turns", "tools"], prefix, log_dir=LOGS)
-            await wait_for_workers(redis_url, prefix, 3)
+        with testing.ScriptedLlmServer() as llm:
+            env = testing.worker_env(redis_url, prefix, llm.base_url)
+            procs = testing.start_workers(APP, env, ["turns", "turns", "tools"], prefix, log_dir=LOGS)
+            await testing.wait_for_workers(redis_url, prefix, 3)
             async with SmithClient.from_url(redis_url, prefix=prefix) as client:
                 cancels = await cancel_latency(client, llm, args.cancels)
                 kill = await recovery(client, llm, signal.SIGKILL)
-                [replacement] = start_workers(APP, env, ["turns"], prefix, log_dir=LOGS)
+                [replacement] = testing.start_workers(APP, env, ["turns"], prefix, log_dir=LOGS)
                 procs.append(replacement)
                 await registered(client, replacement.pid)  # not a count: the killed worker's entry outlives it
                 term = await recovery(client, llm, signal.SIGTERM)

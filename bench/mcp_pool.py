@@ -44,15 +44,7 @@ from bench.stats import summary, tool_hop_and_delivery  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
 from smith_worker.local.processes import start_redis_server  # noqa: E402
 from smith_worker.mcp import ServerConfig, ServerHandle  # noqa: E402
-from smith_worker.testing import (  # noqa: E402
-    Reply,
-    Script,
-    ScriptedLlmServer,
-    scenario_marker,
-    start_workers,
-    wait_for_workers,
-    worker_env,
-)
+from smith_worker import testing  # noqa: E402
 
 EXAMPLE = str(ROOT / "smith_worker" / "demo" / "mcp_server_example.py")
 #: The tests' Streamable HTTP MCP server, run as a script (its own process), never imported.
@@ -164,20 +156,22 @@ async def tool_hop(client: SmithClient, text: str, conversation: str, agent: str
 async def through_jobs(turns: int) -> dict[str, list[float]]:
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     redis_proc, redis_url = start_redis_server()
-    with ScriptedLlmServer() as llm:
+    with testing.ScriptedLlmServer() as llm:
         mcp_key, native_key = uuid.uuid4().hex[:10], uuid.uuid4().hex[:10]
-        llm.add_scenario(mcp_key, Script(Reply.tool_calls([("mcp_lab__echo", {"text": "hi"})]), Reply.text("ok")))
-        llm.add_scenario(native_key, Script(Reply.tool_calls([("add", {"a": 1, "b": 2})]), Reply.text("3")))
-        procs = start_workers("tests.support.app:app", worker_env(redis_url, prefix, llm.base_url),
+        llm.add_scenario(mcp_key, testing.Script(testing.Reply.tool_calls([("mcp_lab__echo", {"text": "hi"})]),
+                                                 testing.Reply.text("ok")))
+        llm.add_scenario(native_key, testing.Script(testing.Reply.tool_calls([("add", {"a": 1, "b": 2})]),
+                                                    testing.Reply.text("3")))
+        procs = testing.start_workers("tests.support.app:app", testing.worker_env(redis_url, prefix, llm.base_url),
                               ["turns", "tools"], prefix, log_dir=LOGS)
         try:
-            await wait_for_workers(redis_url, prefix, 2)
+            await testing.wait_for_workers(redis_url, prefix, 2)
             async with SmithClient.from_url(redis_url, prefix=prefix) as client:
-                cold = await tool_hop(client, scenario_marker(mcp_key), "cold", "mcp")
+                cold = await tool_hop(client, testing.scenario_marker(mcp_key), "cold", "mcp")
                 out: dict[str, list[float]] = {"cold": [cold], "mcp": [], "native": []}
                 for i in range(turns):
-                    out["mcp"].append(await tool_hop(client, scenario_marker(mcp_key), f"m{i}", "mcp"))
-                    out["native"].append(await tool_hop(client, scenario_marker(native_key), f"n{i}", "mcp"))
+                    out["mcp"].append(await tool_hop(client, testing.scenario_marker(mcp_key), f"m{i}", "mcp"))
+                    out["native"].append(await tool_hop(client, testing.scenario_marker(native_key), f"n{i}", "mcp"))
                 return out
         finally:
             for proc in procs:

@@ -34,24 +34,16 @@ from bench import LOGS  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
 from smith_client.errors import SmithError, TransportError  # noqa: E402
 from smith_worker.local.processes import free_port, start_redis_server  # noqa: E402
-from smith_worker.testing import (  # noqa: E402
-    Reply,
-    Script,
-    ScriptedLlmServer,
-    scenario_marker,
-    start_workers,
-    wait_for_workers,
-    worker_env,
-)
+from smith_worker import testing  # noqa: E402
 
 APP = "tests.support.app:app"
 
 
-def marker(llm: ScriptedLlmServer) -> str:
+def marker(llm: testing.ScriptedLlmServer) -> str:
     key = uuid.uuid4().hex[:8]
-    llm.add_scenario(key, Script(Reply.tool_calls([("add", {"a": 2, "b": 3})]),
-                                 Reply.text("done " + "word " * 10, chunk_size=5, delay=0.2)))
-    return scenario_marker(key)
+    llm.add_scenario(key, testing.Script(testing.Reply.tool_calls([("add", {"a": 2, "b": 3})]),
+                                 testing.Reply.text("done " + "word " * 10, chunk_size=5, delay=0.2)))
+    return testing.scenario_marker(key)
 
 
 def conv() -> str:
@@ -71,7 +63,7 @@ async def result_reattaching(client: SmithClient, turn_id: str) -> list[float]:
             await asyncio.sleep(0.5)
 
 
-async def new_turn_seconds(url: str, prefix: str, llm: ScriptedLlmServer, since: float) -> float:
+async def new_turn_seconds(url: str, prefix: str, llm: testing.ScriptedLlmServer, since: float) -> float:
     """Seconds from ``since`` until a new turn (new client, retried on Redis errors) completed."""
     while True:
         try:
@@ -96,7 +88,7 @@ async def frozen_send_seconds(url: str, prefix: str, client: SmithClient | None)
     return time.monotonic() - started, kind
 
 
-async def freeze(redis_proc, url: str, prefix: str, llm: ScriptedLlmServer, turns: int, seconds: float) -> None:
+async def freeze(redis_proc, url: str, prefix: str, llm: testing.ScriptedLlmServer, turns: int, seconds: float) -> None:
     async with SmithClient.from_url(url, prefix=prefix) as client:
         ids = [(await client.submit(f"{marker(llm)} add", conversation_id=conv())).turn_id for _ in range(turns)]
         waiters = [asyncio.create_task(result_reattaching(client, turn_id)) for turn_id in ids]
@@ -119,7 +111,7 @@ async def freeze(redis_proc, url: str, prefix: str, llm: ScriptedLlmServer, turn
               f"a new turn completed {await new_turn:.1f} s after SIGCONT")
 
 
-async def restart(redis_proc, port: int, url: str, prefix: str, llm: ScriptedLlmServer, turns: int):
+async def restart(redis_proc, port: int, url: str, prefix: str, llm: testing.ScriptedLlmServer, turns: int):
     async with SmithClient.from_url(url, prefix=prefix) as client:
         callers = [asyncio.create_task(client.send(f"{marker(llm)} add", conversation_id=conv(), timeout=None))
                    for _ in range(turns)]
@@ -136,14 +128,14 @@ async def restart(redis_proc, port: int, url: str, prefix: str, llm: ScriptedLlm
     return redis_proc
 
 
-async def late_start(llm: ScriptedLlmServer) -> None:
+async def late_start(llm: testing.ScriptedLlmServer) -> None:
     port = free_port()
     url, prefix = f"redis://127.0.0.1:{port}/0", f"late{uuid.uuid4().hex[:6]}"
-    procs = start_workers(APP, worker_env(url, prefix, llm.base_url), ["turns"], prefix, log_dir=LOGS)
+    procs = testing.start_workers(APP, testing.worker_env(url, prefix, llm.base_url), ["turns"], prefix, log_dir=LOGS)
     await asyncio.sleep(5.0)
     redis_proc, _ = start_redis_server(port)
     started = time.monotonic()
-    await wait_for_workers(url, prefix, 1, timeout=60)
+    await testing.wait_for_workers(url, prefix, 1, timeout=60)
     print(f"late start: worker started 5 s before Redis registered {time.monotonic() - started:.1f} s after it "
           f"(alive: {procs[0].alive()})")
     procs[0].stop()
@@ -154,11 +146,12 @@ async def main(turns: int, seconds: float) -> None:
     port = free_port()
     redis_proc, url = start_redis_server(port)
     prefix = f"bench{uuid.uuid4().hex[:6]}"
-    with ScriptedLlmServer() as llm:
-        procs = start_workers(APP, worker_env(url, prefix, llm.base_url), ["turns", "turns", "tools", "tools"], prefix,
+    with testing.ScriptedLlmServer() as llm:
+        env = testing.worker_env(url, prefix, llm.base_url)
+        procs = testing.start_workers(APP, env, ["turns", "turns", "tools", "tools"], prefix,
                               log_dir=LOGS)
         try:
-            await wait_for_workers(url, prefix, len(procs))
+            await testing.wait_for_workers(url, prefix, len(procs))
             await freeze(redis_proc, url, prefix, llm, turns, seconds)
             redis_proc = await restart(redis_proc, port, url, prefix, llm, turns)
             print(f"worker processes alive at the end: {sum(p.alive() for p in procs)}/{len(procs)}")

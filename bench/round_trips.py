@@ -55,15 +55,7 @@ os.environ["PYTHONPATH"] = str(ARGS.root.resolve())  # the worker processes impo
 from bench import LOGS  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
 from smith_worker.local.processes import start_redis_server  # noqa: E402
-from smith_worker.testing import (  # noqa: E402
-    Reply,
-    Script,
-    ScriptedLlmServer,
-    scenario_marker,
-    start_workers,
-    wait_for_workers,
-    worker_env,
-)
+from smith_worker import testing  # noqa: E402
 
 # redis-cli monitor lines: 1700000000.123456 [0 127.0.0.1:5555] "EVALSHA" "ab12…" "3" "key" …
 _LINE = re.compile(r'^\S+ \[\d+ ([^\]]*)\] "([A-Za-z]+)"')
@@ -151,21 +143,22 @@ def tally(
     return tallies
 
 
-async def run_turns(redis_url: str, prefix: str, llm: ScriptedLlmServer, turns: int) -> dict[str, str]:
+async def run_turns(redis_url: str, prefix: str, llm: testing.ScriptedLlmServer, turns: int) -> dict[str, str]:
     """Warm up, then run ``turns`` text turns and ``turns`` one-tool turns; return conversation id → kind
     (``text``, ``tool``, ``warm-up``)."""
     key = uuid.uuid4().hex[:10]
-    llm.add_scenario(f"tool{key}", Script(Reply.tool_calls([("add", {"a": 1, "b": 2})]), Reply.text("3")))
-    llm.add_scenario(f"text{key}", Script(Reply.text("hello there")))
+    llm.add_scenario(f"tool{key}", testing.Script(testing.Reply.tool_calls([("add", {"a": 1, "b": 2})]),
+                                                  testing.Reply.text("3")))
+    llm.add_scenario(f"text{key}", testing.Script(testing.Reply.text("hello there")))
     kinds: dict[str, str] = {}
     async with SmithClient.from_url(redis_url, prefix=prefix) as client:
         for kind in KINDS:
-            await client.send(scenario_marker(f"{kind}{key}"), conversation_id=f"warm-{kind}-{key}", timeout=60)
+            await client.send(testing.scenario_marker(f"{kind}{key}"), conversation_id=f"warm-{kind}-{key}", timeout=60)
             kinds[f"warm-{kind}-{key}"] = "warm-up"  # named, so its commands are told from the next turn's
         for i in range(turns):
             for kind in KINDS:
                 conversation = f"rt{kind}{i}-{uuid.uuid4().hex[:8]}"
-                await client.send(scenario_marker(f"{kind}{key}"), conversation_id=conversation, timeout=60)
+                await client.send(testing.scenario_marker(f"{kind}{key}"), conversation_id=conversation, timeout=60)
                 kinds[conversation] = kind
     return kinds
 
@@ -220,13 +213,14 @@ async def main() -> None:
     log = Path("/tmp") / f"smith-monitor-{uuid.uuid4().hex[:6]}.log"
     process_of: dict[str, str] = {}
     try:
-        with ScriptedLlmServer() as llm:
+        with testing.ScriptedLlmServer() as llm:
             prefix = f"rt{uuid.uuid4().hex[:6]}"
             queues = ["turns", "tools"]
-            procs = start_workers("tests.support.app:app", worker_env(redis_url, prefix, llm.base_url), queues, prefix,
+            env = testing.worker_env(redis_url, prefix, llm.base_url)
+            procs = testing.start_workers("tests.support.app:app", env, queues, prefix,
                                   log_dir=LOGS)
             try:
-                await wait_for_workers(redis_url, prefix, 2)
+                await testing.wait_for_workers(redis_url, prefix, 2)
                 with log.open("w") as out:
                     monitor = subprocess.Popen(
                         [shutil.which("redis-cli") or "redis-cli", "-p", port, "monitor"], stdout=out

@@ -73,15 +73,7 @@ from smith_client.hygiene import keys_without_ttl, owned_keys_without_ttl  # noq
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage  # noqa: E402
 from smith_worker.local.processes import ManagedProcess, free_port, start_redis_server  # noqa: E402
 from smith_worker.memory.pairing import answer_dangling, is_well_formed  # noqa: E402
-from smith_worker.testing import (  # noqa: E402
-    RecordedRequest,
-    Reply,
-    ScriptedLlmServer,
-    scenario_marker,
-    start_workers,
-    wait_for_workers,
-    worker_env,
-)
+from smith_worker import testing  # noqa: E402
 
 APP = "bench.soak_app:app"
 AGENT = "soak"
@@ -262,14 +254,14 @@ def history_problems(messages: Sequence[Any], turns: Sequence[Turn]) -> list[str
 # ---- the model --------------------------------------------------------------------------------------------
 
 
-def answer(request: RecordedRequest) -> Reply:
+def answer(request: testing.RecordedRequest) -> testing.Reply:
     """The scripted model: the last user message names the turn's kind and id; a tool turn's first step calls
     ``record_effect`` once per call (label ``<turn id>.<i>``), every other step answers ``done <turn id> …``."""
     last_user = [m for m in request.messages if m.get("role") == "user"][-1]
     kind, turn_id = PROMPT.search(str(last_user.get("content"))).groups()  # type: ignore[union-attr]
     if KINDS[kind] and request.step == 0:
-        return Reply.tool_calls([("record_effect", {"label": f"{turn_id}.{i}"}) for i in range(KINDS[kind])])
-    return Reply.text(f"done {turn_id} " + "word " * 8, chunk_size=8, delay=CHUNK_DELAY)
+        return testing.Reply.tool_calls([("record_effect", {"label": f"{turn_id}.{i}"}) for i in range(KINDS[kind])])
+    return testing.Reply.text(f"done {turn_id} " + "word " * 8, chunk_size=8, delay=CHUNK_DELAY)
 
 
 # ---- the run ----------------------------------------------------------------------------------------------
@@ -317,10 +309,10 @@ class Soak:
         LOGS.mkdir(parents=True, exist_ok=True)
         try:
             self.redis, url = start_redis_server(self.port, self.redis_log, aof_dir=self.aof_dir)
-            with ScriptedLlmServer() as llm:
+            with testing.ScriptedLlmServer() as llm:
                 self.llm = llm
                 llm.add_scenario(SCENARIO, answer)
-                self.env = worker_env(
+                self.env = testing.worker_env(
                     url,
                     self.prefix,
                     llm.base_url,
@@ -345,7 +337,7 @@ class Soak:
 
     async def run_fleet(self, url: str) -> int:
         self.workers = [self.start_worker(slot) for slot in range(len(SLOTS))]
-        await wait_for_workers(url, self.prefix, len(SLOTS))
+        await testing.wait_for_workers(url, self.prefix, len(SLOTS))
         async with SmithClient.from_url(url, prefix=self.prefix, turn_ttl=self.turn_ttl) as client:
             self.client = client
             self.started = time.monotonic()
@@ -372,7 +364,7 @@ class Soak:
 
     def start_worker(self, slot: int) -> ManagedProcess:
         name, queue = SLOTS[slot]
-        return start_workers(APP, self.env, [queue], f"{self.prefix}-{name}", log_dir=LOGS)[0]
+        return testing.start_workers(APP, self.env, [queue], f"{self.prefix}-{name}", log_dir=LOGS)[0]
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -418,7 +410,7 @@ class Soak:
             self.spawn(self.submit(turn, kind))
 
     async def submit(self, turn: Turn, kind: str) -> None:
-        prompt = f"{scenario_marker(SCENARIO)} {kind} {turn.turn_id}"
+        prompt = f"{testing.scenario_marker(SCENARIO)} {kind} {turn.turn_id}"
         try:
             for _ in range(SUBMIT_TRIES):
                 try:

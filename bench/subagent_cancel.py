@@ -26,28 +26,20 @@ from bench import LOGS  # noqa: E402
 from bench.stats import summary  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
 from smith_worker.local.processes import start_redis_server  # noqa: E402
-from smith_worker.testing import (  # noqa: E402
-    Reply,
-    Script,
-    ScriptedLlmServer,
-    scenario_marker,
-    start_workers,
-    wait_for_workers,
-    worker_env,
-)
+from smith_worker import testing  # noqa: E402
 
 
-def _scenario(llm: ScriptedLlmServer, *replies: Reply) -> str:
+def _scenario(llm: testing.ScriptedLlmServer, *replies: testing.Reply) -> str:
     key = uuid.uuid4().hex[:10]
-    llm.add_scenario(key, Script(*replies))
-    return scenario_marker(key)
+    llm.add_scenario(key, testing.Script(*replies))
+    return testing.scenario_marker(key)
 
 
-async def one_round(client: SmithClient, llm: ScriptedLlmServer) -> tuple[float, float]:
-    children = [_scenario(llm, Reply.tool_calls([("slow_tool", {"seconds": 30})]), Reply.text("late"))
+async def one_round(client: SmithClient, llm: testing.ScriptedLlmServer) -> tuple[float, float]:
+    children = [_scenario(llm, testing.Reply.tool_calls([("slow_tool", {"seconds": 30})]), testing.Reply.text("late"))
                 for _ in range(2)]
-    lead = _scenario(llm, Reply.tool_calls([("fetcher", {"task": f"{m} wait"}) for m in children]),
-                     Reply.text("late"))
+    lead = _scenario(llm, testing.Reply.tool_calls([("fetcher", {"task": f"{m} wait"}) for m in children]),
+                     testing.Reply.text("late"))
     handle = await client.submit(f"{lead} go", conversation_id=f"c-{uuid.uuid4().hex[:8]}", agent="lead")
     marks = f"{client.keys.prefix}:test:slow:{handle.turn_id}"
     while await client.redis.llen(marks) < 2:
@@ -72,11 +64,11 @@ async def main() -> None:
     cancelled: list[float] = []
     aborted: list[float] = []
     try:
-        with ScriptedLlmServer() as llm:
-            procs = start_workers("tests.support.app:app", worker_env(redis_url, prefix, llm.base_url),
+        with testing.ScriptedLlmServer() as llm:
+            procs = testing.start_workers("tests.support.app:app", testing.worker_env(redis_url, prefix, llm.base_url),
                                   ["turns", "tools", "tools"], prefix, log_dir=LOGS)
             try:
-                await wait_for_workers(redis_url, prefix, len(procs))
+                await testing.wait_for_workers(redis_url, prefix, len(procs))
                 async with SmithClient.from_url(redis_url, prefix=prefix) as client:
                     for _ in range(args.rounds):
                         c, a = await one_round(client, llm)

@@ -30,15 +30,7 @@ from bench import LOGS  # noqa: E402
 from bench.stats import summary, tool_hop_and_delivery  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
 from smith_worker.local.processes import start_redis_server  # noqa: E402
-from smith_worker.testing import (  # noqa: E402
-    Reply,
-    Script,
-    ScriptedLlmServer,
-    scenario_marker,
-    start_workers,
-    wait_for_workers,
-    worker_env,
-)
+from smith_worker import testing  # noqa: E402
 
 CONFIGS: dict[str, dict[str, str]] = {"wake-up pickup, fallback poll 2 s": {}}
 
@@ -49,21 +41,22 @@ async def one_turn(client: SmithClient, text: str, conversation: str) -> tuple[f
     return time.time() - started, hop, delivery
 
 
-async def measure(redis_url: str, prefix: str, llm: ScriptedLlmServer, turns: int) -> dict[str, list[float]]:
+async def measure(redis_url: str, prefix: str, llm: testing.ScriptedLlmServer, turns: int) -> dict[str, list[float]]:
     plain_key, tool_key = uuid.uuid4().hex[:10], uuid.uuid4().hex[:10]
-    llm.add_scenario(plain_key, Script(Reply.text("ok", chunk_size=2)))
-    llm.add_scenario(tool_key, Script(Reply.tool_calls([("add", {"a": 1, "b": 2})]), Reply.text("3")))
+    llm.add_scenario(plain_key, testing.Script(testing.Reply.text("ok", chunk_size=2)))
+    llm.add_scenario(tool_key, testing.Script(testing.Reply.tool_calls([("add", {"a": 1, "b": 2})]),
+                                              testing.Reply.text("3")))
     out: dict[str, list[float]] = {"plain": [], "tool": [], "hop": [], "delivery": []}
     async with SmithClient.from_url(redis_url, prefix=prefix) as client:
         for i in range(turns):
-            total, _, delivery = await one_turn(client, scenario_marker(plain_key), f"plain-{i}")
+            total, _, delivery = await one_turn(client, testing.scenario_marker(plain_key), f"plain-{i}")
             out["plain"].append(total)
             out["delivery"] += delivery
-            total, hop, _ = await one_turn(client, scenario_marker(tool_key), f"tool-{i}")
+            total, hop, _ = await one_turn(client, testing.scenario_marker(tool_key), f"tool-{i}")
             out["tool"].append(total)
             out["hop"].append(hop or 0.0)
         started = time.monotonic()
-        await asyncio.gather(*(one_turn(client, scenario_marker(tool_key), f"par-{i}") for i in range(20)))
+        await asyncio.gather(*(one_turn(client, testing.scenario_marker(tool_key), f"par-{i}") for i in range(20)))
         out["throughput"] = [20 / (time.monotonic() - started)]
     return out
 
@@ -75,13 +68,14 @@ async def main() -> None:
     redis_proc, redis_url = start_redis_server()
     results: dict[str, dict[str, list[float]]] = {}
     try:
-        with ScriptedLlmServer() as llm:
+        with testing.ScriptedLlmServer() as llm:
             for name, extra in CONFIGS.items():
                 prefix = f"bench{uuid.uuid4().hex[:6]}"
-                procs = start_workers("tests.support.app:app", worker_env(redis_url, prefix, llm.base_url, **extra),
+                env = testing.worker_env(redis_url, prefix, llm.base_url, **extra)
+                procs = testing.start_workers("tests.support.app:app", env,
                                       ["turns", "tools"], prefix, log_dir=LOGS)
                 try:
-                    await wait_for_workers(redis_url, prefix, 2)
+                    await testing.wait_for_workers(redis_url, prefix, 2)
                     results[name] = await measure(redis_url, prefix, llm, args.turns)
                 finally:
                     for proc in procs:

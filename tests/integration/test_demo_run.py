@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -107,55 +109,51 @@ def test_private_redis_that_exits_at_start_fails_at_once_quoting_its_log(log_nam
     assert list(tmp_path.glob("smith-redis-*")) == []
 
 
-def test_make_web_serves_the_relay_with_workers_and_stops_everything(redis_url, scripted_llm, scenario, tmp_path):
-    _, marker = scenario(Script(Reply.tool_calls([("calculator", {"expression": "6*7"})]), Reply.text("42.")))
+@contextlib.contextmanager
+def make_web(redis_url: str, llm_base_url: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
+    """`make web`'s command on the scripted model, serving: (its process, its base URL, its stderr file).
+    Ctrl-C stops it at the end unless it has exited."""
     port = free_port()
-    env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_LLM_BASE_URL=scripted_llm.base_url,
+    env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_LLM_BASE_URL=llm_base_url,
                SMITH_WEB_PORT=str(port), PYTHONPATH=str(ROOT))
     stderr_path = tmp_path / "stderr"
+    base = f"http://127.0.0.1:{port}"
     with stderr_path.open("w") as stderr_file:
         proc = subprocess.Popen([sys.executable, "-m", "examples.web.run"], cwd=tmp_path, env=env,
-                                stdout=subprocess.PIPE, stderr=stderr_file, text=True)
-        base = f"http://127.0.0.1:{port}"
+                                stdout=subprocess.DEVNULL, stderr=stderr_file, text=True)
         try:
             wait_until(lambda: serves(base + "/"), 60.0, "make web's page")
-            # the announced prefix is the one its workers serve: the pasted hint's `smith status` lists them
-            url, prefix = announced(stderr_path.read_text(), "web")
-            assert url == redis_url
-            hint_env = dict(os.environ, SMITH_REDIS_URL=url, SMITH_PREFIX=prefix)
-            status = subprocess.run([SMITH, "status"], env=hint_env, capture_output=True, text=True, timeout=60)
-            listed = {int(pid) for pid in re.findall(r"^worker .* pid (\d+)\)$", status.stdout, re.M)}
-            assert listed == {p.pid for p in demo_processes(redis_url)} and len(listed) == 2, status
-            turn = httpx.post(f"{base}/conversations/web-demo/turns", json={"text": f"{marker} 6*7?"}).json()
-            events = httpx.get(base + turn["events"], timeout=60).text
-            assert '"type":"tool.result"' in events and '"content":"42"' in events and '"turn.completed"' in events
+            yield proc, base, stderr_path
         finally:
-            proc.send_signal(signal.SIGINT)  # Ctrl-C
-            proc.communicate(timeout=60)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # Ctrl-C
+            proc.wait(timeout=60)
+
+
+def test_make_web_serves_the_relay_with_workers_and_stops_everything(redis_url, scripted_llm, scenario, tmp_path):
+    _, marker = scenario(Script(Reply.tool_calls([("calculator", {"expression": "6*7"})]), Reply.text("42.")))
+    with make_web(redis_url, scripted_llm.base_url, tmp_path) as (proc, base, stderr_path):
+        # the announced prefix is the one its workers serve: the pasted hint's `smith status` lists them
+        url, prefix = announced(stderr_path.read_text(), "web")
+        assert url == redis_url
+        hint_env = dict(os.environ, SMITH_REDIS_URL=url, SMITH_PREFIX=prefix)
+        status = subprocess.run([SMITH, "status"], env=hint_env, capture_output=True, text=True, timeout=60)
+        listed = {int(pid) for pid in re.findall(r"^worker .* pid (\d+)\)$", status.stdout, re.M)}
+        assert listed == {p.pid for p in demo_processes(redis_url)} and len(listed) == 2, status
+        turn = httpx.post(f"{base}/conversations/web-demo/turns", json={"text": f"{marker} 6*7?"}).json()
+        events = httpx.get(base + turn["events"], timeout=60).text
+        assert '"type":"tool.result"' in events and '"content":"42"' in events and '"turn.completed"' in events
     stderr = stderr_path.read_text()
     assert proc.returncode == 0, stderr
     assert "stopped everything it started" in stderr
     assert demo_processes(redis_url) == []
 
 
-
 def test_make_web_stops_everything_when_a_worker_it_started_dies(redis_url, scripted_llm, tmp_path):
-    port = free_port()
-    env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_LLM_BASE_URL=scripted_llm.base_url,
-               SMITH_WEB_PORT=str(port), PYTHONPATH=str(ROOT))
-    stderr_path = tmp_path / "stderr"
-    with stderr_path.open("w") as stderr_file:
-        proc = subprocess.Popen([sys.executable, "-m", "examples.web.run"], cwd=tmp_path, env=env,
-                                stdout=subprocess.DEVNULL, stderr=stderr_file, text=True)
-        try:
-            wait_until(lambda: serves(f"http://127.0.0.1:{port}/"), 60.0, "make web's page")
-            turn_worker = next(p for p in demo_processes(redis_url) if "turns" in p.cmdline())
-            turn_worker.kill()  # kill -9: the page would otherwise accept turns nobody runs
-            proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                proc.wait(timeout=60)
+    with make_web(redis_url, scripted_llm.base_url, tmp_path) as (proc, _, stderr_path):
+        turn_worker = next(p for p in demo_processes(redis_url) if "turns" in p.cmdline())
+        turn_worker.kill()  # kill -9: the page would otherwise accept turns nobody runs
+        proc.wait(timeout=60)
     stderr = stderr_path.read_text()
     assert proc.returncode == 1, stderr
     assert "[web] the turn worker exited (code -9; its log: .demo-logs/turns.log): stopping everything" in stderr
