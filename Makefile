@@ -75,9 +75,10 @@ test: install redis-sentinel chromium
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -q
 
-# Issue 18's benchmarks (~8 min): the project beside plain arq/Redis and the Agents SDK (its own .bench-venv,
+# Issue 18's benchmarks (~10 min): the project beside plain arq/Redis and the Agents SDK (its own .bench-venv,
 # made on first use; bench/distributed.py runs three times, figures are medians), the SSE parser, the
-# durability bench, and a PASS/MISS line per acceptance line.
+# durability bench, a turn worker's RSS under long histories and Redis restarts, and a PASS/MISS line per
+# acceptance line.
 bench: install redis-server
 	$(BIN)/python bench/report.py
 

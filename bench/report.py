@@ -2,9 +2,10 @@
 PASS/MISS line per acceptance line of the issue.
 
 Runs ``bench/distributed.py`` (parts a–d, f: project, plain arq/Redis and the
-Agents SDK), ``bench/sse_parser.py`` (part e, printed as it prints itself) and
+Agents SDK), ``bench/sse_parser.py`` (part e, printed as it prints itself),
 ``bench/durability.py`` (acceptance 7, compared with the figures BENCHMARKS.md
-recorded before issue 18), then prints a Markdown table ready to paste into
+recorded before issue 18) and ``bench/worker_memory.py`` (a turn worker's RSS
+under long histories and Redis restarts, printed as it prints itself), then prints a Markdown table ready to paste into
 BENCHMARKS.md.
 
 ``--runs N`` (default 3) runs ``bench/distributed.py`` N times and reports the
@@ -329,7 +330,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-anchors", action="store_true")
-    parser.add_argument("--only-distributed", action="store_true", help="skip sse_parser.py and durability.py")
+    parser.add_argument(
+        "--only-distributed", action="store_true", help="skip sse_parser.py, durability.py and worker_memory.py"
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs of bench/distributed.py; figures are medians")
     args = parser.parse_args()
     started = time.monotonic()
@@ -345,6 +348,7 @@ def main() -> None:
                 sse = json.loads(sse_out.read_text())
             text = run(["bench/durability.py"], "durability (acceptance 7)") or ""
             print(text)
+            print(run(["bench/worker_memory.py"], "turn worker memory (bench/worker_memory.py)") or "")
             durability = {k: float(m.group(1)) for k, rx in _DURABILITY.items() if (m := re.search(rx, text))}
         flags = [flag for flag, on in (("--quick", args.quick), ("--no-anchors", args.no_anchors)) if on]
         runs = []

@@ -205,11 +205,12 @@ class ConversationBusyError(SmithError):
 
 
 class ContextOverflowError(SmithError):
-    """The current turn's messages alone exceed a memory limit (seed §13.2 ``RollingWindowMemory``).
+    """The current turn's messages alone exceed a memory limit (seed §13.2 ``RollingWindowMemory``), or a
+    history read for the model's view exceeds the worker's ``SMITH_VIEW_MAX_BYTES``.
 
-    Fields: ``limit`` (``"max_messages"``, ``"max_chars"`` or ``"max_tokens"``),
+    Fields: ``limit`` (``"max_messages"``, ``"max_chars"``, ``"max_tokens"`` or ``"SMITH_VIEW_MAX_BYTES"``),
     ``budget`` (the limit's value: messages, UTF-8 bytes or estimated tokens),
-    ``size`` (the turn's size in the same unit).
+    ``size`` (the turn's size, or the read's bytes, in the same unit).
     """
 
     field_names = ("limit", "budget", "size")

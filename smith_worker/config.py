@@ -16,7 +16,7 @@ from pydantic import AfterValidator, Field, ValidationError
 from smith_client.connection import connect_redis
 from smith_client.errors import ConfigurationError
 from smith_client.settings import Accepts, ClientSettings, Count, OptionalId, OptionalText, Seconds, Secret, Text
-from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES
+from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES, DEFAULT_VIEW_MAX_BYTES
 from smith_worker.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
 from smith_worker.llm.types import LlmClientConfig, check_base_url
 from smith_worker.tools import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
@@ -57,7 +57,10 @@ class Settings(ClientSettings):
     README's Configuration section lists them all with their defaults. Durations are seconds.
     ``SMITH_TURN_MAX_ATTEMPTS`` counts the attempts whose worker died (or lost Redis past the lease) while
     running that turn alone; hand-offs, workers that died with other turns in flight and fleet-wide Redis
-    outages are not counted (the rule: :mod:`smith_worker.turn`).
+    outages are not counted (the rule: :mod:`smith_worker.turn`). ``SMITH_VIEW_MAX_BYTES`` bounds the
+    memory of one turn's history view: a history read of more bytes (the messages' stored form, 16 MiB by
+    default) fails the turn with ``ContextOverflowError`` instead of reaching the worker
+    (:mod:`smith_worker.history`).
     """
 
     llm_base_url: HttpUrl = Field("http://127.0.0.1:8080/v1", description="chat-completions base URL, with /v1")
@@ -86,6 +89,9 @@ class Settings(ClientSettings):
     heartbeat_file: OptionalText = Field(None, description="liveness file touched every 5 s (smith_worker/health.py)")
     history_max_messages: Count = Field(
         DEFAULT_HISTORY_MAX_MESSAGES, description="messages a conversation's stored history keeps"
+    )
+    view_max_bytes: Count = Field(
+        DEFAULT_VIEW_MAX_BYTES, description="bytes (stored form) one history read of a turn may return (history.py)"
     )
     log_level: LogLevel = Field("INFO", description="level of smith-worker's log (--log-level)")
     log_jobs: Flag = Field(False, description="log every job and model request at INFO too (--log-jobs)")

@@ -118,8 +118,11 @@ class EventBatcher:
 
     async def aclose(self) -> None:
         """Stop a publish still queued (the stream failed or was cancelled); unsent events are dropped.
-        One already sent finishes on its own, its reply unread."""
+        One already sent finishes on its own, its reply unread. A failed publish's error is dropped too: it
+        was raised to the caller already, and its traceback holds the caller's frames (with their locals,
+        a turn's whole request body), which would otherwise stay in a reference cycle through this object."""
         self._pending = []
+        self._error = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

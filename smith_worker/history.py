@@ -12,6 +12,11 @@ count what they removed in ``{p}:conv:{c}:trimmed``. A message's *position*
 is its absolute number in the conversation (list index + trimmed count), so
 positions kept elsewhere (a turn's start, a summary's coverage) survive
 trimming (issue 13 design rule 1).
+
+One read returns at most ``SMITH_VIEW_MAX_BYTES`` (default :data:`DEFAULT_VIEW_MAX_BYTES`) of
+stored messages: the history read script sums their bytes inside Redis and returns none of them
+past the limit, so a worker never pulls an unbounded history into its memory; the read raises
+:class:`~smith_client.errors.ContextOverflowError` instead, which fails the turn.
 """
 
 from __future__ import annotations
@@ -23,12 +28,15 @@ from typing import Any
 from redis.asyncio import Redis
 
 from smith_client import scripts
+from smith_client.errors import ContextOverflowError
 from smith_client.keys import Keys
 from smith_client.messages import messages_from_json_list
 from smith_worker.fencing import StaleAttemptError
 
 #: Messages kept in a conversation's stored history (``SMITH_HISTORY_MAX_MESSAGES``).
 DEFAULT_HISTORY_MAX_MESSAGES = 10_000
+#: Bytes (stored form) one read of a history may return (``SMITH_VIEW_MAX_BYTES``): 16 MiB.
+DEFAULT_VIEW_MAX_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,9 @@ class ConversationStore:
     running attempt's own writes left the history's end (None: not known yet):
     a read that finds another end raises :class:`~smith_worker.fencing.StaleAttemptError`
     (a failover lost some of them), so no prompt is built from a history missing them.
+    A read whose messages sum to more than ``max_bytes`` (stored form, bytes) raises
+    :class:`~smith_client.errors.ContextOverflowError` (``limit="SMITH_VIEW_MAX_BYTES"``, ``budget`` the
+    limit, ``size`` their bytes); Redis sends none of them.
     """
 
     def __init__(
@@ -71,8 +82,10 @@ class ConversationStore:
         *,
         lists: tuple[str, str] | None = None,
         expected_end: Callable[[], int | None] | None = None,
+        max_bytes: int = DEFAULT_VIEW_MAX_BYTES,
     ) -> None:
         self._redis = redis
+        self._max_bytes = max_bytes
         self._keys = lists or (keys.history(conversation_id), keys.history_trimmed(conversation_id))
         self._expected_end = expected_end
         self.bytes_read = 0
@@ -80,13 +93,15 @@ class ConversationStore:
     async def read(self, first: int, end: int | None = None) -> HistorySlice:
         """Messages at positions ``first`` (clamped to the oldest stored) up to ``end`` (exclusive; None = all)."""
         return self._slice(
-            await scripts.HISTORY_READ(self._redis, self._keys, [first, "" if end is None else end, "range"])
+            await scripts.HISTORY_READ(
+                self._redis, self._keys, [first, "" if end is None else end, "range", self._max_bytes]
+            )
         )
 
     def queue_tail(self, pipe: Any, count: int) -> None:
         """Queue a read of the last ``count`` stored messages (fewer when the history is shorter) on ``pipe``,
         to share another call's round trip; :meth:`tail_from` reads its reply."""
-        scripts.HISTORY_READ.queue(pipe, self._keys, [count, "", "tail"])
+        scripts.HISTORY_READ.queue(pipe, self._keys, [count, "", "tail", self._max_bytes])
 
     def tail_from(self, reply: Any) -> HistorySlice:
         """The :class:`HistorySlice` of a queued :meth:`queue_tail`'s reply."""
@@ -94,6 +109,14 @@ class ConversationStore:
 
     def _slice(self, reply: Any) -> HistorySlice:
         base, length, index, items = int(reply[0]), int(reply[1]), int(reply[2]), reply[3]
+        if items is None:
+            raise ContextOverflowError(
+                f"the history read for this step is {int(reply[4])} bytes, over "
+                f"SMITH_VIEW_MAX_BYTES={self._max_bytes} (a memory strategy that reads less, or a higher limit)",
+                limit="SMITH_VIEW_MAX_BYTES",
+                budget=self._max_bytes,
+                size=int(reply[4]),
+            )
         expected = self._expected_end() if self._expected_end is not None else None
         if expected is not None and base + length != expected:
             raise StaleAttemptError(f"history ends at {base + length}, this attempt's writes left it at {expected}")

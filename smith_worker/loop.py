@@ -46,7 +46,7 @@ from smith_worker.context import AgentContext, CancelRequested
 from smith_worker.event_batch import EventBatcher
 from smith_worker.fencing import StaleAttemptError
 from smith_worker.hooks import fire
-from smith_worker.llm import LlmClient
+from smith_worker.llm import EncodedRequest, LlmClient
 from smith_worker.llm.types import (
     LlmRequest,
     LlmResponse,
@@ -269,15 +269,21 @@ class AgentLoop:
     async def _call_model(
         self, spec: AgentSpec, llm: LlmClient, memory: MemoryContext, tool_rounds: int
     ) -> LlmResponse:
+        """One model call over the memory's view. Only the encoded body outlives this frame's first lines:
+        the parsed view is freed before the model is awaited, so a turn waiting for its model holds one
+        copy of its prompt (bytes), not the parsed messages too."""
         tools = await self._tool_schemas(spec)
         prompt = self.skills.system_prompt(spec.system_prompt)
-        request = LlmRequest(
-            messages=([SystemMessage(content=prompt)] if prompt else []) + await spec.memory.view(memory),
-            tools=tools,
-            sampling=self._sampling(),
-            tool_choice=spec.tool_choice_for(tool_rounds) if tools else None,
-        )
         stream = self.job.stream if self.job.stream is not None else spec.config.stream_default
+        request = llm.encode(
+            LlmRequest(
+                messages=([SystemMessage(content=prompt)] if prompt else []) + await spec.memory.view(memory),
+                tools=tools,
+                sampling=self._sampling(),
+                tool_choice=spec.tool_choice_for(tool_rounds) if tools else None,
+            ),
+            stream=stream,
+        )
         self._stream_calls, self._unpublished = {}, []
         if stream:
             return await self._stream_model(spec, llm, request)
@@ -324,7 +330,7 @@ class AgentLoop:
         """Run ``job`` on a tool worker serving ``route.requires`` and wait for its outcome."""
         return await self.ctx.services.tool_waiter.run(job, route.requires)
 
-    async def _stream_model(self, spec: AgentSpec, llm: LlmClient, request: LlmRequest) -> LlmResponse:
+    async def _stream_model(self, spec: AgentSpec, llm: LlmClient, request: EncodedRequest) -> LlmResponse:
         """A streamed model call whose events are published behind the stream (:class:`EventBatcher`).
         The events not sent when it returns wait in :attr:`_unpublished` for the reply's append;
         those that arrived before a failed call are published."""

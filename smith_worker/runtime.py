@@ -33,6 +33,7 @@ from smith_worker.auto_pipeline import AutoPipeline
 from smith_worker.config import Settings
 from smith_worker.dispatch import ReplyListener, ToolJobWaiter
 from smith_worker.health import heartbeat_forever, heartbeat_path, remove_heartbeat
+from smith_worker.heap import trim_forever
 from smith_worker.isolation import ToolExecutors
 from smith_worker.metrics import WorkerMetrics
 from smith_worker.redaction import SENSITIVE_HEADERS, install_log_redaction, register_secrets, url_credentials
@@ -189,6 +190,7 @@ class WorkerRuntime:
         """
         # first: liveness and /metrics are process-local and must work while start-up waits on Redis
         self._background.append(asyncio.create_task(heartbeat_forever(heartbeat_path(self.settings, self.queue))))
+        self._background.append(asyncio.create_task(trim_forever()))  # bursts of large turns leave no high-water mark
         if self.settings.metrics_port:
             self.metrics.serve(self.settings.metrics_port, self.redis, self.queue_name, self._running_count)
         self.protect_secrets()

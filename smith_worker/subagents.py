@@ -226,7 +226,9 @@ class SubAgentTools:
             root_turn_id=parent.root_turn_id,
             turn_id=parent.turn_id,
             attempt=writes,
-            store=ConversationStore(rt.redis, keys, parent.job.conversation_id, lists=lists),
+            store=ConversationStore(
+                rt.redis, keys, parent.job.conversation_id, lists=lists, max_bytes=rt.settings.view_max_bytes
+            ),
             publish=publish,
             runtime=rt,
             services=parent.services,

@@ -53,6 +53,7 @@ from smith_worker.app import AgentSpec
 from smith_worker.context import AgentContext, CancelRequested
 from smith_worker.dispatch import settle_call
 from smith_worker.fencing import StaleAttemptError
+from smith_worker.heap import collect_soon
 from smith_worker.history import ConversationStore, HistorySlice
 from smith_worker.hooks import fire
 from smith_worker.loop import AgentLoop
@@ -84,7 +85,11 @@ class TurnRunner:
         self.job = job
         # reads check the history still ends where this attempt's writes left it (a failover may lose some)
         self.store = ConversationStore(
-            rt.redis, rt.keys, job.conversation_id, expected_end=lambda: self.attempt.history_end
+            rt.redis,
+            rt.keys,
+            job.conversation_id,
+            expected_end=lambda: self.attempt.history_end,
+            max_bytes=rt.settings.view_max_bytes,
         )
         self.attempt = TurnAttempt(
             rt.redis,
@@ -142,9 +147,11 @@ class TurnRunner:
         spec = self.rt.app.get_agent(self.job.agent)
         job_timeout = asyncio.timeout(self.rt.settings.turn_job_timeout)
         redis_failed = False
+        ended = False  # without an exception
         try:
             async with job_timeout:
                 await self._run_attempt(spec, self.store.tail_from(tail))
+            ended = True
         except TimeoutError as exc:
             if not job_timeout.expired():
                 await self._fail(error_from_exception(exc), spec)
@@ -181,6 +188,8 @@ class TurnRunner:
         finally:
             self.services.running_turns.pop(self.job.turn_id, None)
             await self.attempt.stop_renewing()
+            if not ended:  # its traceback may hold the attempt's frames, request body included, in a cycle
+                collect_soon()
         if redis_failed:
             await self._hand_back_after_outage()
 

@@ -6,6 +6,9 @@ from smith_worker.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names for type checkers; at run time each loads its module on first use
     from smith_worker.llm.client import (
+        EncodedRequest as EncodedRequest,
+    )
+    from smith_worker.llm.client import (
         LlmClient as LlmClient,
     )
     from smith_worker.llm.client import (
@@ -69,6 +72,7 @@ if TYPE_CHECKING:  # the names for type checkers; at run time each loads its mod
 _EXPORTS = {
     "ChatStreamAssembler": "stream",
     "ChatStreamDecoder": "stream",
+    "EncodedRequest": "client",
     "LlmClient": "client",
     "LlmClientConfig": "types",
     "LlmRequest": "types",

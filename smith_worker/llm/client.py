@@ -39,6 +39,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import httpx
@@ -53,7 +54,7 @@ from smith_client.errors import (
     TransportError,
 )
 from smith_client.messages import parse_json_object
-from smith_worker.llm.http import NETWORK_ERRORS, is_timeout, model_http_client, origin
+from smith_worker.llm.http import NETWORK_ERRORS, is_timeout, model_http_client, origin, release
 from smith_worker.llm.json_schema_tools import JsonReplyReader, rewrite_request
 from smith_worker.llm.stream import ChatStreamDecoder
 from smith_worker.llm.types import (
@@ -92,6 +93,17 @@ class _RetryableFailure(Exception):
         super().__init__(error.message)
         self.error = error
         self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class EncodedRequest:
+    """A request ready to send (:meth:`LlmClient.encode`): ``body`` its JSON (UTF-8 bytes), ``stream`` whether
+    it asks for a streamed reply, ``json_reply`` whether the reply is json_schema tool calling's, to be
+    mapped back to tool calls (:mod:`~smith_worker.llm.json_schema_tools`)."""
+
+    body: bytes
+    stream: bool
+    json_reply: bool
 
 
 class LlmClient:
@@ -185,35 +197,49 @@ class LlmClient:
 
     # -- public calls -------------------------------------------------------
 
-    async def complete(self, req: LlmRequest) -> LlmResponse:
-        """Post a non-streamed request and parse the completion (seed §8.3). Errors: see class doc."""
-        content, headers = self._prepare(req, stream=False)
-        response = await self._whole_response(lambda _silence: self._complete_once(content, headers))
-        reader = self._json_reply(req)
-        return reader.finish(response) if reader else response
+    def encode(self, req: LlmRequest, *, stream: bool) -> EncodedRequest:
+        """``req`` encoded for the wire (its :meth:`build_body` as JSON bytes), for :meth:`complete` (``stream``
+        False) or :meth:`complete_stream` (True). A caller that keeps only this while the model answers
+        holds the body's bytes, not the parsed messages too. Raises as :meth:`build_body`."""
+        body = orjson.dumps(self.build_body(req, stream=stream))
+        return EncodedRequest(body, stream, self.config.tool_calling == "json_schema" and bool(req.tools))
 
-    async def complete_stream(self, req: LlmRequest, on_event: OnEvent) -> LlmResponse:
+    async def complete(self, req: LlmRequest | EncodedRequest) -> LlmResponse:
+        """Post a non-streamed request and parse the completion (seed §8.3). Errors: see class doc.
+
+        ``req``: an :class:`LlmRequest`, or one :meth:`encode` made with ``stream=False`` (else ``ValueError``).
+        """
+        encoded = self._encoded(req, stream=False)
+        headers = self._headers_for(encoded)
+        response = await self._whole_response(lambda _silence: self._complete_once(encoded.body, headers))
+        return JsonReplyReader(None).finish(response) if encoded.json_reply else response
+
+    async def complete_stream(self, req: LlmRequest | EncodedRequest, on_event: OnEvent) -> LlmResponse:
         """Post a streamed request; call ``on_event(event)`` for each event as it arrives (seed §9.5).
 
         ``on_event`` may return an awaitable, which is awaited before reading
         on. Exceptions from ``on_event`` propagate (the request is closed).
         A server that ignores ``stream: true`` and answers one JSON completion
         is accepted: its content is replayed as events. Returns once the
-        stream ended; errors: see class doc.
+        stream ended; errors: see class doc. ``req``: an :class:`LlmRequest`, or
+        one :meth:`encode` made with ``stream=True`` (else ``ValueError``).
         """
-        content, headers = self._prepare(req, stream=True)
-        reader = self._json_reply(req, on_event)
-        if reader is None:
-            return await self._whole_response(lambda silence: self._stream_once(content, headers, on_event, silence))
+        encoded = self._encoded(req, stream=True)
+        headers = self._headers_for(encoded)
+        body = encoded.body
+        if not encoded.json_reply:
+            return await self._whole_response(lambda silence: self._stream_once(body, headers, on_event, silence))
+        reader = JsonReplyReader(on_event)
         return reader.finish(
-            await self._whole_response(lambda silence: self._stream_once(content, headers, reader.on_event, silence))
+            await self._whole_response(lambda silence: self._stream_once(body, headers, reader.on_event, silence))
         )
 
-    def _json_reply(self, req: LlmRequest, on_event: OnEvent | None = None) -> JsonReplyReader | None:
-        """The reader mapping a json_schema reply back to tool calls or content (None in native mode)."""
-        if self.config.tool_calling == "json_schema" and req.tools:
-            return JsonReplyReader(on_event)
-        return None
+    def _encoded(self, req: LlmRequest | EncodedRequest, *, stream: bool) -> EncodedRequest:
+        if isinstance(req, LlmRequest):
+            return self.encode(req, stream=stream)
+        if req.stream != stream:
+            raise ValueError(f"request encoded with stream={req.stream} sent with stream={stream}")
+        return req
 
     async def _whole_response(self, attempt: Callable[[asyncio.Timeout], Awaitable[_T]]) -> _T:
         """:meth:`_with_retries`, all attempts bounded by ``response_timeout`` and, until the first data arrives,
@@ -241,25 +267,22 @@ class LlmClient:
                 ) from exc
             raise
 
-    def _prepare(self, req: LlmRequest, *, stream: bool) -> tuple[bytes, dict[str, str]]:
-        content = orjson.dumps(self.build_body(req, stream=stream))
-        headers = self._headers(stream=stream)
+    def _headers_for(self, encoded: EncodedRequest) -> dict[str, str]:
+        headers = self._headers(stream=encoded.stream)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "POST %s headers=%s body=%s",
                 self.config.chat_completions_url,
                 redact_headers(headers),
-                redact_body(content, [self.config.api_key]),
+                redact_body(encoded.body, [self.config.api_key]),
             )
-        return content, headers
+        return headers
 
     # -- one attempt ---------------------------------------------------------
 
     async def _complete_once(self, content: bytes, headers: dict[str, str]) -> LlmResponse:
         with self._network_errors(retryable=True):
-            async with self._http.stream(
-                "POST", self.config.chat_completions_url, content=content, headers=headers, timeout=self._timeout()
-            ) as response:
+            async with self._post(content, headers) as response:
                 if not response.is_success:
                     raise await self._error_reply(response)
                 body = await self._read_body(response)
@@ -271,14 +294,31 @@ class LlmClient:
         self, content: bytes, headers: dict[str, str], on_event: OnEvent, silence: asyncio.Timeout
     ) -> LlmResponse:
         with self._network_errors(retryable=True):
-            async with self._http.stream(
-                "POST", self.config.chat_completions_url, content=content, headers=headers, timeout=self._timeout()
-            ) as response:
+            async with self._post(content, headers) as response:
                 if not response.is_success:
                     raise await self._error_reply(response)
                 if _is_json(response):
                     return await self._consume_json(response, on_event)
                 return await self._consume_stream(response, on_event, silence)
+
+    @contextlib.asynccontextmanager
+    async def _post(self, content: bytes, headers: dict[str, str]) -> AsyncIterator[httpx.Response]:
+        """POST ``content`` to the chat-completions URL; the response, streamed, closed on exit.
+
+        httpx leaves a closed response in a reference cycle with its stream, which keeps the
+        request and its body (the whole prompt: megabytes for a long history) until the cyclic
+        garbage collector runs, and that runs rarely for objects that lived through a long reply.
+        :func:`~smith_worker.llm.http.release` breaks it, so refcounting frees them at once.
+        """
+        response: httpx.Response | None = None
+        try:
+            async with self._http.stream(
+                "POST", self.config.chat_completions_url, content=content, headers=headers, timeout=self._timeout()
+            ) as response:
+                yield response
+        finally:
+            if response is not None:
+                release(response)
 
     async def _error_reply(self, response: httpx.Response) -> Exception:
         """The error for a non-2xx reply (see :func:`_status_failure`). A body that cannot be decoded (a broken
@@ -541,6 +581,7 @@ def parse_completion(raw: bytes) -> LlmResponse:
 __all__ = [
     "BACKOFF_CAP",
     "BACKOFF_JITTER",
+    "EncodedRequest",
     "LlmClient",
     "OnEvent",
     "events_for_response",

@@ -240,6 +240,13 @@ class _Replay(httpx.AsyncByteStream):
             raise self._ending
 
 
+def release(response: httpx.Response) -> None:
+    """Break the reference cycle between a closed ``response`` and its stream (httpx's client wraps the
+    transport's stream in one that refers back to the response), so the response, its request and the
+    request's body are freed by refcounting instead of waiting for the cyclic garbage collector."""
+    response.stream = httpx.ByteStream(b"")
+
+
 def proxy_in_environment() -> bool:
     """Whether the environment names a proxy (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``…, either case;
     ``NO_PROXY`` alone names none), as :func:`urllib.request.getproxies_environment` reads it."""

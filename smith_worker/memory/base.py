@@ -68,7 +68,8 @@ class Memory(abc.ABC):
 class FullMemory(Memory):
     """Every stored message, never truncated (seed §13.2 ``FullMemory``); the default of ``app.agent``.
 
-    Reads the whole stored history at each step (bounded by ``SMITH_HISTORY_MAX_MESSAGES``).
+    Reads the whole stored history at each step (bounded by ``SMITH_HISTORY_MAX_MESSAGES``; a history over
+    ``SMITH_VIEW_MAX_BYTES`` fails the turn with :class:`~smith_client.errors.ContextOverflowError`).
     """
 
     async def select(self, ctx: MemoryContext) -> list[Any]:

@@ -34,6 +34,12 @@ def test_history_max_messages_defaults_to_10000_and_reads_the_environment(monkey
     assert Settings.from_env().history_max_messages == 500
 
 
+def test_view_max_bytes_defaults_to_16_mib_and_reads_the_environment(monkeypatch):
+    assert Settings.from_env().view_max_bytes == 16 * 1024 * 1024
+    monkeypatch.setenv("SMITH_VIEW_MAX_BYTES", "65536")
+    assert Settings.from_env().view_max_bytes == 65536
+
+
 def test_tool_calling_and_temperature_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("SMITH_LLM_TOOL_CALLING", "json_schema")
     monkeypatch.setenv("SMITH_LLM_TEMPERATURE", "0")
@@ -75,6 +81,7 @@ BAD_VALUES = {
     "SMITH_METRICS_PORT": ["0", "70000", "http"],
     "SMITH_HEARTBEAT_FILE": [" ", "hb\n"],
     "SMITH_HISTORY_MAX_MESSAGES": ["0"],
+    "SMITH_VIEW_MAX_BYTES": ["0", "-1", "16MiB", "1.5"],
     "SMITH_LOG_LEVEL": ["LOUD", "5"],
     "SMITH_LOG_JOBS": ["maybe"],
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import email.utils
+import gc
 import logging
 import socket
 import threading
@@ -19,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import orjson
 import pytest
 from pydantic import ValidationError
 
@@ -781,3 +783,39 @@ def test_scripted_server_reports_handler_errors_as_500(server):
         reply = http.post("/chat/completions", json={"messages": [{"role": "user", "content": scenario_marker(key)}]})
     assert reply.status_code == 500 and "handler bug" in reply.text
     assert any("handler bug" in str(exc) for exc in server.handler_errors)
+
+
+# -- memory ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_encoded_request_is_the_body_sent_and_answers_as_the_request_would(harness, stream):
+    key = harness.scenario(Reply.text("encoded"))
+    async with harness.client() as client:
+        encoded = client.encode(request_for(key, tools=[WEATHER]), stream=stream)
+        assert encoded.body == orjson.dumps(client.build_body(request_for(key, tools=[WEATHER]), stream=stream))
+        assert (await call(client, encoded, stream)).message.content == "encoded"
+        assert harness.server.requests_for(key)[-1].raw_body == encoded.body
+        with pytest.raises(ValueError, match="encoded with stream="):
+            await call(client, client.encode(request_for(key), stream=not stream), stream)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_finished_request_leaves_no_reference_cycle_holding_its_body(harness, stream):
+    """httpx keeps a closed response in a cycle with its stream; the client breaks it, so the request and
+    its body (the whole prompt) are freed by refcounting, not at the cyclic collector's next run."""
+    key = harness.scenario(Reply.text("freed"))
+    async with harness.client() as client:
+        await call(client, request_for(key), stream)  # the connection and the pool exist before the count
+        gc.collect()
+        gc.disable()
+        try:
+            await call(client, request_for(key, "x" * 100_000), stream)
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            cyclic = [o for o in gc.garbage if isinstance(o, httpx.Request | httpx.Response | httpx.ByteStream)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert cyclic == []
