@@ -32,12 +32,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import LOGS  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
 from smith_client.errors import SmithError  # noqa: E402
 from smith_client.messages import AssistantMessage, UserMessage, message_to_json  # noqa: E402
 from smith_worker.local.processes import ManagedProcess, free_port, start_redis_server  # noqa: E402
-from tests.conftest import start_workers, wait_for_workers, worker_env  # noqa: E402
-from tests.support.scripted_llm import Reply, ScriptedLlmServer, scenario_marker  # noqa: E402
+from smith_worker.testing import (  # noqa: E402
+    Reply,
+    ScriptedLlmServer,
+    scenario_marker,
+    start_workers,
+    wait_for_workers,
+    worker_env,  # noqa: E402
+)
 
 APP = "tests.support.app:app"
 MIB = 1024 * 1024
@@ -127,7 +134,7 @@ async def main(turns: int, messages: int, restarts: int, settle: float) -> None:
     redis_proc, url = start_redis_server(port)
     prefix = f"mem{uuid.uuid4().hex[:6]}"
     with ScriptedLlmServer() as llm:
-        (worker,) = start_workers(APP, worker_env(url, prefix, llm.base_url), ["turns"], prefix)
+        (worker,) = start_workers(APP, worker_env(url, prefix, llm.base_url), ["turns"], prefix, log_dir=LOGS)
         try:
             await wait_for_workers(url, prefix, 1)
             await served(url, prefix, llm)

@@ -25,9 +25,9 @@ from smith_client import ContextOverflowError, SmithClient
 from smith_client.errors import SmithError
 from smith_client.messages import AssistantMessage, UserMessage, message_to_json
 from smith_worker.local.processes import ManagedProcess
-from tests.conftest import start_workers, wait_for_workers, worker_env
+from smith_worker.testing import Reply, ScriptedLlmServer, scenario_marker, start_workers, wait_for_workers, worker_env
+from tests.conftest import LOGS
 from tests.integration.test_redis_outage import RedisOnPort
-from tests.support.scripted_llm import Reply, ScriptedLlmServer, scenario_marker
 
 pytestmark = [pytest.mark.integration]
 
@@ -59,7 +59,7 @@ def short_history(marker: str, count: int) -> list[bytes]:
 async def start_worker(url: str, llm: ScriptedLlmServer, **env: str) -> tuple[ManagedProcess, str]:
     """A turn worker of its own (under a fresh prefix), registered."""
     prefix = f"mem{uuid.uuid4().hex[:6]}"
-    (proc,) = start_workers(APP, worker_env(url, prefix, llm.base_url, **env), ["turns"], prefix)
+    (proc,) = start_workers(APP, worker_env(url, prefix, llm.base_url, **env), ["turns"], prefix, log_dir=LOGS)
     await wait_for_workers(url, prefix, 1)
     return proc, prefix
 
