@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import queue
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, TypedDict, Unpack, cast
 
 import redis as sync_redis
 from arq.connections import ArqRedis
@@ -223,15 +223,17 @@ def check_url(url: str) -> str:
     return url
 
 
-def connect_redis(
-    url: str,
-    *,
-    sentinels: str | Sequence[str | tuple[str, int]] | None = None,
-    sentinel_master: str | None = None,
-    socket_timeout: float | None = None,
-    max_connections: int | None = None,
-    pool_timeout: float | None = None,
-) -> ArqRedis:
+class ConnectOptions(TypedDict, total=False):
+    """The options of :func:`connect_redis` and :func:`connect_sync_redis` (documented there)."""
+
+    sentinels: str | Sequence[str | tuple[str, int]] | None
+    sentinel_master: str | None
+    socket_timeout: float | None
+    max_connections: int | None
+    pool_timeout: float | None
+
+
+def connect_redis(url: str, **options: Unpack[ConnectOptions]) -> ArqRedis:
     """An :class:`ArqRedis` client using the project's JSON job serializer.
 
     ``url`` is ``redis://`` or ``rediss://`` (TLS) with optional ACL user and
@@ -250,51 +252,51 @@ def connect_redis(
     :class:`ConfigurationError` for a malformed ``url`` (:func:`check_url`) or when only one of the
     two Sentinel options is given.
     """
-    check_url(url)
-    addresses = _sentinel_addresses(sentinels, sentinel_master)
-    bounds = _bounds(socket_timeout)
-    cap = _cap(max_connections, pool_timeout, bounds)
+    addresses, sentinel_master, bounds, cap = _plan(url, options)
     if not addresses:
         pool = (BoundedPool if cap else ConnectOutsideLockPool).from_url(url, **bounds, **cap)
         return ArqRedis(pool, job_serializer=job_serializer, job_deserializer=job_deserializer)
     assert sentinel_master is not None
-    options = _master_options(url, Retry(ExponentialBackoff(cap=1.0, base=0.1), SENTINEL_RETRIES)) | bounds | cap
+    master = _master_options(url, Retry(ExponentialBackoff(cap=1.0, base=0.1), SENTINEL_RETRIES)) | bounds | cap
     redis = Sentinel(addresses, sentinel_kwargs=_sentinel_bounds(bounds)).master_for(
         sentinel_master,
         redis_class=ArqRedis,
         connection_pool_class=BoundedSentinelPool if cap else SentinelConnectionPool,
-        **options,
+        **master,
     )
     redis.job_serializer, redis.job_deserializer = job_serializer, job_deserializer  # master_for takes no such options
     return cast(ArqRedis, redis)
 
 
-def connect_sync_redis(
-    url: str,
-    *,
-    sentinels: str | Sequence[str | tuple[str, int]] | None = None,
-    sentinel_master: str | None = None,
-    socket_timeout: float | None = None,
-    max_connections: int | None = None,
-    pool_timeout: float | None = None,
-) -> sync_redis.Redis:
+def connect_sync_redis(url: str, **options: Unpack[ConnectOptions]) -> sync_redis.Redis:
     """A blocking :class:`redis.Redis` for ``url``, for :class:`SyncSmithClient`; options as :func:`connect_redis`.
 
     Its connection pool is thread-safe (one connection per command in flight).
     Connects lazily: no command is sent until the first use.
     """
-    check_url(url)
-    addresses = _sentinel_addresses(sentinels, sentinel_master)
-    bounds = _bounds(socket_timeout)
-    cap = _cap(max_connections, pool_timeout, bounds)
+    addresses, sentinel_master, bounds, cap = _plan(url, options)
     if not addresses:
         pool = (SyncBoundedPool if cap else sync_redis.ConnectionPool).from_url(url, **bounds, **cap)
         return sync_redis.Redis(connection_pool=pool)
     assert sentinel_master is not None
-    options = _master_options(url, SyncRetry(ExponentialBackoff(cap=1.0, base=0.1), SENTINEL_RETRIES)) | bounds | cap
+    master = _master_options(url, SyncRetry(ExponentialBackoff(cap=1.0, base=0.1), SENTINEL_RETRIES)) | bounds | cap
     sentinel = SyncSentinel(addresses, sentinel_kwargs=_sentinel_bounds(bounds))
     pool_class = SyncBoundedSentinelPool if cap else SyncSentinelConnectionPool
-    return cast(sync_redis.Redis, sentinel.master_for(sentinel_master, connection_pool_class=pool_class, **options))
+    return cast(sync_redis.Redis, sentinel.master_for(sentinel_master, connection_pool_class=pool_class, **master))
+
+
+#: What :func:`_plan` returns: Sentinel addresses, master name, timeouts, pool cap.
+_Plan = tuple[list[tuple[str, int]], str | None, dict[str, Any], dict[str, Any]]
+
+
+def _plan(url: str, options: ConnectOptions) -> _Plan:
+    """What a connection of either kind is built from: the Sentinel addresses (none: connect to ``url``), the
+    master's name, the timeouts bounding every wait and the pool cap. Raises :class:`ConfigurationError`."""
+    check_url(url)
+    master = options.get("sentinel_master")
+    addresses = _sentinel_addresses(options.get("sentinels"), master)
+    bounds = _bounds(options.get("socket_timeout"))
+    return addresses, master, bounds, _cap(options.get("max_connections"), options.get("pool_timeout"), bounds)
 
 
 def _cap(max_connections: int | None, pool_timeout: float | None, bounds: dict[str, Any]) -> dict[str, Any]:
