@@ -16,10 +16,10 @@ from pydantic import AfterValidator, Field, ValidationError
 from smith_client.connection import connect_redis
 from smith_client.errors import ConfigurationError
 from smith_client.settings import Accepts, ClientSettings, Count, OptionalId, OptionalText, Seconds, Secret, Text
-from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES
-from smith_worker.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
 from smith_worker.llm.types import LlmClientConfig, check_base_url
-from smith_worker.tools import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
+from smith_worker.memory.history import DEFAULT_HISTORY_MAX_MESSAGES
+from smith_worker.tools.function import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
+from smith_worker.tools.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
 
 
 def log_level_name(value: str) -> str:
@@ -57,7 +57,7 @@ class Settings(ClientSettings):
     README's Configuration section lists them all with their defaults. Durations are seconds.
     ``SMITH_TURN_MAX_ATTEMPTS`` counts the attempts whose worker died (or lost Redis past the lease) while
     running that turn alone; hand-offs, workers that died with other turns in flight and fleet-wide Redis
-    outages are not counted (the rule: :mod:`smith_worker.turn`).
+    outages are not counted (the rule: :mod:`smith_worker.turn.lifecycle`).
     """
 
     llm_base_url: HttpUrl = Field("http://127.0.0.1:8080/v1", description="chat-completions base URL, with /v1")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from smith_worker import turn as turn_module
-from smith_worker.turn import TurnRunner
+from smith_worker.turn import lifecycle as turn_module
+from smith_worker.turn.lifecycle import TurnRunner
 
 
 def runner(task: asyncio.Task[None]) -> TurnRunner:
@@ -49,7 +49,7 @@ async def test_the_lease_renewal_ends_even_when_its_cancel_is_lost_inside_a_rene
     """redis-py can retry a read the cancel interrupted (the renewal then succeeds): the flag still stops it."""
     from smith_client import scripts
     from smith_client.keys import Keys
-    from smith_worker.turn_state import TurnAttempt
+    from smith_worker.turn.attempt import TurnAttempt
 
     renewals = []
     stop_now = asyncio.Event()

@@ -47,4 +47,4 @@ _NON_FIELD_WORDS = {"conflict", "attach", "busy", "merge", "interrupt", "reject"
                     "missing", "cancelled_queued", "cancelling", "done", "wait", "go", "queued", "running",
                     "completed", "failed", "cancelled",
                     "role", "tool", "tail", "text", "covers",  # stored messages, history reads, the summary hash
-                    "instance", "table"}  # a worker registration's holder (smith_worker/registration.py), a Lua type
+                    "instance", "table"}  # a worker registration's holder (smith_worker/ops/registration.py), a Lua type

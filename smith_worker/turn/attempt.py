@@ -8,12 +8,12 @@ so a stalled or stale attempt cannot write after another took over.
 
 While it runs, the attempt renews a short lease (``lease`` seconds, renewed
 every ``lease / 3``) in the turn's state and in ``{p}:running``; a sweeper
-(:mod:`smith_worker.sweeper`) re-enqueues a turn whose lease expired, under a
+(:mod:`smith_worker.turn.sweeper`) re-enqueues a turn whose lease expired, under a
 new arq job id, so recovery does not wait for arq's in-progress key (job
 timeout + 10 s, arq-notes.md §1.6).
 
 The history is the checkpoint: the user message is appended once per turn
-id (its absolute position kept as ``history_start``, :mod:`smith_worker.history`),
+id (its absolute position kept as ``history_start``, :mod:`smith_worker.memory.history`),
 assistant and tool messages are appended whole, so a re-run reads where the
 turn stopped. Every append trims the history to ``history_max`` messages.
 """
@@ -35,9 +35,9 @@ from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import RUNNING_TTL, Keys, now_ms
 from smith_client.messages import message_to_json
 from smith_client.turn_record import decode_state
-from smith_worker.fencing import StaleAttemptError
-from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES, Repair
-from smith_worker.tasks import cancel_and_wait
+from smith_worker.memory.fencing import StaleAttemptError
+from smith_worker.memory.history import DEFAULT_HISTORY_MAX_MESSAGES, Repair
+from smith_worker.ops.tasks import cancel_and_wait
 
 logger = logging.getLogger("agent_smith.worker")
 

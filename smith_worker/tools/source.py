@@ -18,10 +18,10 @@ from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
 from smith_worker.hooks import Hooks
 from smith_worker.llm.types import ToolSchema
-from smith_worker.tools import ToolContext, ToolResult
+from smith_worker.tools.function import ToolContext, ToolResult
 
 if TYPE_CHECKING:
-    from smith_worker.isolation import ToolExecutors  # pebble only where tools run
+    from smith_worker.tools.isolation import ToolExecutors  # pebble only where tools run
 
 
 @dataclass(frozen=True)

@@ -39,10 +39,10 @@ from typing import Protocol
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_worker.config import AgentConfig
 from smith_worker.llm.types import ToolSchema
-from smith_worker.native import NativeTools
 from smith_worker.skills import Skill
-from smith_worker.sources import ToolSource
-from smith_worker.tools import ToolContext, error_content
+from smith_worker.tools.function import ToolContext, error_content
+from smith_worker.tools.native import NativeTools
+from smith_worker.tools.source import ToolSource
 
 #: The source id of the app's Python tools.
 APP_TOOLS = "app"

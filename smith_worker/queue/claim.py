@@ -8,7 +8,7 @@ transaction that reads the job record and counts the try (``GET``,
 request); the wait between polls read the next deferred job's score in one
 more. :func:`claim_jobs` does all of it in one atomic script
 (``lua/claim.lua``), which also pops the wake-up tokens of the jobs it
-claims (:mod:`smith_worker.pickup`) and leaves a job whose requirement the
+claims (:mod:`smith_worker.queue.pickup`) and leaves a job whose requirement the
 worker's capability set does not hold to the workers that serve it
 (:mod:`smith_worker.routing`).
 
@@ -16,7 +16,7 @@ The hand-over relies on arq 0.28.0's ``run_job`` (pinned in pyproject.toml):
 its first use of ``self.pool`` is ``pipeline(transaction=True)``, into which it
 queues exactly ``get(job key)``, ``incr(retry key)``, ``expire(retry key,
 88400)`` and, with ``allow_abort_jobs``, ``zrem(abort set, job id)``, then
-``execute()``. :class:`~smith_worker.worker.SmithWorker` starts a claimed job's
+``execute()``. :class:`~smith_worker.queue.worker.SmithWorker` starts a claimed job's
 ``run_job`` with :func:`hand_over` in the job's own task, and its ``pool``
 gives that first use :func:`take_handed_over`'s stand-in, whose ``execute()``
 returns what the script read, so that transaction is never sent. A stand-in

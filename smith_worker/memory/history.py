@@ -3,7 +3,7 @@
 One Redis list per conversation holds the stored form of every message, so
 any worker can run the conversation's next turn. The list lives until the
 conversation has been idle ``smith_client.keys.DEFAULT_HISTORY_TTL`` seconds (30 days,
-DESIGN.md §8): every write (:mod:`smith_worker.turn_state`) refreshes the TTL.
+DESIGN.md §8): every write (:mod:`smith_worker.turn.attempt`) refreshes the TTL.
 
 Storage is bounded by ``SMITH_HISTORY_MAX_MESSAGES`` (default
 :data:`DEFAULT_HISTORY_MAX_MESSAGES`): the append scripts trim the oldest
@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 from smith_client import scripts
 from smith_client.keys import Keys
 from smith_client.messages import messages_from_json_list
-from smith_worker.fencing import StaleAttemptError
+from smith_worker.memory.fencing import StaleAttemptError
 
 #: Messages kept in a conversation's stored history (``SMITH_HISTORY_MAX_MESSAGES``).
 DEFAULT_HISTORY_MAX_MESSAGES = 10_000
@@ -53,13 +53,13 @@ class Repair:
 
 class ConversationStore:
     """Read one conversation's messages by absolute position. Turns write them through their
-    fenced :class:`~smith_worker.turn_state.TurnAttempt`, so a stale attempt cannot.
+    fenced :class:`~smith_worker.turn.attempt.TurnAttempt`, so a stale attempt cannot.
 
     ``bytes_read`` counts the stored-form bytes this object has read (for benchmarks).
     ``lists`` reads another message list and its trimmed counter instead (a
-    sub-agent's, :mod:`smith_worker.subagents`). ``expected_end()`` is where the
+    sub-agent's, :mod:`smith_worker.agent.subagents`). ``expected_end()`` is where the
     running attempt's own writes left the history's end (None: not known yet):
-    a read that finds another end raises :class:`~smith_worker.fencing.StaleAttemptError`
+    a read that finds another end raises :class:`~smith_worker.memory.fencing.StaleAttemptError`
     (a failover lost some of them), so no prompt is built from a history missing them.
     """
 

@@ -41,9 +41,9 @@ from smith_client import scripts
 from smith_client.enqueue import Enqueued, enqueue_unless
 from smith_client.jobs import RUN_TOOL, ToolJob, ToolOutcome, parse_reply
 from smith_client.keys import ABORT_ENTRY_TTL, Keys, now_ms
-from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
-from smith_worker.tasks import cancel_and_wait
-from smith_worker.tools import error_content
+from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS, RedisHealth
+from smith_worker.ops.tasks import cancel_and_wait
+from smith_worker.tools.function import error_content
 
 logger = logging.getLogger("agent_smith.tool")
 
