@@ -21,8 +21,6 @@ from typing import Any, TypeVar, cast, overload
 
 from smith_client.errors import ConfigurationError
 from smith_client.keys import ID_PATTERN
-from smith_worker.agent.toolset import APP_TOOLS, skill_id
-from smith_worker.agent.toolset import source_id as added_source_id
 from smith_worker.config import AgentConfig, Settings
 from smith_worker.hooks import Hooks
 from smith_worker.llm.types import LlmClientConfig, ToolChoice
@@ -30,7 +28,8 @@ from smith_worker.memory import FullMemory, Memory
 from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
 from smith_worker.tools.function import TOOL_NAME, Isolation, Tool, ToolRegistry, make_tool
 from smith_worker.tools.native import NativeTools
-from smith_worker.tools.source import ToolSource
+from smith_worker.tools.source import APP_TOOLS, ToolSource, skill_id
+from smith_worker.tools.source import source_id as added_source_id
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
-from smith_worker.agent.toolset import in_skill, source_id, tool_unit
 from smith_worker.app import SmithApp
+from smith_worker.tools.source import in_skill, source_id, tool_unit
 
 #: Hex digits of a capability set's digest (a SHA-1 prefix: sets of different versions never share one).
 DIGEST_LENGTH = 16

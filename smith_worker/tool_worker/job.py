@@ -18,7 +18,6 @@ from smith_client import scripts
 from smith_client.eventlog import WHILE_RUNNING
 from smith_client.events import tool_result_data
 from smith_client.jobs import REPLY_INLINE_MAX, ToolJob, ToolOutcome
-from smith_worker.agent.toolset import APP_TOOLS, skill_id, source_id
 from smith_worker.app import SmithApp
 from smith_worker.ops.redaction import redact_text
 from smith_worker.runtime import WorkerRuntime
@@ -30,7 +29,7 @@ from smith_worker.tools.function import (
     scrub_surrogates,
     truncate_content,
 )
-from smith_worker.tools.source import ToolSource
+from smith_worker.tools.source import APP_TOOLS, ToolSource, skill_id, source_id
 
 logger = logging.getLogger("agent_smith.tool")
 
