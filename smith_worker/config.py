@@ -10,8 +10,8 @@ import logging
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from arq.connections import ArqRedis
 from pydantic import AfterValidator, Field, ValidationError
+from redis.asyncio import Redis
 
 from smith_client.connection import connect_redis
 from smith_client.errors import ConfigurationError
@@ -93,7 +93,7 @@ class Settings(ClientSettings):
         None, description="this process's worker id, claimed in Redis (default <host>:<pid>:<queue>:<random>)"
     )
 
-    def connect_redis(self, socket_timeout: float | None = None) -> ArqRedis:
+    def connect_redis(self, socket_timeout: float | None = None) -> Redis:
         """A Redis client for these settings (URL, or Sentinel when configured).
 
         ``socket_timeout`` (seconds) overrides ``SMITH_REDIS_SOCKET_TIMEOUT``, for blocking commands.

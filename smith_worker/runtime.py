@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import httpx
-from arq.connections import ArqRedis
+from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from smith_client import scripts
@@ -91,7 +91,7 @@ class WorkerRuntime:
     app: SmithApp
     queue: Queue
     settings: Settings
-    redis: ArqRedis
+    redis: Redis
     worker_id: str = ""
     #: A turn worker's services (None on tool workers and before :meth:`start`).
     turn_services: TurnServices | None = None

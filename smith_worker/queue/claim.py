@@ -12,7 +12,8 @@ claims (:mod:`smith_worker.queue.pickup`) and leaves a job whose requirement the
 worker's capability set does not hold to the workers that serve it
 (:mod:`smith_worker.routing`).
 
-The hand-over relies on arq 0.28.0's ``run_job`` (pinned in pyproject.toml):
+The hand-over relies on arq 0.28.0's ``run_job`` (pinned in pyproject.toml; the commands are listed in
+:mod:`smith_worker.queue.arq_internals`):
 its first use of ``self.pool`` is ``pipeline(transaction=True)``, into which it
 queues exactly ``get(job key)``, ``incr(retry key)``, ``expire(retry key,
 88400)`` and, with ``allow_abort_jobs``, ``zrem(abort set, job id)``, then
@@ -34,6 +35,7 @@ from typing import Any
 
 from smith_client import scripts
 from smith_client.keys import ARQ_RETRY_TTL, Keys, now_ms
+from smith_worker.queue.arq_internals import RUN_JOB_ABORT_COMMAND, RUN_JOB_FIRST_TRANSACTION
 
 #: How long a claim waits for its worker's confirmation, milliseconds, before its jobs are claimable again.
 #: A worker confirms as soon as the claim's reply arrives (a loopback round trip); this bounds how long a
@@ -189,14 +191,13 @@ class PrefetchedPipeline:
         self._take_aborts = take_aborts
         self._queued: list[tuple[Any, ...]] = [("transaction", transaction)]
         retry = keys.arq_retry(job.job_id)
+        arguments = [(keys.arq_job(job.job_id),), (retry,), (retry, ARQ_RETRY_TTL)]
         self._expected: list[tuple[Any, ...]] = [
             ("transaction", True),
-            ("get", keys.arq_job(job.job_id)),
-            ("incr", retry),
-            ("expire", retry, ARQ_RETRY_TTL),
+            *((command, *args) for command, args in zip(RUN_JOB_FIRST_TRANSACTION, arguments, strict=True)),
         ]
         if take_aborts:
-            self._expected.append(("zrem", keys.arq_abort_set, job.job_id))
+            self._expected.append((RUN_JOB_ABORT_COMMAND, keys.arq_abort_set, job.job_id))
 
     async def __aenter__(self) -> PrefetchedPipeline:
         return self

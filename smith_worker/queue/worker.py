@@ -55,6 +55,7 @@ from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.ops.redaction import redact_error
 from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS, RedisHealth
+from smith_worker.queue.arq_internals import check_arq
 from smith_worker.queue.claim import ClaimedJob, claim_jobs, confirm_claims, hand_over, take_handed_over
 from smith_worker.queue.pickup import POP_MARGIN, Pickup
 from smith_worker.runtime import Queue, TurnServices, WorkerRuntime
@@ -94,7 +95,8 @@ class SmithWorker(Worker):
 
     ``health`` is the process's :class:`RedisHealth` (its readiness), updated
     by every poll iteration; ``keys`` names the queue's keys; ``capset`` is the digest of the worker's
-    capability set (:mod:`smith_worker.routing`). Never in burst mode.
+    capability set (:mod:`smith_worker.routing`). Never in burst mode. What it overrides and drives of arq's
+    ``Worker`` is listed in :mod:`smith_worker.queue.arq_internals`.
     """
 
     def __init__(self, *args: Any, health: RedisHealth, pickup: Pickup, keys: Keys, capset: str, **kwargs: Any) -> None:
@@ -272,11 +274,13 @@ def warn_if_nothing_to_serve(app: SmithApp, queue: Queue) -> None:
 def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> SmithWorker:
     """A :class:`SmithWorker` serving ``queue`` for ``app``. ``overrides`` go to ``Worker(...)``.
 
-    Raises :class:`~smith_client.errors.ConfigurationError` for an agent's bad ``subagents`` (seed §14.1)
+    Raises :class:`~smith_client.errors.ConfigurationError` for an arq other than the one its internals
+    were read from (:func:`~smith_worker.queue.arq_internals.check_arq`), for an agent's bad ``subagents`` (seed §14.1)
     and, on the turns queue, for LLM settings that are invalid for any agent (``SMITH_LLM_TOOL_CALLING``,
     an agent's ``llm`` override), so the worker exits at start rather than failing every turn. Logs a
     warning when the app gives the queue nothing to serve (:func:`warn_if_nothing_to_serve`).
     """
+    check_arq()
     app.resolve_subagents()
     warn_if_nothing_to_serve(app, queue)
     settings = settings or app.settings

@@ -34,7 +34,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
 from smith_client import scripts
@@ -204,7 +203,7 @@ class ToolJobWaiter:
 
     def __init__(
         self,
-        redis: ArqRedis,
+        redis: Redis,
         keys: Keys,
         listener: ReplyListener,
         *,
