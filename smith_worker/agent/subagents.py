@@ -49,7 +49,7 @@ from smith_worker.agent.context import AgentContext, CancelRequested
 from smith_worker.agent.toolset import ToolRoute
 from smith_worker.llm.types import ToolSchema
 from smith_worker.memory.fencing import StaleAttemptError
-from smith_worker.memory.history import ConversationStore
+from smith_worker.memory.history import APPEND, ConversationStore
 from smith_worker.ops.redaction import redact_error
 from smith_worker.tools.function import ToolContext, error_content
 from smith_worker.tools.waiter import settle_call
@@ -102,7 +102,7 @@ class SubAgentHistory:
     def queue_append(self, pipe: Any, *messages: BaseModel) -> None:
         """Queue :meth:`append` of (at least one of) ``messages`` on ``pipe``; :meth:`appended` reads its reply."""
         args = [self._attempt, "", self._ttl, self._max, *(message_to_json(m) for m in messages)]  # any end
-        scripts.APPEND.queue(pipe, [self._state, *self._lists], args)
+        APPEND.queue(pipe, [self._state, *self._lists], args)
 
     def appended(self, replies: list[Any]) -> None:
         """Check a queued append's reply (the first of ``replies``). Raises :class:`StaleAttemptError`."""

@@ -22,10 +22,15 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from smith_client import scripts
 from smith_client.keys import Keys
 from smith_client.messages import messages_from_json_list
+from smith_client.scripts import LuaScript
 from smith_worker.memory.fencing import StaleAttemptError
+
+#: The history's scripts, in ``lua/`` beside this module: the read by position (here) and the fenced
+#: append of whole messages (a turn's attempt, a sub-agent).
+HISTORY_READ = LuaScript("history_read", __package__)
+APPEND = LuaScript("append", __package__)
 
 #: Messages kept in a conversation's stored history (``SMITH_HISTORY_MAX_MESSAGES``).
 DEFAULT_HISTORY_MAX_MESSAGES = 10_000
@@ -79,14 +84,12 @@ class ConversationStore:
 
     async def read(self, first: int, end: int | None = None) -> HistorySlice:
         """Messages at positions ``first`` (clamped to the oldest stored) up to ``end`` (exclusive; None = all)."""
-        return self._slice(
-            await scripts.HISTORY_READ(self._redis, self._keys, [first, "" if end is None else end, "range"])
-        )
+        return self._slice(await HISTORY_READ(self._redis, self._keys, [first, "" if end is None else end, "range"]))
 
     def queue_tail(self, pipe: Any, count: int) -> None:
         """Queue a read of the last ``count`` stored messages (fewer when the history is shorter) on ``pipe``,
         to share another call's round trip; :meth:`tail_from` reads its reply."""
-        scripts.HISTORY_READ.queue(pipe, self._keys, [count, "", "tail"])
+        HISTORY_READ.queue(pipe, self._keys, [count, "", "tail"])
 
     def tail_from(self, reply: Any) -> HistorySlice:
         """The :class:`HistorySlice` of a queued :meth:`queue_tail`'s reply."""

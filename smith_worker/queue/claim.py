@@ -33,9 +33,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from smith_client import scripts
 from smith_client.keys import ARQ_RETRY_TTL, Keys, now_ms
+from smith_client.scripts import LuaScript
 from smith_worker.queue.arq_internals import RUN_JOB_ABORT_COMMAND, RUN_JOB_FIRST_TRANSACTION
+
+#: The scripts of this module, in ``lua/`` beside it.
+CLAIM = LuaScript("claim", __package__)
+CONFIRM_CLAIMS = LuaScript("confirm_claims", __package__)
 
 #: How long a claim waits for its worker's confirmation, milliseconds, before its jobs are claimable again.
 #: A worker confirms as soon as the claim's reply arrives (a loopback round trip); this bounds how long a
@@ -122,7 +126,7 @@ async def claim_jobs(
     script_keys = [queue, wake, own_wake, requirements, members, keys.arq_abort_set]
     args = [now, free, read_limit, in_progress_ms, ARQ_RETRY_TTL, tokens_held.queue, tokens_held.own,
             int(take_aborts), int(capset is not None), marker, *Keys.arq_claim_prefixes(), *ended]  # fmt: skip
-    reply = await scripts.CLAIM(redis, script_keys, args)
+    reply = await CLAIM(redis, script_keys, args)
     jobs = [
         ClaimedJob(job_id.decode(), int(float(score)), record, int(job_try), bool(aborted))
         for job_id, score, record, job_try, aborted in zip(*[iter(reply[1:])] * 5, strict=True)
@@ -141,7 +145,7 @@ async def confirm_claims(redis: Any, claim: Claim, in_progress_ms: int) -> list[
         return []
     in_progress_prefix = Keys.arq_claim_prefixes()[0]
     args = [claim.marker, in_progress_ms, in_progress_prefix, *(job.job_id for job in claim.jobs)]
-    confirmed = await scripts.CONFIRM_CLAIMS(redis, [], args)
+    confirmed = await CONFIRM_CLAIMS(redis, [], args)
     return [job for job, held in zip(claim.jobs, confirmed, strict=True) if held]
 
 

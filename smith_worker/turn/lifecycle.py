@@ -61,7 +61,7 @@ from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS
 from smith_worker.runtime import TurnServices, WorkerRuntime
 from smith_worker.tools.function import error_content
 from smith_worker.tools.waiter import settle_call
-from smith_worker.turn.attempt import TurnAttempt, park, queue_head, wake_head, woken
+from smith_worker.turn.attempt import FAIL_UNREAD, TurnAttempt, park, queue_head, wake_head, woken
 
 logger = logging.getLogger("agent_smith.agent")
 
@@ -392,9 +392,7 @@ async def fail_unreadable_turn(rt: WorkerRuntime, turn_id: str, error: SmithErro
             keys.conversation_turns(conversation_id),
             keys.conversation_statuses(conversation_id),
         ]
-        scripts.FAIL_UNREAD.queue(
-            pipe, script_keys, [turn_id, orjson.dumps(error.to_payload()).decode(), keys.turn_ttl]
-        )
+        FAIL_UNREAD.queue(pipe, script_keys, [turn_id, orjson.dumps(error.to_payload()).decode(), keys.turn_ttl])
         await pipe.execute()
     logger.error("turn %s failed: %r", turn_id, error)
     if conversation_id:

@@ -10,16 +10,16 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
+from smith_client import scripts
 from smith_client.errors import ConfigurationError, ContextOverflowError
 from smith_client.events import MEMORY_SUMMARY_FAILED, EventData
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage, message_to_json
 from smith_worker import FullMemory, RollingWindowMemory, SummaryMemory
-from smith_worker.memory.history import ConversationStore
 from smith_worker.memory import MemoryContext, is_well_formed, wire_size
+from smith_worker.memory.history import ConversationStore
 from smith_worker.memory.pairing import REPAIR_SCAN, pending_repair
-from smith_client import scripts
-from smith_worker.memory.summary import SUMMARY_HEADING
+from smith_worker.memory.summary import SUMMARY_HEADING, SUMMARY_SAVE
 from smith_worker.turn.attempt import TurnAttempt
 
 
@@ -240,7 +240,7 @@ async def test_conversations_never_see_each_others_summary_and_a_summary_only_mo
     assert len(b.summaries) == 1 and "Summary so far" not in b.summaries[0][1].content
     summary_a = await redis.hgetall(keys.conversation_summary(a.cid))
     # a stale attempt writing an older summary later does not replace the newer one
-    assert await scripts.SUMMARY_SAVE(redis, [keys.conversation_summary(a.cid)], ["stale", 1, 60]) == 0
+    assert await SUMMARY_SAVE(redis, [keys.conversation_summary(a.cid)], ["stale", 1, 60]) == 0
     assert await redis.hgetall(keys.conversation_summary(a.cid)) == summary_a
     assert view_b[0] == view_a[0]  # same wording of the first summary, in each conversation's own key
 
