@@ -34,9 +34,9 @@ from bench.stats import pct  # noqa: E402
 from smith_client.keys import Keys  # noqa: E402
 from smith_client.messages import AssistantMessage, ToolCall, ToolMessage, UserMessage, message_to_json  # noqa: E402
 from smith_worker import FullMemory, RollingWindowMemory, SummaryMemory  # noqa: E402
-from smith_worker.history import ConversationStore  # noqa: E402
 from smith_worker.local.processes import start_redis_server  # noqa: E402
 from smith_worker.memory import Memory, MemoryContext  # noqa: E402
+from smith_worker.memory.history import ConversationStore  # noqa: E402
 
 
 def turn(n: int, tools: bool) -> list:

@@ -45,7 +45,7 @@ TENANT_COMMANDS = (
     "hgetall",
     "hincrby",
     "hdel",
-    "sadd",  # capability sets (smith_worker/registration.py) and their reads in scripts
+    "sadd",  # capability sets (smith_worker/ops/registration.py) and their reads in scripts
     "sismember",
     "srem",  # a turn worker's running turns (Keys.worker_turns)
     "scard",
@@ -55,7 +55,7 @@ TENANT_COMMANDS = (
     "llen",
     "lpop",
     "ltrim",
-    "blpop",  # the wake-up wait of workers (smith_worker/pickup.py)
+    "blpop",  # the wake-up wait of workers (smith_worker/queue/pickup.py)
     "zadd",
     "zincrby",
     "zrem",

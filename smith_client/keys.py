@@ -86,7 +86,7 @@ REGISTRATION_TTL = 15
 ABORT_ENTRY_TTL = 60
 
 #: Lifetime of a queue's wake-up list after its last push, seconds: a token only says "poll now", so an
-#: unconsumed one is worthless after a few fallback polls (smith_worker/pickup.py).
+#: unconsumed one is worthless after a few fallback polls (smith_worker/queue/pickup.py).
 WAKE_TTL = 60
 #: Most tokens a wake-up list keeps (a burst of enqueues with no worker listening must not grow it).
 WAKE_CAP = 100
@@ -140,7 +140,7 @@ class Keys:
     @staticmethod
     def wake_list(queue_name: str, capset: str = "") -> str:
         """List of wake-up tokens of arq queue ``queue_name``: every enqueue pushes one, idle workers of
-        the queue block on it (``BLPOP``) instead of polling (smith_worker/pickup.py). With ``capset``
+        the queue block on it (``BLPOP``) instead of polling (smith_worker/queue/pickup.py). With ``capset``
         (a capability set's digest, :meth:`capability_set`), the tokens of the jobs only some live
         capability sets serve, one list per set that serves the job (``lua/lib.lua`` ``enqueue_job``)."""
         return f"{Keys.capability_prefixes(queue_name)[1]}{capset}" if capset else f"{queue_name}:wake"
@@ -266,7 +266,8 @@ class Keys:
     def worker_turns(self, worker_id: str) -> str:
         """The turns turn worker ``worker_id`` runs (SET of turn ids): an attempt's start adds its turn, its end
         or hand-off removes it; it lives three turn leases past the last start or renewal, so the sweeper still
-        reads it after the worker died (whether it ran a turn alone: smith_worker/turn.py, the attempt limit)."""
+        reads it after the worker died (whether it ran a turn alone: smith_worker/turn/lifecycle.py, the attempt
+        limit)."""
         return f"{self.prefix}:worker-turns:{worker_id}"
 
     def worker(self, worker_id: str) -> str:

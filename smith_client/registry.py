@@ -1,5 +1,5 @@
 """Which workers are alive and which agents they serve (read-only: workers write their registration,
-:mod:`smith_worker.registration`).
+:mod:`smith_worker.ops.registration`).
 
 Each worker process writes ``{p}:worker:{id}`` (JSON: queue, agents, skills,
 tools, pid, host) with a short TTL and refreshes it on a heartbeat; ``{p}:workers`` is a

@@ -1,7 +1,10 @@
-"""The Lua scripts of the turn protocol: ``smith_client/lua/*.lua``, called with ``EVALSHA``.
+"""The Lua scripts of the turn protocol, called with ``EVALSHA``: those the client calls (or shares with the
+workers) in ``smith_client/lua/*.lua``, the others next to the worker code that calls them.
 
-Each script is read once per process (with ``lua/lib.lua``, the helpers they
-share, put in front) and named by its SHA1. Calls send ``EVALSHA``; a
+Each script is read once per process (with ``smith_client/lua/lib.lua``, the helpers they
+all share, put in front) and named by its SHA1. A worker module declares its own scripts with
+:class:`LuaScript` and its package (``LuaScript("begin", __package__)`` reads ``<package>/lua/begin.lua``);
+every script declared in a process is loaded together. Calls send ``EVALSHA``; a
 ``NOSCRIPT`` reply (a Redis restart or ``SCRIPT FLUSH`` emptied the script
 cache) loads every script with ``SCRIPT LOAD`` and repeats the call once.
 Inside a pipeline, :meth:`LuaScript.queue` adds an ``EVALSHA`` and
@@ -26,16 +29,19 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
 
-def _read(name: str) -> str:
-    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+def _read(package: str, name: str) -> str:
+    return resources.files(package).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
 
 
 class LuaScript:
-    """One script of ``smith_client/lua``; ``name`` is its file name without ``.lua``."""
+    """One script: ``<package>/lua/<name>.lua`` (``package`` defaults to ``smith_client``) after ``lib.lua``.
 
-    def __init__(self, name: str) -> None:
+    ``name`` is its file name without ``.lua``, unique across packages.
+    """
+
+    def __init__(self, name: str, package: str = __package__) -> None:
         self.name = name
-        self.source = _read("lib") + "\n" + _read(name)
+        self.source = _read(__package__, "lib") + "\n" + _read(package, name)
         self.sha = hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
         _ALL.append(self)
 
@@ -97,23 +103,5 @@ PUBLISH_BATCH = LuaScript("publish_batch")
 SUBMIT = LuaScript("submit")
 CANCEL = LuaScript("cancel")
 ACTIVATE_SKILL = LuaScript("activate_skill")
-BEGIN = LuaScript("begin")
-RENEW = LuaScript("renew")
-REQUEUE = LuaScript("requeue")
-FINISH = LuaScript("finish")
-FAIL_UNREAD = LuaScript("fail_unread")
 ENQUEUE = LuaScript("enqueue")
-ABORT = LuaScript("abort")
-REGRESSED = LuaScript("regressed")
 CLEAR = LuaScript("clear")
-HISTORY_READ = LuaScript("history_read")
-SUMMARY_SAVE = LuaScript("summary_save")
-APPEND_USER = LuaScript("append_user")
-APPEND = LuaScript("append")
-DRAIN_INBOX = LuaScript("drain_inbox")
-HEAD = LuaScript("head")
-STORE_TOOL_RESULT = LuaScript("store_tool_result")
-CLAIM = LuaScript("claim")
-CONFIRM_CLAIMS = LuaScript("confirm_claims")
-REGISTER = LuaScript("register")
-UNREGISTER = LuaScript("unregister")

@@ -60,7 +60,7 @@ HANDOFFS = "handoffs"
 #: kills its worker, so these count against ``SMITH_TURN_MAX_ATTEMPTS``.
 CRASHES = "crashes"
 #: Attempts whose worker died while running other turns too: bad luck, not counted against
-#: ``SMITH_TURN_MAX_ATTEMPTS``, but bounded (a turn killing busy workers still stops; smith_worker/turn.py).
+#: ``SMITH_TURN_MAX_ATTEMPTS``, but bounded (a turn killing busy workers still stops; smith_worker/turn/lifecycle.py).
 SHARED_CRASHES = "shared_crashes"
 
 

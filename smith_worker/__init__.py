@@ -27,11 +27,11 @@ if TYPE_CHECKING:  # the names for type checkers; at run time each loads its mod
     from smith_worker.memory import strip_orphans as strip_orphans
     from smith_worker.skills import Skill as Skill
     from smith_worker.skills import load_skill as load_skill
-    from smith_worker.tools import Tool as Tool
-    from smith_worker.tools import ToolContext as ToolContext
-    from smith_worker.tools import ToolRegistry as ToolRegistry
-    from smith_worker.tools import ToolResult as ToolResult
-    from smith_worker.tools import make_tool as make_tool
+    from smith_worker.tools.function import Tool as Tool
+    from smith_worker.tools.function import ToolContext as ToolContext
+    from smith_worker.tools.function import ToolRegistry as ToolRegistry
+    from smith_worker.tools.function import ToolResult as ToolResult
+    from smith_worker.tools.function import make_tool as make_tool
 
 _EXPORTS = {
     "AgentConfig": "config",
@@ -45,12 +45,12 @@ _EXPORTS = {
     "Skill": "skills",
     "SmithApp": "app",
     "SummaryMemory": "memory",
-    "Tool": "tools",
-    "ToolContext": "tools",
-    "ToolRegistry": "tools",
-    "ToolResult": "tools",
+    "Tool": "tools.function",
+    "ToolContext": "tools.function",
+    "ToolRegistry": "tools.function",
+    "ToolResult": "tools.function",
     "load_skill": "skills",
-    "make_tool": "tools",
+    "make_tool": "tools.function",
     "strip_orphans": "memory",
 }
 __all__ = sorted(_EXPORTS)

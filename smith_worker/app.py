@@ -25,12 +25,11 @@ from smith_worker.config import AgentConfig, Settings
 from smith_worker.hooks import Hooks
 from smith_worker.llm.types import LlmClientConfig, ToolChoice
 from smith_worker.memory import FullMemory, Memory
-from smith_worker.native import NativeTools
 from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
-from smith_worker.sources import ToolSource
-from smith_worker.tools import TOOL_NAME, Isolation, Tool, ToolRegistry, make_tool
-from smith_worker.toolset import APP_TOOLS, skill_id
-from smith_worker.toolset import source_id as added_source_id
+from smith_worker.tools.function import TOOL_NAME, Isolation, Tool, ToolRegistry, make_tool
+from smith_worker.tools.native import NativeTools
+from smith_worker.tools.source import APP_TOOLS, ToolSource, skill_id
+from smith_worker.tools.source import source_id as added_source_id
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -363,7 +362,7 @@ class SmithApp:
         return self.native.named({name: own.tool for name, own in skill.native.items()})
 
     def source(self, source_id: str) -> ToolSource | None:
-        """The source named by ``source_id`` (a tool job's, see :mod:`smith_worker.toolset`): the app's
+        """The source named by ``source_id`` (a tool job's, see :mod:`smith_worker.agent.toolset`): the app's
         Python tools, an added source, or a skill's Python tools; None when this app has no such source."""
         if source_id == APP_TOOLS:
             return self.native
@@ -376,7 +375,7 @@ class SmithApp:
 
 def _check_own_tools(spec: AgentSpec, sources: list[ToolSource]) -> None:
     """Refuse a Python tool of ``spec`` that one of its ``sources`` owns by name: a step routes a name to
-    its last owner (:mod:`smith_worker.toolset`), so the tool would never run."""
+    its last owner (:mod:`smith_worker.agent.toolset`), so the tool would never run."""
     for tool in spec.tools:
         owner = next((source for source in sources if source.owns(tool)), None)
         if owner is not None:

@@ -117,7 +117,7 @@ def _worker_main(argv: list[str] | None) -> None:
     if not args.app or not args.queue:
         parser.error("the app and --queue are required to run a worker")
     configure_logging(args.log_level or settings.log_level, log_jobs=args.log_jobs or settings.log_jobs)
-    from smith_worker.worker import build_worker
+    from smith_worker.queue.worker import build_worker
 
     worker = build_worker(load_app(args.app), args.queue)
     worker.run()

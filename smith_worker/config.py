@@ -10,16 +10,16 @@ import logging
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from arq.connections import ArqRedis
 from pydantic import AfterValidator, Field, ValidationError
+from redis.asyncio import Redis
 
 from smith_client.connection import connect_redis
 from smith_client.errors import ConfigurationError
 from smith_client.settings import Accepts, ClientSettings, Count, OptionalId, OptionalText, Seconds, Secret, Text
-from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES, DEFAULT_VIEW_MAX_BYTES
-from smith_worker.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
 from smith_worker.llm.types import LlmClientConfig, check_base_url
-from smith_worker.tools import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
+from smith_worker.memory.history import DEFAULT_HISTORY_MAX_MESSAGES, DEFAULT_VIEW_MAX_BYTES
+from smith_worker.tools.function import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
+from smith_worker.tools.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
 
 
 def log_level_name(value: str) -> str:
@@ -57,10 +57,10 @@ class Settings(ClientSettings):
     README's Configuration section lists them all with their defaults. Durations are seconds.
     ``SMITH_TURN_MAX_ATTEMPTS`` counts the attempts whose worker died (or lost Redis past the lease) while
     running that turn alone; hand-offs, workers that died with other turns in flight and fleet-wide Redis
-    outages are not counted (the rule: :mod:`smith_worker.turn`). ``SMITH_VIEW_MAX_BYTES`` bounds the
+    outages are not counted (the rule: :mod:`smith_worker.turn.lifecycle`). ``SMITH_VIEW_MAX_BYTES`` bounds the
     memory of one turn's history view: a history read of more bytes (the messages' stored form, 16 MiB by
     default) fails the turn with ``ContextOverflowError`` instead of reaching the worker
-    (:mod:`smith_worker.history`).
+    (:mod:`smith_worker.memory.history`).
     """
 
     llm_base_url: HttpUrl = Field("http://127.0.0.1:8080/v1", description="chat-completions base URL, with /v1")
@@ -99,7 +99,7 @@ class Settings(ClientSettings):
         None, description="this process's worker id, claimed in Redis (default <host>:<pid>:<queue>:<random>)"
     )
 
-    def connect_redis(self, socket_timeout: float | None = None) -> ArqRedis:
+    def connect_redis(self, socket_timeout: float | None = None) -> Redis:
         """A Redis client for these settings (URL, or Sentinel when configured).
 
         ``socket_timeout`` (seconds) overrides ``SMITH_REDIS_SOCKET_TIMEOUT``, for blocking commands.

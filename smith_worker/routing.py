@@ -7,13 +7,13 @@ add a tool or an agent that v1 workers do not have. So a job names what it
 * a turn job requires its agent (``TurnJob.agent``, set by every enqueuer of a
   turn); a turn worker serves the agents of its app;
 * a tool job requires what its route names (``ToolRoute.requires``, given by
-  the step's toolset, :mod:`smith_worker.toolset`): ``tool:<name>`` for a
+  the step's toolset, :mod:`smith_worker.agent.toolset`): ``tool:<name>`` for a
   Python tool of the app, ``source:<alias>`` for a tool of an added source (an
   MCP server), and for a skill's tool ``skill:<skill>/tool:<name>`` or
   ``skill:<skill>/source:<alias>``; a tool worker serves those of its app
   (:func:`capabilities`).
 
-A worker registers its set with its heartbeat (:mod:`smith_worker.registration`)
+A worker registers its set with its heartbeat (:mod:`smith_worker.ops.registration`)
 as a Redis SET named by :func:`capability_digest`, shared by the workers of
 one app version. The enqueue lists each job's requirement
 (:meth:`~smith_client.keys.Keys.job_requirements`) and wakes only workers
@@ -21,7 +21,7 @@ whose set holds it; the claim (``lua/claim.lua``) leaves a job whose
 requirement its worker's set does not hold to the workers that serve it, so
 nothing waits and nothing runs on a worker without its tool or agent. A tool
 call no live tool worker serves is answered at once with an unknown-tool error
-(:mod:`smith_worker.dispatch`).
+(:mod:`smith_worker.tools.waiter`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import hashlib
 from collections.abc import Iterable
 
 from smith_worker.app import SmithApp
-from smith_worker.toolset import in_skill, source_id, tool_unit
+from smith_worker.tools.source import in_skill, source_id, tool_unit
 
 #: Hex digits of a capability set's digest (a SHA-1 prefix: sets of different versions never share one).
 DIGEST_LENGTH = 16
@@ -38,7 +38,7 @@ DIGEST_LENGTH = 16
 
 def capabilities(app: SmithApp, queue: str) -> list[str]:
     """What a worker of ``app`` on ``queue`` (``"turns"`` or ``"tools"``) serves, sorted: the agents, or
-    every requirement a route of ``app``'s tools can name (:class:`~smith_worker.toolset.ToolRoute`)."""
+    every requirement a route of ``app``'s tools can name (:class:`~smith_worker.agent.toolset.ToolRoute`)."""
     if queue == "turns":
         return sorted(app.agents)
     served = [tool_unit(name) for name in app.tools.names()] + [source_id(alias) for alias in app.sources]

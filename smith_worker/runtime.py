@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import httpx
-from arq.connections import ArqRedis
+from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from smith_client import scripts
@@ -29,19 +29,19 @@ from smith_client.errors import ConfigurationError
 from smith_client.eventlog import EventLog
 from smith_client.keys import REGISTRATION_TTL, Keys
 from smith_worker.app import SmithApp
-from smith_worker.auto_pipeline import AutoPipeline
 from smith_worker.config import Settings
-from smith_worker.dispatch import ReplyListener, ToolJobWaiter
 from smith_worker.health import heartbeat_forever, heartbeat_path, remove_heartbeat
-from smith_worker.heap import trim_forever
-from smith_worker.isolation import ToolExecutors
-from smith_worker.metrics import WorkerMetrics
-from smith_worker.redaction import SENSITIVE_HEADERS, install_log_redaction, register_secrets, url_credentials
-from smith_worker.redis_health import RedisHealth
-from smith_worker.registration import CapabilitySet, Holder, register_worker, unregister_worker
+from smith_worker.ops.auto_pipeline import AutoPipeline
+from smith_worker.ops.heap import trim_forever
+from smith_worker.ops.metrics import WorkerMetrics
+from smith_worker.ops.redaction import SENSITIVE_HEADERS, install_log_redaction, register_secrets, url_credentials
+from smith_worker.ops.redis_health import RedisHealth
+from smith_worker.ops.registration import CapabilitySet, Holder, register_worker, unregister_worker
+from smith_worker.ops.tasks import cancel_and_wait
 from smith_worker.routing import capabilities, capability_digest
-from smith_worker.sources import SourceContext
-from smith_worker.tasks import cancel_and_wait
+from smith_worker.tools.isolation import ToolExecutors
+from smith_worker.tools.source import SourceContext
+from smith_worker.tools.waiter import ReplyListener, ToolJobWaiter
 
 logger = logging.getLogger("agent_smith.worker")
 
@@ -49,7 +49,7 @@ Queue = Literal["turns", "tools"]
 
 
 class Cancellable(Protocol):
-    """A running turn that takes cancel requests (:class:`smith_worker.turn.TurnRunner`)."""
+    """A running turn that takes cancel requests (:class:`smith_worker.turn.lifecycle.TurnRunner`)."""
 
     def request_cancel(self) -> None:
         """Stop the turn's running step now; its state says why."""
@@ -92,7 +92,7 @@ class WorkerRuntime:
     app: SmithApp
     queue: Queue
     settings: Settings
-    redis: ArqRedis
+    redis: Redis
     worker_id: str = ""
     #: A turn worker's services (None on tool workers and before :meth:`start`).
     turn_services: TurnServices | None = None
@@ -107,7 +107,7 @@ class WorkerRuntime:
     restart_requested: bool = False
     #: Set when another process took this worker's id (see :meth:`_lose_id`): it drains, then exits with an error.
     id_lost: bool = False
-    #: This process start's token in its registration: who holds the worker id (smith_worker/registration.py).
+    #: This process start's token in its registration: who holds the worker id (smith_worker/ops/registration.py).
     instance: str = field(default_factory=lambda: uuid.uuid4().hex)
     _background: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 

@@ -34,7 +34,7 @@ from smith_client.registry import live_agents
 from smith_worker.config import Settings
 from smith_worker.local.llm_server import LocalModelServer
 from smith_worker.local.processes import ManagedProcess, redis_answers, start_redis_server, wait_until, worker_argv
-from smith_worker.redaction import redact_text
+from smith_worker.ops.redaction import redact_text
 
 DEFAULT_QUESTION = "What is 17*23?"
 

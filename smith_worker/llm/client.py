@@ -69,8 +69,8 @@ from smith_worker.llm.types import (
     StreamToolCallStarted,
 )
 from smith_worker.llm.wire import assistant_from_openai, to_openai
-from smith_worker.redaction import redact_body, redact_headers, redact_text
-from smith_worker.retry import BACKOFF_CAP, BACKOFF_JITTER, RetryPolicy, parse_retry_after
+from smith_worker.ops.redaction import redact_body, redact_headers, redact_text
+from smith_worker.ops.retry import BACKOFF_CAP, BACKOFF_JITTER, RetryPolicy, parse_retry_after
 
 logger = logging.getLogger("agent_smith.llm")
 

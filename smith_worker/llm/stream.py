@@ -29,7 +29,7 @@ from smith_worker.llm.types import (
     StreamToolCallStarted,
 )
 from smith_worker.llm.wire import parse_arguments, usage_from_openai
-from smith_worker.redaction import redact_body
+from smith_worker.ops.redaction import redact_body
 
 DONE_MARKER = "[DONE]"
 

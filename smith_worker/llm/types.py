@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 
 from smith_client.jobs import Sampling
 from smith_client.messages import AssistantMessage, Message, TokenUsage
-from smith_worker.redaction import register_secrets, url_credentials
+from smith_worker.ops.redaction import register_secrets, url_credentials
 
 #: Default cap on one response body, in bytes (4 MiB).
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
@@ -125,7 +125,7 @@ class LlmClientConfig(BaseModel):
       (streamed or not, error bodies included); past it the call fails with
       ``ParseError`` (``offset`` = the limit), after at most one more read.
     * ``api_key`` and credentials in ``base_url`` (``http://user:pw@host/v1``)
-      are registered as secrets (:func:`~smith_worker.redaction.register_secrets`);
+      are registered as secrets (:func:`~smith_worker.ops.redaction.register_secrets`);
       userinfo is removed from ``base_url`` and sent as
       ``Authorization: Basic`` instead (unless ``api_key`` is set, which is
       sent as ``Bearer``), so neither appears in a URL that is logged.

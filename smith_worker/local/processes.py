@@ -21,7 +21,7 @@ from pathlib import Path
 import redis as sync_redis
 
 from smith_client.errors import ConfigurationError, SmithTimeoutError
-from smith_worker.redaction import redact_text
+from smith_worker.ops.redaction import redact_text
 
 
 def free_port() -> int:

@@ -24,7 +24,7 @@ import orjson
 
 from smith_client.errors import McpError
 from smith_client.messages import AssistantMessage, UserMessage
-from smith_worker.tools import ToolResult, error_result
+from smith_worker.tools.function import ToolResult, error_result
 
 
 def _dump(model: Any) -> dict[str, Any]:

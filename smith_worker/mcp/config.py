@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from smith_client.errors import ConfigurationError
-from smith_worker.redaction import SENSITIVE_HEADERS, SENSITIVE_KEY, redact_text
+from smith_worker.ops.redaction import SENSITIVE_HEADERS, SENSITIVE_KEY, redact_text
 
 #: The protocol revision offered in ``initialize`` (seed §11.6).
 PROTOCOL_VERSION = "2025-06-18"

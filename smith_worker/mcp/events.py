@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Protocol
 
-from smith_worker.redaction import redact_json
+from smith_worker.ops.redaction import redact_json
 
 logger = logging.getLogger("agent_smith.mcp")
 

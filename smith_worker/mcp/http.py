@@ -4,7 +4,7 @@
 :func:`~smith_worker.mcp.transport.open_http` hands to the SDK. It wraps the
 default transport and, per HTTP request:
 
-* **Retries** (seed §6.3, :mod:`smith_worker.retry`) a ``POST`` (one JSON-RPC
+* **Retries** (seed §6.3, :mod:`smith_worker.ops.retry`) a ``POST`` (one JSON-RPC
   message) that failed to connect, answered 5xx or 429 (``Retry-After`` up to
   8 s honoured), or broke before any response; at most ``max_retries`` times
   with ``0.5 s · 2^(n-1) + U(0, 0.25 s)`` backoff (cap 8 s). A ``tools/call``
@@ -36,7 +36,7 @@ import httpx2
 import orjson
 
 from smith_worker.mcp.errors import SESSION_EXPIRED
-from smith_worker.retry import RetryPolicy, parse_retry_after, retryable_status
+from smith_worker.ops.retry import RetryPolicy, parse_retry_after, retryable_status
 
 logger = logging.getLogger("agent_smith.mcp")
 

@@ -78,7 +78,7 @@ from smith_worker.mcp.errors import (
 from smith_worker.mcp.events import EventRouter, EventSink, LifecycleEvent, LifecycleKind, Notification
 from smith_worker.mcp.link import CALL_TAG, Link
 from smith_worker.mcp.transport import StderrCapture, open_transport
-from smith_worker.tools import ToolResult
+from smith_worker.tools.function import ToolResult
 
 logger = logging.getLogger("agent_smith.mcp")
 

@@ -1,4 +1,4 @@
-"""An MCP server as a :class:`~smith_worker.sources.ToolSource` (seed §11.7, §11.8; issue 5 item 6).
+"""An MCP server as a :class:`~smith_worker.tools.source.ToolSource` (seed §11.7, §11.8; issue 5 item 6).
 
 * **Turn workers** need schemas before the model sees the tools
   (:meth:`McpServerSource.schemas`): the live catalog of this process's own
@@ -31,8 +31,8 @@ from smith_worker.mcp.catalog import Catalog
 from smith_worker.mcp.config import ServerConfig
 from smith_worker.mcp.events import McpEvent
 from smith_worker.mcp.server import ServerHandle
-from smith_worker.sources import SourceContext
-from smith_worker.tools import ToolContext, ToolResult, error_result
+from smith_worker.tools.function import ToolContext, ToolResult, error_result
+from smith_worker.tools.source import SourceContext
 
 logger = logging.getLogger("agent_smith.mcp")
 

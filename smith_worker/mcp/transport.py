@@ -34,7 +34,7 @@ from typing import IO, Any, TextIO, cast
 
 from smith_worker.mcp.config import ServerConfig
 from smith_worker.mcp.launcher import PID_MARKER
-from smith_worker.retry import RetryPolicy
+from smith_worker.ops.retry import RetryPolicy
 
 logger = logging.getLogger("agent_smith.mcp")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from smith_client.events import EventData
 from smith_client.keys import DEFAULT_HISTORY_TTL, Keys
-from smith_worker.history import ConversationStore
+from smith_worker.memory.history import ConversationStore
 from smith_worker.memory.pairing import well_formed
 
 #: A non-streaming model call with the agent's model: request messages → the reply's text.

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from smith_client.messages import AssistantMessage, ToolMessage
-from smith_worker.history import HistorySlice, Repair
-from smith_worker.tools import error_content
+from smith_worker.memory.history import HistorySlice, Repair
+from smith_worker.tools.function import error_content
 
 #: Content of the tool message answering a call whose turn ended before its result (issue 13 rule 3).
 NO_RESULT = error_content("no result: the turn ended before the tool finished")
@@ -129,8 +129,8 @@ def pending_repair(tail: HistorySlice) -> Repair | None:
 
     ``tail`` is the history's last :data:`REPAIR_SCAN` messages, read before a
     turn appends its user message (in the round trip that starts the attempt,
-    :meth:`~smith_worker.turn_state.TurnAttempt.begin`); the repair is inserted
-    with the user message (:meth:`~smith_worker.turn_state.TurnAttempt.append_user`),
+    :meth:`~smith_worker.turn.attempt.TurnAttempt.begin`); the repair is inserted
+    with the user message (:meth:`~smith_worker.turn.attempt.TurnAttempt.append_user`),
     so the history is repaired once (issue 13 design rule 3). An unanswered call
     can only be left by the previous turn, followed at most by the user messages
     merged into it.

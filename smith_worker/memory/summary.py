@@ -16,12 +16,15 @@ from typing import Any
 
 import orjson
 
-from smith_client import scripts
 from smith_client.errors import ConfigurationError, ContextOverflowError, ParseError, error_from_exception
 from smith_client.events import MemorySummaryFailedData
 from smith_client.messages import AssistantMessage, SystemMessage, ToolMessage, UserMessage
+from smith_client.scripts import LuaScript
 from smith_worker.memory.base import Memory, MemoryContext
 from smith_worker.memory.window import RollingWindowMemory
+
+#: The script of this module, in ``lua/`` beside it.
+SUMMARY_SAVE = LuaScript("summary_save", __package__)
 
 logger = logging.getLogger("agent_smith.agent")
 
@@ -101,7 +104,7 @@ class SummaryMemory(Memory):
             new = await self._summarise(ctx, old, messages[:cut])
         except Exception as exc:  # any failure of the summary call: this step uses the window
             return await self._fallback(ctx, exc)
-        await scripts.SUMMARY_SAVE(ctx.redis, [key], [new, chunk.first + cut, ctx.history_ttl])
+        await SUMMARY_SAVE(ctx.redis, [key], [new, chunk.first + cut, ctx.history_ttl])
         return [summary_message(new)] + messages[cut:]
 
     async def _summarise(self, ctx: MemoryContext, old: str, messages: list[Any]) -> str:

@@ -12,7 +12,7 @@ Modules, one concern each: :mod:`.model` (``Skill``, name normalization,
 context size), :mod:`.loader` (``load_skill``), :mod:`.catalog` (the app's
 registered skills), :mod:`.active` (a conversation's active skills at one
 step and their composed system prompt). Their tools reach a step through
-:mod:`smith_worker.toolset`. The activation record itself is :mod:`smith_client.skills`.
+:mod:`smith_worker.agent.toolset`. The activation record itself is :mod:`smith_client.skills`.
 """
 
 from smith_worker.skills.active import ConversationSkills, compose_system_prompt

@@ -6,7 +6,7 @@ asks for the composed system prompt (:func:`compose_system_prompt`). The
 active skills of a step are the agent's default skills in declaration order,
 then the conversation's in activation order; a name this worker does not
 serve is skipped with a warning. Their tools join the step's toolset
-(:mod:`smith_worker.toolset`), which owns names, shadowing and routes.
+(:mod:`smith_worker.agent.toolset`), which owns names, shadowing and routes.
 """
 
 from __future__ import annotations

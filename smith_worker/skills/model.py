@@ -18,7 +18,7 @@ import orjson
 
 from smith_client.errors import ConfigurationError, SkillError
 from smith_client.skills import skill_name_problem
-from smith_worker.tools import Tool, make_tool
+from smith_worker.tools.function import Tool, make_tool
 
 if TYPE_CHECKING:
     from smith_worker.mcp.config import ServerConfig
@@ -64,7 +64,7 @@ class Skill:
 
     * ``system_prompt``: text added under ``# Skill: <name>`` (seed §12.4).
     * ``tools``: plain callables (they get the running agent's
-      ``default_tool_timeout``) or :class:`~smith_worker.tools.Tool` objects
+      ``default_tool_timeout``) or :class:`~smith_worker.tools.function.Tool` objects
       from :func:`~smith_worker.make_tool` (they keep their own timeout and
       ``idempotent`` flag). The model sees them as ``<normalized_name>__<tool>``.
     * ``mcp_servers``: :class:`~smith_worker.mcp.ServerConfig` objects or dicts

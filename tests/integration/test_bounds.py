@@ -26,7 +26,7 @@ from smith_worker.config import Settings
 from smith_worker.local.processes import ManagedProcess
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
-from smith_worker.turn import TurnRunner
+from smith_worker.turn.lifecycle import TurnRunner
 from tests.conftest import LOGS
 from tests.support.app import app as test_app
 

@@ -1,9 +1,9 @@
 """Faults of a fleet, on a redis-server of this module's own (frozen with SIGSTOP) and real workers:
 
 * a claim whose reply never reached its worker (Redis ran it after the worker's socket timeout) returns
-  its jobs after the claim lease, and nothing runs twice (smith_worker/claim.py, lua/claim.lua);
+  its jobs after the claim lease, and nothing runs twice (smith_worker/queue/claim.py, lua/claim.lua);
 * the attempt limit counts only what a turn can be blamed for: a worker killed with several turns in
-  flight, or a Redis stall longer than a turn's lease, spends none of its attempts (smith_worker/turn.py).
+  flight, or a Redis stall longer than a turn's lease, spends none of its attempts (smith_worker/turn/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from smith_client import SmithClient
 from smith_client.errors import SmithTimeoutError, TransportError
 from smith_client.keys import Keys
 from smith_client.turn_record import CRASHES, SHARED_CRASHES
-from smith_worker.claim import CLAIM_LEASE_MS, HeldTokens, claim_jobs
+from smith_worker.queue.claim import CLAIM_LEASE_MS, HeldTokens, claim_jobs
 from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env, worker_pair
-from smith_worker.turn_state import DEFAULT_LEASE
+from smith_worker.turn.attempt import DEFAULT_LEASE
 from tests.conftest import LOGS
 from tests.integration.test_redis_outage import RedisOnPort
 

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from smith_client import SmithClient
 from smith_client.connection import connect_redis
 from smith_worker.local.processes import ManagedProcess, free_port, redis_answers, wait_until
-from smith_worker.metrics import QueueCollector, WorkerMetrics
+from smith_worker.ops.metrics import QueueCollector, WorkerMetrics
 from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
 from tests.conftest import LOGS
 

@@ -23,9 +23,9 @@ from smith_client.jobs import RUN_TOOL, ToolJob
 from smith_client.keys import Keys
 from smith_client.messages import ToolCall
 from smith_client.serialization import job_deserializer
-from smith_worker.dispatch import abort_job
 from smith_worker.local.processes import start_redis_server
 from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
+from smith_worker.tools.waiter import abort_job
 from tests.conftest import LOGS
 
 #: The fallback poll of the workers here, seconds: far longer than any ceiling below.

@@ -2,7 +2,7 @@
 on the test's private redis-server, idle workers included (their fallback polls, one claim script each per
 ``SMITH_FALLBACK_POLL``, add a tenth at most). commandstats also counts the commands scripts run, so the
 commands counted here are those no script sends: MULTI, WATCH and ZSCORE were arq's per-job start
-(smith_worker/claim.py replaced it with one EVALSHA). A tool worker's reply carries the outcome, so the
+(smith_worker/queue/claim.py replaced it with one EVALSHA). A tool worker's reply carries the outcome, so the
 turn reads no result key unless it is oversized. The last test counts every command sent (MONITOR,
 scripts' own commands left out), close to the round trips of a turn."""
 
@@ -18,8 +18,8 @@ import redis.asyncio
 
 from smith_client.jobs import REPLY_INLINE_MAX, ToolJob, ToolOutcome
 from smith_client.messages import ToolCall, ToolMessage
-from smith_worker.dispatch import ReplyListener, ToolJobWaiter
 from smith_worker.testing import Reply, Script
+from smith_worker.tools.waiter import ReplyListener, ToolJobWaiter
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 
@@ -99,7 +99,7 @@ async def test_a_tool_turn_sends_few_scripts_and_no_log_or_registry_reads(client
 
 
 async def test_a_burst_of_tokens_goes_out_in_few_script_calls(client, scenario):
-    """Token events that arrive while a publish is in flight go in the next one (smith_worker/event_batch.py)."""
+    """Token events that arrive while a publish is in flight go in the next one (smith_worker/agent/event_batch.py)."""
     _, marker = scenario(Script(Reply.text("x" * 60, chunk_size=1)))  # 60 token deltas, sent at once
     counts = await _per_turn(client, marker)
     # one script call per token before: 60 + the turn's 11 others; batched, a handful

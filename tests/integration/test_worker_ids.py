@@ -1,4 +1,4 @@
-"""A worker id (``SMITH_WORKER_ID``) is held by one live process at a time (smith_worker/registration.py).
+"""A worker id (``SMITH_WORKER_ID``) is held by one live process at a time (smith_worker/ops/registration.py).
 
 Real tool-worker processes of a prefix of their own, the session's redis-server:
 a second process started with a live worker's id exits with a one-line

@@ -6,7 +6,7 @@ redis-server), so no other test's load moves the RSS it reads. Every figure
 is compared with a baseline taken in the same process after a warm-up of the
 same shape (connections open, code paths run once, the heap trimmed), and the
 RSS is polled until it is under its ceiling (the worker trims its heap every
-5 s, ``smith_worker/heap.py``), so a slow machine only waits longer. Ceilings
+5 s, ``smith_worker/ops/heap.py``), so a slow machine only waits longer. Ceilings
 are about 5x what the worker needs; without the changes they guard, the
 figures are several times over them.
 """

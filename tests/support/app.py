@@ -239,7 +239,7 @@ app.agent("contain", tools=[block_sync, sleep_in_process, pid_in_process, add, l
 # ---- memory (issue 13) -------------------------------------------------------------------------
 from smith_worker import RollingWindowMemory, SummaryMemory  # noqa: E402
 from smith_worker.llm.types import ToolSchema  # noqa: E402
-from smith_worker.tools import ToolResult  # noqa: E402
+from smith_worker.tools.function import ToolResult  # noqa: E402
 
 #: Limits of the "windowed" agent; tests check every request against them.
 WINDOW = {"max_messages": 12, "max_chars": 2400, "max_tokens": 500}

@@ -6,7 +6,7 @@ import pytest
 
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
-from smith_worker.worker import build_worker
+from smith_worker.queue.worker import build_worker
 
 SETTINGS = Settings(redis_url="redis://127.0.0.1:1/0")  # never reached: building a worker sends no command
 

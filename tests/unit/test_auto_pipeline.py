@@ -1,4 +1,4 @@
-"""Auto-pipelining (smith_worker/auto_pipeline.py) on the session's real redis-server: commands sent at
+"""Auto-pipelining (smith_worker/ops/auto_pipeline.py) on the session's real redis-server: commands sent at
 once share one pipeline, each caller gets its own reply or error, order holds, NOSCRIPT is repaired."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from redis.exceptions import ResponseError
 
 from smith_client import scripts
 from smith_client.keys import Keys
-from smith_worker.auto_pipeline import MAX_COMMANDS, AutoPipeline
 from smith_worker.local.processes import free_port
+from smith_worker.ops.auto_pipeline import MAX_COMMANDS, AutoPipeline
 
 
 class CountingRedis(Redis):

@@ -1,4 +1,4 @@
-"""Claiming jobs in one round trip (smith_worker/claim.py, lua/claim.lua) on the session's real redis-server.
+"""Claiming jobs in one round trip (smith_worker/queue/claim.py, lua/claim.lua) on the session's real redis-server.
 
 The script is checked against what arq 0.28 does per job (in-progress key, try counter, abort
 request, expired record, deferred jobs, concurrent claimers), then a real SmithWorker runs claimed
@@ -21,7 +21,10 @@ from smith_client.enqueue import Enqueued, enqueue_job, enqueue_unless
 from smith_client.keys import ARQ_RETRY_TTL, Keys, now_ms
 from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
-from smith_worker.claim import (
+from smith_worker.config import Settings
+from smith_worker.local.processes import free_port
+from smith_worker.ops.registration import CapabilitySet, register_worker
+from smith_worker.queue.claim import (
     CLAIM_LEASE_MS,
     ClaimedJob,
     ClaimHandOverError,
@@ -30,11 +33,8 @@ from smith_worker.claim import (
     claim_jobs,
     confirm_claims,
 )
-from smith_worker.config import Settings
-from smith_worker.dispatch import abort_job
-from smith_worker.local.processes import free_port
-from smith_worker.registration import CapabilitySet, register_worker
-from smith_worker.worker import SmithWorker, build_worker
+from smith_worker.queue.worker import SmithWorker, build_worker
+from smith_worker.tools.waiter import abort_job
 
 IN_PROGRESS_MS = 60_000
 

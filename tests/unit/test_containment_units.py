@@ -17,9 +17,8 @@ from smith_client.keys import ABORT_ENTRY_TTL, Keys
 from smith_client.messages import UserMessage
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
-from smith_worker.dispatch import abort_job
 from smith_worker.llm import LlmClient, LlmClientConfig, LlmRequest
-from smith_worker.redaction import (
+from smith_worker.ops.redaction import (
     REDACTED,
     RedactingFilter,
     redact_error,
@@ -30,6 +29,7 @@ from smith_worker.redaction import (
 )
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.testing import Reply, ScriptedLlmServer, scenario_marker, sse_frame
+from smith_worker.tools.waiter import abort_job
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ async def test_abort_set_expires_and_the_hygiene_report_covers_it(redis_url):
 
 
 def test_scrub_surrogates_and_bounded_structured():
-    from smith_worker.tools import bounded_structured, scrub_surrogates
+    from smith_worker.tools.function import bounded_structured, scrub_surrogates
 
     assert scrub_surrogates("a\ud800b\udfffc") == "a\ufffdb\ufffdc"
     assert bounded_structured({"x": 1}, 100) == {"x": 1}
@@ -164,7 +164,7 @@ async def test_executors_count_overrunning_threads_and_call_on_limit_once():
     import asyncio
     import threading
 
-    from smith_worker.isolation import ToolExecutors
+    from smith_worker.tools.isolation import ToolExecutors
 
     release = threading.Event()
     calls: list[int] = []
@@ -189,8 +189,8 @@ async def test_a_sync_tool_stopped_by_a_cancel_is_logged_as_a_cancel_and_by_its_
     import asyncio
     import threading
 
-    from smith_worker.isolation import ToolExecutors
-    from smith_worker.tools import ToolContext, make_tool
+    from smith_worker.tools.function import ToolContext, make_tool
+    from smith_worker.tools.isolation import ToolExecutors
 
     release, started = threading.Event(), threading.Event()
 

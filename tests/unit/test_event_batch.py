@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from smith_client.events import TokenData
-from smith_worker.event_batch import EventBatcher
-from smith_worker.fencing import StaleAttemptError
+from smith_worker.agent.event_batch import EventBatcher
+from smith_worker.memory.fencing import StaleAttemptError
 
 
 class Pipeline:
@@ -154,7 +154,7 @@ async def test_with_a_coalescing_window_a_burst_of_tokens_becomes_one_event():
 
 def test_merge_tokens_joins_only_consecutive_token_deltas():
     from smith_client.events import ToolCallStartedData
-    from smith_worker.event_batch import merge_tokens
+    from smith_worker.agent.event_batch import merge_tokens
 
     started = ToolCallStartedData(id="c1", name="add", index=0)
     merged = merge_tokens([*tokens("a", "b"), started, *tokens("c", "d", "e")])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from smith_worker import turn as turn_module
-from smith_worker.turn import TurnRunner
+from smith_worker.turn import lifecycle as turn_module
+from smith_worker.turn.lifecycle import TurnRunner
 
 
 def runner(task: asyncio.Task[None]) -> TurnRunner:
@@ -47,9 +47,9 @@ async def test_a_turn_already_handing_off_is_not_cancelled_again(monkeypatch):
 
 async def test_the_lease_renewal_ends_even_when_its_cancel_is_lost_inside_a_renewal(monkeypatch):
     """redis-py can retry a read the cancel interrupted (the renewal then succeeds): the flag still stops it."""
-    from smith_client import scripts
     from smith_client.keys import Keys
-    from smith_worker.turn_state import TurnAttempt
+    from smith_worker.turn import attempt as attempt_module
+    from smith_worker.turn.attempt import TurnAttempt
 
     renewals = []
     stop_now = asyncio.Event()
@@ -67,7 +67,7 @@ async def test_the_lease_renewal_ends_even_when_its_cancel_is_lost_inside_a_rene
             swallowed.append(True)  # the lost cancel: the renewal goes on and succeeds
         return 1
 
-    monkeypatch.setattr(scripts, "RENEW", renew_swallowing_a_cancel)
+    monkeypatch.setattr(attempt_module, "RENEW", renew_swallowing_a_cancel)
     attempt = TurnAttempt(None, Keys("t"), "t1", "c1", "w", lease=0.15)
     attempt.start_renewing(lambda: None)
     await stop_now.wait()  # a renewal is in flight

@@ -1,4 +1,4 @@
-"""The worker's heap upkeep (smith_worker/heap.py): a trim every interval, a full collection only when asked."""
+"""The worker's heap upkeep (smith_worker/ops/heap.py): a trim every interval, a full collection only when asked."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import gc
 
-from smith_worker import heap
+from smith_worker.ops import heap
 
 
 def test_trim_returns_whether_memory_was_released_and_never_raises():

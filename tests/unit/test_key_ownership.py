@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import smith_worker.queue.worker  # noqa: F401  (declares every worker script)
 from smith_client import scripts, turn_record
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [p for pkg in ("smith_client", "smith_worker") for p in (ROOT / pkg).rglob("*.py")]
-LUA = sorted((ROOT / "smith_client" / "lua").glob("*.lua"))
+# the shared scripts and lib.lua in smith_client/lua, the worker-only ones in smith_worker/<folder>/lua
+LUA = sorted((ROOT / "smith_client" / "lua").glob("*.lua")) + sorted((ROOT / "smith_worker").glob("*/lua/*.lua"))
 
 
 def test_no_lua_text_in_python_files():
@@ -32,8 +34,8 @@ def test_no_key_name_built_outside_keys_py():
 
 
 def test_every_script_file_is_loaded_and_uses_known_state_fields():
-    loaded = {script.name for script in scripts._ALL}
-    assert loaded == {p.stem for p in LUA} - {"lib"}
+    loaded = [script.name for script in scripts._ALL]
+    assert sorted(loaded) == sorted({p.stem for p in LUA} - {"lib"})  # every file once, no name twice
     fields = {value for name, value in vars(turn_record).items() if name.isupper() and isinstance(value, str)}
     for path in LUA:
         for field in re.findall(r"'(\w+)'", path.read_text()):
@@ -47,4 +49,4 @@ _NON_FIELD_WORDS = {"conflict", "attach", "busy", "merge", "interrupt", "reject"
                     "missing", "cancelled_queued", "cancelling", "done", "wait", "go", "queued", "running",
                     "completed", "failed", "cancelled",
                     "role", "tool", "tail", "text", "covers",  # stored messages, history reads, the summary hash
-                    "instance", "table"}  # a worker registration's holder (smith_worker/registration.py), a Lua type
+                    "instance", "table"}  # a worker registration's holder (smith_worker/ops/registration.py), a Lua type

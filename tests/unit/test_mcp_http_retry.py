@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from smith_worker.mcp.http import McpHttpTransport, rpc_method, says_session_lost
-from smith_worker.retry import RetryPolicy
+from smith_worker.ops.retry import RetryPolicy
 
 JITTER = 0.1  # rng() = 0.4 → 0.4 * 0.25 s
 

@@ -20,7 +20,7 @@ from smith_worker import Hooks, SmithApp
 from smith_worker.config import Settings
 from smith_client.connection import connect_redis
 from smith_worker.runtime import WorkerRuntime
-from smith_worker.tools import ToolContext
+from smith_worker.tools.function import ToolContext
 from tests.support.mcp_helpers import eventually_async, exists, lab_config
 
 EXAMPLE = str(Path(demo_package.__file__).with_name("mcp_server_example.py"))

@@ -10,17 +10,17 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
+from smith_client import scripts
 from smith_client.errors import ConfigurationError, ContextOverflowError
 from smith_client.events import MEMORY_SUMMARY_FAILED, EventData
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage, message_to_json
 from smith_worker import FullMemory, RollingWindowMemory, SummaryMemory
-from smith_worker.history import ConversationStore
 from smith_worker.memory import MemoryContext, is_well_formed, wire_size
+from smith_worker.memory.history import ConversationStore
 from smith_worker.memory.pairing import REPAIR_SCAN, pending_repair
-from smith_client import scripts
-from smith_worker.memory.summary import SUMMARY_HEADING
-from smith_worker.turn_state import TurnAttempt
+from smith_worker.memory.summary import SUMMARY_HEADING, SUMMARY_SAVE
+from smith_worker.turn.attempt import TurnAttempt
 
 
 @pytest.fixture
@@ -240,7 +240,7 @@ async def test_conversations_never_see_each_others_summary_and_a_summary_only_mo
     assert len(b.summaries) == 1 and "Summary so far" not in b.summaries[0][1].content
     summary_a = await redis.hgetall(keys.conversation_summary(a.cid))
     # a stale attempt writing an older summary later does not replace the newer one
-    assert await scripts.SUMMARY_SAVE(redis, [keys.conversation_summary(a.cid)], ["stale", 1, 60]) == 0
+    assert await SUMMARY_SAVE(redis, [keys.conversation_summary(a.cid)], ["stale", 1, 60]) == 0
     assert await redis.hgetall(keys.conversation_summary(a.cid)) == summary_a
     assert view_b[0] == view_a[0]  # same wording of the first summary, in each conversation's own key
 
@@ -260,7 +260,7 @@ async def test_window_reads_further_pages_until_a_limit_or_the_oldest_message(co
 async def test_an_attempt_whose_own_writes_were_lost_writes_nothing_after_the_gap(convo):
     """A failover to a replica that missed the attempt's last append: the next append is refused
     (StaleAttemptError), so no tool message lands after a history without its assistant message."""
-    from smith_worker.fencing import StaleAttemptError
+    from smith_worker.memory.fencing import StaleAttemptError
 
     keys, cid = convo.keys, convo.cid
     await convo.redis.hset(keys.turn_state("t2"), mapping={"attempt": 1, "status": "running"})
@@ -278,7 +278,7 @@ async def test_an_attempt_whose_own_writes_were_lost_writes_nothing_after_the_ga
 
 async def test_a_read_finding_the_attempts_own_writes_lost_is_fenced_off(convo):
     """The prompt is never built from a history missing the attempt's writes: the store's read refuses it."""
-    from smith_worker.fencing import StaleAttemptError
+    from smith_worker.memory.fencing import StaleAttemptError
 
     await convo.push([UserMessage(content="q"), AssistantMessage(content="a")])
     ends = [2]

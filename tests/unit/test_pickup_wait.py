@@ -1,4 +1,4 @@
-"""The wait between polls (smith_worker/pickup.py) on fakeredis: what ends it, what it leaves alone.
+"""The wait between polls (smith_worker/queue/pickup.py) on fakeredis: what ends it, what it leaves alone.
 
 The fallback is 30 s everywhere, so a wait ending within the 5 s ceilings ended for the reason tested.
 """
@@ -14,11 +14,11 @@ from redis.exceptions import ResponseError
 
 from smith_client.keys import Keys, now_ms
 from smith_worker.app import SmithApp
-from smith_worker.claim import HeldTokens
 from smith_worker.config import Settings
-from smith_worker.pickup import Pickup
-from smith_worker.redis_health import RedisHealth
-from smith_worker.worker import build_worker
+from smith_worker.ops.redis_health import RedisHealth
+from smith_worker.queue.claim import HeldTokens
+from smith_worker.queue.pickup import Pickup
+from smith_worker.queue.worker import build_worker
 
 QUEUE = "pw:tools"
 CEILING = 5.0

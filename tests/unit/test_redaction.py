@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from smith_worker.redaction import REDACTED, redact_body, redact_headers, redact_json, redact_text
+from smith_worker.ops.redaction import REDACTED, redact_body, redact_headers, redact_json, redact_text
 
 
 @pytest.mark.parametrize(

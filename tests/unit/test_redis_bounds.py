@@ -25,7 +25,7 @@ from smith_client.connection import (
 )
 from smith_client.errors import ConfigurationError
 from smith_client.settings import ClientSettings
-from smith_worker.redis_health import BACKOFF_CAP, RedisHealth, backoff_delay
+from smith_worker.ops.redis_health import BACKOFF_CAP, RedisHealth, backoff_delay
 
 
 def test_socket_timeout_defaults_to_5_s_and_reads_the_environment(monkeypatch):

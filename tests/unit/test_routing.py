@@ -1,6 +1,6 @@
 """What a tool job requires and what a worker serves (smith_worker/routing.py), on apps of two versions.
 
-A job requires what its route in the step's toolset names (smith_worker/toolset.py), and a tool worker runs it
+A job requires what its route in the step's toolset names (smith_worker/agent/toolset.py), and a tool worker runs it
 through the source the route names, so a worker serves a requirement exactly when it can run the call: checked
 here for every kind of tool.
 """
@@ -8,8 +8,8 @@ here for every kind of tool.
 from __future__ import annotations
 
 from smith_worker import Skill, SmithApp
+from smith_worker.agent.toolset import ToolRoute, step_toolset
 from smith_worker.routing import capabilities, capability_digest
-from smith_worker.toolset import ToolRoute, step_toolset
 from tests.unit.test_toolset import FakeSubAgents, Jobs
 
 

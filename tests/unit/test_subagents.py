@@ -12,7 +12,7 @@ from smith_client.errors import ConfigurationError
 from smith_client.events import Event
 from smith_client.keys import ID_PATTERN, Keys, tree_position
 from smith_worker import AgentConfig, SmithApp
-from smith_worker.worker import build_worker
+from smith_worker.queue.worker import build_worker
 
 
 def _app(*subagents: str, child: str = "helper") -> SmithApp:

@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 
 from smith_client.keys import Keys
 from smith_worker.local.processes import free_port
-from smith_worker.sweeper import sweep_forever
+from smith_worker.turn.sweeper import sweep_forever
 
 
 async def test_a_sweep_during_an_outage_logs_one_line_without_traceback(caplog):

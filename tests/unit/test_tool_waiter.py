@@ -11,7 +11,7 @@ from arq.connections import ArqRedis
 from smith_client.jobs import ToolJob
 from smith_client.keys import Keys
 from smith_client.messages import ToolCall
-from smith_worker.dispatch import ReplyListener, ToolJobWaiter
+from smith_worker.tools.waiter import ReplyListener, ToolJobWaiter
 
 
 async def test_a_call_no_tool_worker_takes_times_out_naming_the_whole_wait(redis_url):

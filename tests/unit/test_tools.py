@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from smith_client.errors import ConfigurationError
 from smith_worker.app import SmithApp
-from smith_worker.tools import (
+from smith_worker.tools.function import (
     ToolContext,
     ToolRegistry,
     ToolResult,
@@ -177,8 +177,8 @@ def test_mcp_server_takes_pool_options():
 
 
 async def test_native_tools_are_a_tool_source_with_agent_views():
-    from smith_worker.native import NativeTools
-    from smith_worker.sources import ToolSource
+    from smith_worker.tools.native import NativeTools
+    from smith_worker.tools.source import ToolSource
 
     reg = ToolRegistry()
     reg.add(make_tool(lambda a: a * 2, name="double", timeout=3.0, idempotent=True))

@@ -1,4 +1,4 @@
-"""One toolset per step (smith_worker/toolset.py): the schemas sent to the model, the shadowing order,
+"""One toolset per step (smith_worker/agent/toolset.py): the schemas sent to the model, the shadowing order,
 the route of each call, and the tool worker running a job through the source it names (old jobs included)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from smith_client.errors import ConfigurationError
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.messages import ToolCall
 from smith_worker import AgentConfig, Skill, SmithApp, make_tool
+from smith_worker.agent.toolset import ToolRoute, Toolset, step_toolset
 from smith_worker.llm.types import ToolSchema
-from smith_worker.tool_runner import _invoke, legacy_source_id
-from smith_worker.tools import ToolContext
-from smith_worker.toolset import ToolRoute, Toolset, step_toolset
+from smith_worker.tool_worker.job import _invoke, legacy_source_id
+from smith_worker.tools.function import ToolContext
 
 
 def lookup(key: str) -> str:
@@ -44,7 +44,7 @@ class FakeSource:
 
 
 class FakeSubAgents:
-    """Sub-agents as a source that runs here (the interface of smith_worker.subagents.SubAgentTools)."""
+    """Sub-agents as a source that runs here (the interface of smith_worker.agent.subagents.SubAgentTools)."""
 
     def __init__(self, *names: str) -> None:
         self.names = list(names)

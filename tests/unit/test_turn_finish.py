@@ -15,9 +15,9 @@ from smith_client.eventlog import EventLog
 from smith_client.events import TurnCompletedData
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage
-from smith_worker.history import ConversationStore
-from smith_worker.turn import TurnRunner
-from smith_worker.turn_state import TurnAttempt
+from smith_worker.memory.history import ConversationStore
+from smith_worker.turn.attempt import TurnAttempt
+from smith_worker.turn.lifecycle import TurnRunner
 
 
 @pytest.fixture

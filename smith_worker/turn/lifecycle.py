@@ -1,8 +1,8 @@
 """One turn's lifecycle on a turn worker: take an attempt, run the loop, end it exactly once.
 
-:class:`TurnRunner` begins an attempt (:mod:`smith_worker.turn_state`), parks
+:class:`TurnRunner` begins an attempt (:mod:`smith_worker.turn.attempt`), parks
 the turn while an earlier turn of its conversation is unfinished, runs
-:class:`~smith_worker.loop.AgentLoop`, and ends the turn with one terminal
+:class:`~smith_worker.agent.loop.AgentLoop`, and ends the turn with one terminal
 event: ``turn.completed``, ``turn.failed`` (every failure, typed), or
 ``turn.cancelled`` (a caller's cancel or an ``interrupt``, with dangling tool
 calls answered). When the worker shuts down it hands the turn off instead;
@@ -20,7 +20,7 @@ while a turn that kills its worker still stops (:meth:`TurnRunner._check_attempt
   :data:`SHARED_CRASH_FACTOR` x ``SMITH_TURN_MAX_ATTEMPTS`` crashes of either kind also fail the turn;
 * a hand-off at a graceful shutdown, an attempt stopped by a failing Redis (its worker hands the turn
   back once Redis answers), and a lease that ran out while Redis was unreachable for the whole fleet (the
-  owner renews it when Redis is back; sweepers wait for that, :mod:`smith_worker.sweeper`): not counted.
+  owner renews it when Redis is back; sweepers wait for that, :mod:`smith_worker.turn.sweeper`): not counted.
   The turn's own job timeout fails it at once.
 """
 
@@ -49,20 +49,20 @@ from smith_client.events import (
 )
 from smith_client.jobs import ToolOutcome, TurnJob
 from smith_client.messages import AssistantMessage, ToolMessage
+from smith_worker.agent.context import AgentContext, CancelRequested
+from smith_worker.agent.loop import AgentLoop
 from smith_worker.app import AgentSpec
-from smith_worker.context import AgentContext, CancelRequested
-from smith_worker.dispatch import settle_call
-from smith_worker.fencing import StaleAttemptError
-from smith_worker.heap import collect_soon
-from smith_worker.history import ConversationStore, HistorySlice
 from smith_worker.hooks import fire
-from smith_worker.loop import AgentLoop
+from smith_worker.memory.fencing import StaleAttemptError
+from smith_worker.memory.history import ConversationStore, HistorySlice
 from smith_worker.memory.pairing import REPAIR_SCAN, pending_repair
-from smith_worker.redaction import redact_error
-from smith_worker.redis_health import REDIS_DOWN_ERRORS
+from smith_worker.ops.heap import collect_soon
+from smith_worker.ops.redaction import redact_error
+from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS
 from smith_worker.runtime import TurnServices, WorkerRuntime
-from smith_worker.tools import error_content
-from smith_worker.turn_state import TurnAttempt, park, queue_head, wake_head, woken
+from smith_worker.tools.function import error_content
+from smith_worker.tools.waiter import settle_call
+from smith_worker.turn.attempt import FAIL_UNREAD, TurnAttempt, park, queue_head, wake_head, woken
 
 logger = logging.getLogger("agent_smith.agent")
 
@@ -401,9 +401,7 @@ async def fail_unreadable_turn(rt: WorkerRuntime, turn_id: str, error: SmithErro
             keys.conversation_turns(conversation_id),
             keys.conversation_statuses(conversation_id),
         ]
-        scripts.FAIL_UNREAD.queue(
-            pipe, script_keys, [turn_id, orjson.dumps(error.to_payload()).decode(), keys.turn_ttl]
-        )
+        FAIL_UNREAD.queue(pipe, script_keys, [turn_id, orjson.dumps(error.to_payload()).decode(), keys.turn_ttl])
         await pipe.execute()
     logger.error("turn %s failed: %r", turn_id, error)
     if conversation_id:

@@ -34,16 +34,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
-from smith_client import scripts
 from smith_client.enqueue import Enqueued, enqueue_unless
 from smith_client.jobs import RUN_TOOL, ToolJob, ToolOutcome, parse_reply
 from smith_client.keys import ABORT_ENTRY_TTL, Keys, now_ms
-from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
-from smith_worker.tasks import cancel_and_wait
-from smith_worker.tools import error_content
+from smith_client.scripts import LuaScript
+from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS, RedisHealth
+from smith_worker.ops.tasks import cancel_and_wait
+from smith_worker.tools.function import error_content
+
+#: The script of this module, in ``lua/`` beside it.
+ABORT = LuaScript("abort", __package__)
 
 logger = logging.getLogger("agent_smith.tool")
 
@@ -175,7 +177,7 @@ async def abort_job(redis: Redis, keys: Keys, job_id: str) -> None:
         keys.tool_aborts_channel,
         keys.job_requirements(keys.tools_queue),
     ]
-    await scripts.ABORT(redis, script_keys, [job_id, now_ms(), ABORT_ENTRY_TTL])
+    await ABORT(redis, script_keys, [job_id, now_ms(), ABORT_ENTRY_TTL])
 
 
 async def settle_call(redis: Redis, keys: Keys, job_id: str, result_key: str, ended: ToolOutcome) -> ToolOutcome:
@@ -204,7 +206,7 @@ class ToolJobWaiter:
 
     def __init__(
         self,
-        redis: ArqRedis,
+        redis: Redis,
         keys: Keys,
         listener: ReplyListener,
         *,

@@ -20,7 +20,7 @@ nothing (a re-run resuming at its tool calls) or a server that offered no
 tools this step still routes its calls.
 
 A route (:class:`ToolRoute`) names the source that runs the call by a
-**source id**: :data:`APP_TOOLS` (the app's Python tools), :func:`source_id`
+**source id** (:mod:`smith_worker.tools.source`): :data:`APP_TOOLS` (the app's Python tools), :func:`source_id`
 (an added source such as an MCP server), :func:`skill_id` (a skill's Python
 tools) or :data:`SUBAGENTS`. A tool job carries it, and the tool worker runs
 the job through that source (:meth:`smith_worker.app.SmithApp.source`)
@@ -39,35 +39,10 @@ from typing import Protocol
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_worker.config import AgentConfig
 from smith_worker.llm.types import ToolSchema
-from smith_worker.native import NativeTools
 from smith_worker.skills import Skill
-from smith_worker.sources import ToolSource
-from smith_worker.tools import ToolContext, error_content
-
-#: The source id of the app's Python tools.
-APP_TOOLS = "app"
-#: The source id of an agent's sub-agents (they never run on a tool worker).
-SUBAGENTS = "agents"
-
-
-def source_id(name: str) -> str:
-    """The source id (and the capability) of the added source ``name`` (an MCP server's alias)."""
-    return f"source:{name}"
-
-
-def skill_id(skill: str) -> str:
-    """The source id of the Python tools of the skill declared as ``skill``."""
-    return f"skill:{skill}"
-
-
-def tool_unit(tool_name: str) -> str:
-    """The capability of the app's Python tool ``tool_name``."""
-    return f"tool:{tool_name}"
-
-
-def in_skill(skill: str, unit: str) -> str:
-    """The capability of ``unit`` (:func:`tool_unit`, :func:`source_id`) as skill ``skill`` offers it."""
-    return f"skill:{skill}/{unit}"
+from smith_worker.tools.function import ToolContext, error_content
+from smith_worker.tools.native import NativeTools
+from smith_worker.tools.source import APP_TOOLS, SUBAGENTS, ToolSource, in_skill, skill_id, source_id, tool_unit
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ so a stalled or stale attempt cannot write after another took over.
 
 While it runs, the attempt renews a short lease (``lease`` seconds, renewed
 every ``lease / 3``) in the turn's state and in ``{p}:running``; a sweeper
-(:mod:`smith_worker.sweeper`) re-enqueues a turn whose lease expired, under a
+(:mod:`smith_worker.turn.sweeper`) re-enqueues a turn whose lease expired, under a
 new arq job id, so recovery does not wait for arq's in-progress key (job
 timeout + 10 s, arq-notes.md §1.6).
 
 The history is the checkpoint: the user message is appended once per turn
-id (its absolute position kept as ``history_start``, :mod:`smith_worker.history`),
+id (its absolute position kept as ``history_start``, :mod:`smith_worker.memory.history`),
 assistant and tool messages are appended whole, so a re-run reads where the
 turn stopped. Every append trims the history to ``history_max`` messages.
 """
@@ -34,10 +34,22 @@ from smith_client.errors import ParseError
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import RUNNING_TTL, Keys, now_ms
 from smith_client.messages import message_to_json
+from smith_client.scripts import LuaScript
 from smith_client.turn_record import decode_state
-from smith_worker.fencing import StaleAttemptError
-from smith_worker.history import DEFAULT_HISTORY_MAX_MESSAGES, Repair
-from smith_worker.tasks import cancel_and_wait
+from smith_worker.memory.fencing import StaleAttemptError
+from smith_worker.memory.history import APPEND, DEFAULT_HISTORY_MAX_MESSAGES, Repair
+from smith_worker.ops.tasks import cancel_and_wait
+
+#: The scripts of this module, in ``lua/`` beside it.
+BEGIN = LuaScript("begin", __package__)
+RENEW = LuaScript("renew", __package__)
+REQUEUE = LuaScript("requeue", __package__)
+REGRESSED = LuaScript("regressed", __package__)
+FINISH = LuaScript("finish", __package__)
+HEAD = LuaScript("head", __package__)
+APPEND_USER = LuaScript("append_user", __package__)
+DRAIN_INBOX = LuaScript("drain_inbox", __package__)
+FAIL_UNREAD = LuaScript("fail_unread", __package__)
 
 logger = logging.getLogger("agent_smith.worker")
 
@@ -112,7 +124,7 @@ class TurnAttempt:
         args = [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL, self.job_id]
 
         def fill(pipe: Any) -> None:
-            scripts.BEGIN.queue(pipe, keys, args)
+            BEGIN.queue(pipe, keys, args)
             if also is not None:
                 also(pipe)
 
@@ -147,7 +159,7 @@ class TurnAttempt:
                 return
             try:
                 args = [self.turn_id, self.attempt, now_ms(), self.lease_ms]
-                renewed = await scripts.RENEW(self.redis, [self._state, self.keys.running, self._worker_turns], args)
+                renewed = await RENEW(self.redis, [self._state, self.keys.running, self._worker_turns], args)
             except Exception:  # a Redis blip: the lease has slack for two more tries
                 logger.warning("turn %s: lease renewal failed", self.turn_id, exc_info=True)
                 continue
@@ -176,7 +188,7 @@ class TurnAttempt:
             extra = [repair.end, repair.position, *(message_to_json(m) for m in repair.messages)]
 
         def fill(pipe: Any) -> None:
-            scripts.APPEND_USER.queue(
+            APPEND_USER.queue(
                 pipe,
                 [self._state, self._history, self._trimmed],
                 [self.attempt, message_to_json(message), self.history_ttl, self.history_max, *extra],
@@ -201,7 +213,7 @@ class TurnAttempt:
         """Queue :meth:`append` of (at least one of) ``messages`` on ``pipe``; :meth:`appended` reads its reply."""
         blobs = [message_to_json(m) for m in messages]
         expected = "" if self.history_end is None else self.history_end
-        scripts.APPEND.queue(
+        APPEND.queue(
             pipe,
             [self._state, self._history, self._trimmed],
             [self.attempt, expected, self.history_ttl, self.history_max, *blobs],
@@ -217,14 +229,14 @@ class TurnAttempt:
     async def drain_inbox(self, closing: bool) -> list[bytes]:
         """Move merged user messages into the history; when ``closing`` and none are waiting, close the inbox."""
         keys, args = self._drain_call(closing)
-        return self.drained(await scripts.DRAIN_INBOX(self.redis, keys, args))
+        return self.drained(await DRAIN_INBOX(self.redis, keys, args))
 
     def queue_drain_inbox(self, pipe: Any, closing: bool = False) -> None:
         """Queue :meth:`drain_inbox` on ``pipe`` (to share a step's round trip, or a final answer's append).
 
         :meth:`drained` reads its reply.
         """
-        scripts.DRAIN_INBOX.queue(pipe, *self._drain_call(closing))
+        DRAIN_INBOX.queue(pipe, *self._drain_call(closing))
 
     def _drain_call(self, closing: bool) -> tuple[list[str], list[Any]]:
         keys = [self._state, self.keys.turn_inbox(self.turn_id), self._history, self._trimmed]
@@ -252,7 +264,7 @@ class TurnAttempt:
             self._worker_turns,
         ]
         args = [self.turn_id, self.attempt, status, field, value, self.keys.turn_ttl, self.history_ttl]
-        scripts.FINISH.queue(pipe, keys, args)
+        FINISH.queue(pipe, keys, args)
 
     async def requeue(self) -> int:
         """Hand the turn off (worker shutdown): back to ``queued`` and re-enqueued under a new job id."""
@@ -264,7 +276,7 @@ class TurnAttempt:
         """After this attempt was fenced off: re-enqueue the turn when its state fell back to ``queued``
         behind this attempt (its writes were lost in a Redis failover), so it runs again instead of
         waiting for a job that no longer exists. True when it was re-enqueued."""
-        count = int(await scripts.REGRESSED(self.redis, [self._state], [self.attempt]))
+        count = int(await REGRESSED(self.redis, [self._state], [self.attempt]))
         if count:
             await _enqueue_turn(self.redis, self.keys, self.turn_id, self.keys.turn_rerun_job_id(self.turn_id, count))
             logger.warning("turn %s: state fell back behind attempt %d; re-enqueued", self.turn_id, self.attempt)
@@ -311,7 +323,7 @@ async def wake_head(redis: Any, keys: Keys, conversation_id: str) -> str:
 def queue_head(pipe: Any, keys: Keys, conversation_id: str) -> None:
     """Queue the read of the conversation's oldest unfinished turn (``lua/head.lua``) on ``pipe``, e.g. in the
     transaction that ends a turn; pass its reply to :func:`woken`."""
-    scripts.HEAD.queue(pipe, [keys.conversation_turns(conversation_id), keys.conversation_statuses(conversation_id)])
+    HEAD.queue(pipe, [keys.conversation_turns(conversation_id), keys.conversation_statuses(conversation_id)])
 
 
 async def woken(redis: Any, keys: Keys, reply: Any) -> str:
@@ -336,7 +348,7 @@ async def requeue_turn(
     """
     state = keys.turn_state(turn_id)
     script_keys = [state, keys.running, keys.conversation_statuses(conversation_id), keys.worker_turns(worker_id)]
-    count = int(await scripts.REQUEUE(redis, script_keys, [turn_id, attempt, now_ms()]))
+    count = int(await REQUEUE(redis, script_keys, [turn_id, attempt, now_ms()]))
     if count:
         if not await redis.hexists(state, record.JOB):
             raise ParseError(f"turn {turn_id} has no stored job payload")

@@ -1,5 +1,5 @@
 """Fencing of a turn's attempts (DESIGN.md §8): the error a superseded attempt stops with, and the
-fenced writes the agent loop may make (implemented by :class:`smith_worker.turn_state.TurnAttempt`)."""
+fenced writes the agent loop may make (implemented by :class:`smith_worker.turn.attempt.TurnAttempt`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ class StaleAttemptError(Exception):
 
 
 class AttemptWrites(Protocol):
-    """The fenced writes of the current attempt (:class:`smith_worker.turn_state.TurnAttempt`).
+    """The fenced writes of the current attempt (:class:`smith_worker.turn.attempt.TurnAttempt`).
 
     Each raises :class:`StaleAttemptError` when another attempt took the turn over.
     """

@@ -14,15 +14,14 @@ import logging
 import time
 from typing import Any
 
-from smith_client import scripts
 from smith_client.eventlog import WHILE_RUNNING
 from smith_client.events import tool_result_data
 from smith_client.jobs import REPLY_INLINE_MAX, ToolJob, ToolOutcome
+from smith_client.scripts import LuaScript
 from smith_worker.app import SmithApp
-from smith_worker.redaction import redact_text
+from smith_worker.ops.redaction import redact_text
 from smith_worker.runtime import WorkerRuntime
-from smith_worker.sources import ToolSource
-from smith_worker.tools import (
+from smith_worker.tools.function import (
     ToolContext,
     ToolResult,
     bounded_structured,
@@ -30,7 +29,10 @@ from smith_worker.tools import (
     scrub_surrogates,
     truncate_content,
 )
-from smith_worker.toolset import APP_TOOLS, skill_id, source_id
+from smith_worker.tools.source import APP_TOOLS, ToolSource, skill_id, source_id
+
+#: The script of this module, in ``lua/`` beside it.
+STORE_TOOL_RESULT = LuaScript("store_tool_result", __package__)
 
 logger = logging.getLogger("agent_smith.tool")
 
@@ -130,4 +132,4 @@ async def _store(rt: WorkerRuntime, job: ToolJob, outcome: ToolOutcome) -> bool:
     )
     script_keys = [job.result_key, job.reply_channel, *event_keys]
     script_args = [outcome.model_dump_json(), rt.keys.turn_ttl, REPLY_INLINE_MAX, *event_args]
-    return bool(await scripts.STORE_TOOL_RESULT(rt.redis, script_keys, script_args))
+    return bool(await STORE_TOOL_RESULT(rt.redis, script_keys, script_args))

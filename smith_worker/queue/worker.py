@@ -4,7 +4,7 @@ Turns and tools are separate queues served by separate processes, so a turn
 waiting on its tools never holds the slots its tools need (arq-notes.md
 §4.2). arq settings are chosen deliberately (arq-notes.md §4):
 
-* pickup by wake-up (:mod:`smith_worker.pickup`): arq only polls (its 0.5 s
+* pickup by wake-up (:mod:`smith_worker.queue.pickup`): arq only polls (its 0.5 s
   default adds half a second per hop, a short one costs hundreds of idle
   commands per second); here an idle worker blocks on its queue's wake-up
   list between polls, with a slow fallback poll (``SMITH_FALLBACK_POLL``);
@@ -18,7 +18,7 @@ waiting on its tools never holds the slots its tools need (arq-notes.md
   crash; 3 for turns.
 
 A tool worker whose overrunning sync-tool threads reach their limit
-(:mod:`smith_worker.isolation`) stops taking jobs and drains like at a
+(:mod:`smith_worker.tools.isolation`) stops taking jobs and drains like at a
 signal; ``smith-worker`` then re-executes itself.
 
 :class:`SmithWorker` is arq's ``Worker`` made to outlive Redis (issue 8): arq
@@ -26,7 +26,7 @@ lets a ``ConnectionError`` out of its poll loop, which ends the process. Here
 start-up waits for Redis, and a failed poll iteration backs off with jitter
 and polls again; the process exits only on a signal or a configuration error.
 
-Its poll claims jobs in one round trip (:mod:`smith_worker.claim`, issue 18)
+Its poll claims jobs in one round trip (:mod:`smith_worker.queue.claim`, issue 18)
 instead of arq's six per job, and on tool workers runs arq's abort check
 only when an abort was announced or once per fallback poll, not every poll.
 It claims only the jobs its capability set serves (:mod:`smith_worker.routing`):
@@ -52,15 +52,16 @@ from smith_client.jobs import RUN_TOOL, RUN_TURN, TurnJob
 from smith_client.keys import Keys
 from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
-from smith_worker.claim import ClaimedJob, claim_jobs, confirm_claims, hand_over, take_handed_over
 from smith_worker.config import Settings
-from smith_worker.pickup import POP_MARGIN, Pickup
-from smith_worker.redaction import redact_error
-from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
+from smith_worker.ops.redaction import redact_error
+from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS, RedisHealth
+from smith_worker.queue.arq_internals import check_arq
+from smith_worker.queue.claim import ClaimedJob, claim_jobs, confirm_claims, hand_over, take_handed_over
+from smith_worker.queue.pickup import POP_MARGIN, Pickup
 from smith_worker.runtime import Queue, TurnServices, WorkerRuntime
-from smith_worker.sweeper import sweep_forever
-from smith_worker.tool_runner import run_tool
-from smith_worker.turn import TurnRunner, fail_unreadable_turn
+from smith_worker.tool_worker.job import run_tool
+from smith_worker.turn.lifecycle import TurnRunner, fail_unreadable_turn
+from smith_worker.turn.sweeper import sweep_forever
 
 logger = logging.getLogger("agent_smith.worker")
 
@@ -94,7 +95,8 @@ class SmithWorker(Worker):
 
     ``health`` is the process's :class:`RedisHealth` (its readiness), updated
     by every poll iteration; ``keys`` names the queue's keys; ``capset`` is the digest of the worker's
-    capability set (:mod:`smith_worker.routing`). Never in burst mode.
+    capability set (:mod:`smith_worker.routing`). Never in burst mode. What it overrides and drives of arq's
+    ``Worker`` is listed in :mod:`smith_worker.queue.arq_internals`.
     """
 
     def __init__(self, *args: Any, health: RedisHealth, pickup: Pickup, keys: Keys, capset: str, **kwargs: Any) -> None:
@@ -106,7 +108,7 @@ class SmithWorker(Worker):
         self._ended: list[str] = []  # ids of this worker's jobs that ended since its last claim
         self._next_due: float | None = None  # the queue's next deferred job (epoch ms), as the last claim read it
         self._abort_check_at = 0.0  # loop time of the next abort check without an announced abort
-        # each claim's marker names its claimer: this worker object and a counter (smith_worker/claim.py)
+        # each claim's marker names its claimer: this worker object and a counter (smith_worker/queue/claim.py)
         self._claimer = f"{uuid.uuid4().hex[:12]}:{{}}"
         self._claims = itertools.count()
         self.stopping = False
@@ -123,7 +125,7 @@ class SmithWorker(Worker):
 
     def handle_sig(self, signum: signal.Signals) -> None:
         """arq's immediate stop (turn workers' SIGTERM / SIGINT), noting a termination; every running
-        turn is then sure to be handed off (:meth:`~smith_worker.turn.TurnRunner.hand_off_soon`)."""
+        turn is then sure to be handed off (:meth:`~smith_worker.turn.lifecycle.TurnRunner.hand_off_soon`)."""
         self._note_signal(signum)
         super().handle_sig(signum)
         runtime = self.ctx.get("runtime")
@@ -181,7 +183,8 @@ class SmithWorker(Worker):
     @property
     def pool(self) -> ArqRedis:
         """arq's client, except at the first use by a claimed job's ``run_job``: the claim's answers then
-        (:func:`~smith_worker.claim.take_handed_over`; a stand-in for that one transaction, not an ``ArqRedis``)."""
+        (:func:`~smith_worker.queue.claim.take_handed_over`; a stand-in for that one transaction, not an
+        ``ArqRedis``)."""
         return cast(ArqRedis, take_handed_over() or self._pool)
 
     async def _poll_iteration(self) -> None:
@@ -218,7 +221,7 @@ class SmithWorker(Worker):
         """Claim up to the free slots' worth of ready jobs and start each as arq's ``start_jobs`` does.
 
         A slot is taken (counter and semaphore) only for a job the claim returned and the worker then
-        confirmed (:func:`~smith_worker.claim.confirm_claims`), so a Redis failure can never leak one
+        confirmed (:func:`~smith_worker.queue.claim.confirm_claims`), so a Redis failure can never leak one
         and a claim whose reply was lost is never run. ``_next_due`` is the next deferred job's score for
         the wait (``None`` when the worker is full and did not look). The claim is told which of the
         worker's jobs ended since the last one, so it forgets their requirements.
@@ -271,11 +274,13 @@ def warn_if_nothing_to_serve(app: SmithApp, queue: Queue) -> None:
 def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> SmithWorker:
     """A :class:`SmithWorker` serving ``queue`` for ``app``. ``overrides`` go to ``Worker(...)``.
 
-    Raises :class:`~smith_client.errors.ConfigurationError` for an agent's bad ``subagents`` (seed §14.1)
+    Raises :class:`~smith_client.errors.ConfigurationError` for an arq other than the one its internals
+    were read from (:func:`~smith_worker.queue.arq_internals.check_arq`), for an agent's bad ``subagents`` (seed §14.1)
     and, on the turns queue, for LLM settings that are invalid for any agent (``SMITH_LLM_TOOL_CALLING``,
     an agent's ``llm`` override), so the worker exits at start rather than failing every turn. Logs a
     warning when the app gives the queue nothing to serve (:func:`warn_if_nothing_to_serve`).
     """
+    check_arq()
     app.resolve_subagents()
     warn_if_nothing_to_serve(app, queue)
     settings = settings or app.settings

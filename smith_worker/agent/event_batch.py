@@ -20,7 +20,7 @@ token deltas of its batch become one ``token`` event (their texts joined),
 trading that much latency for fewer events and round trips per stream.
 
 Order is kept (one publish at a time, in arrival order). A publish's failure
-(:class:`~smith_worker.fencing.StaleAttemptError`, a Redis error) is raised by
+(:class:`~smith_worker.memory.fencing.StaleAttemptError`, a Redis error) is raised by
 the next :meth:`EventBatcher.add` or by :meth:`EventBatcher.flush`, so a
 superseded attempt stops reading the stream soon.
 """
@@ -42,7 +42,7 @@ class EventBatcher:
 
     ``submit`` queues one publish (:meth:`AgentContext.submit_publish`);
     ``check(reply)`` raises when its reply says it failed (the attempt was
-    superseded: :class:`~smith_worker.fencing.StaleAttemptError`).
+    superseded: :class:`~smith_worker.memory.fencing.StaleAttemptError`).
     ``coalesce`` is the token-coalescing window in seconds (0: off; see the
     module docstring).
     """

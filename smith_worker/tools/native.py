@@ -1,7 +1,7 @@
 """The app's Python tools as a tool source, so the loop and the tool runner treat every tool alike.
 
-:class:`NativeTools` wraps a :class:`~smith_worker.tools.ToolRegistry` in the
-:class:`~smith_worker.sources.ToolSource` protocol (compare pydantic-ai's
+:class:`NativeTools` wraps a :class:`~smith_worker.tools.function.ToolRegistry` in the
+:class:`~smith_worker.tools.source.ToolSource` protocol (compare pydantic-ai's
 ``FunctionToolset`` beside its MCP toolsets): schemas, budget, idempotency and
 ``call``. :meth:`NativeTools.restricted` is the view an agent gets (the tools it
 lists), :meth:`NativeTools.named` a skill's (its tools under their prefixed names);
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from smith_worker.llm.types import ToolSchema
-from smith_worker.sources import SourceContext
-from smith_worker.tools import Tool, ToolContext, ToolRegistry, ToolResult, error_result
+from smith_worker.tools.function import Tool, ToolContext, ToolRegistry, ToolResult, error_result
+from smith_worker.tools.source import SourceContext
 
 if TYPE_CHECKING:
-    from smith_worker.isolation import ToolExecutors  # pebble only where tools run
+    from smith_worker.tools.isolation import ToolExecutors  # pebble only where tools run
 
 
 @dataclass

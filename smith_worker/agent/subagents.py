@@ -4,12 +4,12 @@
 ``researcher`` with one ``task`` string parameter and the description of
 ``app.agent("researcher", description=...)`` (seed §14.1). The loop uses this
 module through :class:`SubAgentTools` only, a source of the step's toolset
-(:mod:`smith_worker.toolset`) whose calls run here.
+(:mod:`smith_worker.agent.toolset`) whose calls run here.
 
 A call runs the child's loop as a task of the parent's turn worker (inside the
 parent's step, so parallel calls of one step run concurrently), never as a job
 waiting on jobs of its own pool (that can deadlock a full pool). The child gets
-a :class:`~smith_worker.context.AgentContext` of its own:
+a :class:`~smith_worker.agent.context.AgentContext` of its own:
 
 * fresh memory: a message list of its own under the root turn
   (:meth:`Keys.subagent_history`, ``turn_ttl``) starting with the task as the
@@ -45,14 +45,14 @@ from smith_client.events import EventData
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.keys import tree_position
 from smith_client.messages import AssistantMessage, ToolCall, UserMessage, message_to_json
-from smith_worker.context import AgentContext, CancelRequested
-from smith_worker.dispatch import settle_call
-from smith_worker.fencing import StaleAttemptError
-from smith_worker.history import ConversationStore
+from smith_worker.agent.context import AgentContext, CancelRequested
+from smith_worker.agent.toolset import ToolRoute
 from smith_worker.llm.types import ToolSchema
-from smith_worker.redaction import redact_error
-from smith_worker.tools import ToolContext, error_content
-from smith_worker.toolset import ToolRoute
+from smith_worker.memory.fencing import StaleAttemptError
+from smith_worker.memory.history import APPEND, ConversationStore
+from smith_worker.ops.redaction import redact_error
+from smith_worker.tools.function import ToolContext, error_content
+from smith_worker.tools.waiter import settle_call
 
 #: The error tool result of a call past the root's ``max_subagent_depth`` (seed §14.2).
 DEPTH_LIMIT_REACHED = "sub-agent depth limit reached"
@@ -70,7 +70,7 @@ RunLoop = Callable[[AgentContext], Awaitable[AssistantMessage]]
 
 
 class SubAgentHistory:
-    """A sub-agent's fenced writes (:class:`~smith_worker.fencing.AttemptWrites`): its own message list,
+    """A sub-agent's fenced writes (:class:`~smith_worker.memory.fencing.AttemptWrites`): its own message list,
     fenced by the root turn's attempt. It has no inbox: merged user messages go to the root agent.
 
     ``lists`` are the history key and its trimmed-message counter (:meth:`Keys.subagent_history`);
@@ -102,7 +102,7 @@ class SubAgentHistory:
     def queue_append(self, pipe: Any, *messages: BaseModel) -> None:
         """Queue :meth:`append` of (at least one of) ``messages`` on ``pipe``; :meth:`appended` reads its reply."""
         args = [self._attempt, "", self._ttl, self._max, *(message_to_json(m) for m in messages)]  # any end
-        scripts.APPEND.queue(pipe, [self._state, *self._lists], args)
+        APPEND.queue(pipe, [self._state, *self._lists], args)
 
     def appended(self, replies: list[Any]) -> None:
         """Check a queued append's reply (the first of ``replies``). Raises :class:`StaleAttemptError`."""

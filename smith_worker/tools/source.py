@@ -18,10 +18,36 @@ from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
 from smith_worker.hooks import Hooks
 from smith_worker.llm.types import ToolSchema
-from smith_worker.tools import ToolContext, ToolResult
+from smith_worker.tools.function import ToolContext, ToolResult
 
 if TYPE_CHECKING:
-    from smith_worker.isolation import ToolExecutors  # pebble only where tools run
+    from smith_worker.tools.isolation import ToolExecutors  # pebble only where tools run
+
+
+#: The source id of the app's Python tools.
+APP_TOOLS = "app"
+#: The source id of an agent's sub-agents (they never run on a tool worker).
+SUBAGENTS = "agents"
+
+
+def source_id(name: str) -> str:
+    """The source id (and the capability) of the added source ``name`` (an MCP server's alias)."""
+    return f"source:{name}"
+
+
+def skill_id(skill: str) -> str:
+    """The source id of the Python tools of the skill declared as ``skill``."""
+    return f"skill:{skill}"
+
+
+def tool_unit(tool_name: str) -> str:
+    """The capability of the app's Python tool ``tool_name``."""
+    return f"tool:{tool_name}"
+
+
+def in_skill(skill: str, unit: str) -> str:
+    """The capability of ``unit`` (:func:`tool_unit`, :func:`source_id`) as skill ``skill`` offers it."""
+    return f"skill:{skill}/{unit}"
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ A tool is a Python callable called as ``fn(**arguments)``; a parameter
 annotated :class:`ToolContext` is injected instead of taken from the
 arguments. Sync callables run in a thread of the tool worker's pool, or with
 ``isolation="process"`` in a pool process that is killed at the timeout
-(:mod:`smith_worker.isolation`: Python cannot stop a thread, so an
+(:mod:`smith_worker.tools.isolation`: Python cannot stop a thread, so an
 overrunning sync tool's thread runs on); async ones are awaited (seed §10.2). Results normalize to :class:`ToolResult`:
 
 * ``str`` → text content;
@@ -32,7 +32,7 @@ from smith_client.validation import shown
 from smith_worker.llm.types import ToolSchema
 
 if TYPE_CHECKING:
-    from smith_worker.isolation import ToolExecutors
+    from smith_worker.tools.isolation import ToolExecutors
 
 #: Where a sync tool runs: a thread of the worker (default) or a pool process killed at its timeout.
 Isolation = Literal["thread", "process"]
@@ -184,7 +184,7 @@ class Tool:
     ``timeout`` is seconds (None: the calling agent's ``default_tool_timeout``,
     or :data:`DEFAULT_TOOL_TIMEOUT` outside an agent); ``idempotent`` tells the runtime a call may be
     safely re-run after a crash (DESIGN.md §8); ``isolation`` where a sync
-    tool runs (see :mod:`smith_worker.isolation`).
+    tool runs (see :mod:`smith_worker.tools.isolation`).
     """
 
     schema: ToolSchema
@@ -211,7 +211,7 @@ class Tool:
         Never raises, except ``asyncio.CancelledError`` when the job is aborted.
         On timeout the tool's task is cancelled; a sync tool's thread cannot be
         stopped and runs to its end, counted as overrunning by ``executors``
-        (the tool worker's; default :func:`~smith_worker.isolation.default_executors`),
+        (the tool worker's; default :func:`~smith_worker.tools.isolation.default_executors`),
         while a process-isolated tool's process is killed.
         """
         budget = timeout if timeout is not None else self.timeout or DEFAULT_TOOL_TIMEOUT
@@ -242,7 +242,7 @@ class Tool:
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(**kwargs)
         if executors is None:
-            from smith_worker.isolation import default_executors  # late: pebble only where tools run
+            from smith_worker.tools.isolation import default_executors  # late: pebble only where tools run
 
             executors = default_executors()
         if self.isolation == "process":
@@ -288,7 +288,7 @@ def make_tool(
     ``parameters`` is an author-supplied JSON Schema; without it one is derived
     from the type hints. ``description`` defaults to the docstring's first paragraph.
     ``isolation="process"`` runs a sync function in a pool process killed at
-    its timeout (:mod:`smith_worker.isolation`). Raises
+    its timeout (:mod:`smith_worker.tools.isolation`). Raises
     :class:`ConfigurationError` for a non-positive timeout, an unknown
     isolation, process isolation of an ``async def``, or a bad name (:func:`checked_tool_name`).
     """

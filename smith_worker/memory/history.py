@@ -3,7 +3,7 @@
 One Redis list per conversation holds the stored form of every message, so
 any worker can run the conversation's next turn. The list lives until the
 conversation has been idle ``smith_client.keys.DEFAULT_HISTORY_TTL`` seconds (30 days,
-DESIGN.md §8): every write (:mod:`smith_worker.turn_state`) refreshes the TTL.
+DESIGN.md §8): every write (:mod:`smith_worker.turn.attempt`) refreshes the TTL.
 
 Storage is bounded by ``SMITH_HISTORY_MAX_MESSAGES`` (default
 :data:`DEFAULT_HISTORY_MAX_MESSAGES`): the append scripts trim the oldest
@@ -27,11 +27,16 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from smith_client import scripts
 from smith_client.errors import ContextOverflowError
 from smith_client.keys import Keys
 from smith_client.messages import messages_from_json_list
-from smith_worker.fencing import StaleAttemptError
+from smith_client.scripts import LuaScript
+from smith_worker.memory.fencing import StaleAttemptError
+
+#: The history's scripts, in ``lua/`` beside this module: the read by position (here) and the fenced
+#: append of whole messages (a turn's attempt, a sub-agent).
+HISTORY_READ = LuaScript("history_read", __package__)
+APPEND = LuaScript("append", __package__)
 
 #: Messages kept in a conversation's stored history (``SMITH_HISTORY_MAX_MESSAGES``).
 DEFAULT_HISTORY_MAX_MESSAGES = 10_000
@@ -61,13 +66,13 @@ class Repair:
 
 class ConversationStore:
     """Read one conversation's messages by absolute position. Turns write them through their
-    fenced :class:`~smith_worker.turn_state.TurnAttempt`, so a stale attempt cannot.
+    fenced :class:`~smith_worker.turn.attempt.TurnAttempt`, so a stale attempt cannot.
 
     ``bytes_read`` counts the stored-form bytes this object has read (for benchmarks).
     ``lists`` reads another message list and its trimmed counter instead (a
-    sub-agent's, :mod:`smith_worker.subagents`). ``expected_end()`` is where the
+    sub-agent's, :mod:`smith_worker.agent.subagents`). ``expected_end()`` is where the
     running attempt's own writes left the history's end (None: not known yet):
-    a read that finds another end raises :class:`~smith_worker.fencing.StaleAttemptError`
+    a read that finds another end raises :class:`~smith_worker.memory.fencing.StaleAttemptError`
     (a failover lost some of them), so no prompt is built from a history missing them.
     A read whose messages sum to more than ``max_bytes`` (stored form, bytes) raises
     :class:`~smith_client.errors.ContextOverflowError` (``limit="SMITH_VIEW_MAX_BYTES"``, ``budget`` the
@@ -93,15 +98,13 @@ class ConversationStore:
     async def read(self, first: int, end: int | None = None) -> HistorySlice:
         """Messages at positions ``first`` (clamped to the oldest stored) up to ``end`` (exclusive; None = all)."""
         return self._slice(
-            await scripts.HISTORY_READ(
-                self._redis, self._keys, [first, "" if end is None else end, "range", self._max_bytes]
-            )
+            await HISTORY_READ(self._redis, self._keys, [first, "" if end is None else end, "range", self._max_bytes])
         )
 
     def queue_tail(self, pipe: Any, count: int) -> None:
         """Queue a read of the last ``count`` stored messages (fewer when the history is shorter) on ``pipe``,
         to share another call's round trip; :meth:`tail_from` reads its reply."""
-        scripts.HISTORY_READ.queue(pipe, self._keys, [count, "", "tail", self._max_bytes])
+        HISTORY_READ.queue(pipe, self._keys, [count, "", "tail", self._max_bytes])
 
     def tail_from(self, reply: Any) -> HistorySlice:
         """The :class:`HistorySlice` of a queued :meth:`queue_tail`'s reply."""

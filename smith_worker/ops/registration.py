@@ -29,8 +29,12 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from smith_client import scripts
 from smith_client.keys import REGISTRATION_TTL, WORKERS_TTL, Keys, now_ms
+from smith_client.scripts import LuaScript
+
+#: The scripts of this module, in ``lua/`` beside it.
+REGISTER = LuaScript("register", __package__)
+UNREGISTER = LuaScript("unregister", __package__)
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ async def register_worker(
     """
     script_keys = [keys.worker(worker_id), keys.workers]
     args = [worker_id, orjson.dumps(info), info["instance"], ttl, now_ms(), WORKERS_TTL]
-    held = await scripts.REGISTER(redis, script_keys, args)
+    held = await REGISTER(redis, script_keys, args)
     if held is not None:
         raw, ttl_ms = held
         try:
@@ -102,4 +106,4 @@ async def _renew_capability_set(redis: Redis, capability_set: CapabilitySet, ttl
 
 async def unregister_worker(redis: Redis, keys: Keys, worker_id: str, instance: str) -> None:
     """Remove a worker's registration (at graceful shutdown), unless another process instance holds the id."""
-    await scripts.UNREGISTER(redis, [keys.worker(worker_id), keys.workers], [worker_id, instance])
+    await UNREGISTER(redis, [keys.worker(worker_id), keys.workers], [worker_id, instance])

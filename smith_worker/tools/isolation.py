@@ -13,7 +13,7 @@ other tools:
   runs counts as *overrunning* until the thread ends;
 * when ``overrun_limit`` threads overrun at once, ``on_limit`` is called once:
   the tool worker stops taking jobs, drains, and re-executes itself
-  (:mod:`smith_worker.worker`), which is the only way to get rid of them.
+  (:mod:`smith_worker.queue.worker`), which is the only way to get rid of them.
 
 A tool declared with ``isolation="process"`` runs in a process of a
 :class:`pebble.ProcessPool` instead, and its process is killed when the call

@@ -9,11 +9,11 @@ job, concurrently, and append the tool messages in the order of
 same append. A re-run resumes after the last completed step.
 
 A sub-agent call (seed §14) runs here too, as a nested loop with a child
-context (:mod:`smith_worker.subagents`); the tree's budget (model calls and
+context (:mod:`smith_worker.agent.subagents`); the tree's budget (model calls and
 tokens) lives in Redis under the root turn.
 
 The turn's lifecycle around it (attempts, cancellation, terminal events) is
-:mod:`smith_worker.turn`.
+:mod:`smith_worker.turn.lifecycle`.
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ from smith_client.events import (
 )
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, message_from_json
+from smith_worker.agent.context import AgentContext, CancelRequested
+from smith_worker.agent.event_batch import EventBatcher
+from smith_worker.agent.subagents import SubAgentTools
+from smith_worker.agent.toolset import ToolRoute, Toolset, step_toolset
 from smith_worker.app import AgentSpec
-from smith_worker.context import AgentContext, CancelRequested
-from smith_worker.event_batch import EventBatcher
-from smith_worker.fencing import StaleAttemptError
 from smith_worker.hooks import fire
 from smith_worker.llm import EncodedRequest, LlmClient
 from smith_worker.llm.types import (
@@ -58,10 +59,9 @@ from smith_worker.llm.types import (
     ToolSchema,
 )
 from smith_worker.memory import MemoryContext
+from smith_worker.memory.fencing import StaleAttemptError
 from smith_worker.skills import ConversationSkills
-from smith_worker.subagents import SubAgentTools
-from smith_worker.tools import ToolContext
-from smith_worker.toolset import ToolRoute, Toolset, step_toolset
+from smith_worker.tools.function import ToolContext
 
 logger = logging.getLogger("agent_smith.agent")
 
@@ -92,7 +92,7 @@ async def gather_all(coros: list[Any]) -> list[Any]:
 
 class AgentLoop:
     """The steps of one agent in one attempt of one turn; everything it uses comes from ``ctx``
-    (:class:`~smith_worker.context.AgentContext`), and it never calls back into the turn lifecycle."""
+    (:class:`~smith_worker.agent.context.AgentContext`), and it never calls back into the turn lifecycle."""
 
     def __init__(self, ctx: AgentContext) -> None:
         self.ctx = ctx
@@ -306,7 +306,7 @@ class AgentLoop:
             raise ConfigurationError(f"invalid per-turn sampling: {exc}", setting="sampling") from exc
 
     async def _tool_schemas(self, spec: AgentSpec) -> list[ToolSchema]:
-        """The schemas of the step's toolset (:mod:`smith_worker.toolset`), discovery reported to this turn."""
+        """The schemas of the step's toolset (:mod:`smith_worker.agent.toolset`), discovery reported to this turn."""
         asking = ToolContext(
             call_id="",
             tool_name="",

@@ -33,17 +33,39 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from arq.connections import ArqRedis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from redis.asyncio import Redis
 
 from smith_client.keys import Keys, now_ms
-from smith_worker.llm.types import LlmResponse
 
 logger = logging.getLogger("agent_smith.worker")
+
+
+class _Usage(Protocol):
+    @property
+    def prompt(self) -> int: ...
+    @property
+    def completion(self) -> int: ...
+
+
+class _Message(Protocol):
+    @property
+    def usage(self) -> _Usage | None: ...
+
+
+class _Response(Protocol):
+    """What :meth:`WorkerMetrics.count_llm_request` reads of a model response (``smith_worker.llm.LlmResponse``):
+    the process services stay below the LLM client, which uses them (redaction, retry)."""
+
+    @property
+    def message(self) -> _Message: ...
+
+
+Response = TypeVar("Response", bound=_Response)
 
 #: Seconds a scrape waits for the queue gauges before reporting NaN.
 SCRAPE_REDIS_TIMEOUT = 2.0
@@ -59,7 +81,7 @@ class QueueCollector(Collector):
     loop for the figures, waiting at most :data:`SCRAPE_REDIS_TIMEOUT` seconds.
     """
 
-    def __init__(self, redis: ArqRedis, queue: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, redis: Redis, queue: str, loop: asyncio.AbstractEventLoop) -> None:
         self.redis = redis
         self.queue = queue
         self.loop = loop
@@ -136,7 +158,7 @@ class WorkerMetrics:
         self.tool_calls.labels(tool=tool, status="error" if is_error else "ok").inc()
         self.tool_duration.observe(seconds)
 
-    async def count_llm_request(self, call: Awaitable[LlmResponse]) -> LlmResponse:
+    async def count_llm_request(self, call: Awaitable[Response]) -> Response:
         """Await one model call and count it: ``ok`` with its server-reported tokens, or ``error``
         when it raises (a cancelled call is not counted)."""
         try:
@@ -151,7 +173,7 @@ class WorkerMetrics:
             self.llm_tokens.labels(kind="completion").inc(usage.completion)
         return response
 
-    def serve(self, port: int, redis: ArqRedis, queue: str, running: Callable[[], int]) -> bool:
+    def serve(self, port: int, redis: Redis, queue: str, running: Callable[[], int]) -> bool:
         """Start ``/metrics`` on ``port`` (all interfaces) from the running event loop.
 
         Returns False, with a warning, when the port cannot be bound: the

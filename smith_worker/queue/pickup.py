@@ -14,7 +14,7 @@ at once. The wait also ends:
   runs arq's abort check at once;
 * at the score of the queue's next deferred job (parked turns, arq retries
   with a delay), so they run on time: the poll's claim read it
-  (:mod:`smith_worker.claim`), so the wait sends nothing for it;
+  (:mod:`smith_worker.queue.claim`), so the wait sends nothing for it;
 * after ``fallback`` seconds (``SMITH_FALLBACK_POLL``), so a job enqueued
   without a token (arq's own ``enqueue_job``), or whose token went to another
   worker, waits at most that long;
@@ -57,8 +57,8 @@ from collections.abc import Callable
 from typing import Any
 
 from smith_client.keys import Keys, now_ms
-from smith_worker.claim import HeldTokens
-from smith_worker.redis_health import REDIS_DOWN_ERRORS, RedisHealth
+from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS, RedisHealth
+from smith_worker.queue.claim import HeldTokens
 
 logger = logging.getLogger("agent_smith.worker")
 

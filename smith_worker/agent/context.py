@@ -1,8 +1,8 @@
 """What one agent loop receives: :class:`AgentContext`, built by the turn lifecycle.
 
-The lifecycle (:mod:`smith_worker.turn`) owns attempts, fencing and terminal
+The lifecycle (:mod:`smith_worker.turn.lifecycle`) owns attempts, fencing and terminal
 events; it builds an :class:`AgentContext` and hands it to
-:class:`~smith_worker.loop.AgentLoop`, which never calls back into it. Every
+:class:`~smith_worker.agent.loop.AgentLoop`, which never calls back into it. Every
 write the loop makes goes through the context: fenced ``publish``, ``append``
 (history + ``message`` event + ``on_message`` hooks), the attempt's inbox.
 
@@ -24,9 +24,9 @@ from smith_client.events import EventData, MessageData
 from smith_client.jobs import TurnJob
 from smith_worker.app import AgentSpec
 from smith_worker.config import AgentConfig
-from smith_worker.fencing import AttemptWrites, StaleAttemptError
-from smith_worker.history import ConversationStore
 from smith_worker.hooks import fire
+from smith_worker.memory.fencing import AttemptWrites, StaleAttemptError
+from smith_worker.memory.history import ConversationStore
 from smith_worker.runtime import TurnServices, WorkerRuntime
 
 
@@ -47,7 +47,7 @@ class AgentContext:
     every loop of the tree; ``turn_id`` is the turn whose stream and tool-result
     keys this loop uses. ``publish`` is fenced by the attempt.
 
-    A sub-agent's context (:mod:`smith_worker.subagents`) has its chain in
+    A sub-agent's context (:mod:`smith_worker.agent.subagents`) has its chain in
     ``agent_path`` and the ids of the calls that started each agent of it in
     ``call_path`` (see :mod:`smith_client.events`), its tree ``position`` (``""`` for the root; see
     :func:`smith_client.keys.tree_position`), its own checkpointed history in
@@ -112,7 +112,7 @@ class AgentContext:
         )
 
     def submit_publish(self, take: Callable[[], list[EventData]]) -> asyncio.Future[Any]:
-        """Queue for the worker's next auto-pipeline (:class:`~smith_worker.auto_pipeline.AutoPipeline`: the
+        """Queue for the worker's next auto-pipeline (:class:`~smith_worker.ops.auto_pipeline.AutoPipeline`: the
         publishes of the turns streaming at once share one round trip) the publish of the consecutive events
         ``take()`` returns when that pipeline is built, in one script call fenced by the attempt. The future
         gets the script's reply, for :meth:`published` to check."""

@@ -27,8 +27,8 @@ from typing import Any
 
 from smith_client import turn_record as record
 from smith_client.keys import Keys, now_ms
-from smith_worker.redis_health import REDIS_DOWN_ERRORS
-from smith_worker.turn_state import DEFAULT_LEASE, requeue_turn
+from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS
+from smith_worker.turn.attempt import DEFAULT_LEASE, requeue_turn
 
 logger = logging.getLogger("agent_smith.worker")
 

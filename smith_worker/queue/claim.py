@@ -8,15 +8,16 @@ transaction that reads the job record and counts the try (``GET``,
 request); the wait between polls read the next deferred job's score in one
 more. :func:`claim_jobs` does all of it in one atomic script
 (``lua/claim.lua``), which also pops the wake-up tokens of the jobs it
-claims (:mod:`smith_worker.pickup`) and leaves a job whose requirement the
+claims (:mod:`smith_worker.queue.pickup`) and leaves a job whose requirement the
 worker's capability set does not hold to the workers that serve it
 (:mod:`smith_worker.routing`).
 
-The hand-over relies on arq 0.28.0's ``run_job`` (pinned in pyproject.toml):
+The hand-over relies on arq 0.28.0's ``run_job`` (pinned in pyproject.toml; the commands are listed in
+:mod:`smith_worker.queue.arq_internals`):
 its first use of ``self.pool`` is ``pipeline(transaction=True)``, into which it
 queues exactly ``get(job key)``, ``incr(retry key)``, ``expire(retry key,
 88400)`` and, with ``allow_abort_jobs``, ``zrem(abort set, job id)``, then
-``execute()``. :class:`~smith_worker.worker.SmithWorker` starts a claimed job's
+``execute()``. :class:`~smith_worker.queue.worker.SmithWorker` starts a claimed job's
 ``run_job`` with :func:`hand_over` in the job's own task, and its ``pool``
 gives that first use :func:`take_handed_over`'s stand-in, whose ``execute()``
 returns what the script read, so that transaction is never sent. A stand-in
@@ -32,8 +33,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from smith_client import scripts
 from smith_client.keys import ARQ_RETRY_TTL, Keys, now_ms
+from smith_client.scripts import LuaScript
+from smith_worker.queue.arq_internals import RUN_JOB_ABORT_COMMAND, RUN_JOB_FIRST_TRANSACTION
+
+#: The scripts of this module, in ``lua/`` beside it.
+CLAIM = LuaScript("claim", __package__)
+CONFIRM_CLAIMS = LuaScript("confirm_claims", __package__)
 
 #: How long a claim waits for its worker's confirmation, milliseconds, before its jobs are claimable again.
 #: A worker confirms as soon as the claim's reply arrives (a loopback round trip); this bounds how long a
@@ -120,7 +126,7 @@ async def claim_jobs(
     script_keys = [queue, wake, own_wake, requirements, members, keys.arq_abort_set]
     args = [now, free, read_limit, in_progress_ms, ARQ_RETRY_TTL, tokens_held.queue, tokens_held.own,
             int(take_aborts), int(capset is not None), marker, *Keys.arq_claim_prefixes(), *ended]  # fmt: skip
-    reply = await scripts.CLAIM(redis, script_keys, args)
+    reply = await CLAIM(redis, script_keys, args)
     jobs = [
         ClaimedJob(job_id.decode(), int(float(score)), record, int(job_try), bool(aborted))
         for job_id, score, record, job_try, aborted in zip(*[iter(reply[1:])] * 5, strict=True)
@@ -139,7 +145,7 @@ async def confirm_claims(redis: Any, claim: Claim, in_progress_ms: int) -> list[
         return []
     in_progress_prefix = Keys.arq_claim_prefixes()[0]
     args = [claim.marker, in_progress_ms, in_progress_prefix, *(job.job_id for job in claim.jobs)]
-    confirmed = await scripts.CONFIRM_CLAIMS(redis, [], args)
+    confirmed = await CONFIRM_CLAIMS(redis, [], args)
     return [job for job, held in zip(claim.jobs, confirmed, strict=True) if held]
 
 
@@ -189,14 +195,13 @@ class PrefetchedPipeline:
         self._take_aborts = take_aborts
         self._queued: list[tuple[Any, ...]] = [("transaction", transaction)]
         retry = keys.arq_retry(job.job_id)
+        arguments = [(keys.arq_job(job.job_id),), (retry,), (retry, ARQ_RETRY_TTL)]
         self._expected: list[tuple[Any, ...]] = [
             ("transaction", True),
-            ("get", keys.arq_job(job.job_id)),
-            ("incr", retry),
-            ("expire", retry, ARQ_RETRY_TTL),
+            *((command, *args) for command, args in zip(RUN_JOB_FIRST_TRANSACTION, arguments, strict=True)),
         ]
         if take_aborts:
-            self._expected.append(("zrem", keys.arq_abort_set, job.job_id))
+            self._expected.append((RUN_JOB_ABORT_COMMAND, keys.arq_abort_set, job.job_id))
 
     async def __aenter__(self) -> PrefetchedPipeline:
         return self

@@ -1,0 +1,124 @@
+"""The arq internals the workers rely on (smith_worker/queue/arq_internals.py), each checked against the installed
+arq: an arq upgrade that breaks one fails the test naming it."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import tomllib
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+from arq.worker import Worker, func
+
+from smith_client.errors import ConfigurationError
+from smith_worker.queue import arq_internals
+from smith_worker.queue.arq_internals import (
+    ARQ_VERSION,
+    CALLED_COROUTINES,
+    DRIVEN_ATTRIBUTES,
+    OVERRIDDEN_METHODS,
+    OVERRIDDEN_PROPERTIES,
+    RUN_JOB_ABORT_COMMAND,
+    RUN_JOB_FIRST_TRANSACTION,
+    check_arq,
+)
+from smith_worker.queue.worker import SmithWorker
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def _job(ctx: dict[str, Any]) -> None:
+    return None
+
+
+def _worker(allow_abort_jobs: bool = False) -> Worker:
+    return Worker(functions=[func(_job, name="job")], handle_signals=False, allow_abort_jobs=allow_abort_jobs)
+
+
+def test_the_installed_arq_is_the_one_pyproject_pins_and_the_internals_were_read_from():
+    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"arq=={ARQ_VERSION}" in pins
+    assert metadata.version("arq") == ARQ_VERSION
+    check_arq()
+
+
+def test_another_arq_version_stops_the_worker_at_start(monkeypatch):
+    monkeypatch.setattr(arq_internals.metadata, "version", lambda _name: "0.29.0")
+    with pytest.raises(ConfigurationError, match="arq 0.29.0 is installed"):
+        check_arq()
+
+
+def test_smith_worker_overrides_exactly_the_listed_methods_and_properties_of_arqs_worker():
+    overridden = {name for name in vars(SmithWorker) if hasattr(Worker, name) and not name.startswith("__")}
+    assert overridden == set(OVERRIDDEN_METHODS) | set(OVERRIDDEN_PROPERTIES)
+
+
+@pytest.mark.parametrize("name", OVERRIDDEN_METHODS)
+def test_each_overridden_method_keeps_the_parameters_arq_calls_it_with(name):
+    ours, arqs = inspect.signature(getattr(SmithWorker, name)), inspect.signature(getattr(Worker, name))
+    assert list(ours.parameters) == list(arqs.parameters)
+    assert inspect.iscoroutinefunction(getattr(SmithWorker, name)) == inspect.iscoroutinefunction(
+        getattr(Worker, name)
+    )
+
+
+@pytest.mark.parametrize("name", OVERRIDDEN_PROPERTIES)
+def test_each_overridden_property_is_a_property_in_arq(name):
+    assert isinstance(inspect.getattr_static(Worker, name), property)
+
+
+@pytest.mark.parametrize("name", CALLED_COROUTINES)
+def test_each_called_method_is_a_coroutine_function_of_arqs_worker(name):
+    assert inspect.iscoroutinefunction(getattr(Worker, name))
+
+
+@pytest.mark.parametrize("name", DRIVEN_ATTRIBUTES)
+def test_arqs_worker_init_sets_each_driven_attribute(name):
+    assert name in vars(_worker())
+
+
+def test_the_job_slots_are_a_bounded_semaphore_one_above_max_jobs_a_counter_and_a_task_dict():
+    worker = _worker()
+    assert isinstance(worker.sem, asyncio.BoundedSemaphore) and worker.sem._value == worker.max_jobs + 1
+    assert worker.job_counter == 0 and worker.tasks == {}
+
+
+class _Recorded(Exception):
+    pass
+
+
+class _RecordingPool:
+    """Records what ``run_job`` queues on its first pipeline, then stops it."""
+
+    def __init__(self) -> None:
+        self.queued: list[str] = []
+        self.transaction: bool | None = None
+
+    def pipeline(self, transaction: bool = True) -> _RecordingPool:
+        self.transaction = transaction
+        return self
+
+    async def __aenter__(self) -> _RecordingPool:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+    def __getattr__(self, command: str) -> Any:
+        return lambda *args, **kwargs: self.queued.append(command)
+
+    async def execute(self) -> list[Any]:
+        raise _Recorded
+
+
+@pytest.mark.parametrize("allow_abort_jobs", [False, True])
+async def test_run_jobs_first_use_of_the_pool_is_one_transaction_of_the_listed_commands(allow_abort_jobs):
+    worker, pool = _worker(allow_abort_jobs), _RecordingPool()
+    worker._pool = pool
+    with pytest.raises(_Recorded):
+        await worker.run_job("j1", 0)
+    expected = [*RUN_JOB_FIRST_TRANSACTION, *([RUN_JOB_ABORT_COMMAND] if allow_abort_jobs else [])]
+    assert pool.transaction is True and pool.queued == expected
