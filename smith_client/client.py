@@ -319,12 +319,6 @@ class SmithClient(ClientBase):
         if self._owns_redis:
             await self.redis.aclose(close_connection_pool=True)
 
-    def _follow(
-        self, pubsub: Any, turn_id: str, after_seq: int, timeout: float | None, poll_interval: float = ops.POLL_INTERVAL
-    ) -> AsyncGenerator[Event, None]:
-        """:meth:`follow` on a pub/sub connection the caller subscribed (tests use a lossy one)."""
-        return self.runner.iterate(ops.follow_subscribed(self.keys, turn_id, after_seq, timeout, poll_interval), pubsub)
-
 
 class TurnHandle(HandleBase):
     """A turn seen from any process through a :class:`SmithClient`: its status, events, result, and cancel.

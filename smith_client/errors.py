@@ -63,9 +63,18 @@ class ParseError(SmithError):
 
 
 class ToolError(SmithError):
-    """A tool failed (seed §6.1). Fields: ``tool_name`` (str), ``retryable`` (bool)."""
+    """A tool failed (seed §6.1). Fields: ``tool_name`` (str), ``retryable`` (bool).
+
+    A Python tool raises it to report a failure to the model in its own words:
+    the call's error result is ``{"error": true, "message": ..., "kind": "ToolError",
+    "tool_name": ..., "retryable": ...}`` (``tool_name`` defaults to the tool's
+    name; ``retryable`` tells the model whether calling again may succeed).
+    Any other exception gives ``{"error": true, "message": "<type>: <text>"}``.
+    """
 
     field_names = ("tool_name", "retryable")
+    tool_name: str
+    retryable: bool
 
     def __init__(self, message: str, tool_name: str = "", retryable: bool = False) -> None:
         super().__init__(message, tool_name=tool_name, retryable=retryable)

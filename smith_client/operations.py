@@ -5,7 +5,7 @@ clients run them with :mod:`smith_client.runners`.
 
 Following a turn combines the live pub/sub channel with the replay log: a gap
 in ``seq`` on the channel is filled from the log, duplicates are dropped, and
-when the channel is silent for ``poll_interval`` seconds the log is re-read,
+when the channel is silent for :data:`POLL_INTERVAL` seconds the log is re-read,
 which covers a lost pub/sub message (DESIGN.md §5).
 """
 
@@ -193,7 +193,6 @@ def follow_subscribed(
     turn_id: str,
     after_seq: int,
     timeout: float | None,
-    poll_interval: float = POLL_INTERVAL,
     *,
     read_first: bool = True,
 ) -> Operation[None]:
@@ -224,7 +223,7 @@ def follow_subscribed(
             raise SmithTimeoutError(
                 f"turn {turn_id} did not finish in {timeout:g} s", operation="send", budget=timeout or 0.0
             )
-        message = yield Receive(poll_interval)
+        message = yield Receive(POLL_INTERVAL)
         if message is None:
             pending, over = yield from _catch_up(keys, turn_id, last, seen_any=True)
             continue

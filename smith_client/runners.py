@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from smith_client.errors import SmithTimeoutError, TransportError
 from smith_client.events import Event
-from smith_client.fanout import AsyncFanout, SyncFanout
+from smith_client.fanout import AsyncFanout, Subscription, SyncFanout, SyncSubscription
 from smith_client.protocol import Call, Operation, Receive, RunScript, Subscribe, T, Transaction
 from smith_client.redis_errors import typed_redis_errors
 
@@ -28,15 +28,6 @@ class _Done:
 
     def __init__(self, value: Any) -> None:
         self.value = value
-
-
-class _Session:
-    """The pub/sub of one operation: its subscription on the client's shared connection
-    (:class:`Subscription` or :class:`SyncSubscription`), or a connection the caller subscribed (tests)."""
-
-    def __init__(self, pubsub: Any = None, subscription: Any = None) -> None:
-        self.pubsub = pubsub
-        self.subscription = subscription
 
 
 def _step(op: Operation[Any], reply: Any) -> Any:
@@ -65,21 +56,18 @@ def _is_request(item: Any) -> bool:
     return not isinstance(item, (Event, _Done))
 
 
-def _bind(request: Any, client: Any, session: _Session) -> Callable[[], Any]:
+def _bind(request: Call | Transaction, client: Any) -> Callable[[], Any]:
     """The redis-py call that performs ``request`` (the asyncio and the blocking client share method names).
 
     Calling it returns the reply, or with the asyncio client an awaitable of it.
     """
     if isinstance(request, Call):
         return functools.partial(getattr(client, request.command), *request.args, **request.kwargs)
-    if isinstance(request, Transaction):
-        pipe = client.pipeline(transaction=True)  # execute() resets the pipeline, releasing its connection
-        for call in request.calls:
-            getattr(pipe, call.command)(*call.args, **call.kwargs)
-        execute: Callable[[], Any] = pipe.execute
-        return execute
-    # a Subscribe on a connection the caller gave (AsyncRunner.iterate's ``pubsub``)
-    return functools.partial(session.pubsub.subscribe, request.channel)
+    pipe = client.pipeline(transaction=True)  # execute() resets the pipeline, releasing its connection
+    for call in request.calls:
+        getattr(pipe, call.command)(*call.args, **call.kwargs)
+    execute: Callable[[], Any] = pipe.execute
+    return execute
 
 
 class AsyncRunner(_Closable):
@@ -116,47 +104,43 @@ class AsyncRunner(_Closable):
             ) from exc
 
     async def _run(self, op: Operation[T]) -> T:
-        async with contextlib.aclosing(self._drive(op, _Session(None, self.fanout.open()))) as items:
+        async with contextlib.aclosing(self._drive(op)) as items:
             async for item in items:
                 if isinstance(item, _Done):
                     return cast(T, item.value)
         raise AssertionError("an operation always ends with its result")
 
-    async def iterate(self, op: Operation[Any], pubsub: Any = None) -> AsyncGenerator[Event, None]:
-        """Run a streaming operation, yielding its events. ``pubsub``: an already-subscribed connection to use
-        instead of the shared one."""
-        session = _Session(pubsub, None if pubsub is not None else self.fanout.open())
-        async with contextlib.aclosing(self._drive(op, session)) as items:  # closing this closes the run now
+    async def iterate(self, op: Operation[Any]) -> AsyncGenerator[Event, None]:
+        """Run a streaming operation, yielding its events (its subscriptions on the shared pub/sub connection)."""
+        async with contextlib.aclosing(self._drive(op)) as items:  # closing this closes the run now
             async for item in items:
                 if isinstance(item, Event):
                     yield item
 
-    async def _drive(self, op: Operation[Any], session: _Session) -> AsyncGenerator[Any, None]:
+    async def _drive(self, op: Operation[Any]) -> AsyncGenerator[Any, None]:
+        subscription = self.fanout.open()
         try:
             item = _step(op, None)
             while not isinstance(item, _Done):
                 if _is_request(item):
-                    item = _step(op, await self._perform(item, session))
+                    item = _step(op, await self._perform(item, subscription))
                 else:
                     yield item
                     item = _step(op, None)
             yield item
         finally:
-            if session.subscription is not None:
-                await session.subscription.close()
+            await subscription.close()
 
     @typed_redis_errors
-    async def _perform(self, request: Any, session: _Session) -> Any:
+    async def _perform(self, request: Any, subscription: Subscription) -> Any:
         self._check_open(request)
         if isinstance(request, RunScript):
             return await request.script(self.redis, request.keys, request.args)
-        if isinstance(request, (Subscribe, Receive)) and session.subscription is not None:
-            if isinstance(request, Subscribe):
-                return await session.subscription.subscribe(request.channel)
-            return await session.subscription.receive(request.timeout)
-        if isinstance(request, Receive):  # a connection the caller subscribed (tests)
-            return await session.pubsub.get_message(ignore_subscribe_messages=True, timeout=request.timeout)
-        return await _bind(request, self.redis, session)()
+        if isinstance(request, Subscribe):
+            return await subscription.subscribe(request.channel)
+        if isinstance(request, Receive):
+            return await subscription.receive(request.timeout)
+        return await _bind(request, self.redis)()
 
 
 class SyncRunner(_Closable):
@@ -183,8 +167,8 @@ class SyncRunner(_Closable):
         """
         return cast(T, next(item.value for item in self._drive(op) if isinstance(item, _Done)))
 
-    def iterate(self, op: Operation[Any], pubsub: Any = None) -> Generator[Event, None, None]:
-        """Run a streaming operation, yielding its events (``pubsub`` is ignored: the shared connection is used).
+    def iterate(self, op: Operation[Any]) -> Generator[Event, None, None]:
+        """Run a streaming operation, yielding its events (its subscriptions on the shared pub/sub connection).
 
         Closing the iterator (``close()``, or letting it go unfinished) unsubscribes its channels at
         once; after the client is closed, or at interpreter exit, without any Redis I/O.
@@ -193,26 +177,26 @@ class SyncRunner(_Closable):
             yield from (item for item in items if isinstance(item, Event))
 
     def _drive(self, op: Operation[Any]) -> Generator[Any, None, None]:
-        session = _Session(None, self.fanout.open())
+        subscription = self.fanout.open()
         try:
             reply = None
             while True:
                 item = _step(op, reply)
-                reply = self._perform(item, session) if _is_request(item) else None
+                reply = self._perform(item, subscription) if _is_request(item) else None
                 if not _is_request(item):
                     yield item
                 if isinstance(item, _Done):
                     return
         finally:
-            session.subscription.close()
+            subscription.close()
 
     @typed_redis_errors
-    def _perform(self, request: Any, session: _Session) -> Any:
+    def _perform(self, request: Any, subscription: SyncSubscription) -> Any:
         self._check_open(request)
         if isinstance(request, RunScript):
             return request.script.call_sync(self.redis, request.keys, request.args)
         if isinstance(request, Subscribe):
-            return session.subscription.subscribe(request.channel)
+            return subscription.subscribe(request.channel)
         if isinstance(request, Receive):
-            return session.subscription.receive(request.timeout)
-        return _bind(request, self.redis, session)()
+            return subscription.receive(request.timeout)
+        return _bind(request, self.redis)()

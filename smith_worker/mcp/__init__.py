@@ -15,7 +15,7 @@ Modules, one concern each: :mod:`.config` (``ServerConfig``),
 :mod:`.naming` (public names), :mod:`.catalog` (filter + schemas),
 :mod:`.discovery` (handshake + listings), :mod:`.transport` (SDK
 transports, stderr, parent-death launcher), :mod:`.link` (read/write pumps),
-:mod:`.server` (owner task, restarts, requests),
+:mod:`.supervisor` (owner task, health, restarts), :mod:`.server` (requests),
 :mod:`.adapt` (results → Smith values), :mod:`.events`, :mod:`.errors`,
 :mod:`.source` (the ``ToolSource``).
 """
@@ -49,11 +49,11 @@ if TYPE_CHECKING:  # the names for type checkers; at run time each loads its mod
     from smith_worker.mcp.server import (
         ServerHandle as ServerHandle,
     )
-    from smith_worker.mcp.server import (
-        State as State,
-    )
     from smith_worker.mcp.source import (
         McpServerSource as McpServerSource,
+    )
+    from smith_worker.mcp.supervisor import (
+        State as State,
     )
 
 _EXPORTS = {
@@ -66,7 +66,7 @@ _EXPORTS = {
     "PROTOCOL_VERSION": "config",
     "ServerConfig": "config",
     "ServerHandle": "server",
-    "State": "server",
+    "State": "supervisor",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -59,6 +59,12 @@ def is_session_terminated(exc: BaseException) -> bool:
     return rpc_code(exc) is not None and bool(_SESSION_GONE.search(str(exc)))
 
 
+def is_session_gone(kind: str, exc: BaseException) -> bool:
+    """Whether an HTTP server's (``kind`` ``"http"``) JSON-RPC error says it does not know our session
+    (stdio has no sessions)."""
+    return kind == "http" and is_session_terminated(exc)
+
+
 def is_connection_loss(exc: BaseException) -> bool:
     """Whether ``exc`` means the connection is gone (not a server answer)."""
     if rpc_code(exc) == CONNECTION_CLOSED:

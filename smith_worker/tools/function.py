@@ -10,7 +10,9 @@ overrunning sync tool's thread runs on); async ones are awaited (seed §10.2). R
 * ``str`` → text content;
 * :class:`ToolResult` → unchanged;
 * any other JSON-able value → compact JSON content, and the value kept as ``structured``;
-* a raised exception → an error result (never a turn failure, seed §10.4).
+* a raised exception → an error result (never a turn failure, seed §10.4); a raised
+  :class:`~smith_client.errors.ToolError` gives the model its own message, ``kind`` and
+  ``retryable`` instead of the exception's type and text.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 import orjson
 from pydantic import BaseModel, ConfigDict, create_model
 
-from smith_client.errors import ConfigurationError, SmithTimeoutError
+from smith_client.errors import ConfigurationError, SmithTimeoutError, ToolError
 from smith_client.validation import shown
 from smith_worker.llm.types import ToolSchema
 
@@ -79,14 +81,15 @@ class ToolContext:
         return max(0.0, self.deadline - time.monotonic())
 
 
-def error_content(message: str) -> str:
-    """Compact JSON error content for a tool message: ``{"error":true,"message":...}`` (seed §10.4)."""
-    return orjson.dumps({"error": True, "message": message}).decode()
+def error_content(message: str, **details: Any) -> str:
+    """Compact JSON error content for a tool message: ``{"error":true,"message":...}`` and ``details``'s
+    JSON-able items after them (seed §10.4)."""
+    return orjson.dumps({"error": True, "message": message, **details}).decode()
 
 
-def error_result(message: str) -> ToolResult:
-    """An error :class:`ToolResult` with compact JSON content."""
-    return ToolResult(content=error_content(message), is_error=True)
+def error_result(message: str, **details: Any) -> ToolResult:
+    """An error :class:`ToolResult` with compact JSON content (see :func:`error_content`)."""
+    return ToolResult(content=error_content(message, **details), is_error=True)
 
 
 def normalize_result(value: Any) -> ToolResult:
@@ -224,6 +227,9 @@ class Tool:
                 return error_result(f"{type(exc).__name__}: {exc}")
             err = SmithTimeoutError(f"tool {self.name!r} timed out after {budget:g} s", "tool", budget)
             return error_result(err.message)
+        except ToolError as exc:  # the tool's own account of its failure, told to the model as it is
+            fields = {"tool_name": exc.tool_name or self.name, "retryable": exc.retryable}
+            return error_result(exc.message, kind=exc.kind, **fields)
         except Exception as exc:  # a crashing tool becomes an error result (seed §10.4)
             logger.info("tool %r raised %s: %s", self.name, type(exc).__name__, exc)
             return error_result(f"{type(exc).__name__}: {exc}")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
 
 from smith_client.events import TokenData, TurnCancelledData, TurnCompletedData
-from smith_client import SmithClient
+from smith_client import SmithClient, operations
 from smith_client.errors import EventsTrimmedError
 
 pytestmark = pytest.mark.integration
@@ -31,28 +32,40 @@ async def test_concurrent_publishers_get_gap_free_unique_seqs(log_client):
 
 
 class LossyPubSub:
-    """A pub/sub wrapper that drops every other live message, as a slow or reconnecting subscriber may."""
+    """A redis-py pub/sub connection that drops every other published message, as a slow or reconnecting
+    subscriber may (subscription confirmations pass)."""
 
     def __init__(self, pubsub):
         self.pubsub = pubsub
         self.count = 0
 
+    def __getattr__(self, name):
+        return getattr(self.pubsub, name)
+
     async def get_message(self, **kwargs):
         while True:
             message = await self.pubsub.get_message(**kwargs)
-            if message is None:
-                return None
+            if message is None or message["type"] != "message":
+                return message
             self.count += 1
             if self.count % 2:
                 return message
 
 
-async def test_follow_fills_gaps_from_the_log(log_client):
+async def test_follow_fills_gaps_from_the_log(log_client, monkeypatch):
     turn = "t-gaps"
     await log_client.redis.hset(log_client.keys.turn_state(turn), "status", "running")  # a known turn
     await log_client.redis.expire(log_client.keys.turn_state(turn), 60)
-    pubsub = log_client.redis.pubsub()
-    await pubsub.subscribe(log_client.keys.turn_events_channel(turn))
+    lossy = []
+    plain_pubsub = log_client.redis.pubsub
+
+    def lossy_pubsub():
+        lossy.append(LossyPubSub(plain_pubsub()))
+        return lossy[-1]
+
+    monkeypatch.setattr(log_client.redis, "pubsub", lossy_pubsub)  # what the client's shared connection reads
+    # the log is re-read after this long a silence: longer than the test, so only a gap in seq can fill one
+    monkeypatch.setattr(operations, "POLL_INTERVAL", 30.0)
 
     async def publish_all():
         await asyncio.sleep(0.05)
@@ -61,9 +74,11 @@ async def test_follow_fills_gaps_from_the_log(log_client):
         await log_client.events.publish(turn, TurnCompletedData.model_validate({"message": {"role": "assistant", "content": "x"}}))
 
     publisher = asyncio.create_task(publish_all())
-    seen = [e async for e in log_client._follow(LossyPubSub(pubsub), turn, 0, timeout=10, poll_interval=5.0)]
+    started = time.monotonic()
+    seen = [e async for e in log_client.turn(turn).events(timeout=10)]
+    assert time.monotonic() - started < 15  # each gap filled at once, not by the re-read after 30 s of silence
     await publisher
-    await pubsub.aclose()
+    assert len(lossy) == 1 and lossy[0].count > 10  # the client's shared connection, and it did lose messages
     assert [e.seq for e in seen] == list(range(1, 32))  # nothing missing, nothing twice
     assert [e.data.get("text") for e in seen[:30]] == [str(i) for i in range(30)]
 

@@ -108,6 +108,27 @@ async def test_failing_unknown_and_forbidden_tools_become_error_messages(client,
     assert orjson.loads(tool_messages[1].content) == {"error": True, "message": "unknown tool: nope"}
 
 
+async def test_a_tool_raising_tool_error_tells_the_model_its_own_message(client, scenario, scripted_llm):
+    key, marker = scenario(Script(
+        Reply.tool_calls([("out_of_quota", {"retryable": True}), ("out_of_quota_in_process", {})]),
+        Reply.text("handled"),
+    ))
+    events = await collect(client, f"{marker} go", f"conv-{key}")
+    results = [orjson.loads(e.data["content"]) for e in of_type(events, "tool.result")]
+    assert all(e.data["is_error"] for e in of_type(events, "tool.result"))
+    expected = [
+        {"error": True, "message": "the quota is used up", "kind": "ToolError", "tool_name": "out_of_quota",
+         "retryable": True},
+        {"error": True, "message": "the quota is used up", "kind": "ToolError", "tool_name": "quota",
+         "retryable": False},
+    ]
+    assert sorted(results, key=lambda r: r["tool_name"]) == sorted(expected, key=lambda r: r["tool_name"])
+    tool_messages = [m for m in await client.history(f"conv-{key}") if isinstance(m, ToolMessage)]
+    assert [orjson.loads(m.content) for m in tool_messages] == expected and all(m.is_error for m in tool_messages)
+    sent = scripted_llm.requests_for(key)[1].messages  # what the model saw
+    assert [orjson.loads(m["content"]) for m in sent if m["role"] == "tool"] == expected
+
+
 async def test_parallel_tool_calls_run_concurrently_and_keep_order(client, scenario):
     key, marker = scenario(Script(
         Reply.tool_calls([("add", {"a": 1, "b": 1}), ("whoami", {}), ("add", {"a": 2, "b": 2})]),

@@ -8,6 +8,7 @@ import os
 import redis
 import redis.asyncio as aioredis
 
+from smith_client import ToolError
 from smith_worker import AgentConfig, Hooks, SmithApp, ToolContext
 
 app = SmithApp()
@@ -52,6 +53,18 @@ def boom(reason: str = "kaput") -> str:
 
 
 @app.tool
+def out_of_quota(retryable: bool = False) -> str:
+    """Reports a failure of its own, for the model, instead of crashing."""
+    raise ToolError("the quota is used up", retryable=retryable)
+
+
+@app.tool(isolation="process")
+def out_of_quota_in_process(retryable: bool = False) -> str:
+    """As ``out_of_quota``, from a pool process (the error is pickled back)."""
+    raise ToolError("the quota is used up", tool_name="quota", retryable=retryable)
+
+
+@app.tool
 def whoami(ctx: ToolContext) -> dict:
     """Which worker ran this call."""
     return {"worker": ctx.worker_id, "call_id": ctx.call_id}
@@ -63,7 +76,8 @@ def finish(answer: str) -> dict:
     return {"_done": True, "final_message": answer}
 
 
-app.agent("default", system_prompt="You are a test agent.", tools=[add, sleepy, boom, whoami, finish])
+app.agent("default", system_prompt="You are a test agent.",
+          tools=[add, sleepy, boom, out_of_quota, out_of_quota_in_process, whoami, finish])
 app.agent("plain", system_prompt="No tools here.")
 app.agent("unstreamed", tools=[add], config=AgentConfig(stream_default=False))
 app.agent("limited", tools=[add], config=AgentConfig(max_iterations=2))
