@@ -48,7 +48,7 @@ chromium:
 demo: install-demo redis-server
 	$(BIN)/python -m smith_worker.demo.run
 
-# The seed §19 REPL on the embedded model (or SMITH_LLM_BASE_URL): /reset, /exit, Ctrl-D; Ctrl-C cancels a turn.
+# A REPL on the embedded model (or SMITH_LLM_BASE_URL): /reset, /exit, Ctrl-D; Ctrl-C cancels a turn.
 chat: install-demo redis-server
 	$(BIN)/python -m smith_worker.demo.chat
 
@@ -75,7 +75,7 @@ test: install redis-sentinel chromium
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -q
 
-# Issue 18's benchmarks (~10 min): the project beside plain arq/Redis and the Agents SDK (its own .bench-venv,
+# The benchmarks (~10 min): the project beside plain arq/Redis and the Agents SDK (its own .bench-venv,
 # made on first use; bench/distributed.py runs three times, figures are medians), the SSE parser, the
 # durability bench, a turn worker's RSS under long histories and Redis restarts, and a PASS/MISS line per
 # acceptance line.

@@ -2,7 +2,7 @@
 
 Benchmarks run the anchor side of a comparison with this interpreter, in a
 subprocess, on the same machine and in the same run as the project's side
-(issue 18 §5). The venv is made once from ``bench/anchors-requirements.txt``
+(so both sides see the same machine load). The venv is made once from ``bench/anchors-requirements.txt``
 and re-made when that file changes.
 """
 

@@ -1,4 +1,4 @@
-"""Issue 18's distributed figures, project and anchors side by side in one run (parts a–d and f of §5).
+"""The distributed figures, project and anchors side by side in one run (parts a–d and f).
 
 Starts a private redis-server, the scripted server (``bench/llm_server.py``, its
 own process), one turn worker and one tool worker (``smith-worker bench.app:app``)

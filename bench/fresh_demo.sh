@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make demo` on a fresh clone with pip's cache disabled: wall time, installs included (issue 11).
+# `make demo` on a fresh clone with pip's cache disabled: wall time, installs included.
 # Usage: bench/fresh_demo.sh [REPO] [BRANCH]   (defaults: this repository, its current branch)
 set -euo pipefail
 repo="${1:-$(git rev-parse --show-toplevel)}"

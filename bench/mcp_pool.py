@@ -18,7 +18,7 @@
 
 4. **Streamable HTTP** (``--http``): the loopback test server
    (``tests/support/mcp_servers/http_server.py``), pooled calls (through the
-   pool's HTTP transport: seed §6.3 retries, session watch) interleaved with
+   pool's HTTP transport: retries, session watch) interleaved with
    the SDK's ``ClientSession`` alone on the same server.
 
 Usage: ``.venv/bin/python bench/mcp_pool.py [--calls 500] [--fresh 10] [--turns 30] [--no-jobs] [--http]``

@@ -1,4 +1,4 @@
-"""Cost of computing the model's view on a 10 000-message conversation, per memory strategy (issue 13).
+"""Cost of computing the model's view on a 10 000-message conversation, per memory strategy.
 
 Starts a private redis-server, stores a conversation of ``--messages`` messages
 (text turns and tool turns with parallel calls), then runs ``--steps`` steps:

@@ -1,4 +1,4 @@
-"""How the fleet rides out Redis outages (issue 8), through real processes.
+"""How the fleet rides out Redis outages, through real processes.
 
 Starts a private redis-server on a fixed port, the scripted chat-completions
 server, 2 turn workers and 2 tool workers, then measures from the client:

@@ -1,10 +1,10 @@
-"""``make bench``: every benchmark of issue 18 in one run, the project's figures beside the anchors', and a
-PASS/MISS line per acceptance line of the issue.
+"""``make bench``: every benchmark of the speed work in one run, the project's figures beside the anchors', and a
+PASS/MISS line per target of that work.
 
 Runs ``bench/distributed.py`` (parts a–d, f: project, plain arq/Redis and the
 Agents SDK), ``bench/sse_parser.py`` (part e, printed as it prints itself),
-``bench/durability.py`` (acceptance 7, compared with the figures BENCHMARKS.md
-recorded before issue 18) and ``bench/worker_memory.py`` (a turn worker's RSS
+``bench/durability.py`` (target 7, compared with the figures BENCHMARKS.md
+recorded before the speed work) and ``bench/worker_memory.py`` (a turn worker's RSS
 under long histories and Redis restarts, printed as it prints itself), then prints a Markdown table ready to paste into
 BENCHMARKS.md.
 
@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
-# bench/durability.py's figures as BENCHMARKS.md recorded them before issue 18 (2026-11-30 12:41).
+# bench/durability.py's figures as BENCHMARKS.md recorded them before the speed work (2026-11-30 12:41).
 DURABILITY_BEFORE = {
     "cancel p50 ms": 7.0,
     "kill -9 → resumed s": 11.98,
@@ -219,7 +219,7 @@ def at_most(value: float | None, limit: float | None) -> bool | None:
 
 
 def acceptance(f: dict[str, Any], durability: dict[str, float] | None, sse: dict[str, Any] | None = None) -> list[str]:
-    """One PASS/MISS line per acceptance line of issue 18 (n/a: its figure is missing from this run)."""
+    """One PASS/MISS line per target of the speed work (n/a: its figure is missing from this run)."""
     ov = overheads(f)
 
     def scaled(value: float | None, factor: float) -> float | None:
@@ -291,14 +291,14 @@ def render(
     if durability is not None:
         out += [
             "",
-            "| durability (bench/durability.py) | now | recorded before issue 18 | ratio |",
+            "| durability (bench/durability.py) | now | recorded before the speed work | ratio |",
             "| --- | --- | --- | --- |",
         ]
         out += [
             f"| {k} | {fmt(durability.get(k))} | {v} | {ratio(durability.get(k), v)} |"
             for k, v in DURABILITY_BEFORE.items()
         ]
-    return "\n".join(out + ["", "Acceptance (issue 18):"] + acceptance(figures, durability, sse))
+    return "\n".join(out + ["", "Targets of the speed work:"] + acceptance(figures, durability, sse))
 
 
 def run(argv: list[str], label: str) -> str | None:

@@ -203,7 +203,7 @@ def expected_shape(calls: int) -> str:
 
 def _pairing_problem(messages: Sequence[Any], last: Turn | None) -> str | None:
     """The pairing invariant; calls left unanswered at the very end are fine after a turn that did not
-    complete (the conversation's next turn answers them, seed §13.3)."""
+    complete (the conversation's next turn answers them, docs/architecture.md, Tool-call pairing)."""
     if is_well_formed(list(messages)):
         return None
     repairs = answer_dangling(list(messages))

@@ -1,4 +1,4 @@
-"""SSE parse throughput: the project's parser vs httpx-sse and the openai SDK's decoder (issue 18 §5e).
+"""SSE parse throughput: the project's parser vs httpx-sse and the openai SDK's decoder (part e of ``make bench``).
 
 Every contestant parses the same recorded-shape ~8 MB chat-completions stream
 body (25,480 frames of ~330 B in OpenAI's compact chunk shape, 8 % of the
@@ -21,7 +21,7 @@ anchors' taking turns in ``--rounds`` rounds.
 * ``smith, one 8 MiB line``: a single ``data:`` line of the body's size in
   64 KiB reads, no JSON — shows the parser stays linear on huge lines.
 
-Acceptance 5: the project's parser ≥ 2× httpx-sse + json and ≥ 1× httpx-sse + orjson, both chunkings.
+Target 5 of ``make bench``: the project's parser ≥ 2× httpx-sse + json and ≥ 1× httpx-sse + orjson, both chunkings.
 
 Usage: ``.venv/bin/python bench/sse_parser.py [--runs 15] [--rounds 3] [--json PATH]`` (exit 0; PASS/MISS printed).
 """
@@ -242,7 +242,7 @@ def interleaved(body: bytes, runs: int, rounds: int) -> list[dict[str, Any]]:
 
 
 def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Acceptance 5, one line per chunking and anchor: the project's MB/s over the anchor's vs the target ratio."""
+    """Target 5 of ``make bench``, per chunking and anchor: the project's MB/s over the anchor's vs the target."""
     rate = {(row["contestant"], row["chunking"]): row["mb_s"] for row in rows}
     lines = []
     for chunking in CHUNKINGS:

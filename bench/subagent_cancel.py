@@ -1,4 +1,4 @@
-"""Cancelling a root turn while two sub-agents run in parallel (issue 15 acceptance 3).
+"""Cancelling a root turn while two sub-agents run in parallel.
 
 Starts a private redis-server, the scripted chat-completions server, one turn
 worker and two tool workers serving ``tests.support.app:app``. Each round:

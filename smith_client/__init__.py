@@ -2,7 +2,7 @@
 
 A web app installs only this package (it depends on redis, arq, pydantic and
 orjson) and uses ``SmithClient`` (asyncio) or ``SyncSmithClient`` (blocking,
-for WSGI). See DESIGN.md §1 and §3.
+for WSGI). See docs/architecture.md, Process roles.
 """
 
 from smith_client.client import SmithClient, TurnHandle

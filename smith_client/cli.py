@@ -2,7 +2,7 @@
 
 * ``smith ask "question"`` runs one turn; ``smith chat`` is a REPL. Tokens go
   to stdout as they arrive; one status line per tool call and result goes to
-  stderr (seed §19).
+  stderr.
 * ``smith keys --conversation ID`` lists that conversation's Redis keys and TTLs.
 * ``smith status`` prints queue lengths, running turns and live workers per queue.
 * It reads the variables of :class:`~smith_client.settings.ClientSettings` (``SMITH_REDIS_URL``,

@@ -19,11 +19,11 @@ Supported topologies:
   TLS or password.
 
 Redis Cluster is not supported: arq, the job queue, has no cluster mode
-(python-arq/arq#385), and redis-py's async cluster client lacks the pub/sub
-this runtime uses under arq's ``redis<6`` pin (research/web-and-ops-notes.md §Q4).
+(https://github.com/python-arq/arq/issues/385), and redis-py's async cluster client lacks the pub/sub
+this runtime uses under arq's ``redis<6`` pin.
 
-Every connection is bounded (issue 8): a connect or a command that gets no
-answer within ``socket_timeout`` seconds raises ``redis.exceptions.TimeoutError``
+Every connection is bounded (nothing waits forever: docs/architecture.md, Fault model): a
+connect or a command that gets no answer within ``socket_timeout`` seconds raises ``redis.exceptions.TimeoutError``
 (a ``TransportError`` for callers) instead of blocking forever on a frozen
 server, and a connection idle for :data:`HEALTH_CHECK_INTERVAL` seconds is
 PINGed before it is used again, so one broken by a Redis restart is replaced
@@ -312,7 +312,7 @@ def _cap(max_connections: int | None, pool_timeout: float | None, bounds: dict[s
 
 
 def _bounds(socket_timeout: float | None) -> dict[str, Any]:
-    """The connection options bounding every wait (issue 8), for redis-py's asyncio and blocking pools."""
+    """The connection options bounding every wait, for redis-py's asyncio and blocking pools."""
     timeout = socket_timeout if socket_timeout is not None else DEFAULT_SOCKET_TIMEOUT
     return {
         "socket_timeout": timeout,

@@ -1,4 +1,4 @@
-"""arq's ``enqueue_job`` as one script call that also wakes the queue's workers (issue 18).
+"""arq's ``enqueue_job`` as one script call that also wakes the queue's workers (docs/architecture.md, Process roles).
 
 Every enqueuer of the runtime (both clients, tool dispatch, turn re-runs,
 parking and waking) goes through :func:`enqueue_job` or, on a blocking

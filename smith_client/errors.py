@@ -1,8 +1,7 @@
 """Typed errors shared by the client and the workers.
 
-The seed (design-0-framework.md §6.1) returns typed error structs through
-``mw::E<T>``; here each becomes an exception class under one base,
-:class:`SmithError`, carrying the same fields (DESIGN.md §2).
+Each failure is an exception class under one base, :class:`SmithError`,
+with a ``kind`` and typed fields (docs/architecture.md, Errors).
 
 Errors cross Redis as ``{"kind": <class name>, "message": str, "fields": {...}}``
 (see :meth:`SmithError.to_payload`) and are rebuilt as the same class on the
@@ -17,7 +16,7 @@ from typing import Any, ClassVar
 class SmithError(Exception):
     """Base of every Agent Smith error.
 
-    ``message`` is the human-readable text; subclasses add the seed's fields
+    ``message`` is the human-readable text; subclasses add their typed fields
     as attributes, listed in ``field_names`` so they survive serialization.
     """
 
@@ -38,7 +37,7 @@ class SmithError(Exception):
 
     @property
     def fields(self) -> dict[str, Any]:
-        """The seed's fields of this error as a dict (JSON-able values)."""
+        """The typed fields of this error as a dict (JSON-able values)."""
         return {name: getattr(self, name) for name in self.field_names}
 
     def to_payload(self) -> dict[str, Any]:
@@ -51,7 +50,7 @@ class SmithError(Exception):
 
 
 class ParseError(SmithError):
-    """Malformed JSON or an unexpected payload shape (seed §6.1).
+    """Malformed JSON or an unexpected payload shape.
 
     Fields: ``offset`` (int, character offset into the parsed text, 0 when unknown).
     """
@@ -63,7 +62,7 @@ class ParseError(SmithError):
 
 
 class ToolError(SmithError):
-    """A tool failed (seed §6.1). Fields: ``tool_name`` (str), ``retryable`` (bool).
+    """A tool failed. Fields: ``tool_name`` (str), ``retryable`` (bool).
 
     A Python tool raises it to report a failure to the model in its own words:
     the call's error result is ``{"error": true, "message": ..., "kind": "ToolError",
@@ -81,7 +80,7 @@ class ToolError(SmithError):
 
 
 class McpError(SmithError):
-    """An MCP server failed (seed §6.1). Fields: ``server`` (alias), ``rpc_code`` (int | None)."""
+    """An MCP server failed. Fields: ``server`` (alias), ``rpc_code`` (int | None)."""
 
     field_names = ("server", "rpc_code")
 
@@ -90,11 +89,11 @@ class McpError(SmithError):
 
 
 class McpProtocolError(McpError):
-    """A JSON-RPC error or an invalid MCP message flow (seed §6.1)."""
+    """A JSON-RPC error or an invalid MCP message flow."""
 
 
 class TransportError(SmithError):
-    """A network or pipe failure with context (seed §6.1).
+    """A network or pipe failure with context.
 
     Fields: ``operation`` (what was attempted), ``endpoint_or_server`` (URL or MCP alias).
     """
@@ -106,7 +105,7 @@ class TransportError(SmithError):
 
 
 class LlmApiError(SmithError):
-    """The chat-completions server answered with an error (seed §6.1).
+    """The chat-completions server answered with an error.
 
     Fields: ``http_status`` (int; the HTTP status, 200 for an error inside a
     successful stream), ``body_excerpt`` (str, at most 1,000 characters).
@@ -119,7 +118,7 @@ class LlmApiError(SmithError):
 
 
 class SmithTimeoutError(SmithError):
-    """An operation ran out of its time budget (seed ``TimeoutError``, §6.1, §17.3).
+    """An operation ran out of its time budget (docs/architecture.md, Limits and defaults).
 
     Fields: ``operation`` (str), ``budget`` (float, seconds).
     """
@@ -131,7 +130,7 @@ class SmithTimeoutError(SmithError):
 
 
 class TurnCancelledError(SmithError):
-    """A turn was stopped: by a cancel or by a stop condition (seed ``CancelledError``, §15.3).
+    """A turn was stopped: by a cancel or by a stop condition (docs/architecture.md, Agent loop and stop conditions).
 
     Fields: ``operation`` (str): the limit or action that stopped it, e.g.
     ``"max_iterations"``, ``"deadline"``, ``"cancel"``.
@@ -144,7 +143,7 @@ class TurnCancelledError(SmithError):
 
 
 class SkillError(SmithError):
-    """A skill failed to load or activate (seed §6.1). Fields: ``skill_name``."""
+    """A skill failed to load or activate. Fields: ``skill_name``."""
 
     field_names = ("skill_name",)
 
@@ -180,7 +179,7 @@ class UnknownAgentError(SmithError):
 
 
 class UnknownSkillError(SmithError):
-    """No live worker serves the skill asked for (issue 14 rule 5); nothing was changed.
+    """No live worker serves the skill asked for (docs/architecture.md, Skills); nothing was changed.
 
     Fields: ``skill_name`` (the declared name asked for), ``known`` (list[str], the names served).
     """
@@ -214,7 +213,7 @@ class ConversationBusyError(SmithError):
 
 
 class ContextOverflowError(SmithError):
-    """The current turn's messages alone exceed a memory limit (seed §13.2 ``RollingWindowMemory``), or a
+    """The current turn's messages alone exceed a memory limit of ``RollingWindowMemory``, or a
     history read for the model's view exceeds the worker's ``SMITH_VIEW_MAX_BYTES``.
 
     Fields: ``limit`` (``"max_messages"``, ``"max_chars"``, ``"max_tokens"`` or ``"SMITH_VIEW_MAX_BYTES"``),

@@ -4,10 +4,10 @@ Several processes publish for one turn (the turn worker, tool workers, a
 re-run after a crash), so :meth:`EventLog.publish` assigns ``seq`` inside one
 Lua script that INCRs the turn's counter, XADDs the event to a bounded Redis
 Stream (entry id ``0-<seq>``, so replay by sequence number is an XRANGE) and
-PUBLISHes it, all atomically (DESIGN.md §5).
+PUBLISHes it, all atomically (docs/architecture.md, Events).
 
 Pub/sub is at-most-once; the stream is the durable copy a late or
-reconnecting subscriber reads from (arq-notes.md §2(c), §4.7).
+reconnecting subscriber reads from (docs/architecture.md, Events).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class EventLog:
         """Append one event (its type is ``data``'s) to the turn's log and publish it; return its ``seq``.
 
         With ``attempt``, publish only while the turn runs and that attempt is
-        its current one (fencing, DESIGN.md §8; :data:`WHILE_RUNNING`: any
+        its current one (fencing, docs/architecture.md, Fault model; :data:`WHILE_RUNNING`: any
         attempt); return -1 otherwise. With ``once_key`` (needs ``attempt``),
         publish only if that marker key is absent, setting it atomically with
         the event; return 0 when it was already set. ``call_path`` is a sub-agent's

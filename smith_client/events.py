@@ -1,11 +1,11 @@
-"""Stream events: one envelope for every event of a turn (DESIGN.md §5).
+"""Stream events: one envelope for every event of a turn (docs/architecture.md, Events).
 
 Envelope fields: ``v`` (protocol version, :data:`PROTOCOL_VERSION`), ``turn_id``,
 ``seq`` (1, 2, 3 … gap-free per turn, assigned in Redis), ``ts`` (float epoch
 seconds), ``agent_path`` (agent names, root first), ``call_path``, ``type`` and ``data``.
 
-``call_path`` tells apart the events of parallel calls of one sub-agent (seed
-§14.1: a sub-agent tool may be invoked concurrently): the ids of the sub-agent
+``call_path`` tells apart the events of parallel calls of one sub-agent (a
+sub-agent tool may be called several times in one step): the ids of the sub-agent
 tool calls along ``agent_path``, root first, so ``agent_path[i + 1]`` runs for
 ``agent_path[i]``'s call ``call_path[i]`` and the last id is the parent's
 ``tool_call_id`` of this child (the ``id`` of its ``tool_call.*`` and the

@@ -1,4 +1,4 @@
-"""One pub/sub connection per client, shared by every turn it follows (issue 18).
+"""One pub/sub connection per client, shared by every turn it follows.
 
 :class:`AsyncFanout` keeps a single redis-py ``PubSub`` for a
 :class:`~smith_client.client.SmithClient` and :class:`SyncFanout` one for a
@@ -149,7 +149,7 @@ class AsyncFanout:
                 self._route(message)
                 if len(self._followers) > 1:
                     # let its follower take it before the next is parsed: a burst of many streams' events is
-                    # then delivered one by one, not all after the whole burst was read (issue 18, token
+                    # then delivered one by one, not all after the whole burst was read (token
                     # latency); one stream's follower takes them in order anyway, so it is spared the pass
                     await asyncio.sleep(0)
 

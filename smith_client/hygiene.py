@@ -1,4 +1,4 @@
-"""Key hygiene: every key the project writes has a TTL or a documented owner (DESIGN.md §8).
+"""Key hygiene: every key the project writes has a TTL or a documented owner (docs/architecture.md, Lifetimes).
 
 :func:`conversation_keys` lists one conversation's keys with their TTLs
 (``smith keys --conversation ID`` prints it); :func:`keys_without_ttl` finds

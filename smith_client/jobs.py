@@ -1,7 +1,7 @@
 """Payloads of the two arq job functions: ``run_turn`` and ``run_tool``.
 
 Both are JSON (see :mod:`smith_client.serialization`) and carry no secrets:
-workers read API keys from their own configuration (DESIGN.md §9).
+workers read API keys from their own configuration (docs/architecture.md, Limits and defaults).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ RUN_TOOL = "run_tool"
 REPLY_INLINE_MAX = 64 * 1024
 
 
-#: Request fields the framework owns; ``Sampling.extra`` may not set them (seed §8.2).
+#: Request fields the framework owns; ``Sampling.extra`` may not set them (docs/architecture.md, Model requests).
 RESERVED_REQUEST_KEYS = frozenset({"model", "messages", "tools", "tool_choice", "stream"})
 
 
 class Sampling(BaseModel):
-    """Per-turn model options (seed §8.1 ``SamplingParams``); ``None`` / empty means "the server decides".
+    """Per-turn model options (the worker's ``SamplingParams``); ``None`` / empty means "the server decides".
 
     ``temperature`` in [0, 2], ``top_p`` in [0, 1], ``max_tokens`` ≥ 1 (tokens),
     ``stop`` up to 16 strings, ``response_format`` passed through, ``extra``
@@ -43,7 +43,7 @@ class Sampling(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict)
 
     def reserved_keys(self) -> list[str]:
-        """Reserved request fields that ``extra`` tries to set (refused: seed §8.2)."""
+        """Reserved request fields that ``extra`` tries to set (refused, docs/architecture.md, Model requests)."""
         return sorted(RESERVED_REQUEST_KEYS & self.extra.keys())
 
 
@@ -52,7 +52,7 @@ class TurnJob(BaseModel):
 
     ``sampling`` is a dict of the worker's ``SamplingParams`` fields (temperature,
     top_p, max_tokens, stop, response_format, extra); ``stream`` overrides the
-    agent's streaming default for this turn (seed §15.1 ``AgentRequest``).
+    agent's streaming default for this turn.
     ``submitted_at`` is epoch seconds.
     """
 

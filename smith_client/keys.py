@@ -5,7 +5,7 @@ Every name starts with the deployment's prefix (``SMITH_PREFIX``, default
 arq's own keys (``arq:job:<id>``, ``arq:result:<id>``, ``arq:in-progress:<id>``)
 are global per database, so queue names and job ids carry the prefix too.
 
-Lifetimes (DESIGN.md §8; every key has a TTL or an owner). ``turn_ttl`` and
+Lifetimes (docs/architecture.md, Keys and Lifetimes; every key has a TTL or an owner). ``turn_ttl`` and
 ``history_ttl`` are the two configurable ones (:attr:`Keys.turn_ttl`,
 :attr:`Keys.history_ttl`; ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL``, read by
 :class:`~smith_client.settings.ClientSettings` for workers and clients alike); the others are the
@@ -58,7 +58,7 @@ starts; the hygiene report lists it with this owner
 
 ``{p}:worker:{w}:replies``, ``{p}:control`` and ``{p}:tools:aborts`` are pub/sub channels (no key).
 
-Sub-agents (seed §14) share their root turn's keys; their own tool calls are
+Sub-agents share their root turn's keys; their own tool calls are
 told apart by ``pos``, the agent's position in the tree (:func:`tree_position`):
 the chain of ``step.index`` of the calls that created it, root first
 (``"1.0/2.1"``; ``""`` for the root agent). It follows :data:`JOB_SUFFIX`, which
@@ -73,16 +73,16 @@ from dataclasses import dataclass
 
 from arq.constants import abort_jobs_ss, in_progress_key_prefix, job_key_prefix, result_key_prefix, retry_key_prefix
 
-#: Idle lifetime of a conversation's keys (history, FIFO, statuses, active skills), seconds: 30 days (DESIGN.md §8).
+#: Idle lifetime of a conversation's keys (history, FIFO, statuses, active skills), seconds: 30 days.
 DEFAULT_HISTORY_TTL = 30 * 24 * 3600
-#: Lifetime of a turn's keys (state, log, counter, tool results) after its last write, seconds: 24 h (DESIGN.md §8).
+#: Lifetime of a turn's keys (state, log, counter, tool results) after its last write, seconds: 24 h.
 DEFAULT_TURN_TTL = 24 * 3600
 #: TTL of the ``{p}:running`` and ``{p}:workers`` ZSETs, refreshed on every write, seconds: 1 day.
 RUNNING_TTL = 24 * 3600
 WORKERS_TTL = 24 * 3600
 #: A worker registration's lifetime without a heartbeat, seconds (renewed every third of it).
 REGISTRATION_TTL = 15
-#: How long an abort request stays in arq's abort set, seconds. arq never prunes it (arq #485).
+#: How long an abort request stays in arq's abort set, seconds. arq never prunes it (https://github.com/python-arq/arq/issues/485).
 ABORT_ENTRY_TTL = 60
 
 #: Lifetime of a queue's wake-up list after its last push, seconds: a token only says "poll now", so an
@@ -182,7 +182,7 @@ class Keys:
         position in ``tool_calls``.
 
         Built from the position, not the server's call id, because servers may
-        send empty or repeated ids (DESIGN.md §4 step 4).
+        send empty or repeated ids (docs/architecture.md, Tool calls).
         """
         return f"{self.prefix}:tool:{_scoped(turn_id, position)}:{step}:{index}"
 
@@ -203,15 +203,15 @@ class Keys:
         return f"{self.prefix}:turn:{turn_id}:state"
 
     def tree_iterations(self, root_turn_id: str) -> str:
-        """Counter of model calls made by a root turn and all its sub-agents (seed §14.2, §15.3)."""
+        """Counter of model calls made by a root turn and all its sub-agents (docs/architecture.md, Sub-agents)."""
         return f"{self.prefix}:tree:{root_turn_id}:iterations"
 
     def tree_tokens(self, root_turn_id: str) -> str:
-        """Counter of the tokens the server reported for every model call of a root turn's agent tree (seed §14)."""
+        """Counter of the tokens the server reported for every model call of a root turn's agent tree."""
         return f"{self.prefix}:tree:{root_turn_id}:tokens"
 
     def subagent_history(self, root_turn_id: str, position: str) -> str:
-        """List of the messages of the sub-agent at tree ``position`` of a root turn (its checkpoint, seed §14.1)."""
+        """List of the messages of the sub-agent at tree ``position`` of a root turn (its checkpoint)."""
         return f"{self.prefix}:turn:{root_turn_id}:agent{JOB_SUFFIX}{position}:history"
 
     def subagent_memory_scope(self, conversation_id: str, root_turn_id: str, position: str) -> str:
@@ -307,7 +307,7 @@ class Keys:
         return f"{self.tool_result(turn_id, step, index, position)}:started"
 
     def tool_reruns(self, turn_id: str, step: int, index: int, position: str = "") -> str:
-        """Counter: re-runs of an idempotent call after its tool worker died (bounded, issue 8)."""
+        """Counter: re-runs of an idempotent call after its tool worker died (bounded: at most once)."""
         return f"{self.tool_result(turn_id, step, index, position)}:reruns"
 
     @property

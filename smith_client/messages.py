@@ -1,4 +1,4 @@
-"""The message model (seed §7); its OpenAI chat-completions wire form is :mod:`smith_worker.llm.wire`.
+"""The message model; its OpenAI chat-completions wire form is :mod:`smith_worker.llm.wire`.
 
 Four message kinds, discriminated by ``role``: :class:`SystemMessage`,
 :class:`UserMessage`, :class:`AssistantMessage`, :class:`ToolMessage`.
@@ -23,7 +23,7 @@ from smith_client.errors import ParseError
 
 
 class TokenUsage(BaseModel):
-    """Server-reported token counts (seed §7.2): prompt, completion, total (tokens)."""
+    """Server-reported token counts: prompt, completion, total (tokens)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -52,7 +52,7 @@ class SystemMessage(BaseModel):
 
 
 class UserMessage(BaseModel):
-    """A user's message (text only; seed §7.2)."""
+    """A user's message (text only)."""
 
     role: Literal["user"] = "user"
     content: str
@@ -71,7 +71,7 @@ class ToolMessage(BaseModel):
     """A tool's result for one tool call.
 
     ``is_error`` is internal: it is stored and published in events but never
-    sent on the wire (seed §10.4); errors are encoded in ``content`` as compact
+    sent on the wire (docs/architecture.md, Tool calls); errors are encoded in ``content`` as compact
     JSON ``{"error":true,"message":...}``.
     """
 

@@ -1,4 +1,4 @@
-"""The interactive conversation of ``smith chat`` and ``make chat`` (seed §19 REPL).
+"""The interactive conversation of ``smith chat`` and ``make chat``.
 
 Each line typed is one turn of the current conversation; its events go to a
 printer (tokens to stdout, tool status lines to stderr). Commands:

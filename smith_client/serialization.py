@@ -4,7 +4,7 @@ Job payloads are JSON (orjson), never pickle: a web app must not unpickle
 what a worker wrote, and payloads stay readable in Redis. arq also stores job
 results with this serializer; values that are not JSON-able (an exception
 result, for instance) are stored as their ``repr`` instead of failing, since
-the project keeps its own results and never reads arq's (arq-notes.md §1.9).
+the project keeps its own results and never reads arq's.
 """
 
 from __future__ import annotations

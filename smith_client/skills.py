@@ -1,4 +1,6 @@
-"""Which skills are active in a conversation (seed §12.3; issue 14): the record the client writes and workers read.
+"""Which skills are active in a conversation: the record the client writes and workers read.
+
+See docs/architecture.md, Skills.
 
 The record is ``Keys.conversation_skills(c)``: a Redis list of declared skill
 names in activation order, each at most once. Activation is per conversation,
@@ -34,7 +36,7 @@ SKILL_NAME_MAX = 200
 
 def skill_name_problem(name: Any) -> str | None:
     """Why ``name`` cannot be a declared skill name, or None: it must be a ``str`` of
-    1-:data:`SKILL_NAME_MAX` printable characters (it heads a prompt section, seed §12.4)."""
+    1-:data:`SKILL_NAME_MAX` printable characters (it heads a prompt section)."""
     if not isinstance(name, str):
         return f"a skill name must be a string, got {type(name).__name__}"
     if not name or len(name) > SKILL_NAME_MAX:

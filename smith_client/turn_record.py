@@ -30,7 +30,7 @@ CONVERSATION_ID = "conversation_id"
 AGENT = "agent"
 #: Epoch seconds (float) of the submission.
 CREATED_AT = "created_at"
-#: The fencing token: incremented by each worker attempt (DESIGN.md §8).
+#: The fencing token: incremented by each worker attempt (docs/architecture.md, Fault model).
 ATTEMPT = "attempt"
 #: The :class:`~smith_client.jobs.TurnJob` JSON, so a turn can be re-enqueued after a crash.
 JOB = "job"

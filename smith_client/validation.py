@@ -2,7 +2,7 @@
 
 Pure functions: each returns the checked value or raises
 :class:`~smith_client.errors.InvalidRequestError` naming the field, before
-anything reaches Redis (seed §15.1 ``AgentRequest``; ids per
+anything reaches Redis (ids per
 :data:`~smith_client.keys.ID_PATTERN`).
 """
 

@@ -1,6 +1,6 @@
 """The app object a worker is pointed at (``smith-worker package.module:app``).
 
-It declares tools and agents in Python (DESIGN.md §9)::
+It declares tools and agents in Python::
 
     app = SmithApp()
 
@@ -48,11 +48,11 @@ class AgentSpec:
     ``tool_choice_after_tools`` ("auto" by default) after a tool round, as the
     OpenAI Agents SDK does to avoid loops. ``skills`` are the declared names of
     skills active in every conversation this agent runs, before the
-    conversation's own (issue 14). ``memory`` computes what of the
+    conversation's own. ``memory`` computes what of the
     conversation the model sees at each step (:mod:`smith_worker.memory`).
     ``description`` is what a parent agent's model reads about this agent when
     it is a sub-agent; ``subagents`` names the agents this one may call as
-    tools (seed §14.1, resolved at worker start by :meth:`SmithApp.resolve_subagents`).
+    tools (docs/architecture.md, Sub-agents; resolved at worker start by :meth:`SmithApp.resolve_subagents`).
     """
 
     name: str
@@ -91,7 +91,7 @@ class SmithApp:
     ``settings`` defaults to :meth:`Settings.from_env` (read when first used,
     so importing the app module never touches the environment early).
     ``skill_context_max_bytes`` caps a skill's serialized context data (UTF-8
-    bytes, seed §17.3; 16 KiB).
+    bytes; 16 KiB).
     """
 
     def __init__(
@@ -185,7 +185,7 @@ class SmithApp:
         ``memory`` is a :class:`~smith_worker.memory.Memory` (default :class:`FullMemory`).
         ``subagents`` names agents (this one included) the agent may call as a tool
         named after the agent, with one ``task`` string parameter and the
-        sub-agent's ``description`` (seed §14.1); the names are resolved when the
+        sub-agent's ``description``; the names are resolved when the
         worker starts (:meth:`resolve_subagents`), so they may be declared later.
 
         Raises :class:`ConfigurationError` for a bad name, a duplicate agent, an
@@ -229,7 +229,7 @@ class SmithApp:
         return name
 
     def resolve_subagents(self) -> None:
-        """Check every agent's ``subagents`` (worker start-up, seed §14.1).
+        """Check every agent's ``subagents`` (worker start-up).
 
         Raises :class:`ConfigurationError` for an undeclared agent, a name that
         is not a valid tool name (``^[A-Za-z0-9_-]{1,64}$``), or one that clashes
@@ -314,7 +314,7 @@ class SmithApp:
         reconnect_on_transport_error: bool = True,
         **pool_options: Any,
     ) -> ToolSource:
-        """Declare an MCP server (seed §11.2) as a tool source named ``alias``; agents use it with
+        """Declare an MCP server (docs/architecture.md, MCP) as a tool source named ``alias``; agents use it with
         ``sources=[alias]`` and see its tools as ``mcp_<alias>__<tool>``.
 
         A stdio server takes ``command`` (+ ``args``, ``env``, ``cwd``); a

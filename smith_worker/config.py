@@ -1,5 +1,5 @@
-"""Configuration: environment variables with the ``SMITH_`` prefix (DESIGN.md §9), checked at worker
-start (:class:`Settings`), and the per-agent loop limits of the seed (§15.1 ``AgentConfig``).
+"""Configuration: environment variables with the ``SMITH_`` prefix (docs/architecture.md, Limits and
+defaults), checked at worker start (:class:`Settings`), and the per-agent loop limits (``AgentConfig``).
 
 All durations are seconds (floats).
 """
@@ -133,7 +133,7 @@ class Settings(ClientSettings):
 
 @dataclass(frozen=True)
 class AgentConfig:
-    """Loop limits of one agent, with the seed's defaults (§15.1, §15.3).
+    """Loop limits of one agent (docs/architecture.md, Agent loop and stop conditions; defaults in Limits and defaults).
 
     ``deadline`` is seconds for the whole turn (None = none);
     ``max_total_tokens`` uses server-reported usage (best effort when a server
@@ -141,7 +141,7 @@ class AgentConfig:
     ``default_tool_timeout`` (seconds) is the budget of each of the agent's
     tools registered without a ``timeout`` of its own.
 
-    Sub-agents (seed §14.2): ``max_subagent_depth`` is the deepest child
+    Sub-agents (docs/architecture.md, Sub-agents): ``max_subagent_depth`` is the deepest child
     allowed (the root is depth 0; 0 disables sub-agents);
     ``tree_max_iterations`` bounds the model calls of the whole tree and
     ``tree_max_total_tokens`` (None = no bound) its server-reported tokens.

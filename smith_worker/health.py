@@ -3,7 +3,7 @@
 Liveness must not depend on Redis: when the broker blips, a probe that asks
 Redis fails every pod at once (Celery's ``inspect ping`` crash-loops fleets;
 arq's ``--check`` key is shared per queue and deleted when any worker
-closes; research/web-and-ops-notes.md §Q4). So each worker touches a
+closes). So each worker touches a
 heartbeat file from its event loop every :data:`HEARTBEAT_INTERVAL` seconds,
 and the check passes while the file is younger than :data:`HEARTBEAT_MAX_AGE`:
 a frozen or blocked event loop fails it, a Redis outage does not.

@@ -1,4 +1,4 @@
-"""Worker-side hooks (seed §15.1 ``AgentHooks``, §16.3).
+"""Worker-side hooks (docs/architecture.md, Hooks and logs).
 
 Hooks are best-effort observers registered on the app (all agents) or on one
 agent. Every call goes through :func:`invoke_hook`, which awaits async hooks,
@@ -39,7 +39,7 @@ async def invoke_hook(hook: Hook, arg: Any) -> None:
         result = hook(arg)
         if inspect.isawaitable(result):
             await result
-    except Exception:  # hooks are observers: a failing hook never fails the turn (seed §16.3)
+    except Exception:  # hooks are observers: a failing hook never fails the turn
         logger.warning("hook %r raised; ignored", getattr(hook, "__name__", hook), exc_info=True)
 
 

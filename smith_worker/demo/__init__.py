@@ -1,4 +1,4 @@
-"""The demo app (seed §19): two agents over ``calculator``, ``read_local_file`` and the
+"""The demo app: two agents over ``calculator``, ``read_local_file`` and the
 tools of the bundled MCP example server (``mcp_example__echo``, ``mcp_example__now``).
 
 * ``default`` (``make demo``, ``smith ask``, ``make web``) forces the calculator on its
@@ -49,7 +49,7 @@ def read_local_file(path: str) -> str:
     return _read_local_file(path, Path(os.environ.get("SMITH_DEMO_FS") or DEMO_SANDBOX))
 
 
-# The bundled MCP example server (seed §19): its tools reach the model as mcp_example__echo and
+# The bundled MCP example server: its tools reach the model as mcp_example__echo and
 # mcp_example__now; each worker process starts it on first use and pools it. The synthetic
 # resource reader is left out (allow list): with its longer description in the prompt, the
 # 135M demo model's forced calculator arguments came out with a raw control character.

@@ -1,4 +1,4 @@
-"""``make chat``: the seed §19 REPL on the demo app, with everything it needs started and stopped.
+"""``make chat``: the REPL on the demo app, with everything it needs started and stopped.
 
 Starts what ``make demo`` starts (Redis unless ``SMITH_REDIS_URL`` answers,
 the embedded model unless ``SMITH_LLM_BASE_URL`` is set, a turn and a tool

@@ -1,4 +1,4 @@
-"""The bundled example MCP server (seed §19), built with the official ``mcp`` SDK.
+"""The bundled example MCP server, built with the official ``mcp`` SDK.
 
 Tools ``echo(text)`` and ``now()``, one resource (``example://info``) and one
 prompt (``greet(name)``), served over stdio::

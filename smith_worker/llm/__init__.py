@@ -1,4 +1,7 @@
-"""The LLM client: chat-completions requests, SSE streaming, retries (seed §8, §9, §6.3)."""
+"""The LLM client: chat-completions requests, SSE streaming, retries.
+
+See docs/architecture.md, Model requests and HTTP retry policy.
+"""
 
 from typing import TYPE_CHECKING
 

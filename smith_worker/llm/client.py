@@ -1,11 +1,11 @@
-"""The chat-completions client (seed §8) with the HTTP retry policy (seed §6.3).
+"""The chat-completions client with the HTTP retry policy (docs/architecture.md, Model requests, HTTP retry policy).
 
 ``LlmClient.complete`` posts a non-streamed request; ``complete_stream``
 posts ``stream: true`` and delivers :data:`~smith_worker.llm.types.StreamEvent`
-objects to a callback *while* the response arrives (seed §9.5), then returns
+objects to a callback *while* the response arrives, then returns
 the assembled :class:`~smith_worker.llm.types.LlmResponse`.
 
-Retry policy (seed §6.3), per model call, at most ``max_retries`` retries:
+Retry policy, per model call, at most ``max_retries`` retries:
 
 =========================================  =====================================================
 connect failure, request timeout           retry after the backoff delay
@@ -20,12 +20,12 @@ other status, bad JSON, stream error       no retry
 Backoff before retry *n* (1-based): ``backoff_base * 2**(n-1) + uniform(0, 0.25)``
 seconds, capped at 8 s. Every wait goes through the injected ``sleep``.
 
-Two deadlines bound a call, retries and their waits included (issue 8):
+Two deadlines bound a call, retries and their waits included (nothing waits forever):
 ``response_timeout`` the whole response, and, until the first data arrives
 (an SSE data line; a non-streamed response's whole body), the silence budget
 :attr:`~smith_worker.llm.types.LlmClientConfig.silence_budget`
 (``2 × request_timeout``): a model that takes requests and never answers fails
-its call then, whatever ``max_retries`` (the seed's "retry up to N times" holds
+its call then, whatever ``max_retries`` ("retry up to N times" holds
 within it), not after ``(max_retries + 1) × request_timeout`` plus the backoffs.
 """
 
@@ -75,7 +75,7 @@ from smith_worker.ops.retry import BACKOFF_CAP, BACKOFF_JITTER, RetryPolicy, par
 logger = logging.getLogger("agent_smith.llm")
 
 OPERATION = "chat_completions"
-#: ``SmithTimeoutError.operation`` when ``response_timeout`` ends a response (issue 8).
+#: ``SmithTimeoutError.operation`` when ``response_timeout`` ends a response.
 RESPONSE_OPERATION = "llm.response"
 RESERVED_BODY_KEYS = frozenset({"model", "messages", "tools", "tool_choice", "stream"})
 #: Bounds on reading a streamed body past ``[DONE]`` to keep its connection (bytes, seconds; see ``_drain``).
@@ -107,7 +107,7 @@ class EncodedRequest:
 
 
 class LlmClient:
-    """An OpenAI-compatible chat-completions client (seed §8.1).
+    """An OpenAI-compatible chat-completions client (https://platform.openai.com/docs/api-reference/chat/create).
 
     ``http``: a shared :class:`httpx.AsyncClient` (not closed by
     :meth:`aclose`); when ``None`` the client creates and owns one.
@@ -153,7 +153,7 @@ class LlmClient:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    # -- request construction (seed §8.2) ---------------------------------
+    # -- request construction ---------------------------------------------
 
     def build_body(self, req: LlmRequest, *, stream: bool) -> dict[str, Any]:
         """The JSON body for ``req``.
@@ -205,7 +205,7 @@ class LlmClient:
         return EncodedRequest(body, stream, self.config.tool_calling == "json_schema" and bool(req.tools))
 
     async def complete(self, req: LlmRequest | EncodedRequest) -> LlmResponse:
-        """Post a non-streamed request and parse the completion (seed §8.3). Errors: see class doc.
+        """Post a non-streamed request and parse the completion. Errors: see class doc.
 
         ``req``: an :class:`LlmRequest`, or one :meth:`encode` made with ``stream=False`` (else ``ValueError``).
         """
@@ -215,7 +215,7 @@ class LlmClient:
         return JsonReplyReader(None).finish(response) if encoded.json_reply else response
 
     async def complete_stream(self, req: LlmRequest | EncodedRequest, on_event: OnEvent) -> LlmResponse:
-        """Post a streamed request; call ``on_event(event)`` for each event as it arrives (seed §9.5).
+        """Post a streamed request; call ``on_event(event)`` for each event as it arrives.
 
         ``on_event`` may return an awaitable, which is awaited before reading
         on. Exceptions from ``on_event`` propagate (the request is closed).
@@ -322,7 +322,7 @@ class LlmClient:
 
     async def _error_reply(self, response: httpx.Response) -> Exception:
         """The error for a non-2xx reply (see :func:`_status_failure`). A body that cannot be decoded (a broken
-        ``Content-Encoding``) still leaves the status, which decides the retry (seed §6.3)."""
+        ``Content-Encoding``) still leaves the status, which decides the retry."""
         try:
             body = _text(await self._read_body(response))
         except httpx.DecodingError as exc:
@@ -422,7 +422,7 @@ class LlmClient:
                 )
             raise (_RetryableFailure(error) if retryable else error) from origin(exc)
 
-    # -- retry loop (seed §6.3) --------------------------------------------
+    # -- retry loop -------------------------------------------------------
 
     async def _with_retries(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
         started = time.monotonic()
@@ -455,7 +455,7 @@ class LlmClient:
         return RetryPolicy(self.config.max_retries, self.config.backoff_base, self.config.max_retry_after)
 
     def backoff_delay(self, number: int) -> float:
-        """``backoff_base * 2**(number-1) + uniform(0, 0.25)`` seconds, capped at 8 s (seed §6.3)."""
+        """``backoff_base * 2**(number-1) + uniform(0, 0.25)`` seconds, capped at 8 s."""
         return self._policy().backoff(number, self._rng)
 
 
@@ -528,7 +528,8 @@ def events_for_response(response: LlmResponse) -> list[StreamEvent]:
 
 def _status_failure(status: int, headers: httpx.Headers, body: str) -> Exception:
     """The error for a non-2xx reply, wrapped for retry when the table allows it."""
-    # the excerpt goes into events and logs: sensitive JSON keys and known secrets removed (seed §16.4)
+    # the excerpt goes into events and logs: sensitive JSON keys and known secrets removed
+    # (docs/architecture.md, Hooks and logs)
     excerpt = redact_body(body[: 64 * 1024])
     error = LlmApiError(
         redact_text(f"chat completions failed with HTTP {status}: {_error_message(body)}"), status, excerpt
@@ -556,7 +557,7 @@ def _error_message(body: str) -> str:
 
 
 def parse_completion(raw: bytes) -> LlmResponse:
-    """Parse a non-streamed ``chat.completion`` body (seed §8.3).
+    """Parse a non-streamed ``chat.completion`` body.
 
     Raises ``ParseError`` (bad JSON or shape) or ``LlmApiError``
     (``http_status=200``) when the body is an ``{"error": ...}`` object.

@@ -1,4 +1,4 @@
-"""The HTTP client the chat-completions requests go through: httpx's API over aiohttp's connections (issue 18).
+"""The HTTP client the chat-completions requests go through: httpx's API over aiohttp's connections.
 
 A turn worker streaming many model replies at once spends most of its CPU in
 the HTTP layer, once per body chunk: httpx's default transport (httpcore on
@@ -7,17 +7,17 @@ its whole connection pool for expired connections on every request. The same
 ``httpx.AsyncClient`` over ``httpx-aiohttp``'s :class:`AiohttpTransport`
 reads through aiohttp's C-parsed protocol instead: at 50 concurrent streams
 the turn worker's CPU per streamed reply fell by about 30 % (BENCHMARKS.md,
-issue 18). The rest of the client keeps httpx's API: requests, streamed
+``make bench``). The rest of the client keeps httpx's API: requests, streamed
 responses, ``httpx.Timeout`` and httpx's exception types.
 
 Where aiohttp behaves differently, this module makes it answer as httpx's own
-transport does, so callers see one set of errors (seed §6.3 decides retries
-by them):
+transport does, so callers see one set of errors (the retry policy decides
+by them, docs/architecture.md, HTTP retry policy):
 
 * ``httpx-aiohttp`` 0.2 maps every ``aiohttp.ClientConnectionError`` to
   ``httpx.ConnectTimeout``, a refused connection and a server that hung up
   included. :func:`is_timeout` tells a real timeout (the aiohttp cause is a
-  ``TimeoutError``) from those, so they stay transport errors (seed §6.3
+  ``TimeoutError``) from those, so they stay transport errors (the policy
   retries both, but reports them as different kinds).
 * an httpx client with its own transport ignores the proxy environment; the
   aiohttp session is made with ``trust_env=True`` when the environment names

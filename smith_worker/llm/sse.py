@@ -1,4 +1,4 @@
-"""Incremental Server-Sent Events frame parser (seed §9.3, "frame parser").
+"""Incremental Server-Sent Events frame parser (WHATWG HTML, server-sent events: https://html.spec.whatwg.org/multipage/server-sent-events.html).
 
 Follows the WHATWG event-stream interpretation
 (https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation):
@@ -26,7 +26,7 @@ Deviation: bytes that are not valid UTF-8 raise :class:`ParseError` with the
 byte offset instead of being replaced by U+FFFD — the payloads are JSON and
 silently corrupting them would only move the error elsewhere.
 
-How it is fast (issue 18 §4): chat-completions streams are almost all
+How it is fast: chat-completions streams are almost all
 ``data: {json}\\n\\n`` frames, so while a stream uses LF line endings and no
 event is half-parsed, a chunk is cut into events with one ``bytes.split`` on
 the blank line, and an event that is one ``data: `` line is sliced and decoded

@@ -1,4 +1,4 @@
-"""Chat-completions stream assembly (seed §9.3 "delta parser", §9.6).
+"""Chat-completions stream assembly (docs/architecture.md, Model requests).
 
 :class:`ChatStreamAssembler` turns the ``data`` of each SSE event into
 :class:`~smith_worker.llm.types.StreamEvent` objects and accumulates the final
@@ -59,7 +59,7 @@ class _PartialToolCall:
 
 
 class _ToolCallTable:
-    """Tool calls keyed by the wire ``index``, falling back to the ``id`` (seed §9.6)."""
+    """Tool calls keyed by the wire ``index``, falling back to the ``id``."""
 
     def __init__(self) -> None:
         self.calls: list[_PartialToolCall] = []

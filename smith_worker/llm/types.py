@@ -1,4 +1,4 @@
-"""Value types of the LLM client (seed §8.1) and its stream events (seed §9.2).
+"""Value types of the LLM client and its stream events.
 
 Everything here is plain data: pydantic models for configuration, requests
 and responses, frozen dataclasses for the stream events delivered to an
@@ -60,15 +60,15 @@ class ToolSchema(BaseModel):
 
 
 class SamplingParams(Sampling):
-    """Sampling knobs (seed §8.1): the contract's :class:`~smith_client.jobs.Sampling`, plus merging.
+    """Sampling knobs: the contract's :class:`~smith_client.jobs.Sampling`, plus merging.
 
     ``extra`` holds provider-specific request fields merged last into the
     body; a reserved key (``model``, ``messages``, ``tools``, ``tool_choice``,
-    ``stream``) is refused (seed §8.2).
+    ``stream``) is refused (docs/architecture.md, Model requests).
     """
 
     def merged_with(self, override: SamplingParams | None) -> SamplingParams:
-        """These params (the defaults) with ``override``'s set fields applied (seed §8.2 steps 1-2).
+        """These params (the defaults) with ``override``'s set fields applied.
 
         A field of ``override`` wins when it is not ``None`` (``stop``: when
         non-empty); ``extra`` dicts are merged key by key, ``override`` winning.
@@ -90,7 +90,7 @@ def _first_set(value: Any, fallback: Any) -> Any:
 
 
 class LlmClientConfig(BaseModel):
-    """How to reach one OpenAI-compatible chat-completions server (seed §8.1, §6.3).
+    """How to reach one OpenAI-compatible chat-completions server.
 
     * ``base_url`` includes ``/v1`` (like the OpenAI SDK); requests go to
       ``{base_url}/chat/completions``.
@@ -106,7 +106,7 @@ class LlmClientConfig(BaseModel):
       fails a call in 120 s with the defaults, not in 4 × 60 s plus backoffs.
     * ``response_timeout`` (seconds, 300): the bound on one whole response,
       retries included; when it fires the call raises ``SmithTimeoutError``
-      (operation ``llm.response``) and is not retried (issue 8). Once data
+      (operation ``llm.response``) and is not retried. Once data
       flows it is the only bound of a long answer besides ``request_timeout``
       between data lines; one below the silence budget bounds the silence too.
     * ``max_retries``: retries after the first attempt (3 → up to 4 attempts).
@@ -177,7 +177,7 @@ ToolChoice = Literal["auto", "required", "none"] | dict[str, Any] | None
 
 
 class LlmRequest(BaseModel):
-    """One model call (seed §8.1).
+    """One model call.
 
     ``tool_choice`` is ``None`` (server default), ``"auto"``, ``"required"``,
     ``"none"`` or ``{"type": "function", "function": {"name": str}}``; it is
@@ -216,7 +216,7 @@ class LlmResponse(BaseModel):
 
 @dataclass(frozen=True)
 class StreamTokenDelta:
-    """A piece of assistant text, delivered as soon as it arrives (seed §9.2)."""
+    """A piece of assistant text, delivered as soon as it arrives."""
 
     text: str
 
@@ -236,7 +236,7 @@ class StreamToolCallStarted:
 
 @dataclass(frozen=True)
 class StreamToolCallCompleted:
-    """A tool call's arguments, parsed once at the end of the stream (seed §9.6).
+    """A tool call's arguments, parsed once at the end of the stream.
 
     Emitted for every call in ``index`` order, just before :class:`StreamFinished`.
     """

@@ -1,4 +1,6 @@
-"""The OpenAI chat-completions wire form of messages (seed §7.3), used only by the LLM client.
+"""The OpenAI chat-completions wire form of messages, used only by the LLM client.
+
+The shapes are those of https://platform.openai.com/docs/api-reference/chat/create.
 
 The stored form (:mod:`smith_client.messages`) keeps every field; the wire
 form is what a chat-completions server gets: standard fields only,
@@ -26,7 +28,7 @@ from smith_client.messages import (
 
 
 def to_openai(message: BaseModel) -> dict[str, Any]:
-    """Convert one message to the chat-completions wire JSON (seed §7.3). Total.
+    """Convert one message to the chat-completions wire JSON. Total.
 
     Assistant tool calls become ``{"id","type":"function","function":{"name","arguments":<JSON string>}}``.
     ``content`` is always a string (``""`` beside tool calls): llama-cpp-python's
@@ -82,7 +84,7 @@ def usage_from_openai(raw: Any) -> TokenUsage | None:
 def assistant_from_openai(choice_message: Any, usage: Any = None) -> AssistantMessage:
     """Build an :class:`AssistantMessage` from a non-streamed ``choices[0].message``.
 
-    Raises ``ParseError`` on a shape mismatch (the payload is untrusted, seed §7.3).
+    Raises ``ParseError`` on a shape mismatch (the payload is untrusted).
     """
     if not isinstance(choice_message, dict):
         raise ParseError("choices[0].message is not an object")

@@ -1,4 +1,4 @@
-"""MCP client subsystem (seed §11; DESIGN.md §7; issue 5).
+"""MCP client subsystem (docs/architecture.md, MCP).
 
 MCP servers (stdio children or Streamable HTTP endpoints) are declared on
 the app and attached to agents as tool sources::

@@ -1,11 +1,11 @@
-"""MCP results as Smith values: tool results and prompt messages (seed §11.7, §11.8).
+"""MCP results as Smith values: tool results and prompt messages (MCP 2025-06-18, tools: https://modelcontextprotocol.io/specification/2025-06-18/server/tools).
 
 * ``tools/call`` → :class:`ToolResult`: text blocks joined by newlines;
   embedded text resources inlined; binary content (images, audio, blobs)
-  replaced by a short placeholder (v1 has no multimodal input, seed §11.1);
+  replaced by a short placeholder (messages carry text only);
   ``structuredContent`` kept as ``structured`` (and used as the content when
-  there is no text); ``isError`` → an error result with the seed's compact
-  JSON payload.
+  there is no text); ``isError`` → an error result with the compact
+  JSON error payload of tool messages.
 * ``resources/read`` → :class:`ToolResult`: text contents joined, with a
   ``uri`` header line per item when there are several; blobs as placeholders.
 * ``prompts/get`` → :class:`UserMessage` / :class:`AssistantMessage`; any
@@ -91,7 +91,7 @@ def resource_result(result: Any) -> ToolResult:
 
 
 def prompt_messages(alias: str, name: str, result: Any) -> list[UserMessage | AssistantMessage]:
-    """A ``GetPromptResult`` as Smith messages. Raises :class:`McpError` on non-text content (seed §11.8)."""
+    """A ``GetPromptResult`` as Smith messages. Raises :class:`McpError` on non-text content."""
     messages: list[UserMessage | AssistantMessage] = []
     for item in _dump(result).get("messages") or []:
         content = item.get("content") or {}

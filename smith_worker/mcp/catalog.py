@@ -1,4 +1,4 @@
-"""What one MCP server offers to agents: filtered, prefixed tool schemas (seed §11.6–§11.8).
+"""What one MCP server offers to agents: filtered, prefixed tool schemas (docs/architecture.md, MCP).
 
 :func:`build_catalog` turns a discovery result (plain JSON dicts, as the
 server sent them) into a :class:`Catalog`: the allow/deny filter on original
@@ -12,7 +12,7 @@ A catalog is built once per connection generation and rebuilt on
 ``notifications/*/list_changed``; it is never re-listed per turn.
 
 Catalogs serialize to JSON (:meth:`Catalog.to_json`) for the Redis cache
-that lets turn workers see the tools without connecting (issue 5 item 6).
+that lets turn workers see the tools without connecting.
 """
 
 from __future__ import annotations

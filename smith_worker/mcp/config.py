@@ -1,4 +1,4 @@
-"""MCP server configuration: the seed's ``ServerConfig`` (§11.2) plus the pool's tuning knobs.
+"""MCP server configuration: what a server is and how to reach it, plus the pool's tuning knobs.
 
 One :class:`ServerConfig` describes one server: a stdio child (``command`` +
 ``args``, ``env``, ``cwd``) or a Streamable HTTP endpoint (``url``, optional
@@ -6,7 +6,7 @@ bearer token and extra headers), the per-request timeout, the tool filter
 (``allow`` / ``deny`` on the server's original tool names; deny wins; no
 allow list means every tool), ``tools_required`` and
 ``reconnect_on_transport_error``. The remaining fields tune the per-process
-pool (research/mcp-notes.md §7.9). All durations are seconds.
+pool. All durations are seconds.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Literal
 from smith_client.errors import ConfigurationError
 from smith_worker.ops.redaction import SENSITIVE_HEADERS, SENSITIVE_KEY, redact_text
 
-#: The protocol revision offered in ``initialize`` (seed §11.6).
+#: The protocol revision offered in ``initialize`` (MCP 2025-06-18, lifecycle).
 PROTOCOL_VERSION = "2025-06-18"
 
 #: Provider limit on a function name (OpenAI: ``^[a-zA-Z0-9_-]{1,64}$``).
@@ -44,13 +44,13 @@ def _check_positive(name: str, value: float | None, allow_none: bool = False) ->
 
 
 def tool_prefix(alias: str) -> str:
-    """``mcp_<alias>__``: the prefix of the tool names of MCP server ``alias`` (seed §11.7)."""
+    """``mcp_<alias>__``: the prefix of the tool names of MCP server ``alias`` (docs/architecture.md, MCP)."""
     return f"mcp_{alias}__"
 
 
 @dataclass
 class ServerConfig:
-    """One MCP server (seed §11.2 ``ServerConfig``; research/mcp-notes.md §7.9).
+    """One MCP server.
 
     Transport: exactly one of ``command`` (stdio; ``args``, ``env`` and ``cwd``
     apply; the child inherits only ``HOME, LOGNAME, PATH, SHELL, TERM, USER``
@@ -61,15 +61,15 @@ class ServerConfig:
 
     * ``request_timeout``: budget of one MCP request (a tool call, a resource read).
     * ``allow`` / ``deny``: original MCP tool names (``read_resource`` names the
-      synthetic resource reader); deny wins; no (or an empty) allow list allows all (seed §11.2).
+      synthetic resource reader); deny wins; no (or an empty) allow list allows all.
     * ``tools_required``: a failing ``tools/list`` fails the connection instead
-      of leaving the server without tools (seed §11.6).
+      of leaving the server without tools.
     * ``reconnect_on_transport_error``: retry once after a transport error when
-      the request cannot have run twice (seed §11.2).
+      the request cannot have run twice.
     * ``idempotent_tools``: original names that may be re-sent after a
       transport error even if the first attempt reached the server.
     * ``max_retries`` (HTTP): retries of one HTTP request after a connect
-      failure, 5xx or 429, with the seed §6.3 backoff (``0.5 s·2^(n-1) +
+      failure, 5xx or 429, with the backoff of docs/architecture.md, HTTP retry policy (``0.5 s·2^(n-1) +
       U(0, 0.25 s)``, cap 8 s, ``Retry-After`` up to 8 s honoured); a
       ``tools/call`` is retried only when it could not be sent
       (:mod:`smith_worker.mcp.http`).
@@ -101,10 +101,10 @@ class ServerConfig:
     request_timeout: float = 30.0
     allow: Sequence[str] | None = None
     deny: Sequence[str] | None = None
-    tools_required: bool = True  # seed §11.2
+    tools_required: bool = True
     reconnect_on_transport_error: bool = True
     idempotent_tools: Sequence[str] = ()
-    max_retries: int = 3  # seed §6.3
+    max_retries: int = 3
     connect_timeout: float = 20.0
     max_concurrency: int | None = None
     idle_timeout: float | None = 600.0
@@ -179,7 +179,7 @@ class ServerConfig:
 
     @property
     def tool_prefix(self) -> str:
-        """``mcp_<alias>__``: the prefix of every tool name of this server (seed §11.7)."""
+        """``mcp_<alias>__``: the prefix of every tool name of this server."""
         return tool_prefix(self.alias)
 
     def argv(self) -> list[str]:
@@ -195,7 +195,10 @@ class ServerConfig:
         return headers
 
     def secrets(self) -> list[str]:
-        """Values never to log (seed §16.4): the token, sensitive header values, secret-looking env values."""
+        """Values never to log: the token, sensitive header values, secret-looking env values.
+
+        See docs/architecture.md, Hooks and logs.
+        """
         found = [self.bearer_token or ""]
         found += [
             v for k, v in (self.headers or {}).items() if k.lower() in SENSITIVE_HEADERS or SENSITIVE_KEY.search(k)

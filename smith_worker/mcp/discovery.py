@@ -1,7 +1,7 @@
-"""Handshake and capability discovery on a fresh ``ClientSession`` (seed §11.6).
+"""Handshake and capability discovery on a fresh ``ClientSession`` (MCP 2025-06-18, lifecycle: https://modelcontextprotocol.io/specification/2025-06-18/basic/lifecycle).
 
 1. ``initialize`` offering protocol revision 2025-06-18 (the SDK would offer
-   its newest; research/mcp-notes.md §1 shows how to pin), accepting any
+   its newest), accepting any
    handshake revision the SDK knows as a counter-offer, then
    ``notifications/initialized``.
 2. ``tools/list`` with pagination (repeated-cursor guard, page cap). A
@@ -9,7 +9,7 @@
    tools.
 3. ``resources/list`` (+ ``resources/templates/list``) and ``prompts/list``
    when the server advertises the capability. Failures warn and leave an
-   empty list (optional lists, seed §11.6).
+   empty list (optional lists).
 
 Every request carries ``request_timeout``; the caller bounds the whole
 sequence with ``connect_timeout`` in the same task.

@@ -1,4 +1,4 @@
-"""Mapping SDK failures to Smith's typed errors (seed §6.1; research/mcp-notes.md §7.2).
+"""Mapping SDK failures to Smith's typed errors (docs/architecture.md, Errors).
 
 * JSON-RPC error responses → :class:`McpProtocolError` (``rpc_code`` set);
 * a request timeout (``-32001``) → :class:`SmithTimeoutError`;

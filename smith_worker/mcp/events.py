@@ -1,4 +1,4 @@
-"""MCP observability events (seed §11.1 ``LifecycleEvent`` / ``Notification``, §11.3, §16.3).
+"""MCP observability events: lifecycle changes and server notifications (docs/architecture.md, Events: ``mcp.event``).
 
 Two kinds of event reach ``on_mcp_event`` hooks and, as ``mcp.event``
 stream events, the turns that use the server:
@@ -13,7 +13,7 @@ the ``data`` of an ``mcp.event`` stream event (``kind`` is
 ``"notification"`` for notifications, whose ``fields`` are
 ``{method, params}``).
 
-Delivery (research/mcp-notes.md §7.7) goes through an :class:`EventRouter`
+Delivery goes through an :class:`EventRouter`
 per server: it logs every event on ``agent_smith.mcp``, calls the
 process-wide listeners (app-level hooks, the Redis schema cache) once, and
 hands the event to every :class:`EventSink` registered at the time it was
@@ -39,7 +39,7 @@ logger = logging.getLogger("agent_smith.mcp")
 
 
 class LifecycleKind(str, Enum):  # noqa: UP042 - the str mixin keeps how members format in logs and JSON
-    """Seed §11.1 ``LifecycleEventKind``."""
+    """What happened to a server's connection."""
 
     CONNECTED = "connected"
     DISCONNECTED = "disconnected"
@@ -178,7 +178,7 @@ class EventRouter:
             for target in [*self.listeners, *(sink.emit for sink in sinks)]:
                 try:
                     await target(event)
-                except Exception:  # observers never break the pool (seed §11.3)
+                except Exception:  # observers never break the pool
                     logger.warning("MCP event listener failed for %r", self.alias, exc_info=True)
             queue.task_done()
 

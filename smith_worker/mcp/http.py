@@ -1,15 +1,17 @@
-"""The HTTP layer under the SDK's Streamable HTTP client: seed §6.3 retries and stale-session detection.
+"""The HTTP layer under the SDK's Streamable HTTP client: retries and stale-session detection.
+
+The retries follow docs/architecture.md, HTTP retry policy.
 
 :class:`McpHttpTransport` is the ``httpx2`` transport of the client that
 :func:`~smith_worker.mcp.transport.open_http` hands to the SDK. It wraps the
 default transport and, per HTTP request:
 
-* **Retries** (seed §6.3, :mod:`smith_worker.ops.retry`) a ``POST`` (one JSON-RPC
+* **Retries** (:mod:`smith_worker.ops.retry`) a ``POST`` (one JSON-RPC
   message) that failed to connect, answered 5xx or 429 (``Retry-After`` up to
   8 s honoured), or broke before any response; at most ``max_retries`` times
   with ``0.5 s · 2^(n-1) + U(0, 0.25 s)`` backoff (cap 8 s). A ``tools/call``
   is retried only when the connection could not even be opened: once its
-  request may have reached the server it is never resent (seed §11.2), whatever
+  request may have reached the server it is never resent, whatever
   the answer. ``GET`` (the optional listening stream, which the SDK reconnects
   itself) and ``DELETE`` (best effort at close) are not retried.
 * **Detects a lost session**: HTTP 400 or 404 on a request that carries an

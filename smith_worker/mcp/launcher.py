@@ -1,4 +1,4 @@
-"""Parent-death launcher for stdio MCP servers (research/mcp-notes.md §7.1 "Hard worker death").
+"""Parent-death launcher for stdio MCP servers: a child dies with its worker (docs/architecture.md, Fault model).
 
 Run as a script, never imported by the pool at spawn time::
 

@@ -1,4 +1,4 @@
-"""The stream pair between an SDK transport and its ``ClientSession`` (research/mcp-notes.md §7.1).
+"""The stream pair between an SDK transport and its ``ClientSession``.
 
 Two thin wrappers around the transport's streams (the SDK's ``ReadStream`` /
 ``WriteStream`` protocols), so a message crosses no extra task or memory
@@ -18,7 +18,7 @@ stream on the hot path:
   never waits on a wedged server). The tag of every ``tools/call`` handed to
   the transport (:data:`CALL_TAG` in ``_meta``) is recorded: a call whose tag
   is in :attr:`Link.sent` may have reached the server and is never replayed
-  (seed §11.2). A transport write failure reports ``on_lost("write failed")``
+  (docs/architecture.md, MCP). A transport write failure reports ``on_lost("write failed")``
   and drops the message.
 
 :meth:`Link.write_pump` runs in the owner task's task group and never raises.

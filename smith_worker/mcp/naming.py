@@ -1,6 +1,6 @@
-"""Public tool names of an MCP server: ``mcp_<alias>__<tool>`` within 64 characters (seed §11.7).
+"""Public tool names of an MCP server: ``mcp_<alias>__<tool>`` within 64 characters (docs/architecture.md, MCP).
 
-Rules (research/mcp-notes.md §7.3):
+Rules:
 
 * characters outside ``[A-Za-z0-9_-]`` in the tool part become ``_`` (MCP
   names may contain ``.`` or ``/``; provider function names may not);
@@ -27,7 +27,7 @@ from smith_worker.mcp.config import MAX_TOOL_NAME, tool_prefix
 
 logger = logging.getLogger("agent_smith.mcp")
 
-#: The tool part of the synthetic resource reader (seed §11.8).
+#: The tool part of the synthetic resource reader (docs/architecture.md, MCP).
 READ_RESOURCE = "read_resource"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")

@@ -1,4 +1,4 @@
-"""An MCP server as a :class:`~smith_worker.tools.source.ToolSource` (seed §11.7, §11.8; issue 5 item 6).
+"""An MCP server as a :class:`~smith_worker.tools.source.ToolSource` (docs/architecture.md, MCP).
 
 * **Turn workers** need schemas before the model sees the tools
   (:meth:`McpServerSource.schemas`): the live catalog of this process's own
@@ -125,7 +125,7 @@ class McpServerSource:
             result = await self._call(tool_name, arguments, deadline, sink)
         except SmithError as exc:
             result = error_result(exc.message)
-        except Exception as exc:  # a bug must not crash the tool job (seed §10.4)
+        except Exception as exc:  # a bug must not crash the tool job: it becomes an error result
             logger.exception("MCP server %r: call of %s failed unexpectedly", self.name, tool_name)
             result = error_result(f"{type(exc).__name__}: {exc}")
         await self.handle.events.drain(EVENT_FLUSH_TIMEOUT)  # the call's events precede its tool.result
@@ -140,7 +140,7 @@ class McpServerSource:
     async def get_prompt(
         self, name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None
     ) -> list[Any]:
-        """Prompt ``name`` rendered as Smith messages (seed §11.8). Raises :class:`McpError` on non-text content."""
+        """Prompt ``name`` rendered as Smith messages. Raises :class:`McpError` on non-text content."""
         deadline = None if timeout is None else time.monotonic() + timeout
         return await self.handle.get_prompt(name, arguments, deadline=deadline)
 

@@ -1,8 +1,8 @@
-"""Opening an MCP transport with the official SDK: stdio child or Streamable HTTP (seed §11.4, §11.5).
+"""Opening an MCP transport with the official SDK: stdio child or Streamable HTTP (MCP 2025-06-18, transports: https://modelcontextprotocol.io/specification/2025-06-18/basic/transports).
 
 :func:`open_transport` is an async context manager yielding the SDK's
 ``(read_stream, write_stream)`` pair. It must be entered and exited in the
-same task (the SDK's task groups require it; research/mcp-notes.md §3.1):
+same task (the SDK's task groups require it):
 the pool's owner task does both.
 
 stdio: the child runs under :mod:`smith_worker.mcp.launcher` (parent-death
@@ -14,7 +14,7 @@ Shutdown is the SDK's: close stdin, 2 s grace, SIGTERM to the process
 group, 2 s, SIGKILL; the pool SIGKILLs a hung server itself first.
 
 HTTP: an ``httpx2`` client with the bearer token and extra headers over
-:class:`~smith_worker.mcp.http.McpHttpTransport` (seed §6.3 retries,
+:class:`~smith_worker.mcp.http.McpHttpTransport` (retries,
 stale-session detection); the SDK keeps the ``Mcp-Session-Id`` and sends a
 DELETE on close.
 """

@@ -1,10 +1,10 @@
-"""Memory: what of a conversation the model sees at each step (seed §13, issue 13).
+"""Memory: what of a conversation the model sees at each step (docs/architecture.md, Memory).
 
 An agent takes one strategy, ``app.agent("a", ..., memory=RollingWindowMemory(max_messages=20))``;
 the default is :class:`FullMemory`. The stored history stays complete (and
 bounded by ``SMITH_HISTORY_MAX_MESSAGES``); a strategy only computes the view
 sent to the model, which always holds the tool-message pairing invariant
-(:func:`strip_orphans`, seed §13.3). State a strategy keeps (a summary) lives
+(:func:`strip_orphans`). State a strategy keeps (a summary) lives
 in Redis, so every worker sees the same view.
 """
 

@@ -1,11 +1,11 @@
-"""The interface between the agent loop and a memory strategy (seed §13.1, issue 13).
+"""The interface between the agent loop and a memory strategy (docs/architecture.md, Memory).
 
 The loop calls :meth:`Memory.view` once per step, before the model call, with
 a :class:`MemoryContext` holding what it has: the conversation store (reads by
 absolute position), the turn's start position, a non-streaming model call for
 summaries and the turn's event publisher. A strategy returns the *model's
 view* of the history (without the agent's system prompt, which the loop puts
-first); it never rewrites the stored history (issue 13 design rule 1). Every
+first); it never rewrites the stored history. Every
 view goes through :func:`~smith_worker.memory.pairing.well_formed` before it
 is returned, so no strategy can send a broken tool-call group (rule 2, 3).
 """
@@ -53,7 +53,10 @@ class Memory(abc.ABC):
     """A memory strategy: computes the model's view of a conversation at each step."""
 
     async def view(self, ctx: MemoryContext) -> list[Any]:
-        """The messages to send after the system prompt: :meth:`select`, made well-formed (seed §13.3)."""
+        """The messages to send after the system prompt: :meth:`select`, made well-formed.
+
+        Well-formed: docs/architecture.md, Tool-call pairing.
+        """
         return well_formed(await self.select(ctx))
 
     @abc.abstractmethod
@@ -66,7 +69,7 @@ class Memory(abc.ABC):
 
 
 class FullMemory(Memory):
-    """Every stored message, never truncated (seed §13.2 ``FullMemory``); the default of ``app.agent``.
+    """Every stored message, never truncated; the default of ``app.agent``.
 
     Reads the whole stored history at each step (bounded by ``SMITH_HISTORY_MAX_MESSAGES``; a history over
     ``SMITH_VIEW_MAX_BYTES`` fails the turn with :class:`~smith_client.errors.ContextOverflowError`).

@@ -1,4 +1,4 @@
-"""Fencing of a turn's attempts (DESIGN.md §8): the error a superseded attempt stops with, and the
+"""Fencing of a turn's attempts (docs/architecture.md, Fault model): the error a superseded attempt stops with, and the
 fenced writes the agent loop may make (implemented by :class:`smith_worker.turn.attempt.TurnAttempt`)."""
 
 from __future__ import annotations

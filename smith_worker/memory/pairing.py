@@ -1,17 +1,18 @@
-"""The tool-message pairing invariant (seed §13.3) and the repair of dangling tool calls.
+"""The tool-message pairing invariant (docs/architecture.md, Tool-call pairing) and the repair of dangling tool calls.
 
 A *tool-call group* is an assistant message with ``tool_calls`` followed by
 the tool messages answering them (the loop appends them right after it, in
 the order of ``tool_calls``). The invariant every view sent to a model must
-hold (issue 13 design rule 2):
+hold:
 
 * no tool message without a matching call in the assistant message that
-  opens its group (providers answer HTTP 400 otherwise: LangChain #34282,
-  langgraph #5582, research/agents-notes.md);
+  opens its group (providers answer HTTP 400 otherwise:
+  https://github.com/langchain-ai/langchain/issues/34282,
+  https://github.com/langchain-ai/langgraph/issues/5582);
 * no assistant tool call without a tool message for it.
 
 Calls are matched by ``tool_call_id`` as a multiset: servers may send empty
-or repeated ids (DESIGN.md §4 step 4), so two calls with the same id need two
+or repeated ids (docs/architecture.md, Tool calls), so two calls with the same id need two
 tool messages.
 """
 
@@ -25,7 +26,8 @@ from smith_client.messages import AssistantMessage, ToolMessage
 from smith_worker.memory.history import HistorySlice, Repair
 from smith_worker.tools.function import error_content
 
-#: Content of the tool message answering a call whose turn ended before its result (issue 13 rule 3).
+#: Content of the tool message answering a call whose turn ended before its result
+#: (docs/architecture.md, Tool-call pairing).
 NO_RESULT = error_content("no result: the turn ended before the tool finished")
 
 
@@ -53,7 +55,7 @@ def _answers(call_ids: Counter[str], tools: list[ToolMessage]) -> tuple[list[Too
 
 
 def strip_orphans(messages: list[Any]) -> list[Any]:
-    """The messages with every broken tool-call group removed (seed §13.3 ``Memory::stripOrphans``).
+    """The messages with every broken tool-call group removed.
 
     Removed: tool messages that answer no call of the assistant message
     opening their group (its assistant message was dropped, or the message is
@@ -80,7 +82,7 @@ def answer_dangling(messages: list[Any]) -> list[tuple[int, list[ToolMessage]]]:
     """For each assistant message whose calls lack tool messages: ``(index to insert at, error tool messages)``.
 
     The index is right after the group's existing tool messages; each error
-    message carries :data:`NO_RESULT` (issue 13 design rule 3). Orphan and
+    message carries :data:`NO_RESULT`. Orphan and
     duplicate tool messages are left for :func:`strip_orphans`.
     """
     repairs = []
@@ -131,7 +133,7 @@ def pending_repair(tail: HistorySlice) -> Repair | None:
     turn appends its user message (in the round trip that starts the attempt,
     :meth:`~smith_worker.turn.attempt.TurnAttempt.begin`); the repair is inserted
     with the user message (:meth:`~smith_worker.turn.attempt.TurnAttempt.append_user`),
-    so the history is repaired once (issue 13 design rule 3). An unanswered call
+    so the history is repaired once. An unanswered call
     can only be left by the previous turn, followed at most by the user messages
     merged into it.
     """

@@ -1,10 +1,10 @@
-"""``SummaryMemory``: older messages replaced by one summary kept in Redis (seed §13.2, issue 13).
+"""``SummaryMemory``: older messages replaced by one summary kept in Redis (docs/architecture.md, Memory).
 
 State: the hash ``{p}:conv:{c}:summary`` holds ``text`` and ``covers`` (the
 absolute position of the first message the summary does *not* cover). It is
 written by one script, both fields at once, and only forward (a larger
 ``covers``), so a summary written by a crashed or stale attempt is either
-complete and used, or absent (design rule 5). Every turn of the
+complete and used, or absent. Every turn of the
 conversation, on any worker, reads it; each read refreshes its TTL to the
 history's, so it lives while the conversation is active.
 """
@@ -44,7 +44,7 @@ def _positive(name: str, value: Any, minimum: int) -> int:
 
 
 class SummaryMemory(Memory):
-    """Summarises what is older than the last messages once the view grows past ``threshold`` (seed §13.2).
+    """Summarises what is older than the last messages once the view grows past ``threshold``.
 
     When the view (summary message included) would exceed ``threshold``
     messages, everything older than the last ``keep_recent`` messages (moved

@@ -1,4 +1,4 @@
-"""``RollingWindowMemory``: the most recent messages that fit every configured limit (seed §13.2)."""
+"""``RollingWindowMemory``: the most recent messages that fit every configured limit."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from smith_client.messages import UserMessage
 from smith_worker.llm.wire import to_openai
 from smith_worker.memory.base import Memory, MemoryContext
 
-#: Bytes per token in token estimates (seed §13.2: "~4 chars/token", counted in UTF-8 bytes).
+#: Bytes per token in token estimates (about 4 per token, counted in UTF-8 bytes; docs/architecture.md, Memory).
 BYTES_PER_TOKEN = 4
 
 
 def wire_size(message: Any) -> int:
-    """UTF-8 bytes of ``message`` as OpenAI wire JSON (tool arguments and ids included; seed §13.2)."""
+    """UTF-8 bytes of ``message`` as OpenAI wire JSON (tool arguments and ids included)."""
     return len(orjson.dumps(to_openai(message)))
 
 
@@ -32,7 +32,7 @@ def _check_limit(name: str, value: Any) -> int | None:
 
 
 class RollingWindowMemory(Memory):
-    """Keeps the newest whole messages within every configured limit (seed §13.2 ``RollingWindowMemory``).
+    """Keeps the newest whole messages within every configured limit.
 
     * ``max_messages``: messages in the view;
     * ``max_chars``: UTF-8 bytes of the view's messages as OpenAI wire JSON (see :func:`wire_size`);

@@ -1,4 +1,4 @@
-"""Auto-pipelining: the commands many tasks of one worker send at once go to Redis as one pipeline (issue 18).
+"""Auto-pipelining: the commands many tasks of one worker send at once go to Redis as one pipeline.
 
 A turn worker streaming 50 model replies publishes a token event for each of
 them every few milliseconds, each its own script call. redis-py sends every
@@ -18,7 +18,7 @@ pass of its event loop), so the first event of a pipeline of 50 waits for
 the other 49 to run, and its followers then get all 50 at once. Pipelines
 of a few commands get the first events out sooner and spread the burst: at
 50 streams the token latency p50 fell from about 1.3 ms to about 0.6 ms with
-the turn worker's CPU per stream unchanged (BENCHMARKS.md, issue 18).
+the turn worker's CPU per stream unchanged (BENCHMARKS.md, ``make bench``).
 
 Each caller gets its own command's reply or error; a failure of the whole
 pipeline (the connection broke) is raised to every caller of that pipeline.

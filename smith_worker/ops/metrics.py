@@ -1,6 +1,7 @@
 """Prometheus metrics of one worker process, served at ``/metrics`` on ``SMITH_METRICS_PORT``.
 
-Names and labels (issue 17; Prometheus conventions: counters end in
+Names and labels (Prometheus conventions,
+https://prometheus.io/docs/practices/naming/: counters end in
 ``_total``, durations in base units):
 
 ===================================  =========  =======================================================

@@ -1,4 +1,4 @@
-"""Redaction of secrets before anything is logged (seed §16.4).
+"""Redaction of secrets before anything is logged (docs/architecture.md, Hooks and logs).
 
 * :func:`redact_headers` — values of ``Authorization``, ``X-Api-Key``,
   ``Api-Key``, ``Cookie``, ``Set-Cookie`` (any case) become ``"<redacted>"``.

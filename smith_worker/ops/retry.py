@@ -1,4 +1,6 @@
-"""The HTTP retry policy of seed §6.3, shared by the LLM client and the MCP Streamable HTTP transport.
+"""The HTTP retry policy, shared by the LLM client and the MCP Streamable HTTP transport.
+
+See docs/architecture.md, HTTP retry policy.
 
 =========================================  =====================================================
 connect failure, request timeout           retry after the backoff delay
@@ -28,10 +30,10 @@ from datetime import UTC
 
 logger = logging.getLogger("agent_smith.retry")
 
-BACKOFF_BASE = 0.5  # seconds, seed §6.3
+BACKOFF_BASE = 0.5  # seconds
 BACKOFF_CAP = 8.0  # seconds
 BACKOFF_JITTER = 0.25  # seconds, upper bound of the uniform jitter
-MAX_RETRIES = 3  # seed §6.3 default
+MAX_RETRIES = 3  # retries after the first attempt
 
 
 def retryable_status(status: int) -> bool:
@@ -41,7 +43,7 @@ def retryable_status(status: int) -> bool:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Seed §6.3 numbers: ``max_retries`` after the first attempt, ``backoff_base`` and
+    """The policy's numbers: ``max_retries`` after the first attempt, ``backoff_base`` and
     ``max_retry_after`` in seconds (the longest ``Retry-After`` honoured)."""
 
     max_retries: int = MAX_RETRIES

@@ -1,4 +1,6 @@
-"""Skills (seed §12; issue 14): a prompt, native tools, MCP servers and context data, activated per conversation.
+"""Skills: a prompt, native tools, MCP servers and context data, activated per conversation.
+
+See docs/architecture.md, Skills.
 
 Declare them on the app and activate them from any client::
 

@@ -1,4 +1,4 @@
-"""The skills active in one conversation at one step: the loop's interface to skills (seed §12.3, §12.4).
+"""The skills active in one conversation at one step: the loop's interface to skills (docs/architecture.md, Skills).
 
 Per step the loop reads the conversation's active skill names from Redis
 (:meth:`ConversationSkills.queue_read` joins its per-step round trip), then
@@ -27,7 +27,7 @@ class AgentSpec(Protocol):
 
 
 def compose_system_prompt(base: str, skills: list[Skill]) -> str:
-    """The system message text of seed §12.4: ``base``, then per skill in order ``# Skill: <name>``
+    """The system message text (docs/architecture.md, Skills): ``base``, then per skill in order ``# Skill: <name>``
     and its prompt, ``# Skill Context: <name>`` and its serialized context data; sections are
     separated by a blank line and empty sections are omitted."""
     sections = [base]

@@ -1,4 +1,4 @@
-"""The skills an app serves, by declared name (issue 14).
+"""The skills an app serves, by declared name.
 
 Registration refuses two skills whose names normalize to the same tool prefix
 (:class:`ConfigurationError`) and context data over the app's
@@ -17,7 +17,7 @@ logger = logging.getLogger("agent_smith.skill")
 
 
 class SkillCatalog:
-    """Registered skills in registration order. ``context_max_bytes`` is UTF-8 bytes (seed §17.3)."""
+    """Registered skills in registration order. ``context_max_bytes`` is UTF-8 bytes."""
 
     def __init__(self, context_max_bytes: int = DEFAULT_SKILL_CONTEXT_MAX_BYTES) -> None:
         self.context_max_bytes = context_max_bytes

@@ -1,6 +1,6 @@
-"""Loading a skill from a directory (seed §12.2; issue 14): ``skill.json`` or an Agent Skills ``SKILL.md``.
+"""Loading a skill from a directory: ``skill.json`` or an Agent Skills ``SKILL.md``.
 
-* ``skill.json`` (the seed's manifest): a JSON object with ``name``,
+* ``skill.json`` (the project's own manifest): a JSON object with ``name``,
   ``system_prompt_file`` (a path relative to the directory), optional
   ``context_file`` (a JSON file, the context data), optional ``mcp_servers``
   (a list of :class:`~smith_worker.mcp.ServerConfig` fields) and optional
@@ -11,8 +11,8 @@
   instructions, which become the system prompt; an optional ``context.json``
   beside it is the context data.
 
-Native tools are not loaded from files (seed §12.2: no executable code from
-data files); register them in code with :class:`~smith_worker.skills.Skill`.
+Native tools are not loaded from files (no executable code from
+data files, docs/architecture.md, Skills); register them in code with :class:`~smith_worker.skills.Skill`.
 Every problem raises :class:`SkillError` naming the file and the problem.
 """
 
@@ -35,7 +35,7 @@ SKILL_MD_CONTEXT = "context.json"
 
 
 class Manifest(BaseModel):
-    """The fields of a ``skill.json`` (seed §12.2)."""
+    """The fields of a ``skill.json``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -59,8 +59,7 @@ def load_skill(path: str | Path, *, context_max_bytes: int = DEFAULT_SKILL_CONTE
     """Read the skill in directory ``path`` (see the module doc); a path to its ``skill.json`` or
     ``SKILL.md`` names the same directory.
 
-    ``context_max_bytes`` caps the serialized context data (UTF-8 bytes; seed
-    §12.4 ``skill_context_max_bytes``). Raises :class:`SkillError` for a
+    ``context_max_bytes`` caps the serialized context data (UTF-8 bytes). Raises :class:`SkillError` for a
     missing directory or file, a directory holding both formats or neither,
     bad JSON, bad front matter, a missing or wrong field, an invalid MCP server
     config, a bad name or oversized context data.

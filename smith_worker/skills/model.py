@@ -1,6 +1,6 @@
-"""A skill: a system prompt, native tools, MCP servers and context data (seed §12.1).
+"""A skill: a system prompt, native tools, MCP servers and context data (docs/architecture.md, Skills).
 
-Names (seed §12.3; issue 14 rule 1): a skill is activated, listed and headed
+Names: a skill is activated, listed and headed
 in the system prompt by its declared ``name``; the *normalized* name (each
 character outside ``[A-Za-z0-9_]`` replaced by ``_``) is only the prefix of
 its native tools, ``<normalized_name>__<tool>``. A name whose normalized form
@@ -23,7 +23,7 @@ from smith_worker.tools.function import Tool, make_tool
 if TYPE_CHECKING:
     from smith_worker.mcp.config import ServerConfig
 
-#: Default cap on a skill's serialized ``context_data``, in UTF-8 bytes (seed §17.3 ``skill_context_max_bytes``).
+#: Default cap on a skill's serialized ``context_data``, in UTF-8 bytes.
 DEFAULT_SKILL_CONTEXT_MAX_BYTES = 16 * 1024
 #: Provider limit on a function name (OpenAI: ``^[a-zA-Z0-9_-]{1,64}$``); prefixed tool names must fit.
 MAX_TOOL_NAME = 64
@@ -32,7 +32,7 @@ _NOT_NAME = re.compile(r"[^A-Za-z0-9_]")
 
 
 def normalize_skill_name(name: str) -> str:
-    """The tool prefix of skill ``name``: each character outside ``[A-Za-z0-9_]`` becomes ``_`` (seed §12.3).
+    """The tool prefix of skill ``name``: each character outside ``[A-Za-z0-9_]`` becomes ``_``.
 
     Raises :class:`SkillError` when the result is empty or only ``_``.
     """
@@ -50,7 +50,7 @@ class SkillTool:
 
     ``name`` is the prefixed name ``<normalized_skill>__<tool>``; ``timeout``
     is seconds, or None for a plain callable, which gets the running agent's
-    ``default_tool_timeout`` (issue 14).
+    ``default_tool_timeout``.
     """
 
     name: str
@@ -60,9 +60,9 @@ class SkillTool:
 
 @dataclass
 class Skill:
-    """A skill (seed §12.1), built in code or by :func:`~smith_worker.skills.load_skill`.
+    """A skill, built in code or by :func:`~smith_worker.skills.load_skill`.
 
-    * ``system_prompt``: text added under ``# Skill: <name>`` (seed §12.4).
+    * ``system_prompt``: text added under ``# Skill: <name>`` (docs/architecture.md, Skills).
     * ``tools``: plain callables (they get the running agent's
       ``default_tool_timeout``) or :class:`~smith_worker.tools.function.Tool` objects
       from :func:`~smith_worker.make_tool` (they keep their own timeout and
@@ -114,7 +114,7 @@ class Skill:
         return [config.alias for config in self.servers]
 
     def check_context(self, max_bytes: int) -> None:
-        """Raise :class:`SkillError` when the serialized context is over ``max_bytes`` UTF-8 bytes (seed §12.4)."""
+        """Raise :class:`SkillError` when the serialized context is over ``max_bytes`` UTF-8 bytes."""
         size = len(self.context_json.encode()) if self.context_json is not None else 0
         if size > max_bytes:
             raise SkillError(

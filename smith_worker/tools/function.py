@@ -1,16 +1,16 @@
-"""Native tools: registration, schemas, invocation and result normalization (seed §10).
+"""Native tools: registration, schemas, invocation and result normalization (docs/architecture.md, Tool calls).
 
 A tool is a Python callable called as ``fn(**arguments)``; a parameter
 annotated :class:`ToolContext` is injected instead of taken from the
 arguments. Sync callables run in a thread of the tool worker's pool, or with
 ``isolation="process"`` in a pool process that is killed at the timeout
 (:mod:`smith_worker.tools.isolation`: Python cannot stop a thread, so an
-overrunning sync tool's thread runs on); async ones are awaited (seed §10.2). Results normalize to :class:`ToolResult`:
+overrunning sync tool's thread runs on); async ones are awaited. Results normalize to :class:`ToolResult`:
 
 * ``str`` → text content;
 * :class:`ToolResult` → unchanged;
 * any other JSON-able value → compact JSON content, and the value kept as ``structured``;
-* a raised exception → an error result (never a turn failure, seed §10.4); a raised
+* a raised exception → an error result (never a turn failure); a raised
   :class:`~smith_client.errors.ToolError` gives the model its own message, ``kind`` and
   ``retryable`` instead of the exception's type and text.
 """
@@ -41,9 +41,9 @@ Isolation = Literal["thread", "process"]
 
 logger = logging.getLogger("agent_smith.tool")
 
-#: Default tool timeout in seconds (seed §17.3 ``default_tool_timeout``).
+#: Default tool timeout in seconds.
 DEFAULT_TOOL_TIMEOUT = 30.0
-#: Default cap on a tool result's content, in UTF-8 bytes (seed §10.4).
+#: Default cap on a tool result's content, in UTF-8 bytes.
 DEFAULT_RESULT_MAX_BYTES = 64 * 1024
 #: A tool's name: a function name as chat-completions servers take it (OpenAI: ``^[a-zA-Z0-9_-]{1,64}$``).
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
@@ -51,7 +51,7 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 
 @dataclass
 class ToolResult:
-    """A tool's outcome (seed §10.1): ``content`` text, ``is_error``, optional ``structured`` JSON value."""
+    """A tool's outcome: ``content`` text, ``is_error``, optional ``structured`` JSON value."""
 
     content: str
     is_error: bool = False
@@ -83,7 +83,7 @@ class ToolContext:
 
 def error_content(message: str, **details: Any) -> str:
     """Compact JSON error content for a tool message: ``{"error":true,"message":...}`` and ``details``'s
-    JSON-able items after them (seed §10.4)."""
+    JSON-able items after them. See docs/architecture.md, Tool calls."""
     return orjson.dumps({"error": True, "message": message, **details}).decode()
 
 
@@ -93,7 +93,7 @@ def error_result(message: str, **details: Any) -> ToolResult:
 
 
 def normalize_result(value: Any) -> ToolResult:
-    """Normalize what a tool returned (seed §10.2). Non-JSON-able values become an error result."""
+    """Normalize what a tool returned. Non-JSON-able values become an error result."""
     if isinstance(value, ToolResult):
         return value
     if isinstance(value, str):
@@ -118,7 +118,7 @@ def bounded_structured(value: Any, max_bytes: int) -> Any:
     """A tool's ``structured`` value to store: ``None`` when its compact JSON exceeds ``max_bytes`` bytes.
 
     The model only ever sees the (truncated) content, so an oversized value is
-    dropped; a ``{"_done": true, ...}`` sentinel (seed §15.3) keeps ``_done``
+    dropped; a ``{"_done": true, ...}`` sentinel (docs/architecture.md, Tool calls) keeps ``_done``
     and ``final_message``, which end the turn.
     """
     if value is None:
@@ -138,9 +138,9 @@ TRUNCATION_MARKER = "\n…[truncated, original size {size} bytes]"
 
 
 def truncate_content(content: str, max_bytes: int = DEFAULT_RESULT_MAX_BYTES) -> str:
-    """Cut ``content`` to ``max_bytes`` UTF-8 bytes on a character boundary, then add the seed's marker.
+    """Cut ``content`` to ``max_bytes`` UTF-8 bytes on a character boundary, then add the truncation marker.
 
-    The marker (``\\n…[truncated, original size N bytes]``, seed §10.4) comes
+    The marker (``\\n…[truncated, original size N bytes]``, docs/architecture.md, Tool calls) comes
     after the allowance, so the result may exceed ``max_bytes`` by its length.
     """
     raw = content.encode("utf-8", "surrogatepass")
@@ -173,7 +173,7 @@ def schema_from_signature(fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 def check_schema(name: str, parameters: Any) -> None:
-    """Warn (never raise) when ``parameters`` is not an object-rooted JSON Schema (seed §10.5)."""
+    """Warn (never raise) when ``parameters`` is not an object-rooted JSON Schema."""
     if not isinstance(parameters, dict) or parameters.get("type") != "object":
         logger.warning("tool %r: parameters schema root is not {'type': 'object'}", name)
     elif not isinstance(parameters.get("properties", {}), dict):
@@ -186,7 +186,7 @@ class Tool:
 
     ``timeout`` is seconds (None: the calling agent's ``default_tool_timeout``,
     or :data:`DEFAULT_TOOL_TIMEOUT` outside an agent); ``idempotent`` tells the runtime a call may be
-    safely re-run after a crash (DESIGN.md §8); ``isolation`` where a sync
+    safely re-run after a crash (docs/architecture.md, Fault model); ``isolation`` where a sync
     tool runs (see :mod:`smith_worker.tools.isolation`).
     """
 
@@ -230,7 +230,7 @@ class Tool:
         except ToolError as exc:  # the tool's own account of its failure, told to the model as it is
             fields = {"tool_name": exc.tool_name or self.name, "retryable": exc.retryable}
             return error_result(exc.message, kind=exc.kind, **fields)
-        except Exception as exc:  # a crashing tool becomes an error result (seed §10.4)
+        except Exception as exc:  # a crashing tool becomes an error result, never a turn failure
             logger.info("tool %r raised %s: %s", self.name, type(exc).__name__, exc)
             return error_result(f"{type(exc).__name__}: {exc}")
 
@@ -323,7 +323,7 @@ def make_tool(
 
 
 class ToolRegistry:
-    """Tools by name, in insertion order (seed §10.3)."""
+    """Tools by name, in insertion order."""
 
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}

@@ -69,7 +69,7 @@ class NativeTools:
 
     def timeout_for(self, tool_name: str) -> float | None:
         """The tool's own ``timeout``, seconds; None when registered without one (the calling
-        agent's ``default_tool_timeout`` applies, issue 15)."""
+        agent's ``default_tool_timeout`` applies)."""
         tool = self._tool(tool_name)
         if tool is None:
             raise KeyError(tool_name)

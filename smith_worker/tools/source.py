@@ -2,7 +2,7 @@
 
 A source contributes tool schemas to the agents that use it (turn side) and
 runs calls of the tools it owns (tool-worker side). Tool names of a source
-carry its own prefix, e.g. ``mcp_<alias>__<tool>`` (seed §11.7), so
+carry its own prefix, e.g. ``mcp_<alias>__<tool>`` (docs/architecture.md, MCP), so
 :meth:`ToolSource.owns` is a cheap name test. A source gets what it may use
 of its worker process as a :class:`SourceContext` at :meth:`ToolSource.start`
 (worker start-up), never the whole runtime.
@@ -89,7 +89,10 @@ class ToolSource(Protocol):
         ...
 
     def idempotent(self, tool_name: str) -> bool:
-        """Whether a call of ``tool_name`` may be re-run when its tool worker died (seed §10.4)."""
+        """Whether a call of ``tool_name`` may be re-run when its tool worker died.
+
+        See docs/architecture.md, Fault model.
+        """
         ...
 
     async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:

@@ -1,4 +1,4 @@
-"""The base install (``pip install agent-smith``, no extras) gives a working client and ``smith`` (issue 10, acceptance 4).
+"""The base install (``pip install agent-smith``, no extras) gives a working client and ``smith``.
 
 Builds a fresh venv and installs this checkout without extras, as a user
 would; the worker extra's libraries (httpx, mcp) are then absent, and the

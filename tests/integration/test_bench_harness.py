@@ -1,4 +1,4 @@
-"""`make bench`'s harness in its tiny mode: every figure of issue 18's parts a–d and f comes out (no anchors venv).
+"""`make bench`'s harness in its tiny mode: every figure of the distributed benchmarks comes out (no anchors venv).
 
 Figures are checked for presence and sanity only (no timings asserted): the
 harness must not rot while the code it measures changes.

@@ -1,4 +1,4 @@
-"""Issue 9 acceptance 3: a 50 MB model answer — as 1 KiB content deltas and as one SSE line — ends
+"""A 50 MB model answer — as 1 KiB content deltas and as one SSE line — ends
 the turn with ``ParseError`` at ``max_response_bytes`` (4 MiB), cheaply, and the worker keeps serving."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 8: every wait has a bound — a model that never finishes, a tool that kills its worker,
+"""Every wait has a bound — a model that never finishes, a tool that kills its worker,
 a turn whose keys vanish, a turn past its attempt limit.
 
 Real worker processes of their own prefixes (the tool workers here are killed

@@ -1,4 +1,4 @@
-"""Issue 9: what misbehaves is contained — runaway sync tools, process-isolated tools, a hand-off
+"""What misbehaves is contained — runaway sync tools, process-isolated tools, a hand-off
 while a tool runs. These tests run their own worker processes (own prefix), since they restart
 and kill them.
 """

@@ -1,4 +1,4 @@
-"""Issue 4: turns survive a killed turn worker (kill -9) and a SIGTERM under load.
+"""Turns survive a killed turn worker (kill -9) and a SIGTERM under load.
 
 These tests run their own fleet (two turn workers, one tool worker, own
 prefix), since they kill workers. Recovery waits for the turn's lease (10 s)
@@ -187,7 +187,7 @@ async def test_kill_9_of_the_tool_worker(fleet_client, fleet, scenario, tool, ru
 
 
 async def test_kill_9_after_a_done_final_message_does_not_call_the_model_again(fleet_client, scenario, scripted_llm):
-    """Issue 13 design rule 4: the `_done` final message is in the history before the turn completes, and a
+    """The `_done` final message (docs/architecture.md, Tool calls) is in the history before the turn completes, and a
     re-run after a crash there completes from it. The agent's on_message hook holds the turn after it."""
     key, marker = scenario(Script(Reply.tool_calls([("add", {"a": 1, "b": 2}), ("finish", {"answer": "all done"})]),
                                   Reply.text("never asked")))

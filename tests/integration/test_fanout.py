@@ -1,4 +1,4 @@
-"""One pub/sub connection per client, shared by every turn it follows (issue 18), against a real Redis."""
+"""One pub/sub connection per client, shared by every turn it follows, against a real Redis."""
 
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ async def test_sync_client_threads_share_one_pubsub_connection_and_survive_a_kil
 async def test_a_burst_is_handed_to_followers_message_by_message(client):
     """With several streams followed, the reader lets a follower take each message before it parses the
     next: when 50 streams' events arrive in one read, the first is not held back until the whole burst
-    is routed (issue 18)."""
+    is routed."""
     fanout = AsyncFanout(client.redis)
     subscription = fanout.open()
     channel = f"{client.keys.prefix}:burst"

@@ -1,4 +1,4 @@
-"""Issue 4, hygiene: after 500 turns no project key lives forever without an owner."""
+"""Key hygiene: after 500 turns no project key lives forever without an owner."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""json_schema tool calling end to end, against a scripted server that refuses native tool fields (issue 11)."""
+"""json_schema tool calling end to end, against a scripted server that refuses native tool fields."""
 
 from __future__ import annotations
 

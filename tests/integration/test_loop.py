@@ -1,5 +1,5 @@
-"""The loop's contract end to end (seed §15, §16.3): stop conditions, hooks, per-turn
-sampling and stream, tool_choice control, ``message`` events and turn-level LLM errors.
+"""The loop's contract end to end (docs/architecture.md, Agent loop and stop conditions): stop conditions,
+hooks, per-turn sampling and stream, tool_choice control, ``message`` events and turn-level LLM errors.
 
 Every test runs a real turn: SmithClient → Redis → the session's turn worker
 (``tests.support.app:app``) → the scripted LLM server → tool jobs on the tool worker.
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 ADD = ("add", {"a": 1, "b": 1})
 
 
-# -- stop conditions (seed §15.3; issue 3 acceptance 3) ------------------------------------
+# -- stop conditions ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ async def test_token_limit_allows_a_turn_within_budget(client, scenario):
     assert reply.content == "fine"  # 40 tokens before the second step: under the 100-token budget
 
 
-# -- hooks (seed §15.4, §16.3) ----------------------------------------------------------------
+# -- hooks ----------------------------------------------------------------------------------
 
 
 async def hook_calls(client) -> Counter:
@@ -90,7 +90,7 @@ async def test_raising_on_error_hook_does_not_hide_the_failure(client, scenario)
     assert (await hook_calls(client))["on_error"] >= 1
 
 
-# -- per-turn sampling and stream override (seed §15.1 AgentRequest, §8.2) --------------------
+# -- per-turn sampling and stream override ---------------------------------------------------
 
 
 async def test_per_turn_sampling_and_stream_reach_the_server(client, scenario, scripted_llm):
@@ -139,7 +139,7 @@ async def test_bad_sampling_is_refused_by_the_client_and_by_the_worker(client, s
     assert scripted_llm.requests_for(key) == []  # refused before any request was sent
 
 
-# -- tool_choice control (issue 3 build 3) --------------------------------------------------------
+# -- tool_choice control --------------------------------------------------------------------
 
 
 async def test_named_tool_choice_is_reset_to_auto_after_a_tool_round(client, scenario, scripted_llm):
@@ -157,7 +157,7 @@ async def test_agent_without_tool_choice_leaves_it_to_the_server(client, scenari
     assert "tool_choice" not in scripted_llm.requests_for(key)[0].body
 
 
-# -- message events (issue 3 build 4) ----------------------------------------------------------------
+# -- message events -------------------------------------------------------------------------
 
 
 async def test_every_appended_message_is_published_as_a_message_event(client, scenario):
@@ -171,7 +171,7 @@ async def test_every_appended_message_is_published_as_a_message_event(client, sc
     assert published == [m.model_dump(mode="json") for m in history]
 
 
-# -- LLM errors at the turn level (seed §8, §9) ------------------------------------------------------
+# -- LLM errors at the turn level ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

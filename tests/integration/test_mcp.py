@@ -1,4 +1,4 @@
-"""MCP through real workers (issue 5 acceptance 5): a turn using an MCP tool end to end, and worker shutdown.
+"""MCP through real workers: a turn using an MCP tool end to end, and worker shutdown.
 
 The ``mcp`` agent of tests/support/app.py uses the lab stdio server (tests/support/mcp_servers/lab_server.py)
 as source ``lab``; each worker process pools its own connection.
@@ -55,7 +55,7 @@ async def _a_turn_calls_mcp_tools_end_to_end(client, scenario, scripted_llm, pre
     assert any(e.data["kind"] == "notification" and e.data["fields"]["method"] == "notifications/message"
                and e.data["fields"]["params"]["data"] == "psst" for e in mcp_events)
     assert all(e.data["alias"] == "lab" for e in mcp_events)
-    # issue 12 acceptance 1: the call's 4 progress notifications are on its turn's stream once each
+    # the call's 4 progress notifications are on its turn's stream once each
     progress = [e.data["fields"]["params"]["progress"] for e in mcp_events
                 if e.data["kind"] == "notification" and e.data["fields"]["method"] == "notifications/progress"]
     assert progress == [1, 2, 3, 4]

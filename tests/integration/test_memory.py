@@ -1,4 +1,4 @@
-"""Issue 13 end to end: memory strategies keep long conversations inside the context window, on any
+"""Memory end to end: memory strategies keep long conversations inside the context window, on any
 turn worker, and the history stays complete and well-formed.
 
 SmithClient → Redis → real turn workers (the session's pair plus a second turn worker for this
@@ -147,7 +147,7 @@ async def test_200_messages_every_request_respects_the_limits_and_the_pairing(
 
 
 def expected_summaries(history: list, threshold: int, keep_recent: int) -> int:
-    """The spec's count (issue 13): a summary call each time the view would exceed ``threshold`` messages,
+    """The expected count: a summary call each time the view would exceed ``threshold`` messages,
     replayed over the stored history (one model call before each assistant message)."""
     covers, has_summary, count = 0, False, 0
     for end, message in enumerate(history):

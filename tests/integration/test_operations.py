@@ -1,4 +1,4 @@
-"""Operating a fleet (issue 17): /metrics on each worker, the heartbeat liveness probe, readiness, ``smith status``.
+"""Operating a fleet: /metrics on each worker, the heartbeat liveness probe, readiness, ``smith status``.
 
 Real worker processes against a private redis-server of this module (the
 last test stops it), scraped with ``curl``.
@@ -171,7 +171,7 @@ async def test_smith_status_lists_queues_running_turns_and_workers(fleet):
 
 
 async def test_liveness_fails_within_20_s_of_sigstop(fleet):
-    """Acceptance 2, first half: a frozen worker (SIGSTOP) fails ``--check`` within 20 s; it passes again on SIGCONT."""
+    """A frozen worker (SIGSTOP) fails ``--check`` within 20 s; it passes again on SIGCONT."""
     assert fleet.check("tools").returncode == 0
     fleet.procs["tools"].signal(signal.SIGSTOP)
     start = time.monotonic()
@@ -185,7 +185,7 @@ async def test_liveness_fails_within_20_s_of_sigstop(fleet):
 
 
 async def test_liveness_survives_a_redis_outage_and_readiness_fails(fleet):
-    """Acceptance 2, second half: with Redis down for longer than the 15 s heartbeat age, ``--check``
+    """With Redis down for longer than the 15 s heartbeat age, ``--check``
     keeps passing (the event loop keeps touching the file) and ``--check --ready`` fails.
 
     NEEDS ISSUE 8 (workers survive Redis outages): until that is merged a worker exits when

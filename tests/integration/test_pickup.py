@@ -1,4 +1,4 @@
-"""Pickup by wake-up (issue 18): real redis-server, real worker processes, the fallback poll set long.
+"""Pickup by wake-up: real redis-server, real worker processes, the fallback poll set long.
 
 With ``SMITH_FALLBACK_POLL`` at 30 s a worker that only polled would start a
 job up to 30 s late; every ceiling below is far under that (and ~5x what a

@@ -1,4 +1,4 @@
-"""Issue 8: workers outlive Redis — a restart (no persistence), a freeze (SIGSTOP), a Redis that is
+"""Workers outlive Redis — a restart (no persistence), a freeze (SIGSTOP), a Redis that is
 down when a worker starts — and calls stay bounded while Redis does not answer.
 
 The module runs its own redis-server on a fixed port (restarted on the same
@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.integration]
 
 APP = "tests.support.app:app"
 TURNS = 20
-FREEZE = 20.0  # seconds Redis is stopped (acceptance 1b)
+FREEZE = 20.0  # seconds Redis is stopped
 
 
 class RedisOnPort:
@@ -174,7 +174,7 @@ async def test_redis_frozen_for_20s(outage_redis, outage_fleet, scenario):
         outage_redis.signal(signal.SIGSTOP)
         frozen_at = time.monotonic()
         try:
-            # acceptance 3: a bounded call on a frozen Redis, with the pooled client and with a new one
+            # a bounded call on a frozen Redis, with the pooled client and with a new one
             for fresh in (False, True):
                 started = time.monotonic()
                 sender = SmithClient.from_url(outage_redis.url, prefix=prefix) if fresh else client

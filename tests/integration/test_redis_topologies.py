@@ -1,4 +1,4 @@
-"""Redis deployments (issue 17, acceptance 3) against real redis-server and redis-sentinel processes.
+"""Redis deployments against real redis-server and redis-sentinel processes.
 
 * TLS + ACL: one ``redis-server`` serving only TLS (certificates made here with
   ``cryptography``), with two tenant users made by ``smith_client.acl``;

@@ -1,4 +1,4 @@
-"""The Redis commands of a text turn and of a one-tool turn stay few (issue 18), counted with INFO commandstats
+"""The Redis commands of a text turn and of a one-tool turn stay few, counted with INFO commandstats
 on the test's private redis-server, idle workers included (their fallback polls, one claim script each per
 ``SMITH_FALLBACK_POLL``, add a tenth at most). commandstats also counts the commands scripts run, so the
 commands counted here are those no script sends: MULTI, WATCH and ZSCORE were arq's per-job start
@@ -70,7 +70,7 @@ async def _sent_per_turn(client, marker: str) -> tuple[float, collections.Counte
 async def test_a_text_turn_sends_few_scripts_and_no_log_or_registry_reads(client, scenario):
     _, marker = scenario(Script(Reply.text("hello there")))
     counts = await _per_turn(client, marker)
-    # before issue 18: 19 EVALSHA (one per event), 2 XRANGE, 1 MGET, 1 SUBSCRIBE per text turn; the
+    # before the speed work: 19 EVALSHA (one per event), 2 XRANGE, 1 MGET, 1 SUBSCRIBE per text turn; the
     # enqueue is one more EVALSHA now (lua/enqueue.lua, instead of arq's WATCH/MULTI/EXEC): 20 unbatched
     # the opening events go in one call, the history's tail rides with the attempt's start, the reply's
     # append carries the tree's token count and the inbox's closing, the token events are batched: 15
@@ -87,7 +87,7 @@ async def test_a_text_turn_sends_few_scripts_and_no_log_or_registry_reads(client
 async def test_a_tool_turn_sends_few_scripts_and_no_log_or_registry_reads(client, scenario):
     _, marker = scenario(Script(Reply.tool_calls([("add", {"a": 1, "b": 2})]), Reply.text("3")))
     counts = await _per_turn(client, marker)
-    # before issue 18: 25 EVALSHA, 2 XRANGE, 1 MGET per one-tool turn; + 2 for the turn's and the tool's enqueue;
+    # before the speed work: 25 EVALSHA, 2 XRANGE, 1 MGET per one-tool turn; + 2 for the turn's and the tool's enqueue;
     # + 4 for claiming the turn's and the tool's job (a claim at each start and at the poll after each end),
     # which replaced 6 MULTI (arq's start, run_job's first, its abort check), 2 WATCH, 2 ZSCORE (9 MULTI before);
     # the tool worker's store, tool.result event and reply are one script call (lua/store_tool_result.lua),

@@ -1,4 +1,4 @@
-"""An API key never leaves the worker's own configuration (seed §16.4; issue 3 acceptance 4).
+"""An API key never leaves the worker's own configuration (docs/architecture.md, Hooks and logs).
 
 One turn with a tool call runs on an extra pair of worker processes (their own
 prefix) configured with ``SMITH_LLM_API_KEY`` and DEBUG logging, so the LLM
@@ -114,7 +114,7 @@ def protected_redis(tmp_path):
 
 
 async def test_echoed_credentials_appear_in_no_event_redis_value_or_log_line(protected_redis, scripted_llm, scenario):
-    """Issue 9 acceptance 2: an LLM 401 body echoing the API key, credentials in the base URL, a
+    """An LLM 401 body echoing the API key, credentials in the base URL, a
     password-protected Redis, the root logger at DEBUG (httpx, aiohttp, mcp and arq included)."""
     redis_url, redis_password = protected_redis
     api_key = f"sk-live-{uuid.uuid4().hex}"

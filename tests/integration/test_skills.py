@@ -1,7 +1,7 @@
-"""Skills end to end (issue 14): real turn and tool workers serving tests/support/skills_app.py, a real Redis,
+"""Skills end to end: real turn and tool workers serving tests/support/skills_app.py, a real Redis,
 the scripted chat-completions server recording every request.
 
-The module runs its own workers under its own prefix, because acceptance 1 needs the next turn to run on a
+The module runs its own workers under its own prefix, because one test needs the next turn to run on a
 second turn worker: turn worker A runs the first turn, then stops; turn worker B runs the next ones.
 """
 

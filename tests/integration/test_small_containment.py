@@ -1,4 +1,4 @@
-"""Issue 9, the smaller items, on the shared worker processes: lone surrogates, oversized
+"""Containment, the smaller items, on the shared worker processes: lone surrogates, oversized
 ``structured`` values, an unreadable turn payload, a failed turn's dangling tool calls,
 ``after_seq`` bounds, job-id suffixes."""
 

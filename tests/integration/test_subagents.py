@@ -1,4 +1,4 @@
-"""Issue 15: sub-agents across workers (seed §14), end to end through SmithClient.
+"""Sub-agents across workers (docs/architecture.md, Sub-agents), end to end through SmithClient.
 
 One fleet of its own (two turn workers, two tool workers, own prefix): the
 kill -9 test needs a second turn worker and the runaway tests spread tool jobs

@@ -1,4 +1,4 @@
-"""SyncSmithClient: the blocking twin, in a WSGI (Flask) view and shared by threads (issue 16, acceptance 1)."""
+"""SyncSmithClient: the blocking twin, in a WSGI (Flask) view and shared by threads."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 4 with the shared workers: idempotent turns, replay, multitask policies, cancellation."""
+"""Turn lifecycle with the shared workers: idempotent turns, replay, multitask policies, cancellation."""
 
 from __future__ import annotations
 

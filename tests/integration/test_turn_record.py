@@ -1,4 +1,4 @@
-"""The turn record's scripts against a real Redis and real workers (issue 10, Build 1)."""
+"""The turn record's scripts against a real Redis and real workers."""
 
 from __future__ import annotations
 
@@ -58,7 +58,10 @@ async def test_a_turn_submitted_by_the_previous_client_version_still_runs(client
 
 
 async def test_the_client_writes_the_lifetimes_it_is_given(redis_url, prefix, scenario):
-    """``turn_ttl``/``history_ttl`` (SMITH_TURN_TTL / SMITH_HISTORY_TTL, DESIGN.md §8) reach the keys the client writes."""
+    """``turn_ttl``/``history_ttl`` (SMITH_TURN_TTL / SMITH_HISTORY_TTL) reach the keys the client writes.
+
+    See docs/architecture.md, Keys.
+    """
     key, marker = scenario(Script(Reply.text("ttl ok")))
     async with SmithClient.from_url(redis_url, prefix=prefix, turn_ttl=600, history_ttl=900) as client:
         handle = await client.submit(f"{marker} hi", conversation_id=f"conv-{key}")

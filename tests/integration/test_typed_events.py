@@ -1,4 +1,4 @@
-"""Every event the worker publishes fits its typed model (issue 10, acceptance 5).
+"""Every event the worker publishes fits its typed model.
 
 Runs a tool turn, an MCP turn, a failed turn and a cancelled turn end to end
 and validates each event's envelope and ``data`` strictly: the model of its

@@ -1,4 +1,4 @@
-"""The web relay example (examples/web/) against real workers: SSE over curl, and a real Chromium (issue 16),
+"""The web relay example (examples/web/) against real workers: SSE over curl, and a real Chromium,
 also across Redis restarts (a rig of its own, below)."""
 
 from __future__ import annotations

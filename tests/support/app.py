@@ -72,7 +72,7 @@ def whoami(ctx: ToolContext) -> dict:
 
 @app.tool
 def finish(answer: str) -> dict:
-    """Ends the turn with `answer` (the seed's _done sentinel)."""
+    """Ends the turn with `answer` (the _done sentinel, docs/architecture.md, Tool calls)."""
     return {"_done": True, "final_message": answer}
 
 
@@ -83,7 +83,7 @@ app.agent("unstreamed", tools=[add], config=AgentConfig(stream_default=False))
 app.agent("limited", tools=[add], config=AgentConfig(max_iterations=2))
 
 
-# ---- agents for the loop's stop conditions, hooks and tool_choice (issue 3) ----
+# ---- agents for the loop's stop conditions, hooks and tool_choice ----
 
 # the tree budget (2 model calls) is smaller than the turn's own (8), so only the tree limit can stop it
 app.agent("tree_limited", tools=[add], config=AgentConfig(max_iterations=8, tree_max_iterations=2))
@@ -91,9 +91,9 @@ app.agent("tree_limited", tools=[add], config=AgentConfig(max_iterations=8, tree
 app.agent("token_limited", tools=[add], config=AgentConfig(max_total_tokens=100))
 # tests stream the first reply slower than this (seconds); the deadline is checked before the next step
 app.agent("deadline_limited", tools=[add], config=AgentConfig(deadline=0.4))
-# a named tool_choice on the first call, reset to "auto" after a tool round (seed §15 tool_choice control)
+# a named tool_choice on the first call, reset to "auto" after a tool round
 app.agent("named_choice", tools=[add], tool_choice="add")
-# tool calling for servers without native tool support (issue 11): no tools on the wire, one JSON-schema reply
+# tool calling for servers without native tool support: no tools on the wire, one JSON-schema reply
 app.agent("json_tools", system_prompt="You are a test agent.", tools=[add, whoami], llm={"tool_calling": "json_schema"})
 
 
@@ -108,7 +108,7 @@ def _record_sync(name: str, value: str) -> None:
 
 
 def _raising_hook(name: str, is_async: bool):
-    """A hook that records ``name`` under the ``hooks`` marker, then raises (seed §16.3: must not fail the turn)."""
+    """A hook that records ``name`` under the ``hooks`` marker, then raises (a hook must not fail the turn)."""
     if is_async:
 
         async def hook(_arg: object) -> None:
@@ -139,7 +139,7 @@ app.agent(
 )
 
 
-# ---- durability tests (issue 4) ---------------------------------------------
+# ---- durability tests ---------------------------------------------
 
 
 @app.tool(timeout=30.0)
@@ -173,7 +173,7 @@ async def counted_idempotent(label: str, seconds: float = 0.0) -> str:
 app.agent("durable", tools=[slow_tool, counted, counted_idempotent, add])
 
 
-# ---- MCP (issue 5): the lab stdio server, pooled per worker process ---------------------------
+# ---- MCP: the lab stdio server, pooled per worker process ---------------------------
 import sys as _sys  # noqa: E402
 
 from tests.support.mcp_servers import LAB_SERVER as _LAB_SERVER  # noqa: E402
@@ -189,7 +189,7 @@ app.agent("mcp", system_prompt="You can use the lab MCP server.", tools=[add], s
           hooks=Hooks(on_mcp_event=_record_mcp_event))
 
 
-# ---- containment (issue 9): runaway sync tools, process isolation, odd results ---------------
+# ---- containment: runaway sync tools, process isolation, odd results ---------------
 import time as _time  # noqa: E402
 
 
@@ -250,7 +250,7 @@ app.agent("contain", tools=[block_sync, sleep_in_process, pid_in_process, add, l
                             big_done, slow_tool, corrupt_result])
 
 
-# ---- memory (issue 13) -------------------------------------------------------------------------
+# ---- memory -------------------------------------------------------------------------
 from smith_worker import RollingWindowMemory, SummaryMemory  # noqa: E402
 from smith_worker.llm.types import ToolSchema  # noqa: E402
 from smith_worker.tools.function import ToolResult  # noqa: E402
@@ -308,7 +308,7 @@ async def _pause_after_final(message: object) -> None:
 app.agent("done_pause", tools=[add, finish], hooks=Hooks(on_message=_pause_after_final))
 
 
-# ---- outages and bounds (issue 8) ---------------------------------------------------------------
+# ---- outages and bounds ---------------------------------------------------------------
 
 
 @app.tool(timeout=30.0, idempotent=True)
@@ -327,7 +327,7 @@ app.agent("silence_bounded", llm={"request_timeout": 1.0, "max_retries": 10})
 app.agent("response_unbounded", llm={"response_timeout": 120.0, "request_timeout": 120.0})
 
 
-# ---- sub-agents (issue 15): lead -> researcher -> fetcher, each with a tool -----------------------
+# ---- sub-agents: lead -> researcher -> fetcher, each with a tool -----------------------
 
 app.agent("lead", system_prompt="You lead.", tools=[add], subagents=["researcher", "fetcher", "limited"],
           config=AgentConfig(max_subagent_depth=2), description="Leads the work.")

@@ -1,4 +1,4 @@
-"""The app of the skills integration tests (``tests.support.skills_app:app``, issue 14).
+"""The app of the skills integration tests (``tests.support.skills_app:app``).
 
 Three skills: ``research`` (a ``skill.json`` with a context file), ``pdf-tools``
 (an Agent Skills ``SKILL.md``) and ``notes``, built in code with a native tool

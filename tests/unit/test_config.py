@@ -1,4 +1,4 @@
-"""Loop and LLM-client defaults are the seed's (§15.1 ``AgentConfig``, §8.1 ``LlmClientConfig``, §6.3); every
+"""Loop and LLM-client defaults are those of docs/architecture.md, Limits and defaults; every
 ``SMITH_*`` variable is checked when the settings are read, a bad one refused in one line naming it."""
 
 import re
@@ -15,14 +15,14 @@ from smith_worker.llm import LlmClientConfig
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_agent_config_defaults_are_the_seeds():
+def test_agent_config_defaults_are_the_documented_ones():
     cfg = AgentConfig()
     assert (cfg.max_iterations, cfg.tree_max_iterations, cfg.deadline, cfg.max_total_tokens) == (16, 50, None, None)
     assert cfg.default_tool_timeout == 30.0  # seconds
     assert cfg.tool_result_max_bytes == 64 * 1024 and cfg.stream_default is True
 
 
-def test_llm_client_config_defaults_are_the_seeds():
+def test_llm_client_config_defaults_are_the_documented_ones():
     cfg = LlmClientConfig(base_url="http://127.0.0.1:8080/v1", model="m")
     assert cfg.api_key is None and cfg.request_timeout == 60.0 and cfg.max_retries == 3
     assert (cfg.backoff_base, cfg.max_retry_after, cfg.include_usage) == (0.5, 60.0, True)

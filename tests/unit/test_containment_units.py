@@ -1,4 +1,4 @@
-"""Issue 9 units: secret registry and log filter, base-URL userinfo sent as Authorization,
+"""Containment units: secret registry and log filter, base-URL userinfo sent as Authorization,
 ``max_response_bytes`` on a real loopback server, the abort set's TTL and the hygiene report."""
 
 from __future__ import annotations

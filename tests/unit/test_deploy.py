@@ -1,4 +1,4 @@
-"""deploy/ agrees with the code (issue 17, acceptance 4).
+"""deploy/ agrees with the code.
 
 Every manifest parses; commands match the Procfile; every ``SMITH_*`` name a
 manifest sets is one the code reads; probes call ``smith-worker --check``;
@@ -170,7 +170,7 @@ def test_image_is_non_root_with_tini_and_its_entry_points_exist():
         if app and argv[0] in ("smith-worker", "uvicorn"):
             module = ROOT / app.split(":")[0].replace(".", "/")
             if module.parts[-3:-1] == ("examples", "web") and not (ROOT / "examples" / "web").exists():
-                pytest.skip("examples/web (issue 16) is not in this checkout; its entry point is checked once it is")
+                pytest.skip("examples/web is not in this checkout; its entry point is checked once it is")
             assert module.with_suffix(".py").exists() or (module / "__init__.py").exists(), app
 
 

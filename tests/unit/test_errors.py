@@ -1,4 +1,4 @@
-"""Typed errors survive the trip through Redis (DESIGN.md §2)."""
+"""Typed errors survive the trip through Redis (docs/architecture.md, Errors)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""EventBatcher: events published in arrival order, batched while a publish is in flight (issue 18)."""
+"""EventBatcher: events published in arrival order, batched while a publish is in flight."""
 
 from __future__ import annotations
 

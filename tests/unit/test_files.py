@@ -291,7 +291,7 @@ def test_never_returns_content_from_outside(shared_box: Path, parts: list[str]) 
     assert content in {"hello\n", "deep\n"}
 
 
-# ------------------------------------------------------- races and hard links (issue 9)
+# ------------------------------------------------------- races and hard links
 
 
 def test_a_symlink_swapped_during_reads_never_leads_outside(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""json_schema tool calling (issue 11): request rewriting, the incremental answer scanner, reply mapping."""
+"""json_schema tool calling: request rewriting, the incremental answer scanner, reply mapping."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One owner per concept (issue 10, acceptance 2): key names only in keys.py, Lua only in .lua files."""
+"""One owner per concept: key names only in keys.py, Lua only in .lua files."""
 
 from __future__ import annotations
 

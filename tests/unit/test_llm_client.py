@@ -1,4 +1,6 @@
-"""LlmClient against the scripted server over real loopback sockets (seed §8, §9.5, §6.3).
+"""LlmClient against the scripted server over real loopback sockets.
+
+See docs/architecture.md, Model requests and HTTP retry policy.
 
 Retry waits are checked through the injected ``sleep`` (which records the
 requested delays and returns at once) with ``rng`` fixed at 0.5, so the
@@ -259,7 +261,7 @@ async def test_first_event_arrives_long_before_a_delayed_chunk(harness):
     assert len(times) == 2 and end - times[0] >= 0.4
 
 
-# -- request body (seed §8.2) -------------------------------------------------------
+# -- request body -------------------------------------------------------
 
 
 class CountingExecutor(concurrent.futures.ThreadPoolExecutor):
@@ -419,7 +421,7 @@ async def test_wire_logs_are_redacted(harness, caplog):
     assert "<redacted>" in text
 
 
-# -- retry table (seed §6.3) --------------------------------------------------------
+# -- retry table --------------------------------------------------------
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -492,7 +494,7 @@ def test_the_default_model_timeouts_bound_a_silent_call_by_twice_the_read_timeou
 
 
 async def test_keep_alive_comments_do_not_reset_the_idle_timeout(harness):
-    """A stream sending only comments is idle: request_timeout fires though bytes keep arriving (issue 8)."""
+    """A stream sending only comments is idle: request_timeout fires though bytes keep arriving."""
     key = harness.scenario(Reply.trickle(0.05))
     started = time.monotonic()
     async with harness.client(request_timeout=0.5, response_timeout=30.0) as client:

@@ -1,4 +1,6 @@
-"""Malformed HTTP replies give the same typed error over either model transport (seed §6.3, smith_worker/llm/http.py).
+"""Malformed HTTP replies give the same typed error over either model transport (smith_worker/llm/http.py).
+
+Retries follow docs/architecture.md, HTTP retry policy.
 
 A raw-socket server on 127.0.0.1 answers each chat-completions request with
 the exact bytes of one case of the corpus below (the case is named by the
@@ -9,7 +11,7 @@ and not, over both transports it can be given: httpx's own
 one (``model_http_client()``, which a worker shares between its agents and
 ``LlmClient(config)`` makes for itself). Both must give the outcome written in
 the table, which was read off httpx's transport: the error kind, the HTTP
-status where one was read, and the retry waits (seed §6.3, ``max_retries=1``):
+status where one was read, and the retry waits (``max_retries=1``):
 none, the backoff (0.625 s with ``rng`` at 0.5), or the ``Retry-After``.
 """
 
@@ -46,7 +48,7 @@ def api(status: int, *sleeps: float) -> Outcome:
 
 OK = Outcome(None)
 PARSE = Outcome(ParseError)
-UNREADABLE = Outcome(TransportError, None, (BACKOFF,))  # a transport error is retried (seed §6.3)
+UNREADABLE = Outcome(TransportError, None, (BACKOFF,))  # a transport error is retried
 CUT_STREAM = Outcome(TransportError)  # ... unless it cut a stream after bytes arrived
 
 
@@ -160,7 +162,7 @@ CORPUS = [
         "stream_chunk_broken",
         reply(OK_LINE, SSE, CHUNKED, body=chunk(FRAME) + b"zz\r\n"),
         UNREADABLE,
-        streamed=CUT_STREAM,  # a frame was delivered: no retry (seed §6.3)
+        streamed=CUT_STREAM,  # a frame was delivered: no retry
     ),
     case(
         "stream_chunk_broken_later",

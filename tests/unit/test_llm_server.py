@@ -1,4 +1,4 @@
-"""The embedded model launcher: which GGUF it serves and how its clients are configured (issue 11)."""
+"""The embedded model launcher: which GGUF it serves and how its clients are configured."""
 
 from __future__ import annotations
 

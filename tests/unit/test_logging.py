@@ -1,4 +1,4 @@
-"""The library's loggers (seed §16.1; DESIGN.md §2): named ``agent_smith[.sub]``, and the
+"""The library's loggers (docs/architecture.md, Hooks and logs): named ``agent_smith[.sub]``, and the
 library never adds a handler or sets a level — the application does (``smith-worker``
 configures logging in its ``main`` only, never at import).
 """

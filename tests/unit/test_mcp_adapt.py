@@ -1,4 +1,4 @@
-"""MCP results → Smith values (seed §11.7, §11.8), on the SDK's own result types."""
+"""MCP results → Smith values, on the SDK's own result types."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MCP configuration, public tool names and catalogs (seed §11.2, §11.6–§11.8; no server needed)."""
+"""MCP configuration, public tool names and catalogs (docs/architecture.md, MCP; no server needed)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Streamable HTTP MCP servers on loopback (issue 5 acceptance 4): session id, JSON and SSE, bearer token.
+"""Streamable HTTP MCP servers on loopback: session id, JSON and SSE, bearer token.
 
 One process (tests/support/mcp_servers/http_server.py) runs two official-SDK servers on free
 127.0.0.1 ports: one answering with JSON bodies, one with SSE streams.
@@ -103,7 +103,7 @@ async def test_wrong_token_is_a_typed_error_without_the_token(http_ports, caplog
 
 
 async def test_a_tools_call_answered_by_a_dropped_connection_is_not_resent(http_ports):
-    """Issue 12 acceptance 4 (second half): the server drops the TCP connection of a ``tools/call``
+    """The server drops the TCP connection of a ``tools/call``
     without answering; the call fails with one typed error and is never resent (counted server-side)."""
     handle = ServerHandle(http_config("web-drop", http_ports[0], backoff_base=0.05))
     try:
@@ -122,7 +122,7 @@ async def _seen(handle: ServerHandle) -> list[dict]:
 
 
 async def test_503_twice_then_discovery_succeeds_after_two_backoffs(caplog):
-    """Issue 12 acceptance 4: HTTP 503, 503, then 200: discovery succeeds after two seed §6.3 backoffs
+    """HTTP 503, 503, then 200: discovery succeeds after two backoffs of the HTTP retry policy
     (0.5 s + U(0, 0.25 s), then 1 s + U(0, 0.25 s); gaps checked with a generous ceiling)."""
     caplog.set_level(logging.WARNING, logger="agent_smith.mcp")
     servers = HttpServers("--fail-first", "2").start()
@@ -144,7 +144,7 @@ async def test_503_twice_then_discovery_succeeds_after_two_backoffs(caplog):
 
 @pytest.mark.parametrize("stale_status", [404, 400])
 async def test_server_restarted_while_idle_with_a_call_every_second(stale_status):
-    """Issue 12 acceptance 2: an SDK-built server is stopped and restarted on the same port while the pool
+    """An SDK-built server is stopped and restarted on the same port while the pool
     is idle; calls keep arriving every second. The stale session (HTTP 404 from the SDK; HTTP 400 with a
     JSON-RPC error without id, as server-everything answers) ends the connection (``disconnected``) and a
     new session is made: the first call after the restart succeeds or fails with one typed error, every
@@ -187,7 +187,7 @@ async def test_server_restarted_while_idle_with_a_call_every_second(stale_status
 
 
 async def test_failed_calls_do_not_suppress_the_health_ping(http_ports):
-    """Issue 12 build 2: requests that keep failing are no proof of a healthy session, so the health ping
+    """Requests that keep failing are no proof of a healthy session, so the health ping
     still runs after ``health_interval`` seconds without a success (pings counted server-side)."""
     handle = ServerHandle(http_config("web-ping", http_ports[0], health_interval=0.5))
     try:
@@ -205,7 +205,7 @@ async def test_failed_calls_do_not_suppress_the_health_ping(http_ports):
 
 
 async def test_a_forgotten_session_resends_read_only_requests_but_not_a_tools_call(http_ports):
-    """Issue 12 build 2: the server forgets our session (here: a DELETE for it from elsewhere); a ``ping``
+    """The server forgets our session (here: a DELETE for it from elsewhere); a ``ping``
     answered 404 is sent once more on a new session and succeeds; a ``tools/call`` answered 404 becomes one
     typed error (not resent) and the next call succeeds."""
     import httpx2

@@ -1,4 +1,4 @@
-"""The MCP HTTP transport's retry table and stale-session rules (seed §6.3; issue 12 build 2 and 4).
+"""The MCP HTTP transport's retry table and stale-session rules (docs/architecture.md, HTTP retry policy).
 
 Fast unit tests of :class:`~smith_worker.mcp.http.McpHttpTransport` in front of a scripted
 ``httpx2.MockTransport`` (the network below it, not the SDK); sleeps are recorded, not waited.

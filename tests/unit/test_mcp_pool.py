@@ -1,4 +1,4 @@
-"""The per-process MCP pool against real stdio servers (issue 5 acceptance 1–3; research/mcp-notes.md §7.10).
+"""The per-process MCP pool against real stdio servers.
 
 Servers are real subprocesses built with the official SDK (tests/support/mcp_servers/);
 nothing of the SDK is mocked. Timing assertions use generous ceilings (the box is shared).
@@ -321,7 +321,7 @@ async def test_connect_failure_reports_stderr_and_the_circuit_opens():
         await handle.close()
 
 
-# ---- issue 12: per-request notifications, capabilities, task-required tools ----------------------
+# ---- per-request notifications, capabilities, task-required tools ----------------------
 
 
 def _progress(sink: RecordingSink) -> list[Notification]:
@@ -329,7 +329,7 @@ def _progress(sink: RecordingSink) -> list[Notification]:
 
 
 async def test_progress_reaches_only_the_calling_turn_once(lab):
-    """Issue 12 acceptance 1: turn A's call sends 4 progress notifications while turn B is attached to the
+    """Turn A's call sends 4 progress notifications while turn B is attached to the
     same pooled server; A gets exactly those 4, B none; server-wide logging still reaches both."""
     handle, _ = lab
     await handle.catalog()
@@ -349,7 +349,7 @@ async def test_progress_reaches_only_the_calling_turn_once(lab):
 
 
 async def test_no_client_capabilities_and_sampling_is_refused_fast(lab):
-    """Issue 12 why-5: the client declares no capabilities; a server that asks for sampling anyway gets
+    """The client declares no capabilities; a server that asks for sampling anyway gets
     JSON-RPC -32600 "Sampling not supported" at once (measured 2–4 ms; ceiling 1 s), the call goes on."""
     handle, _ = lab
     declared = (await handle.call_tool("client_capabilities", {})).structured
@@ -363,7 +363,7 @@ async def test_no_client_capabilities_and_sampling_is_refused_fast(lab):
 
 
 async def test_task_required_tools_are_not_offered(caplog):
-    """Issue 12 acceptance 3: a tool with ``execution.taskSupport: "required"`` is not in the model's tool
+    """A tool with ``execution.taskSupport: "required"`` is not in the model's tool
     list (logged once at info with alias and tool names); optional task support is offered."""
     caplog.set_level(logging.INFO, logger="agent_smith.mcp")
     handle = ServerHandle(lowlevel_config("tasks", "tasks"))

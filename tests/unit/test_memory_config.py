@@ -1,4 +1,4 @@
-"""Declaring an agent's memory (issue 13): the default and the check of the value."""
+"""Declaring an agent's memory: the default and the check of the value."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The pairing invariant (seed §13.3; issue 13 design rules 2 and 3): ``strip_orphans`` for every drop
+"""The pairing invariant (docs/architecture.md, Tool-call pairing): ``strip_orphans`` for every drop
 position, over random histories with parallel tool calls, and the repair of dangling tool calls."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from smith_worker.memory.pairing import NO_RESULT, answer_dangling, is_well_form
 @st.composite
 def tool_round(draw, serial: list[int]) -> list:
     """An assistant message with 1-4 (parallel) calls and one tool message per call, in call order.
-    Ids are unique, or all empty, or repeated (servers send both, DESIGN.md §4)."""
+    Ids are unique, or all empty, or repeated (servers send both)."""
     count = draw(st.integers(1, 4))
     style = draw(st.sampled_from(["unique", "unique", "empty", "repeated"]))
     serial[0] += 1

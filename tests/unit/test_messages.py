@@ -1,4 +1,4 @@
-"""The message model and its OpenAI wire form (seed §7)."""
+"""The message model and its OpenAI wire form."""
 
 import orjson
 import pytest

@@ -1,4 +1,4 @@
-"""Redaction rules (seed §16.4), pinned."""
+"""Redaction rules (docs/architecture.md, Hooks and logs), pinned."""
 
 from __future__ import annotations
 

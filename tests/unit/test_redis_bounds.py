@@ -1,4 +1,4 @@
-"""Issue 8 unit rules: the Redis socket timeout setting, the reconnection backoff, readiness."""
+"""Bounded waits, unit rules: the Redis socket timeout setting, the reconnection backoff, readiness."""
 
 from __future__ import annotations
 

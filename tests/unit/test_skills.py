@@ -1,4 +1,4 @@
-"""Skills without Redis (issue 14): loading both formats, every refusal, prompt composition, the active skills
+"""Skills without Redis: loading both formats, every refusal, prompt composition, the active skills
 of a step (their tools in a step's toolset: tests/unit/test_toolset.py)."""
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def test_skill_mcp_servers_are_pooled_sources_shared_by_alias():
     assert "three" not in app.skills
 
 
-# ---- system prompt (seed §12.4) ---------------------------------------------------------------------
+# ---- system prompt ---------------------------------------------------------------------
 
 
 def test_system_prompt_is_composed_in_order_with_empty_sections_omitted():

@@ -1,4 +1,4 @@
-"""SSE frame parser and chat-stream assembler (seed §9.3, §9.6, §18.3).
+"""SSE frame parser and chat-stream assembler (WHATWG HTML, server-sent events; OpenAI chat completions streaming).
 
 The corpus in ``tests/unit/streams/``: each ``NAME.sse`` holds the exact bytes
 of a recorded stream and ``NAME.json`` the expected outcome —

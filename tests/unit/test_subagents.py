@@ -1,4 +1,4 @@
-"""Issue 15 units: sub-agent declarations resolved at worker start, tree keys, the CLI's chain."""
+"""Sub-agent units: declarations resolved at worker start, tree keys, the CLI's chain."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_a_subagent_needs_a_tool_name_of_its_own(subagents, child, message):
         _app(*subagents, child=child).resolve_subagents()
 
 
-def test_agent_config_has_the_tree_limits_of_seed_14():
+def test_agent_config_has_the_documented_tree_limits():
     config = AgentConfig()
     assert (config.max_subagent_depth, config.tree_max_iterations, config.tree_max_total_tokens) == (3, 50, None)
 

@@ -1,4 +1,4 @@
-"""A Redis outage makes the crash-recovery sweep log one line per pass, not a traceback (QA, item 1)."""
+"""A Redis outage makes the crash-recovery sweep log one line per pass, not a traceback."""
 
 from __future__ import annotations
 

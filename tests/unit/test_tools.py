@@ -1,4 +1,4 @@
-"""Native tools: normalization, schemas, timeouts, truncation, registry (seed §10)."""
+"""Native tools: normalization, schemas, timeouts, truncation, registry (docs/architecture.md, Tool calls)."""
 
 import asyncio
 import functools

@@ -1,4 +1,4 @@
-"""A stdio MCP server for pool tests (research/mcp-notes.md §4 "lab" server, rebuilt).
+"""A stdio MCP server for pool tests.
 
 Tools: ``echo``, ``now``, ``pid``, ``slow(seconds, tag)`` (logs start / cancelled / done to
 ``$LAB_LOG``; also as ``slow_idempotent``), ``crash`` (``os._exit``), ``fail`` (raises → ``isError``), ``stats``
