@@ -18,13 +18,14 @@ from typing import Any
 from smith_client import scripts
 from smith_client import turn_record as record
 from smith_client.errors import ConversationBusyError, EventsTrimmedError, SmithTimeoutError, TurnNotFoundError
-from smith_client.eventlog import events_after, last_seq, log_reads, read_events
+from smith_client.eventlog import last_seq, log_reads, read_events
 from smith_client.events import Event, event_from_json
 from smith_client.jobs import TurnJob
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, Message, messages_from_json_list
-from smith_client.protocol import Call, Operation, Receive, RunScript, Subscribe, Transaction
+from smith_client.protocol import Operation, Receive, Subscribe, call, run, run_script
 from smith_client.registry import ServedAgents, read_served
+from smith_client.roundtrip import Pending, RoundTrip
 from smith_client.turns import outcome_from_event, outcome_from_state, read_state, submit_turn
 from smith_client.validation import build_turn_job, check_id, check_options, check_seq, check_served, check_timeout
 
@@ -108,7 +109,7 @@ def clear(keys: Keys, conversation_id: Any) -> Operation[None]:
         keys.conversation_statuses(conversation_id),
         *keys.conversation_state(conversation_id),
     )
-    busy = yield RunScript(scripts.CLEAR, script_keys)
+    busy: bytes | None = yield from run_script(scripts.CLEAR, script_keys)
     if busy:
         raise ConversationBusyError(
             f"conversation {conversation_id} has an unfinished turn ({busy.decode()}); cancel it or wait",
@@ -119,7 +120,7 @@ def clear(keys: Keys, conversation_id: Any) -> Operation[None]:
 def history(keys: Keys, conversation_id: Any) -> Operation[list[Message]]:
     """Operation of ``history``: all messages of a conversation, oldest first (stored form)."""
     check_id(conversation_id, "conversation_id")
-    return messages_from_json_list((yield Call("lrange", (keys.history(conversation_id), 0, -1))))
+    return (yield from call("lrange", keys.history(conversation_id), 0, -1, parse=messages_from_json_list))
 
 
 def _terminal_event(events: Operation[None], operation: str) -> Operation[Event]:
@@ -144,7 +145,7 @@ def _ended(keys: Keys, turn_id: str, seen_any: bool) -> Operation[bool]:
     Sentinel failover by asynchronous replication), so a follower never
     waits for events that cannot come.
     """
-    status = yield Call("hget", (keys.turn_state(turn_id), record.STATUS))
+    status: bytes | None = yield from call("hget", keys.turn_state(turn_id), record.STATUS)
     if status is None and (seen_any or (yield from last_seq(keys, turn_id)) == 0):
         _lost(turn_id, seen_any)
     return record.is_terminal(status)
@@ -156,17 +157,19 @@ def _catch_up(keys: Keys, turn_id: str, last: int, seen_any: bool) -> Operation[
     The log, its counter and the status are read in one transaction, so they
     agree: the terminal event and the terminal status are written together.
     """
-    entries, seq, status = yield Transaction(
-        (*log_reads(keys, turn_id, last), Call("hget", (keys.turn_state(turn_id), record.STATUS)))
-    )
+    rt = RoundTrip(transaction=True)
+    log = log_reads(rt, keys, turn_id, last)
+    state: Pending[bytes | None] = rt.call("hget", keys.turn_state(turn_id), record.STATUS)
+    yield from run(rt)
+    status = state.value
     try:
-        pending = events_after(entries, seq, turn_id, last)
+        pending = log.events()
     except EventsTrimmedError:
         yield from _ended(keys, turn_id, seen_any=True)  # raises TurnNotFoundError when the state is gone too
         raise
     if pending:
         return pending, False
-    if status is None and (seen_any or int(seq or 0) == 0):
+    if status is None and (seen_any or log.last.value == 0):
         _lost(turn_id, seen_any)
     return pending, record.is_terminal(status)
 

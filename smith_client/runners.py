@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-from collections.abc import AsyncGenerator, Callable, Generator
+from collections.abc import AsyncGenerator, Generator
 from typing import Any, cast
 
 import redis
@@ -19,8 +18,9 @@ from redis.asyncio import Redis
 from smith_client.errors import SmithTimeoutError, TransportError
 from smith_client.events import Event
 from smith_client.fanout import AsyncFanout, SyncFanout
-from smith_client.protocol import Call, Operation, Receive, RunScript, Subscribe, T, Transaction
+from smith_client.protocol import Operation, Receive, Subscribe, T
 from smith_client.redis_errors import typed_redis_errors
+from smith_client.roundtrip import RoundTrip
 
 
 class _Done:
@@ -63,23 +63,6 @@ class _Closable:
 
 def _is_request(item: Any) -> bool:
     return not isinstance(item, (Event, _Done))
-
-
-def _bind(request: Any, client: Any, session: _Session) -> Callable[[], Any]:
-    """The redis-py call that performs ``request`` (the asyncio and the blocking client share method names).
-
-    Calling it returns the reply, or with the asyncio client an awaitable of it.
-    """
-    if isinstance(request, Call):
-        return functools.partial(getattr(client, request.command), *request.args, **request.kwargs)
-    if isinstance(request, Transaction):
-        pipe = client.pipeline(transaction=True)  # execute() resets the pipeline, releasing its connection
-        for call in request.calls:
-            getattr(pipe, call.command)(*call.args, **call.kwargs)
-        execute: Callable[[], Any] = pipe.execute
-        return execute
-    # a Subscribe on a connection the caller gave (AsyncRunner.iterate's ``pubsub``)
-    return functools.partial(session.pubsub.subscribe, request.channel)
 
 
 class AsyncRunner(_Closable):
@@ -148,15 +131,15 @@ class AsyncRunner(_Closable):
     @typed_redis_errors
     async def _perform(self, request: Any, session: _Session) -> Any:
         self._check_open(request)
-        if isinstance(request, RunScript):
-            return await request.script(self.redis, request.keys, request.args)
+        if isinstance(request, RoundTrip):
+            return await request.run(self.redis)
         if isinstance(request, (Subscribe, Receive)) and session.subscription is not None:
             if isinstance(request, Subscribe):
                 return await session.subscription.subscribe(request.channel)
             return await session.subscription.receive(request.timeout)
         if isinstance(request, Receive):  # a connection the caller subscribed (tests)
             return await session.pubsub.get_message(ignore_subscribe_messages=True, timeout=request.timeout)
-        return await _bind(request, self.redis, session)()
+        return await session.pubsub.subscribe(request.channel)  # a Subscribe on a connection the caller gave
 
 
 class SyncRunner(_Closable):
@@ -209,10 +192,8 @@ class SyncRunner(_Closable):
     @typed_redis_errors
     def _perform(self, request: Any, session: _Session) -> Any:
         self._check_open(request)
-        if isinstance(request, RunScript):
-            return request.script.call_sync(self.redis, request.keys, request.args)
+        if isinstance(request, RoundTrip):
+            return request.run_sync(self.redis)
         if isinstance(request, Subscribe):
             return session.subscription.subscribe(request.channel)
-        if isinstance(request, Receive):
-            return session.subscription.receive(request.timeout)
-        return _bind(request, self.redis, session)()
+        return session.subscription.receive(request.timeout)

@@ -48,7 +48,7 @@ from smith_client.events import TURN_COMPLETED, TURN_FAILED, Event, TurnCancelle
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage
-from smith_client.protocol import Call, Operation, RunScript
+from smith_client.protocol import Operation, call, run_script
 from smith_client.runners import AsyncRunner
 from smith_client.turn_record import decode_state
 from smith_client.validation import check_multitask
@@ -139,7 +139,7 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]
     others: tuple[str, ...] = ()
     for _ in range(_SUBMIT_TRIES):
         other_keys = tuple(key for other in others for key in (keys.turn_state(other), keys.turn_inbox(other)))
-        reply: list[Any] = yield RunScript(scripts.SUBMIT, base + other_keys, args + others)
+        reply: list[Any] = yield from run_script(scripts.SUBMIT, base + other_keys, args + others)
         if reply[0] != b"keys":
             return reply
         others = tuple(raw.decode() for raw in reply[1:])
@@ -154,10 +154,14 @@ async def submit(client: _Client, job: TurnJob, multitask: str) -> Submission:
     return await client.runner.run(submit_turn(client.keys, job, multitask))
 
 
+def _decode(reply: bytes) -> str:
+    return reply.decode()
+
+
 def read_state(keys: Keys, turn_id: str) -> Operation[dict[str, str]]:
     """Operation: the raw state hash of a turn (fields in :mod:`smith_client.turn_record`; empty when the
     turn is unknown or expired)."""
-    return decode_state((yield Call("hgetall", (keys.turn_state(turn_id),))))
+    return (yield from call("hgetall", keys.turn_state(turn_id), parse=decode_state))
 
 
 def outcome_from_state(state: dict[str, str]) -> AssistantMessage | None:
@@ -199,7 +203,7 @@ def cancel_turn(keys: Keys, turn_id: str, reason: str = "cancel") -> Operation[s
         keys.conversation_turns(conversation),
         keys.conversation_statuses(conversation),
     )
-    outcome: str = (yield RunScript(scripts.CANCEL, script_keys, (turn_id, reason, keys.control_channel))).decode()
+    outcome = yield from run_script(scripts.CANCEL, script_keys, (turn_id, reason, keys.control_channel), _decode)
     if outcome == "cancelled_queued":
         yield from publish(keys, turn_id, TurnCancelledData(reason=reason))
     return outcome
