@@ -26,6 +26,7 @@ conversation's multitask policy is decided atomically:
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
@@ -51,7 +52,9 @@ from smith_client.messages import AssistantMessage
 from smith_client.protocol import Operation, call, run_script
 from smith_client.runners import AsyncRunner
 from smith_client.turn_record import decode_state
-from smith_client.validation import check_multitask
+from smith_client.validation import check_multitask, check_served
+
+logger = logging.getLogger("agent_smith")
 
 #: ``SUBMIT`` calls before giving up when the conversation's unfinished turns keep changing under it.
 _SUBMIT_TRIES = 8
@@ -87,12 +90,16 @@ class Submission:
 def submit_turn(keys: Keys, job: TurnJob, multitask: str) -> Operation[Submission]:
     """Operation: create (or join) the turn for ``job`` and enqueue it when it needs a worker.
 
-    Raises :class:`ConflictError` (same turn id, different request),
-    :class:`ConversationBusyError` (``reject`` policy) or :class:`InvalidRequestError`.
+    Raises :class:`UnknownAgentError` (live turn workers exist but none serves ``job.agent``; nothing is
+    written), :class:`ConflictError` (same turn id, different request), :class:`ConversationBusyError`
+    (``reject`` policy) or :class:`InvalidRequestError`. Logs a warning when no turn worker is live at all:
+    the turn is enqueued and waits for one.
     """
     check_multitask(multitask)
     reply = yield from _run_submit(keys, job, multitask)
     outcome, turn_id = reply[0].decode(), reply[1].decode()
+    if outcome == "unknown":
+        check_served(job.agent, {raw.decode() for raw in reply[2:]})  # raises UnknownAgentError
     if outcome == "conflict":
         raise ConflictError(f"turn {turn_id} exists with a different request", turn_id=turn_id)
     if outcome == "busy":
@@ -100,7 +107,13 @@ def submit_turn(keys: Keys, job: TurnJob, multitask: str) -> Operation[Submissio
             f"conversation {job.conversation_id} has an unfinished turn ({turn_id})",
             conversation_id=job.conversation_id, active_turn_id=turn_id,
         )  # fmt: skip
-    status = reply[2].decode() if outcome == "attach" and len(reply) > 2 and reply[2] else "queued"
+    if reply[3] == b"1":
+        logger.warning(
+            "no turn worker is registered under prefix %r: the turn waits in the queue "
+            "(check SMITH_PREFIX and SMITH_REDIS_URL match the workers')",
+            keys.prefix,
+        )
+    status = reply[2].decode() if outcome == "attach" and reply[2] else "queued"
     return Submission(cast(SubmitOutcome, outcome), turn_id, status)
 
 
