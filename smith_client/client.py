@@ -49,7 +49,7 @@ class ClientBase:
     redis: Any
     keys: Keys
     runner: AsyncRunner | SyncRunner
-    #: The agents live turn workers served lately, so a turn need not re-read the registrations.
+    #: The agents live turn workers served lately, for the ``smith`` command's checks before a chat.
     served: ServedAgents
     #: Opens the client's Redis connections from a URL (``connect_redis`` or ``connect_sync_redis``).
     _connect: Callable[..., Any]
@@ -123,13 +123,13 @@ class ClientBase:
         return cls(redis, prefix=prefix, owns_redis=True, turn_ttl=turn_ttl, history_ttl=history_ttl)
 
     def _op_send(self, text: str, timeout: float | None, options: TurnOptions) -> Operation[AssistantMessage]:
-        return ops.send(self.keys, text, timeout, dict(options), self.served)
+        return ops.send(self.keys, text, timeout, dict(options))
 
     def _op_stream(self, text: str, timeout: float | None, options: TurnOptions) -> Operation[None]:
-        return ops.stream(self.keys, text, timeout, dict(options), self.served)
+        return ops.stream(self.keys, text, timeout, dict(options))
 
     def _op_submit(self, text: str, options: TurnOptions) -> Operation[str]:
-        return ops.submit(self.keys, text, dict(options), self.served)
+        return ops.submit(self.keys, text, dict(options))
 
     def _op_follow(self, turn_id: str, after_seq: int, timeout: float | None) -> Operation[None]:
         return ops.follow(self.keys, turn_id, after_seq, timeout)

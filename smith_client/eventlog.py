@@ -13,7 +13,9 @@ reconnecting subscriber reads from (docs/architecture.md, Events).
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import orjson
 from redis.asyncio import Redis
@@ -22,8 +24,11 @@ from smith_client import scripts
 from smith_client.errors import EventsTrimmedError
 from smith_client.events import PROTOCOL_VERSION, Event, EventData, event_from_json
 from smith_client.keys import Keys
-from smith_client.protocol import Call, Operation, RunScript, Transaction
+from smith_client.protocol import Operation, call, run, run_script
+from smith_client.roundtrip import Command, Pending, RoundTrip, script_command
 from smith_client.runners import AsyncRunner
+
+T = TypeVar("T")
 
 #: ``attempt`` value for a publish that needs the turn running, whatever its attempt (tool workers).
 WHILE_RUNNING = -1
@@ -91,34 +96,35 @@ class EventLog:
 
     def publish_in(
         self,
-        pipe: Any,
+        rt: RoundTrip,
         turn_id: str,
         data: EventData,
         agent_path: list[str] | None = None,
         attempt: int | None = None,
         once_key: str | None = None,
         call_path: list[str] | None = None,
-    ) -> None:
-        """Queue a :meth:`publish` (fenced with ``attempt``, once per ``once_key``) on a pipeline;
-        run it with :func:`smith_client.scripts.execute`."""
+    ) -> Pending[int]:
+        """Add a :meth:`publish` (fenced with ``attempt``, once per ``once_key``) to ``rt``; the handle
+        gets its ``seq`` (-1 fenced off, 0 already published)."""
         keys, args = self.publish_args(turn_id, data, agent_path, attempt, once_key, call_path)
-        scripts.PUBLISH.queue(pipe, keys, args)
+        return rt.script(scripts.PUBLISH, keys, args, parse=int)
 
-    def queue_publish_many(
+    def publish_many_command(
         self,
-        pipe: Any,
         turn_id: str,
         events: list[EventData],
         agent_path: list[str] | None,
         attempt: int,
-        call_path: list[str] | None = None,
-    ) -> None:
-        """Queue on a pipeline the publish of consecutive ``events`` of one step in one script call
-        (``lua/publish_batch.lua``): each gets its own ``seq``, log entry and message, as with
-        :meth:`publish`, fenced once by ``attempt`` (or :data:`WHILE_RUNNING`). The call's reply is the
-        first event's ``seq``, or -1 when fenced off (none published). Run it with
-        :func:`smith_client.scripts.execute`."""
-        scripts.PUBLISH_BATCH.queue(pipe, *self._publish_many_call(turn_id, events, agent_path, attempt, call_path))
+        call_path: list[str] | None,
+        parse: Callable[[int], T],
+    ) -> Command[T]:
+        """The publish of consecutive ``events`` of one step in one script call (``lua/publish_batch.lua``):
+        each gets its own ``seq``, log entry and message, as with :meth:`publish`, fenced once by
+        ``attempt`` (or :data:`WHILE_RUNNING`). ``parse`` gets the first event's ``seq``, or -1 when
+        fenced off (none published). Add it to a :class:`~smith_client.roundtrip.RoundTrip`, or send it
+        with a worker's auto-pipeline."""
+        keys, args = self._publish_many_call(turn_id, events, agent_path, attempt, call_path)
+        return script_command(scripts.PUBLISH_BATCH, keys, args, parse=lambda reply: parse(int(reply)))
 
     def _publish_many_call(
         self,
@@ -190,39 +196,53 @@ def _body(turn_id: str, data: EventData, agent_path: list[str] | None, call_path
 def publish(keys: Keys, turn_id: str, data: EventData) -> Operation[int]:
     """Operation: publish one unfenced event with the default cap; returns its ``seq``."""
     script_keys, args = publish_script_args(keys, turn_id, data, None, None)
-    return int((yield RunScript(scripts.PUBLISH, tuple(script_keys), tuple(args))))
+    return (yield from run_script(scripts.PUBLISH, script_keys, args, parse=int))
 
 
 def read_events(keys: Keys, turn_id: str, after_seq: int = 0, count: int | None = None) -> Operation[list[Event]]:
     """Operation: :meth:`EventLog.read`."""
-    # one transaction: the log and the counter are read as of the same instant
-    entries, last = yield Transaction(log_reads(keys, turn_id, after_seq, count))
-    return events_after(entries, last, turn_id, after_seq)
+    rt = RoundTrip(transaction=True)  # one transaction: the log and the counter are read as of the same instant
+    log = log_reads(rt, keys, turn_id, after_seq, count)
+    yield from run(rt)
+    return log.events()
 
 
-def log_reads(keys: Keys, turn_id: str, after_seq: int, count: int | None = None) -> tuple[Call, Call]:
-    """The commands of :func:`read_events` (log entries after ``after_seq``, the seq counter), to put in a
-    :class:`Transaction` with others; :func:`events_after` reads their replies."""
-    return (
-        Call("xrange", (keys.turn_log(turn_id),), {"min": f"(0-{after_seq}", "max": "+", "count": count}),
-        Call("get", (keys.turn_seq(turn_id),)),
-    )
+@dataclass(frozen=True)
+class LogRead:
+    """The reads :func:`log_reads` added to a round trip: the log's ``entries`` after ``after_seq`` and its
+    counter ``last`` (the highest ``seq`` published)."""
+
+    turn_id: str
+    after_seq: int
+    entries: Pending[Any]
+    last: Pending[int]
+
+    def events(self) -> list[Event]:
+        """The events read. Raises :class:`EventsTrimmedError` (see :meth:`EventLog.read`)."""
+        events = [event_from_json(fields[b"e"]) for _entry_id, fields in self.entries.value]
+        after_seq = self.after_seq
+        if events and events[0].seq != after_seq + 1 or not events and after_seq < self.last.value:
+            first = events[0].seq if events else 0
+            raise EventsTrimmedError(
+                f"events of turn {self.turn_id} after seq {after_seq} are no longer in the replay log",
+                turn_id=self.turn_id,
+                after_seq=after_seq,
+                first_seq=first,
+            )
+        return events
 
 
-def events_after(entries: Any, last: Any, turn_id: str, after_seq: int) -> list[Event]:
-    """The events of :func:`log_reads`'s replies. Raises :class:`EventsTrimmedError` (see :meth:`EventLog.read`)."""
-    events = [event_from_json(fields[b"e"]) for _entry_id, fields in entries]
-    if events and events[0].seq != after_seq + 1 or not events and after_seq < int(last or 0):
-        first = events[0].seq if events else 0
-        raise EventsTrimmedError(
-            f"events of turn {turn_id} after seq {after_seq} are no longer in the replay log",
-            turn_id=turn_id,
-            after_seq=after_seq,
-            first_seq=first,
-        )
-    return events
+def log_reads(rt: RoundTrip, keys: Keys, turn_id: str, after_seq: int, count: int | None = None) -> LogRead:
+    """Add the reads of :func:`read_events` (log entries after ``after_seq``, the seq counter) to ``rt``."""
+    entries: Pending[Any] = rt.call("xrange", keys.turn_log(turn_id), min=f"(0-{after_seq}", max="+", count=count)
+    last = rt.call("get", keys.turn_seq(turn_id), parse=_counter)
+    return LogRead(turn_id, after_seq, entries, last)
+
+
+def _counter(reply: Any) -> int:
+    return int(reply or 0)
 
 
 def last_seq(keys: Keys, turn_id: str) -> Operation[int]:
     """Operation: the highest ``seq`` published so far for the turn (0 if none)."""
-    return int((yield Call("get", (keys.turn_seq(turn_id),))) or 0)
+    return (yield from call("get", keys.turn_seq(turn_id), parse=_counter))

@@ -18,15 +18,14 @@ from typing import Any
 from smith_client import scripts
 from smith_client import turn_record as record
 from smith_client.errors import ConversationBusyError, EventsTrimmedError, SmithTimeoutError, TurnNotFoundError
-from smith_client.eventlog import events_after, last_seq, log_reads, read_events
+from smith_client.eventlog import last_seq, log_reads, read_events
 from smith_client.events import Event, event_from_json
-from smith_client.jobs import TurnJob
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, Message, messages_from_json_list
-from smith_client.protocol import Call, Operation, Receive, RunScript, Subscribe, Transaction
-from smith_client.registry import ServedAgents, read_served
+from smith_client.protocol import Operation, Receive, Subscribe, call, run, run_script
+from smith_client.roundtrip import Pending, RoundTrip
 from smith_client.turns import outcome_from_event, outcome_from_state, read_state, submit_turn
-from smith_client.validation import build_turn_job, check_id, check_options, check_seq, check_served, check_timeout
+from smith_client.validation import build_turn_job, check_id, check_options, check_seq, check_timeout
 
 logger = logging.getLogger("agent_smith")
 
@@ -34,35 +33,20 @@ logger = logging.getLogger("agent_smith")
 POLL_INTERVAL = 1.0
 
 
-def prepare(
-    keys: Keys, text: Any, options: dict[str, Any], served: ServedAgents | None = None
-) -> Operation[tuple[TurnJob, str]]:
-    """Check a request into its job and multitask policy (raising :class:`InvalidRequestError`
-    / :class:`UnknownAgentError`); warns when no turn worker is registered. ``served``: the client's
-    recent view of the served agents (None: read them)."""
+def submit(keys: Keys, text: Any, options: dict[str, Any]) -> Operation[str]:
+    """Operation of ``submit``: start a background turn; returns the id of the turn to follow.
+
+    The submit script refuses an agent no live turn worker serves (:class:`UnknownAgentError`) and
+    warns when no turn worker is live at all, so nothing reads the registrations before it.
+    """
     job, multitask = build_turn_job(text, **check_options(options))
-    agents = (yield from served.read(keys, job.agent)) if served else (yield from read_served(keys, "agents"))
-    if not check_served(job.agent, agents):
-        logger.warning(
-            "no turn worker is registered under prefix %r: the turn waits in the queue "
-            "(check SMITH_PREFIX and SMITH_REDIS_URL match the workers')",
-            keys.prefix,
-        )
-    return job, multitask
-
-
-def submit(keys: Keys, text: Any, options: dict[str, Any], served: ServedAgents | None = None) -> Operation[str]:
-    """Operation of ``submit``: start a background turn; returns the id of the turn to follow."""
-    job, multitask = yield from prepare(keys, text, options, served)
     return (yield from submit_turn(keys, job, multitask)).turn_id
 
 
-def stream(
-    keys: Keys, text: Any, timeout: Any, options: dict[str, Any], served: ServedAgents | None = None
-) -> Operation[None]:
-    """Operation of ``stream``: run one turn, yielding its events until the terminal one."""
+def stream(keys: Keys, text: Any, timeout: Any, options: dict[str, Any]) -> Operation[None]:
+    """Operation of ``stream``: run one turn, yielding its events until the terminal one (see :func:`submit`)."""
     timeout = check_timeout(timeout)
-    job, multitask = yield from prepare(keys, text, options, served)
+    job, multitask = build_turn_job(text, **check_options(options))
     yield Subscribe(keys.turn_events_channel(job.turn_id))  # before submitting, so no live event is missed
     submission = yield from submit_turn(keys, job, multitask)
     after = 0
@@ -74,11 +58,9 @@ def stream(
     yield from follow_subscribed(keys, submission.turn_id, after, timeout, read_first=not fresh)
 
 
-def send(
-    keys: Keys, text: Any, timeout: Any, options: dict[str, Any], served: ServedAgents | None = None
-) -> Operation[AssistantMessage]:
+def send(keys: Keys, text: Any, timeout: Any, options: dict[str, Any]) -> Operation[AssistantMessage]:
     """Operation of ``send``: run one turn; returns its final message or raises its error."""
-    return outcome_from_event((yield from _terminal_event(stream(keys, text, timeout, options, served), "send")))
+    return outcome_from_event((yield from _terminal_event(stream(keys, text, timeout, options), "send")))
 
 
 def follow(keys: Keys, turn_id: Any, after_seq: Any = 0, timeout: Any = None) -> Operation[None]:
@@ -108,7 +90,7 @@ def clear(keys: Keys, conversation_id: Any) -> Operation[None]:
         keys.conversation_statuses(conversation_id),
         *keys.conversation_state(conversation_id),
     )
-    busy = yield RunScript(scripts.CLEAR, script_keys)
+    busy: bytes | None = yield from run_script(scripts.CLEAR, script_keys)
     if busy:
         raise ConversationBusyError(
             f"conversation {conversation_id} has an unfinished turn ({busy.decode()}); cancel it or wait",
@@ -119,7 +101,7 @@ def clear(keys: Keys, conversation_id: Any) -> Operation[None]:
 def history(keys: Keys, conversation_id: Any) -> Operation[list[Message]]:
     """Operation of ``history``: all messages of a conversation, oldest first (stored form)."""
     check_id(conversation_id, "conversation_id")
-    return messages_from_json_list((yield Call("lrange", (keys.history(conversation_id), 0, -1))))
+    return (yield from call("lrange", keys.history(conversation_id), 0, -1, parse=messages_from_json_list))
 
 
 def _terminal_event(events: Operation[None], operation: str) -> Operation[Event]:
@@ -144,7 +126,7 @@ def _ended(keys: Keys, turn_id: str, seen_any: bool) -> Operation[bool]:
     Sentinel failover by asynchronous replication), so a follower never
     waits for events that cannot come.
     """
-    status = yield Call("hget", (keys.turn_state(turn_id), record.STATUS))
+    status: bytes | None = yield from call("hget", keys.turn_state(turn_id), record.STATUS)
     if status is None and (seen_any or (yield from last_seq(keys, turn_id)) == 0):
         _lost(turn_id, seen_any)
     return record.is_terminal(status)
@@ -156,17 +138,19 @@ def _catch_up(keys: Keys, turn_id: str, last: int, seen_any: bool) -> Operation[
     The log, its counter and the status are read in one transaction, so they
     agree: the terminal event and the terminal status are written together.
     """
-    entries, seq, status = yield Transaction(
-        (*log_reads(keys, turn_id, last), Call("hget", (keys.turn_state(turn_id), record.STATUS)))
-    )
+    rt = RoundTrip(transaction=True)
+    log = log_reads(rt, keys, turn_id, last)
+    state: Pending[bytes | None] = rt.call("hget", keys.turn_state(turn_id), record.STATUS)
+    yield from run(rt)
+    status = state.value
     try:
-        pending = events_after(entries, seq, turn_id, last)
+        pending = log.events()
     except EventsTrimmedError:
         yield from _ended(keys, turn_id, seen_any=True)  # raises TurnNotFoundError when the state is gone too
         raise
     if pending:
         return pending, False
-    if status is None and (seen_any or int(seq or 0) == 0):
+    if status is None and (seen_any or log.last.value == 0):
         _lost(turn_id, seen_any)
     return pending, record.is_terminal(status)
 

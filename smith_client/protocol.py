@@ -1,7 +1,9 @@
 """The requests a client operation makes, so each operation is written once and free of I/O.
 
 A client operation (see :mod:`smith_client.operations`) is a generator: it
-yields a request below and is sent back its reply; an operation that streams
+yields a request below and is sent back its reply (for a
+:class:`~smith_client.roundtrip.RoundTrip`, ``None``: its commands' handles hold
+their parsed replies, the same typed round trips the workers build); an operation that streams
 also yields :class:`~smith_client.events.Event` objects, which go to the caller
 (the operation is sent ``None`` for them). The generator's return value is the
 operation's result. :class:`~smith_client.runners.AsyncRunner` performs the
@@ -13,10 +15,11 @@ I/O (the "sans-I/O" pattern of h11 and hyper-h2).
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from smith_client.roundtrip import Command, RoundTrip, raw, script_command
 from smith_client.scripts import LuaScript
 
 T = TypeVar("T")
@@ -25,30 +28,31 @@ T = TypeVar("T")
 Operation = Generator[Any, Any, T]
 
 
-@dataclass(frozen=True)
-class Call:
-    """One Redis command: ``redis.<command>(*args, **kwargs)``; the reply is redis-py's (bytes, not decoded)."""
-
-    command: str
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
+def run(rt: RoundTrip) -> Operation[None]:
+    """Operation: send ``rt``'s commands in one round trip; read the results from their handles."""
+    yield rt
 
 
-@dataclass(frozen=True)
-class RunScript:
-    """One call of a Lua script of the package (:mod:`smith_client.scripts`), sent with ``EVALSHA``
-    (loaded again on ``NOSCRIPT``); the reply is the script's (bytes, not decoded)."""
-
-    script: LuaScript
-    keys: tuple[str, ...]
-    args: tuple[Any, ...] = ()
+def one(command: Command[T]) -> Operation[T]:
+    """Operation: ``command`` alone, in a round trip of its own; returns its parsed reply."""
+    rt = RoundTrip()
+    reply = rt.add(command)
+    yield rt
+    return reply.value
 
 
-@dataclass(frozen=True)
-class Transaction:
-    """Commands sent in one MULTI/EXEC; the reply is the list of their replies."""
+def call(name: str, *args: Any, parse: Callable[[Any], T] = raw, **kwargs: Any) -> Operation[T]:
+    """Operation: redis-py's ``name(*args, **kwargs)`` alone; returns its reply parsed by ``parse`` (raw:
+    redis-py's, bytes not decoded)."""
+    return one(Command(name, args, kwargs, parse))
 
-    calls: tuple[Call, ...]
+
+def run_script(
+    script: LuaScript, keys: Sequence[str], args: Sequence[Any] = (), parse: Callable[[Any], T] = raw
+) -> Operation[T]:
+    """Operation: one call of a Lua script of the package (``EVALSHA``, loaded again on ``NOSCRIPT``);
+    returns its reply parsed by ``parse``."""
+    return one(script_command(script, keys, args, parse))
 
 
 @dataclass(frozen=True)

@@ -19,16 +19,18 @@ import orjson
 from redis.asyncio import Redis
 
 from smith_client.keys import Keys, now_ms
-from smith_client.protocol import Call, Operation
+from smith_client.protocol import Operation, call
+from smith_client.roundtrip import RoundTrip
 from smith_client.runners import AsyncRunner
 
 
 def read_live_workers(keys: Keys) -> Operation[list[dict[str, Any]]]:
     """Operation: the registrations of the workers whose heartbeat has not expired."""
-    ids = yield Call("zrangebyscore", (keys.workers, now_ms(), "+inf"))
+    ids: list[bytes] = yield from call("zrangebyscore", keys.workers, now_ms(), "+inf")
     if not ids:
         return []
-    raws = yield Call("mget", ([keys.worker(i.decode() if isinstance(i, bytes) else i) for i in ids],))
+    names = [keys.worker(i.decode() if isinstance(i, bytes) else i) for i in ids]
+    raws: list[bytes | None] = yield from call("mget", names)
     return [orjson.loads(raw) for raw in raws if raw]
 
 
@@ -98,14 +100,14 @@ class FleetStatus:
 
 async def fleet_status(redis: Redis, keys: Keys) -> FleetStatus:
     """Queue lengths, running turns (``{p}:running``) and live workers per queue of one prefix."""
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.zcard(keys.turns_queue)
-        pipe.zcard(keys.tools_queue)
-        pipe.zcount(keys.running, now_ms(), "+inf")
-        turns_length, tools_length, running = await pipe.execute()
+    rt = RoundTrip()
+    turns_length = rt.call("zcard", keys.turns_queue, parse=int)
+    tools_length = rt.call("zcard", keys.tools_queue, parse=int)
+    running = rt.call("zcount", keys.running, now_ms(), "+inf", parse=int)
+    await rt.run(redis)
     workers = await live_workers(redis, keys)
     queues = {
-        keys.turns_queue: QueueStatus(turns_length, [w for w in workers if w.get("queue") == "turns"]),
-        keys.tools_queue: QueueStatus(tools_length, [w for w in workers if w.get("queue") == "tools"]),
+        keys.turns_queue: QueueStatus(turns_length.value, [w for w in workers if w.get("queue") == "turns"]),
+        keys.tools_queue: QueueStatus(tools_length.value, [w for w in workers if w.get("queue") == "tools"]),
     }
-    return FleetStatus(queues, running)
+    return FleetStatus(queues, running.value)

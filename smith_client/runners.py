@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-from collections.abc import AsyncGenerator, Callable, Generator
+from collections.abc import AsyncGenerator, Generator
 from typing import Any, cast
 
 import redis
@@ -19,8 +18,9 @@ from redis.asyncio import Redis
 from smith_client.errors import SmithTimeoutError, TransportError
 from smith_client.events import Event
 from smith_client.fanout import AsyncFanout, Subscription, SyncFanout, SyncSubscription
-from smith_client.protocol import Call, Operation, Receive, RunScript, Subscribe, T, Transaction
+from smith_client.protocol import Operation, Subscribe, T
 from smith_client.redis_errors import typed_redis_errors
+from smith_client.roundtrip import RoundTrip
 
 
 class _Done:
@@ -54,20 +54,6 @@ class _Closable:
 
 def _is_request(item: Any) -> bool:
     return not isinstance(item, (Event, _Done))
-
-
-def _bind(request: Call | Transaction, client: Any) -> Callable[[], Any]:
-    """The redis-py call that performs ``request`` (the asyncio and the blocking client share method names).
-
-    Calling it returns the reply, or with the asyncio client an awaitable of it.
-    """
-    if isinstance(request, Call):
-        return functools.partial(getattr(client, request.command), *request.args, **request.kwargs)
-    pipe = client.pipeline(transaction=True)  # execute() resets the pipeline, releasing its connection
-    for call in request.calls:
-        getattr(pipe, call.command)(*call.args, **call.kwargs)
-    execute: Callable[[], Any] = pipe.execute
-    return execute
 
 
 class AsyncRunner(_Closable):
@@ -134,13 +120,11 @@ class AsyncRunner(_Closable):
     @typed_redis_errors
     async def _perform(self, request: Any, subscription: Subscription) -> Any:
         self._check_open(request)
-        if isinstance(request, RunScript):
-            return await request.script(self.redis, request.keys, request.args)
+        if isinstance(request, RoundTrip):
+            return await request.run(self.redis)
         if isinstance(request, Subscribe):
             return await subscription.subscribe(request.channel)
-        if isinstance(request, Receive):
-            return await subscription.receive(request.timeout)
-        return await _bind(request, self.redis)()
+        return await subscription.receive(request.timeout)
 
 
 class SyncRunner(_Closable):
@@ -193,10 +177,8 @@ class SyncRunner(_Closable):
     @typed_redis_errors
     def _perform(self, request: Any, subscription: SyncSubscription) -> Any:
         self._check_open(request)
-        if isinstance(request, RunScript):
-            return request.script.call_sync(self.redis, request.keys, request.args)
+        if isinstance(request, RoundTrip):
+            return request.run_sync(self.redis)
         if isinstance(request, Subscribe):
             return subscription.subscribe(request.channel)
-        if isinstance(request, Receive):
-            return subscription.receive(request.timeout)
-        return _bind(request, self.redis)()
+        return subscription.receive(request.timeout)

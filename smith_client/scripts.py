@@ -7,10 +7,9 @@ all share, put in front) and named by its SHA1. A worker module declares its own
 every script declared in a process is loaded together. Calls send ``EVALSHA``; a
 ``NOSCRIPT`` reply (a Redis restart or ``SCRIPT FLUSH`` emptied the script
 cache) loads every script with ``SCRIPT LOAD`` and repeats the call once.
-Inside a pipeline, :meth:`LuaScript.queue` adds an ``EVALSHA`` and
-:func:`execute` runs the pipeline with the same repair, so no call sends a
-script's text each time and nothing sends ``SCRIPT EXISTS`` before a pipeline
-(as redis-py's ``Script`` objects do). Every key a script touches comes in
+Several calls in one round trip go through :class:`~smith_client.roundtrip.RoundTrip`,
+with the same repair, so no call sends a script's text each time and nothing sends
+``SCRIPT EXISTS`` before a pipeline (as redis-py's ``Script`` objects do). Every key a script touches comes in
 ``KEYS``, built by :class:`~smith_client.keys.Keys`; no script builds a key name,
 except that ``claim.lua`` appends the job ids it reads from a queue to arq's key
 prefixes, which it is given by :meth:`~smith_client.keys.Keys.arq_claim_prefixes`, and
@@ -21,11 +20,10 @@ the prefixes of :meth:`~smith_client.keys.Keys.capability_prefixes`.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
 
@@ -58,13 +56,8 @@ class LuaScript:
         try:
             return redis.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
-            for script in _ALL:
-                redis.script_load(script.source)
+            load_all_sync(redis)
             return redis.evalsha(self.sha, len(keys), *keys, *args)
-
-    def queue(self, pipe: Pipeline, keys: Sequence[str], args: Sequence[Any] = ()) -> None:
-        """Add a call of the script to ``pipe``; run the pipeline with :func:`execute`."""
-        pipe.evalsha(self.sha, len(keys), *keys, *args)
 
 
 _ALL: list[LuaScript] = []
@@ -78,24 +71,12 @@ async def load_all(redis: Any) -> None:
         await pipe.execute()
 
 
-async def execute(redis: Any, fill: Callable[[Pipeline], None], *, transaction: bool) -> list[Any]:
-    """Build a pipeline with ``fill`` and run it; on ``NOSCRIPT``, load the scripts and run it again.
-
-    Safe to repeat because a flushed script cache fails every ``EVALSHA`` of the
-    pipeline alike; callers keep their other commands idempotent (reads, ``SET``
-    with TTL, ``EXPIRE``, ``PUBLISH`` of a wake-up) or accept a counter
-    counting one more (the tree's model calls, which errs on the safe side).
-    """
-    for attempt in range(2):
-        try:
-            async with redis.pipeline(transaction=transaction) as pipe:
-                fill(pipe)
-                return list(await pipe.execute())
-        except NoScriptError:
-            if attempt:
-                raise
-            await load_all(redis)
-    raise AssertionError("unreachable")
+def load_all_sync(redis: Any) -> None:
+    """:func:`load_all` on a blocking :class:`redis.Redis`."""
+    with redis.pipeline(transaction=False) as pipe:
+        for script in _ALL:
+            pipe.script_load(script.source)
+        pipe.execute()
 
 
 PUBLISH = LuaScript("publish")

@@ -23,8 +23,9 @@ from redis.asyncio import Redis
 from smith_client import scripts
 from smith_client.errors import InvalidRequestError, UnknownSkillError
 from smith_client.keys import Keys
-from smith_client.protocol import Call, Operation, RunScript
+from smith_client.protocol import Operation, call, run_script
 from smith_client.registry import read_served
+from smith_client.roundtrip import Pending, RoundTrip
 from smith_client.runners import AsyncRunner
 from smith_client.validation import check_id
 
@@ -60,7 +61,7 @@ def activate(keys: Keys, conversation_id: str, name: str) -> Operation[bool]:
     The list lives ``keys.history_ttl`` seconds. Atomic: concurrent activations never duplicate a name.
     """
     key = keys.conversation_skills(conversation_id)
-    return bool((yield RunScript(scripts.ACTIVATE_SKILL, (key,), (name, keys.history_ttl))))
+    return (yield from run_script(scripts.ACTIVATE_SKILL, (key,), (name, keys.history_ttl), parse=bool))
 
 
 def deactivate(keys: Keys, conversation_id: str, name: str) -> Operation[bool]:
@@ -68,12 +69,12 @@ def deactivate(keys: Keys, conversation_id: str, name: str) -> Operation[bool]:
 
     False (and nothing changes) if it was not active.
     """
-    return bool((yield Call("lrem", (keys.conversation_skills(conversation_id), 0, name))))
+    return (yield from call("lrem", keys.conversation_skills(conversation_id), 0, name, parse=bool))
 
 
 def read_active(keys: Keys, conversation_id: str) -> Operation[list[str]]:
     """Operation: the conversation's active skill names, in activation order."""
-    return decode((yield Call("lrange", (keys.conversation_skills(conversation_id), 0, -1))))
+    return (yield from call("lrange", keys.conversation_skills(conversation_id), 0, -1, parse=decode))
 
 
 async def active(redis: Redis, keys: Keys, conversation_id: str) -> list[str]:
@@ -110,13 +111,14 @@ def active_checked(keys: Keys, conversation_id: Any) -> Operation[list[str]]:
     return (yield from read_active(keys, conversation_id))
 
 
-def queue_read(pipe: Any, keys: Keys, conversation_id: str) -> None:
-    """Add the read of the active skills (and a refresh of their TTL, ``keys.history_ttl``) to a pipeline, as its
-    last commands; :func:`decode` takes the first of their replies. Lets a turn worker read the
-    skills in the same round trip as its other per-step reads."""
+def read_in(rt: RoundTrip, keys: Keys, conversation_id: str) -> Pending[list[str]]:
+    """Add the read of the active skills (and a refresh of their TTL, ``keys.history_ttl``) to ``rt``; the
+    handle gets the names in activation order. Lets a turn worker read the skills in the same round trip as
+    its other per-step reads."""
     key = keys.conversation_skills(conversation_id)
-    pipe.lrange(key, 0, -1)
-    pipe.expire(key, keys.history_ttl)
+    names = rt.call("lrange", key, 0, -1, parse=decode)
+    rt.call("expire", key, keys.history_ttl)
+    return names
 
 
 def decode(raw: list[bytes | str]) -> list[str]:

@@ -26,6 +26,7 @@ conversation's multitask policy is decided atomically:
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
@@ -48,10 +49,12 @@ from smith_client.events import TURN_COMPLETED, TURN_FAILED, Event, TurnCancelle
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage
-from smith_client.protocol import Call, Operation, RunScript
+from smith_client.protocol import Operation, call, run_script
 from smith_client.runners import AsyncRunner
 from smith_client.turn_record import decode_state
-from smith_client.validation import check_multitask
+from smith_client.validation import check_multitask, check_served
+
+logger = logging.getLogger("agent_smith")
 
 #: ``SUBMIT`` calls before giving up when the conversation's unfinished turns keep changing under it.
 _SUBMIT_TRIES = 8
@@ -87,12 +90,16 @@ class Submission:
 def submit_turn(keys: Keys, job: TurnJob, multitask: str) -> Operation[Submission]:
     """Operation: create (or join) the turn for ``job`` and enqueue it when it needs a worker.
 
-    Raises :class:`ConflictError` (same turn id, different request),
-    :class:`ConversationBusyError` (``reject`` policy) or :class:`InvalidRequestError`.
+    Raises :class:`UnknownAgentError` (live turn workers exist but none serves ``job.agent``; nothing is
+    written), :class:`ConflictError` (same turn id, different request), :class:`ConversationBusyError`
+    (``reject`` policy) or :class:`InvalidRequestError`. Logs a warning when no turn worker is live at all:
+    the turn is enqueued and waits for one.
     """
     check_multitask(multitask)
     reply = yield from _run_submit(keys, job, multitask)
     outcome, turn_id = reply[0].decode(), reply[1].decode()
+    if outcome == "unknown":
+        check_served(job.agent, {raw.decode() for raw in reply[2:]})  # raises UnknownAgentError
     if outcome == "conflict":
         raise ConflictError(f"turn {turn_id} exists with a different request", turn_id=turn_id)
     if outcome == "busy":
@@ -100,7 +107,13 @@ def submit_turn(keys: Keys, job: TurnJob, multitask: str) -> Operation[Submissio
             f"conversation {job.conversation_id} has an unfinished turn ({turn_id})",
             conversation_id=job.conversation_id, active_turn_id=turn_id,
         )  # fmt: skip
-    status = reply[2].decode() if outcome == "attach" and len(reply) > 2 and reply[2] else "queued"
+    if reply[3] == b"1":
+        logger.warning(
+            "no turn worker is registered under prefix %r: the turn waits in the queue "
+            "(check SMITH_PREFIX and SMITH_REDIS_URL match the workers')",
+            keys.prefix,
+        )
+    status = reply[2].decode() if outcome == "attach" and reply[2] else "queued"
     return Submission(cast(SubmitOutcome, outcome), turn_id, status)
 
 
@@ -139,7 +152,7 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]
     others: tuple[str, ...] = ()
     for _ in range(_SUBMIT_TRIES):
         other_keys = tuple(key for other in others for key in (keys.turn_state(other), keys.turn_inbox(other)))
-        reply: list[Any] = yield RunScript(scripts.SUBMIT, base + other_keys, args + others)
+        reply: list[Any] = yield from run_script(scripts.SUBMIT, base + other_keys, args + others)
         if reply[0] != b"keys":
             return reply
         others = tuple(raw.decode() for raw in reply[1:])
@@ -154,10 +167,14 @@ async def submit(client: _Client, job: TurnJob, multitask: str) -> Submission:
     return await client.runner.run(submit_turn(client.keys, job, multitask))
 
 
+def _decode(reply: bytes) -> str:
+    return reply.decode()
+
+
 def read_state(keys: Keys, turn_id: str) -> Operation[dict[str, str]]:
     """Operation: the raw state hash of a turn (fields in :mod:`smith_client.turn_record`; empty when the
     turn is unknown or expired)."""
-    return decode_state((yield Call("hgetall", (keys.turn_state(turn_id),))))
+    return (yield from call("hgetall", keys.turn_state(turn_id), parse=decode_state))
 
 
 def outcome_from_state(state: dict[str, str]) -> AssistantMessage | None:
@@ -199,7 +216,7 @@ def cancel_turn(keys: Keys, turn_id: str, reason: str = "cancel") -> Operation[s
         keys.conversation_turns(conversation),
         keys.conversation_statuses(conversation),
     )
-    outcome: str = (yield RunScript(scripts.CANCEL, script_keys, (turn_id, reason, keys.control_channel))).decode()
+    outcome = yield from run_script(scripts.CANCEL, script_keys, (turn_id, reason, keys.control_channel), _decode)
     if outcome == "cancelled_queued":
         yield from publish(keys, turn_id, TurnCancelledData(reason=reason))
     return outcome

@@ -8,17 +8,31 @@
 --       turn TTL s, conversation TTL s, job JSON, control channel, the 11 enqueue arguments (enqueue.lua's;
 --       the job needs its agent), then the ids of the other turns this call may touch (merge: the last
 --       unfinished one; interrupt: all unfinished ones).
--- Returns {'conflict', id} | {'attach', id, status} | {'busy', id} | {'merged', id} | {'new', id}
---       | {'keys', ids...}: the turns to touch are not those given; call again naming these.
+-- Returns {'conflict', id} | {'attach', id, status, alone} | {'busy', id} | {'merged', id, '', alone}
+--       | {'new', id, '', alone} | {'unknown', id, served agents...}: live turn workers exist but none
+--       serves the agent (nothing written) | {'keys', ids...}: the turns to touch are not those given; call
+--       again naming these. `alone` is '1' when no turn worker is live at all (the turn waits for one).
 local turn_id, fp, conv, agent, policy, msg, now, turn_ttl, conv_ttl, job, control = unpack(ARGV, 1, 11)
 local state, fifo, statuses = KEYS[1], KEYS[2], KEYS[3]
 local function enqueue() return enqueue_job({unpack(KEYS, 4, 9)}, {unpack(ARGV, 12, 22)}) end
+-- which live turn workers serve the agent, from their capability sets (ARGV[20] now ms, ARGV[21] set prefix)
+local serving, live = serving_sets(KEYS[9], ARGV[21], agent, ARGV[20])
+if #serving == 0 and live > 0 then
+  local served = {}
+  for _, digest in ipairs(redis.call('ZRANGEBYSCORE', KEYS[9], ARGV[20], '+inf')) do
+    for _, name in ipairs(redis.call('SMEMBERS', ARGV[21] .. digest)) do served[name] = true end
+  end
+  local reply = {'unknown', turn_id}
+  for name in pairs(served) do reply[#reply + 1] = name end
+  return reply
+end
+local alone = live == 0 and '1' or '0'
 local existing = redis.call('HGET', state, 'fingerprint')
 if existing then
   if existing ~= fp then return {'conflict', turn_id} end
   local status = redis.call('HGET', state, 'status')
   if status == 'queued' then enqueue() end
-  return {'attach', turn_id, status}
+  return {'attach', turn_id, status, alone}
 end
 local active = unfinished_turns(fifo, statuses)
 if #active > 0 then
@@ -34,7 +48,7 @@ if #active > 0 then
     if redis.call('HGET', tstate, 'status') == 'running' and redis.call('HGET', tstate, 'inbox_closed') ~= '1' then
       redis.call('RPUSH', inbox, msg)
       redis.call('EXPIRE', inbox, turn_ttl)
-      return {'merged', wanted[1]}
+      return {'merged', wanted[1], '', alone}
     end
   end
 end
@@ -52,4 +66,4 @@ if policy == 'interrupt' then
   end
 end
 enqueue()
-return {'new', turn_id}
+return {'new', turn_id, '', alone}

@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from smith_client import scripts
 from smith_client.events import EventData, MessageData
 from smith_client.jobs import TurnJob
+from smith_client.roundtrip import Command, Pending, RoundTrip
 from smith_worker.app import AgentSpec
 from smith_worker.config import AgentConfig
 from smith_worker.hooks import fire
@@ -80,47 +80,43 @@ class AgentContext:
         """This agent's depth in the tree: 0 for the root (seed §14.2)."""
         return len(self.agent_path) - 1
 
-    async def append(
-        self, *messages: Any, preceding: Sequence[EventData] = (), also: Callable[[Any], None] | None = None
-    ) -> list[Any]:
+    async def append(self, *messages: Any, preceding: Sequence[EventData] = (), rt: RoundTrip | None = None) -> None:
         """Append to the history and publish a ``message`` event for each, in one round trip (both fenced),
         then fire ``on_message`` for each. ``preceding`` events of this loop are published first, in the
-        same script call. Returns the replies of what ``also`` queued after them on the same pipeline
-        (empty without ``also``). Raises :class:`StaleAttemptError`."""
+        same script call. ``rt``: a round trip holding other commands to send with them (their handles are
+        read once this returns). Raises :class:`StaleAttemptError`."""
         if not messages:
-            return []
+            return
         events = [*preceding, *(MessageData(message=m.model_dump(mode="json")) for m in messages)]
-
-        def fill(pipe: Any) -> None:
-            self.attempt.queue_append(pipe, *messages)
-            self.queue_publish(pipe, events)
-            if also is not None:
-                also(pipe)
-
-        replies = await scripts.execute(self.runtime.redis, fill, transaction=False)
-        self.attempt.appended(replies)
-        self.published(replies[1])
+        trip = RoundTrip()
+        self.attempt.queue_append(trip, *messages)
+        self.queue_publish(trip, events)
+        if rt is not None:
+            trip.extend(rt)
+        await trip.run(self.runtime.redis)
         for message in messages:
             await fire("on_message", message, self.runtime.app.hooks, self.spec.hooks)
-        return replies[2:]
 
-    def queue_publish(self, pipe: Any, events: list[EventData]) -> None:
-        """Queue the publish of consecutive ``events`` of this loop in one script call, fenced by the attempt
-        (:meth:`EventLog.queue_publish_many`); :meth:`published` checks its reply."""
-        self.runtime.events.queue_publish_many(
-            pipe, self.turn_id, events, self.agent_path, self.attempt.attempt, self.call_path
-        )
+    def queue_publish(self, rt: RoundTrip, events: list[EventData]) -> Pending[None]:
+        """Add to ``rt`` the publish of consecutive ``events`` of this loop in one script call, fenced by the
+        attempt (:meth:`EventLog.publish_many_command`); running it raises :class:`StaleAttemptError` when
+        fenced off."""
+        return rt.add(self._publish_command(events))
 
-    def submit_publish(self, take: Callable[[], list[EventData]]) -> asyncio.Future[Any]:
+    def submit_publish(self, take: Callable[[], list[EventData]]) -> asyncio.Future[None]:
         """Queue for the worker's next auto-pipeline (:class:`~smith_worker.ops.auto_pipeline.AutoPipeline`: the
         publishes of the turns streaming at once share one round trip) the publish of the consecutive events
         ``take()`` returns when that pipeline is built, in one script call fenced by the attempt. The future
-        gets the script's reply, for :meth:`published` to check."""
-        return self.runtime.pipeline.submit(lambda pipe: self.queue_publish(pipe, take()))
+        raises :class:`StaleAttemptError` when fenced off."""
+        return self.runtime.pipeline.submit(lambda: self._publish_command(take()))
 
-    def published(self, reply: Any) -> None:
-        """Check a queued publish's reply. Raises :class:`StaleAttemptError`."""
-        if int(reply) < 0:
+    def _publish_command(self, events: list[EventData]) -> Command[None]:
+        return self.runtime.events.publish_many_command(
+            self.turn_id, events, self.agent_path, self.attempt.attempt, self.call_path, self._published
+        )
+
+    def _published(self, seq: int) -> None:
+        if seq < 0:
             raise StaleAttemptError(self.turn_id)
 
     async def announce(self, message: Any) -> None:

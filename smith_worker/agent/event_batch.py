@@ -29,27 +29,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 from smith_client.events import EventData, TokenData
 
-#: ``submit(take)``: queue a publish of the events ``take()`` returns when it is sent; the future gets its reply.
-Submit = Callable[[Callable[[], list[EventData]]], "asyncio.Future[Any]"]
+#: ``submit(take)``: queue a publish of the events ``take()`` returns when it is sent; the future is done when
+#: it is published, or raises why not (a superseded attempt: :class:`~smith_worker.memory.fencing.StaleAttemptError`).
+Submit = Callable[[Callable[[], list[EventData]]], "asyncio.Future[None]"]
 
 
 class EventBatcher:
     """Publish events in arrival order, batching those that arrive while a publish is in flight.
 
-    ``submit`` queues one publish (:meth:`AgentContext.submit_publish`);
-    ``check(reply)`` raises when its reply says it failed (the attempt was
-    superseded: :class:`~smith_worker.memory.fencing.StaleAttemptError`).
-    ``coalesce`` is the token-coalescing window in seconds (0: off; see the
-    module docstring).
+    ``submit`` queues one publish (:meth:`AgentContext.submit_publish`), whose
+    future raises when it failed (the attempt was superseded:
+    :class:`~smith_worker.memory.fencing.StaleAttemptError`). ``coalesce`` is
+    the token-coalescing window in seconds (0: off; see the module docstring).
     """
 
-    def __init__(self, submit: Submit, check: Callable[[Any], None], coalesce: float = 0.0) -> None:
+    def __init__(self, submit: Submit, coalesce: float = 0.0) -> None:
         self._submit = submit
-        self._check = check
         self._coalesce = coalesce
         self._pending: list[EventData] = []
         self._error: BaseException | None = None
@@ -57,7 +55,7 @@ class EventBatcher:
         self._idle = asyncio.Event()  # set while no publish is queued, in flight or waiting out its window
         self._idle.set()
         self._timer: asyncio.TimerHandle | None = None
-        self._reply: asyncio.Future[Any] | None = None
+        self._reply: asyncio.Future[None] | None = None
 
     def add(self, data: EventData) -> None:
         """Queue ``data`` for publishing; raises the error of an earlier publish that failed."""
@@ -83,13 +81,13 @@ class EventBatcher:
         batch, self._pending = self._pending, []
         return merge_tokens(batch) if self._coalesce > 0 else batch
 
-    def _sent(self, reply: asyncio.Future[Any]) -> None:
+    def _sent(self, reply: asyncio.Future[None]) -> None:
         self._reply = None
         if reply.cancelled():  # aclose()
             self._idle.set()
             return
         try:
-            self._check(reply.result())
+            reply.result()
         except BaseException as exc:  # whatever it is, detach() must not wait for a publish that never comes
             self._error = exc
         if self._error is None and self._pending and not self._detaching:
@@ -101,7 +99,7 @@ class EventBatcher:
         """Return once every added event is published; raises a failed publish's error."""
         rest = await self.detach()
         if rest:
-            self._check(await self._submit(lambda: rest))
+            await self._submit(lambda: rest)
 
     async def detach(self) -> list[EventData]:
         """Wait for the publish in flight, then return (and forget) the events not sent yet: the caller

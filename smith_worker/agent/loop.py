@@ -22,11 +22,11 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from smith_client import scripts
 from smith_client import turn_record as record
 from smith_client.errors import (
     ConfigurationError,
@@ -41,6 +41,7 @@ from smith_client.events import (
 )
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, message_from_json
+from smith_client.roundtrip import Pending, RoundTrip
 from smith_worker.agent.context import AgentContext, CancelRequested
 from smith_worker.agent.event_batch import EventBatcher
 from smith_worker.agent.subagents import SubAgentTools
@@ -75,6 +76,27 @@ def done_message(outcomes: list[ToolOutcome]) -> AssistantMessage | None:
     return None
 
 
+@dataclass(frozen=True)
+class StepReads:
+    """What a step reads before its model call, in one round trip: the root turn's ``cancel`` request
+    (None: none), the merged user messages ``moved`` into the history, the tree's model calls
+    ``tree_calls`` (this one included) and reported ``tree_tokens``, the conversation's active ``skills``."""
+
+    cancel: Pending[str | None]
+    moved: Pending[list[bytes]]
+    tree_calls: Pending[int]
+    tree_tokens: Pending[int]
+    skills: Pending[list[str]]
+
+
+def _text_or_none(reply: bytes | None) -> str | None:
+    return None if reply is None else reply.decode()
+
+
+def _int_or_zero(reply: bytes | None) -> int:
+    return int(reply or 0)
+
+
 def _completed_data(index: int, call: ToolCall) -> ToolCallCompletedData:
     return ToolCallCompletedData(id=call.id, name=call.name, index=index, arguments=call.arguments)
 
@@ -105,8 +127,8 @@ class AgentLoop:
         self._stream_calls: dict[int, ToolCall] = {}
         #: The last model call's stream events not published yet: they go ahead of its reply's append.
         self._unpublished: list[EventData] = []
-        #: The replies of the next step's round trip when it rode along with a tool round's append.
-        self._next_step: list[Any] | None = None
+        #: The next step's reads when they rode along with a tool round's append.
+        self._next_step: StepReads | None = None
         self.skills = ConversationSkills(self.rt.app.skills, self.rt.keys, ctx.job.conversation_id)
         self.subagents = SubAgentTools(ctx, lambda child: AgentLoop(child).run(0))
         #: The step's toolset, built once its active skills are known (None: not built yet this step).
@@ -192,26 +214,27 @@ class AgentLoop:
         calls including this step and the tokens its earlier calls reported.
         After a tool round, its round trip was the tool messages' append (:meth:`_run_tools`).
         """
-        replies, self._next_step = self._next_step, None
-        if replies is None:
-            replies = await scripts.execute(self.rt.redis, self._queue_step, transaction=False)
-        cancel, moved, count, _, tokens, *skills = replies
-        if cancel:
-            raise CancelRequested(cancel.decode())
-        self.skills.take(spec, skills)
+        reads, self._next_step = self._next_step, None
+        if reads is None:
+            rt = RoundTrip()
+            reads = self._queue_step(rt)
+            await rt.run(self.rt.redis)
+        if reads.cancel.value:
+            raise CancelRequested(reads.cancel.value)
+        self.skills.take(spec, reads.skills.value)
         self._toolset = None  # a new step: its active skills may differ
-        await self._announce_merged(self.attempt.drained(moved))
-        return int(count), int(tokens or 0)
+        await self._announce_merged(reads.moved.value)
+        return reads.tree_calls.value, reads.tree_tokens.value
 
-    def _queue_step(self, pipe: Any) -> None:
-        """Queue the reads and counts of :meth:`_begin_step` on ``pipe``."""
+    def _queue_step(self, rt: RoundTrip) -> StepReads:
+        """Add the reads and counts of :meth:`_begin_step` to ``rt``."""
         tree = self.ctx.tree_counter
-        pipe.hget(self.ctx.cancel_state, record.CANCEL_REQUESTED)
-        self.attempt.queue_drain_inbox(pipe)
-        pipe.incr(tree)
-        pipe.expire(tree, self.rt.keys.turn_ttl)
-        pipe.get(self.ctx.tree_tokens)
-        self.skills.queue_read(pipe)
+        cancel = rt.call("hget", self.ctx.cancel_state, record.CANCEL_REQUESTED, parse=_text_or_none)
+        moved = self.attempt.queue_drain_inbox(rt)
+        calls = rt.call("incr", tree, parse=int)
+        rt.call("expire", tree, self.rt.keys.turn_ttl)
+        tokens = rt.call("get", self.ctx.tree_tokens, parse=_int_or_zero)
+        return StepReads(cancel, moved, calls, tokens, self.skills.queue_read(rt))
 
     async def _append_reply(self, message: AssistantMessage, used: int) -> list[bytes] | None:
         """Append a model reply and, in the same round trip, add its ``used`` tokens to the tree's
@@ -221,18 +244,14 @@ class AgentLoop:
         history instead (``multitask="merge"``), or None when ``message`` has tool calls.
         Raises :class:`StaleAttemptError`.
         """
-        closing = not message.tool_calls
-
-        def also(pipe: Any) -> None:
-            if used > 0:
-                pipe.incrby(self.ctx.tree_tokens, used)
-                pipe.expire(self.ctx.tree_tokens, self.rt.keys.turn_ttl)
-            if closing:
-                self.attempt.queue_drain_inbox(pipe, closing=True)
-
+        rt = RoundTrip()
+        if used > 0:
+            rt.call("incrby", self.ctx.tree_tokens, used)
+            rt.call("expire", self.ctx.tree_tokens, self.rt.keys.turn_ttl)
+        merged = None if message.tool_calls else self.attempt.queue_drain_inbox(rt, closing=True)
         preceding, self._unpublished = self._unpublished, []
-        replies = await self.ctx.append(message, preceding=preceding, also=also)
-        return self.attempt.drained(replies[-1]) if closing else None
+        await self.ctx.append(message, preceding=preceding, rt=rt)
+        return None if merged is None else merged.value
 
     def _check_limits(
         self, spec: AgentSpec, iterations: int, tree: tuple[int, int], total_tokens: int, deadline: float | None
@@ -334,7 +353,7 @@ class AgentLoop:
         """A streamed model call whose events are published behind the stream (:class:`EventBatcher`).
         The events not sent when it returns wait in :attr:`_unpublished` for the reply's append;
         those that arrived before a failed call are published."""
-        batcher = EventBatcher(self.ctx.submit_publish, self.ctx.published, self.rt.settings.token_coalesce)
+        batcher = EventBatcher(self.ctx.submit_publish, self.rt.settings.token_coalesce)
         try:
             response = await llm.complete_stream(request, lambda event: self._on_stream_event(spec, event, batcher))
             self._unpublished = await batcher.detach()
@@ -381,7 +400,10 @@ class AgentLoop:
         if final is not None:
             await self.ctx.append(*messages, final)
         else:  # the next step follows at once: its round trip is this append's
-            self._next_step = await self.ctx.append(*messages, also=self._queue_step)
+            rt = RoundTrip()
+            next_step = self._queue_step(rt)
+            await self.ctx.append(*messages, rt=rt)
+            self._next_step = next_step
         for message in messages:
             await fire("on_tool_result", message, self.rt.app.hooks, spec.hooks)
         return final

@@ -38,13 +38,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from smith_client import scripts
 from smith_client import turn_record as record
 from smith_client.errors import TurnCancelledError, error_from_exception
 from smith_client.events import EventData
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.keys import tree_position
 from smith_client.messages import AssistantMessage, ToolCall, UserMessage, message_to_json
+from smith_client.roundtrip import Pending, RoundTrip
 from smith_worker.agent.context import AgentContext, CancelRequested
 from smith_worker.agent.toolset import ToolRoute
 from smith_worker.llm.types import ToolSchema
@@ -95,30 +95,30 @@ class SubAgentHistory:
     async def append(self, *messages: BaseModel) -> None:
         """Append whole messages to the sub-agent's history. Raises :class:`StaleAttemptError`."""
         if messages:
-            self.appended(
-                await scripts.execute(self._redis, lambda pipe: self.queue_append(pipe, *messages), transaction=False)
-            )
+            rt = RoundTrip()
+            self.queue_append(rt, *messages)
+            await rt.run(self._redis)
 
-    def queue_append(self, pipe: Any, *messages: BaseModel) -> None:
-        """Queue :meth:`append` of (at least one of) ``messages`` on ``pipe``; :meth:`appended` reads its reply."""
+    def queue_append(self, rt: RoundTrip, *messages: BaseModel) -> Pending[None]:
+        """Add :meth:`append` of (at least one of) ``messages`` to ``rt``; running it raises
+        :class:`StaleAttemptError` when the root turn's attempt moved on."""
         args = [self._attempt, "", self._ttl, self._max, *(message_to_json(m) for m in messages)]  # any end
-        APPEND.queue(pipe, [self._state, *self._lists], args)
+        return rt.script(APPEND, [self._state, *self._lists], args, parse=self._appended)
 
-    def appended(self, replies: list[Any]) -> None:
-        """Check a queued append's reply (the first of ``replies``). Raises :class:`StaleAttemptError`."""
-        if replies[0] < 0:
+    def _appended(self, reply: int) -> None:
+        if reply < 0:
             raise StaleAttemptError(self._state)
 
     async def drain_inbox(self, closing: bool) -> list[bytes]:
         """Nothing to drain: a sub-agent has no inbox."""
         return []
 
-    def queue_drain_inbox(self, pipe: Any, closing: bool = False) -> None:
-        """Queue a read of the root's attempt instead, so a superseded attempt stops at the step's round trip."""
-        pipe.hget(self._state, record.ATTEMPT)
+    def queue_drain_inbox(self, rt: RoundTrip, closing: bool = False) -> Pending[list[bytes]]:
+        """Add a read of the root's attempt instead, so a superseded attempt stops at the step's round trip
+        (:class:`StaleAttemptError`); the handle gets no messages."""
+        return rt.call("hget", self._state, record.ATTEMPT, parse=self._drained)
 
-    def drained(self, reply: Any) -> list[bytes]:
-        """No messages; raises :class:`StaleAttemptError` when the root turn's attempt moved on."""
+    def _drained(self, reply: bytes | None) -> list[bytes]:
         if reply is None or int(reply) != self._attempt:
             raise StaleAttemptError(self._state)
         return []

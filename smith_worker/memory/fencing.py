@@ -3,9 +3,11 @@ fenced writes the agent loop may make (implemented by :class:`smith_worker.turn.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel
+
+from smith_client.roundtrip import Pending, RoundTrip
 
 
 class StaleAttemptError(Exception):
@@ -27,22 +29,16 @@ class AttemptWrites(Protocol):
         """Append whole messages to the history."""
         ...
 
-    def queue_append(self, pipe: Any, *messages: BaseModel) -> None:
-        """Queue an append of (at least one of) ``messages`` on ``pipe``; :meth:`appended` reads its reply."""
-        ...
-
-    def appended(self, replies: list[Any]) -> None:
-        """Check a queued append's reply, the first of ``replies``."""
+    def queue_append(self, rt: RoundTrip, *messages: BaseModel) -> Pending[None]:
+        """Add an append of (at least one of) ``messages`` to ``rt``; running it raises
+        :class:`StaleAttemptError` when the append was refused."""
         ...
 
     async def drain_inbox(self, closing: bool) -> list[bytes]:
         """Move merged user messages into the history; when ``closing`` and none wait, close the inbox."""
         ...
 
-    def queue_drain_inbox(self, pipe: Any, closing: bool = False) -> None:
-        """Queue a drain on ``pipe`` (closing the inbox when ``closing``); :meth:`drained` reads its reply."""
-        ...
-
-    def drained(self, reply: Any) -> list[bytes]:
-        """The moved messages from a queued drain's reply."""
+    def queue_drain_inbox(self, rt: RoundTrip, closing: bool = False) -> Pending[list[bytes]]:
+        """Add a drain to ``rt`` (closing the inbox when ``closing``); the handle gets the moved messages,
+        and running it raises :class:`StaleAttemptError` when fenced off."""
         ...

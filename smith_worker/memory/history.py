@@ -30,6 +30,7 @@ from redis.asyncio import Redis
 from smith_client.errors import ContextOverflowError
 from smith_client.keys import Keys
 from smith_client.messages import messages_from_json_list
+from smith_client.roundtrip import Pending, RoundTrip
 from smith_client.scripts import LuaScript
 from smith_worker.memory.fencing import StaleAttemptError
 
@@ -101,14 +102,10 @@ class ConversationStore:
             await HISTORY_READ(self._redis, self._keys, [first, "" if end is None else end, "range", self._max_bytes])
         )
 
-    def queue_tail(self, pipe: Any, count: int) -> None:
-        """Queue a read of the last ``count`` stored messages (fewer when the history is shorter) on ``pipe``,
-        to share another call's round trip; :meth:`tail_from` reads its reply."""
-        HISTORY_READ.queue(pipe, self._keys, [count, "", "tail", self._max_bytes])
-
-    def tail_from(self, reply: Any) -> HistorySlice:
-        """The :class:`HistorySlice` of a queued :meth:`queue_tail`'s reply."""
-        return self._slice(reply)
+    def queue_tail(self, rt: RoundTrip, count: int) -> Pending[HistorySlice]:
+        """Add a read of the last ``count`` stored messages (fewer when the history is shorter) to ``rt``,
+        to share another call's round trip; running it raises what :meth:`read` raises."""
+        return rt.script(HISTORY_READ, self._keys, [count, "", "tail", self._max_bytes], parse=self._slice)
 
     def _slice(self, reply: Any) -> HistorySlice:
         base, length, index, items = int(reply[0]), int(reply[1]), int(reply[2]), reply[3]

@@ -19,6 +19,7 @@ import orjson
 from smith_client.errors import ConfigurationError, ContextOverflowError, ParseError, error_from_exception
 from smith_client.events import MemorySummaryFailedData
 from smith_client.messages import AssistantMessage, SystemMessage, ToolMessage, UserMessage
+from smith_client.roundtrip import Pending, RoundTrip
 from smith_client.scripts import LuaScript
 from smith_worker.memory.base import Memory, MemoryContext
 from smith_worker.memory.window import RollingWindowMemory
@@ -87,10 +88,11 @@ class SummaryMemory(Memory):
     async def select(self, ctx: MemoryContext) -> list[Any]:
         """The summary (if any) and the messages after it; summarises first when that is over ``threshold``."""
         key = ctx.keys.conversation_summary(ctx.conversation_id)
-        async with ctx.redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(key, "text", "covers")
-            pipe.expire(key, ctx.history_ttl)  # in use: it lives as long as the conversation is active
-            (text, covers), _ = await pipe.execute()
+        rt = RoundTrip()
+        saved: Pending[list[bytes | None]] = rt.call("hmget", key, "text", "covers")
+        rt.call("expire", key, ctx.history_ttl)  # in use: it lives as long as the conversation is active
+        await rt.run(ctx.redis)
+        text, covers = saved.value
         old = text.decode() if text is not None else ""
         chunk = await ctx.store.read(int(covers) if covers is not None else 0)
         messages = chunk.messages

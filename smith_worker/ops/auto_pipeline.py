@@ -20,7 +20,9 @@ of a few commands get the first events out sooner and spread the burst: at
 50 streams the token latency p50 fell from about 1.3 ms to about 0.6 ms with
 the turn worker's CPU per stream unchanged (BENCHMARKS.md, ``make bench``).
 
-Each caller gets its own command's reply or error; a failure of the whole
+A command is a typed :class:`~smith_client.roundtrip.Command` (the one a
+:class:`~smith_client.roundtrip.RoundTrip` holds): each caller gets its own command's parsed reply or
+error (a Redis error reply, or what its ``parse`` raised); a failure of the whole
 pipeline (the connection broke) is raised to every caller of that pipeline.
 A ``NOSCRIPT`` reply (a Redis restart or ``SCRIPT FLUSH`` emptied the script
 cache) loads the scripts and sends the calls that met it once more, before
@@ -31,18 +33,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
 from smith_client import scripts
+from smith_client.roundtrip import Command
+
+T = TypeVar("T")
 
 #: Most commands in one pipeline (see the module docstring; 3 to 20 measured, 8 kept both latency and CPU low).
 MAX_COMMANDS = 8
 
-#: ``fill(pipe)`` adds exactly one command to ``pipe``.
-Fill = Callable[[Pipeline], None]
+#: ``make()`` returns the command to send, when its pipeline is built.
+Make = Callable[[], Command[Any]]
 
 
 class AutoPipeline:
@@ -50,19 +54,19 @@ class AutoPipeline:
 
     def __init__(self, redis: Any) -> None:
         self._redis = redis
-        self._queued: list[tuple[Fill, asyncio.Future[Any]]] = []
+        self._queued: list[tuple[Make, asyncio.Future[Any]]] = []
         self._sender: asyncio.Task[None] | None = None
 
-    def submit(self, fill: Fill) -> asyncio.Future[Any]:
-        """Queue the one command ``fill`` adds for the next pipeline; return the future of its reply.
+    def submit(self, make: Callable[[], Command[T]]) -> asyncio.Future[T]:
+        """Queue the command ``make()`` returns for the next pipeline; return the future of its parsed reply.
 
-        ``fill`` runs when that pipeline is built, so what it queues may be decided then. The future
-        raises the command's error (e.g. ``ResponseError``), or the pipeline's (``ConnectionError``,
-        ``TimeoutError``). Cancelled before its pipeline is built, the command is never sent; once it
-        is sent, the reply is dropped.
+        ``make`` runs when that pipeline is built, so what it sends may be decided then. The future
+        raises the command's error (e.g. ``ResponseError``) or what its ``parse`` raised, or the
+        pipeline's (``ConnectionError``, ``TimeoutError``). Cancelled before its pipeline is built, the
+        command is never sent; once it is sent, the reply is dropped.
         """
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queued.append((fill, future))
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queued.append((make, future))
         if self._sender is None:
             self._sender = asyncio.create_task(self._send())
         return future
@@ -82,13 +86,14 @@ class AutoPipeline:
         finally:
             self._sender = None
 
-    async def _send_batch(self, batch: list[tuple[Fill, asyncio.Future[Any]]]) -> None:
+    async def _send_batch(self, batch: list[tuple[Make, asyncio.Future[Any]]]) -> None:
         try:
-            replies = await self._execute(batch)
+            commands = [make() for make, _ in batch]
+            replies = await self._execute(commands)
             missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
             if missing:
                 await scripts.load_all(self._redis)
-                for i, reply in zip(missing, await self._execute([batch[i] for i in missing]), strict=True):
+                for i, reply in zip(missing, await self._execute([commands[i] for i in missing]), strict=True):
                     replies[i] = reply
         except BaseException as exc:
             for _, future in batch:
@@ -96,18 +101,21 @@ class AutoPipeline:
             if not isinstance(exc, Exception):
                 raise
             return  # told to its callers; later commands go in a pipeline of their own
-        for (_, future), reply in zip(batch, replies, strict=True):
+        for (_, future), command, reply in zip(batch, commands, replies, strict=True):
             if future.done():  # its caller was cancelled while the pipeline was in flight
                 continue
             if isinstance(reply, Exception):
                 future.set_exception(reply)
-            else:
-                future.set_result(reply)
+                continue
+            try:
+                future.set_result(command.parse(reply))
+            except Exception as exc:  # the reply says the command failed (e.g. a fenced-off publish)
+                future.set_exception(exc)
 
-    async def _execute(self, batch: list[tuple[Fill, asyncio.Future[Any]]]) -> list[Any]:
+    async def _execute(self, commands: list[Command[Any]]) -> list[Any]:
         async with self._redis.pipeline(transaction=False) as pipe:
-            for fill, _ in batch:
-                fill(pipe)
+            for command in commands:
+                command.queue_on(pipe)
             return list(await pipe.execute(raise_on_error=False))
 
 

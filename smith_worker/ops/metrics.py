@@ -42,6 +42,7 @@ from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 
 from smith_client.keys import Keys, now_ms
+from smith_client.roundtrip import Pending, RoundTrip
 
 logger = logging.getLogger("agent_smith.worker")
 
@@ -90,23 +91,26 @@ class QueueCollector(Collector):
     async def read(self) -> tuple[float, float]:
         """(length, wait seconds) of the queue."""
         now = now_ms()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zcard(self.queue)
-            pipe.zrangebyscore(self.queue, "-inf", now, start=0, num=OLDEST_SCAN_LIMIT, withscores=True)
-            length, due = await pipe.execute()
-        oldest = await self._oldest_waiting(due)
+        rt = RoundTrip()
+        length = rt.call("zcard", self.queue, parse=float)
+        due: Pending[list[tuple[bytes, float]]] = rt.call(
+            "zrangebyscore", self.queue, "-inf", now, start=0, num=OLDEST_SCAN_LIMIT, withscores=True
+        )
+        await rt.run(self.redis)
+        oldest = await self._oldest_waiting(due.value)
         wait = 0.0 if oldest is None else max(0.0, (now - oldest) / 1000)
-        return float(length), wait
+        return length.value, wait
 
     async def _oldest_waiting(self, due: list[tuple[bytes, float]]) -> float | None:
         """The score (enqueue or defer time, epoch ms) of the oldest due job without an in-progress key."""
         if not due:
             return None
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for job_id, _ in due:
-                pipe.exists(Keys.arq_in_progress(job_id.decode()))
-            running = await pipe.execute()
-        return next((score for (_, score), busy in zip(due, running, strict=True) if not busy), None)
+        rt = RoundTrip()
+        running = [
+            (score, rt.call("exists", Keys.arq_in_progress(job_id.decode()), parse=bool)) for job_id, score in due
+        ]
+        await rt.run(self.redis)
+        return next((score for score, busy in running if not busy.value), None)
 
     def collect(self) -> Iterator[Metric]:
         """Both gauges for this scrape; NaN values when Redis did not answer in time."""

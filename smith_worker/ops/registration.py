@@ -30,6 +30,7 @@ import orjson
 from redis.asyncio import Redis
 
 from smith_client.keys import REGISTRATION_TTL, WORKERS_TTL, Keys, now_ms
+from smith_client.roundtrip import RoundTrip
 from smith_client.scripts import LuaScript
 
 #: The scripts of this module, in ``lua/`` beside it.
@@ -94,14 +95,14 @@ async def _renew_capability_set(redis: Redis, capability_set: CapabilitySet, ttl
     now = now_ms()
     capsets = Keys.capability_sets(capability_set.queue)
     members = Keys.capability_set(capability_set.queue, capability_set.digest)
-    async with redis.pipeline(transaction=True) as pipe:
-        if capability_set.names:  # an empty set is no key: it holds nothing, and claims nothing that needs one
-            pipe.sadd(members, *capability_set.names)
-            pipe.expire(members, ttl)
-        pipe.zadd(capsets, {capability_set.digest: now + ttl * 1000}, gt=True)
-        pipe.zremrangebyscore(capsets, "-inf", now)
-        pipe.expire(capsets, WORKERS_TTL)
-        await pipe.execute()
+    rt = RoundTrip(transaction=True)
+    if capability_set.names:  # an empty set is no key: it holds nothing, and claims nothing that needs one
+        rt.call("sadd", members, *capability_set.names)
+        rt.call("expire", members, ttl)
+    rt.call("zadd", capsets, {capability_set.digest: now + ttl * 1000}, gt=True)
+    rt.call("zremrangebyscore", capsets, "-inf", now)
+    rt.call("expire", capsets, WORKERS_TTL)
+    await rt.run(redis)
 
 
 async def unregister_worker(redis: Redis, keys: Keys, worker_id: str, instance: str) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from smith_client import skills as skill_state
 from smith_client.keys import Keys
+from smith_client.roundtrip import Pending, RoundTrip
 from smith_worker.skills.catalog import SkillCatalog
 from smith_worker.skills.model import Skill
 
@@ -51,13 +52,13 @@ class ConversationSkills:
         #: The skills of the current step, in order (None until read).
         self.active: list[Skill] | None = None
 
-    def queue_read(self, pipe: Any) -> None:
-        """Queue this step's read as the last commands of ``pipe``."""
-        skill_state.queue_read(pipe, self._keys, self._conversation_id)
+    def queue_read(self, rt: RoundTrip) -> Pending[list[str]]:
+        """Add this step's read of the active skill names to ``rt``; pass its value to :meth:`take`."""
+        return skill_state.read_in(rt, self._keys, self._conversation_id)
 
-    def take(self, spec: AgentSpec, replies: list[Any]) -> None:
-        """Set the step's active skills from the pipeline's replies to :meth:`queue_read` (all of them, in order)."""
-        self.active = self._resolve(spec, skill_state.decode(replies[0]))
+    def take(self, spec: AgentSpec, names: list[str]) -> None:
+        """Set the step's active skills from the names :meth:`queue_read` read."""
+        self.active = self._resolve(spec, names)
 
     async def ensure(self, spec: AgentSpec, redis: Any) -> None:
         """Read the active skills unless this attempt did already (a re-run resuming with tool calls)."""

@@ -17,6 +17,7 @@ from typing import Any
 from smith_client.eventlog import WHILE_RUNNING
 from smith_client.events import tool_result_data
 from smith_client.jobs import REPLY_INLINE_MAX, ToolJob, ToolOutcome
+from smith_client.roundtrip import RoundTrip
 from smith_client.scripts import LuaScript
 from smith_worker.app import SmithApp
 from smith_worker.ops.redaction import redact_text
@@ -104,13 +105,12 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     started = time.monotonic()
     # one round trip: is it answered already, and mark who runs it (lets a resumed
     # turn tell a live runner from a dead one)
-    async with rt.redis.pipeline(transaction=False) as pipe:
-        pipe.exists(job.result_key)
-        pipe.set(
-            rt.keys.tool_started(job.turn_id, job.step, job.index, job.position), rt.worker_id, ex=rt.keys.turn_ttl
-        )
-        answered, _ = await pipe.execute()
-    if answered:
+    start = RoundTrip()
+    answered = start.call("exists", job.result_key, parse=bool)
+    start.call("set", rt.keys.tool_started(job.turn_id, job.step, job.index, job.position), rt.worker_id,
+               ex=rt.keys.turn_ttl)  # fmt: skip
+    await start.run(rt.redis)
+    if answered.value:
         return {"is_error": False, "stored": False}  # never run a call twice
     outcome = stored_outcome(await _invoke(rt, job), job.result_max_bytes, rt.worker_id)
     rt.metrics.record_tool_call(job.call.name, outcome.is_error, time.monotonic() - started)

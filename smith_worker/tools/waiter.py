@@ -39,6 +39,7 @@ from redis.asyncio import Redis
 from smith_client.enqueue import Enqueued, enqueue_unless
 from smith_client.jobs import RUN_TOOL, ToolJob, ToolOutcome, parse_reply
 from smith_client.keys import ABORT_ENTRY_TTL, Keys, now_ms
+from smith_client.roundtrip import RoundTrip
 from smith_client.scripts import LuaScript
 from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS, RedisHealth
 from smith_worker.ops.tasks import cancel_and_wait
@@ -288,11 +289,11 @@ class ToolJobWaiter:
         in Redis, so a resumed turn (another attempt, another worker) does not start over.
         """
         counter = self._keys.tool_reruns(job.turn_id, job.step, job.index, job.position)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.incr(counter)
-            pipe.expire(counter, self._keys.turn_ttl)
-            reruns, _ = await pipe.execute()
-        return int(reruns) <= MAX_IDEMPOTENT_RERUNS
+        rt = RoundTrip(transaction=True)
+        reruns = rt.call("incr", counter, parse=int)
+        rt.call("expire", counter, self._keys.turn_ttl)
+        await rt.run(self._redis)
+        return reruns.value <= MAX_IDEMPOTENT_RERUNS
 
     async def _runner_died(self, job: ToolJob) -> bool:
         """True when the call was started by a tool worker whose registration has expired (it died)."""

@@ -23,17 +23,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
-from smith_client import scripts
 from smith_client import turn_record as record
 from smith_client.enqueue import enqueue_job
 from smith_client.errors import ParseError
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import RUNNING_TTL, Keys, now_ms
 from smith_client.messages import message_to_json
+from smith_client.roundtrip import Pending, RoundTrip
 from smith_client.scripts import LuaScript
 from smith_client.turn_record import decode_state
 from smith_worker.memory.fencing import StaleAttemptError
@@ -106,13 +107,13 @@ class TurnAttempt:
         self._statuses = keys.conversation_statuses(conversation_id)
         self._trimmed = keys.history_trimmed(conversation_id)
 
-    async def begin(self, also: Callable[[Any], None] | None = None) -> tuple[str, list[Any]]:
-        """Take the turn: ``"go"`` (this attempt runs it), ``"wait"`` (an earlier turn of the
-        conversation is unfinished), ``"done"``, ``"busy"`` (another live attempt) or ``"missing"``;
-        and the replies of what ``also`` queued after it on the same pipeline (one round trip).
+    def queue_begin(self, rt: RoundTrip) -> Pending[str]:
+        """Add the start of this attempt to ``rt`` (other reads may share its round trip); the handle gets
+        ``"go"`` (this attempt runs the turn), ``"wait"`` (an earlier turn of the conversation is unfinished),
+        ``"done"``, ``"busy"`` (another live attempt) or ``"missing"``.
 
-        On ``"go"``, :attr:`begun_state` is the turn's state hash as the attempt starts
-        (decoded, fields in :mod:`smith_client.turn_record`), read by the same script.
+        On ``"go"``, :attr:`attempt` is set and :attr:`begun_state` is the turn's state hash as the attempt
+        starts (decoded, fields in :mod:`smith_client.turn_record`), read by the same script.
         """
         keys = [
             self._state,
@@ -122,19 +123,15 @@ class TurnAttempt:
             self._worker_turns,
         ]
         args = [self.turn_id, self.worker_id, now_ms(), self.lease_ms, RUNNING_TTL, self.job_id]
+        return rt.script(BEGIN, keys, args, parse=self._begun)
 
-        def fill(pipe: Any) -> None:
-            BEGIN.queue(pipe, keys, args)
-            if also is not None:
-                also(pipe)
-
-        reply, *rest = await scripts.execute(self.redis, fill, transaction=False)
+    def _begun(self, reply: list[Any]) -> str:
         outcome: str = reply[0].decode()
         if outcome == "go":
             self.attempt = int(reply[1])
             flat = reply[2]
             self.begun_state = decode_state(dict(zip(flat[::2], flat[1::2], strict=True)))
-        return outcome, rest
+        return outcome
 
     def start_renewing(self, on_lost: Callable[[], None]) -> None:
         """Renew the lease every third of its life until :meth:`stop_renewing`."""
@@ -172,88 +169,81 @@ class TurnAttempt:
         """The turn's state hash, decoded (fields in :mod:`smith_client.turn_record`)."""
         return decode_state(await self.redis.hgetall(self._state))
 
-    async def append_user(
-        self, message: BaseModel, repair: Repair | None = None, also: Callable[[Any], None] | None = None
-    ) -> tuple[int, list[Any]]:
-        """Append the turn's user message once per turn id; return its absolute position in the history
-        and the replies of what ``also`` queued after it on the same pipeline (one round trip).
+    def queue_append_user(self, rt: RoundTrip, message: BaseModel, repair: Repair | None = None) -> Pending[int]:
+        """Add the append of the turn's user message (once per turn id) to ``rt``; the handle gets its
+        absolute position in the history.
 
         ``repair`` (error tool messages for dangling tool calls of an earlier
         turn) is inserted in the same script, so the history is repaired once
         (issue 13 design rule 3); it is skipped if the history changed since
-        it was computed. Raises :class:`StaleAttemptError`.
+        it was computed. Running ``rt`` raises :class:`StaleAttemptError` when fenced off.
         """
         extra: list[Any] = []
         if repair is not None:
             extra = [repair.end, repair.position, *(message_to_json(m) for m in repair.messages)]
+        return rt.script(
+            APPEND_USER,
+            [self._state, self._history, self._trimmed],
+            [self.attempt, message_to_json(message), self.history_ttl, self.history_max, *extra],
+            parse=self._user_appended,
+        )
 
-        def fill(pipe: Any) -> None:
-            APPEND_USER.queue(
-                pipe,
-                [self._state, self._history, self._trimmed],
-                [self.attempt, message_to_json(message), self.history_ttl, self.history_max, *extra],
-            )
-            if also is not None:
-                also(pipe)
-
-        reply, *rest = await scripts.execute(self.redis, fill, transaction=False)
+    def _user_appended(self, reply: Any) -> int:
         if reply == -1:
             raise StaleAttemptError(self.turn_id)
-        index, self.history_end = int(reply[0]), int(reply[1])
-        return index, rest
+        self.history_end = int(reply[1])
+        return int(reply[0])
 
     async def append(self, *messages: BaseModel) -> None:
         """Append whole messages to the history, fenced. Raises :class:`StaleAttemptError`."""
         if messages:
-            self.appended(
-                await scripts.execute(self.redis, lambda pipe: self.queue_append(pipe, *messages), transaction=False)
-            )
+            rt = RoundTrip()
+            self.queue_append(rt, *messages)
+            await rt.run(self.redis)
 
-    def queue_append(self, pipe: Any, *messages: BaseModel) -> None:
-        """Queue :meth:`append` of (at least one of) ``messages`` on ``pipe``; :meth:`appended` reads its reply."""
+    def queue_append(self, rt: RoundTrip, *messages: BaseModel) -> Pending[None]:
+        """Add :meth:`append` of (at least one of) ``messages`` to ``rt``. Running it raises
+        :class:`StaleAttemptError`, also when the history does not end where this attempt's own writes
+        left it (:attr:`history_end`)."""
         blobs = [message_to_json(m) for m in messages]
         expected = "" if self.history_end is None else self.history_end
-        APPEND.queue(
-            pipe,
+        return rt.script(
+            APPEND,
             [self._state, self._history, self._trimmed],
             [self.attempt, expected, self.history_ttl, self.history_max, *blobs],
+            parse=self._appended,
         )
 
-    def appended(self, replies: list[Any]) -> None:
-        """Check a queued append's reply (the first of ``replies``). Raises :class:`StaleAttemptError`,
-        also when the history does not end where this attempt's own writes left it (:attr:`history_end`)."""
-        if replies[0] < 0:
+    def _appended(self, reply: int) -> None:
+        if reply < 0:
             raise StaleAttemptError(self.turn_id)
-        self.history_end = int(replies[0])
+        self.history_end = int(reply)
 
     async def drain_inbox(self, closing: bool) -> list[bytes]:
         """Move merged user messages into the history; when ``closing`` and none are waiting, close the inbox."""
-        keys, args = self._drain_call(closing)
-        return self.drained(await DRAIN_INBOX(self.redis, keys, args))
+        rt = RoundTrip()
+        moved = self.queue_drain_inbox(rt, closing)
+        await rt.run(self.redis)
+        return moved.value
 
-    def queue_drain_inbox(self, pipe: Any, closing: bool = False) -> None:
-        """Queue :meth:`drain_inbox` on ``pipe`` (to share a step's round trip, or a final answer's append).
-
-        :meth:`drained` reads its reply.
-        """
-        DRAIN_INBOX.queue(pipe, *self._drain_call(closing))
-
-    def _drain_call(self, closing: bool) -> tuple[list[str], list[Any]]:
+    def queue_drain_inbox(self, rt: RoundTrip, closing: bool = False) -> Pending[list[bytes]]:
+        """Add :meth:`drain_inbox` to ``rt`` (to share a step's round trip, or a final answer's append); the
+        handle gets the moved messages. Running ``rt`` raises :class:`StaleAttemptError` when fenced off."""
         keys = [self._state, self.keys.turn_inbox(self.turn_id), self._history, self._trimmed]
-        return keys, [self.attempt, self.history_ttl, "1" if closing else "0", self.history_max]
+        args = [self.attempt, self.history_ttl, "1" if closing else "0", self.history_max]
+        return rt.script(DRAIN_INBOX, keys, args, parse=self._drained)
 
-    def drained(self, reply: Any) -> list[bytes]:
-        """The moved messages from a drain's reply. Raises :class:`StaleAttemptError` when fenced off."""
+    def _drained(self, reply: Any) -> list[bytes]:
         if reply is None:
             raise StaleAttemptError(self.turn_id)
         if self.history_end is not None:
             self.history_end += len(reply)
         return list(reply)
 
-    def queue_finish(self, pipe: Any, status: str, field: str, value: str) -> None:
-        """Queue the fenced final write (``lua/finish.lua``) on ``pipe``, to commit with the terminal event:
+    def queue_finish(self, rt: RoundTrip, status: str, field: str, value: str) -> Pending[bool]:
+        """Add the fenced final write (``lua/finish.lua``) to ``rt``, to commit with the terminal event:
         ``status`` and ``field`` = ``value`` in the state, which then lives ``keys.turn_ttl`` seconds.
-        Its reply is 0 when this attempt was fenced off."""
+        The handle gets False when this attempt was fenced off."""
         keys = [
             self._state,
             self.keys.running,
@@ -264,7 +254,7 @@ class TurnAttempt:
             self._worker_turns,
         ]
         args = [self.turn_id, self.attempt, status, field, value, self.keys.turn_ttl, self.history_ttl]
-        FINISH.queue(pipe, keys, args)
+        return rt.script(FINISH, keys, args, parse=bool)
 
     async def requeue(self) -> int:
         """Hand the turn off (worker shutdown): back to ``queued`` and re-enqueued under a new job id."""
@@ -316,24 +306,39 @@ async def wake_head(redis: Any, keys: Keys, conversation_id: str) -> str:
     Called when a turn ends (the next one runs at once) and by parked turns.
     The job id (:meth:`Keys.turn_kick_job_id`) is fixed, so arq keeps at most one pending.
     """
-    replies = await scripts.execute(redis, lambda pipe: queue_head(pipe, keys, conversation_id), transaction=False)
-    return await woken(redis, keys, replies[0])
+    rt = RoundTrip()
+    head = queue_head(rt, keys, conversation_id)
+    await rt.run(redis)
+    return await woken(redis, keys, head.value)
 
 
-def queue_head(pipe: Any, keys: Keys, conversation_id: str) -> None:
-    """Queue the read of the conversation's oldest unfinished turn (``lua/head.lua``) on ``pipe``, e.g. in the
-    transaction that ends a turn; pass its reply to :func:`woken`."""
-    HEAD.queue(pipe, [keys.conversation_turns(conversation_id), keys.conversation_statuses(conversation_id)])
+@dataclass(frozen=True)
+class Head:
+    """A conversation's oldest unfinished turn: its id, and whether it is queued (so it needs a job)."""
+
+    turn_id: str
+    queued: bool
 
 
-async def woken(redis: Any, keys: Keys, reply: Any) -> str:
-    """The second half of :func:`wake_head`, given the reply of :func:`queue_head`: enqueue the head if queued."""
-    if not reply:
+def _head(reply: list[bytes]) -> Head | None:
+    return Head(reply[0].decode(), reply[1] == record.QUEUED.encode()) if reply else None
+
+
+def queue_head(rt: RoundTrip, keys: Keys, conversation_id: str) -> Pending[Head | None]:
+    """Add the read of the conversation's oldest unfinished turn (``lua/head.lua``) to ``rt``, e.g. the
+    transaction that ends a turn; pass its value to :func:`woken`. None: the conversation has none."""
+    turns = [keys.conversation_turns(conversation_id), keys.conversation_statuses(conversation_id)]
+    return rt.script(HEAD, turns, parse=_head)
+
+
+async def woken(redis: Any, keys: Keys, head: Head | None) -> str:
+    """The second half of :func:`wake_head`, given :func:`queue_head`'s value: enqueue the head if queued;
+    return its id ('' if none)."""
+    if head is None:
         return ""
-    head: str = reply[0].decode()
-    if reply[1] == record.QUEUED.encode():
-        await _enqueue_turn(redis, keys, head, keys.turn_kick_job_id(head))
-    return head
+    if head.queued:
+        await _enqueue_turn(redis, keys, head.turn_id, keys.turn_kick_job_id(head.turn_id))
+    return head.turn_id
 
 
 async def requeue_turn(

@@ -49,6 +49,7 @@ from smith_client.events import (
 )
 from smith_client.jobs import ToolOutcome, TurnJob
 from smith_client.messages import AssistantMessage, ToolMessage
+from smith_client.roundtrip import RoundTrip
 from smith_worker.agent.context import AgentContext, CancelRequested
 from smith_worker.agent.loop import AgentLoop
 from smith_worker.app import AgentSpec
@@ -134,7 +135,11 @@ class TurnRunner:
     async def run(self) -> None:
         """Run the turn if this attempt gets it; end it with exactly one terminal event, or hand it off."""
         # the history's tail rides along: a fresh attempt checks it for an earlier turn's dangling calls
-        outcome, (tail,) = await self.attempt.begin(lambda pipe: self.store.queue_tail(pipe, REPAIR_SCAN))
+        rt = RoundTrip()
+        begun = self.attempt.queue_begin(rt)
+        tail = self.store.queue_tail(rt, REPAIR_SCAN)
+        await rt.run(self.rt.redis)
+        outcome = begun.value
         if outcome == "wait":
             await park(self.rt.redis, self.rt.keys, self.job.turn_id, self.job.conversation_id)
             return
@@ -150,7 +155,7 @@ class TurnRunner:
         ended = False  # without an exception
         try:
             async with job_timeout:
-                await self._run_attempt(spec, self.store.tail_from(tail))
+                await self._run_attempt(spec, tail.value)
             ended = True
         except TimeoutError as exc:
             if not job_timeout.expired():
@@ -245,13 +250,13 @@ class TurnRunner:
         events = [opening, *(MessageData(message=m.model_dump(mode="json")) for m in added)]
         ctx = self.ctx
         # the user message, the opening event and its message events: one round trip
-        start, (published,) = await self.attempt.append_user(
-            self.job.message, repair, lambda pipe: ctx.queue_publish(pipe, events)
-        )
-        ctx.published(published)
+        rt = RoundTrip()
+        start = self.attempt.queue_append_user(rt, self.job.message, repair)
+        ctx.queue_publish(rt, events)
+        await rt.run(self.rt.redis)
         for message in added:
             await fire("on_message", message, self.rt.app.hooks, spec.hooks)
-        final = await AgentLoop(self.ctx).run(start, fresh=first)
+        final = await AgentLoop(self.ctx).run(start.value, fresh=first)
         await self._finish(record.COMPLETED, record.RESULT, final.model_dump_json(), TurnCompletedData(message=final))
 
     def _check_attempts(self, state: dict[str, str]) -> None:
@@ -357,16 +362,15 @@ class TurnRunner:
     async def _finish(self, status: str, field: str, value: str, data: EventData) -> None:
         """The terminal event and the final state, in one transaction, fenced by the attempt."""
 
-        def fill(pipe: Any) -> None:
-            self.rt.events.publish_in(pipe, self.job.turn_id, data, self.agent_path, self.attempt.attempt)
-            self.attempt.queue_finish(pipe, status, field, value)
-            queue_head(pipe, self.rt.keys, self.job.conversation_id)  # the conversation's next turn may run now
-
-        seq, finished, head = await scripts.execute(self.rt.redis, fill, transaction=True)
-        if seq < 0 or not finished:
+        rt = RoundTrip(transaction=True)
+        seq = self.rt.events.publish_in(rt, self.job.turn_id, data, self.agent_path, self.attempt.attempt)
+        finished = self.attempt.queue_finish(rt, status, field, value)
+        head = queue_head(rt, self.rt.keys, self.job.conversation_id)  # the conversation's next turn may run now
+        await rt.run(self.rt.redis)
+        if seq.value < 0 or not finished.value:
             raise StaleAttemptError(self.job.turn_id)
         self.rt.metrics.record_turn(self.job.agent, status, time.monotonic() - self._started)
-        await woken(self.rt.redis, self.rt.keys, head)
+        await woken(self.rt.redis, self.rt.keys, head.value)
 
     async def _turn_messages(self) -> list[Any]:
         """This turn's messages: the history from its user message on."""
@@ -394,15 +398,16 @@ async def fail_unreadable_turn(rt: WorkerRuntime, turn_id: str, error: SmithErro
             return False
         conversation_id = conversation.decode() if conversation else ""
         pipe.multi()
-        rt.events.publish_in(pipe, turn_id, TurnFailedData.model_validate({"error": error.to_payload()}))
+        fail = RoundTrip(transaction=True)
+        rt.events.publish_in(fail, turn_id, TurnFailedData.model_validate({"error": error.to_payload()}))
         script_keys = [
             state_key,
             keys.running,
             keys.conversation_turns(conversation_id),
             keys.conversation_statuses(conversation_id),
         ]
-        FAIL_UNREAD.queue(pipe, script_keys, [turn_id, orjson.dumps(error.to_payload()).decode(), keys.turn_ttl])
-        await pipe.execute()
+        fail.script(FAIL_UNREAD, script_keys, [turn_id, orjson.dumps(error.to_payload()).decode(), keys.turn_ttl])
+        await fail.run_on(pipe)
     logger.error("turn %s failed: %r", turn_id, error)
     if conversation_id:
         await wake_head(redis, keys, conversation_id)

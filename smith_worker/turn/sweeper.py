@@ -27,6 +27,7 @@ from typing import Any
 
 from smith_client import turn_record as record
 from smith_client.keys import Keys, now_ms
+from smith_client.roundtrip import RoundTrip
 from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS
 from smith_worker.turn.attempt import DEFAULT_LEASE, requeue_turn
 
@@ -68,11 +69,11 @@ async def drop_dead_job(redis: Any, keys: Keys, job_id: str) -> None:
     Safe even if that attempt's worker is not dead but only cut off: its writes are fenced by the
     attempt (DESIGN.md §8), and arq's own clean-up when its job ends finds nothing left to remove.
     """
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.zrem(keys.turns_queue, job_id)
-        pipe.delete(keys.arq_job(job_id), keys.arq_in_progress(job_id), keys.arq_retry(job_id))
-        pipe.hdel(keys.job_requirements(keys.turns_queue), job_id)
-        await pipe.execute()
+    rt = RoundTrip(transaction=True)
+    rt.call("zrem", keys.turns_queue, job_id)
+    rt.call("delete", keys.arq_job(job_id), keys.arq_in_progress(job_id), keys.arq_retry(job_id))
+    rt.call("hdel", keys.job_requirements(keys.turns_queue), job_id)
+    await rt.run(redis)
 
 
 async def sweep_forever(redis: Any, keys: Keys, interval: float = SWEEP_INTERVAL, settle: float = SETTLE) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import signal
 import subprocess
@@ -87,6 +88,38 @@ async def test_unknown_agent_is_rejected_before_enqueue(client):
     assert err.value.agent == "nobody" and "default" in err.value.known
     assert not await client.redis.exists(job_key_prefix + client.keys.turn_job_id("turn-unknown-agent"))
     assert await queued_turns(client) == before
+
+
+async def test_the_submit_script_refuses_an_unserved_agent_without_reading_the_registrations(client, redis_url):
+    """A client that never sent reads no registration: the submit script refuses the agent (one EVALSHA)."""
+    async with SmithClient.from_url(redis_url, prefix=client.keys.prefix) as fresh:
+        seen: list[str] = []  # commands sent by clients (not run by scripts)
+        async with fresh.redis.monitor() as monitor:
+
+            async def collect() -> None:
+                while "end-of-refusal" not in (command := await monitor.next_command())["command"]:
+                    if command["client_type"] != "lua":
+                        seen.append(command["command"])
+
+            collecting = asyncio.create_task(collect())
+            with pytest.raises(UnknownAgentError) as err:
+                await fresh.submit("hi", conversation_id="conv-unserved", agent="nobody", turn_id="turn-unserved")
+            await fresh.redis.echo("end-of-refusal")
+            await asyncio.wait_for(collecting, 10)
+    assert err.value.agent == "nobody" and "default" in err.value.known
+    assert err.value.known == sorted(err.value.known)
+    registry_reads = [c for c in seen if c.upper().startswith("MGET") or client.keys.workers + " " in c + " "]
+    assert not registry_reads and sum("turn-unserved" in c for c in seen) == 1, seen  # the submit script only
+    assert not await client.redis.exists(client.keys.turn_state("turn-unserved"))
+
+
+async def test_with_no_turn_worker_live_a_turn_is_enqueued_with_a_warning(redis_url, caplog):
+    async with SmithClient.from_url(redis_url, prefix=f"noworkers{uuid.uuid4().hex[:6]}") as lonely:
+        with caplog.at_level(logging.WARNING, logger="agent_smith"):
+            handle = await lonely.submit("hi", conversation_id="c1", agent="anyone")
+        assert "no turn worker is registered" in caplog.text
+        assert (await handle.state())["status"] == "queued"
+        assert await lonely.redis.zcard(lonely.keys.turns_queue) == 1
 
 
 async def test_workers_register_agents_and_tools(client):

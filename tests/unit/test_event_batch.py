@@ -14,7 +14,7 @@ from smith_worker.memory.fencing import StaleAttemptError
 class Pipeline:
     """A stand-in for the worker's auto-pipeline: a submitted publish is built (its events taken) at once and
     answered once ``release`` is set (a round trip in flight), with ``reply`` (a negative one: the attempt
-    was superseded) or the error ``fail``."""
+    was superseded, which the publish's parse raises as StaleAttemptError) or the error ``fail``."""
 
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
@@ -37,18 +37,14 @@ class Pipeline:
             return
         if self.fail is not None:
             future.set_exception(self.fail)
+        elif self.reply < 0:
+            future.set_exception(StaleAttemptError("t1"))
         else:
             future.set_result(self.reply)
 
 
-def check(reply: int) -> None:
-    """As AgentContext.published: a negative reply means the attempt was superseded."""
-    if reply < 0:
-        raise StaleAttemptError("t1")
-
-
 def batcher_for(publish: Pipeline, coalesce: float = 0.0) -> EventBatcher:
-    return EventBatcher(publish.submit, check, coalesce)
+    return EventBatcher(publish.submit, coalesce)
 
 
 def tokens(*texts: str) -> list[TokenData]:

@@ -45,7 +45,7 @@ def test_every_script_file_is_loaded_and_uses_known_state_fields():
 
 
 # words in single quotes in the scripts that are replies or values, not state fields
-_NON_FIELD_WORDS = {"conflict", "attach", "busy", "merge", "interrupt", "reject", "keys", "merged", "new",
+_NON_FIELD_WORDS = {"conflict", "unknown", "attach", "busy", "merge", "interrupt", "reject", "keys", "merged", "new",
                     "missing", "cancelled_queued", "cancelling", "done", "wait", "go", "queued", "running",
                     "completed", "failed", "cancelled",
                     "role", "tool", "tail", "text", "covers",  # stored messages, history reads, the summary hash

@@ -10,11 +10,11 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
-from smith_client import scripts
 from smith_client.errors import ConfigurationError, ContextOverflowError
 from smith_client.events import MEMORY_SUMMARY_FAILED, EventData
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, UserMessage, message_to_json
+from smith_client.roundtrip import RoundTrip
 from smith_worker import FullMemory, RollingWindowMemory, SummaryMemory
 from smith_worker.memory import MemoryContext, is_well_formed, wire_size
 from smith_worker.memory.history import ConversationStore
@@ -76,8 +76,18 @@ class Convo:
 
 async def read_tail(store: ConversationStore, redis) -> object:
     """The history's last REPAIR_SCAN messages, read as a turn's start reads them (queued on a pipeline)."""
-    replies = await scripts.execute(redis, lambda pipe: store.queue_tail(pipe, REPAIR_SCAN), transaction=False)
-    return store.tail_from(replies[0])
+    rt = RoundTrip()
+    tail = store.queue_tail(rt, REPAIR_SCAN)
+    await rt.run(redis)
+    return tail.value
+
+
+async def append_user(attempt, redis, message, repair=None) -> int:
+    """The turn's user message appended alone; its absolute position."""
+    rt = RoundTrip()
+    position = attempt.queue_append_user(rt, message, repair)
+    await rt.run(redis)
+    return position.value
 
 
 @pytest.fixture
@@ -219,7 +229,7 @@ async def test_trimming_keeps_whole_groups_and_positions_stay_absolute(convo):
     # a dangling call of the last turn is answered right after it, atomically with the next user message
     await attempt.append(UserMessage(content="q"), AssistantMessage(tool_calls=[ToolCall(id="d", name="add")]))
     repair = pending_repair(await read_tail(convo.store, convo.redis))
-    position, _ = await attempt.append_user(UserMessage(content="next"), repair)
+    position = await append_user(attempt, convo.redis, UserMessage(content="next"), repair)
     tail = (await convo.store.read(position - 3)).messages
     assert [m.role for m in tail] == ["user", "assistant", "tool", "user"]
     assert tail[2].tool_call_id == "d" and orjson.loads(tail[2].content)["error"] is True
@@ -267,7 +277,7 @@ async def test_an_attempt_whose_own_writes_were_lost_writes_nothing_after_the_ga
     await convo.redis.expire(keys.turn_state("t2"), 60)
     attempt = TurnAttempt(convo.redis, keys, "t2", cid, "w")
     attempt.attempt = 1
-    position, _ = await attempt.append_user(UserMessage(content="q"))
+    position = await append_user(attempt, convo.redis, UserMessage(content="q"))
     await attempt.append(AssistantMessage(tool_calls=[ToolCall(id="a", name="add")]))
     assert (position, attempt.history_end) == (0, 2)
     await convo.redis.rpop(keys.history(cid))  # the lost write

@@ -222,7 +222,7 @@ def step_skills(skills: list[Skill], active: list[str], defaults: list[str] | No
         app.skill(skill)
     spec = app.agent("a", skills=defaults or [])
     conversation = ConversationSkills(app.skills, None, "c")  # type: ignore[arg-type]
-    conversation.take(spec, [[name.encode() for name in active]])
+    conversation.take(spec, list(active))
     return conversation, spec
 
 

@@ -15,6 +15,7 @@ from smith_client.eventlog import EventLog
 from smith_client.events import TurnCompletedData
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage
+from smith_client.roundtrip import RoundTrip
 from smith_worker.memory.history import ConversationStore
 from smith_worker.turn.attempt import TurnAttempt
 from smith_worker.turn.lifecycle import TurnRunner
@@ -34,8 +35,10 @@ async def running_turn(redis, keys: Keys) -> TurnRunner:
     await redis.rpush(keys.conversation_turns(conversation_id), turn_id)
     await redis.hset(keys.conversation_statuses(conversation_id), turn_id, record.QUEUED)
     attempt = TurnAttempt(redis, keys, turn_id, conversation_id, "w1")
-    outcome, _ = await attempt.begin()
-    assert outcome == "go"
+    begin = RoundTrip()
+    outcome = attempt.queue_begin(begin)
+    await begin.run(redis)
+    assert outcome.value == "go"
     runner = object.__new__(TurnRunner)
     runner.rt = SimpleNamespace(
         redis=redis, keys=keys, events=EventLog(redis, keys), metrics=SimpleNamespace(record_turn=lambda *_: None)
