@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import time
 import uuid
 
 import pytest
@@ -38,12 +39,16 @@ async def _calls(client) -> dict[str, int]:
 
 
 async def _per_turn(client, marker: str, agent: str = "default") -> dict[str, float]:
+    """Commands per turn over TURNS turns, less what the idle workers' fallback polls (a claim each) send in
+    as long again with no turn: on a loaded machine the turns take longer and more polls land among them."""
     await client.send(marker, conversation_id=f"warm-{uuid.uuid4().hex[:8]}", agent=agent, timeout=60)
-    before = await _calls(client)
+    before, started = await _calls(client), time.monotonic()
     for _ in range(TURNS):
         await client.send(marker, conversation_id=f"rt-{uuid.uuid4().hex[:8]}", agent=agent, timeout=60)
     after = await _calls(client)
-    return {name: (after[name] - before[name]) / TURNS for name in COUNTED}
+    await asyncio.sleep(time.monotonic() - started)
+    idle = await _calls(client)
+    return {name: (after[name] - before[name] - (idle[name] - after[name])) / TURNS for name in COUNTED}
 
 
 async def _sent_per_turn(client, marker: str) -> tuple[float, collections.Counter[str]]:
