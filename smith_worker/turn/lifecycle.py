@@ -49,7 +49,7 @@ from smith_client.events import (
 )
 from smith_client.jobs import ToolOutcome, TurnJob
 from smith_client.messages import AssistantMessage, ToolMessage
-from smith_worker.agent.context import AgentContext, CancelRequested
+from smith_worker.agent.context import AgentContext, CancelRequested, TurnServices
 from smith_worker.agent.loop import AgentLoop
 from smith_worker.app import AgentSpec
 from smith_worker.hooks import fire
@@ -59,7 +59,7 @@ from smith_worker.memory.pairing import REPAIR_SCAN, pending_repair
 from smith_worker.ops.heap import collect_soon
 from smith_worker.ops.redaction import redact_error
 from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS
-from smith_worker.runtime import TurnServices, WorkerRuntime
+from smith_worker.runtime import WorkerRuntime
 from smith_worker.tools.function import error_content
 from smith_worker.tools.waiter import settle_call
 from smith_worker.turn.attempt import FAIL_UNREAD, TurnAttempt, park, queue_head, wake_head, woken
