@@ -34,7 +34,7 @@ from smith_worker.tools.waiter import ToolJobWaiter
 
 
 class Cancellable(Protocol):
-    """A running turn that takes cancel requests (:class:`smith_worker.turn.lifecycle.TurnRunner`)."""
+    """A running turn that takes cancel requests (:class:`smith_worker.turn.lifecycle.TurnExecution`)."""
 
     def request_cancel(self) -> None:
         """Stop the turn's running step now; its state says why."""

@@ -102,7 +102,7 @@ class SmithWorker(Worker):
 
     def handle_sig(self, signum: signal.Signals) -> None:
         """arq's immediate stop (turn workers' SIGTERM / SIGINT), noting a termination; every running
-        turn is then sure to be handed off (:meth:`~smith_worker.turn.lifecycle.TurnRunner.hand_off_soon`)."""
+        turn is then sure to be handed off (:meth:`~smith_worker.turn.lifecycle.TurnExecution.hand_off_soon`)."""
         self._note_signal(signum)
         super().handle_sig(signum)
         runtime = self.ctx.get("runtime")

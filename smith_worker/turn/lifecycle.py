@@ -1,6 +1,6 @@
 """One turn's lifecycle on a turn worker: take an attempt, run the loop, end it exactly once.
 
-:class:`TurnRunner` begins an attempt (:mod:`smith_worker.turn.attempt`), parks
+:class:`TurnExecution` begins an attempt (:mod:`smith_worker.turn.attempt`), parks
 the turn while an earlier turn of its conversation is unfinished, runs
 :class:`~smith_worker.agent.loop.AgentLoop`, and ends the turn with one terminal
 event: ``turn.completed``, ``turn.failed`` (every failure, typed), or
@@ -9,10 +9,10 @@ calls answered). When the worker shuts down it hands the turn off instead;
 when its lease was lost, or Redis failed, it stops without writing (the
 sweeper resumes it). ``SMITH_TURN_JOB_TIMEOUT`` ends the turn with
 ``SmithTimeoutError`` (operation ``turn.job``). A turn never raises out of
-:meth:`TurnRunner.run`, so the worker keeps serving.
+:meth:`TurnExecution.run`, so the worker keeps serving.
 
 The attempt limit counts only the attempts a turn can be blamed for, so bad luck never fails a turn
-while a turn that kills its worker still stops (:meth:`TurnRunner._check_attempts`):
+while a turn that kills its worker still stops (:meth:`TurnExecution._check_attempts`):
 
 * a worker that died (or lost Redis past its lease) while it ran this turn alone: a crash, counted;
   ``SMITH_TURN_MAX_ATTEMPTS`` (3) of them fail the turn with ``TurnAttemptsExhausted``;
@@ -76,7 +76,7 @@ OUTAGE_RETRY = 1.0
 SHARED_CRASH_FACTOR = 3
 
 
-class TurnRunner:
+class TurnExecution:
     """Runs one attempt of one :class:`TurnJob` on a turn worker (see the module docstring)."""
 
     def __init__(self, rt: WorkerRuntime, services: TurnServices, job: TurnJob, job_id: str = "") -> None:

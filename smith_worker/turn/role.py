@@ -2,7 +2,7 @@
 
 A turn worker serves the app's agents. It adds one ``httpx.AsyncClient`` per
 process for the model (DESIGN.md §2), one pub/sub subscription for tool-job
-replies and control messages (:class:`~smith_worker.tools.waiter.ReplyListener`),
+replies and control messages (:class:`~smith_worker.tools.waiter.WorkerSubscription`),
 the tool-job waiter, the turns running here, and the crash-recovery sweeper.
 """
 
@@ -20,8 +20,8 @@ from smith_worker.config import Settings
 from smith_worker.ops.redaction import redact_error
 from smith_worker.routing import turn_capabilities
 from smith_worker.runtime import Queue, RoleJob, WorkerRole, WorkerRuntime
-from smith_worker.tools.waiter import ReplyListener, ToolJobWaiter
-from smith_worker.turn.lifecycle import TurnRunner, fail_unreadable_turn
+from smith_worker.tools.waiter import ToolJobWaiter, WorkerSubscription
+from smith_worker.turn.lifecycle import TurnExecution, fail_unreadable_turn
 from smith_worker.turn.sweeper import sweep_forever
 
 logger = logging.getLogger("agent_smith.worker")
@@ -32,13 +32,13 @@ TURN_TIMEOUT_GRACE = 30.0
 
 
 class TurnRole(WorkerRole):
-    """A turn worker (see the module docstring). ``services`` and ``replies`` exist once :meth:`start` ran."""
+    """A turn worker (see the module docstring). ``services`` and ``subscription`` exist once :meth:`start` ran."""
 
     queue: Queue = "turns"
 
     def __init__(self) -> None:
         self.services: TurnServices | None = None
-        self.replies: ReplyListener | None = None
+        self.subscription: WorkerSubscription | None = None
 
     def queue_name(self, keys: Keys) -> str:
         """The turns queue."""
@@ -83,13 +83,13 @@ class TurnRole(WorkerRole):
         from smith_worker.llm.http import model_http_client  # aiohttp: only a turn worker pays its import
 
         keys = runtime.keys
-        replies = ReplyListener(
+        subscription = WorkerSubscription(
             runtime.redis, keys.worker_replies_channel(runtime.worker_id), keys.control_channel, self.on_control,
             health=runtime.health,
         )  # fmt: skip
-        await replies.start()
-        self.replies = replies
-        self.services = TurnServices(model_http_client(), ToolJobWaiter(runtime.redis, keys, replies))
+        await subscription.start()
+        self.subscription = subscription
+        self.services = TurnServices(model_http_client(), ToolJobWaiter(runtime.redis, keys, subscription))
         # crash recovery: re-enqueue turns whose worker stopped renewing their lease
         runtime.run_in_background(sweep_forever(runtime.redis, keys))
 
@@ -105,14 +105,14 @@ class TurnRole(WorkerRole):
 
     def stop_now(self) -> None:
         """Make sure every running turn is handed off
-        (:meth:`~smith_worker.turn.lifecycle.TurnRunner.hand_off_soon`)."""
+        (:meth:`~smith_worker.turn.lifecycle.TurnExecution.hand_off_soon`)."""
         for turn in list(self.services.running_turns.values()) if self.services else []:
             turn.hand_off_soon()
 
     async def close(self) -> None:
         """Stop the subscription and close the HTTP client."""
-        if self.replies is not None:
-            await self.replies.stop()
+        if self.subscription is not None:
+            await self.subscription.stop()
         if self.services is not None:
             await self.services.http.aclose()
 
@@ -128,4 +128,4 @@ class TurnRole(WorkerRole):
                 await fail_unreadable_turn(rt, turn_id, redact_error(error))
             return
         assert self.services is not None  # arq runs jobs only after on_startup started the runtime
-        await TurnRunner(rt, self.services, job, ctx["job_id"]).run()
+        await TurnExecution(rt, self.services, job, ctx["job_id"]).run()

@@ -26,7 +26,7 @@ from smith_worker.config import Settings
 from smith_worker.local.processes import ManagedProcess
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
-from smith_worker.turn.lifecycle import TurnRunner
+from smith_worker.turn.lifecycle import TurnExecution
 from smith_worker.turn.role import TurnRole
 from tests.conftest import LOGS
 from tests.support.app import app as test_app
@@ -239,7 +239,7 @@ async def _run_with_state(
         await rt.start()
         try:
             assert role.services is not None  # a started turn role has them
-            await TurnRunner(rt, role.services, job).run()
+            await TurnExecution(rt, role.services, job).run()
         finally:
             await rt.stop()
         return [e.type for e in await client.events.read(job.turn_id)], await client.turn(job.turn_id).state()
