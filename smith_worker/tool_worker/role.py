@@ -23,11 +23,11 @@ from smith_worker.tool_worker.job import run_tool
 from smith_worker.tools.isolation import ToolExecutors
 from smith_worker.tools.source import SourceContext
 
-logger = logging.getLogger("agent_smith.worker")
-
 #: Seconds a stopping tool worker waits for running tool calls (arq ``job_completion_wait``); deploy/
 #: manifests give the process longer than this between SIGTERM and SIGKILL.
 TOOL_JOB_COMPLETION_WAIT = 10
+
+logger = logging.getLogger("agent_smith.worker")
 
 
 class ToolRole(WorkerRole):
@@ -38,14 +38,6 @@ class ToolRole(WorkerRole):
     def __init__(self) -> None:
         self.executors: ToolExecutors | None = None
         self._runtime: WorkerRuntime | None = None
-
-    def queue_name(self, keys: Keys) -> str:
-        """The tools queue."""
-        return keys.tools_queue
-
-    def capabilities(self, app: SmithApp) -> list[str]:
-        """What the app's tool routes can require (:func:`~smith_worker.routing.tool_capabilities`)."""
-        return tool_capabilities(app)
 
     def check(self, app: SmithApp, settings: Settings) -> None:
         """Warn when ``app`` declares no Python tool, tool source or skill: nothing to run. (A tools-only
@@ -68,6 +60,14 @@ class ToolRole(WorkerRole):
             completion_wait=TOOL_JOB_COMPLETION_WAIT,
             aborts_channel=keys.tool_aborts_channel,
         )
+
+    def queue_name(self, keys: Keys) -> str:
+        """The tools queue."""
+        return keys.tools_queue
+
+    def capabilities(self, app: SmithApp) -> list[str]:
+        """What the app's tool routes can require (:func:`~smith_worker.routing.tool_capabilities`)."""
+        return tool_capabilities(app)
 
     def registration(self, app: SmithApp) -> dict[str, Any]:
         """The app's Python tools and the sync-tool threads overrunning now."""
