@@ -125,7 +125,7 @@ def _worker_main(argv: list[str] | None) -> None:
     runtime.check_id_kept()
     if runtime.restart_requested and not worker.terminated:
         restart_process()
-    exit_past_overrunning_threads(runtime.executors.overrunning if runtime.executors else 0)
+    exit_past_overrunning_threads(runtime.role.threads_left())
 
 
 def _log_level(value: str) -> str:

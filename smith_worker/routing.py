@@ -11,7 +11,7 @@ add a tool or an agent that v1 workers do not have. So a job names what it
   Python tool of the app, ``source:<alias>`` for a tool of an added source (an
   MCP server), and for a skill's tool ``skill:<skill>/tool:<name>`` or
   ``skill:<skill>/source:<alias>``; a tool worker serves those of its app
-  (:func:`capabilities`).
+  (:func:`tool_capabilities`; a turn worker, :func:`turn_capabilities`).
 
 A worker registers its set with its heartbeat (:mod:`smith_worker.ops.registration`)
 as a Redis SET named by :func:`capability_digest`, shared by the workers of
@@ -36,11 +36,14 @@ from smith_worker.tools.source import in_skill, source_id, tool_unit
 DIGEST_LENGTH = 16
 
 
-def capabilities(app: SmithApp, queue: str) -> list[str]:
-    """What a worker of ``app`` on ``queue`` (``"turns"`` or ``"tools"``) serves, sorted: the agents, or
-    every requirement a route of ``app``'s tools can name (:class:`~smith_worker.agent.toolset.ToolRoute`)."""
-    if queue == "turns":
-        return sorted(app.agents)
+def turn_capabilities(app: SmithApp) -> list[str]:
+    """What a turn worker of ``app`` serves, sorted: its agents."""
+    return sorted(app.agents)
+
+
+def tool_capabilities(app: SmithApp) -> list[str]:
+    """What a tool worker of ``app`` serves, sorted: every requirement a route of ``app``'s tools can name
+    (:class:`~smith_worker.agent.toolset.ToolRoute`)."""
     served = [tool_unit(name) for name in app.tools.names()] + [source_id(alias) for alias in app.sources]
     for name in app.skills.names():
         skill = app.skills.get(name)

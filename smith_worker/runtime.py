@@ -1,10 +1,11 @@
 """Per-process state of a worker: Redis, the event log, identity, and the services of its role.
 
-Created at worker start-up and closed at shutdown. A turn worker also has
-:class:`TurnServices` (DESIGN.md §2: one ``httpx.AsyncClient`` per worker
-process, the reply listener, the tool-job waiter, its running turns); a tool
-worker has its sync-tool pools. Job functions find the runtime in the arq
-context as ``ctx["runtime"]`` and a turn worker's services as ``ctx["turn_services"]``.
+Created at worker start-up and closed at shutdown. What one kind of worker
+adds is its :class:`WorkerRole` (:class:`~smith_worker.turn.role.TurnRole`:
+one ``httpx.AsyncClient`` per worker process (DESIGN.md §2), the worker's
+subscription, the tool-job waiter, its running turns;
+:class:`~smith_worker.tool_worker.role.ToolRole`: its sync-tool pools). Job
+functions find the runtime in the arq context as ``ctx["runtime"]``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-import httpx
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
@@ -38,42 +38,89 @@ from smith_worker.ops.redaction import SENSITIVE_HEADERS, install_log_redaction,
 from smith_worker.ops.redis_health import RedisHealth
 from smith_worker.ops.registration import CapabilitySet, Holder, register_worker, unregister_worker
 from smith_worker.ops.tasks import cancel_and_wait
-from smith_worker.routing import capabilities, capability_digest
-from smith_worker.tools.isolation import ToolExecutors
+from smith_worker.routing import capability_digest
 from smith_worker.tools.source import SourceContext
-from smith_worker.tools.waiter import ReplyListener, ToolJobWaiter
 
 logger = logging.getLogger("agent_smith.worker")
 
 Queue = Literal["turns", "tools"]
 
-
-class Cancellable(Protocol):
-    """A running turn that takes cancel requests (:class:`smith_worker.turn.lifecycle.TurnRunner`)."""
-
-    def request_cancel(self) -> None:
-        """Stop the turn's running step now; its state says why."""
-        ...
-
-    def hand_off_soon(self) -> None:
-        """The worker stops at once: make sure the turn is handed off, even if arq's cancel is lost."""
-        ...
+#: An arq job function: ``(ctx, payload)``, ``ctx`` being arq's context (``ctx["runtime"]``, ``ctx["job_id"]``).
+JobFunction = Callable[..., Coroutine[Any, Any, Any]]
 
 
-@dataclass
-class TurnServices:
-    """What only a turn worker has: the LLM HTTP client, the reply listener (tool-job replies and
-    control messages), the tool-job waiter, and the turns running in this process by turn id."""
+@dataclass(frozen=True)
+class RoleJob:
+    """A role's one arq job function and how its worker runs it (:func:`~smith_worker.queue.worker.build_worker`).
 
-    http: httpx.AsyncClient
-    replies: ReplyListener
-    tool_waiter: ToolJobWaiter
-    running_turns: dict[str, Cancellable] = field(default_factory=dict)
+    ``timeout`` is arq's bound on one job and ``keep_result`` how long arq keeps its result, both in
+    seconds; ``max_jobs`` the jobs one process runs at once; ``completion_wait`` the seconds a stopping
+    worker waits for its running jobs (0: it stops at once); ``aborts_channel`` the pub/sub channel
+    where aborts of its jobs are announced, or None when its jobs are never aborted (arq's abort check off).
+    """
+
+    name: str
+    function: JobFunction
+    timeout: float
+    max_tries: int
+    keep_result: int
+    max_jobs: int
+    completion_wait: int
+    aborts_channel: str | None
+
+
+class WorkerRole:
+    """What one kind of worker adds to the :class:`WorkerRuntime` every worker shares: its queue, its job,
+    what it serves and registers, its own services and their shutdown. The defaults add nothing; the
+    methods without one raise ``NotImplementedError``."""
+
+    #: The queue this role serves, by its short name (``smith-worker --queue``).
+    queue: Queue
+
+    def queue_name(self, keys: Keys) -> str:
+        """The arq queue (Redis sorted set) of this role."""
+        raise NotImplementedError
+
+    def capabilities(self, app: SmithApp) -> list[str]:
+        """What a worker of this role serves for ``app``, sorted (:mod:`smith_worker.routing`)."""
+        raise NotImplementedError
+
+    def job(self, settings: Settings, keys: Keys) -> RoleJob:
+        """The role's arq job function and its options."""
+        raise NotImplementedError
+
+    def registration(self, app: SmithApp) -> dict[str, Any]:
+        """The role's fields of the worker's registration: ``agents``, ``tools`` (names, sorted lists) and
+        ``overrunning_threads`` (an int)."""
+        raise NotImplementedError
+
+    def check(self, app: SmithApp, settings: Settings) -> None:
+        """Raise :class:`ConfigurationError` for settings this role cannot run ``app`` with; log a warning when
+        ``app`` gives it nothing to serve."""
+
+    def open(self, runtime: WorkerRuntime) -> None:
+        """Open what must exist before Redis is waited for and the tool sources start."""
+
+    async def start(self, runtime: WorkerRuntime) -> None:
+        """Start what needs Redis, once the tool sources started."""
+
+    def source_context(self, shared: SourceContext) -> SourceContext:
+        """What the app's tool sources may use of this process: ``shared``, plus what this role adds."""
+        return shared
+
+    def running(self) -> int:
+        """Turns running in this process now (for the metrics)."""
+        return 0
+
+    def stop_now(self) -> None:
+        """The worker stops at once (arq's immediate stop, on a signal): make sure its jobs end."""
+
+    def threads_left(self) -> int:
+        """Threads of this role's jobs still running, which a stopped worker abandons at exit."""
+        return 0
 
     async def close(self) -> None:
-        """Stop listening and close the HTTP client."""
-        await self.replies.stop()
-        await self.http.aclose()
+        """Close what :meth:`open` and :meth:`start` opened."""
 
 
 #: Seconds between two looks at a worker id another process holds, at start-up (:meth:`WorkerRuntime.start`).
@@ -90,20 +137,16 @@ class WorkerRuntime:
     """Everything one worker process shares between its jobs."""
 
     app: SmithApp
-    queue: Queue
+    role: WorkerRole
     settings: Settings
     redis: Redis
     worker_id: str = ""
-    #: A turn worker's services (None on tool workers and before :meth:`start`).
-    turn_services: TurnServices | None = None
     #: Readiness: whether Redis answers this process now (issue 8).
     health: RedisHealth = field(default_factory=RedisHealth)
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
-    #: Thread and process pools of a tool worker's sync tools (None on turn workers).
-    executors: ToolExecutors | None = None
     #: Called (on the event loop) to make the arq worker stop taking jobs and drain; set by ``build_worker``.
     stop_taking_jobs: Callable[[], None] | None = None
-    #: Set when the worker drains to restart (too many overrunning tool threads): the CLI re-executes it.
+    #: Set when the worker drains to restart (:meth:`request_restart`): the CLI re-executes it.
     restart_requested: bool = False
     #: Set when another process took this worker's id (see :meth:`_lose_id`): it drains, then exits with an error.
     id_lost: bool = False
@@ -116,36 +159,31 @@ class WorkerRuntime:
         self.events = EventLog(self.redis, self.keys)
         self.pipeline = AutoPipeline(self.redis)
         self.worker_id = self.worker_id or self.settings.worker_id or new_worker_id(self.queue)
-        served = capabilities(self.app, self.queue)
+        served = self.role.capabilities(self.app)
         #: What this worker serves (smith_worker/routing.py): it claims only the jobs whose requirement this holds.
         self.capability_set = CapabilitySet(self.queue_name, capability_digest(served), served)
 
-    def _running_count(self) -> int:
-        """Turns running in this process (0 on a tool worker), for the metrics."""
-        return len(self.turn_services.running_turns) if self.turn_services else 0
+    @property
+    def queue(self) -> Queue:
+        """The queue this worker serves, by its short name (its role's)."""
+        return self.role.queue
+
+    @property
+    def queue_name(self) -> str:
+        """The arq queue (Redis sorted set) this worker serves."""
+        return self.role.queue_name(self.keys)
 
     def source_context(self) -> SourceContext:
-        """What the app's tool sources may use of this process."""
-        return SourceContext(
+        """What the app's tool sources may use of this process (its role adds its own: a tool worker's pools)."""
+        shared = SourceContext(
             self.redis,
             self.keys,
             self.events,
             self.worker_id,
             self.app.hooks,
             {name: spec.hooks for name, spec in self.app.agents.items()},
-            self.executors,
         )
-
-    @property
-    def queue_name(self) -> str:
-        """The arq queue (Redis sorted set) this worker serves."""
-        return self.keys.turns_queue if self.queue == "turns" else self.keys.tools_queue
-
-    def on_control(self, turn_id: str) -> None:
-        """A control message: cancel ``turn_id`` if it runs here (its state says why)."""
-        runner = self.turn_services.running_turns.get(turn_id) if self.turn_services else None
-        if runner is not None:
-            runner.request_cancel()
+        return self.role.source_context(shared)
 
     def protect_secrets(self) -> None:
         """Register this deployment's secrets for redaction and filter every log line (seed §16.4):
@@ -169,22 +207,19 @@ class WorkerRuntime:
             secrets += [value for name, value in headers.items() if name.lower() in SENSITIVE_HEADERS]
         return [s for s in secrets if s]
 
-    def request_restart(self) -> None:
-        """Too many sync-tool threads overran: stop taking jobs, drain, then re-execute (see ``smith-worker``)."""
+    def request_restart(self) -> bool:
+        """Stop taking jobs, drain, then re-execute (see ``smith-worker``); False when a restart was requested
+        already (nothing done then)."""
         if self.restart_requested:
-            return
+            return False
         self.restart_requested = True
-        logger.error(
-            "worker %s: %d sync-tool threads overran their timeouts; draining to restart",
-            self.worker_id,
-            self.executors.overrunning if self.executors else 0,
-        )
         self._background.append(asyncio.create_task(self._heartbeat()))  # readiness: "draining"
         if self.stop_taking_jobs is not None:
             self.stop_taking_jobs()
+        return True
 
     async def start(self) -> None:
-        """Open the HTTP client and reply channel (turn workers) or the tool pools (tool workers); register.
+        """Open what the role opens (:meth:`WorkerRole.open`, :meth:`WorkerRole.start`), start the sources; register.
 
         Waits (backing off) while Redis does not answer, instead of failing.
         """
@@ -192,33 +227,15 @@ class WorkerRuntime:
         self._background.append(asyncio.create_task(heartbeat_forever(heartbeat_path(self.settings, self.queue))))
         self._background.append(asyncio.create_task(trim_forever()))  # bursts of large turns leave no high-water mark
         if self.settings.metrics_port:
-            self.metrics.serve(self.settings.metrics_port, self.redis, self.queue_name, self._running_count)
+            self.metrics.serve(self.settings.metrics_port, self.redis, self.queue_name, self.role.running)
         self.protect_secrets()
-        if self.queue == "tools":
-            self.executors = ToolExecutors(
-                self.settings.tool_max_jobs,
-                self.settings.tool_max_overruns,
-                self.request_restart,
-                self.settings.tool_processes,
-            )
-            if any(tool.isolation == "process" for tool in self.app.tools.all()):
-                self.executors.start_processes()
+        self.role.open(self)
         await self.health.until_ok("start-up", self._warn_on_eviction)
         # before any pipeline sends EVALSHA (see smith_client.scripts)
         await self.health.until_ok("loading the scripts", lambda: scripts.load_all(self.redis))
         for source in self.app.all_sources():  # after the pools: the Python tools run on them
             await source.start(self.source_context())
-        if self.queue == "turns":
-            from smith_worker.llm.http import model_http_client  # aiohttp: only a turn worker pays its import
-
-            replies = ReplyListener(
-                self.redis, self.keys.worker_replies_channel(self.worker_id), self.keys.control_channel,
-                self.on_control, health=self.health,
-            )  # fmt: skip
-            await replies.start()
-            self.turn_services = TurnServices(
-                model_http_client(), replies, ToolJobWaiter(self.redis, self.keys, replies)
-            )
+        await self.role.start(self)
         await self._claim_id()
         self._background.append(asyncio.create_task(self._heartbeat_loop()))
         logger.info("worker %s started on queue %s", self.worker_id, self.queue)
@@ -240,10 +257,7 @@ class WorkerRuntime:
                 await source.close()
             except Exception:  # one failing source must not keep the others open
                 logger.warning("closing tool source %s failed", source.name, exc_info=True)
-        if self.turn_services is not None:
-            await self.turn_services.close()
-        if self.executors is not None:
-            self.executors.close()
+        await self.role.close()
         logger.info("worker %s stopped", self.worker_id)
 
     async def _warn_on_eviction(self) -> None:
@@ -270,12 +284,10 @@ class WorkerRuntime:
             "queue": self.queue,
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "agents": sorted(self.app.agents) if self.queue == "turns" else [],
             "skills": self.app.skills.names(),
-            "tools": self.app.tools.names() if self.queue == "tools" else [],
             "capabilities": self.capability_set.digest,
             "draining": self.restart_requested,
-            "overrunning_threads": self.executors.overrunning if self.executors else 0,
+            **self.role.registration(self.app),
         }
         return await register_worker(self.redis, self.keys, self.worker_id, info, self.capability_set, REGISTRATION_TTL)
 

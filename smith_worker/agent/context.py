@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+import httpx
 
 from smith_client.events import EventData, MessageData
 from smith_client.jobs import TurnJob
@@ -27,7 +29,30 @@ from smith_worker.config import AgentConfig
 from smith_worker.hooks import fire
 from smith_worker.memory.fencing import AttemptWrites, StaleAttemptError
 from smith_worker.memory.history import ConversationStore
-from smith_worker.runtime import TurnServices, WorkerRuntime
+from smith_worker.runtime import WorkerRuntime
+from smith_worker.tools.waiter import ToolJobWaiter
+
+
+class Cancellable(Protocol):
+    """A running turn that takes cancel requests (:class:`smith_worker.turn.lifecycle.TurnExecution`)."""
+
+    def request_cancel(self) -> None:
+        """Stop the turn's running step now; its state says why."""
+        ...
+
+    def hand_off_soon(self) -> None:
+        """The worker stops at once: make sure the turn is handed off, even if arq's cancel is lost."""
+        ...
+
+
+@dataclass
+class TurnServices:
+    """What a turn worker's turns share (:class:`smith_worker.turn.role.TurnRole` opens them): the LLM
+    HTTP client, the tool-job waiter, and the turns running in this process by turn id."""
+
+    http: httpx.AsyncClient
+    tool_waiter: ToolJobWaiter
+    running_turns: dict[str, Cancellable] = field(default_factory=dict)
 
 
 class CancelRequested(Exception):

@@ -112,6 +112,15 @@ async def gather_all(coros: list[Any]) -> list[Any]:
     return [task.result() for task in tasks]
 
 
+@dataclass
+class _Progress:
+    """How far one agent got in its turn: its model calls, the tokens they used, its tool rounds."""
+
+    iterations: int
+    total_tokens: int
+    tool_rounds: int
+
+
 class AgentLoop:
     """The steps of one agent in one attempt of one turn; everything it uses comes from ``ctx``
     (:class:`~smith_worker.agent.context.AgentContext`), and it never calls back into the turn lifecycle."""
@@ -135,46 +144,65 @@ class AgentLoop:
         self._toolset: Toolset | None = None
 
     async def run(self, start: int, *, fresh: bool = False) -> AssistantMessage:
-        """Run model steps from history position ``start`` (the turn's user message) until a final answer.
+        """Run model steps from history position ``start`` (the turn's user message) until a final answer;
+        a re-run resumes after the last completed step.
 
         ``fresh``: the caller has just appended that message, so nothing of the turn follows it yet
         and the read of completed steps (a re-run's resume point) is skipped.
         """
-        return await self._loop(self.ctx.spec, start, fresh)
-
-    async def _loop(self, spec: AgentSpec, start: int, fresh: bool) -> AssistantMessage:
-        """Run model steps until a final answer; a re-run resumes after the last completed step."""
-        cfg = spec.config
+        spec = self.ctx.spec
         llm = LlmClient(self.rt.settings.llm_config(spec.llm), self.ctx.services.http)
         memory = self._memory_context(llm, start)
-        deadline = None if cfg.deadline is None else time.monotonic() + cfg.deadline
-        done = [] if fresh else (await self.store.read(start + 1)).messages
-        replies = [m for m in done if isinstance(m, AssistantMessage)]
-        pending = done[-1] if done and isinstance(done[-1], AssistantMessage) else None
-        iterations = len(replies)
-        total_tokens = sum(m.usage.total for m in replies if m.usage)
-        tool_rounds = sum(1 for m in replies if m.tool_calls and m is not pending)
+        deadline = None if spec.config.deadline is None else time.monotonic() + spec.config.deadline
+        progress, pending = await self._resume(start, fresh)
         while True:
             merged: list[bytes] | None = None  # the closing drain, when it rode along with the reply's append
             if pending is None:
-                tree = await self._begin_step(spec)
-                iterations += 1
-                self._check_limits(spec, iterations, tree, total_tokens, deadline)
-                pending = (
-                    await self.rt.metrics.count_llm_request(self._call_model(spec, llm, memory, tool_rounds))
-                ).message
-                used = pending.usage.total if pending.usage else 0
-                total_tokens += used
-                merged = await self._append_reply(pending, used)
+                pending, merged = await self._model_step(spec, llm, memory, progress, deadline)
             message, pending = pending, None
             if not message.tool_calls:
-                if merged is None:
-                    merged = await self.attempt.drain_inbox(closing=True)
-                if await self._announce_merged(merged):
+                if await self._took_merged(merged):
                     continue  # a merged user message arrived: answer it in this turn
                 return message
-            pending = await self._run_tools(spec, iterations, message.tool_calls)  # a `_done` final message
-            tool_rounds += 1
+            pending = await self._run_tools(spec, progress.iterations, message.tool_calls)  # a `_done` final message
+            progress.tool_rounds += 1
+
+    async def _resume(self, start: int, fresh: bool) -> tuple[_Progress, AssistantMessage | None]:
+        """The counts of the steps this turn completed before (none when ``fresh``), and its last model
+        reply when nothing followed it yet (its tool round, or its end, is next; None: a model call is)."""
+        done = [] if fresh else (await self.store.read(start + 1)).messages
+        replies = [m for m in done if isinstance(m, AssistantMessage)]
+        pending = done[-1] if done and isinstance(done[-1], AssistantMessage) else None
+        progress = _Progress(
+            iterations=len(replies),
+            total_tokens=sum(m.usage.total for m in replies if m.usage),
+            tool_rounds=sum(1 for m in replies if m.tool_calls and m is not pending),
+        )
+        return progress, pending
+
+    async def _model_step(
+        self, spec: AgentSpec, llm: LlmClient, memory: MemoryContext, progress: _Progress, deadline: float | None
+    ) -> tuple[AssistantMessage, list[bytes] | None]:
+        """One model step: begin it (:meth:`_begin_step`), check the stop conditions, call the model and
+        append its reply. Returns the reply and, for a final answer, the user messages the closing drain
+        merged into the turn (:meth:`_append_reply`; None for a reply with tool calls)."""
+        tree = await self._begin_step(spec)
+        progress.iterations += 1
+        self._check_limits(spec, progress.iterations, tree, progress.total_tokens, deadline)
+        reply = (
+            await self.rt.metrics.count_llm_request(self._call_model(spec, llm, memory, progress.tool_rounds))
+        ).message
+        used = reply.usage.total if reply.usage else 0
+        progress.total_tokens += used
+        return reply, await self._append_reply(reply, used)
+
+    async def _took_merged(self, merged: list[bytes] | None) -> bool:
+        """After a final answer: close the inbox (unless ``merged``, the closing drain, rode along with
+        the reply's append already) and announce the user messages merged into the turn; True when
+        there were some, which this turn then answers too."""
+        if merged is None:
+            merged = await self.attempt.drain_inbox(closing=True)
+        return await self._announce_merged(merged)
 
     def _memory_context(self, llm: LlmClient, start: int) -> MemoryContext:
         """What the agent's memory may use at each step (seed §13.1): the history, a summary call, events."""

@@ -65,7 +65,7 @@ class ToolRoute:
 
 
 #: Runs a routed call's job: its outcome and whether it was produced here (else the tool worker published it).
-Runner = Callable[[ToolJob, ToolRoute], Awaitable[tuple[ToolOutcome, bool]]]
+RunCall = Callable[[ToolJob, ToolRoute], Awaitable[tuple[ToolOutcome, bool]]]
 #: Logs a warning once per process for a key (:meth:`smith_worker.skills.SkillCatalog.warn_once`).
 WarnOnce = Callable[..., None]
 
@@ -98,7 +98,7 @@ class Layer:
     source_id: str
     owner: str
     requires: Callable[[str], str]
-    run: Runner
+    run: RunCall
     skill: str = ""
 
 
@@ -110,7 +110,7 @@ class Toolset:
         self._layers = list(layers)
         self._default_timeout = default_timeout
         self._warn = warn
-        self._runners = {layer.source_id: layer.run for layer in self._layers}
+        self._run_by_source = {layer.source_id: layer.run for layer in self._layers}
 
     async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:
         """The schemas sent to the model this step: every layer's, a name once (see the module doc).
@@ -150,10 +150,10 @@ class Toolset:
 
     async def run(self, job: ToolJob, route: ToolRoute | None) -> tuple[ToolOutcome, bool]:
         """Run ``job`` as ``route`` says (:meth:`route` of its call's name): its outcome, and whether it was
-        produced here (True) or by a tool worker, which published it. Raises what the runner raises."""
+        produced here (True) or by a tool worker, which published it. Raises what the source's ``run`` raises."""
         if route is None:
             return ToolOutcome(content=error_content(f"unknown tool: {job.call.name}"), is_error=True), True
-        return await self._runners[route.source](job, route)
+        return await self._run_by_source[route.source](job, route)
 
 
 class AgentTools(Protocol):
@@ -193,7 +193,7 @@ def step_toolset(
     agent: AgentTools,
     skills: Sequence[Skill],
     subagents: RunsHere,
-    run_job: Runner,
+    run_job: RunCall,
     warn: WarnOnce,
 ) -> Toolset:
     """The toolset of one step of ``agent``: its layers in the module doc's order.

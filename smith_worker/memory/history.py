@@ -69,7 +69,6 @@ class ConversationStore:
     """Read one conversation's messages by absolute position. Turns write them through their
     fenced :class:`~smith_worker.turn.attempt.TurnAttempt`, so a stale attempt cannot.
 
-    ``bytes_read`` counts the stored-form bytes this object has read (for benchmarks).
     ``lists`` reads another message list and its trimmed counter instead (a
     sub-agent's, :mod:`smith_worker.agent.subagents`). ``expected_end()`` is where the
     running attempt's own writes left the history's end (None: not known yet):
@@ -94,7 +93,6 @@ class ConversationStore:
         self._max_bytes = max_bytes
         self._keys = lists or (keys.history(conversation_id), keys.history_trimmed(conversation_id))
         self._expected_end = expected_end
-        self.bytes_read = 0
 
     async def read(self, first: int, end: int | None = None) -> HistorySlice:
         """Messages at positions ``first`` (clamped to the oldest stored) up to ``end`` (exclusive; None = all)."""
@@ -120,5 +118,4 @@ class ConversationStore:
         expected = self._expected_end() if self._expected_end is not None else None
         if expected is not None and base + length != expected:
             raise StaleAttemptError(f"history ends at {base + length}, this attempt's writes left it at {expected}")
-        self.bytes_read += sum(len(item) for item in items)
         return HistorySlice(base + index, messages_from_json_list(items), base, base + length)

@@ -1,7 +1,7 @@
 """Whether this worker process can reach Redis now, and how it waits for Redis to come back.
 
 A worker outlives Redis (docs/architecture.md, Fault model): every loop that talks to Redis (arq's
-polling, the reply listener, the sweeper, heartbeats) reports its successes
+polling, the worker's subscription, the sweeper, heartbeats) reports its successes
 and failures to one :class:`RedisHealth` per process. That is the process's
 *readiness*: ``ready`` is False from the first failed Redis command until the
 next one that succeeds. *Liveness* stays process-local (the event loop runs),

@@ -47,47 +47,24 @@ from typing import Any, cast
 from arq.connections import ArqRedis, log_redis_info
 from arq.worker import Worker, func
 
-from smith_client.errors import InvalidRequestError
-from smith_client.jobs import RUN_TOOL, RUN_TURN, TurnJob
 from smith_client.keys import Keys
 from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
-from smith_worker.ops.redaction import redact_error
 from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS, RedisHealth
 from smith_worker.queue.arq_internals import check_arq
 from smith_worker.queue.claim import ClaimedJob, claim_jobs, confirm_claims, hand_over, take_handed_over
 from smith_worker.queue.pickup import POP_MARGIN, Pickup
-from smith_worker.runtime import Queue, TurnServices, WorkerRuntime
-from smith_worker.tool_worker.job import run_tool
-from smith_worker.turn.lifecycle import TurnRunner, fail_unreadable_turn
-from smith_worker.turn.sweeper import sweep_forever
+from smith_worker.runtime import Queue, WorkerRole, WorkerRuntime
+from smith_worker.tool_worker.role import ToolRole
+from smith_worker.turn.role import TurnRole
 
 logger = logging.getLogger("agent_smith.worker")
 
 #: Minimum ``queue_read_limit`` (arq-notes.md §4.2: at least 2x the fleet's concurrency on the queue).
 MIN_QUEUE_READ_LIMIT = 1000
-#: Seconds arq's job timeout adds to ``SMITH_TURN_JOB_TIMEOUT``, so the turn's own bound fires first
-#: and has time to write its terminal event.
-TURN_TIMEOUT_GRACE = 30.0
-#: Seconds a stopping tool worker waits for running tool calls (arq ``job_completion_wait``); deploy/
-#: manifests give the process longer than this between SIGTERM and SIGKILL.
-TOOL_JOB_COMPLETION_WAIT = 10
-
-
-async def run_turn(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
-    """arq job function: run one turn. A malformed payload fails the turn, never the worker."""
-    rt: WorkerRuntime = ctx["runtime"]
-    services: TurnServices = ctx["turn_services"]
-    try:
-        job = TurnJob.model_validate(payload)
-    except ValueError as exc:
-        turn_id = str(payload.get("turn_id", "")) if isinstance(payload, dict) else ""
-        if turn_id:
-            error = InvalidRequestError(f"malformed turn payload: {exc}", field="payload")
-            await fail_unreadable_turn(rt, turn_id, redact_error(error))
-        return
-    await TurnRunner(rt, services, job, ctx["job_id"]).run()
+#: The role of a worker on each queue.
+ROLES: dict[Queue, type[WorkerRole]] = {"turns": TurnRole, "tools": ToolRole}
 
 
 class SmithWorker(Worker):
@@ -125,13 +102,12 @@ class SmithWorker(Worker):
 
     def handle_sig(self, signum: signal.Signals) -> None:
         """arq's immediate stop (turn workers' SIGTERM / SIGINT), noting a termination; every running
-        turn is then sure to be handed off (:meth:`~smith_worker.turn.lifecycle.TurnRunner.hand_off_soon`)."""
+        turn is then sure to be handed off (:meth:`~smith_worker.turn.lifecycle.TurnExecution.hand_off_soon`)."""
         self._note_signal(signum)
         super().handle_sig(signum)
         runtime = self.ctx.get("runtime")
-        services = runtime.turn_services if runtime is not None else None
-        for turn in list(services.running_turns.values()) if services is not None else []:
-            turn.hand_off_soon()
+        if runtime is not None:
+            runtime.role.stop_now()
 
     def handle_sig_wait_for_completion(self, signum: signal.Signals) -> None:
         """arq's stop after running jobs (tool workers' SIGTERM / SIGINT, and the drain), noting a termination."""
@@ -260,42 +236,28 @@ class SmithWorker(Worker):
         await self.run_job(job.job_id, job.score)
 
 
-def warn_if_nothing_to_serve(app: SmithApp, queue: Queue) -> None:
-    """Log a warning when ``app`` gives a worker on ``queue`` nothing to do: a turn worker without agents
-    (clients asking for any agent get ``UnknownAgentError``), a tool worker without tools (no Python tool,
-    tool source or skill). A tools-only app is right for tool workers, so only the turns queue needs agents.
-    """
-    if queue == "turns" and not app.agents:
-        logger.warning("the app declares no agents: this turn worker serves none (declare one with app.agent(...))")
-    if queue == "tools" and not (len(app.tools) or app.sources or app.skills.names()):
-        logger.warning("the app declares no tools, tool sources or skills: this tool worker has nothing to run")
-
-
 def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> SmithWorker:
-    """A :class:`SmithWorker` serving ``queue`` for ``app``. ``overrides`` go to ``Worker(...)``.
+    """A :class:`SmithWorker` serving ``queue`` for ``app``, in the role of that queue (:data:`ROLES`).
+    ``overrides`` go to ``Worker(...)``.
 
     Raises :class:`~smith_client.errors.ConfigurationError` for an arq other than the one its internals
     were read from (:func:`~smith_worker.queue.arq_internals.check_arq`), for an agent's bad ``subagents`` (seed §14.1)
-    and, on the turns queue, for LLM settings that are invalid for any agent (``SMITH_LLM_TOOL_CALLING``,
-    an agent's ``llm`` override), so the worker exits at start rather than failing every turn. Logs a
-    warning when the app gives the queue nothing to serve (:func:`warn_if_nothing_to_serve`).
+    and for settings the role cannot run with (:meth:`~smith_worker.runtime.WorkerRole.check`: a turn worker's
+    LLM settings), so the worker exits at start rather than failing every job. Logs a warning when the app
+    gives the role nothing to serve.
     """
     check_arq()
     app.resolve_subagents()
-    warn_if_nothing_to_serve(app, queue)
     settings = settings or app.settings
-    if queue == "turns":
-        for spec in app.agents.values():
-            settings.llm_config(spec.llm)
+    role = ROLES[queue]()
+    role.check(app, settings)
     redis = settings.connect_redis()
-    runtime = WorkerRuntime(app=app, queue=queue, settings=settings, redis=redis)
+    runtime = WorkerRuntime(app=app, role=role, settings=settings, redis=redis)
+    job = role.job(settings, runtime.keys)
 
     async def on_startup(ctx: dict[str, Any]) -> None:
         ctx["runtime"] = runtime
         await runtime.start()
-        ctx["turn_services"] = runtime.turn_services
-        if queue == "turns":  # crash recovery: re-enqueue turns whose worker stopped renewing their lease
-            runtime.run_in_background(sweep_forever(redis, runtime.keys))
 
     async def on_shutdown(ctx: dict[str, Any]) -> None:
         await runtime.stop()
@@ -308,30 +270,23 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         runtime.queue_name,
         settings.fallback_poll,
         runtime.health,
-        runtime.keys.tool_aborts_channel if queue == "tools" else None,
+        job.aborts_channel,
         capset=runtime.capability_set.digest,
     )
-    if queue == "turns":
-        # the turn bounds itself by turn_job_timeout (a typed failure); arq's cancel is only a backstop
-        timeout = settings.turn_job_timeout + TURN_TIMEOUT_GRACE
-        functions = [func(run_turn, name=RUN_TURN, timeout=timeout, max_tries=3, keep_result=0)]
-        max_jobs, completion_wait = settings.turn_max_jobs, 0
-    else:
-        functions = [func(run_tool, name=RUN_TOOL, timeout=settings.tool_job_timeout, max_tries=1, keep_result=60)]
-        max_jobs = settings.tool_max_jobs
-        completion_wait = TOOL_JOB_COMPLETION_WAIT
     options: dict[str, Any] = {
-        "functions": functions,
+        "functions": [
+            func(job.function, name=job.name, timeout=job.timeout, max_tries=job.max_tries, keep_result=job.keep_result)
+        ],
         "queue_name": runtime.queue_name,
         "redis_pool": redis,
         "on_startup": on_startup,
         "on_shutdown": on_shutdown,
-        "max_jobs": max_jobs,
+        "max_jobs": job.max_jobs,
         "poll_delay": settings.fallback_poll,  # arq's own use left: its cron window
-        "queue_read_limit": max(MIN_QUEUE_READ_LIMIT, 4 * max_jobs),
-        "allow_abort_jobs": queue == "tools",
+        "queue_read_limit": max(MIN_QUEUE_READ_LIMIT, 4 * job.max_jobs),
+        "allow_abort_jobs": job.aborts_channel is not None,
         "health_check_interval": 10,
-        "job_completion_wait": completion_wait,
+        "job_completion_wait": job.completion_wait,
         "job_serializer": job_serializer,
         "job_deserializer": job_deserializer,
     }

@@ -1,1 +1,1 @@
-"""The tool worker's side of a tool call: the ``run_tool`` job."""
+"""The tool worker's side of a tool call: its role (queue, job, sync-tool pools) and the ``run_tool`` job."""

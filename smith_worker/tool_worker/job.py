@@ -37,7 +37,7 @@ STORE_TOOL_RESULT = LuaScript("store_tool_result", __package__)
 
 logger = logging.getLogger("agent_smith.tool")
 
-#: Seconds past a call's budget before the runner stops waiting for a source that ignores its own timeout.
+#: Seconds past a call's budget before the tool worker stops waiting for a source that ignores its own timeout.
 TIMEOUT_GUARD = 0.5
 
 
@@ -104,7 +104,7 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     job = ToolJob.model_validate(payload)
     started = time.monotonic()
     # one round trip: is it answered already, and mark who runs it (lets a resumed
-    # turn tell a live runner from a dead one)
+    # turn tell a live tool worker from a dead one)
     start = RoundTrip()
     answered = start.call("exists", job.result_key, parse=bool)
     start.call("set", rt.keys.tool_started(job.turn_id, job.step, job.index, job.position), rt.worker_id,

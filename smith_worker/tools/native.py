@@ -1,4 +1,4 @@
-"""The app's Python tools as a tool source, so the loop and the tool runner treat every tool alike.
+"""The app's Python tools as a tool source, so the loop and the tool worker treat every tool alike.
 
 :class:`NativeTools` wraps a :class:`~smith_worker.tools.function.ToolRegistry` in the
 :class:`~smith_worker.tools.source.ToolSource` protocol (compare pydantic-ai's

@@ -71,7 +71,7 @@ class SourceContext:
 
 @runtime_checkable
 class ToolSource(Protocol):
-    """What the loop and the tool runner need from a source of tools."""
+    """What the loop and the tool worker need from a source of tools."""
 
     name: str
 

@@ -6,7 +6,7 @@ concurrently (seed §10.4). Waiting does not use arq's ``Job.result()``, which
 polls every 0.5 s (arq-notes.md §1.5): the tool worker stores the outcome
 under the call's result key and publishes that key, with the outcome when it
 is small (:func:`~smith_client.jobs.parse_reply`), on the turn worker's reply
-channel; one :class:`ReplyListener` per process wakes the waiter, which reads
+channel; one :class:`WorkerSubscription` per process wakes the waiter, which reads
 the key only when the message did not carry the outcome. The waiter also
 re-reads the key every ``recheck_interval`` seconds, which covers a lost
 pub/sub message (arq-notes.md §4.1). The key stays the durable record: the
@@ -57,7 +57,7 @@ LISTEN_BOUND = 5.0
 
 
 class Reply:
-    """The wake-up of one waiter of a tool call (see :meth:`ReplyListener.register`)."""
+    """The wake-up of one waiter of a tool call (see :meth:`WorkerSubscription.register`)."""
 
     def __init__(self) -> None:
         self._announced = asyncio.Event()
@@ -77,7 +77,7 @@ class Reply:
         return ToolOutcome.model_validate_json(self._outcome) if self._outcome else None
 
 
-class ReplyListener:
+class WorkerSubscription:
     """One pub/sub subscription per turn-worker process.
 
     It wakes the waiters of finished tool jobs (messages on ``channel`` name a
@@ -209,21 +209,21 @@ class ToolJobWaiter:
         self,
         redis: Redis,
         keys: Keys,
-        listener: ReplyListener,
+        subscription: WorkerSubscription,
         *,
         pickup_grace: float = 10.0,
         recheck_interval: float = 1.0,
     ) -> None:
         self._redis = redis
         self._keys = keys
-        self._listener = listener
+        self._subscription = subscription
         self._grace = pickup_grace
         self._recheck = recheck_interval
 
     async def run(self, job: ToolJob, requires: str = "") -> tuple[ToolOutcome, bool]:
         """Return ``(outcome, produced_here)``; ``produced_here`` is True when this side wrote the outcome (a
         timeout, or an unknown-tool error when no live tool worker serves ``requires``, "" for any worker)."""
-        reply = self._listener.register(job.result_key)
+        reply = self._subscription.register(job.result_key)
         job_id = self._keys.tool_job_id(job.turn_id, job.step, job.index, job.position)
         try:
             enqueued = await self._enqueue(job, job_id, requires)
@@ -246,7 +246,7 @@ class ToolJobWaiter:
             )
             return await self._give_up(job, job_id, reason)
         finally:
-            self._listener.discard(job.result_key)
+            self._subscription.discard(job.result_key)
 
     async def _enqueue(self, job: ToolJob, job_id: str, requires: str) -> Enqueued:
         """Enqueue the call's job for a tool worker serving ``requires``, unless the call is answered or no
@@ -273,7 +273,7 @@ class ToolJobWaiter:
                 outcome = await self._stored(job.result_key)
             if outcome is not None:
                 return outcome, job_id
-            if await self._runner_died(job):
+            if await self._tool_worker_died(job):
                 if not job.idempotent or not await self._may_rerun(job):
                     return None, ""  # never silently re-run a call that may have had effects
                 job_id = self._keys.tool_rerun_job_id(job.turn_id, job.step, job.index, now_ms(), job.position)
@@ -295,7 +295,7 @@ class ToolJobWaiter:
         await rt.run(self._redis)
         return reruns.value <= MAX_IDEMPOTENT_RERUNS
 
-    async def _runner_died(self, job: ToolJob) -> bool:
+    async def _tool_worker_died(self, job: ToolJob) -> bool:
         """True when the call was started by a tool worker whose registration has expired (it died)."""
         started = self._keys.tool_started(job.turn_id, job.step, job.index, job.position)
         worker = await self._redis.get(started)

@@ -1,2 +1,2 @@
-"""A turn on its worker: the lifecycle (attempts, cancel, hand-off, the terminal write), the attempt's fenced state
-and lease, and the crash-recovery sweeper."""
+"""A turn on its worker: the turn worker's role (queue, job, services), the lifecycle (attempts, cancel, hand-off,
+the terminal write), the attempt's fenced state and lease, and the crash-recovery sweeper."""

@@ -1,6 +1,6 @@
 """One turn's lifecycle on a turn worker: take an attempt, run the loop, end it exactly once.
 
-:class:`TurnRunner` begins an attempt (:mod:`smith_worker.turn.attempt`), parks
+:class:`TurnExecution` begins an attempt (:mod:`smith_worker.turn.attempt`), parks
 the turn while an earlier turn of its conversation is unfinished, runs
 :class:`~smith_worker.agent.loop.AgentLoop`, and ends the turn with one terminal
 event: ``turn.completed``, ``turn.failed`` (every failure, typed), or
@@ -9,10 +9,10 @@ calls answered). When the worker shuts down it hands the turn off instead;
 when its lease was lost, or Redis failed, it stops without writing (the
 sweeper resumes it). ``SMITH_TURN_JOB_TIMEOUT`` ends the turn with
 ``SmithTimeoutError`` (operation ``turn.job``). A turn never raises out of
-:meth:`TurnRunner.run`, so the worker keeps serving.
+:meth:`TurnExecution.run`, so the worker keeps serving.
 
 The attempt limit counts only the attempts a turn can be blamed for, so bad luck never fails a turn
-while a turn that kills its worker still stops (:meth:`TurnRunner._check_attempts`):
+while a turn that kills its worker still stops (:meth:`TurnExecution._check_attempts`):
 
 * a worker that died (or lost Redis past its lease) while it ran this turn alone: a crash, counted;
   ``SMITH_TURN_MAX_ATTEMPTS`` (3) of them fail the turn with ``TurnAttemptsExhausted``;
@@ -50,7 +50,7 @@ from smith_client.events import (
 from smith_client.jobs import ToolOutcome, TurnJob
 from smith_client.messages import AssistantMessage, ToolMessage
 from smith_client.roundtrip import RoundTrip
-from smith_worker.agent.context import AgentContext, CancelRequested
+from smith_worker.agent.context import AgentContext, CancelRequested, TurnServices
 from smith_worker.agent.loop import AgentLoop
 from smith_worker.app import AgentSpec
 from smith_worker.hooks import fire
@@ -60,7 +60,7 @@ from smith_worker.memory.pairing import REPAIR_SCAN, pending_repair
 from smith_worker.ops.heap import collect_soon
 from smith_worker.ops.redaction import redact_error
 from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS
-from smith_worker.runtime import TurnServices, WorkerRuntime
+from smith_worker.runtime import WorkerRuntime
 from smith_worker.tools.function import error_content
 from smith_worker.tools.waiter import settle_call
 from smith_worker.turn.attempt import FAIL_UNREAD, TurnAttempt, park, queue_head, wake_head, woken
@@ -77,7 +77,7 @@ OUTAGE_RETRY = 1.0
 SHARED_CRASH_FACTOR = 3
 
 
-class TurnRunner:
+class TurnExecution:
     """Runs one attempt of one :class:`TurnJob` on a turn worker (see the module docstring)."""
 
     def __init__(self, rt: WorkerRuntime, services: TurnServices, job: TurnJob, job_id: str = "") -> None:

@@ -26,7 +26,8 @@ from smith_worker.config import Settings
 from smith_worker.local.processes import ManagedProcess
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
-from smith_worker.turn.lifecycle import TurnRunner
+from smith_worker.turn.lifecycle import TurnExecution
+from smith_worker.turn.role import TurnRole
 from tests.conftest import LOGS
 from tests.support.app import app as test_app
 
@@ -233,11 +234,12 @@ async def _run_with_state(
                       message=UserMessage(content=f"{scenario_marker} hi"), submitted_at=time.time())
         await submit(client, job, "enqueue")
         await client.redis.hset(client.keys.turn_state(job.turn_id), mapping=state)
-        rt = WorkerRuntime(app=test_app, queue="turns", settings=settings, redis=client.redis)
+        role = TurnRole()
+        rt = WorkerRuntime(app=test_app, role=role, settings=settings, redis=client.redis)
         await rt.start()
         try:
-            assert rt.turn_services is not None  # a started turns runtime has them
-            await TurnRunner(rt, rt.turn_services, job).run()
+            assert role.services is not None  # a started turn role has them
+            await TurnExecution(rt, role.services, job).run()
         finally:
             await rt.stop()
         return [e.type for e in await client.events.read(job.turn_id)], await client.turn(job.turn_id).state()

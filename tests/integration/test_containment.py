@@ -131,7 +131,7 @@ async def test_a_tool_result_landing_between_attempts_is_published_exactly_once(
 
 async def test_sigterm_ends_a_tool_worker_with_an_overrunning_thread(redis_url, scripted_llm, scenario):
     """QA: a sync tool sleeping an hour past its timeout must not keep a SIGTERMed tool worker alive."""
-    from smith_worker.queue.worker import TOOL_JOB_COMPLETION_WAIT
+    from smith_worker.tool_worker.role import TOOL_JOB_COMPLETION_WAIT
 
     prefix = f"overrun{uuid.uuid4().hex[:6]}"
     env = worker_env(redis_url, prefix, scripted_llm.base_url)
@@ -158,7 +158,7 @@ async def test_sigterm_ends_a_tool_worker_with_an_overrunning_thread(redis_url, 
 async def test_sigterm_during_a_drain_to_restart_ends_the_worker_instead_of_re_executing(
         redis_url, scripted_llm, scenario):
     """A tool worker draining to restart (overrun limit) that gets SIGTERM exits: no re-exec, no hang."""
-    from smith_worker.queue.worker import TOOL_JOB_COMPLETION_WAIT
+    from smith_worker.tool_worker.role import TOOL_JOB_COMPLETION_WAIT
 
     prefix = f"drainterm{uuid.uuid4().hex[:6]}"
     env = worker_env(redis_url, prefix, scripted_llm.base_url, SMITH_TOOL_MAX_OVERRUNS="1")

@@ -26,6 +26,7 @@ from smith_worker.config import Settings
 from smith_worker.local.processes import ManagedProcess, free_port, redis_answers, start_redis_server, wait_until
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
+from smith_worker.tool_worker.role import ToolRole
 from tests.conftest import LOGS
 
 pytestmark = [pytest.mark.integration]
@@ -230,7 +231,7 @@ async def test_start_up_warns_when_redis_may_evict(outage_redis, caplog):
     """A worker's start-up check: any maxmemory-policy but noeviction is logged as a warning."""
     settings = Settings(redis_url=outage_redis.url, prefix=f"evict{uuid.uuid4().hex[:6]}")
     async with SmithClient.from_url(outage_redis.url) as client:
-        runtime = WorkerRuntime(app=SmithApp(), queue="tools", settings=settings, redis=client.redis)
+        runtime = WorkerRuntime(app=SmithApp(), role=ToolRole(), settings=settings, redis=client.redis)
         for policy, warned in (("allkeys-lru", True), ("noeviction", False)):
             await client.redis.config_set("maxmemory-policy", policy)
             caplog.clear()

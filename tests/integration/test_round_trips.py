@@ -20,7 +20,7 @@ import redis.asyncio
 from smith_client.jobs import REPLY_INLINE_MAX, ToolJob, ToolOutcome
 from smith_client.messages import ToolCall, ToolMessage
 from smith_worker.testing import Reply, Script
-from smith_worker.tools.waiter import ReplyListener, ToolJobWaiter
+from smith_worker.tools.waiter import ToolJobWaiter, WorkerSubscription
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 
@@ -177,17 +177,17 @@ async def test_an_oversized_outcome_is_announced_bare_and_read_from_its_key(clie
 async def test_an_answered_call_is_read_from_its_key_and_not_enqueued_again(client):
     """What a resumed turn does with a call answered before its turn worker died: the enqueue says "answered"."""
     keys, turn_id = client.keys, f"answered-{uuid.uuid4().hex[:8]}"
-    listener = ReplyListener(client.redis, keys.worker_replies_channel(f"test-{turn_id}"))
+    subscription = WorkerSubscription(client.redis, keys.worker_replies_channel(f"test-{turn_id}"))
     job = ToolJob(turn_id=turn_id, conversation_id=f"c-{turn_id}", agent="default", step=1, index=0,
                   call=ToolCall(id="call-1", name="add", arguments={"a": 1, "b": 2}), timeout=5.0,
-                  reply_channel=listener.channel, result_key=keys.tool_result(turn_id, 1, 0))
+                  reply_channel=subscription.channel, result_key=keys.tool_result(turn_id, 1, 0))
     answered = ToolOutcome(content="3", worker="a tool worker gone since")
     await client.redis.set(job.result_key, answered.model_dump_json(), ex=60)
-    await listener.start()
+    await subscription.start()
     try:
-        assert await ToolJobWaiter(client.redis, keys, listener).run(job) == (answered, False)
+        assert await ToolJobWaiter(client.redis, keys, subscription).run(job) == (answered, False)
     finally:
-        await listener.stop()
+        await subscription.stop()
     job_id = keys.tool_job_id(turn_id, 1, 0)
     assert not await client.redis.exists(keys.arq_job(job_id), keys.arq_result(job_id))  # never enqueued
 

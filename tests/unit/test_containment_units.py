@@ -30,6 +30,7 @@ from smith_worker.ops.redaction import (
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.testing import Reply, ScriptedLlmServer, scenario_marker, sse_frame
 from smith_worker.tools.waiter import abort_job
+from smith_worker.turn.role import TurnRole
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,7 @@ def test_runtime_registers_the_redis_password_and_llm_credentials():
     app = SmithApp(settings)
     app.agent("other", llm={"api_key": f"agent-{key}"})
     app.mcp_server("remote", url="http://127.0.0.1:1/mcp", bearer_token=f"mcp-{key}", headers={"X-Api-Key": f"hdr-{key}"})
-    rt = WorkerRuntime(app=app, queue="turns", settings=settings, redis=fakeredis.FakeAsyncRedis())
+    rt = WorkerRuntime(app=app, role=TurnRole(), settings=settings, redis=fakeredis.FakeAsyncRedis())
     rt.protect_secrets()
     assert {redis_pw, llm_pw, key, f"agent-{key}", f"mcp-{key}", f"hdr-{key}"} <= registered_secrets()
 

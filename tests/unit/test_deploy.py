@@ -25,7 +25,7 @@ from smith_client.keys import Keys
 from smith_client.settings import env_name
 from smith_worker.config import Settings
 from smith_worker.health import HEARTBEAT_MAX_AGE
-from smith_worker.queue.worker import TOOL_JOB_COMPLETION_WAIT
+from smith_worker.tool_worker.role import TOOL_JOB_COMPLETION_WAIT
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -1,15 +1,15 @@
-"""TurnRunner.hand_off_soon: a turn still running after a worker's immediate stop is cancelled directly."""
+"""TurnExecution.hand_off_soon: a turn still running after a worker's immediate stop is cancelled directly."""
 
 from __future__ import annotations
 
 import asyncio
 
 from smith_worker.turn import lifecycle as turn_module
-from smith_worker.turn.lifecycle import TurnRunner
+from smith_worker.turn.lifecycle import TurnExecution
 
 
-def runner(task: asyncio.Task[None]) -> TurnRunner:
-    made = object.__new__(TurnRunner)  # only the hand-off state is exercised
+def execution(task: asyncio.Task[None]) -> TurnExecution:
+    made = object.__new__(TurnExecution)  # only the hand-off state is exercised
     made._task, made._ending = task, False
     return made
 
@@ -29,7 +29,7 @@ async def test_a_turn_whose_cancel_was_lost_is_cancelled_after_the_check(monkeyp
     await asyncio.sleep(0)
     task.cancel()
     await lost.wait()
-    runner(task).hand_off_soon()
+    execution(task).hand_off_soon()
     await asyncio.sleep(0.05)
     assert task.cancelled()
 
@@ -37,7 +37,7 @@ async def test_a_turn_whose_cancel_was_lost_is_cancelled_after_the_check(monkeyp
 async def test_a_turn_already_handing_off_is_not_cancelled_again(monkeypatch):
     monkeypatch.setattr(turn_module, "HANDOFF_CHECK", 0.01)
     task = asyncio.ensure_future(asyncio.sleep(0.2))
-    ending = runner(task)
+    ending = execution(task)
     ending._ending = True
     ending.hand_off_soon()
     await asyncio.sleep(0.05)

@@ -19,7 +19,8 @@ import smith_worker.demo as demo_package
 from smith_worker import Hooks, SmithApp
 from smith_worker.config import Settings
 from smith_client.connection import connect_redis
-from smith_worker.runtime import WorkerRuntime
+from smith_worker.queue.worker import ROLES
+from smith_worker.runtime import Queue, WorkerRuntime
 from smith_worker.tools.function import ToolContext
 from tests.support.mcp_helpers import eventually_async, exists, lab_config
 
@@ -40,9 +41,9 @@ def build_app(prefix: str, redis_url: str, heard: list, extra_lab: bool = False)
     return app
 
 
-async def runtime(app: SmithApp, queue: str) -> WorkerRuntime:
+async def runtime(app: SmithApp, queue: Queue) -> WorkerRuntime:
     """A runtime whose sources were started (as at worker start-up), without the rest of its start."""
-    rt = WorkerRuntime(app=app, queue=queue, settings=app.settings, redis=connect_redis(app.settings.redis_url))
+    rt = WorkerRuntime(app=app, role=ROLES[queue](), settings=app.settings, redis=connect_redis(app.settings.redis_url))
     for source in app.sources.values():
         await source.start(rt.source_context())
     return rt

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from smith_worker import Skill, SmithApp
 from smith_worker.agent.toolset import ToolRoute, step_toolset
-from smith_worker.routing import capabilities, capability_digest
+from smith_worker.routing import capability_digest, tool_capabilities, turn_capabilities
 from tests.unit.test_toolset import FakeSubAgents, Jobs
 
 
@@ -63,7 +63,7 @@ def runs(app: SmithApp, found: ToolRoute | None) -> bool:
 
 def test_every_call_a_tool_worker_runs_requires_something_its_set_holds():
     app = v2_app()
-    served = capabilities(app, "tools")
+    served = tool_capabilities(app)
     for skill, name, agent in [*((s, n, "default") for s, n in CALLS), ("", "convert", "v2agent")]:
         found = route(app, skill, name, agent)
         assert runs(app, found) and found.requires in served, (skill, name)
@@ -75,19 +75,19 @@ def test_every_call_a_tool_worker_runs_requires_something_its_set_holds():
 def test_a_tool_only_v2_has_is_required_from_a_set_only_v2_workers_hold():
     v1, v2 = v1_app(), v2_app()
     found = route(v2, "", "convert", "v2agent")
-    assert found.requires == "tool:convert" and found.requires in capabilities(v2, "tools")
-    assert found.requires not in capabilities(v1, "tools") and not v1.native.owns("convert")
+    assert found.requires == "tool:convert" and found.requires in tool_capabilities(v2)
+    assert found.requires not in tool_capabilities(v1) and not v1.native.owns("convert")
     for skill, name in CALLS:  # the tools both versions have: both sets hold them
-        assert route(v2, skill, name).requires in capabilities(v1, "tools")
+        assert route(v2, skill, name).requires in tool_capabilities(v1)
 
 
 def test_turn_workers_serve_their_agents():
-    assert capabilities(v1_app(), "turns") == ["default"]
-    assert capabilities(v2_app(), "turns") == ["default", "v2agent"]
+    assert turn_capabilities(v1_app()) == ["default"]
+    assert turn_capabilities(v2_app()) == ["default", "v2agent"]
 
 
 def test_workers_of_one_version_share_a_set_and_versions_do_not():
     v1, v2 = v1_app(), v2_app()
-    assert capability_digest(capabilities(v1, "tools")) == capability_digest(reversed(capabilities(v1_app(), "tools")))
-    assert capability_digest(capabilities(v1, "tools")) != capability_digest(capabilities(v2, "tools"))
+    assert capability_digest(tool_capabilities(v1)) == capability_digest(reversed(tool_capabilities(v1_app())))
+    assert capability_digest(tool_capabilities(v1)) != capability_digest(tool_capabilities(v2))
     assert len(capability_digest([])) == 16

@@ -68,7 +68,7 @@ class FakeSubAgents:
 
 
 class Jobs:
-    """Records the calls run as tool jobs (what the loop's runner would enqueue)."""
+    """Records the calls run as tool jobs (what the loop would enqueue)."""
 
     def __init__(self) -> None:
         self.enqueued: list[tuple[str, str]] = []

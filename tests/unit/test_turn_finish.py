@@ -1,5 +1,5 @@
 """A turn ends once: its status and its log's terminal event always agree (lua/finish.lua), on the
-session's real redis-server, through TurnRunner's own end paths."""
+session's real redis-server, through TurnExecution's own end paths."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from smith_client.messages import AssistantMessage
 from smith_client.roundtrip import RoundTrip
 from smith_worker.memory.history import ConversationStore
 from smith_worker.turn.attempt import TurnAttempt
-from smith_worker.turn.lifecycle import TurnRunner
+from smith_worker.turn.lifecycle import TurnExecution
 
 
 @pytest.fixture
@@ -28,8 +28,8 @@ async def redis(redis_url):
     await client.aclose()
 
 
-async def running_turn(redis, keys: Keys) -> TurnRunner:
-    """A queued turn taken by a real attempt, wrapped in a TurnRunner holding only what its end paths use."""
+async def running_turn(redis, keys: Keys) -> TurnExecution:
+    """A queued turn taken by a real attempt, wrapped in a TurnExecution holding only what its end paths use."""
     turn_id, conversation_id = f"t{uuid.uuid4().hex[:8]}", f"c{uuid.uuid4().hex[:8]}"
     await redis.hset(keys.turn_state(turn_id), mapping={record.STATUS: record.QUEUED, record.ATTEMPT: 0})
     await redis.rpush(keys.conversation_turns(conversation_id), turn_id)
@@ -39,14 +39,14 @@ async def running_turn(redis, keys: Keys) -> TurnRunner:
     outcome = attempt.queue_begin(begin)
     await begin.run(redis)
     assert outcome.value == "go"
-    runner = object.__new__(TurnRunner)
-    runner.rt = SimpleNamespace(
+    execution = object.__new__(TurnExecution)
+    execution.rt = SimpleNamespace(
         redis=redis, keys=keys, events=EventLog(redis, keys), metrics=SimpleNamespace(record_turn=lambda *_: None)
     )
-    runner.job = SimpleNamespace(turn_id=turn_id, conversation_id=conversation_id, agent="a")
-    runner.attempt, runner.agent_path, runner.ctx, runner._started = attempt, ["a"], None, 0.0
-    runner.store = ConversationStore(redis, keys, conversation_id)
-    return runner
+    execution.job = SimpleNamespace(turn_id=turn_id, conversation_id=conversation_id, agent="a")
+    execution.attempt, execution.agent_path, execution.ctx, execution._started = attempt, ["a"], None, 0.0
+    execution.store = ConversationStore(redis, keys, conversation_id)
+    return execution
 
 
 async def terminal_events(redis, keys: Keys, turn_id: str) -> list[str]:
@@ -60,21 +60,21 @@ async def test_a_cancel_landing_after_the_turn_completed_leaves_it_completed(red
     cancel path then ends the same attempt again. It must change nothing (it used to set the status to
     cancelled behind a logged turn.completed)."""
     keys = Keys(f"fin{uuid.uuid4().hex[:6]}")
-    runner = await running_turn(redis, keys)
+    execution = await running_turn(redis, keys)
     final = AssistantMessage(content="done")
-    await runner._finish(record.COMPLETED, record.RESULT, final.model_dump_json(), TurnCompletedData(message=final))
-    await runner._cancelled(None, "user")
-    state = await redis.hgetall(keys.turn_state(runner.job.turn_id))
+    await execution._finish(record.COMPLETED, record.RESULT, final.model_dump_json(), TurnCompletedData(message=final))
+    await execution._cancelled(None, "user")
+    state = await redis.hgetall(keys.turn_state(execution.job.turn_id))
     assert state[record.STATUS.encode()] == b"completed"
     assert record.CANCEL_REQUESTED.encode() not in state
-    assert await terminal_events(redis, keys, runner.job.turn_id) == ["turn.completed"]
+    assert await terminal_events(redis, keys, execution.job.turn_id) == ["turn.completed"]
 
 
 async def test_an_attempt_handed_back_cannot_end_the_queued_turn(redis):
     """After a hand-off the turn is queued for its next attempt: the old attempt's late end is fenced off."""
     keys = Keys(f"fin{uuid.uuid4().hex[:6]}")
-    runner = await running_turn(redis, keys)
-    await redis.hset(keys.turn_state(runner.job.turn_id), record.STATUS, record.QUEUED)
-    await runner._cancelled(None, "user")
-    assert await redis.hget(keys.turn_state(runner.job.turn_id), record.STATUS) == b"queued"
-    assert await terminal_events(redis, keys, runner.job.turn_id) == []
+    execution = await running_turn(redis, keys)
+    await redis.hset(keys.turn_state(execution.job.turn_id), record.STATUS, record.QUEUED)
+    await execution._cancelled(None, "user")
+    assert await redis.hget(keys.turn_state(execution.job.turn_id), record.STATUS) == b"queued"
+    assert await terminal_events(redis, keys, execution.job.turn_id) == []

@@ -1,4 +1,4 @@
--- Store a finished tool call's outcome and announce it, in one round trip (smith_worker/tool_runner.py).
+-- Store a finished tool call's outcome and announce it, in one round trip (smith_worker/tool_worker/job.py).
 -- KEYS: result key, reply channel, then publish.lua's KEYS for the tool.result event.
 -- ARGV: outcome JSON, result TTL seconds, largest outcome (bytes) the reply carries, then publish.lua's ARGV.
 -- First writer wins: when the result key exists (the turn gave up on the call, or another run stored
