@@ -1,4 +1,4 @@
-"""A turn worker's resident memory (RSS) under long histories and Redis restarts.
+"""A turn worker's resident memory (RSS) under long histories, Redis restarts and Redis stalls.
 
 Starts a private redis-server on a fixed port, the scripted chat-completions
 server and one real turn worker (``tests.support.app:app``, agent ``plain``:
@@ -13,9 +13,14 @@ RSS (``VmRSS`` of ``/proc/<pid>/status``) at each phase:
 * after: ``--settle`` seconds after they completed;
 * restarts: ``--restarts`` times, the same burst with Redis killed while all
   its turns wait for their model, started again empty on the same port 2 s
-  later; the RSS once the worker served a new turn and ``--settle`` seconds passed.
+  later; the RSS once the worker served a new turn and ``--settle`` seconds passed;
+* stalls: a steady stream of short turns (``--turns`` callers, each sending one turn after another over a
+  fresh conversation) for ``--load`` seconds, ``--calm`` times without a fault, then ``--stalls`` times
+  with Redis stopped (SIGSTOP) for ``--stop`` seconds in its middle and continued (SIGCONT); the RSS
+  ``--settle`` seconds after each phase's last turn ended. The calm phases show the drift of the load
+  itself, so a stall's figure beside them tells a step that stays from a growth that goes on.
 
-Usage: ``.venv/bin/python bench/worker_memory.py [--turns 20] [--messages 10000] [--restarts 3]``
+Usage: ``.venv/bin/python bench/worker_memory.py [--turns 20] [--messages 10000] [--restarts 3] [--stalls 3]``
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from smith_client.messages import AssistantMessage, UserMessage, message_to_json
 from smith_worker.local.processes import ManagedProcess, free_port, start_redis_server  # noqa: E402
 from smith_worker.testing import (  # noqa: E402
     Reply,
+    Script,
     ScriptedLlmServer,
     scenario_marker,
     start_workers,
@@ -129,7 +135,66 @@ async def served(url: str, prefix: str, llm: ScriptedLlmServer) -> None:
             await asyncio.sleep(0.5)
 
 
-async def main(turns: int, messages: int, restarts: int, settle: float) -> None:
+async def steady(url: str, prefix: str, llm: ScriptedLlmServer, callers: int, stop: asyncio.Event) -> int:
+    """``callers`` loops each sending one short turn after another (a fresh conversation each, agent
+    ``default``: one ``add`` call on the tool worker, then 100 streamed characters) until ``stop`` is set;
+    a turn that fails (Redis stopped under it) is followed by the next after 0.2 s. Returns the turns
+    completed."""
+    key = uuid.uuid4().hex[:10]
+    llm.add_scenario(
+        key, Script(Reply.tool_calls([("add", {"a": 17, "b": 23})]), Reply.text("fine " * 20, chunk_size=10))
+    )
+    completed = 0
+
+    async def caller() -> None:
+        nonlocal completed
+        async with SmithClient.from_url(url, prefix=prefix) as client:
+            while not stop.is_set():
+                try:
+                    conversation = uuid.uuid4().hex
+                    await client.send(f"{scenario_marker(key)} hi", conversation_id=conversation, timeout=30)
+                    completed += 1
+                except SmithError:
+                    await asyncio.sleep(0.2)
+
+    await asyncio.gather(*(caller() for _ in range(callers)))
+    llm.reset()
+    return completed
+
+
+async def stalls(
+    redis_proc: ManagedProcess, url: str, prefix: str, llm: ScriptedLlmServer, pid: int, args: argparse.Namespace
+) -> None:
+    """The stall phases (module docstring): ``--calm`` phases of steady load, then ``--stalls`` with Redis
+    stopped in their middle; prints the RSS after each."""
+    figures: list[int] = []
+    for number in range(1, args.calm + args.stalls + 1):
+        stop = asyncio.Event()
+        load = asyncio.create_task(steady(url, prefix, llm, args.turns, stop))
+        stalled = number > args.calm
+        if stalled:
+            await asyncio.sleep((args.load - args.stop) / 2)
+            redis_proc.signal(signal.SIGSTOP)
+            await asyncio.sleep(args.stop)
+            redis_proc.signal(signal.SIGCONT)
+            await asyncio.sleep((args.load - args.stop) / 2)
+        else:
+            await asyncio.sleep(args.load)
+        stop.set()
+        completed = await load
+        await asyncio.sleep(args.settle)
+        figures.append(rss_bytes(pid))
+        what = f"Redis stopped {args.stop:g} s in its middle" if stalled else "no fault"
+        print(
+            f"{args.load:g} s of {args.turns} callers' steady turns, {what}: {completed} turns completed; "
+            f"{figures[-1] / MIB:.1f} MiB {args.settle:g} s after"
+        )
+    steps = ", ".join(f"{(b - a) / MIB:+.1f}" for a, b in zip(figures, figures[1:], strict=False))
+    print(f"RSS per phase from the first: {steps} MiB ({args.calm} without a fault, then {args.stalls} stalls)")
+
+
+async def main(args: argparse.Namespace) -> None:
+    turns, messages, restarts, settle = args.turns, args.messages, args.restarts, args.settle
     port = free_port()
     redis_proc, url = start_redis_server(port)
     prefix = f"mem{uuid.uuid4().hex[:6]}"
@@ -175,6 +240,22 @@ async def main(turns: int, messages: int, restarts: int, settle: float) -> None:
                 f"({', '.join(f'{(b - a) / MIB:+.1f}' for a, b in zip(figures, figures[1:], strict=False))} MiB "
                 f"per restart); worker alive: {worker.alive()}"
             )
+            worker.stop()  # the stalls run on a worker that never held a long history: its heap is the load's
+            worker, tools = start_workers(
+                APP, worker_env(url, prefix, llm.base_url), ["turns", "tools"], prefix, log_dir=LOGS
+            )
+            try:
+                await wait_for_workers(url, prefix, 2)
+                await served(url, prefix, llm)
+                await asyncio.sleep(settle)
+                print(
+                    f"a new turn worker (and a tool worker) for the stalls, RSS idle: "
+                    f"{rss_bytes(worker.pid) / MIB:.1f} MiB"
+                )
+                await stalls(redis_proc, url, prefix, llm, worker.pid, args)
+                print(f"workers alive: {worker.alive() and tools.alive()}")
+            finally:
+                tools.stop()
         finally:
             worker.stop()
             redis_proc.stop()
@@ -194,5 +275,8 @@ if __name__ == "__main__":
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--restarts", type=int, default=3)
     parser.add_argument("--settle", type=float, default=8.0, help="seconds before each RSS reading after a phase")
-    args = parser.parse_args()
-    asyncio.run(main(args.turns, args.messages, args.restarts, args.settle))
+    parser.add_argument("--calm", type=int, default=2, help="steady-load phases without a fault")
+    parser.add_argument("--stalls", type=int, default=3, help="steady-load phases with Redis stopped")
+    parser.add_argument("--load", type=float, default=40.0, help="seconds of steady load per phase")
+    parser.add_argument("--stop", type=float, default=10.0, help="seconds Redis stays stopped in a stall")
+    asyncio.run(main(parser.parse_args()))
