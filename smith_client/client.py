@@ -3,7 +3,7 @@
 ``send()`` validates the request, subscribes to the turn's event channel
 *before* enqueueing (so no event is missed), enqueues ``run_turn`` on the turns
 queue with the turn id as the arq job id, and follows the events until
-``turn.completed`` or ``turn.failed`` (DESIGN.md §4 step 1).
+``turn.completed`` or ``turn.failed`` (docs/architecture.md, One turn, send to turn.completed).
 
 :class:`SmithClient` (asyncio) and :class:`~smith_client.sync_client.SyncSmithClient`
 (blocking, for WSGI apps) have the same methods, arguments and errors: each
@@ -102,7 +102,7 @@ class ClientBase:
         then raises :class:`SmithTimeoutError` (operation ``redis.pool``).
         ``turn_ttl`` / ``history_ttl`` (seconds) are the lifetimes of what the client
         writes (a turn's state, a conversation's FIFO and skills); None reads
-        ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL`` (defaults 24 h / 30 days, DESIGN.md §8).
+        ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL`` (defaults 24 h / 30 days, docs/architecture.md, Lifetimes).
         The client closes these connections when it is closed.
         """
         given = {"redis_url": redis_url, "prefix": prefix, "redis_socket_timeout": socket_timeout,

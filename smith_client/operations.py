@@ -6,7 +6,7 @@ clients run them with :mod:`smith_client.runners`.
 Following a turn combines the live pub/sub channel with the replay log: a gap
 in ``seq`` on the channel is filled from the log, duplicates are dropped, and
 when the channel is silent for :data:`POLL_INTERVAL` seconds the log is re-read,
-which covers a lost pub/sub message (DESIGN.md §5).
+which covers a lost pub/sub message (docs/architecture.md, Events).
 """
 
 from __future__ import annotations
@@ -156,9 +156,9 @@ def _catch_up(keys: Keys, turn_id: str, last: int, seen_any: bool) -> Operation[
 
 
 def _lost(turn_id: str, seen_any: bool) -> None:
-    """Raise :class:`TurnNotFoundError`: a followed turn's state outlives its last event (DESIGN.md §8),
-    so without it its keys were evicted or deleted, and nothing will ever finish it, even if its log is
-    left (issue 8)."""
+    """Raise :class:`TurnNotFoundError`: a followed turn's state outlives its last event (docs/architecture.md,
+    Lifetimes), so without it its keys were evicted or deleted, and nothing will ever finish it, even if its
+    log is left (docs/architecture.md, Fault model)."""
     why = "lost: its keys are gone" if seen_any else "never submitted, or expired"
     raise TurnNotFoundError(f"no turn {turn_id!r} ({why})", turn_id=turn_id)
 

@@ -74,7 +74,7 @@ class AsyncRunner(_Closable):
 
         ``bound`` (seconds, the caller's ``timeout``) limits the whole run, Redis
         commands included: with Redis frozen a command would otherwise hold the
-        caller for the socket timeout past it (:class:`SmithTimeoutError`, issue 8).
+        caller for the socket timeout past it (:class:`SmithTimeoutError`; docs/architecture.md, Fault model).
         A ``bound`` that is not a positive number is left to the operation to refuse.
         """
         limit = bound if isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound > 0 else None

@@ -3,7 +3,7 @@
 They are operations (see :mod:`smith_client.protocol`).
 
 A turn's state lives in the hash ``{p}:turn:{id}:state`` (TTL 24 h after the
-turn ends, DESIGN.md §8): ``status`` (queued → running → completed | failed |
+turn ends, docs/architecture.md, Lifetimes): ``status`` (queued → running → completed | failed |
 cancelled), the request ``fingerprint``, ``attempt`` (the fencing token,
 incremented by each worker attempt), ``result`` / ``error``, and
 ``cancel_requested``, and ``job`` (the payload, so a sweeper can re-enqueue

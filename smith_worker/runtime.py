@@ -2,7 +2,7 @@
 
 Created at worker start-up and closed at shutdown. What one kind of worker
 adds is its :class:`WorkerRole` (:class:`~smith_worker.turn.role.TurnRole`:
-one ``httpx.AsyncClient`` per worker process (DESIGN.md §2), the worker's
+one ``httpx.AsyncClient`` per worker process, the worker's
 subscription, the tool-job waiter, its running turns;
 :class:`~smith_worker.tool_worker.role.ToolRole`: its sync-tool pools). Job
 functions find the runtime in the arq context as ``ctx["runtime"]``.
@@ -141,7 +141,7 @@ class WorkerRuntime:
     settings: Settings
     redis: Redis
     worker_id: str = ""
-    #: Readiness: whether Redis answers this process now (issue 8).
+    #: Readiness: whether Redis answers this process now (docs/architecture.md, Fault model).
     health: RedisHealth = field(default_factory=RedisHealth)
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
     #: Called (on the event loop) to make the arq worker stop taking jobs and drain; set by ``build_worker``.
@@ -186,8 +186,9 @@ class WorkerRuntime:
         return self.role.source_context(shared)
 
     def protect_secrets(self) -> None:
-        """Register this deployment's secrets for redaction and filter every log line (seed §16.4):
-        the LLM API keys (environment and agents), credentials in the LLM base URL and the Redis password."""
+        """Register this deployment's secrets for redaction and filter every log line
+        (docs/architecture.md, Hooks and logs): the LLM API keys (environment and agents), credentials in
+        the LLM base URL and the Redis password."""
         _, _, llm_password = url_credentials(self.settings.llm_base_url)
         _, _, redis_password = url_credentials(self.settings.redis_url)
         agent_keys = [

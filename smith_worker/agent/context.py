@@ -6,7 +6,7 @@ events; it builds an :class:`AgentContext` and hands it to
 write the loop makes goes through the context: fenced ``publish``, ``append``
 (history + ``message`` event + ``on_message`` hooks), the attempt's inbox.
 
-The context is ready for nested agents (seed §14): the loop reads its agent
+The context is ready for nested agents (docs/architecture.md, Sub-agents): the loop reads its agent
 path, the root turn whose budget counter and cancel flag it shares, and the
 turn whose stream it publishes on from here, never from ``job.agent`` /
 ``job.turn_id``.
@@ -77,7 +77,7 @@ class AgentContext:
     ``call_path`` (see :mod:`smith_client.events`), its tree ``position`` (``""`` for the root; see
     :func:`smith_client.keys.tree_position`), its own checkpointed history in
     ``store``/``attempt``, and ``tree_config``: the root agent's config, whose
-    tree limits govern every agent of the tree (seed §14.2).
+    tree limits govern every agent of the tree (docs/architecture.md, Sub-agents).
     """
 
     job: TurnJob
@@ -102,7 +102,7 @@ class AgentContext:
 
     @property
     def depth(self) -> int:
-        """This agent's depth in the tree: 0 for the root (seed §14.2)."""
+        """This agent's depth in the tree: 0 for the root; bounded by the root's ``max_subagent_depth``."""
         return len(self.agent_path) - 1
 
     async def append(self, *messages: Any, preceding: Sequence[EventData] = (), rt: RoundTrip | None = None) -> None:
@@ -151,7 +151,7 @@ class AgentContext:
 
     @property
     def tree_counter(self) -> str:
-        """The Redis counter of the model calls of this agent's tree (seed §14.2)."""
+        """The Redis counter of the model calls of this agent's tree (docs/architecture.md, Keys)."""
         return self.runtime.keys.tree_iterations(self.root_turn_id)
 
     @property

@@ -1,4 +1,4 @@
-"""Stream events published behind the model stream, batched while a publish is in flight (issue 18).
+"""Stream events published behind the model stream, batched while a publish is in flight.
 
 A streamed model reply arrives as many small events (token deltas, tool-call
 starts and completions), often several in one burst. Publishing each before

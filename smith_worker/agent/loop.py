@@ -1,14 +1,14 @@
-"""The agent loop of one turn (seed §15.2): model steps and tool rounds.
+"""The agent loop of one turn (docs/architecture.md, Agent loop and stop conditions): model steps and tool rounds.
 
 Per step: stop checks (iterations, tree iterations, tokens, deadline) →
 the system prompt and the agent's memory view (:mod:`smith_worker.memory`) → LLM call (streamed by default;
 tokens and tool-call events published as they arrive) → append the assistant
 message → if there are no tool calls, finish → else run every call as a tool
 job, concurrently, and append the tool messages in the order of
-``tool_calls`` (seed §10.4), with a ``_done`` result's final message in the
+``tool_calls`` (docs/architecture.md, Tool calls), with a ``_done`` result's final message in the
 same append. A re-run resumes after the last completed step.
 
-A sub-agent call (seed §14) runs here too, as a nested loop with a child
+A sub-agent call (docs/architecture.md, Sub-agents) runs here too, as a nested loop with a child
 context (:mod:`smith_worker.agent.subagents`); the tree's budget (model calls and
 tokens) lives in Redis under the root turn.
 
@@ -68,7 +68,10 @@ logger = logging.getLogger("agent_smith.agent")
 
 
 def done_message(outcomes: list[ToolOutcome]) -> AssistantMessage | None:
-    """The first successful ``{"_done": true, "final_message": ...}`` result in call order (seed §15.3)."""
+    """The first successful ``{"_done": true, "final_message": ...}`` result in call order.
+
+    It ends the turn with that message (docs/architecture.md, Tool calls).
+    """
     for outcome in outcomes:
         data = outcome.structured
         if not outcome.is_error and isinstance(data, dict) and data.get("_done") is True:
@@ -205,7 +208,10 @@ class AgentLoop:
         return await self._announce_merged(merged)
 
     def _memory_context(self, llm: LlmClient, start: int) -> MemoryContext:
-        """What the agent's memory may use at each step (seed §13.1): the history, a summary call, events."""
+        """What the agent's memory may use at each step: the history, a summary call, events.
+
+        See docs/architecture.md, Memory.
+        """
 
         async def summarize(messages: list[Any]) -> str:  # a model call like any other: counted in the metrics
             response = await self.rt.metrics.count_llm_request(llm.complete(LlmRequest(messages=messages)))
@@ -233,10 +239,9 @@ class AgentLoop:
 
         Raises :class:`CancelRequested` when the turn's state asks it to stop.
         Merged user messages (``multitask="merge"``) join the history here, so
-        the model sees them in this call. The tree counter (seed §14.2
-        ``tree_state->iterations += 1``) is a Redis key per root turn
-        (``ctx.tree_counter``, DESIGN.md §2), so sub-agents in other tasks or
-        processes share it, as they share the root turn's cancel flag
+        the model sees them in this call. The tree's model-call counter is a
+        Redis key per root turn (``ctx.tree_counter``; docs/architecture.md, Keys),
+        so sub-agents in other tasks or processes share it, as they share the root turn's cancel flag
         (``ctx.cancel_state``); a re-run after a crash keeps counting on the
         same key (the budget errs on the safe side). Returns the tree's model
         calls including this step and the tokens its earlier calls reported.
@@ -284,11 +289,11 @@ class AgentLoop:
     def _check_limits(
         self, spec: AgentSpec, iterations: int, tree: tuple[int, int], total_tokens: int, deadline: float | None
     ) -> None:
-        """Stop conditions of seed §15.3, checked before each model call (§15.2 step 4b).
+        """The stop conditions, checked before each model call (docs/architecture.md, Agent loop and stop conditions).
 
         Each raises ``TurnCancelledError(operation=<limit name>)``. ``tree`` is
         the agent tree's (model calls, tokens), bounded by the root agent's
-        ``tree_max_iterations`` / ``tree_max_total_tokens`` (seed §14.2); the
+        ``tree_max_iterations`` / ``tree_max_total_tokens``; the
         other limits are this agent's own. ``deadline`` is a ``time.monotonic()``
         instant; it does not preempt an in-flight model call or tool round, it
         is checked between steps.
@@ -341,7 +346,7 @@ class AgentLoop:
         return response
 
     def _sampling(self) -> SamplingParams | None:
-        """The turn's sampling override (seed §15.1 ``AgentRequest.sampling``).
+        """The turn's sampling override (docs/architecture.md, Model requests).
 
         Raises :class:`ConfigurationError` for a malformed one.
         """
@@ -413,7 +418,7 @@ class AgentLoop:
 
     async def _run_tools(self, spec: AgentSpec, step: int, calls: list[ToolCall]) -> AssistantMessage | None:
         """Run a step's calls; append their tool messages and, after a ``_done`` result, its final message
-        in the same append, so a crash cannot fall between them (issue 13 design rule 4). Returns that
+        in the same append, so a crash cannot fall between them (docs/architecture.md, Tool calls). Returns that
         final message, or None."""
         await self.skills.ensure(spec, self.rt.redis)  # a re-run may resume here, before any model call
         toolset = self._step_toolset(spec)

@@ -1,8 +1,10 @@
-"""Sub-agents (seed §14): an agent offered to another agent as a tool, run as a nested agent loop.
+"""Sub-agents: an agent offered to another agent as a tool, run as a nested agent loop.
+
+The rules are those of docs/architecture.md, Sub-agents.
 
 ``app.agent("lead", subagents=["researcher"])`` gives ``lead`` a tool named
 ``researcher`` with one ``task`` string parameter and the description of
-``app.agent("researcher", description=...)`` (seed §14.1). The loop uses this
+``app.agent("researcher", description=...)``. The loop uses this
 module through :class:`SubAgentTools` only, a source of the step's toolset
 (:mod:`smith_worker.agent.toolset`) whose calls run here.
 
@@ -21,7 +23,7 @@ a :class:`~smith_worker.agent.context.AgentContext` of its own:
   ``call_path`` = the ids of the calls along it (parallel calls of one sub-agent differ there);
 * the root's tree limits and cancel flag (:attr:`AgentContext.limits`).
 
-Outcomes (seed §14.2, §14.3): a call deeper than the root's
+Outcomes: a call deeper than the root's
 ``max_subagent_depth`` returns the error tool result
 ``sub-agent depth limit reached``; the child's final content is the tool
 result; a child's failure is an error tool result for its parent, except what
@@ -54,7 +56,7 @@ from smith_worker.ops.redaction import redact_error
 from smith_worker.tools.function import ToolContext, error_content
 from smith_worker.tools.waiter import settle_call
 
-#: The error tool result of a call past the root's ``max_subagent_depth`` (seed §14.2).
+#: The error tool result of a call past the root's ``max_subagent_depth``.
 DEPTH_LIMIT_REACHED = "sub-agent depth limit reached"
 #: ``TurnCancelledError.operation`` of the tree budget: it ends the root turn, not only the child.
 TREE_LIMITS = frozenset({"tree_max_iterations", "tree_max_total_tokens"})
@@ -145,7 +147,7 @@ class SubAgentTools:
         return False
 
     async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:
-        """One tool per sub-agent of the agent: its name, its description, a ``task`` string (seed §14.1).
+        """One tool per sub-agent of the agent: its name, its description, a ``task`` string.
         Offered at every depth: past the depth limit the refusal is the call's result."""
         agents = self.ctx.runtime.app.agents
         return [
@@ -181,7 +183,7 @@ class SubAgentTools:
             if exc.fields.get("operation") in TREE_LIMITS:
                 raise
             return _failed(call.name, exc)
-        except Exception as exc:  # the child's failure is its parent's tool result (issue 15 rule 5)
+        except Exception as exc:  # the child's failure is its parent's tool result, not the turn's
             return _failed(call.name, exc)
         return ToolOutcome(content=final.content or "")
 
@@ -252,7 +254,8 @@ def _failed(name: str, exc: BaseException) -> ToolOutcome:
 
 async def _stop_if_cancelled(child: AgentContext) -> None:
     """After a cancelled child task: when the caller cancelled the turn, give each of the child's
-    outstanding tool calls its end (the stored result, or an error) and abort its job (seed §14.3).
+    outstanding tool calls its end (the stored result, or an error) and abort its job
+    (docs/architecture.md, Sub-agents).
 
     Any other cancellation (a worker shutting down, a lost lease) leaves them: the turn's next
     attempt re-attaches to them.

@@ -1,4 +1,6 @@
-"""One model step's tools (seed §12.3, §14.1): the names, schemas, shadowing and routes of every tool a step offers.
+"""One model step's tools: the names, schemas, shadowing and routes of every tool a step offers.
+
+The order and shadowing rules are those of docs/architecture.md, Skills.
 
 Each step builds one :class:`Toolset` (:func:`step_toolset`) from layers, each
 a tool source as the step offers it, in this order:
@@ -51,7 +53,7 @@ class ToolRoute:
 
     ``source``: the source id of the source running it (see the module doc);
     ``timeout``: its budget, seconds; ``idempotent``: whether it may be re-run
-    after its tool worker died (seed §10.4); ``requires``: what a tool worker
+    after its tool worker died (docs/architecture.md, Fault model); ``requires``: what a tool worker
     must serve to take its job ("" for a call that never becomes one);
     ``skill``: the declared name of the skill offering the tool ("" for the
     agent's own), which workers older than source ids resolve a job by.

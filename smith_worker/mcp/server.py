@@ -12,7 +12,7 @@ found dead or hung; everything else here is about the requests.
   so it fails fast with a typed error when the server dies. On a loss it is sent once more on the next generation when
   it cannot have run twice (never sent, or read-only, or a configured
   idempotent tool); a ``tools/call`` that may have reached the server is
-  never replayed (seed §11.2). A cancelled or timed-out call makes the SDK
+  never replayed (docs/architecture.md, MCP). A cancelled or timed-out call makes the SDK
   send ``notifications/cancelled``. ``max_timeouts`` request timeouts in a
   row end the connection as hung (``timeouts``). An HTTP server that no
   longer knows our session (HTTP 400/404 on our session id, seen by
@@ -172,7 +172,7 @@ class ServerHandle:
     async def call_tool(
         self, tool: str, arguments: dict[str, Any], *, deadline: float | None = None, sink: EventSink | None = None
     ) -> ToolResult:
-        """Call MCP tool ``tool`` (its original name) and adapt the result (seed §11.7).
+        """Call MCP tool ``tool`` (its original name) and adapt the result (docs/architecture.md, MCP).
 
         ``deadline`` (monotonic instant) bounds connect + request; the request
         itself gets at most ``request_timeout`` seconds. An ``isError`` result is
@@ -201,7 +201,9 @@ class ServerHandle:
     async def read_resource(
         self, uri: str, *, deadline: float | None = None, sink: EventSink | None = None
     ) -> ToolResult:
-        """Read resource ``uri`` as a :class:`ToolResult` (seed §11.8). Read-only: retried once after a loss.
+        """Read resource ``uri`` as a :class:`ToolResult`. Read-only: retried once after a loss.
+
+        See docs/architecture.md, MCP.
 
         Raises like :meth:`call_tool`.
         """
@@ -224,7 +226,7 @@ class ServerHandle:
         deadline: float | None = None,
         sink: EventSink | None = None,
     ) -> list[Any]:
-        """Render prompt ``name`` as Smith messages (seed §11.8). Read-only: retried once after a loss.
+        """Render prompt ``name`` as Smith messages (docs/architecture.md, MCP). Read-only: retried once after a loss.
 
         Raises :class:`McpError` for non-text content, otherwise like :meth:`call_tool`.
         """

@@ -1,9 +1,9 @@
-"""Conversation history in Redis, read by absolute position (DESIGN.md §2 "in-process Memory").
+"""Conversation history in Redis, read by absolute position (docs/architecture.md, Memory).
 
 One Redis list per conversation holds the stored form of every message, so
 any worker can run the conversation's next turn. The list lives until the
 conversation has been idle ``smith_client.keys.DEFAULT_HISTORY_TTL`` seconds (30 days,
-DESIGN.md §8): every write (:mod:`smith_worker.turn.attempt`) refreshes the TTL.
+docs/architecture.md, Lifetimes): every write (:mod:`smith_worker.turn.attempt`) refreshes the TTL.
 
 Storage is bounded by ``SMITH_HISTORY_MAX_MESSAGES`` (default
 :data:`DEFAULT_HISTORY_MAX_MESSAGES`): the append scripts trim the oldest
@@ -11,7 +11,7 @@ messages beyond it, whole tool-call groups at a time (``trim`` in ``smith_client
 count what they removed in ``{p}:conv:{c}:trimmed``. A message's *position*
 is its absolute number in the conversation (list index + trimmed count), so
 positions kept elsewhere (a turn's start, a summary's coverage) survive
-trimming (issue 13 design rule 1).
+trimming.
 
 One read returns at most ``SMITH_VIEW_MAX_BYTES`` (default :data:`DEFAULT_VIEW_MAX_BYTES`) of
 stored messages: the history read script sums their bytes inside Redis and returns none of them

@@ -1,4 +1,6 @@
-"""Claiming an arq queue's ready jobs in one round trip (issue 18), and handing what it read to arq's ``run_job``.
+"""Claiming an arq queue's ready jobs in one round trip, and handing what it read to arq's ``run_job``.
+
+See docs/architecture.md, Process roles.
 
 Per job, arq 0.28 sends a poll (``ZRANGEBYSCORE``), four round trips in
 ``start_jobs`` to mark the job in progress (``WATCH``, ``EXISTS``,

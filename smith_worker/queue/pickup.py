@@ -1,4 +1,4 @@
-"""How a worker waits between two polls of its queue: woken, not polling (issue 18).
+"""How a worker waits between two polls of its queue: woken, not polling (docs/architecture.md, Process roles).
 
 arq only polls. Here every enqueue (and every abort of a running tool job)
 pushes a token on the queue's wake-up list in the same round trip

@@ -1,8 +1,8 @@
 """arq workers for the two queues: ``turns`` (the agent loop) and ``tools`` (tool calls).
 
 Turns and tools are separate queues served by separate processes, so a turn
-waiting on its tools never holds the slots its tools need (arq-notes.md
-§4.2). arq settings are chosen deliberately (arq-notes.md §4):
+waiting on its tools never holds the slots its tools need (docs/architecture.md,
+Process roles). arq settings are chosen deliberately:
 
 * pickup by wake-up (:mod:`smith_worker.queue.pickup`): arq only polls (its 0.5 s
   default adds half a second per hop, a short one costs hundreds of idle
@@ -21,12 +21,12 @@ A tool worker whose overrunning sync-tool threads reach their limit
 (:mod:`smith_worker.tools.isolation`) stops taking jobs and drains like at a
 signal; ``smith-worker`` then re-executes itself.
 
-:class:`SmithWorker` is arq's ``Worker`` made to outlive Redis (issue 8): arq
+:class:`SmithWorker` is arq's ``Worker`` made to outlive Redis (docs/architecture.md, Fault model): arq
 lets a ``ConnectionError`` out of its poll loop, which ends the process. Here
 start-up waits for Redis, and a failed poll iteration backs off with jitter
 and polls again; the process exits only on a signal or a configuration error.
 
-Its poll claims jobs in one round trip (:mod:`smith_worker.queue.claim`, issue 18)
+Its poll claims jobs in one round trip (:mod:`smith_worker.queue.claim`)
 instead of arq's six per job, and on tool workers runs arq's abort check
 only when an abort was announced or once per fallback poll, not every poll.
 It claims only the jobs its capability set serves (:mod:`smith_worker.routing`):
@@ -61,7 +61,8 @@ from smith_worker.turn.role import TurnRole
 
 logger = logging.getLogger("agent_smith.worker")
 
-#: Minimum ``queue_read_limit`` (arq-notes.md §4.2: at least 2x the fleet's concurrency on the queue).
+#: Minimum ``queue_read_limit``: at least twice the fleet's concurrency on the queue
+#: (docs/architecture.md, Process roles).
 MIN_QUEUE_READ_LIMIT = 1000
 #: The role of a worker on each queue.
 ROLES: dict[Queue, type[WorkerRole]] = {"turns": TurnRole, "tools": ToolRole}
@@ -241,7 +242,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
     ``overrides`` go to ``Worker(...)``.
 
     Raises :class:`~smith_client.errors.ConfigurationError` for an arq other than the one its internals
-    were read from (:func:`~smith_worker.queue.arq_internals.check_arq`), for an agent's bad ``subagents`` (seed §14.1)
+    were read from (:func:`~smith_worker.queue.arq_internals.check_arq`), for an agent's bad ``subagents``
     and for settings the role cannot run with (:meth:`~smith_worker.runtime.WorkerRole.check`: a turn worker's
     LLM settings), so the worker exits at start rather than failing every job. Logs a warning when the app
     gives the role nothing to serve.

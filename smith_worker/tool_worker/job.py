@@ -115,7 +115,7 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     outcome = stored_outcome(await _invoke(rt, job), job.result_max_bytes, rt.worker_id)
     rt.metrics.record_tool_call(job.call.name, outcome.is_error, time.monotonic() - started)
     # A call that ran is not lost to a Redis outage: its outcome is stored once Redis answers
-    # again (bounded by the job's timeout), where the resumed turn finds it (issue 8).
+    # again (bounded by the job's timeout), where the resumed turn finds it.
     stored = await rt.health.until_ok("storing a tool result", lambda: _store(rt, job, outcome))
     logger.debug("tool %s ran in %.3f s (stored=%s)", job.call.name, time.monotonic() - started, bool(stored))
     return {"is_error": outcome.is_error, "stored": bool(stored)}

@@ -2,14 +2,14 @@
 
 Each call of a step becomes a job on the tools queue (job id from prefix +
 turn id + step + position) and all of a step's calls are awaited
-concurrently (seed §10.4). Waiting does not use arq's ``Job.result()``, which
-polls every 0.5 s (arq-notes.md §1.5): the tool worker stores the outcome
+concurrently (docs/architecture.md, Tool calls). Waiting does not use arq's ``Job.result()``, which
+polls every 0.5 s: the tool worker stores the outcome
 under the call's result key and publishes that key, with the outcome when it
 is small (:func:`~smith_client.jobs.parse_reply`), on the turn worker's reply
 channel; one :class:`WorkerSubscription` per process wakes the waiter, which reads
 the key only when the message did not carry the outcome. The waiter also
 re-reads the key every ``recheck_interval`` seconds, which covers a lost
-pub/sub message (arq-notes.md §4.1). The key stays the durable record: the
+pub/sub message (docs/architecture.md, Events). The key stays the durable record: the
 enqueue itself says when the call is answered already (a resumed turn), and
 the waiter reads the outcome from it then.
 
@@ -50,7 +50,7 @@ ABORT = LuaScript("abort", __package__)
 
 logger = logging.getLogger("agent_smith.tool")
 
-#: Re-runs of an idempotent tool call whose tool worker died while running it (issue 8).
+#: Re-runs of an idempotent tool call whose tool worker died while running it (docs/architecture.md, Fault model).
 MAX_IDEMPOTENT_RERUNS = 1
 #: Longest single wait for a pub/sub message, seconds; the socket timeout does not apply to it.
 LISTEN_BOUND = 5.0

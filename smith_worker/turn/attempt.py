@@ -1,4 +1,4 @@
-"""Worker side of the turn state machine: attempts, leases, fencing, checkpoints (DESIGN.md §8).
+"""Worker side of the turn state machine: attempts, leases, fencing, checkpoints (docs/architecture.md, Fault model).
 
 Every run of a turn is an *attempt*. :meth:`TurnAttempt.begin` atomically
 moves the turn to ``running`` and increments its ``attempt`` number, which is
@@ -10,7 +10,7 @@ While it runs, the attempt renews a short lease (``lease`` seconds, renewed
 every ``lease / 3``) in the turn's state and in ``{p}:running``; a sweeper
 (:mod:`smith_worker.turn.sweeper`) re-enqueues a turn whose lease expired, under a
 new arq job id, so recovery does not wait for arq's in-progress key (job
-timeout + 10 s, arq-notes.md §1.6).
+timeout + 10 s, docs/architecture.md, Keys).
 
 The history is the checkpoint: the user message is appended once per turn
 id (its absolute position kept as ``history_start``, :mod:`smith_worker.memory.history`),
@@ -175,7 +175,7 @@ class TurnAttempt:
 
         ``repair`` (error tool messages for dangling tool calls of an earlier
         turn) is inserted in the same script, so the history is repaired once
-        (issue 13 design rule 3); it is skipped if the history changed since
+        (docs/architecture.md, Tool-call pairing); it is skipped if the history changed since
         it was computed. Running ``rt`` raises :class:`StaleAttemptError` when fenced off.
         """
         extra: list[Any] = []

@@ -160,7 +160,7 @@ class TurnExecution:
         except TimeoutError as exc:
             if not job_timeout.expired():
                 await self._fail(error_from_exception(exc), spec)
-            else:  # the job's own bound ends the turn; it is never handed off and re-run (issue 8)
+            else:  # the job's own bound ends the turn; it is never handed off and re-run
                 budget = self.rt.settings.turn_job_timeout
                 await self._fail(
                     SmithTimeoutError(
@@ -295,7 +295,7 @@ class TurnExecution:
             pass
 
     async def _repair_dangling_calls(self, spec: AgentSpec | None, ending: str) -> None:
-        """Give every tool call of the last assistant message a tool message (seed §13.3 pairing invariant).
+        """Give every tool call of the last assistant message a tool message (docs/architecture.md, Tool-call pairing).
 
         ``ending`` ("was cancelled" or "failed") says why, in the error content of calls without a result.
         """

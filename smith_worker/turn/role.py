@@ -1,7 +1,7 @@
 """The turn worker's role: the ``turns`` queue, the ``run_turn`` job and what a turn worker adds to its runtime.
 
 A turn worker serves the app's agents. It adds one ``httpx.AsyncClient`` per
-process for the model (DESIGN.md §2), one pub/sub subscription for tool-job
+process for the model (docs/architecture.md, Process roles), one pub/sub subscription for tool-job
 replies and control messages (:class:`~smith_worker.tools.waiter.WorkerSubscription`),
 the tool-job waiter, the turns running here, and the crash-recovery sweeper.
 """

@@ -3,7 +3,7 @@
 Every turn worker runs :func:`sweep_forever`. One pass is one
 ``ZRANGEBYSCORE`` on ``{p}:running`` (turn id → lease expiry); only expired
 entries cost more, and the re-enqueue script takes each turn at most once
-(DESIGN.md §8; issue 4: arq alone would wait for the job's in-progress key,
+(docs/architecture.md, Fault model: arq alone would wait for the job's in-progress key,
 job timeout + 10 s).
 
 After Redis was unreachable to the sweeper, it leaves expired leases alone
@@ -67,7 +67,7 @@ async def drop_dead_job(redis: Any, keys: Keys, job_id: str) -> None:
     take it in between).
 
     Safe even if that attempt's worker is not dead but only cut off: its writes are fenced by the
-    attempt (DESIGN.md §8), and arq's own clean-up when its job ends finds nothing left to remove.
+    attempt (docs/architecture.md, Fault model), and arq's own clean-up when its job ends finds nothing left to remove.
     """
     rt = RoundTrip(transaction=True)
     rt.call("zrem", keys.turns_queue, job_id)

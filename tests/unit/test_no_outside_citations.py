@@ -47,33 +47,6 @@ OUTSIDE = re.compile(
 SECTION = re.compile(r"§")
 RFC_BEFORE = re.compile(r"RFC [0-9]+ $")
 
-#: Files still holding such references, to be cleaned when the work under way on them is done;
-#: remove an entry once its file is clean (a listed file without any reference fails this test too).
-NOT_YET_CLEANED = frozenset(
-    {
-        "smith_client/client.py",
-        "smith_client/operations.py",
-        "smith_client/runners.py",
-        "smith_client/turns.py",
-        "smith_worker/agent/context.py",
-        "smith_worker/agent/event_batch.py",
-        "smith_worker/agent/loop.py",
-        "smith_worker/agent/subagents.py",
-        "smith_worker/agent/toolset.py",
-        "smith_worker/mcp/server.py",
-        "smith_worker/memory/history.py",
-        "smith_worker/queue/claim.py",
-        "smith_worker/queue/pickup.py",
-        "smith_worker/queue/worker.py",
-        "smith_worker/runtime.py",
-        "smith_worker/tool_worker/job.py",
-        "smith_worker/tools/waiter.py",
-        "smith_worker/turn/attempt.py",
-        "smith_worker/turn/lifecycle.py",
-        "smith_worker/turn/sweeper.py",
-    }
-)
-
 
 def scanned_files() -> list[Path]:
     """Every file scanned, this test's own file excluded (it spells the patterns)."""
@@ -137,11 +110,8 @@ def test_the_patterns_catch_what_they_should():
 
 def test_comments_and_documents_cite_nothing_outside_the_repository():
     found = references_by_file()
-    new = {path: lines for path, lines in found.items() if path not in NOT_YET_CLEANED}
-    report = "\n".join(f"{path}:{number}: {line}" for path, lines in sorted(new.items()) for number, line in lines)
-    assert not new, (
+    report = "\n".join(f"{path}:{number}: {line}" for path, lines in sorted(found.items()) for number, line in lines)
+    assert not found, (
         "cite docs/architecture.md (by section) or the public spec instead; issue numbers belong in commit "
         "messages:\n" + report
     )
-    cleaned = sorted(NOT_YET_CLEANED - found.keys())
-    assert not cleaned, f"clean now, remove from NOT_YET_CLEANED: {cleaned}"
