@@ -196,6 +196,17 @@ def fail(prog: str, exc: BaseException) -> int:
     return 1
 
 
+def _seconds(raw: str) -> float:
+    """``--timeout``: a positive, finite number of seconds; else a usage error (argparse, exit code 2)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {raw!r}")
+    return value
+
+
 #: Seconds ``smith ask`` waits for its answer unless ``--timeout`` says otherwise (as long as ``make demo``).
 ASK_TIMEOUT = 300.0
 
@@ -205,7 +216,7 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     "--prefix": {"metavar": "PREFIX"},
     "--agent": {"metavar": "NAME"},
     "--conversation": {"metavar": "ID"},
-    "--timeout": {"metavar": "SECONDS", "type": float},
+    "--timeout": {"metavar": "SECONDS", "type": _seconds},
 }
 _CONNECTION = {
     "--redis-url": f"the workers' Redis (default: $SMITH_REDIS_URL, else {DEFAULT_REDIS_URL})",
@@ -340,6 +351,9 @@ def smith_main(argv: list[str] | None = None) -> None:
         code = fail("smith", exc)
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:  # `smith keys | head`: the reader is gone, nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        code = 1
     raise SystemExit(code)
 
 

@@ -88,6 +88,9 @@ async def smith_error(request: Request, exc: SmithError) -> JSONResponse:
     (503 comes with ``Retry-After``)."""
     status = _STATUS.get(type(exc), 502)
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 503 else None
+    if isinstance(exc, TransportError):  # its message names Redis's address: the log keeps it, not the browser
+        logger.warning("%s %s: %s", request.method, request.url.path, exc.message)
+        exc = TransportError("the service is unreachable for a moment; try again")
     return JSONResponse({"error": exc.to_payload()}, status_code=status, headers=headers)
 
 
@@ -118,9 +121,15 @@ async def start_turn(
     idempotency_key: Annotated[str | None, Header()] = None,
 ) -> dict[str, str]:
     """Start a turn in the background; answers its id and where its events are."""
-    handle = await _smith(request).submit(
-        body.text, conversation_id=conversation_id, agent=body.agent, turn_id=idempotency_key
-    )
+    try:
+        handle = await _smith(request).submit(
+            body.text, conversation_id=conversation_id, agent=body.agent, turn_id=idempotency_key
+        )
+    except InvalidRequestError as exc:  # the browser sent no turn_id: name the header it did send
+        if exc.fields.get("field") != "turn_id":
+            raise
+        message = exc.message.replace("turn_id", "Idempotency-Key", 1)
+        raise InvalidRequestError(message, field="Idempotency-Key") from None
     return {"turn_id": handle.turn_id, "events": f"/turns/{handle.turn_id}/events"}
 
 

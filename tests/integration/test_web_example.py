@@ -120,6 +120,10 @@ def test_the_api_answers_idempotently_and_with_typed_errors(web, scenario, redis
     assert httpx.post(f"{web}/conversations/{conversation}/turns", json={"text": " "}).status_code == 422
     assert httpx.get(f"{web}/turns/nope-{uuid.uuid4().hex}/events").status_code == 404
     assert httpx.post(f"{web}/turns/nope-{uuid.uuid4().hex}/cancel").status_code == 404
+    bad_key = httpx.post(f"{web}/conversations/{conversation}/turns", json={"text": "hi"},
+                         headers={"Idempotency-Key": "bad key!"})
+    assert bad_key.status_code == 422 and bad_key.json()["error"]["fields"] == {"field": "Idempotency-Key"}
+    assert bad_key.json()["error"]["message"].startswith("Idempotency-Key ")
     for bad in ("x", "-1"):
         refused = httpx.get(f"{web}/turns/{key}/events", headers={"Last-Event-ID": bad})
         assert refused.status_code == 422 and refused.json()["error"]["fields"] == {"field": "Last-Event-ID"}
@@ -336,6 +340,7 @@ def test_the_relay_ends_a_stream_cleanly_when_redis_stops_and_answers_503_until_
         outage_rig.redis.start()  # from its AOF
     assert down.status_code == 503 and down.headers["retry-after"] == "1", down.text
     assert down.json()["error"]["kind"] == "TransportError"
+    assert "127.0.0.1" not in down.text and "Redis" not in down.text, down.text  # no address for browsers
     rest = httpx.get(f"{outage_rig.web}/turns/{turn_id}/events", headers={"Last-Event-ID": str(seqs[-1])},
                      timeout=60)
     messages = sse_messages(rest.text)[0]

@@ -165,3 +165,20 @@ def test_a_client_takes_its_redis_url_and_prefix_from_the_environment(redis_url,
     for client in (SmithClient.from_url(), SyncSmithClient.from_url()):
         assert (client.keys.prefix, client.redis.connection_pool.connection_kwargs["port"]) == ("from-env", port)
     assert SmithClient.from_url(prefix="given").keys.prefix == "given"  # an argument wins
+
+
+def test_smith_writing_into_a_closed_pipe_ends_quietly(redis_url):
+    """`smith status | head -0`: the reader is gone before the first line; no traceback."""
+    environ = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", SMITH, "status", "--redis-url", redis_url], env=environ,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc.stdout.close()  # as `head` does once it has what it wants
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "inf", "nan", "soon"])
+def test_smith_ask_refuses_a_timeout_that_is_not_a_positive_number_of_seconds(value):
+    result = run(["-c", SMITH, "ask", "--timeout", value, "hi"])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"argument --timeout: must be a positive number of seconds, got '{value}'" in result.stderr
