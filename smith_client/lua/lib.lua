@@ -132,6 +132,54 @@ local function publish_event(seq_key, log, channel, state, once, body, max_len, 
   return seq
 end
 
+-- Move the merged user messages waiting in a turn's `inbox` into its `history` (`trimmed` its trim
+-- counter; kept to `max` messages, `ttl` seconds); with `closing` ('1') and none waiting, close the inbox
+-- (the turn is finishing; a later merge starts a turn of its own). Returns the moved messages, or false
+-- when `attempt` is not the turn's current one. drain_inbox.lua, complete.lua.
+local function drain_inbox(state, inbox, history, trimmed, attempt, ttl, closing, max)
+  if redis.call('HGET', state, 'attempt') ~= attempt then return false end
+  local msgs = redis.call('LRANGE', inbox, 0, -1)
+  if #msgs > 0 then
+    redis.call('RPUSH', history, unpack(msgs))
+    redis.call('EXPIRE', history, ttl)
+    trim(history, trimmed, max, ttl)
+    redis.call('DEL', inbox)
+  elseif closing == '1' then
+    redis.call('HSET', state, 'inbox_closed', '1')
+  end
+  return msgs
+end
+
+-- The fenced final write of a turn's attempt (finish.lua has the contract; complete.lua).
+-- k: state, running ZSET, conversation FIFO, inbox, history, conversation statuses, the worker's running
+-- turns SET. a: turn id, attempt, status, field, value, turn TTL s, history TTL s. Returns 1, or 0 when fenced off.
+local function finish_turn(k, a)
+  local state, running, fifo, inbox, history, statuses, worker_turns = unpack(k)
+  local turn_id, attempt, status, field, value, turn_ttl, history_ttl = unpack(a)
+  if fenced_off(state, attempt) then return 0 end
+  redis.call('HSET', state, 'status', status, field, value, 'inbox_closed', '1', 'lease_until', 0)
+  redis.call('EXPIRE', state, turn_ttl)
+  redis.call('ZREM', running, turn_id)
+  redis.call('LREM', fifo, 0, turn_id)
+  redis.call('HDEL', statuses, turn_id)
+  redis.call('SREM', worker_turns, turn_id)
+  local merged = redis.call('LRANGE', inbox, 0, -1)
+  if #merged > 0 then
+    redis.call('RPUSH', history, unpack(merged))
+    redis.call('EXPIRE', history, history_ttl)
+  end
+  redis.call('DEL', inbox)
+  return 1
+end
+
+-- A conversation's oldest unfinished turn and its status ({} if none), dropping finished ones on the way.
+-- `fifo` is its FIFO of turn ids, `statuses` its hash of unfinished turns. head.lua, complete.lua.
+local function conversation_head(fifo, statuses)
+  local active = unfinished_turns(fifo, statuses)
+  if #active == 0 then return {} end
+  return {active[1], redis.call('HGET', statuses, active[1])}
+end
+
 -- A worker registration (smith_worker/registration.py) at `key`, and whether the process instance
 -- `instance` wrote it (its JSON's "instance"); nil, true when there is none.
 local function registration(key, instance)

@@ -83,13 +83,15 @@ def done_message(outcomes: list[ToolOutcome]) -> AssistantMessage | None:
 class StepReads:
     """What a step reads before its model call, in one round trip: the root turn's ``cancel`` request
     (None: none), the merged user messages ``moved`` into the history, the tree's model calls
-    ``tree_calls`` (this one included) and reported ``tree_tokens``, the conversation's active ``skills``."""
+    ``tree_calls`` (this one included) and reported ``tree_tokens``, the conversation's active ``skills``,
+    and the ``memory`` context the step's view is computed with (its first read sent with these)."""
 
     cancel: Pending[str | None]
     moved: Pending[list[bytes]]
     tree_calls: Pending[int]
     tree_tokens: Pending[int]
     skills: Pending[list[str]]
+    memory: MemoryContext
 
 
 def _text_or_none(reply: bytes | None) -> str | None:
@@ -145,6 +147,8 @@ class AgentLoop:
         self.subagents = SubAgentTools(ctx, lambda child: AgentLoop(child).run(0))
         #: The step's toolset, built once its active skills are known (None: not built yet this step).
         self._toolset: Toolset | None = None
+        #: What the agent's memory strategy uses (:meth:`_memory_context`; set by :meth:`run`).
+        self._memory: MemoryContext
 
     async def run(self, start: int, *, fresh: bool = False) -> AssistantMessage:
         """Run model steps from history position ``start`` (the turn's user message) until a final answer;
@@ -155,16 +159,16 @@ class AgentLoop:
         """
         spec = self.ctx.spec
         llm = LlmClient(self.rt.settings.llm_config(spec.llm), self.ctx.services.http)
-        memory = self._memory_context(llm, start)
+        self._memory = self._memory_context(llm, start)
         deadline = None if spec.config.deadline is None else time.monotonic() + spec.config.deadline
         progress, pending = await self._resume(start, fresh)
         while True:
-            merged: list[bytes] | None = None  # the closing drain, when it rode along with the reply's append
+            merged: list[bytes] | None = None  # the close, when it rode along with the reply's append
             if pending is None:
-                pending, merged = await self._model_step(spec, llm, memory, progress, deadline)
+                pending, merged = await self._model_step(spec, llm, progress, deadline)
             message, pending = pending, None
             if not message.tool_calls:
-                if await self._took_merged(merged):
+                if await self._took_merged(message, merged):
                     continue  # a merged user message arrived: answer it in this turn
                 return message
             pending = await self._run_tools(spec, progress.iterations, message.tool_calls)  # a `_done` final message
@@ -184,12 +188,12 @@ class AgentLoop:
         return progress, pending
 
     async def _model_step(
-        self, spec: AgentSpec, llm: LlmClient, memory: MemoryContext, progress: _Progress, deadline: float | None
+        self, spec: AgentSpec, llm: LlmClient, progress: _Progress, deadline: float | None
     ) -> tuple[AssistantMessage, list[bytes] | None]:
         """One model step: begin it (:meth:`_begin_step`), check the stop conditions, call the model and
-        append its reply. Returns the reply and, for a final answer, the user messages the closing drain
+        append its reply. Returns the reply and, for a final answer, the user messages the close
         merged into the turn (:meth:`_append_reply`; None for a reply with tool calls)."""
-        tree = await self._begin_step(spec)
+        tree, memory = await self._begin_step(spec)
         progress.iterations += 1
         self._check_limits(spec, progress.iterations, tree, progress.total_tokens, deadline)
         reply = (
@@ -199,12 +203,15 @@ class AgentLoop:
         progress.total_tokens += used
         return reply, await self._append_reply(reply, used)
 
-    async def _took_merged(self, merged: list[bytes] | None) -> bool:
-        """After a final answer: close the inbox (unless ``merged``, the closing drain, rode along with
-        the reply's append already) and announce the user messages merged into the turn; True when
-        there were some, which this turn then answers too."""
+    async def _took_merged(self, final: AssistantMessage, merged: list[bytes] | None) -> bool:
+        """After the answer ``final``: close the run (:meth:`~smith_worker.memory.fencing.AttemptWrites.queue_close`;
+        unless ``merged``, its outcome, came with the answer's append already) and announce the user
+        messages merged into the turn instead; True when there were some, which this turn then answers too."""
         if merged is None:
-            merged = await self.attempt.drain_inbox(closing=True)
+            rt = RoundTrip()
+            closed = self.attempt.queue_close(rt, final)
+            await rt.run(self.rt.redis)
+            merged = closed.value
         return await self._announce_merged(merged)
 
     def _memory_context(self, llm: LlmClient, start: int) -> MemoryContext:
@@ -233,9 +240,10 @@ class AgentLoop:
             await self.ctx.announce(message_from_json(raw))
         return bool(moved)
 
-    async def _begin_step(self, spec: AgentSpec) -> tuple[int, int]:
+    async def _begin_step(self, spec: AgentSpec) -> tuple[tuple[int, int], MemoryContext]:
         """Before a model call, in one round trip: the cancel flag, merged messages, the tree counts,
-        the conversation's active skills (so an activation takes effect at the next step).
+        the conversation's active skills (so an activation takes effect at the next step), and the
+        memory's first read (:meth:`~smith_worker.memory.Memory.prefetch`).
 
         Raises :class:`CancelRequested` when the turn's state asks it to stop.
         Merged user messages (``multitask="merge"``) join the history here, so
@@ -244,36 +252,39 @@ class AgentLoop:
         so sub-agents in other tasks or processes share it, as they share the root turn's cancel flag
         (``ctx.cancel_state``); a re-run after a crash keeps counting on the
         same key (the budget errs on the safe side). Returns the tree's model
-        calls including this step and the tokens its earlier calls reported.
+        calls including this step and the tokens its earlier calls reported, and the step's memory context.
         After a tool round, its round trip was the tool messages' append (:meth:`_run_tools`).
         """
         reads, self._next_step = self._next_step, None
         if reads is None:
             rt = RoundTrip()
-            reads = self._queue_step(rt)
+            reads = self._queue_step(spec, rt)
             await rt.run(self.rt.redis)
         if reads.cancel.value:
             raise CancelRequested(reads.cancel.value)
         self.skills.take(spec, reads.skills.value)
         self._toolset = None  # a new step: its active skills may differ
         await self._announce_merged(reads.moved.value)
-        return reads.tree_calls.value, reads.tree_tokens.value
+        return (reads.tree_calls.value, reads.tree_tokens.value), reads.memory
 
-    def _queue_step(self, rt: RoundTrip) -> StepReads:
-        """Add the reads and counts of :meth:`_begin_step` to ``rt``."""
+    def _queue_step(self, spec: AgentSpec, rt: RoundTrip) -> StepReads:
+        """Add the reads and counts of :meth:`_begin_step` to ``rt``; the memory's read comes after the
+        drain, so it sees the merged messages."""
         tree = self.ctx.tree_counter
         cancel = rt.call("hget", self.ctx.cancel_state, record.CANCEL_REQUESTED, parse=_text_or_none)
         moved = self.attempt.queue_drain_inbox(rt)
         calls = rt.call("incr", tree, parse=int)
         rt.call("expire", tree, self.rt.keys.turn_ttl)
         tokens = rt.call("get", self.ctx.tree_tokens, parse=_int_or_zero)
-        return StepReads(cancel, moved, calls, tokens, self.skills.queue_read(rt))
+        skills = self.skills.queue_read(rt)
+        return StepReads(cancel, moved, calls, tokens, skills, spec.memory.prefetch(self._memory, rt))
 
     async def _append_reply(self, message: AssistantMessage, used: int) -> list[bytes] | None:
         """Append a model reply and, in the same round trip, add its ``used`` tokens to the tree's
-        counter (read by the next step of any agent) and, for a final answer, close the inbox.
+        counter (read by the next step of any agent) and, for a final answer, close the run (for the
+        root agent: complete the turn; :meth:`~smith_worker.memory.fencing.AttemptWrites.queue_close`).
 
-        Returns the user messages merged into the turn that the closing drain moved into the
+        Returns the user messages merged into the turn that the close moved into the
         history instead (``multitask="merge"``), or None when ``message`` has tool calls.
         Raises :class:`StaleAttemptError`.
         """
@@ -281,7 +292,7 @@ class AgentLoop:
         if used > 0:
             rt.call("incrby", self.ctx.tree_tokens, used)
             rt.call("expire", self.ctx.tree_tokens, self.rt.keys.turn_ttl)
-        merged = None if message.tool_calls else self.attempt.queue_drain_inbox(rt, closing=True)
+        merged = None if message.tool_calls else self.attempt.queue_close(rt, message)
         preceding, self._unpublished = self._unpublished, []
         await self.ctx.append(message, preceding=preceding, rt=rt)
         return None if merged is None else merged.value
@@ -434,7 +445,7 @@ class AgentLoop:
             await self.ctx.append(*messages, final)
         else:  # the next step follows at once: its round trip is this append's
             rt = RoundTrip()
-            next_step = self._queue_step(rt)
+            next_step = self._queue_step(spec, rt)
             await self.ctx.append(*messages, rt=rt)
             self._next_step = next_step
         for message in messages:

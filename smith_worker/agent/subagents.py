@@ -111,14 +111,14 @@ class SubAgentHistory:
         if reply < 0:
             raise StaleAttemptError(self._state)
 
-    async def drain_inbox(self, closing: bool) -> list[bytes]:
-        """Nothing to drain: a sub-agent has no inbox."""
-        return []
-
-    def queue_drain_inbox(self, rt: RoundTrip, closing: bool = False) -> Pending[list[bytes]]:
-        """Add a read of the root's attempt instead, so a superseded attempt stops at the step's round trip
-        (:class:`StaleAttemptError`); the handle gets no messages."""
+    def queue_drain_inbox(self, rt: RoundTrip) -> Pending[list[bytes]]:
+        """Add a read of the root's attempt instead (a sub-agent has no inbox), so a superseded attempt
+        stops at the step's round trip (:class:`StaleAttemptError`); the handle gets no messages."""
         return rt.call("hget", self._state, record.ATTEMPT, parse=self._drained)
+
+    def queue_close(self, rt: RoundTrip, final: AssistantMessage) -> Pending[list[bytes]]:
+        """A sub-agent's answer ends only its own run (its caller's tool call): as :meth:`queue_drain_inbox`."""
+        return self.queue_drain_inbox(rt)
 
     def _drained(self, reply: bytes | None) -> list[bytes]:
         if reply is None or int(reply) != self._attempt:

@@ -13,12 +13,14 @@ is returned, so no strategy can send a broken tool-call group (rule 2, 3).
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from smith_client.events import EventData
 from smith_client.keys import DEFAULT_HISTORY_TTL, Keys
+from smith_client.roundtrip import RoundTrip
 from smith_worker.memory.history import ConversationStore
 from smith_worker.memory.pairing import well_formed
 
@@ -48,9 +50,21 @@ class MemoryContext:
     conversation_id: str
     history_ttl: int = DEFAULT_HISTORY_TTL
 
+    def reading(self, rt: RoundTrip, first: int, end: int | None = None) -> MemoryContext:
+        """This context with a store whose first ``read(first, end)`` is sent now, in ``rt``
+        (:meth:`~smith_worker.memory.history.ConversationStore.with_read`)."""
+        return dataclasses.replace(self, store=self.store.with_read(rt, first, end))
+
 
 class Memory(abc.ABC):
     """A memory strategy: computes the model's view of a conversation at each step."""
+
+    def prefetch(self, ctx: MemoryContext, rt: RoundTrip) -> MemoryContext:
+        """Add the first read :meth:`select` makes to ``rt``, the round trip of the step's other reads
+        (after the merged user messages joined the history), and return the context the step's
+        :meth:`view` then gets (:meth:`MemoryContext.reading`). The default reads nothing ahead: a
+        strategy that overrides it saves one round trip per step (docs/architecture.md, One turn's path)."""
+        return ctx
 
     async def view(self, ctx: MemoryContext) -> list[Any]:
         """The messages to send after the system prompt: :meth:`select`, made well-formed.
@@ -74,6 +88,10 @@ class FullMemory(Memory):
     Reads the whole stored history at each step (bounded by ``SMITH_HISTORY_MAX_MESSAGES``; a history over
     ``SMITH_VIEW_MAX_BYTES`` fails the turn with :class:`~smith_client.errors.ContextOverflowError`).
     """
+
+    def prefetch(self, ctx: MemoryContext, rt: RoundTrip) -> MemoryContext:
+        """The whole history, read with the step's other reads."""
+        return ctx.reading(rt, 0)
 
     async def select(self, ctx: MemoryContext) -> list[Any]:
         """All stored messages."""

@@ -7,6 +7,7 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
+from smith_client.messages import AssistantMessage
 from smith_client.roundtrip import Pending, RoundTrip
 
 
@@ -34,11 +35,13 @@ class AttemptWrites(Protocol):
         :class:`StaleAttemptError` when the append was refused."""
         ...
 
-    async def drain_inbox(self, closing: bool) -> list[bytes]:
-        """Move merged user messages into the history; when ``closing`` and none wait, close the inbox."""
+    def queue_drain_inbox(self, rt: RoundTrip) -> Pending[list[bytes]]:
+        """Add the move of merged user messages into the history to ``rt``; the handle gets the moved
+        messages, and running it raises :class:`StaleAttemptError` when fenced off."""
         ...
 
-    def queue_drain_inbox(self, rt: RoundTrip, closing: bool = False) -> Pending[list[bytes]]:
-        """Add a drain to ``rt`` (closing the inbox when ``closing``); the handle gets the moved messages,
-        and running it raises :class:`StaleAttemptError` when fenced off."""
+    def queue_close(self, rt: RoundTrip, final: AssistantMessage) -> Pending[list[bytes]]:
+        """Add the end of the agent's run with answer ``final`` (already appended in ``rt``): the handle gets
+        the merged user messages that joined the history instead (the run goes on to answer them), or
+        ``[]``; for a turn's root agent, ``[]`` means the turn completed in that round trip."""
         ...

@@ -21,6 +21,7 @@ past the limit, so a worker never pulls an unbounded history into its memory; th
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -93,12 +94,27 @@ class ConversationStore:
         self._max_bytes = max_bytes
         self._keys = lists or (keys.history(conversation_id), keys.history_trimmed(conversation_id))
         self._expected_end = expected_end
+        #: Reads sent ahead by :meth:`with_read`, by their ``(first, end)``: each serves one :meth:`read`.
+        self._ready: dict[tuple[int, int | None], Pending[HistorySlice]] = {}
 
     async def read(self, first: int, end: int | None = None) -> HistorySlice:
         """Messages at positions ``first`` (clamped to the oldest stored) up to ``end`` (exclusive; None = all)."""
-        return self._slice(
-            await HISTORY_READ(self._redis, self._keys, [first, "" if end is None else end, "range", self._max_bytes])
-        )
+        ready = self._ready.pop((first, end), None)
+        if ready is not None:
+            return ready.value
+        return self._slice(await HISTORY_READ(self._redis, self._keys, self._read_args(first, end)))
+
+    def with_read(self, rt: RoundTrip, first: int, end: int | None = None) -> ConversationStore:
+        """A copy of this store whose first :meth:`read` of ``(first, end)`` is answered by a read added to
+        ``rt`` now (a step's view read sent with the step's other reads; docs/architecture.md, One turn's
+        path). Running ``rt`` raises what :meth:`read` raises; reading before ``rt`` ran raises
+        :class:`RuntimeError`."""
+        ahead = copy.copy(self)
+        ahead._ready = {(first, end): rt.script(HISTORY_READ, self._keys, self._read_args(first, end), self._slice)}
+        return ahead
+
+    def _read_args(self, first: int, end: int | None) -> list[Any]:
+        return [first, "" if end is None else end, "range", self._max_bytes]
 
     def queue_tail(self, rt: RoundTrip, count: int) -> Pending[HistorySlice]:
         """Add a read of the last ``count`` stored messages (fewer when the history is shorter) to ``rt``,

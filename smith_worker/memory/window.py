@@ -9,6 +9,7 @@ import orjson
 
 from smith_client.errors import ConfigurationError, ContextOverflowError
 from smith_client.messages import UserMessage
+from smith_client.roundtrip import RoundTrip
 from smith_worker.llm.wire import to_openai
 from smith_worker.memory.base import Memory, MemoryContext
 
@@ -78,9 +79,17 @@ class RollingWindowMemory(Memory):
             return "max_tokens", self.max_tokens, tokens
         return None
 
+    def prefetch(self, ctx: MemoryContext, rt: RoundTrip) -> MemoryContext:
+        """The current turn and the newest page before it, read with the step's other reads."""
+        return ctx.reading(rt, ctx.turn_start - self._page_size)
+
+    @property
+    def _page_size(self) -> int:
+        return self.max_messages or self.page
+
     async def select(self, ctx: MemoryContext) -> list[Any]:
         """The current turn plus as many older messages as fit, starting at a user message."""
-        page = self.max_messages or self.page
+        page = self._page_size
         chunk = await ctx.store.read(ctx.turn_start - page)
         split = max(ctx.turn_start - chunk.first, 0)
         older, turn = chunk.messages[:split], chunk.messages[split:]

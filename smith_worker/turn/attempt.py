@@ -31,9 +31,11 @@ from pydantic import BaseModel
 from smith_client import turn_record as record
 from smith_client.enqueue import enqueue_job
 from smith_client.errors import ParseError
+from smith_client.eventlog import EventLog
+from smith_client.events import TurnCompletedData
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import RUNNING_TTL, Keys, now_ms
-from smith_client.messages import message_to_json
+from smith_client.messages import AssistantMessage, message_to_json
 from smith_client.roundtrip import Pending, RoundTrip
 from smith_client.scripts import LuaScript
 from smith_client.turn_record import decode_state
@@ -50,6 +52,7 @@ FINISH = LuaScript("finish", __package__)
 HEAD = LuaScript("head", __package__)
 APPEND_USER = LuaScript("append_user", __package__)
 DRAIN_INBOX = LuaScript("drain_inbox", __package__)
+COMPLETE = LuaScript("complete", __package__)
 FAIL_UNREAD = LuaScript("fail_unread", __package__)
 
 logger = logging.getLogger("agent_smith.worker")
@@ -84,8 +87,15 @@ class TurnAttempt:
         lease: float = DEFAULT_LEASE,
         history_max: int = DEFAULT_HISTORY_MAX_MESSAGES,
         job_id: str = "",
+        events: EventLog | None = None,
+        agent_path: list[str] | None = None,
     ) -> None:
         self.redis = redis
+        self.events = events
+        self.agent_path = agent_path or []
+        #: Set when :meth:`queue_close`'s round trip completed the turn: the conversation's oldest unfinished
+        #: turn then (None: none), for :func:`woken`.
+        self.completed: Completed | None = None
         self.job_id = job_id
         self.keys = keys
         self.turn_id = turn_id
@@ -219,18 +229,11 @@ class TurnAttempt:
             raise StaleAttemptError(self.turn_id)
         self.history_end = int(reply)
 
-    async def drain_inbox(self, closing: bool) -> list[bytes]:
-        """Move merged user messages into the history; when ``closing`` and none are waiting, close the inbox."""
-        rt = RoundTrip()
-        moved = self.queue_drain_inbox(rt, closing)
-        await rt.run(self.redis)
-        return moved.value
-
-    def queue_drain_inbox(self, rt: RoundTrip, closing: bool = False) -> Pending[list[bytes]]:
-        """Add :meth:`drain_inbox` to ``rt`` (to share a step's round trip, or a final answer's append); the
-        handle gets the moved messages. Running ``rt`` raises :class:`StaleAttemptError` when fenced off."""
+    def queue_drain_inbox(self, rt: RoundTrip) -> Pending[list[bytes]]:
+        """Add the move of merged user messages into the history to ``rt`` (to share a step's round trip);
+        the handle gets the moved messages. Running ``rt`` raises :class:`StaleAttemptError` when fenced off."""
         keys = [self._state, self.keys.turn_inbox(self.turn_id), self._history, self._trimmed]
-        args = [self.attempt, self.history_ttl, "1" if closing else "0", self.history_max]
+        args = [self.attempt, self.history_ttl, self.history_max]
         return rt.script(DRAIN_INBOX, keys, args, parse=self._drained)
 
     def _drained(self, reply: Any) -> list[bytes]:
@@ -240,11 +243,38 @@ class TurnAttempt:
             self.history_end += len(reply)
         return list(reply)
 
+    def queue_close(self, rt: RoundTrip, final: AssistantMessage) -> Pending[list[bytes]]:
+        """Add the end of the turn with answer ``final`` to ``rt`` (``lua/complete.lua``), after the answer's
+        append: merged user messages that wait join the history instead, and the handle gets them (the
+        turn goes on); when none wait, in the same script, the inbox closes, ``turn.completed`` is
+        published and the state becomes completed; the handle then gets ``[]`` and :attr:`completed` is
+        set. Running ``rt`` raises :class:`StaleAttemptError` when fenced off. Needs ``events``."""
+        if self.events is None:
+            raise RuntimeError("TurnAttempt.queue_close needs the attempt's event log (events=)")
+        event_keys, event_args = self.events.publish_args(
+            self.turn_id, TurnCompletedData(message=final), self.agent_path, self.attempt
+        )
+        keys = [*self._finish_keys(), self._trimmed, *event_keys[:3]]
+        args = [*self._finish_args(record.COMPLETED, record.RESULT, final.model_dump_json()), self.history_max]
+        return rt.script(COMPLETE, keys, [*args, *event_args[:2]], parse=self._closed)
+
+    def _closed(self, reply: Any) -> list[bytes]:
+        if reply is None:
+            raise StaleAttemptError(self.turn_id)
+        moved: list[bytes] = reply[0]
+        if moved:
+            return self._drained(moved)
+        self.completed = Completed(_head(reply[2]))
+        return []
+
     def queue_finish(self, rt: RoundTrip, status: str, field: str, value: str) -> Pending[bool]:
         """Add the fenced final write (``lua/finish.lua``) to ``rt``, to commit with the terminal event:
         ``status`` and ``field`` = ``value`` in the state, which then lives ``keys.turn_ttl`` seconds.
         The handle gets False when this attempt was fenced off."""
-        keys = [
+        return rt.script(FINISH, self._finish_keys(), self._finish_args(status, field, value), parse=bool)
+
+    def _finish_keys(self) -> list[str]:
+        return [
             self._state,
             self.keys.running,
             self.keys.conversation_turns(self.conversation_id),
@@ -253,8 +283,9 @@ class TurnAttempt:
             self._statuses,
             self._worker_turns,
         ]
-        args = [self.turn_id, self.attempt, status, field, value, self.keys.turn_ttl, self.history_ttl]
-        return rt.script(FINISH, keys, args, parse=bool)
+
+    def _finish_args(self, status: str, field: str, value: str) -> list[Any]:
+        return [self.turn_id, self.attempt, status, field, value, self.keys.turn_ttl, self.history_ttl]
 
     async def requeue(self) -> int:
         """Hand the turn off (worker shutdown): back to ``queued`` and re-enqueued under a new job id."""
@@ -318,6 +349,14 @@ class Head:
 
     turn_id: str
     queued: bool
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A turn completed by :meth:`TurnAttempt.queue_close`: its conversation's oldest unfinished turn
+    then (None: none), to wake with :func:`woken`."""
+
+    head: Head | None
 
 
 def _head(reply: list[bytes]) -> Head | None:

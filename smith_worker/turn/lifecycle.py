@@ -42,7 +42,6 @@ from smith_client.events import (
     EventData,
     MessageData,
     TurnCancelledData,
-    TurnCompletedData,
     TurnFailedData,
     TurnResumedData,
     TurnStartedData,
@@ -63,7 +62,7 @@ from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.tools.function import error_content
 from smith_worker.tools.waiter import settle_call
-from smith_worker.turn.attempt import FAIL_UNREAD, TurnAttempt, park, queue_head, wake_head, woken
+from smith_worker.turn.attempt import FAIL_UNREAD, Head, TurnAttempt, park, queue_head, wake_head, woken
 
 logger = logging.getLogger("agent_smith.agent")
 
@@ -100,6 +99,8 @@ class TurnExecution:
             rt.worker_id,
             history_max=rt.settings.history_max_messages,
             job_id=job_id,
+            events=rt.events,
+            agent_path=[job.agent],
         )
         self.agent_path = [job.agent]
         #: What the agent loop gets (built once the agent is known).
@@ -256,8 +257,8 @@ class TurnExecution:
         await rt.run(self.rt.redis)
         for message in added:
             await fire("on_message", message, self.rt.app.hooks, spec.hooks)
-        final = await AgentLoop(self.ctx).run(start.value, fresh=first)
-        await self._finish(record.COMPLETED, record.RESULT, final.model_dump_json(), TurnCompletedData(message=final))
+        await AgentLoop(self.ctx).run(start.value, fresh=first)  # its last round trip completes the turn
+        await self._after_completion()
 
     def _check_attempts(self, state: dict[str, str]) -> None:
         """Refuse a run after ``SMITH_TURN_MAX_ATTEMPTS`` crashes of a worker running this turn alone, or
@@ -277,6 +278,9 @@ class TurnExecution:
     async def _after_task_cancelled(self, spec: AgentSpec | None) -> None:
         """Why was the task cancelled? A caller's cancel, a lost lease, or the worker shutting down."""
         self._ending = True
+        if self.attempt.completed is not None:  # cancelled after its completion (in an on_message hook)
+            await self._after_completion()
+            return
         if self._lease_lost:
             return  # another attempt owns the turn now; this one must not write
         if self._cancel_requested:
@@ -369,8 +373,19 @@ class TurnExecution:
         await rt.run(self.rt.redis)
         if seq.value < 0 or not finished.value:
             raise StaleAttemptError(self.job.turn_id)
+        await self._ended(status, head.value)
+
+    async def _after_completion(self) -> None:
+        """The turn completed in the agent loop's last round trip (:meth:`TurnAttempt.queue_close`)."""
+        completed = self.attempt.completed
+        if completed is None:  # the loop returns only once its close completed the turn
+            raise InternalError("the agent loop returned before the turn completed")
+        await self._ended(record.COMPLETED, completed.head)
+
+    async def _ended(self, status: str, head: Head | None) -> None:
+        """After the terminal event: count the turn and wake its conversation's next turn (``head``)."""
         self.rt.metrics.record_turn(self.job.agent, status, time.monotonic() - self._started)
-        await woken(self.rt.redis, self.rt.keys, head.value)
+        await woken(self.rt.redis, self.rt.keys, head)
 
     async def _turn_messages(self) -> list[Any]:
         """This turn's messages: the history from its user message on."""

@@ -7,6 +7,8 @@ Every test runs a real turn: SmithClient → Redis → the session's turn worker
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import Counter
 
 import pytest
@@ -77,7 +79,10 @@ async def test_raising_sync_and_async_hooks_do_not_break_a_turn(client, scenario
     reply = await client.send(f"{marker} go", conversation_id=f"conv-{key}", agent="hooked")
 
     assert reply.content == "hooks survived"
-    calls = await hook_calls(client)
+    # the final answer's on_message fires once its append (which also completes the turn) is done
+    deadline = time.monotonic() + 10
+    while (calls := await hook_calls(client))["on_message"] < 4 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
     # every hook ran (and raised): user + assistant + tool + final assistant messages, one call, one result
     assert calls["on_message"] == 4 and calls["on_tool_call"] == 1 and calls["on_tool_result"] == 1
     assert calls["on_stream_event"] > 0 and calls["on_error"] == 0

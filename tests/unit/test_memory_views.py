@@ -316,3 +316,21 @@ async def test_a_read_finding_the_attempts_own_writes_lost_is_fenced_off(convo):
         await store.read(0)
     ends[0] = None  # no attempt's writes to check (before its user message is in)
     assert len((await store.read(0)).messages) == 1
+
+
+@pytest.mark.parametrize("memory", [FullMemory(), RollingWindowMemory(max_messages=6)], ids=repr)
+async def test_a_prefetched_view_is_the_same_view_and_reads_nothing_more(convo, memory):
+    """A strategy's first read sent ahead with the step's other reads (Memory.prefetch): its view is the one
+    it computes alone, and computing it sends no further history read."""
+    history = [*tool_turn(0), *text_turn(1), *tool_turn(2)]
+    await convo.push([*history, UserMessage(content="now")])
+    alone = await memory.view(convo.ctx(len(history)))
+    counting = CountingRedis(convo.redis)
+    convo.store = ConversationStore(counting, convo.keys, convo.cid)
+    rt = RoundTrip()
+    step = memory.prefetch(convo.ctx(len(history)), rt)
+    await rt.run(convo.redis)
+    assert await memory.view(step) == alone
+    assert counting.bytes_read == 0
+    assert (await step.store.read(0)).messages  # served once; a second read goes to Redis
+    assert counting.bytes_read > 0

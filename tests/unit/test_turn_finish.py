@@ -34,12 +34,13 @@ async def running_turn(redis, keys: Keys) -> TurnExecution:
     await redis.hset(keys.turn_state(turn_id), mapping={record.STATUS: record.QUEUED, record.ATTEMPT: 0})
     await redis.rpush(keys.conversation_turns(conversation_id), turn_id)
     await redis.hset(keys.conversation_statuses(conversation_id), turn_id, record.QUEUED)
-    attempt = TurnAttempt(redis, keys, turn_id, conversation_id, "w1")
+    attempt = TurnAttempt(redis, keys, turn_id, conversation_id, "w1", events=EventLog(redis, keys), agent_path=["a"])
     begin = RoundTrip()
     outcome = attempt.queue_begin(begin)
     await begin.run(redis)
     assert outcome.value == "go"
     execution = object.__new__(TurnExecution)
+    execution._lease_lost, execution._cancel_requested = False, False
     execution.rt = SimpleNamespace(
         redis=redis, keys=keys, events=EventLog(redis, keys), metrics=SimpleNamespace(record_turn=lambda *_: None)
     )
@@ -78,3 +79,56 @@ async def test_an_attempt_handed_back_cannot_end_the_queued_turn(redis):
     await execution._cancelled(None, "user")
     assert await redis.hget(keys.turn_state(execution.job.turn_id), record.STATUS) == b"queued"
     assert await terminal_events(redis, keys, execution.job.turn_id) == []
+
+
+async def close(execution: TurnExecution, final: AssistantMessage) -> list[bytes]:
+    """The agent loop's close of the turn with ``final`` (lua/complete.lua), in a round trip of its own."""
+    rt = RoundTrip()
+    closed = execution.attempt.queue_close(rt, final)
+    await rt.run(execution.rt.redis)
+    return closed.value
+
+
+async def test_the_close_completes_the_turn_in_one_script(redis):
+    keys = Keys(f"fin{uuid.uuid4().hex[:6]}")
+    execution = await running_turn(redis, keys)
+    turn_id = execution.job.turn_id
+    assert await close(execution, AssistantMessage(content="done")) == []
+    assert execution.attempt.completed is not None
+    state = await redis.hgetall(keys.turn_state(turn_id))
+    assert state[record.STATUS.encode()] == b"completed"
+    assert orjson.loads(state[record.RESULT.encode()])["content"] == "done"
+    assert state[b"inbox_closed"] == b"1"
+    assert await terminal_events(redis, keys, turn_id) == ["turn.completed"]
+    assert await redis.zscore(keys.running, turn_id) is None
+
+
+async def test_a_merged_message_waiting_at_the_close_keeps_the_turn_running(redis):
+    """A user message merged into the turn after its answer was appended: the close moves it into the
+    history and leaves the turn running (it answers it next), with no terminal event."""
+    keys = Keys(f"fin{uuid.uuid4().hex[:6]}")
+    execution = await running_turn(redis, keys)
+    turn_id = execution.job.turn_id
+    await redis.rpush(keys.turn_inbox(turn_id), b'{"role":"user","content":"and also"}')
+    moved = await close(execution, AssistantMessage(content="done"))
+    assert moved == [b'{"role":"user","content":"and also"}'] and execution.attempt.completed is None
+    assert await redis.hget(keys.turn_state(turn_id), record.STATUS) == b"running"
+    assert await terminal_events(redis, keys, turn_id) == []
+    history = await redis.lrange(keys.history(execution.job.conversation_id), 0, -1)
+    assert history[-1] == b'{"role":"user","content":"and also"}'
+
+
+async def test_a_cancel_after_the_close_completed_the_turn_changes_nothing(redis):
+    """The close committed; then the task was cancelled (a caller's cancel, in an on_message hook): the
+    turn stays completed and ends as completed (counted, its conversation's next turn woken)."""
+    keys = Keys(f"fin{uuid.uuid4().hex[:6]}")
+    execution = await running_turn(redis, keys)
+    turn_id = execution.job.turn_id
+    ended: list[str] = []
+    execution.rt.metrics = SimpleNamespace(record_turn=lambda agent, status, seconds: ended.append(status))
+    await close(execution, AssistantMessage(content="done"))
+    execution._cancel_requested = True
+    await execution._after_task_cancelled(None)
+    assert await redis.hget(keys.turn_state(turn_id), record.STATUS) == b"completed"
+    assert await terminal_events(redis, keys, turn_id) == ["turn.completed"]
+    assert ended == ["completed"]  # counted once, as completed (its conversation's next turn woken after)

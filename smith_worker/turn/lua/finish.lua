@@ -8,17 +8,4 @@
 -- terminal event in agreement: the terminal event in the same transaction is dropped on the same test
 -- (fenced_off), so an attempt that already ended the turn (completed, its reply lost to a cancel of
 -- the task awaiting it) cannot rewrite the status as cancelled behind a logged turn.completed.
-if fenced_off(KEYS[1], ARGV[2]) then return 0 end
-redis.call('HSET', KEYS[1], 'status', ARGV[3], ARGV[4], ARGV[5], 'inbox_closed', '1', 'lease_until', 0)
-redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('LREM', KEYS[3], 0, ARGV[1])
-redis.call('HDEL', KEYS[6], ARGV[1])
-redis.call('SREM', KEYS[7], ARGV[1])
-local merged = redis.call('LRANGE', KEYS[4], 0, -1)
-if #merged > 0 then
-  redis.call('RPUSH', KEYS[5], unpack(merged))
-  redis.call('EXPIRE', KEYS[5], ARGV[7])
-end
-redis.call('DEL', KEYS[4])
-return 1
+return finish_turn(KEYS, ARGV)
