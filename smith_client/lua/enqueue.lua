@@ -6,7 +6,7 @@
 -- ARGV: job expiry ms, job bytes, score ms, job id, wake-up list TTL s, wake-up list cap, need, refuse
 --       ('1'/'0'), now ms, capability set key prefix, capability set wake-up list prefix.
 -- Replies 1 when enqueued, 0 when arq has the job id, -1 when the skip key exists (a tool call's
--- result key: the call is answered already, so its job is not enqueued again; smith_worker/dispatch.py),
+-- result key: the call is answered already, so its job is not enqueued again; smith_worker/tools/waiter.py),
 -- -2 when refused: live workers exist but none serves what the job needs.
 if KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1 then return -1 end
 return enqueue_job({unpack(KEYS, 1, 6)}, {unpack(ARGV, 1, 11)})

@@ -6,7 +6,7 @@ local TERMINAL = {completed = true, failed = true, cancelled = true}
 
 -- Count how a running attempt of the turn whose state hash is `state` ended without ending the turn
 -- (its worker died, or lost Redis past its lease): a crash of the turn when its worker ran it alone,
--- otherwise a shared crash (smith_worker/turn.py, the attempt limit). `worker_turns` is that worker's
+-- otherwise a shared crash (smith_worker/turn/lifecycle.py, the attempt limit). `worker_turns` is that worker's
 -- SET of running turns (false: unknown, taken as alone); it keeps them after the worker died.
 local function count_crash(state, worker_turns)
   if not worker_turns or redis.call('SCARD', worker_turns) <= 1 then
@@ -35,7 +35,7 @@ end
 
 -- Drop the oldest messages of `history` beyond `max`, moving the cut forward past tool messages so
 -- a tool-call group goes whole; count what was removed in `trimmed` and give it the history's TTL
--- (positions depend on it; smith_worker/history.py).
+-- (positions depend on it; smith_worker/memory/history.py).
 local function trim(history, trimmed, max, ttl)
   redis.call('EXPIRE', trimmed, ttl)
   local len = redis.call('LLEN', history)
@@ -49,13 +49,13 @@ local function trim(history, trimmed, max, ttl)
   redis.call('EXPIRE', trimmed, ttl)
 end
 
--- The history's absolute end: messages ever appended (the trimmed ones counted), smith_worker/history.py.
+-- The history's absolute end: messages ever appended (the trimmed ones counted), smith_worker/memory/history.py.
 local function history_end(history, trimmed)
   return tonumber(redis.call('GET', trimmed) or '0') + redis.call('LLEN', history)
 end
 
 -- Push a wake-up token for the workers of a queue, which block on the list instead of polling
--- (smith_worker/pickup.py): a token only means "poll now", so the list is capped and expires.
+-- (smith_worker/queue/pickup.py): a token only means "poll now", so the list is capped and expires.
 local function wake(list, ttl, cap)
   redis.call('RPUSH', list, '1')
   redis.call('LTRIM', list, -tonumber(cap), -1)
@@ -180,7 +180,7 @@ local function conversation_head(fifo, statuses)
   return {active[1], redis.call('HGET', statuses, active[1])}
 end
 
--- A worker registration (smith_worker/registration.py) at `key`, and whether the process instance
+-- A worker registration (smith_worker/ops/registration.py) at `key`, and whether the process instance
 -- `instance` wrote it (its JSON's "instance"); nil, true when there is none.
 local function registration(key, instance)
   local held = redis.call('GET', key)

@@ -1,4 +1,4 @@
--- Read a conversation's messages by absolute position (smith_worker/history.py).
+-- Read a conversation's messages by absolute position (smith_worker/memory/history.py).
 -- KEYS: history, trimmed. ARGV: first position, end position ('' = the end), or a negative count
 -- of messages from the end when ARGV[3] == 'tail'; ARGV[4]: the most bytes the items may sum to.
 -- Returns {trimmed, length, first index, items}, or {trimmed, length, first index, false, their bytes}

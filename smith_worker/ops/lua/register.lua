@@ -1,4 +1,4 @@
--- Claim or renew a worker id (smith_worker/registration.py register_worker): the registration is
+-- Claim or renew a worker id (smith_worker/ops/registration.py register_worker): the registration is
 -- written only when nobody holds the id or this process instance does, so two live processes never
 -- share one id. KEYS: the registration, the live-workers ZSET. ARGV: worker id, registration JSON
 -- (holding "instance"), instance, TTL s, now ms, ZSET TTL s.

@@ -1,4 +1,4 @@
--- Remove a worker's registration at its graceful stop (smith_worker/registration.py unregister_worker),
+-- Remove a worker's registration at its graceful stop (smith_worker/ops/registration.py unregister_worker),
 -- unless another process instance holds the id now. KEYS: the registration, the live-workers ZSET.
 -- ARGV: worker id, instance. Returns 1 when removed (or already gone), 0 when another instance holds it.
 local _, mine = registration(KEYS[1], ARGV[2])

@@ -1,4 +1,4 @@
--- Claim the ready jobs of an arq queue for one worker, in one round trip (smith_worker/claim.py): what
+-- Claim the ready jobs of an arq queue for one worker, in one round trip (smith_worker/queue/claim.py): what
 -- arq 0.28 sends per job over six (its poll; start_jobs: WATCH, EXISTS, ZSCORE, MULTI PSETEX EXEC; the
 -- first transaction of run_job: GET the job, INCRBY and EXPIRE its try counter, ZREM its abort request),
 -- atomic, so two workers never both claim a job and nothing needs WATCH. As arq: a job whose in-progress
@@ -9,7 +9,7 @@
 -- for the workers that serve it, which its wake-up token went to.
 -- It also pops one wake-up token per job claimed beyond the tokens the worker's wait already took, from
 -- the list the job's token went to, and reads the score of the queue's next deferred job, which bounds
--- that wait (smith_worker/pickup.py).
+-- that wait (smith_worker/queue/pickup.py).
 -- A worker its wait's tokens woke claims no more jobs than the tokens it holds and those still listed:
 -- the others' tokens went to other idle workers, whose claims take those jobs, so the jobs of a burst
 -- are spread over the idle workers. Woken otherwise (the fallback poll, a deferred job due, a slot

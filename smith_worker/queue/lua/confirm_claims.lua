@@ -1,4 +1,4 @@
--- Confirm the jobs of one claim (lua/claim.lua) as the worker starts them (smith_worker/claim.py): a job
+-- Confirm the jobs of one claim (lua/claim.lua) as the worker starts them (smith_worker/queue/claim.py): a job
 -- whose in-progress key still holds this claim's marker gets arq's '1' and its full in-progress TTL; one
 -- whose lease ended and was claimed again, or that ended meanwhile, is not confirmed and must not run.
 -- KEYS: none (the keys are arq's in-progress prefix + the claimed job ids, as in claim.lua).

@@ -1,4 +1,4 @@
--- Abort an arq job of the tools queue, queued or running (smith_worker/dispatch.py abort_job).
+-- Abort an arq job of the tools queue, queued or running (smith_worker/tools/waiter.py abort_job).
 -- The abort request goes in arq's abort set, pruned of entries older than its TTL (arq never prunes
 -- it, #485); a queued job is removed so it never starts; a running one is cancelled by its worker at
 -- its next poll, so every tool worker is told to poll now on a channel (one wake-up token would reach

@@ -1,4 +1,4 @@
--- Append a turn's user message once per turn id (smith_worker/turn_state.py).
+-- Append a turn's user message once per turn id (smith_worker/turn/attempt.py).
 -- KEYS: state, history, trimmed. ARGV: attempt, message, history TTL s, max messages, then optionally
 -- the repair of dangling tool calls: the history end it was computed for, the position to insert at,
 -- the tool messages. The repair is skipped when the history changed since it was computed.

@@ -1,4 +1,4 @@
--- Take a turn for a new attempt (smith_worker/turn_state.py). Only the oldest unfinished turn of a
+-- Take a turn for a new attempt (smith_worker/turn/attempt.py). Only the oldest unfinished turn of a
 -- conversation may run: a later one gets {'wait', <id ahead>} and parks.
 -- KEYS: state, running ZSET, conversation FIFO, conversation statuses, the worker's running turns SET.
 -- ARGV: turn id, worker id, now ms, lease ms, running ZSET TTL s, the attempt's arq job id ('' outside arq).
