@@ -12,11 +12,13 @@ per server (:mod:`~smith_worker.mcp.server`); nothing here imports the
 ``mcp`` SDK until a server is first used.
 
 Modules, one concern each: :mod:`.config` (``ServerConfig``),
-:mod:`.naming` (public names), :mod:`.catalog` (filter + schemas),
-:mod:`.discovery` (handshake + listings), :mod:`.transport` (SDK
-transports, stderr, parent-death launcher), :mod:`.link` (read/write pumps),
-:mod:`.supervisor` (owner task, health, restarts), :mod:`.server` (requests),
-:mod:`.adapt` (results → Smith values), :mod:`.events`, :mod:`.errors`,
+:mod:`.catalog` (handshake + listings, public names, filter + schemas),
+:mod:`.transport` (SDK transports, stderr),
+:mod:`.launcher` (the parent-death launcher script of stdio servers),
+:mod:`.http` (Streamable HTTP retries, lost sessions), :mod:`.link`
+(read/write pumps), :mod:`.supervisor` (owner task, health, restarts),
+:mod:`.server` (requests, results → Smith values), :mod:`.events`,
+:mod:`.errors` (JSON-RPC and transport failures → typed errors),
 :mod:`.source` (the ``ToolSource``).
 """
 

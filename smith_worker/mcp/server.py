@@ -23,11 +23,29 @@ found dead or hung; everything else here is about the requests.
   hold off the health ping.
 * **Progress** notifications reach only the turn of the call they belong
   to (the SDK routes them by progress token, which is the request id).
+* **Results** become Smith values (MCP 2025-06-18, tools:
+  https://modelcontextprotocol.io/specification/2025-06-18/server/tools):
+
+  * ``tools/call`` → :class:`ToolResult` (:func:`tool_result`): text blocks
+    joined by newlines; embedded text resources inlined; binary content
+    (images, audio, blobs) replaced by a short placeholder (messages carry
+    text only); ``structuredContent`` kept as ``structured`` (and used as the
+    content when there is no text); ``isError`` → an error result with the
+    compact JSON error payload of tool messages.
+  * ``resources/read`` → :class:`ToolResult` (:func:`resource_result`): text
+    contents joined, with a ``uri`` header line per item when there are
+    several; blobs as placeholders.
+  * ``prompts/get`` → :class:`UserMessage` / :class:`AssistantMessage`
+    (:func:`prompt_messages`); any non-text content raises :class:`McpError`.
+
+  Results are read through their JSON dump (MCP wire field names), so the
+  conversion does not depend on SDK classes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import logging
 import time
@@ -36,7 +54,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from smith_worker.mcp import adapt
+import orjson
+
+from smith_client.errors import McpError
+from smith_client.messages import AssistantMessage, UserMessage
 from smith_worker.mcp.catalog import Catalog
 from smith_worker.mcp.config import ServerConfig
 from smith_worker.mcp.errors import (
@@ -51,7 +72,7 @@ from smith_worker.mcp.errors import (
 from smith_worker.mcp.events import EventRouter, EventSink, Notification
 from smith_worker.mcp.link import CALL_TAG
 from smith_worker.mcp.supervisor import CatalogListener, Connection, State, Supervisor, ping
-from smith_worker.tools.function import ToolResult
+from smith_worker.tools.function import ToolResult, error_result
 
 logger = logging.getLogger("agent_smith.mcp")
 
@@ -196,7 +217,7 @@ class ServerHandle:
             )
 
         request = Request(f"tools/call {tool!r}", run, idempotent=tool in self.config.idempotent_tools, tag=tag)
-        return adapt.tool_result(await self.request(request, deadline, sink))
+        return tool_result(await self.request(request, deadline, sink))
 
     async def read_resource(
         self, uri: str, *, deadline: float | None = None, sink: EventSink | None = None
@@ -216,7 +237,7 @@ class ServerHandle:
                 request, types.ReadResourceResult, request_read_timeout_seconds=timeout
             )
 
-        return adapt.resource_result(await self.request(Request(f"resources/read {uri!r}", run, True), deadline, sink))
+        return resource_result(await self.request(Request(f"resources/read {uri!r}", run, True), deadline, sink))
 
     async def get_prompt(
         self,
@@ -242,7 +263,7 @@ class ServerHandle:
             )
 
         result = await self.request(Request(f"prompts/get {name!r}", run, True), deadline, sink)
-        return adapt.prompt_messages(self.alias, name, result)
+        return prompt_messages(self.alias, name, result)
 
     async def ping(self, *, deadline: float | None = None) -> None:
         """One ``ping`` round trip (starts the server if needed)."""
@@ -363,3 +384,85 @@ class ServerHandle:
         if conn.timeouts >= self.config.max_timeouts:
             logger.warning("MCP server %r: %d request timeouts in a row; restarting it", self.alias, conn.timeouts)
             self.supervisor.end(conn, "timeouts")
+
+
+# ---- results as Smith values (module doc, results) ----------------------------------------
+
+
+def _dump(model: Any) -> dict[str, Any]:
+    if isinstance(model, dict):
+        return model
+    dumped: dict[str, Any] = model.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return dumped
+
+
+def _blob_size(data: str) -> int:
+    try:
+        return len(base64.b64decode(data, validate=False))
+    except (ValueError, TypeError):
+        return len(data)
+
+
+def placeholder(kind: str, mime: str | None, size: int | None, uri: str | None = None) -> str:
+    """``[image omitted: image/png, 1234 bytes]``-style text for content the model cannot take."""
+    parts = [p for p in (mime, f"{size} bytes" if size is not None else None, uri) if p]
+    return f"[{kind} omitted{': ' + ', '.join(parts) if parts else ''}]"
+
+
+def resource_text(contents: dict[str, Any]) -> str:
+    """One resource content item (text or blob) as text."""
+    if "text" in contents:
+        return str(contents["text"])
+    blob = contents.get("blob", "")
+    return placeholder("binary resource", contents.get("mimeType"), _blob_size(blob), contents.get("uri"))
+
+
+def block_text(block: dict[str, Any]) -> str:
+    """One content block of a tool result as text (module doc, results)."""
+    kind = block.get("type")
+    if kind == "text":
+        return str(block.get("text", ""))
+    if kind == "resource":
+        return resource_text(block.get("resource") or {})
+    if kind == "resource_link":
+        return f"[resource link: {block.get('uri')}{' — ' + block['name'] if block.get('name') else ''}]"
+    if kind in ("image", "audio"):
+        return placeholder(kind, block.get("mimeType"), _blob_size(block.get("data", "")))
+    return placeholder(f"{kind or 'unknown'} content", None, None)
+
+
+def tool_result(result: Any) -> ToolResult:
+    """A ``CallToolResult`` as a :class:`ToolResult` (module doc, results)."""
+    data = _dump(result)
+    texts = [block_text(block) for block in data.get("content") or []]
+    structured = data.get("structuredContent")
+    text = "\n".join(texts)
+    if not texts and structured is not None:
+        text = orjson.dumps(structured).decode()
+    if data.get("isError"):
+        return error_result(text or "the MCP tool reported an error")
+    return ToolResult(content=text, structured=structured)
+
+
+def resource_result(result: Any) -> ToolResult:
+    """A ``ReadResourceResult`` as a :class:`ToolResult` (module doc, results)."""
+    contents = _dump(result).get("contents") or []
+    if len(contents) == 1:
+        return ToolResult(content=resource_text(contents[0]))
+    return ToolResult(content="\n\n".join(f"uri: {c.get('uri')}\n{resource_text(c)}" for c in contents))
+
+
+def prompt_messages(alias: str, name: str, result: Any) -> list[UserMessage | AssistantMessage]:
+    """A ``GetPromptResult`` as Smith messages. Raises :class:`McpError` on non-text content."""
+    messages: list[UserMessage | AssistantMessage] = []
+    for item in _dump(result).get("messages") or []:
+        content = item.get("content") or {}
+        if content.get("type") != "text":
+            raise McpError(
+                f"MCP server {alias!r}: prompt {name!r} has {content.get('type')!r} content; "
+                "only text prompts are supported",
+                server=alias,
+            )
+        cls = AssistantMessage if item.get("role") == "assistant" else UserMessage
+        messages.append(cls(content=str(content.get("text", ""))))
+    return messages

@@ -51,9 +51,8 @@ from typing import Any
 import anyio
 
 from smith_client.errors import SmithError, TransportError
-from smith_worker.mcp.catalog import Catalog, Discovery, build_catalog
+from smith_worker.mcp.catalog import Catalog, Discovery, build_catalog, discover, initialize
 from smith_worker.mcp.config import ServerConfig
-from smith_worker.mcp.discovery import discover, initialize
 from smith_worker.mcp.errors import (
     SESSION_EXPIRED,
     is_connection_loss,

@@ -9,8 +9,7 @@ import pytest
 from smith_client.errors import ConfigurationError
 from smith_worker.app import SmithApp
 from smith_worker.mcp import Catalog, ServerConfig
-from smith_worker.mcp.catalog import Discovery, build_catalog
-from smith_worker.mcp.naming import hashed_name, public_names, read_resource_name, sanitize
+from smith_worker.mcp.catalog import Discovery, build_catalog, hashed_name, public_names, read_resource_name, sanitize
 
 NAME_RULE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 

@@ -10,7 +10,7 @@ import pytest
 
 from smith_client.errors import McpError
 from smith_client.messages import AssistantMessage, UserMessage
-from smith_worker.mcp.adapt import prompt_messages, resource_result, tool_result
+from smith_worker.mcp.server import prompt_messages, resource_result, tool_result
 
 BLOB = base64.b64encode(b"\x00" * 10).decode()
 
