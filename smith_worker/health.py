@@ -87,12 +87,20 @@ def candidate_files(settings: Settings, queue: str | None) -> list[Path]:
         raise ConfigurationError(
             "--check needs --queue turns|tools (or SMITH_HEARTBEAT_FILE): whose heartbeat?", setting="--queue"
         )
+    return live_heartbeats(settings, queue)
+
+
+def live_heartbeats(settings: Settings, queue: str) -> list[Path]:
+    """The default-named heartbeat files of ``queue``'s workers whose process runs; those of processes that
+    are gone (a worker killed with SIGKILL never removes its own) are deleted on the way."""
     pattern = f"smith-{settings.prefix}-{queue}-*.heartbeat"
     files = []
     for path in Path(tempfile.gettempdir()).glob(pattern):
         pid = path.stem.rsplit("-", 1)[-1]
         if pid.isdigit() and _pid_runs(int(pid)):
             files.append(path)
+        else:
+            remove_heartbeat(path)
     return files
 
 

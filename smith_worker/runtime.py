@@ -30,7 +30,7 @@ from smith_client.eventlog import EventLog
 from smith_client.keys import REGISTRATION_TTL, Keys
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
-from smith_worker.health import heartbeat_forever, heartbeat_path, remove_heartbeat
+from smith_worker.health import heartbeat_forever, heartbeat_path, live_heartbeats, remove_heartbeat
 from smith_worker.ops.auto_pipeline import AutoPipeline
 from smith_worker.ops.heap import trim_forever
 from smith_worker.ops.metrics import WorkerMetrics
@@ -225,6 +225,8 @@ class WorkerRuntime:
         Waits (backing off) while Redis does not answer, instead of failing.
         """
         # first: liveness and /metrics are process-local and must work while start-up waits on Redis
+        if not self.settings.heartbeat_file:
+            live_heartbeats(self.settings, self.queue)  # deletes the files of this queue's killed workers
         self._background.append(asyncio.create_task(heartbeat_forever(heartbeat_path(self.settings, self.queue))))
         self._background.append(asyncio.create_task(trim_forever()))  # bursts of large turns leave no high-water mark
         if self.settings.metrics_port:

@@ -35,8 +35,10 @@ def test_check_finds_running_workers_files_and_ignores_dead_ones(tmp_path, monke
     assert check_alive(settings, "turns")[0] is False  # no file at all
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    heartbeat_path(settings, "turns", dead.pid).touch()  # fresh, but its process is gone
+    left = heartbeat_path(settings, "turns", dead.pid)
+    left.touch()  # fresh, but its process is gone (killed with SIGKILL: it never removed it)
     assert check_alive(settings, "turns")[0] is False
+    assert not left.exists()  # the check deleted the leftover
     mine = heartbeat_path(settings, "turns")
     mine.touch()
     assert check_alive(settings, "turns")[0] is True
