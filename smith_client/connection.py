@@ -49,15 +49,17 @@ from typing import Any, TypedDict, Unpack, cast
 import redis as sync_redis
 from arq.connections import ArqRedis
 from redis.asyncio import BlockingConnectionPool, ConnectionPool
-from redis.asyncio.connection import SSLConnection, parse_url
+from redis.asyncio.connection import AbstractConnection, SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
+from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry as SyncRetry
 from redis.sentinel import Sentinel as SyncSentinel
 from redis.sentinel import SentinelConnectionPool as SyncSentinelConnectionPool
+from redis.utils import HIREDIS_AVAILABLE
 
 from smith_client.errors import ConfigurationError
 from smith_client.redis_errors import PoolTimeoutError
@@ -90,7 +92,44 @@ def client_max_connections(value: int) -> int:
     return value
 
 
-class _PlainIdleCheck(ConnectionPool):
+class _HiredisPacking(AbstractConnection):
+    """A connection that packs its commands with hiredis, as redis-py's blocking connections do when it is installed.
+
+    redis-py's asyncio connections pack every command in Python (about 3.5 µs a command, a few dozen per
+    turn in a turn worker); hiredis packs the same bytes in C, about five times faster. A value neither
+    ``str``, ``bytes``, ``int``, ``float`` nor a buffer raises redis-py's ``DataError`` as before.
+    """
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        """The command ``args`` in the Redis protocol (one chunk)."""
+        return _HIREDIS_PACKER.pack(*args)  # type: ignore[no-any-return]  # redis-py leaves it unannotated
+
+
+_HIREDIS_PACKER = HiredisRespSerializer()
+#: redis-py's connection classes and their :class:`_HiredisPacking` versions, each made once.
+_PACKING_WITH_HIREDIS: dict[type[AbstractConnection], type[AbstractConnection]] = {}
+
+
+def _packing_with_hiredis(base: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``base`` (redis-py's TCP, TLS, Unix-socket or Sentinel-managed connection) packing with hiredis."""
+    if base not in _PACKING_WITH_HIREDIS:
+        _PACKING_WITH_HIREDIS[base] = type(base.__name__, (_HiredisPacking, base), {})
+    return _PACKING_WITH_HIREDIS[base]
+
+
+class _HiredisPackingPool(ConnectionPool):
+    """A pool whose connections pack commands with hiredis (:class:`_HiredisPacking`) when redis-py uses hiredis
+    and the connections encode as UTF-8, strictly (hiredis's only encoding; the project's)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        options = self.connection_kwargs
+        encoding = (options.get("encoding", "utf-8"), options.get("encoding_errors", "strict"))
+        if HIREDIS_AVAILABLE and encoding == ("utf-8", "strict"):
+            self.connection_class = _packing_with_hiredis(self.connection_class)
+
+
+class _PlainIdleCheck(_HiredisPackingPool):
     """A pool whose check of a pooled connection before a command is cheap when the connection is plainly idle."""
 
     async def ensure_connection(self, connection: Any) -> None:
@@ -147,6 +186,10 @@ class BoundedPool(_PlainIdleCheck, BlockingConnectionPool):
 
 class BoundedSentinelPool(SentinelConnectionPool, BoundedPool):
     """:class:`BoundedPool` for a master found through Sentinel (redis-py's :class:`SentinelConnectionPool`)."""
+
+
+class SentinelPool(SentinelConnectionPool, _HiredisPackingPool):
+    """redis-py's :class:`SentinelConnectionPool` (workers), its connections packing with hiredis."""
 
 
 class SyncBoundedPool(sync_redis.BlockingConnectionPool):
@@ -261,7 +304,7 @@ def connect_redis(url: str, **options: Unpack[ConnectOptions]) -> ArqRedis:
     redis = Sentinel(addresses, sentinel_kwargs=_sentinel_bounds(bounds)).master_for(
         sentinel_master,
         redis_class=ArqRedis,
-        connection_pool_class=BoundedSentinelPool if cap else SentinelConnectionPool,
+        connection_pool_class=BoundedSentinelPool if cap else SentinelPool,
         **master,
     )
     redis.job_serializer, redis.job_deserializer = job_serializer, job_deserializer  # master_for takes no such options

@@ -91,7 +91,17 @@ def script_command(
     script: LuaScript, keys: Sequence[str], args: Sequence[Any] = (), parse: Callable[[Any], T] = raw
 ) -> Command[T]:
     """The ``EVALSHA`` of ``script`` with ``keys`` and ``args``, its reply parsed by ``parse``."""
-    return Command("evalsha", (script.sha, len(keys), *keys, *args), parse=parse)
+    return Command("evalsha", _evalsha_args(script, keys, args), parse=parse)
+
+
+def _evalsha_args(script: LuaScript, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+    """redis-py's ``evalsha`` arguments for a call of ``script``: its SHA1, the number of keys, keys, args."""
+    return (script.sha, len(keys), *keys, *args)
+
+
+#: One queued command of a :class:`RoundTrip`: redis-py's method name, its args and kwargs, the ``parse`` of its
+#: reply and the handle that gets it (a plain tuple: a turn builds a few dozen of them).
+_Queued = tuple[str, tuple[Any, ...], dict[str, Any], Callable[[Any], Any], Pending[Any]]
 
 
 class RoundTrip:
@@ -101,28 +111,33 @@ class RoundTrip:
     Run with :meth:`run` (asyncio client) or :meth:`run_sync` (blocking client); a round trip runs once.
     """
 
+    __slots__ = ("_commands", "transaction")
+
     def __init__(self, *, transaction: bool = False) -> None:
         self.transaction = transaction
-        self._commands: list[tuple[Command[Any], Pending[Any]]] = []
+        self._commands: list[_Queued] = []
 
     def __len__(self) -> int:
         return len(self._commands)
 
     def add(self, command: Command[T]) -> Pending[T]:
         """Queue ``command``; its parsed reply comes in the returned handle."""
-        pending: Pending[T] = Pending()
-        self._commands.append((command, pending))
-        return pending
+        return self._queue(command.name, command.args, command.kwargs, command.parse)
 
     def call(self, name: str, *args: Any, parse: Callable[[Any], T] = raw, **kwargs: Any) -> Pending[T]:
         """Queue redis-py's ``name(*args, **kwargs)``; its reply parsed by ``parse`` (raw by default)."""
-        return self.add(Command(name, args, kwargs, parse))
+        return self._queue(name, args, kwargs, parse)
 
     def script(
         self, script: LuaScript, keys: Sequence[str], args: Sequence[Any] = (), parse: Callable[[Any], T] = raw
     ) -> Pending[T]:
         """Queue a call of ``script`` (``EVALSHA``); its reply parsed by ``parse`` (raw by default)."""
-        return self.add(script_command(script, keys, args, parse))
+        return self._queue("evalsha", _evalsha_args(script, keys, args), {}, parse)
+
+    def _queue(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], parse: Callable[[Any], T]) -> Pending[T]:
+        pending: Pending[T] = Pending()
+        self._commands.append((name, args, kwargs, parse, pending))
+        return pending
 
     def extend(self, other: RoundTrip) -> None:
         """Add ``other``'s commands after these, in order; their handles resolve when this round trip runs
@@ -169,12 +184,12 @@ class RoundTrip:
 
     def queue_on(self, pipe: Any) -> None:
         """Add every command to a redis-py pipeline, in order."""
-        for command, _ in self._commands:
-            command.queue_on(pipe)
+        for name, args, kwargs, _, _ in self._commands:
+            getattr(pipe, name)(*args, **kwargs)
 
     def resolve(self, replies: Sequence[Any]) -> None:
         """Parse ``replies`` (one per command, in order) into the handles; raises what a ``parse`` raises."""
         if len(replies) != len(self._commands):
             raise RuntimeError(f"{len(replies)} replies for {len(self._commands)} commands")
-        for (command, pending), reply in zip(self._commands, replies, strict=True):
-            pending.resolve(command.parse(reply))
+        for (_, _, _, parse, pending), reply in zip(self._commands, replies, strict=True):
+            pending.resolve(parse(reply))
