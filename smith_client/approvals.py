@@ -17,14 +17,13 @@ from pydantic import BaseModel, ConfigDict
 
 from smith_client import scripts
 from smith_client import turn_record as record
-from smith_client.enqueue import enqueue_call
 from smith_client.errors import InvalidRequestError, NoPendingCallError
 from smith_client.events import PendingItem
-from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import Keys
 from smith_client.protocol import Operation, call, run, run_script
 from smith_client.roundtrip import Pending, RoundTrip
 from smith_client.turn_record import decode_state
+from smith_client.turns import resume_job_call
 from smith_client.validation import check_id
 
 #: The default message of a rejected call's error tool message.
@@ -119,14 +118,7 @@ def _run_decide(
     """``lua/decide.lua`` with the enqueue of the turn's job, under the resume job id of the attempt that
     paused it (``state``'s), for when this decision completes the step."""
     attempt = state.get(record.ATTEMPT, "0")
-    job = TurnJob.model_validate_json(state.get(record.JOB) or "{}") if record.JOB in state else None
-    enqueue_keys, enqueue_args = enqueue_call(
-        RUN_TURN,
-        job.model_dump(mode="json") if job else {},
-        job_id=keys.turn_resume_job_id(turn_id, int(attempt)),
-        queue=keys.turns_queue,
-        requires=job.agent if job else "",  # on a worker serving its agent (smith_worker/routing.py)
-    )
+    enqueue_keys, enqueue_args = resume_job_call(keys, state, keys.turn_resume_job_id(turn_id, int(attempt)))
     conversation = state.get(record.CONVERSATION_ID, "")
     script_keys = (
         keys.turn_state(turn_id),

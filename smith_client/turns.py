@@ -244,8 +244,34 @@ def cancel_turn(keys: Keys, turn_id: str, reason: str = "cancel") -> Operation[s
         keys.paused,
         *event_keys,
     )
-    args = (turn_id, reason, keys.control_channel, keys.turn_ttl, *event_args[:2])
-    outcome = yield from run_script(scripts.CANCEL, script_keys, args, _decode)
+    script_keys += (keys.turn_inbox(turn_id), keys.history(conversation))
+    args = (turn_id, reason, keys.control_channel, keys.turn_ttl, *event_args[:2], keys.history_ttl)
+    reply: Any = yield from run_script(scripts.CANCEL, script_keys, args)
+    outcome = _decode(reply[0] if isinstance(reply, list) else reply)
     if outcome == "cancelled_queued":
         yield from publish(keys, turn_id, TurnCancelledData(reason=reason))
+    if outcome == "cancelled_paused" and len(reply) > 2 and reply[2] == record.QUEUED.encode():
+        yield from kick_turn(keys, reply[1].decode())  # the turn behind it runs now, not at its next check
     return outcome
+
+
+def resume_job_call(keys: Keys, state: dict[str, str], job_id: str) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of lib.lua's ``enqueue_job`` for a turn's ``run_turn`` job under ``job_id``, from its state
+    (``state``, decoded; the turn's stored job and its agent as the job's requirement)."""
+    job = TurnJob.model_validate_json(state[record.JOB]) if record.JOB in state else None
+    return enqueue_call(
+        RUN_TURN,
+        job.model_dump(mode="json") if job else {},
+        job_id=job_id,
+        queue=keys.turns_queue,
+        requires=job.agent if job else "",  # on a worker serving its agent (smith_worker/routing.py)
+    )
+
+
+def kick_turn(keys: Keys, turn_id: str) -> Operation[None]:
+    """Operation: enqueue queued turn ``turn_id`` (the head of its conversation) now, under its fixed wake-up
+    job id (:meth:`Keys.turn_kick_job_id`: arq keeps at most one)."""
+    state = yield from read_state(keys, turn_id)
+    if state.get(record.STATUS) == record.QUEUED:
+        enqueue_keys, enqueue_args = resume_job_call(keys, state, keys.turn_kick_job_id(turn_id))
+        yield from run_script(scripts.ENQUEUE, enqueue_keys, enqueue_args)

@@ -159,6 +159,17 @@ local function leave_unfinished(turn_id, fifo, statuses, pending, decisions, pau
   redis.call('DEL', pending, decisions)
 end
 
+-- Merged user messages an ending turn did not get to are kept: moved from its `inbox` to the end of the
+-- `history` (which then lives `ttl` seconds). finish_turn, cancel.lua.
+local function keep_merged(inbox, history, ttl)
+  local merged = redis.call('LRANGE', inbox, 0, -1)
+  if #merged > 0 then
+    redis.call('RPUSH', history, unpack(merged))
+    redis.call('EXPIRE', history, ttl)
+  end
+  redis.call('DEL', inbox)
+end
+
 -- The fenced final write of a turn's attempt (finish.lua has the contract; complete.lua).
 -- k: state, running ZSET, conversation FIFO, inbox, history, conversation statuses, the worker's running
 -- turns SET, pending, decisions, paused ZSET. a: turn id, attempt, status, field, value, turn TTL s, history TTL s.
@@ -172,17 +183,12 @@ local function finish_turn(k, a)
   redis.call('ZREM', running, turn_id)
   leave_unfinished(turn_id, fifo, statuses, pending, decisions, paused)
   redis.call('SREM', worker_turns, turn_id)
-  local merged = redis.call('LRANGE', inbox, 0, -1)
-  if #merged > 0 then
-    redis.call('RPUSH', history, unpack(merged))
-    redis.call('EXPIRE', history, history_ttl)
-  end
-  redis.call('DEL', inbox)
+  keep_merged(inbox, history, history_ttl)
   return 1
 end
 
 -- A conversation's oldest unfinished turn and its status ({} if none), dropping finished ones on the way.
--- `fifo` is its FIFO of turn ids, `statuses` its hash of unfinished turns. head.lua, complete.lua.
+-- `fifo` is its FIFO of turn ids, `statuses` its hash of unfinished turns. head.lua, complete.lua, cancel.lua.
 local function conversation_head(fifo, statuses)
   local active = unfinished_turns(fifo, statuses)
   if #active == 0 then return {} end

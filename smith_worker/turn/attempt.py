@@ -61,6 +61,10 @@ logger = logging.getLogger("agent_smith.worker")
 #: Seconds a turn's lease lives without renewal (renewed every third of it).
 DEFAULT_LEASE = 10.0
 
+#: Seconds a turn paused without an approval timeout keeps its keys at most (365 days): past that, a decision
+#: finds nothing to resume.
+PAUSE_KEPT_AT_MOST = 365 * 24 * 3600
+
 #: Seconds between the checks of a parked turn (one waiting behind an earlier turn of its conversation).
 #: The turn that finishes wakes the next one at once; this only covers a wake-up that was lost.
 PARK_RECHECK = 15.0
@@ -295,14 +299,15 @@ class TurnAttempt:
         """Pause the turn (``lua/pause.lua``; docs/architecture.md, Pausing for a person): ``turn.paused`` listing
         ``pending``, which are stored; the status ``paused``; the lease, the running ZSET and this worker's SET
         of running turns left. ``timeout`` (seconds, None = forever) is how long the calls wait for a person;
-        the turn's keys and the step's ``result_keys`` are kept that long plus ``turn_ttl``. Returns the event's
+        the turn's keys and the step's ``result_keys`` are kept that long plus ``turn_ttl`` (forever: at most
+        :data:`PAUSE_KEPT_AT_MOST`, as every key has a TTL; docs/architecture.md, Lifetimes). Returns the event's
         seq. Raises :class:`StaleAttemptError` when fenced off. Needs ``events``."""
         if self.events is None:
             raise RuntimeError("TurnAttempt.pause needs the attempt's event log (events=)")
         event_keys, event_args = self.events.publish_args(
             self.turn_id, TurnPausedData(pending=pending), self.agent_path, self.attempt
         )
-        life = "" if timeout is None else int(timeout) + self.keys.turn_ttl
+        life = (PAUSE_KEPT_AT_MOST if timeout is None else int(timeout)) + self.keys.turn_ttl
         deadline = "" if timeout is None else now_ms() + int(timeout * 1000)
         keys = [
             self._state,
@@ -316,7 +321,7 @@ class TurnAttempt:
             *result_keys,
         ]
         items = [part for item in pending for part in (item.call_id, item.model_dump_json())]
-        args = [self.turn_id, self.attempt, deadline, life, *event_args[:2], life or self.keys.turn_ttl, *items]
+        args = [self.turn_id, self.attempt, deadline, life, *event_args[:2], life, *items]
         seq = int(await PAUSE(self.redis, keys, args))
         if seq < 0:
             raise StaleAttemptError(self.turn_id)

@@ -256,3 +256,25 @@ async def test_deciding_a_call_that_is_not_pending_names_the_pending_ones(worker
         await client.approve(paused.turn_id, "call_plain")
     assert missing.value.pending == ["call_gated"] and missing.value.call_id == "call_plain"
     await client.turn(paused.turn_id).cancel()
+
+
+async def test_cancel_while_paused_keeps_merged_messages_and_starts_the_next_turn_at_once(
+    workers, client, scenario
+):
+    """The turn queued behind the paused one parked itself (it re-checks every PARK_RECHECK = 15 s): the
+    cancel wakes it, so it answers well within that; a message merged into the paused turn stays in the
+    conversation's history."""
+    first = gated_step(uuid.uuid4().hex[:8])
+    key, marker = scenario(lambda request: first if request.attempt == 1 else Reply.text("next answer"))
+    conv = f"conv-{key}"
+    paused = await paused_turn(client, marker, conv)
+    await client.submit(f"{marker} merged while paused", conversation_id=conv, agent="guarded", multitask="merge")
+    later = await client.submit(f"{marker} later", conversation_id=conv, agent="plain", multitask="enqueue")
+    await asyncio.sleep(1.0)  # the later turn has parked behind the paused one
+    assert await later.status() == "queued"
+    assert await client.turn(paused.turn_id).cancel() == "cancelled_paused"
+    started = asyncio.get_running_loop().time()
+    assert (await later.result(timeout=30)).content == "next answer"
+    assert asyncio.get_running_loop().time() - started < 10  # not at the parked turn's next check (15 s)
+    contents = [m.content for m in await client.history(conv) if isinstance(m, UserMessage)]
+    assert f"{marker} merged while paused" in contents

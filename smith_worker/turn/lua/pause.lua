@@ -3,8 +3,8 @@
 -- pending calls (earlier pending calls and decisions are dropped), sets the status `paused` (still unfinished
 -- in its conversation, so later turns wait behind it), and the turn leaves the running ZSET and its worker's
 -- SET of running turns: no lease, no worker holds it. The turn's state, log and pending calls, and the step's
--- tool results (so no call that ran runs again on resume), then live `life` seconds ('' = without a TTL, until
--- the turn ends), and the turn is listed in the paused ZSET by its deadline ('' = none: +inf).
+-- tool results (so no call that ran runs again on resume), then live `life` seconds (the caller's bound, also for
+-- a pause without a deadline), and the turn is listed in the paused ZSET by its deadline ('' = none: +inf).
 -- KEYS: state, running ZSET, the worker's running turns SET, conversation statuses, pending, decisions,
 --       paused ZSET, seq counter, log stream, channel, then the step's tool result keys.
 -- ARGV: turn id, attempt, deadline ms, life s, the event's JSON without its opening brace, the log's max
@@ -23,7 +23,7 @@ redis.call('SREM', worker_turns, turn_id)
 local kept = {state, pending, seq_key, log}
 for i = 11, #KEYS do kept[#kept + 1] = KEYS[i] end
 for _, key in ipairs(kept) do
-  if life == '' then redis.call('PERSIST', key) else redis.call('EXPIRE', key, life) end
+  redis.call('EXPIRE', key, life)
 end
 redis.call('ZADD', paused, deadline == '' and '+inf' or deadline, turn_id)
 return seq
