@@ -479,7 +479,7 @@ class AgentLoop:
 
     def _queue_resumed(self, rt: RoundTrip, step: int, count: int) -> None:
         """Add to ``rt`` (a resumed step's append) the end of its pause: the turn's pending calls and decisions
-        go, and the step's ``count`` tool results live ``turn_ttl`` again (a pause without a timeout kept them)."""
+        go, and the step's ``count`` tool results live ``turn_ttl`` again (the pause kept them as long as itself)."""
         keys = self.rt.keys
         rt.call("delete", keys.turn_pending(self.ctx.turn_id), keys.turn_decisions(self.ctx.turn_id))
         for index in range(count):
