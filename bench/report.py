@@ -331,7 +331,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-anchors", action="store_true")
     parser.add_argument(
-        "--only-distributed", action="store_true", help="skip sse_parser.py, durability.py and worker_memory.py"
+        "--only-distributed", action="store_true", help="skip sse_parser.py, durability.py, worker_memory.py and paused_turns.py"
     )
     parser.add_argument("--runs", type=int, default=3, help="runs of bench/distributed.py; figures are medians")
     args = parser.parse_args()
@@ -349,6 +349,7 @@ def main() -> None:
             text = run(["bench/durability.py"], "durability (acceptance 7)") or ""
             print(text)
             print(run(["bench/worker_memory.py"], "turn worker memory (bench/worker_memory.py)") or "")
+            print(run(["bench/paused_turns.py"], "turns paused for a person (bench/paused_turns.py)") or "")
             durability = {k: float(m.group(1)) for k, rx in _DURABILITY.items() if (m := re.search(rx, text))}
         flags = [flag for flag, on in (("--quick", args.quick), ("--no-anchors", args.no_anchors)) if on]
         runs = []

@@ -5,6 +5,7 @@ orjson) and uses ``SmithClient`` (asyncio) or ``SyncSmithClient`` (blocking,
 for WSGI). See docs/architecture.md, Process roles.
 """
 
+from smith_client.approvals import Decision
 from smith_client.client import SmithClient, TurnHandle
 from smith_client.errors import (
     ConfigurationError,
@@ -17,6 +18,7 @@ from smith_client.errors import (
     LlmApiError,
     McpError,
     McpProtocolError,
+    NoPendingCallError,
     ParseError,
     SkillError,
     SmithError,
@@ -25,10 +27,11 @@ from smith_client.errors import (
     TransportError,
     TurnCancelledError,
     TurnNotFoundError,
+    TurnPausedError,
     UnknownAgentError,
     UnknownSkillError,
 )
-from smith_client.events import Event
+from smith_client.events import Event, PendingItem
 from smith_client.messages import (
     AssistantMessage,
     Message,
@@ -46,6 +49,7 @@ __all__ = [
     "ConflictError",
     "ContextOverflowError",
     "ConversationBusyError",
+    "Decision",
     "Event",
     "EventsTrimmedError",
     "InternalError",
@@ -54,7 +58,9 @@ __all__ = [
     "McpError",
     "McpProtocolError",
     "Message",
+    "NoPendingCallError",
     "ParseError",
+    "PendingItem",
     "SkillError",
     "SmithClient",
     "SmithError",
@@ -70,6 +76,7 @@ __all__ = [
     "TurnHandle",
     "TurnCancelledError",
     "TurnNotFoundError",
+    "TurnPausedError",
     "UnknownAgentError",
     "UnknownSkillError",
     "UserMessage",

@@ -23,12 +23,13 @@ from typing import Any, Self, Unpack
 
 from arq.connections import ArqRedis
 
+from smith_client import approvals, skills
 from smith_client import operations as ops
-from smith_client import skills
 from smith_client import turn_record as record
+from smith_client.approvals import REJECTED, Decision
 from smith_client.connection import client_max_connections, connect_redis
 from smith_client.eventlog import EventLog
-from smith_client.events import Event
+from smith_client.events import Event, PendingItem
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, Message
 from smith_client.protocol import Operation
@@ -149,6 +150,19 @@ class ClientBase:
     def _op_active_skills(self, conversation_id: str) -> Operation[list[str]]:
         return skills.active_checked(self.keys, conversation_id)
 
+    def _op_pending(self, turn_id: str) -> Operation[list[PendingItem]]:
+        return approvals.pending(self.keys, turn_id)
+
+    def _op_approve(self, turn_id: str, call_id: str, arguments: dict[str, Any] | None) -> Operation[Decision]:
+        return approvals.decide(self.keys, turn_id, call_id, Decision(action="approve", arguments=arguments))
+
+    def _op_reject(self, turn_id: str, call_id: str, message: str) -> Operation[Decision]:
+        return approvals.decide(self.keys, turn_id, call_id, Decision(action="reject", message=message))
+
+    def _op_submit_tool_result(self, turn_id: str, call_id: str, result: Any, is_error: bool) -> Operation[Decision]:
+        decision = Decision(action="result", content=approvals.result_content(result), is_error=bool(is_error))
+        return approvals.decide(self.keys, turn_id, call_id, decision)
+
 
 class HandleBase:
     """What :class:`TurnHandle` and :class:`~smith_client.sync_client.SyncTurnHandle` share: the turn id
@@ -209,7 +223,8 @@ class SmithClient(ClientBase):
         :class:`ConversationBusyError` / :class:`ConflictError` before
         enqueueing; the turn's own typed error (e.g. ``ParseError``,
         ``LlmApiError``) when it fails; :class:`TurnCancelledError` when it is
-        cancelled; :class:`SmithTimeoutError` on ``timeout``.
+        cancelled; :class:`TurnPausedError` when it pauses for a person (decide its
+        ``pending`` calls, then :meth:`follow` or ``turn(...).result()``); :class:`SmithTimeoutError` on ``timeout``.
         """
         return await self.runner.run(self._op_send(text, timeout, options), bound=timeout)
 
@@ -217,7 +232,7 @@ class SmithClient(ClientBase):
         self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
     ) -> AsyncGenerator[Event, None]:
         """Run one turn and iterate its :class:`Event` objects (``async for``), ending with ``turn.completed``,
-        ``turn.failed`` or ``turn.cancelled``.
+        ``turn.failed``, ``turn.cancelled``, or ``turn.paused`` when it waits for a person (:meth:`follow` it on).
 
         Options, ``timeout`` (seconds) and errors as for :meth:`send`; the
         errors are raised at the first iteration, validation errors before
@@ -244,7 +259,8 @@ class SmithClient(ClientBase):
         return TurnHandle(self, check_id(turn_id, "turn_id"))
 
     def follow(self, turn_id: str, after_seq: int = 0, timeout: float | None = None) -> AsyncGenerator[Event, None]:
-        """Iterate the events of ``turn_id`` with ``seq > after_seq``: replayed from the log, then live, until terminal.
+        """Iterate the events of ``turn_id`` with ``seq > after_seq``: replayed from the log, then live, until terminal
+        (through ``turn.paused``: the events of the resumed turn follow once its calls are decided).
 
         ``after_seq`` is the ``seq`` of the last event the caller has (an SSE
         ``Last-Event-ID``); 0 replays everything. ``timeout`` (seconds, None = forever)
@@ -302,6 +318,37 @@ class SmithClient(ClientBase):
         """
         return await self.runner.run(self._op_active_skills(conversation_id))
 
+    async def pending(self, turn_id: str) -> list[PendingItem]:
+        """The calls paused turn ``turn_id`` waits on, in call order (docs/architecture.md, Pausing for a person):
+        each a :class:`PendingItem` (``call_id``, ``tool``, ``arguments``, ``agent_path``, ``kind``
+        ``approval`` | ``external``, the tool's ``parameters`` schema). ``[]`` when the turn is not paused or
+        every call is decided. Raises :class:`InvalidRequestError` for a bad id."""
+        return await self.runner.run(self._op_pending(turn_id))
+
+    async def approve(self, turn_id: str, call_id: str, arguments: dict[str, Any] | None = None) -> Decision:
+        """Approve pending call ``call_id`` of ``turn_id``: it runs as a tool job once the turn resumes, with
+        ``arguments`` when given (edited: checked against the tool's schema), else the model's.
+
+        When this was the step's last undecided call the turn is queued again and resumes on any turn worker.
+        Returns the decision that stands: deciding a call twice changes nothing and returns the first decision.
+        Raises :class:`NoPendingCallError` (its ``pending`` names the calls still waiting) when the turn waits
+        on no such call; :class:`InvalidRequestError` for arguments that do not fit the schema, or for a call
+        of an external tool (use :meth:`submit_tool_result`).
+        """
+        return await self.runner.run(self._op_approve(turn_id, call_id, arguments))
+
+    async def reject(self, turn_id: str, call_id: str, message: str = REJECTED) -> Decision:
+        """Reject pending call ``call_id`` of ``turn_id``: the model gets an error tool message with ``message``
+        instead of its result. Resumes and raises as :meth:`approve`."""
+        return await self.runner.run(self._op_reject(turn_id, call_id, message))
+
+    async def submit_tool_result(self, turn_id: str, call_id: str, result: Any, is_error: bool = False) -> Decision:
+        """Give the result of pending call ``call_id`` of an external tool (``app.external_tool``): ``result``
+        (text as it is, another JSON-able value as compact JSON) becomes its tool message, an error one with
+        ``is_error``. Resumes and raises as :meth:`approve` (:class:`InvalidRequestError` for a call that waits
+        for an approval, or a ``result`` that is not JSON-able)."""
+        return await self.runner.run(self._op_submit_tool_result(turn_id, call_id, result, is_error))
+
     @functools.cached_property
     def events(self) -> EventLog:
         """Publish and read turns' events (the worker side's :class:`EventLog`, on this client's Redis)."""
@@ -337,7 +384,7 @@ class TurnHandle(HandleBase):
         return await self.client.runner.run(self._op_state())
 
     async def status(self) -> str:
-        """``queued``, ``running``, ``completed``, ``failed``, ``cancelled``, or ``unknown``."""
+        """``queued``, ``running``, ``paused``, ``completed``, ``failed``, ``cancelled``, or ``unknown``."""
         return await self.client.runner.run(self._op_status())
 
     def events(self, after_seq: int = 0, timeout: float | None = None) -> AsyncGenerator[Event, None]:
@@ -353,12 +400,14 @@ class TurnHandle(HandleBase):
         """Wait for the final :class:`AssistantMessage` (``timeout`` seconds, None = forever).
 
         Raises the turn's typed error, :class:`TurnCancelledError` for a
-        cancelled turn, :class:`TurnNotFoundError` for an unknown one, or :class:`SmithTimeoutError`.
+        cancelled turn, :class:`TurnPausedError` for a paused one, :class:`TurnNotFoundError` for an unknown
+        one, or :class:`SmithTimeoutError`.
         """
         return await self.client.runner.run(self._op_result(timeout), bound=timeout)
 
     async def cancel(self, reason: str = "cancel") -> str:
         """Ask for the turn to stop; returns what happened: ``cancelled_queued`` (it never started),
-        ``cancelling`` (its worker stops it and publishes ``turn.cancelled``), a terminal status
+        ``cancelled_paused`` (it was paused: cancelled at once), ``cancelling`` (its worker stops it and
+        publishes ``turn.cancelled``), a terminal status
         (nothing to do), or ``missing``. Raises :class:`InvalidRequestError` for an empty ``reason``."""
         return await self.client.runner.run(self._op_cancel(reason))

@@ -248,6 +248,35 @@ class TurnNotFoundError(SmithError):
         super().__init__(message, turn_id=turn_id)
 
 
+class TurnPausedError(SmithError):
+    """The turn paused: its step waits for a person's decisions (docs/architecture.md, Pausing for a person).
+
+    Fields: ``turn_id``; ``pending`` (list of dicts, the fields of
+    :class:`~smith_client.events.PendingItem`: ``call_id``, ``tool``, ``arguments``, ``agent_path``, ``kind``, …).
+    Decide them with the client's ``approve`` / ``reject`` / ``submit_tool_result``; ``follow`` the turn after that.
+    """
+
+    field_names = ("turn_id", "pending")
+    turn_id: str
+    pending: list[dict[str, Any]]
+
+    def __init__(self, message: str, turn_id: str = "", pending: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message, turn_id=turn_id, pending=list(pending or []))
+
+
+class NoPendingCallError(SmithError):
+    """A decision named a call the turn is not waiting on. Fields: ``turn_id``, ``call_id`` (the one named),
+    ``pending`` (list[str]: the ids of the calls still waiting, empty when the turn is not paused)."""
+
+    field_names = ("turn_id", "call_id", "pending")
+    turn_id: str
+    call_id: str
+    pending: list[str]
+
+    def __init__(self, message: str, turn_id: str = "", call_id: str = "", pending: list[str] | None = None) -> None:
+        super().__init__(message, turn_id=turn_id, call_id=call_id, pending=list(pending or []))
+
+
 class InternalError(SmithError):
     """An unexpected exception inside a worker. Fields: ``exception_type`` (str)."""
 
@@ -279,6 +308,8 @@ ERROR_CLASSES: dict[str, type[SmithError]] = {
         ContextOverflowError,
         EventsTrimmedError,
         TurnNotFoundError,
+        TurnPausedError,
+        NoPendingCallError,
         InternalError,
     )
 }

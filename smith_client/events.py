@@ -31,12 +31,15 @@ Event types and their ``data``:
 ``turn.resumed``        ``{attempt}``: a re-run after a worker crash or shutdown took the turn over
 ``memory.summary_failed`` ``{error: {kind, message, fields}}``: ``SummaryMemory``'s summary call failed;
                         that step used its rolling window instead
+``turn.paused``         ``{pending: [PendingItem]}``: the turn waits for a person (not terminal)
+``tool_call.decided``   ``{id, name, index, action, arguments, message}``: how a paused call was decided,
+                        published as the resumed step takes it (``arguments``: those that run)
 ======================  ==========================================================
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -59,6 +62,8 @@ MCP_EVENT = "mcp.event"
 TURN_CANCELLED = "turn.cancelled"
 TURN_RESUMED = "turn.resumed"
 MEMORY_SUMMARY_FAILED = "memory.summary_failed"
+TURN_PAUSED = "turn.paused"
+TOOL_CALL_DECIDED = "tool_call.decided"
 
 #: Types after which a turn publishes nothing more.
 TERMINAL_TYPES = frozenset({TURN_COMPLETED, TURN_FAILED, TURN_CANCELLED})
@@ -189,6 +194,51 @@ class TurnResumedData(EventData):
     attempt: int
 
 
+#: What a pending call waits for: a person's approval, or the result of a tool run outside (an external tool).
+PendingKind = Literal["approval", "external"]
+
+
+class PendingItem(BaseModel):
+    """One call a paused turn waits on (docs/architecture.md, Pausing for a person).
+
+    ``call_id`` is the model's call id (what the client decides by); ``tool`` its tool name; ``arguments``
+    the model's arguments; ``agent_path`` the agent that made the call (root first); ``kind`` ``approval``
+    (approve or reject it) or ``external`` (submit its result); ``parameters`` the tool's JSON Schema,
+    which edited arguments must satisfy; ``step`` and ``index`` where the call is in the turn.
+    """
+
+    model_config = ConfigDict(extra="allow")
+    call_id: str
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    agent_path: list[str] = Field(default_factory=list)
+    kind: PendingKind
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    step: int = 0
+    index: int = 0
+
+
+class TurnPausedData(EventData):
+    """``turn.paused``: the turn's step waits for a person's decisions on ``pending`` (its other calls ran)."""
+
+    event_type: ClassVar[str] = TURN_PAUSED
+    pending: list[PendingItem]
+
+
+class ToolCallDecidedData(EventData):
+    """``tool_call.decided``: paused call ``index`` (id ``id``, tool ``name``) as decided: ``action``
+    ``approve`` (it runs with ``arguments``), ``reject`` (``message`` is its error) or ``result`` (an
+    external tool's result was given)."""
+
+    event_type: ClassVar[str] = TOOL_CALL_DECIDED
+    id: str
+    name: str
+    index: int
+    action: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    message: str = ""
+
+
 class UnknownData(EventData):
     """The ``data`` of an event type this client does not know (a newer worker): every field kept."""
 
@@ -209,6 +259,8 @@ DATA_MODELS: dict[str, type[EventData]] = {
         TurnCancelledData,
         TurnResumedData,
         MemorySummaryFailedData,
+        TurnPausedData,
+        ToolCallDecidedData,
     )
 }
 
@@ -242,6 +294,11 @@ class Event(BaseModel):
             return model.model_validate(self.data)
         except ValidationError as exc:
             raise ParseError(f"invalid data of a {self.type!r} event: {exc}") from exc
+
+    @property
+    def paused(self) -> bool:
+        """True for ``turn.paused``: the turn waits for a person; more events follow once it resumes."""
+        return self.type == TURN_PAUSED
 
     def final_message(self) -> AssistantMessage:
         """The final message of a ``turn.completed`` event. Raises ``ParseError`` otherwise."""

@@ -36,9 +36,16 @@ QUEUE_OWNER = (
 )
 
 
+#: Owner of the ZSET of paused turns (see the table in :mod:`smith_client.keys`).
+PAUSED_OWNER = (
+    "the scripts that decide, cancel or end a paused turn and the sweeper (past its deadline) remove its entry, "
+    "and Redis deletes the ZSET with its last member; never a TTL (a pause may outlive any)"
+)
+
+
 def owned_keys(keys: Keys) -> dict[str, str]:
-    """Keys without a TTL by design → who deletes them (the arq queues)."""
-    return {keys.turns_queue: QUEUE_OWNER, keys.tools_queue: QUEUE_OWNER}
+    """Keys without a TTL by design → who deletes them (the arq queues, the paused turns)."""
+    return {keys.turns_queue: QUEUE_OWNER, keys.tools_queue: QUEUE_OWNER, keys.paused: PAUSED_OWNER}
 
 
 async def owned_keys_without_ttl(redis: Redis, keys: Keys) -> dict[str, str]:

@@ -42,6 +42,12 @@ key                                      what                            lifetim
 ``{p}:conv:{c}:turns``                   unfinished turns (FIFO list)    ``history_ttl``; finished turns removed
 ``{p}:conv:{c}:statuses``                unfinished turn id → status     ``history_ttl``; finished turns removed
 ``{p}:turn:{t}:inbox``                   messages merged into a turn     ``turn_ttl``
+``{p}:turn:{t}:pending``                 a paused turn's pending calls   its pause's life (approval timeout +
+                                                                         ``turn_ttl``; none: no TTL); the turn's
+                                                                         end deletes it
+``{p}:turn:{t}:decisions``               decisions on those calls        as ``pending``
+``{p}:paused``                           paused turns (ZSET) by deadline owned (*): decide, cancel, the turn's end
+                                                                         and the sweeper remove entries
 ``{p}:toolres:{t}:{s}:{i}:started``      which tool worker started it    ``turn_ttl``
 ``{p}:conv:{c}:skills``                  active skills (list)            ``history_ttl`` after the last use
 ``{p}:toolres:{t}:{s}:{i}:published``    its ``tool.result`` is out      ``turn_ttl``
@@ -51,7 +57,8 @@ key                                      what                            lifetim
 =======================================  ==============================  =========================================
 
 (*) No TTL, by design: a worker removes a job from its queue when it takes it, and
-Redis deletes the ZSET with its last member; a TTL would drop queued jobs. A queue
+Redis deletes the ZSET with its last member; a TTL would drop queued jobs (and, for
+``{p}:paused``, the deadlines of turns paused for longer than any TTL). A queue
 that no worker serves therefore keeps its jobs (and the key) until a worker of it
 starts; the hygiene report lists it with this owner
 (:func:`smith_client.hygiene.owned_keys_without_ttl`).
@@ -302,6 +309,22 @@ class Keys:
         """User messages merged into a running turn (``multitask="merge"``)."""
         return f"{self.prefix}:turn:{turn_id}:inbox"
 
+    def turn_pending(self, turn_id: str) -> str:
+        """Hash of a paused turn's calls waiting for a person: call id → :class:`~smith_client.events.PendingItem`
+        JSON (docs/architecture.md, Pausing for a person)."""
+        return f"{self.prefix}:turn:{turn_id}:pending"
+
+    def turn_decisions(self, turn_id: str) -> str:
+        """Hash of the decisions on a paused turn's pending calls: call id → :class:`~smith_client.approvals.Decision`
+        JSON; the first decision on a call stays."""
+        return f"{self.prefix}:turn:{turn_id}:decisions"
+
+    @property
+    def paused(self) -> str:
+        """ZSET of paused turns: turn id → deadline of their undecided calls (epoch ms; ``+inf`` for none); the
+        sweeper rejects the calls of a turn past its deadline."""
+        return f"{self.prefix}:paused"
+
     def tool_started(self, turn_id: str, step: int, index: int, position: str = "") -> str:
         """Marker: which tool worker started a call (tells a live runner from a dead one on resume)."""
         return f"{self.tool_result(turn_id, step, index, position)}:started"
@@ -328,6 +351,11 @@ class Keys:
         refuses in caller ids, so a caller's turn id ``X:r1`` never names a re-run of ``X``.
         """
         return f"{self.turn_job_id(turn_id)}{JOB_SUFFIX}r{attempt}"
+
+    def turn_resume_job_id(self, turn_id: str, attempt: int) -> str:
+        """arq job id of a paused turn resumed once every pending call is decided; ``attempt`` is the attempt
+        that paused it, so each pause resumes under a job id of its own."""
+        return f"{self.turn_job_id(turn_id)}{JOB_SUFFIX}p{attempt}"
 
     def turn_park_job_id(self, turn_id: str, at_ms: int) -> str:
         """arq job id of a parked turn's re-check, enqueued at epoch ms ``at_ms``."""

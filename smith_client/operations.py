@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from smith_client import scripts
+from smith_client import approvals, scripts
 from smith_client import turn_record as record
 from smith_client.errors import ConversationBusyError, EventsTrimmedError, SmithTimeoutError, TurnNotFoundError
 from smith_client.eventlog import last_seq, log_reads, read_events
@@ -24,7 +24,7 @@ from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, Message, messages_from_json_list
 from smith_client.protocol import Operation, Receive, Subscribe, call, run, run_script
 from smith_client.roundtrip import Pending, RoundTrip
-from smith_client.turns import outcome_from_event, outcome_from_state, read_state, submit_turn
+from smith_client.turns import outcome_from_event, outcome_from_state, paused_error, read_state, submit_turn
 from smith_client.validation import build_turn_job, check_id, check_options, check_seq, check_timeout
 
 logger = logging.getLogger("agent_smith")
@@ -55,28 +55,37 @@ def stream(keys: Keys, text: Any, timeout: Any, options: dict[str, Any]) -> Oper
         after = yield from last_seq(keys, submission.turn_id)
     # a new turn has no events yet and its channel was subscribed first: no log to read before the live ones
     fresh = submission.outcome == "new"
-    yield from follow_subscribed(keys, submission.turn_id, after, timeout, read_first=not fresh)
+    yield from follow_subscribed(keys, submission.turn_id, after, timeout, read_first=not fresh, until_paused=True)
 
 
 def send(keys: Keys, text: Any, timeout: Any, options: dict[str, Any]) -> Operation[AssistantMessage]:
-    """Operation of ``send``: run one turn; returns its final message or raises its error."""
+    """Operation of ``send``: run one turn; returns its final message or raises its error
+    (:class:`TurnPausedError` when it pauses)."""
     return outcome_from_event((yield from _terminal_event(stream(keys, text, timeout, options), "send")))
 
 
-def follow(keys: Keys, turn_id: Any, after_seq: Any = 0, timeout: Any = None) -> Operation[None]:
-    """Operation of ``follow``: the events of ``turn_id`` with ``seq > after_seq``, replayed then live."""
+def follow(
+    keys: Keys, turn_id: Any, after_seq: Any = 0, timeout: Any = None, *, until_paused: bool = False
+) -> Operation[None]:
+    """Operation of ``follow``: the events of ``turn_id`` with ``seq > after_seq``, replayed then live, through
+    pauses (``until_paused``: see :func:`follow_subscribed`)."""
     check_id(turn_id, "turn_id")
     after_seq, timeout = check_seq(after_seq), check_timeout(timeout)
     yield Subscribe(keys.turn_events_channel(turn_id))
-    yield from follow_subscribed(keys, turn_id, after_seq, timeout)
+    yield from follow_subscribed(keys, turn_id, after_seq, timeout, until_paused=until_paused)
 
 
 def result(keys: Keys, turn_id: str, timeout: Any = None) -> Operation[AssistantMessage]:
-    """Operation of ``TurnHandle.result``: the final message, from the state when the turn is over."""
-    done = outcome_from_state((yield from read_state(keys, turn_id)))
+    """Operation of ``TurnHandle.result``: the final message, from the state when the turn is over; raises
+    :class:`TurnPausedError` while (or as soon as) the turn is paused."""
+    state = yield from read_state(keys, turn_id)
+    if state.get(record.STATUS) == record.PAUSED:
+        raise paused_error(turn_id, (yield from approvals.pending(keys, turn_id)))
+    done = outcome_from_state(state)
     if done is not None:
         return done
-    return outcome_from_event((yield from _terminal_event(follow(keys, turn_id, 0, timeout), "result")))
+    events = follow(keys, turn_id, 0, timeout, until_paused=True)
+    return outcome_from_event((yield from _terminal_event(events, "result")))
 
 
 def clear(keys: Keys, conversation_id: Any) -> Operation[None]:
@@ -105,17 +114,29 @@ def history(keys: Keys, conversation_id: Any) -> Operation[list[Message]]:
 
 
 def _terminal_event(events: Operation[None], operation: str) -> Operation[Event]:
-    """Run a streaming operation without passing its events on; returns its terminal event."""
+    """Run a streaming operation without passing its events on; returns its terminal event, or the
+    ``turn.paused`` event it ended on."""
     reply = None
+    last: Event | None = None
     while True:
         try:
             item = events.send(reply)
         except StopIteration:
+            if last is not None and last.paused:
+                return last
             raise SmithTimeoutError("turn event stream ended without a terminal event", operation=operation) from None
-        if isinstance(item, Event) and item.terminal:
-            events.close()
-            return item
+        if isinstance(item, Event):
+            last = item
+            if item.terminal:
+                events.close()
+                return item
         reply = None if isinstance(item, Event) else (yield item)
+
+
+def _still_paused(keys: Keys, turn_id: str) -> Operation[bool]:
+    """True when the turn is paused now (a ``turn.paused`` read from the log may be of a pause already over)."""
+    status: bytes | None = yield from call("hget", keys.turn_state(turn_id), record.STATUS)
+    return status == record.PAUSED.encode()
 
 
 def _ended(keys: Keys, turn_id: str, seen_any: bool) -> Operation[bool]:
@@ -179,8 +200,11 @@ def follow_subscribed(
     timeout: float | None,
     *,
     read_first: bool = True,
+    until_paused: bool = False,
 ) -> Operation[None]:
-    """Yield the turn's events with ``seq > after_seq`` exactly once, in order, until terminal.
+    """Yield the turn's events with ``seq > after_seq`` exactly once, in order, until terminal (with
+    ``until_paused``, also until a ``turn.paused`` while the turn is still paused; else a follower goes on
+    through a pause, the turn's events after its resume included).
 
     Expects the operation's pub/sub connection subscribed to the turn's channel.
     Returns at once when the turn already ended at or before ``after_seq``.
@@ -201,7 +225,7 @@ def follow_subscribed(
                 continue  # a duplicate, or out of order: the log read below fills gaps
             last = event.seq
             yield event
-            if event.terminal:
+            if event.terminal or (until_paused and event.paused and (yield from _still_paused(keys, turn_id))):
                 return
         if deadline is not None and time.monotonic() > deadline:
             raise SmithTimeoutError(

@@ -14,13 +14,14 @@ in ``examples/web/`` instead.
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Self, Unpack
+from typing import Any, Self, Unpack
 
 import redis
 
+from smith_client.approvals import REJECTED, Decision
 from smith_client.client import ClientBase, HandleBase
 from smith_client.connection import connect_sync_redis
-from smith_client.events import Event
+from smith_client.events import Event, PendingItem
 from smith_client.messages import AssistantMessage, Message
 from smith_client.runners import SyncRunner
 from smith_client.validation import TurnOptions, check_id
@@ -92,6 +93,25 @@ class SyncSmithClient(ClientBase):
         names in activation order."""
         return self.runner.run(self._op_active_skills(conversation_id))
 
+    def pending(self, turn_id: str) -> list[PendingItem]:
+        """Blocking :meth:`SmithClient.pending <smith_client.client.SmithClient.pending>`: the calls a paused turn
+        waits on, in call order."""
+        return self.runner.run(self._op_pending(turn_id))
+
+    def approve(self, turn_id: str, call_id: str, arguments: dict[str, Any] | None = None) -> Decision:
+        """Blocking :meth:`SmithClient.approve <smith_client.client.SmithClient.approve>`: the same rules and
+        errors; returns the decision that stands."""
+        return self.runner.run(self._op_approve(turn_id, call_id, arguments))
+
+    def reject(self, turn_id: str, call_id: str, message: str = REJECTED) -> Decision:
+        """Blocking :meth:`SmithClient.reject <smith_client.client.SmithClient.reject>`."""
+        return self.runner.run(self._op_reject(turn_id, call_id, message))
+
+    def submit_tool_result(self, turn_id: str, call_id: str, result: Any, is_error: bool = False) -> Decision:
+        """Blocking :meth:`SmithClient.submit_tool_result <smith_client.client.SmithClient.submit_tool_result>`:
+        an external tool's result."""
+        return self.runner.run(self._op_submit_tool_result(turn_id, call_id, result, is_error))
+
     def __enter__(self) -> Self:
         return self
 
@@ -123,7 +143,7 @@ class SyncTurnHandle(HandleBase):
         return self.client.runner.run(self._op_state())
 
     def status(self) -> str:
-        """``queued``, ``running``, ``completed``, ``failed``, ``cancelled``, or ``unknown``."""
+        """``queued``, ``running``, ``paused``, ``completed``, ``failed``, ``cancelled``, or ``unknown``."""
         return self.client.runner.run(self._op_status())
 
     def events(self, after_seq: int = 0, timeout: float | None = None) -> Generator[Event, None, None]:
@@ -139,12 +159,14 @@ class SyncTurnHandle(HandleBase):
         """Wait for the final :class:`AssistantMessage` (``timeout`` seconds, None = forever).
 
         Raises the turn's typed error, :class:`TurnCancelledError` for a
-        cancelled turn, :class:`TurnNotFoundError` for an unknown one, or :class:`SmithTimeoutError`.
+        cancelled turn, :class:`TurnPausedError` for a paused one, :class:`TurnNotFoundError` for an unknown
+        one, or :class:`SmithTimeoutError`.
         """
         return self.client.runner.run(self._op_result(timeout), bound=timeout)
 
     def cancel(self, reason: str = "cancel") -> str:
         """Ask for the turn to stop; returns what happened: ``cancelled_queued`` (it never started),
-        ``cancelling`` (its worker stops it and publishes ``turn.cancelled``), a terminal status
+        ``cancelled_paused`` (it was paused: cancelled at once), ``cancelling`` (its worker stops it and
+        publishes ``turn.cancelled``), a terminal status
         (nothing to do), or ``missing``. Raises :class:`InvalidRequestError` for an empty ``reason``."""
         return self.client.runner.run(self._op_cancel(reason))

@@ -7,7 +7,9 @@ is written by the client (submission, cancel of a queued turn) and by workers
 sweeper through :func:`decode_state`. The Lua files use these same field names.
 
 ``status`` goes queued → running → completed | failed | cancelled (a hand-off
-or a crashed worker puts a running turn back to queued).
+or a crashed worker puts a running turn back to queued); a running turn whose
+step waits for a person becomes paused, and queued again once every pending
+call is decided (docs/architecture.md, Pausing for a person).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 
 QUEUED = "queued"
 RUNNING = "running"
+#: Waiting for a person's decisions (not terminal; no worker holds it).
+PAUSED = "paused"
 COMPLETED = "completed"
 FAILED = "failed"
 CANCELLED = "cancelled"

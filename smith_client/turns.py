@@ -4,7 +4,8 @@ They are operations (see :mod:`smith_client.protocol`).
 
 A turn's state lives in the hash ``{p}:turn:{id}:state`` (TTL 24 h after the
 turn ends, docs/architecture.md, Lifetimes): ``status`` (queued → running → completed | failed |
-cancelled), the request ``fingerprint``, ``attempt`` (the fencing token,
+cancelled; running ↔ paused while a step waits for a person), the request ``fingerprint``,
+``attempt`` (the fencing token,
 incremented by each worker attempt), ``result`` / ``error``, and
 ``cancel_requested``, and ``job`` (the payload, so a sweeper can re-enqueue
 the turn after a crash). Each conversation keeps ``{p}:conv:{id}:turns``, the
@@ -42,10 +43,11 @@ from smith_client.errors import (
     InvalidRequestError,
     ParseError,
     TurnCancelledError,
+    TurnPausedError,
     error_from_payload,
 )
-from smith_client.eventlog import publish
-from smith_client.events import TURN_COMPLETED, TURN_FAILED, Event, TurnCancelledData
+from smith_client.eventlog import publish, publish_script_args
+from smith_client.events import TURN_COMPLETED, TURN_FAILED, Event, PendingItem, TurnCancelledData, TurnPausedData
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage
@@ -113,6 +115,8 @@ def submit_turn(keys: Keys, job: TurnJob, multitask: str) -> Operation[Submissio
             "(check SMITH_PREFIX and SMITH_REDIS_URL match the workers')",
             keys.prefix,
         )
+    for paused in reply[4:] if outcome == "new" else ():  # paused turns the interrupt cancelled in the script
+        yield from publish(keys, paused.decode(), TurnCancelledData(reason="interrupt"))
     status = reply[2].decode() if outcome == "attach" and reply[2] else "queued"
     return Submission(cast(SubmitOutcome, outcome), turn_id, status)
 
@@ -134,6 +138,7 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]
         keys.conversation_turns(job.conversation_id),
         keys.conversation_statuses(job.conversation_id),
         *enqueue_keys,
+        keys.paused,
     )
     args = (
         job.turn_id,
@@ -151,7 +156,7 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]
     )
     others: tuple[str, ...] = ()
     for _ in range(_SUBMIT_TRIES):
-        other_keys = tuple(key for other in others for key in (keys.turn_state(other), keys.turn_inbox(other)))
+        other_keys = tuple(key for other in others for key in _other_turn_keys(keys, other))
         reply: list[Any] = yield from run_script(scripts.SUBMIT, base + other_keys, args + others)
         if reply[0] != b"keys":
             return reply
@@ -160,6 +165,11 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]
         f"conversation {job.conversation_id}'s unfinished turns kept changing; try again",
         conversation_id=job.conversation_id, active_turn_id=others[0] if others else "",
     )  # fmt: skip
+
+
+def _other_turn_keys(keys: Keys, turn_id: str) -> tuple[str, ...]:
+    """The keys ``SUBMIT`` touches of another unfinished turn of the conversation (``merge``, ``interrupt``)."""
+    return keys.turn_state(turn_id), keys.turn_inbox(turn_id), keys.turn_pending(turn_id), keys.turn_decisions(turn_id)
 
 
 async def submit(client: _Client, job: TurnJob, multitask: str) -> Submission:
@@ -193,8 +203,19 @@ def outcome_from_state(state: dict[str, str]) -> AssistantMessage | None:
     return None
 
 
+def paused_error(turn_id: str, pending: list[PendingItem]) -> TurnPausedError:
+    """The :class:`TurnPausedError` of a turn waiting on ``pending``."""
+    names = ", ".join(f"{item.tool} ({item.call_id}, {item.kind})" for item in pending)
+    return TurnPausedError(
+        f"turn {turn_id} paused: it waits for a decision on {names}",
+        turn_id=turn_id,
+        pending=[item.model_dump(mode="json") for item in pending],
+    )
+
+
 def outcome_from_event(event: Event) -> AssistantMessage:
-    """The final message of a ``turn.completed`` event; raises the turn's error for the other terminal events."""
+    """The final message of a ``turn.completed`` event; raises the turn's error for the other terminal events,
+    :class:`TurnPausedError` for ``turn.paused``."""
     if event.type == TURN_COMPLETED:
         return event.final_message()
     if event.type == TURN_FAILED:
@@ -203,6 +224,8 @@ def outcome_from_event(event: Event) -> AssistantMessage:
     if isinstance(payload, TurnCancelledData):
         reason = payload.reason
         raise TurnCancelledError(f"turn was cancelled ({reason})", operation=reason)
+    if isinstance(payload, TurnPausedData):
+        raise paused_error(event.turn_id, payload.pending)
     raise ParseError(f"event {event.type!r} does not end a turn")
 
 
@@ -211,12 +234,44 @@ def cancel_turn(keys: Keys, turn_id: str, reason: str = "cancel") -> Operation[s
     if not isinstance(reason, str) or not reason:
         raise InvalidRequestError(f"reason must be a non-empty string, got {reason!r}", field="reason")
     conversation = (yield from read_state(keys, turn_id)).get(record.CONVERSATION_ID, "")
+    event_keys, event_args = publish_script_args(keys, turn_id, TurnCancelledData(reason=reason), None, None)
     script_keys = (
         keys.turn_state(turn_id),
         keys.conversation_turns(conversation),
         keys.conversation_statuses(conversation),
+        keys.turn_pending(turn_id),
+        keys.turn_decisions(turn_id),
+        keys.paused,
+        *event_keys,
     )
-    outcome = yield from run_script(scripts.CANCEL, script_keys, (turn_id, reason, keys.control_channel), _decode)
+    script_keys += (keys.turn_inbox(turn_id), keys.history(conversation))
+    args = (turn_id, reason, keys.control_channel, keys.turn_ttl, *event_args[:2], keys.history_ttl)
+    reply: Any = yield from run_script(scripts.CANCEL, script_keys, args)
+    outcome = _decode(reply[0] if isinstance(reply, list) else reply)
     if outcome == "cancelled_queued":
         yield from publish(keys, turn_id, TurnCancelledData(reason=reason))
+    if outcome == "cancelled_paused" and len(reply) > 2 and reply[2] == record.QUEUED.encode():
+        yield from kick_turn(keys, reply[1].decode())  # the turn behind it runs now, not at its next check
     return outcome
+
+
+def resume_job_call(keys: Keys, state: dict[str, str], job_id: str) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of lib.lua's ``enqueue_job`` for a turn's ``run_turn`` job under ``job_id``, from its state
+    (``state``, decoded; the turn's stored job and its agent as the job's requirement)."""
+    job = TurnJob.model_validate_json(state[record.JOB]) if record.JOB in state else None
+    return enqueue_call(
+        RUN_TURN,
+        job.model_dump(mode="json") if job else {},
+        job_id=job_id,
+        queue=keys.turns_queue,
+        requires=job.agent if job else "",  # on a worker serving its agent (smith_worker/routing.py)
+    )
+
+
+def kick_turn(keys: Keys, turn_id: str) -> Operation[None]:
+    """Operation: enqueue queued turn ``turn_id`` (the head of its conversation) now, under its fixed wake-up
+    job id (:meth:`Keys.turn_kick_job_id`: arq keeps at most one)."""
+    state = yield from read_state(keys, turn_id)
+    if state.get(record.STATUS) == record.QUEUED:
+        enqueue_keys, enqueue_args = resume_job_call(keys, state, keys.turn_kick_job_id(turn_id))
+        yield from run_script(scripts.ENQUEUE, enqueue_keys, enqueue_args)

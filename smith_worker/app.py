@@ -19,14 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast, overload
 
+from pydantic import BaseModel
+
 from smith_client.errors import ConfigurationError
 from smith_client.keys import ID_PATTERN
 from smith_worker.config import AgentConfig, Settings
 from smith_worker.hooks import Hooks
-from smith_worker.llm.types import LlmClientConfig, ToolChoice
+from smith_worker.llm.types import LlmClientConfig, ToolChoice, ToolSchema
 from smith_worker.memory import FullMemory, Memory
 from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
-from smith_worker.tools.function import TOOL_NAME, Isolation, Tool, ToolRegistry, make_tool
+from smith_worker.tools.external import ExternalTools
+from smith_worker.tools.function import TOOL_NAME, Approval, Isolation, Tool, ToolRegistry, make_tool
 from smith_worker.tools.native import NativeTools
 from smith_worker.tools.source import APP_TOOLS, ToolSource, skill_id
 from smith_worker.tools.source import source_id as added_source_id
@@ -101,6 +104,8 @@ class SmithApp:
         self.tools = ToolRegistry()
         #: The app's Python tools as a tool source (started with the other sources at worker start-up).
         self.native = NativeTools(self.tools)
+        #: The app's external tools (:meth:`external_tool`), a source whose calls wait for a client's result.
+        self.external = ExternalTools()
         self.skills = SkillCatalog(skill_context_max_bytes)
         self.agents: dict[str, AgentSpec] = {}
         self.hooks = Hooks()
@@ -120,7 +125,7 @@ class SmithApp:
     def tool(
         self, fn: None = None, *, name: str | None = None, description: str | None = None,
         parameters: dict[str, Any] | None = None, timeout: float | None = None, idempotent: bool = False,
-        isolation: Isolation = "thread",
+        isolation: Isolation = "thread", needs_approval: Approval = False,
     ) -> Callable[[_F], _F]: ...  # fmt: skip
 
     def tool(
@@ -133,6 +138,7 @@ class SmithApp:
         timeout: float | None = None,
         idempotent: bool = False,
         isolation: Isolation = "thread",
+        needs_approval: Approval = False,
     ) -> _F | Callable[[_F], _F]:
         """Register a tool; usable as ``@app.tool`` or ``@app.tool(timeout=5.0)``.
 
@@ -141,7 +147,10 @@ class SmithApp:
         cannot stop: past its timeout it runs on (counted; too many make the
         tool worker restart). ``isolation="process"`` runs it in a pool
         process killed at its timeout instead (module-level function, picklable
-        arguments and result). Raises :class:`ConfigurationError` on a name collision.
+        arguments and result). ``needs_approval`` (True, or ``callable(ctx, arguments) -> bool`` or an
+        awaitable bool, deciding per call) makes a call wait for a person: the turn pauses until a client
+        approves or rejects it (docs/architecture.md, Pausing for a person). Raises
+        :class:`ConfigurationError` on a name collision.
         """
 
         def register(func: _F) -> _F:
@@ -153,13 +162,26 @@ class SmithApp:
                 timeout=timeout,
                 idempotent=idempotent,
                 isolation=isolation,
+                needs_approval=needs_approval,
             )
-            if not self.tools.add(tool):
+            if tool.name in self.external or not self.tools.add(tool):
                 raise ConfigurationError(f"tool {tool.name!r} is already registered", setting="tools")
             func.__smith_tool__ = tool  # type: ignore[attr-defined]
             return func
 
         return register(fn) if fn is not None else register
+
+    def external_tool(self, name: str, *, description: str, parameters: dict[str, Any] | type[BaseModel]) -> ToolSchema:
+        """Declare a tool the model may call whose result comes from outside (a browser, another service):
+        agents list ``name`` in their ``tools``; a call pauses the turn (kind ``external``) until a client
+        gives its result with ``submit_tool_result`` (docs/architecture.md, Pausing for a person).
+
+        ``parameters`` is a JSON Schema or a pydantic model (its schema). Returns the schema the model sees.
+        Raises :class:`ConfigurationError` for a bad name or a name taken by another tool.
+        """
+        if name in self.tools:
+            raise ConfigurationError(f"tool {name!r} is already registered", setting="tools")
+        return self.external.add(name, description, parameters)
 
     def agent(
         self,
@@ -224,7 +246,7 @@ class SmithApp:
     def _tool_name(self, ref: str | Callable[..., Any]) -> str:
         tool: Tool | None = getattr(ref, "__smith_tool__", None)
         name = tool.name if tool is not None else ref if isinstance(ref, str) else None
-        if name is None or name not in self.tools:
+        if name is None or (name not in self.tools and name not in self.external):
             raise ConfigurationError(f"agent tool {ref!r} is not a registered tool", setting="tools")
         return name
 
@@ -356,7 +378,7 @@ class SmithApp:
         (``spec.tools``), then its ``spec.sources`` in declaration order."""
         return [self.native.restricted(spec.tools), *(self.sources[name] for name in spec.sources)]
 
-    def skill_tools(self, skill: Skill) -> ToolSource:
+    def skill_tools(self, skill: Skill) -> NativeTools:
         """The Python tools of ``skill`` as a source, by their prefixed names (a view of :attr:`native`:
         it runs them on the tool worker's pools)."""
         return self.native.named({name: own.tool for name, own in skill.native.items()})

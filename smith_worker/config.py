@@ -147,6 +147,10 @@ class AgentConfig:
     ``tree_max_total_tokens`` (None = no bound) its server-reported tokens.
     These three are read from the root agent only: a sub-agent's own values
     never widen its root's budget, its ``max_iterations`` bounds its own loop.
+
+    ``approval_timeout`` (seconds, None = forever) is how long a paused turn's calls wait for a person
+    (docs/architecture.md, Pausing for a person): then the undecided ones are rejected with
+    "approval timed out" and the turn goes on.
     """
 
     max_iterations: int = 16
@@ -158,3 +162,4 @@ class AgentConfig:
     default_tool_timeout: float = DEFAULT_TOOL_TIMEOUT
     tool_result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES
     stream_default: bool = True
+    approval_timeout: float | None = 24 * 3600.0

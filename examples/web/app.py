@@ -17,6 +17,12 @@ Routes:
   A comment line is sent every ``SMITH_WEB_HEARTBEAT`` seconds (default 15) to keep proxies from
   closing an idle stream; ``X-Accel-Buffering: no`` stops nginx buffering it.
 * ``POST /turns/{id}/cancel``: stop the turn (closing the tab only disconnects, it never cancels).
+* A turn paused for a person (its stream carries ``turn.paused`` and stays open; docs/architecture.md,
+  Pausing for a person): ``GET /turns/{id}/pending`` lists the calls it waits on; ``POST
+  /turns/{id}/calls/{call_id}/approve`` with an optional ``{"arguments": {...}}`` (edited, checked against the
+  tool's schema), ``.../reject`` with ``{"message": ...}``, ``.../result`` with ``{"result": ..., "is_error":
+  false}`` for an external tool decide one call each (409 for a call the turn does not wait on); the last
+  decision resumes the turn on any worker, and the same stream goes on.
 * ``GET /``: the page (``index.html``).
 
 The relay holds no state, so any web process can serve any turn. Configuration: ``SMITH_REDIS_URL``,
@@ -31,7 +37,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -40,7 +46,13 @@ from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from smith_client import ConflictError, InvalidRequestError, SmithClient, SmithError, UnknownAgentError
-from smith_client.errors import ConversationBusyError, EventsTrimmedError, TransportError, TurnNotFoundError
+from smith_client.errors import (
+    ConversationBusyError,
+    EventsTrimmedError,
+    NoPendingCallError,
+    TransportError,
+    TurnNotFoundError,
+)
 from smith_client.turn_record import TERMINAL_STATUSES
 
 PAGE = Path(__file__).with_name("index.html")
@@ -58,10 +70,30 @@ _STATUS = {
     UnknownAgentError: 422,
     ConflictError: 409,
     ConversationBusyError: 409,
+    NoPendingCallError: 409,
     TurnNotFoundError: 404,
     EventsTrimmedError: 410,
     TransportError: 503,  # Redis is unreachable: try again later
 }
+
+
+class ApproveIn(BaseModel):
+    """Body of ``POST /turns/{id}/calls/{call_id}/approve``: edited arguments, or none to run the call as asked."""
+
+    arguments: dict[str, Any] | None = None
+
+
+class RejectIn(BaseModel):
+    """Body of ``POST /turns/{id}/calls/{call_id}/reject``: what the model is told."""
+
+    message: str = "rejected by the user"
+
+
+class ResultIn(BaseModel):
+    """Body of ``POST /turns/{id}/calls/{call_id}/result``: an external tool's result."""
+
+    result: Any
+    is_error: bool = False
 
 
 class TurnIn(BaseModel):
@@ -185,3 +217,28 @@ async def cancel_turn(turn_id: str, request: Request) -> dict[str, str]:
     if outcome == "missing":
         raise TurnNotFoundError(f"no turn {turn_id!r} (never submitted, or expired)", turn_id=turn_id)
     return {"outcome": outcome}
+
+
+@app.get("/turns/{turn_id}/pending")
+async def pending_calls(turn_id: str, request: Request) -> list[dict[str, Any]]:
+    """The calls the paused turn waits on (``[]`` when it is not paused)."""
+    return [item.model_dump() for item in await _smith(request).pending(turn_id)]
+
+
+@app.post("/turns/{turn_id}/calls/{call_id}/approve")
+async def approve_call(turn_id: str, call_id: str, body: ApproveIn, request: Request) -> dict[str, Any]:
+    """Approve one pending call, with edited arguments or as asked; answers the decision that stands."""
+    return (await _smith(request).approve(turn_id, call_id, body.arguments)).model_dump()
+
+
+@app.post("/turns/{turn_id}/calls/{call_id}/reject")
+async def reject_call(turn_id: str, call_id: str, body: RejectIn, request: Request) -> dict[str, Any]:
+    """Reject one pending call; the model gets ``message`` as the call's error."""
+    return (await _smith(request).reject(turn_id, call_id, message=body.message)).model_dump()
+
+
+@app.post("/turns/{turn_id}/calls/{call_id}/result")
+async def call_result(turn_id: str, call_id: str, body: ResultIn, request: Request) -> dict[str, Any]:
+    """Give an external tool's call its result."""
+    decision = await _smith(request).submit_tool_result(turn_id, call_id, body.result, is_error=body.is_error)
+    return decision.model_dump()

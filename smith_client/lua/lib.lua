@@ -150,30 +150,45 @@ local function drain_inbox(state, inbox, history, trimmed, attempt, ttl, closing
   return msgs
 end
 
+-- The end of an unfinished turn, whatever ran it: it leaves its conversation's FIFO and hash of unfinished
+-- turns and the paused ZSET; its pending calls and their decisions are deleted (finish_turn, cancel.lua, submit.lua).
+local function leave_unfinished(turn_id, fifo, statuses, pending, decisions, paused)
+  redis.call('LREM', fifo, 0, turn_id)
+  redis.call('HDEL', statuses, turn_id)
+  redis.call('ZREM', paused, turn_id)
+  redis.call('DEL', pending, decisions)
+end
+
+-- Merged user messages an ending turn did not get to are kept: moved from its `inbox` to the end of the
+-- `history` (which then lives `ttl` seconds). finish_turn, cancel.lua.
+local function keep_merged(inbox, history, ttl)
+  local merged = redis.call('LRANGE', inbox, 0, -1)
+  if #merged > 0 then
+    redis.call('RPUSH', history, unpack(merged))
+    redis.call('EXPIRE', history, ttl)
+  end
+  redis.call('DEL', inbox)
+end
+
 -- The fenced final write of a turn's attempt (finish.lua has the contract; complete.lua).
 -- k: state, running ZSET, conversation FIFO, inbox, history, conversation statuses, the worker's running
--- turns SET. a: turn id, attempt, status, field, value, turn TTL s, history TTL s. Returns 1, or 0 when fenced off.
+-- turns SET, pending, decisions, paused ZSET. a: turn id, attempt, status, field, value, turn TTL s, history TTL s.
+-- Returns 1, or 0 when fenced off.
 local function finish_turn(k, a)
-  local state, running, fifo, inbox, history, statuses, worker_turns = unpack(k)
+  local state, running, fifo, inbox, history, statuses, worker_turns, pending, decisions, paused = unpack(k)
   local turn_id, attempt, status, field, value, turn_ttl, history_ttl = unpack(a)
   if fenced_off(state, attempt) then return 0 end
   redis.call('HSET', state, 'status', status, field, value, 'inbox_closed', '1', 'lease_until', 0)
   redis.call('EXPIRE', state, turn_ttl)
   redis.call('ZREM', running, turn_id)
-  redis.call('LREM', fifo, 0, turn_id)
-  redis.call('HDEL', statuses, turn_id)
+  leave_unfinished(turn_id, fifo, statuses, pending, decisions, paused)
   redis.call('SREM', worker_turns, turn_id)
-  local merged = redis.call('LRANGE', inbox, 0, -1)
-  if #merged > 0 then
-    redis.call('RPUSH', history, unpack(merged))
-    redis.call('EXPIRE', history, history_ttl)
-  end
-  redis.call('DEL', inbox)
+  keep_merged(inbox, history, history_ttl)
   return 1
 end
 
 -- A conversation's oldest unfinished turn and its status ({} if none), dropping finished ones on the way.
--- `fifo` is its FIFO of turn ids, `statuses` its hash of unfinished turns. head.lua, complete.lua.
+-- `fifo` is its FIFO of turn ids, `statuses` its hash of unfinished turns. head.lua, complete.lua, cancel.lua.
 local function conversation_head(fifo, statuses)
   local active = unfinished_turns(fifo, statuses)
   if #active == 0 then return {} end

@@ -42,6 +42,7 @@ from smith_client.events import (
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, message_from_json
 from smith_client.roundtrip import Pending, RoundTrip
+from smith_worker.agent.approvals import CallPlan, TurnPaused, plan_calls
 from smith_worker.agent.context import AgentContext, CancelRequested
 from smith_worker.agent.event_batch import EventBatcher
 from smith_worker.agent.subagents import SubAgentTools
@@ -430,21 +431,36 @@ class AgentLoop:
     async def _run_tools(self, spec: AgentSpec, step: int, calls: list[ToolCall]) -> AssistantMessage | None:
         """Run a step's calls; append their tool messages and, after a ``_done`` result, its final message
         in the same append, so a crash cannot fall between them (docs/architecture.md, Tool calls). Returns that
-        final message, or None."""
+        final message, or None.
+
+        Calls that wait for a person (:mod:`smith_worker.agent.approvals`) do not run: once the others did,
+        :class:`~smith_worker.agent.approvals.TurnPaused` is raised and nothing is appended. A resumed step
+        deletes the turn's decisions with its append and gives the step's tool results their TTL back.
+        """
         await self.skills.ensure(spec, self.rt.redis)  # a re-run may resume here, before any model call
         toolset = self._step_toolset(spec)
         for call in calls:
             await fire("on_tool_call", call, self.rt.app.hooks, spec.hooks)
-        outcomes = await gather_all([self._run_tool(toolset, spec, step, i, c) for i, c in enumerate(calls)])
+        plans = await plan_calls(self.ctx, toolset, step, calls, [toolset.route(c.name) for c in calls])
+        decided: list[EventData] = [plan.decided for plan in plans if plan.decided is not None]
+        if decided:
+            await self._publish_all(decided)
+        outcomes = await gather_all([self._run_planned(toolset, spec, step, i, p) for i, p in enumerate(plans)])
+        pending = [plan.pending for plan in plans if plan.pending is not None]
+        if pending:
+            raise TurnPaused(pending, [self._result_key(step, index) for index in range(len(calls))])
+        answered: list[ToolOutcome] = [outcome for outcome in outcomes if outcome is not None]  # all of them
         messages = [
             ToolMessage(tool_call_id=call.id, name=call.name, content=outcome.content, is_error=outcome.is_error)
-            for call, outcome in zip(calls, outcomes, strict=True)
+            for call, outcome in zip(calls, answered, strict=True)
         ]
-        final = done_message(list(outcomes))
+        final = done_message(answered)
+        rt = RoundTrip()
+        if decided:
+            self._queue_resumed(rt, step, len(calls))
         if final is not None:
-            await self.ctx.append(*messages, final)
+            await self.ctx.append(*messages, final, rt=rt)
         else:  # the next step follows at once: its round trip is this append's
-            rt = RoundTrip()
             next_step = self._queue_step(spec, rt)
             await self.ctx.append(*messages, rt=rt)
             self._next_step = next_step
@@ -452,9 +468,34 @@ class AgentLoop:
             await fire("on_tool_result", message, self.rt.app.hooks, spec.hooks)
         return final
 
-    async def _run_tool(self, toolset: Toolset, spec: AgentSpec, step: int, index: int, call: ToolCall) -> ToolOutcome:
-        route = toolset.route(call.name)
-        job = self._tool_job(spec, step, index, call, route)
+    async def _publish_all(self, events: list[EventData]) -> None:
+        """Publish consecutive ``events`` of this loop in one round trip, fenced by the attempt."""
+        rt = RoundTrip()
+        self.ctx.queue_publish(rt, events)
+        await rt.run(self.rt.redis)
+
+    def _result_key(self, step: int, index: int) -> str:
+        return self.rt.keys.tool_result(self.ctx.turn_id, step, index, self.ctx.position)
+
+    def _queue_resumed(self, rt: RoundTrip, step: int, count: int) -> None:
+        """Add to ``rt`` (a resumed step's append) the end of its pause: the turn's pending calls and decisions
+        go, and the step's ``count`` tool results live ``turn_ttl`` again (the pause kept them as long as itself)."""
+        keys = self.rt.keys
+        rt.call("delete", keys.turn_pending(self.ctx.turn_id), keys.turn_decisions(self.ctx.turn_id))
+        for index in range(count):
+            rt.call("expire", self._result_key(step, index), keys.turn_ttl)
+
+    async def _run_planned(
+        self, toolset: Toolset, spec: AgentSpec, step: int, index: int, plan: CallPlan
+    ) -> ToolOutcome | None:
+        """Run one planned call (None for a pending one); an outcome the plan holds is published here."""
+        if plan.pending is not None:
+            return None
+        route = toolset.route(plan.call.name)
+        job = self._tool_job(spec, step, index, plan.call, route)
+        if plan.outcome is not None:
+            await self._publish_result_once(job, plan.outcome)
+            return plan.outcome
         outcome, produced_here = await toolset.run(job, route)
         if produced_here or self.attempt.attempt > 1:  # else the tool worker published it
             await self._publish_result_once(job, outcome)

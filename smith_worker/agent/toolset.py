@@ -21,6 +21,11 @@ skill brings back a tool it shadowed. A call is routed by name ownership
 nothing (a re-run resuming at its tool calls) or a server that offered no
 tools this step still routes its calls.
 
+A route also carries the call's **policy** (docs/architecture.md, Pausing for a person): whether it waits for a
+person's approval first (``approval``, the tool's ``needs_approval``) and whether it runs outside the fleet
+(``external``: an external tool, whose result a client gives). The agent loop asks
+:mod:`smith_worker.agent.approvals` what becomes of such calls; the toolset only says which they are.
+
 A route (:class:`ToolRoute`) names the source that runs the call by a
 **source id** (:mod:`smith_worker.tools.source`): :data:`APP_TOOLS` (the app's Python tools), :func:`source_id`
 (an added source such as an MCP server), :func:`skill_id` (a skill's Python
@@ -42,7 +47,8 @@ from smith_client.jobs import ToolJob, ToolOutcome
 from smith_worker.config import AgentConfig
 from smith_worker.llm.types import ToolSchema
 from smith_worker.skills import Skill
-from smith_worker.tools.function import ToolContext, error_content
+from smith_worker.tools.external import EXTERNAL, ExternalTools
+from smith_worker.tools.function import Approval, ToolContext, error_content
 from smith_worker.tools.native import NativeTools
 from smith_worker.tools.source import APP_TOOLS, SUBAGENTS, ToolSource, in_skill, skill_id, source_id, tool_unit
 
@@ -56,7 +62,9 @@ class ToolRoute:
     after its tool worker died (docs/architecture.md, Fault model); ``requires``: what a tool worker
     must serve to take its job ("" for a call that never becomes one);
     ``skill``: the declared name of the skill offering the tool ("" for the
-    agent's own), which workers older than source ids resolve a job by.
+    agent's own), which workers older than source ids resolve a job by; ``approval``: whether a call waits
+    for a person's approval (:data:`~smith_worker.tools.function.Approval`); ``external``: the call's result
+    comes from a client, it never becomes a job.
     """
 
     source: str
@@ -64,6 +72,13 @@ class ToolRoute:
     idempotent: bool = False
     requires: str = ""
     skill: str = ""
+    approval: Approval = False
+    external: bool = False
+
+    @property
+    def gated(self) -> bool:
+        """True when a call may wait for a person (an approval policy other than False, or an external tool)."""
+        return self.external or self.approval is not False
 
 
 #: Runs a routed call's job: its outcome and whether it was produced here (else the tool worker published it).
@@ -94,7 +109,8 @@ class RunsHere(OffersTools, Protocol):
 class Layer:
     """One source as a step offers it: ``tools``, its ``source_id``, ``owner`` (who offers it, for the
     collision warning), ``requires`` (a tool name → what a tool worker must serve to run it), ``skill``
-    (the offering skill, "" for the agent's own) and ``run`` (how a call of it runs)."""
+    (the offering skill, "" for the agent's own), ``run`` (how a call of it runs) and ``approval`` (a tool
+    name → its approval policy)."""
 
     tools: OffersTools
     source_id: str
@@ -102,6 +118,7 @@ class Layer:
     requires: Callable[[str], str]
     run: RunCall
     skill: str = ""
+    approval: Callable[[str], Approval] = lambda _tool_name: False
 
 
 class Toolset:
@@ -147,7 +164,16 @@ class Toolset:
                     layer.tools.idempotent(tool_name),
                     layer.requires(tool_name),
                     layer.skill,
+                    layer.approval(tool_name),
+                    layer.source_id == EXTERNAL,
                 )
+        return None
+
+    async def schema(self, tool_name: str) -> ToolSchema | None:
+        """The schema of ``tool_name`` from the layer that owns it (as :meth:`route`), None when none does."""
+        for layer in reversed(self._layers):
+            if layer.tools.owns(tool_name):
+                return next((s for s in await layer.tools.schemas() if s.name == tool_name), None)
         return None
 
     async def run(self, job: ToolJob, route: ToolRoute | None) -> tuple[ToolOutcome, bool]:
@@ -175,11 +201,12 @@ class ToolCatalog(Protocol):
     """What a toolset reads of the app (:class:`smith_worker.app.SmithApp` has it)."""
 
     native: NativeTools
+    external: ExternalTools
 
     @property
     def sources(self) -> Mapping[str, ToolSource]: ...
 
-    def skill_tools(self, skill: Skill) -> ToolSource: ...
+    def skill_tools(self, skill: Skill) -> NativeTools: ...
 
 
 def _fixed(requirement: str) -> Callable[[str], str]:
@@ -202,11 +229,13 @@ def step_toolset(
 
     ``skills`` are the step's active skills in order; ``subagents`` the agent's
     sub-agents; ``run_job`` runs a call as a tool job (every layer but the
-    sub-agents'). Raises ``KeyError`` for a source name the app does not have
-    (agents and skills are checked when declared).
+    sub-agents' and the external tools', whose calls never run here). Raises ``KeyError`` for a source name
+    the app does not have (agents and skills are checked when declared).
     """
+    native = app.native.restricted(agent.tools)
     layers = [
-        Layer(app.native.restricted(agent.tools), APP_TOOLS, "the agent", tool_unit, run_job),
+        Layer(native, APP_TOOLS, "the agent", tool_unit, run_job, approval=native.approval),
+        Layer(app.external.restricted(agent.tools), EXTERNAL, "the agent (external tool)", _fixed(""), run_job),
         *(
             Layer(app.sources[name], source_id(name), f"the agent (source {name!r})", _fixed(source_id(name)), run_job)
             for name in agent.sources
@@ -216,7 +245,9 @@ def step_toolset(
     for skill in skills:
         own = app.skill_tools(skill)
         owner = f"skill {skill.name!r}"
-        layers.append(Layer(own, skill_id(skill.name), owner, _skill_tool(skill.name), run_job, skill.name))
+        layers.append(
+            Layer(own, skill_id(skill.name), owner, _skill_tool(skill.name), run_job, skill.name, own.approval)
+        )
     for skill in skills:
         for alias in skill.aliases:
             layers.append(

@@ -563,6 +563,8 @@ class ScriptedLlmServer:
                 pass
         except (ConnectionError, ValueError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:  # the server stops: the connection closes (asyncio's stream callback
+            pass  # would log a cancelled handler as an error while a client still holds the connection)
         finally:
             self._connections.discard(task)
             writer.close()

@@ -22,7 +22,7 @@ import inspect
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_type_hints
 
@@ -79,6 +79,11 @@ class ToolContext:
     def remaining(self) -> float:
         """Seconds left before the tool's timeout (never negative)."""
         return max(0.0, self.deadline - time.monotonic())
+
+
+#: Whether a call of a tool waits for a person's approval (docs/architecture.md, Pausing for a person): always
+#: (True), never (False), or as a callable decides per call from the call's :class:`ToolContext` and arguments.
+Approval = bool | Callable[[ToolContext, dict[str, Any]], bool | Awaitable[bool]]
 
 
 def error_content(message: str, **details: Any) -> str:
@@ -187,7 +192,8 @@ class Tool:
     ``timeout`` is seconds (None: the calling agent's ``default_tool_timeout``,
     or :data:`DEFAULT_TOOL_TIMEOUT` outside an agent); ``idempotent`` tells the runtime a call may be
     safely re-run after a crash (docs/architecture.md, Fault model); ``isolation`` where a sync
-    tool runs (see :mod:`smith_worker.tools.isolation`).
+    tool runs (see :mod:`smith_worker.tools.isolation`); ``needs_approval`` whether a call waits for a
+    person first (:data:`Approval`).
     """
 
     schema: ToolSchema
@@ -196,6 +202,7 @@ class Tool:
     idempotent: bool = False
     context_params: list[str] = field(default_factory=list)
     isolation: Isolation = "thread"
+    needs_approval: Approval = False
 
     @property
     def name(self) -> str:
@@ -288,16 +295,23 @@ def make_tool(
     timeout: float | None = None,
     idempotent: bool = False,
     isolation: Isolation = "thread",
+    needs_approval: Approval = False,
 ) -> Tool:
     """Wrap a callable as a :class:`Tool`.
 
     ``parameters`` is an author-supplied JSON Schema; without it one is derived
     from the type hints. ``description`` defaults to the docstring's first paragraph.
     ``isolation="process"`` runs a sync function in a pool process killed at
-    its timeout (:mod:`smith_worker.tools.isolation`). Raises
-    :class:`ConfigurationError` for a non-positive timeout, an unknown
-    isolation, process isolation of an ``async def``, or a bad name (:func:`checked_tool_name`).
+    its timeout (:mod:`smith_worker.tools.isolation`). ``needs_approval`` (:data:`Approval`) makes a call
+    wait for a person. Raises :class:`ConfigurationError` for a non-positive timeout, an unknown
+    isolation, process isolation of an ``async def``, a ``needs_approval`` that is neither a bool nor a
+    callable, or a bad name (:func:`checked_tool_name`).
     """
+    if not isinstance(needs_approval, bool) and not callable(needs_approval):
+        raise ConfigurationError(
+            f"needs_approval must be a bool or a callable(ctx, arguments), got {needs_approval!r}",
+            setting="needs_approval",
+        )
     if timeout is not None and timeout <= 0:
         raise ConfigurationError(f"tool timeout must be positive, got {timeout}", setting="timeout")
     if isolation not in ("thread", "process"):
@@ -319,6 +333,7 @@ def make_tool(
         idempotent=idempotent,
         context_params=_context_params(fn),
         isolation=isolation,
+        needs_approval=needs_approval,
     )
 
 

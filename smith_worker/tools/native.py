@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from smith_worker.llm.types import ToolSchema
-from smith_worker.tools.function import Tool, ToolContext, ToolRegistry, ToolResult, error_result
+from smith_worker.tools.function import Approval, Tool, ToolContext, ToolRegistry, ToolResult, error_result
 from smith_worker.tools.source import SourceContext
 
 if TYPE_CHECKING:
@@ -79,6 +79,11 @@ class NativeTools:
         """Whether the tool was declared safe to re-run after its tool worker died."""
         tool = self._tool(tool_name)
         return tool is not None and tool.idempotent
+
+    def approval(self, tool_name: str) -> Approval:
+        """Whether a call of the tool waits for a person's approval (its ``needs_approval``)."""
+        tool = self._tool(tool_name)
+        return tool is not None and tool.needs_approval
 
     async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:
         """The schemas of the (allowed) tools, in registration order (a view: in its ``allowed`` order),

@@ -32,7 +32,7 @@ from smith_client import turn_record as record
 from smith_client.enqueue import enqueue_job
 from smith_client.errors import ParseError
 from smith_client.eventlog import EventLog
-from smith_client.events import TurnCompletedData
+from smith_client.events import PendingItem, TurnCompletedData, TurnPausedData
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import RUNNING_TTL, Keys, now_ms
 from smith_client.messages import AssistantMessage, message_to_json
@@ -54,11 +54,16 @@ APPEND_USER = LuaScript("append_user", __package__)
 DRAIN_INBOX = LuaScript("drain_inbox", __package__)
 COMPLETE = LuaScript("complete", __package__)
 FAIL_UNREAD = LuaScript("fail_unread", __package__)
+PAUSE = LuaScript("pause", __package__)
 
 logger = logging.getLogger("agent_smith.worker")
 
 #: Seconds a turn's lease lives without renewal (renewed every third of it).
 DEFAULT_LEASE = 10.0
+
+#: Seconds a turn paused without an approval timeout keeps its keys at most (365 days): past that, a decision
+#: finds nothing to resume.
+PAUSE_KEPT_AT_MOST = 365 * 24 * 3600
 
 #: Seconds between the checks of a parked turn (one waiting behind an earlier turn of its conversation).
 #: The turn that finishes wakes the next one at once; this only covers a wake-up that was lost.
@@ -282,10 +287,45 @@ class TurnAttempt:
             self._history,
             self._statuses,
             self._worker_turns,
+            self.keys.turn_pending(self.turn_id),
+            self.keys.turn_decisions(self.turn_id),
+            self.keys.paused,
         ]
 
     def _finish_args(self, status: str, field: str, value: str) -> list[Any]:
         return [self.turn_id, self.attempt, status, field, value, self.keys.turn_ttl, self.history_ttl]
+
+    async def pause(self, pending: list[PendingItem], result_keys: list[str], timeout: float | None) -> int:
+        """Pause the turn (``lua/pause.lua``; docs/architecture.md, Pausing for a person): ``turn.paused`` listing
+        ``pending``, which are stored; the status ``paused``; the lease, the running ZSET and this worker's SET
+        of running turns left. ``timeout`` (seconds, None = forever) is how long the calls wait for a person;
+        the turn's keys and the step's ``result_keys`` are kept that long plus ``turn_ttl`` (forever: at most
+        :data:`PAUSE_KEPT_AT_MOST`, as every key has a TTL; docs/architecture.md, Lifetimes). Returns the event's
+        seq. Raises :class:`StaleAttemptError` when fenced off. Needs ``events``."""
+        if self.events is None:
+            raise RuntimeError("TurnAttempt.pause needs the attempt's event log (events=)")
+        event_keys, event_args = self.events.publish_args(
+            self.turn_id, TurnPausedData(pending=pending), self.agent_path, self.attempt
+        )
+        life = (PAUSE_KEPT_AT_MOST if timeout is None else int(timeout)) + self.keys.turn_ttl
+        deadline = "" if timeout is None else now_ms() + int(timeout * 1000)
+        keys = [
+            self._state,
+            self.keys.running,
+            self._worker_turns,
+            self._statuses,
+            self.keys.turn_pending(self.turn_id),
+            self.keys.turn_decisions(self.turn_id),
+            self.keys.paused,
+            *event_keys[:3],
+            *result_keys,
+        ]
+        items = [part for item in pending for part in (item.call_id, item.model_dump_json())]
+        args = [self.turn_id, self.attempt, deadline, life, *event_args[:2], life, *items]
+        seq = int(await PAUSE(self.redis, keys, args))
+        if seq < 0:
+            raise StaleAttemptError(self.turn_id)
+        return seq
 
     async def requeue(self) -> int:
         """Hand the turn off (worker shutdown): back to ``queued`` and re-enqueued under a new job id."""

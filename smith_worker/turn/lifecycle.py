@@ -5,7 +5,9 @@ the turn while an earlier turn of its conversation is unfinished, runs
 :class:`~smith_worker.agent.loop.AgentLoop`, and ends the turn with one terminal
 event: ``turn.completed``, ``turn.failed`` (every failure, typed), or
 ``turn.cancelled`` (a caller's cancel or an ``interrupt``, with dangling tool
-calls answered). When the worker shuts down it hands the turn off instead;
+calls answered), or pauses it (``turn.paused``) when a step waits for a person: the job ends, and
+the turn resumes as a new attempt once its calls are decided (docs/architecture.md, Pausing for a
+person; a resume is not a crash). When the worker shuts down it hands the turn off instead;
 when its lease was lost, or Redis failed, it stops without writing (the
 sweeper resumes it). ``SMITH_TURN_JOB_TIMEOUT`` ends the turn with
 ``SmithTimeoutError`` (operation ``turn.job``). A turn never raises out of
@@ -49,6 +51,7 @@ from smith_client.events import (
 from smith_client.jobs import ToolOutcome, TurnJob
 from smith_client.messages import AssistantMessage, ToolMessage
 from smith_client.roundtrip import RoundTrip
+from smith_worker.agent.approvals import TurnPaused
 from smith_worker.agent.context import AgentContext, CancelRequested, TurnServices
 from smith_worker.agent.loop import AgentLoop
 from smith_worker.app import AgentSpec
@@ -186,6 +189,8 @@ class TurnExecution:
             await asyncio.shield(self._after_task_cancelled(spec))
         except CancelRequested as request:
             await self._cancelled(spec, request.reason)
+        except TurnPaused as paused:
+            await self._pause(spec, paused)
         except StaleAttemptError:
             logger.warning("turn %s: attempt %d was superseded; stopped", self.job.turn_id, self.attempt.attempt)
             await self.attempt.requeue_if_regressed()
@@ -259,6 +264,19 @@ class TurnExecution:
             await fire("on_message", message, self.rt.app.hooks, spec.hooks)
         await AgentLoop(self.ctx).run(start.value, fresh=first)  # its last round trip completes the turn
         await self._after_completion()
+
+    async def _pause(self, spec: AgentSpec | None, paused: TurnPaused) -> None:
+        """The step waits for a person: pause the turn (:meth:`TurnAttempt.pause`), for the agent's
+        ``approval_timeout``; the job then ends, holding nothing (docs/architecture.md, Pausing for a person)."""
+        timeout = spec.config.approval_timeout if spec is not None else None
+        try:
+            await self.attempt.pause(paused.pending, paused.result_keys, timeout)
+        except StaleAttemptError:
+            logger.warning(
+                "turn %s: attempt %d was superseded before it paused", self.job.turn_id, self.attempt.attempt
+            )
+            return
+        logger.info("turn %s paused: %d call(s) wait for a person (%s)", self.job.turn_id, len(paused.pending), paused)
 
     def _check_attempts(self, state: dict[str, str]) -> None:
         """Refuse a run after ``SMITH_TURN_MAX_ATTEMPTS`` crashes of a worker running this turn alone, or

@@ -1,4 +1,4 @@
-"""Crash recovery: re-enqueue turns whose worker stopped renewing their lease.
+"""Crash recovery: re-enqueue turns whose worker stopped renewing their lease; and approval timeouts.
 
 Every turn worker runs :func:`sweep_forever`. One pass is one
 ``ZRANGEBYSCORE`` on ``{p}:running`` (turn id → lease expiry); only expired
@@ -16,6 +16,9 @@ A re-enqueued turn's dead attempt leaves its arq job in the turns queue with
 its in-progress key (arq removes a job only when it finishes), which would count
 as queued until arq's own timeout and then run once more for nothing; the sweep
 removes that job (:func:`drop_dead_job`).
+
+Each pass also resumes the paused turns whose calls waited past their agent's ``approval_timeout``
+(:func:`expire_paused`, docs/architecture.md, Pausing for a person).
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ import logging
 import math
 from typing import Any
 
+from smith_client import approvals
 from smith_client import turn_record as record
 from smith_client.keys import Keys, now_ms
 from smith_client.roundtrip import RoundTrip
+from smith_client.runners import AsyncRunner
 from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS
 from smith_worker.turn.attempt import DEFAULT_LEASE, requeue_turn
 
@@ -59,6 +64,15 @@ async def sweep_once(redis: Any, keys: Keys) -> list[str]:
             if status != record.RUNNING.encode():
                 await redis.zrem(keys.running, turn_id)
     return taken
+
+
+async def expire_paused(redis: Any, keys: Keys) -> list[str]:
+    """Reject the undecided calls of every paused turn past its deadline (its agent's ``approval_timeout``)
+    with "approval timed out" and enqueue it (docs/architecture.md, Pausing for a person); return their ids.
+    One ``ZRANGEBYSCORE`` on ``{p}:paused`` when none is due."""
+    due = await redis.zrangebyscore(keys.paused, "-inf", now_ms())
+    runner = AsyncRunner(redis)
+    return [raw.decode() for raw in due if await runner.run(approvals.expire(keys, raw.decode()))]
 
 
 async def drop_dead_job(redis: Any, keys: Keys, job_id: str) -> None:
@@ -93,6 +107,9 @@ async def sweep_forever(redis: Any, keys: Keys, interval: float = SWEEP_INTERVAL
             recovered = await sweep_once(redis, keys)
             if recovered:
                 logger.warning("re-enqueued turns whose worker stopped: %s", recovered)
+            timed_out = await expire_paused(redis, keys)
+            if timed_out:
+                logger.info("paused turns whose approval timed out, resumed: %s", timed_out)
         except REDIS_DOWN_ERRORS as exc:  # an outage, reported once a poll by the worker: one line, no traceback
             resume_at = math.inf
             logger.warning("sweep skipped, Redis unavailable (%s: %s)", type(exc).__name__, exc)

@@ -53,3 +53,12 @@ def test_several_runs_are_merged_into_medians_figure_by_figure():
         {"quick": True, "tool_hop": {"p50": 3.0, "n": 200}},
     ]
     assert median_figures(runs) == {"quick": True, "tool_hop": {"p50": 3.0, "n": 200}, "only_here": {"x": 1.0}}
+
+
+def test_the_paused_turns_bench_runs_small():
+    """bench/paused_turns.py at 20 turns: every figure is printed, and paused turns hold no job slot."""
+    out = subprocess.run([sys.executable, "bench/paused_turns.py", "--turns", "20", "--approvals", "3"],
+                         cwd=ROOT, check=True, timeout=240, capture_output=True, text=True).stdout
+    assert "paused turns: 20 in" in out and "Redis used_memory per paused turn:" in out
+    assert "job slots held: 0" in out
+    assert "approve -> tool started: p50" in out and "(n=3)" in out

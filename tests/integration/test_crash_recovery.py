@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from smith_client import SmithClient
+from smith_client import SmithClient, TurnPausedError
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
 from smith_client.registry import live_workers
 from smith_worker.local.processes import ManagedProcess
@@ -206,3 +206,25 @@ async def test_kill_9_after_a_done_final_message_does_not_call_the_model_again(f
     history = await fleet_client.history(conv)
     assert [m.role for m in history] == ["user", "assistant", "tool", "tool", "assistant"]
     assert history[-1] == AssistantMessage(content="all done")
+
+
+async def test_a_paused_turn_survives_kill_9_of_every_worker(fleet_client, fleet, scenario):
+    """Nothing of a paused turn lives in a worker (docs/architecture.md, Pausing for a person): every worker
+    killed and started again, the approval resumes it; no tool ran twice."""
+    label = uuid.uuid4().hex[:8]
+    calls = [("guarded_delete", {"label": label, "target": "repo"}), ("counted", {"label": f"{label}-plain"})]
+    key, marker = scenario(Script(Reply.tool_calls(calls, ids=["call_gated", "call_plain"]), Reply.text("done")))
+    with pytest.raises(TurnPausedError) as paused:
+        await fleet_client.send(f"{marker} go", conversation_id=f"conv-{key}", agent="guarded", timeout=30)
+    for proc in fleet.procs["turns"] + fleet.procs["tools"]:
+        proc.signal(signal.SIGKILL)
+    async with asyncio.timeout(10):
+        while any(proc.alive() for proc in fleet.procs["turns"] + fleet.procs["tools"]):
+            await asyncio.sleep(0.05)
+    await fleet.ensure(turns=2, tools=1)
+    await fleet_client.approve(paused.value.turn_id, "call_gated")
+    events = [e async for e in fleet_client.follow(paused.value.turn_id, timeout=60)]
+    assert events[-1].final_message().content == "done"
+    prefix = fleet_client.keys.prefix
+    assert await fleet_client.redis.lrange(f"{prefix}:test:counted:{label}", 0, -1) == [b"repo"]
+    assert await fleet_client.redis.lrange(f"{prefix}:test:counted:{label}-plain", 0, -1) == [b"run"]

@@ -229,6 +229,35 @@ def store_turn(page, turn_id: str, last: int) -> None:
                   [turn_id, last])
 
 
+def test_a_browser_decides_a_paused_turn_after_a_reload_and_the_turn_finishes(web, browser, scenario, redis_url, prefix):
+    """Approve with edited arguments and answer an external tool's form from the page, after reloading it
+    while the turn waits (docs/architecture.md, Pausing for a person)."""
+    label = uuid.uuid4().hex[:8]
+    calls = [("guarded_delete", {"label": label, "target": "repo-a"}), ("pick_color", {"hint": "sky"})]
+    _, marker = scenario(Script(Reply.tool_calls(calls, ids=["call_gated", "call_color"]), Reply.text("all done")))
+    page = browser.new_page()
+    page.goto(web + "/?agent=guarded")
+    page.fill("#text", f"{marker} tidy up")
+    page.click("#send")
+    wait_for_status(page, "paused: waiting for you")
+    page.reload()  # the page finds its paused turn again: what is still undecided
+    wait_for_status(page, "paused: waiting for you")
+    assert page.locator(".pending").count() == 2
+    gated = page.locator('.pending[data-call="call_gated"]')
+    gated.locator("textarea").fill(f'{{"label": "{label}", "target": "repo-b"}}')
+    gated.get_by_role("button", name="Approve").click()
+    page.wait_for_function("document.querySelectorAll('.pending').length === 1")
+    color = page.locator('.pending[data-call="call_color"]')
+    color.locator('input[name="hint"]').fill("blue")
+    color.get_by_role("button", name="Submit").click()
+    wait_for_status(page, "completed")
+    assert page.inner_text("#answer") == "all done"
+    assert "after your decision" in page.inner_text("#tools")
+    ran = redis.Redis.from_url(redis_url).lrange(f"{prefix}:test:counted:{label}", 0, -1)
+    assert ran == [b"repo-b"]  # the approved call ran once, with the arguments edited in the page
+    page.close()
+
+
 def test_a_reloaded_page_whose_turn_is_over_or_gone_says_so_and_can_send_again(
         web, browser, scenario, redis_url, prefix):
     """A stored turn the relay answers 204 for (over, nothing left) ends in ``ended``; one it answers 404 for

@@ -354,3 +354,35 @@ async def patient(seconds: float) -> str:
 
 
 app.agent("impatient", tools=[patient], config=AgentConfig(default_tool_timeout=0.5))
+
+
+# ---- human in the loop: approval-gated and external tools (docs/architecture.md, Pausing for a person) ----
+
+
+@app.tool(timeout=30.0, needs_approval=True)
+async def guarded_delete(label: str, target: str) -> str:
+    """Deletes `target` (pretend): records each run's target under `counted:<label>`; always needs approval."""
+    await _record(f"counted:{label}", target)
+    return f"deleted {target}"
+
+
+def _outside_scratch(_ctx: ToolContext, arguments: dict) -> bool:
+    """Approval only for targets outside scratch/ (a per-call policy)."""
+    return not str(arguments.get("target", "")).startswith("scratch/")
+
+
+@app.tool(timeout=30.0, needs_approval=_outside_scratch)
+async def tidy(label: str, target: str) -> str:
+    """Tidies `target`; records each run under `counted:<label>`; needs approval outside scratch/."""
+    await _record(f"counted:{label}", target)
+    return f"tidied {target}"
+
+
+app.external_tool(
+    "pick_color",
+    description="Ask the user's browser to pick a colour.",
+    parameters={"type": "object", "properties": {"hint": {"type": "string"}}, "required": ["hint"]},
+)
+app.agent("guarded", tools=[guarded_delete, tidy, counted, "pick_color"])
+# its calls wait 1 s for a person, then the sweeper (every 2 s) rejects them
+app.agent("guarded_brief", tools=[guarded_delete, counted], config=AgentConfig(approval_timeout=1.0))

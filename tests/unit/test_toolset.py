@@ -227,3 +227,47 @@ def test_a_worker_refuses_an_agent_tool_named_as_a_tool_of_its_own_mcp_server():
     app.agent("a", tools=["mcp_web__search"], sources=["agentweb"])
     with pytest.raises(ConfigurationError, match="tool 'mcp_web__search' is named as a tool of its source 'web'"):
         app.resolve_subagents()
+
+
+async def test_approval_and_external_tools_are_policy_and_source_of_the_route():
+    """needs_approval rides on the route; an external tool is a source of its own whose calls are never jobs
+    (docs/architecture.md, Pausing for a person)."""
+    from pydantic import BaseModel
+
+    from smith_worker.tools.external import EXTERNAL
+
+    class Pick(BaseModel):
+        hint: str
+
+    app = SmithApp()
+
+    @app.tool(needs_approval=True)
+    def drop(name: str) -> str:
+        return name
+
+    def outside(_ctx: ToolContext, arguments: dict) -> bool:
+        return not arguments["path"].startswith("tmp/")
+
+    @app.tool(needs_approval=outside)
+    def write(path: str) -> str:
+        return path
+
+    app.external_tool("pick", description="Pick one.", parameters=Pick)
+    with pytest.raises(ConfigurationError):
+        app.external_tool("drop", description="taken", parameters={"type": "object"})
+    with pytest.raises(ConfigurationError):
+        app.tool(lambda: None, name="pick")
+    with pytest.raises(ConfigurationError):
+        app.tool(lookup, needs_approval="yes")  # type: ignore[arg-type]
+    app.tool(lookup)
+    spec = app.agent("a", tools=[drop, write, "pick", lookup])
+    toolset = toolset_of(app, spec, [])
+    assert sorted(s.name for s in await toolset.schemas()) == ["drop", "lookup", "pick", "write"]
+    drop_route, write_route, pick_route = toolset.route("drop"), toolset.route("write"), toolset.route("pick")
+    assert drop_route.approval is True and drop_route.gated and not drop_route.external
+    ctx = ToolContext(call_id="1", tool_name="write")
+    assert write_route.gated and write_route.approval(ctx, {"path": "home/x"})  # the policy decides per call
+    assert not write_route.approval(ctx, {"path": "tmp/x"})
+    assert pick_route.external and pick_route.source == EXTERNAL and pick_route.requires == ""
+    assert (await toolset.schema("pick")).parameters["required"] == ["hint"]
+    assert not toolset.route("lookup").gated

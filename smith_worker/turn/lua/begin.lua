@@ -5,11 +5,14 @@
 -- The turn joins its worker's SET of running turns (kept 3 leases past the last start or renewal), by
 -- which a dead worker's turns are counted as crashes alone or with others (count_crash). An expired lease
 -- taken over here (no sweeper re-enqueued the turn first) counts its dead attempt as a crash alone.
--- Returns {'missing'} | {'done', status} | {'busy'} | {'wait', id} | {'go', attempt, state as HGETALL}:
+-- A paused turn runs only once its calls are decided (decide.lua queues it): a job that reaches it
+-- before (a stale kick or re-run) gets {'paused'}.
+-- Returns {'missing'} | {'done', status} | {'paused'} | {'busy'} | {'wait', id} | {'go', attempt, state as HGETALL}:
 -- the state the attempt starts from comes back in the same round trip.
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {'missing'} end
 if TERMINAL[st] then return {'done', st} end
+if st == 'paused' then return {'paused'} end
 if st == 'running' and tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') > tonumber(ARGV[3]) then
   return {'busy'}
 end

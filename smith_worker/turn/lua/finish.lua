@@ -1,6 +1,6 @@
 -- The fenced final write of an attempt (committed with the terminal event).
 -- KEYS: state, running ZSET, conversation FIFO, inbox, history, conversation statuses, the worker's running
---       turns SET (the turn leaves it).
+--       turns SET (the turn leaves it), pending, decisions, paused ZSET (deleted or left).
 -- ARGV: turn id, attempt, status, field, value, turn TTL s, history TTL s.
 -- Merged user messages the turn did not get to (it was cancelled or failed first) are kept:
 -- moved to the history, after what the turn completed. Returns 1, or 0 when fenced off: the attempt

@@ -1,0 +1,218 @@
+"""Deciding a paused turn's calls: the client's half of docs/architecture.md, Pausing for a person.
+
+A turn whose step has calls that need a person (a tool declared ``needs_approval``, an external tool)
+pauses with its calls listed in ``{p}:turn:{t}:pending`` (:class:`~smith_client.events.PendingItem`
+JSON by call id). Each operation here is one of :mod:`smith_client.protocol` (both clients run them):
+:func:`pending` lists the calls still undecided, :func:`decide` records one decision with
+``lua/decide.lua``, which queues the turn again, and enqueues its job, once every pending call has one.
+The first decision on a call stays: deciding it again returns that one and changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict
+
+from smith_client import scripts
+from smith_client import turn_record as record
+from smith_client.errors import InvalidRequestError, NoPendingCallError
+from smith_client.events import PendingItem
+from smith_client.keys import Keys
+from smith_client.protocol import Operation, call, run, run_script
+from smith_client.roundtrip import Pending, RoundTrip
+from smith_client.turn_record import decode_state
+from smith_client.turns import resume_job_call
+from smith_client.validation import check_id
+
+#: The default message of a rejected call's error tool message.
+REJECTED = "a person rejected this call"
+#: The tool message content of a call whose approval timed out (docs/architecture.md, Pausing for a person).
+APPROVAL_TIMED_OUT = "approval timed out"
+#: ``decide.lua`` calls before giving up when the turn keeps pausing again under the caller.
+_DECIDE_TRIES = 3
+
+
+class Decision(BaseModel):
+    """A decision on one pending call: ``action`` ``approve`` (run it, with ``arguments`` when a person edited
+    them; None: the model's), ``reject`` (the model gets an error tool message with ``message``) or
+    ``result`` (an external tool's result: ``content`` and ``is_error`` make its tool message)."""
+
+    model_config = ConfigDict(extra="allow")
+    action: Literal["approve", "reject", "result"]
+    arguments: dict[str, Any] | None = None
+    message: str = ""
+    content: str = ""
+    is_error: bool = False
+
+
+def pending(keys: Keys, turn_id: Any) -> Operation[list[PendingItem]]:
+    """Operation of ``pending``: the turn's calls waiting for a decision, in call order (``[]`` when it is not
+    paused or every call is decided). Raises :class:`InvalidRequestError` for a bad id."""
+    check_id(turn_id, "turn_id")
+    rt = RoundTrip()
+    items = rt.call("hgetall", keys.turn_pending(turn_id), parse=_items)
+    decided = rt.call("hkeys", keys.turn_decisions(turn_id), parse=_texts)
+    status: Pending[bytes | None] = rt.call("hget", keys.turn_state(turn_id), record.STATUS)
+    yield from run(rt)
+    if status.value != record.PAUSED.encode():
+        return []
+    return [item for item in items.value if item.call_id not in decided.value]
+
+
+def decide(keys: Keys, turn_id: Any, call_id: Any, decision: Decision) -> Operation[Decision]:
+    """Operation of ``approve`` / ``reject`` / ``submit_tool_result``: record ``decision`` on call ``call_id``
+    of paused turn ``turn_id``; returns the decision that stands (the first one, when the call was decided
+    already). Edited arguments are checked against the tool's schema (the pending item's ``parameters``).
+
+    Raises :class:`NoPendingCallError` (naming the calls still waiting) when the turn waits on no such call,
+    :class:`InvalidRequestError` for a bad id, arguments that do not fit the schema, or an action that does
+    not fit the call (``approve`` / ``reject`` an external tool's call, ``result`` for an approval).
+    """
+    check_id(turn_id, "turn_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise InvalidRequestError(f"call_id must be a non-empty string, got {call_id!r}", field="call_id")
+    for _ in range(_DECIDE_TRIES):
+        read = _PauseRead(keys, turn_id, call_id)
+        yield from run(read.rt)
+        first = read.first.value
+        if first is not None:
+            return Decision.model_validate_json(first)
+        item = read.item.value
+        if item is None or read.state.value.get(record.STATUS) != record.PAUSED:
+            raise _not_pending(turn_id, call_id, (yield from pending(keys, turn_id)))
+        _check_fits(PendingItem.model_validate_json(item), decision)
+        reply = yield from _run_decide(keys, turn_id, call_id, decision, read.state.value)
+        outcome = reply[0].decode()
+        if outcome in ("same", "decided"):
+            return Decision.model_validate_json(reply[1])
+        if outcome == "missing":
+            raise _not_pending(turn_id, call_id, [raw.decode() for raw in reply[1:]])
+    raise InvalidRequestError(f"turn {turn_id} kept pausing again while deciding {call_id}; try again", field="turn_id")
+
+
+def expire(keys: Keys, turn_id: str) -> Operation[bool]:
+    """Operation of the sweeper (docs/architecture.md, Pausing for a person): reject every undecided call of
+    paused turn ``turn_id`` with :data:`APPROVAL_TIMED_OUT` and enqueue the turn. False when it was not paused
+    (the paused ZSET's entry is then dropped)."""
+    state = yield from call("hgetall", keys.turn_state(turn_id), parse=decode_state)
+    decision = Decision(action="reject", message=APPROVAL_TIMED_OUT)
+    reply = yield from _run_decide(keys, turn_id, "", decision, state)
+    return bool(reply[0] == b"decided")
+
+
+class _PauseRead:
+    """One round trip's reads before a decision: the turn's state, the call's pending item and its decision."""
+
+    def __init__(self, keys: Keys, turn_id: str, call_id: str) -> None:
+        self.rt = RoundTrip()
+        self.state = self.rt.call("hgetall", keys.turn_state(turn_id), parse=decode_state)
+        self.item: Pending[bytes | None] = self.rt.call("hget", keys.turn_pending(turn_id), call_id)
+        self.first: Pending[bytes | None] = self.rt.call("hget", keys.turn_decisions(turn_id), call_id)
+
+
+def _run_decide(
+    keys: Keys, turn_id: str, call_id: str, decision: Decision, state: dict[str, str]
+) -> Operation[list[Any]]:
+    """``lua/decide.lua`` with the enqueue of the turn's job, under the resume job id of the attempt that
+    paused it (``state``'s), for when this decision completes the step."""
+    attempt = state.get(record.ATTEMPT, "0")
+    enqueue_keys, enqueue_args = resume_job_call(keys, state, keys.turn_resume_job_id(turn_id, int(attempt)))
+    conversation = state.get(record.CONVERSATION_ID, "")
+    script_keys = (
+        keys.turn_state(turn_id),
+        keys.turn_pending(turn_id),
+        keys.turn_decisions(turn_id),
+        keys.paused,
+        keys.conversation_statuses(conversation),
+        *enqueue_keys,
+    )
+    args = (turn_id, call_id, decision.model_dump_json(exclude_none=True), attempt, *enqueue_args)
+    reply: list[Any] = yield from run_script(scripts.DECIDE, script_keys, args)
+    return reply
+
+
+def _not_pending(turn_id: str, call_id: str, waiting: list[PendingItem] | list[str]) -> NoPendingCallError:
+    ids = [item if isinstance(item, str) else item.call_id for item in waiting]
+    return NoPendingCallError(
+        f"turn {turn_id} does not wait on call {call_id!r}; it waits on {ids or 'nothing'}",
+        turn_id=turn_id,
+        call_id=call_id,
+        pending=ids,
+    )
+
+
+def _check_fits(item: PendingItem, decision: Decision) -> None:
+    """Raise :class:`InvalidRequestError` when ``decision`` does not fit pending ``item`` (its kind, its schema)."""
+    if (item.kind == "external") != (decision.action == "result"):
+        wanted = "submit_tool_result" if item.kind == "external" else "approve or reject"
+        raise InvalidRequestError(f"call {item.call_id} ({item.kind}) takes {wanted}", field="call_id")
+    if decision.arguments is not None:
+        problems = schema_problems(item.parameters, decision.arguments)
+        if problems:
+            raise InvalidRequestError(
+                f"arguments for {item.tool} do not fit its schema: {'; '.join(problems)}", field="arguments"
+            )
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "null": (type(None),),
+}
+
+
+def schema_problems(schema: dict[str, Any], value: Any, path: str = "arguments") -> list[str]:
+    """What in ``value`` breaks ``schema``, a JSON Schema read for the keywords tools use: ``type``, ``enum``,
+    ``properties``, ``required``, ``additionalProperties: false`` and ``items`` (others are not checked;
+    https://json-schema.org/draft/2020-12/json-schema-validation). ``[]`` when it fits."""
+    types = schema.get("type")
+    allowed = [types] if isinstance(types, str) else list(types or [])
+    if allowed and not any(_is_type(value, name) for name in allowed):
+        return [f"{path} is not of type {' or '.join(allowed)}"]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{path} is not one of {schema['enum']}"]
+    problems: list[str] = []
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        problems += [f"{path}.{name} is missing" for name in schema.get("required", []) if name not in value]
+        for name, item in value.items():
+            if name in properties:
+                problems += schema_problems(properties[name], item, f"{path}.{name}")
+            elif schema.get("additionalProperties") is False:
+                problems.append(f"{path}.{name} is not allowed")
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for position, item in enumerate(value):
+            problems += schema_problems(schema["items"], item, f"{path}[{position}]")
+    return problems
+
+
+def _is_type(value: Any, name: str) -> bool:
+    if isinstance(value, bool) and name in ("integer", "number"):
+        return False
+    return isinstance(value, _JSON_TYPES.get(name, (object,)))
+
+
+def result_content(result: Any) -> str:
+    """An external tool's ``result`` as its tool message content: text as it is, other values as compact JSON.
+    Raises :class:`InvalidRequestError` for a value that is not JSON-able."""
+    if isinstance(result, str):
+        return result
+    try:
+        return orjson.dumps(result).decode()
+    except TypeError as exc:
+        raise InvalidRequestError(f"result is not JSON-able: {exc}", field="result") from exc
+
+
+def _items(raw: dict[bytes, bytes]) -> list[PendingItem]:
+    items = [PendingItem.model_validate_json(blob) for blob in raw.values()]
+    return sorted(items, key=lambda item: (item.step, item.index))
+
+
+def _texts(raw: list[bytes]) -> set[str]:
+    return {name.decode() for name in raw}
