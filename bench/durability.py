@@ -28,10 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import LOGS  # noqa: E402
+from bench.fleet import fleet  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
 from smith_client.registry import live_workers  # noqa: E402
-from smith_worker.local.processes import start_redis_server  # noqa: E402
 from smith_worker import testing  # noqa: E402
 
 APP = "tests.support.app:app"
@@ -93,25 +92,12 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cancels", type=int, default=20)
     args = parser.parse_args()
-    redis_proc, redis_url = start_redis_server()
-    prefix = f"bench{uuid.uuid4().hex[:6]}"
-    procs = []
-    try:
-        with testing.ScriptedLlmServer() as llm:
-            env = testing.worker_env(redis_url, prefix, llm.base_url)
-            procs = testing.start_workers(APP, env, ["turns", "turns", "tools"], prefix, log_dir=LOGS)
-            await testing.wait_for_workers(redis_url, prefix, 3)
-            async with SmithClient.from_url(redis_url, prefix=prefix) as client:
-                cancels = await cancel_latency(client, llm, args.cancels)
-                kill = await recovery(client, llm, signal.SIGKILL)
-                [replacement] = testing.start_workers(APP, env, ["turns"], prefix, log_dir=LOGS)
-                procs.append(replacement)
-                await registered(client, replacement.pid)  # not a count: the killed worker's entry outlives it
-                term = await recovery(client, llm, signal.SIGTERM)
-    finally:
-        for proc in procs:
-            proc.stop()
-        redis_proc.stop()
+    async with fleet(APP, ["turns", "turns", "tools"]) as f:
+        cancels = await cancel_latency(f.client, f.llm, args.cancels)
+        kill = await recovery(f.client, f.llm, signal.SIGKILL)
+        [replacement] = f.start(["turns"])
+        await registered(f.client, replacement.pid)  # not a count: the killed worker's entry outlives it
+        term = await recovery(f.client, f.llm, signal.SIGTERM)
     ms = [c * 1000 for c in cancels]
     print(f"cancel mid-stream → turn.cancelled   p50 {statistics.median(ms):6.1f} ms   max {max(ms):6.1f} ms  (n={len(ms)})")
     print(f"kill -9 mid-stream → turn.resumed     {kill[0]:6.2f} s   → turn.completed {kill[1]:6.2f} s")

@@ -25,10 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import LOGS  # noqa: E402
+from bench.fleet import fleet  # noqa: E402
 from smith_client import SmithClient, TurnHandle  # noqa: E402
 from smith_worker import testing  # noqa: E402
-from smith_worker.local.processes import start_redis_server  # noqa: E402
 
 APP = "bench.app:app"
 #: Turns submitted at once while pausing them (a web app's burst).
@@ -111,33 +110,21 @@ async def main() -> None:
     parser.add_argument("--turns", type=int, default=10_000)
     parser.add_argument("--approvals", type=int, default=200)
     args = parser.parse_args()
-    redis_proc, redis_url = start_redis_server()
-    prefix = f"bench{uuid.uuid4().hex[:6]}"
-    procs = []
-    try:
-        with testing.ScriptedLlmServer() as llm:
-            key = uuid.uuid4().hex[:8]
-            llm.add_scenario(key, testing.Script(testing.Reply.tool_calls([("stamp", {})]), testing.Reply.text("ok")))
-            marker = testing.scenario_marker(key)
-            env = testing.worker_env(redis_url, prefix, llm.base_url)
-            procs = testing.start_workers(APP, env, ["turns", "tools"], prefix, log_dir=LOGS)
-            await testing.wait_for_workers(redis_url, prefix, 2)
-            turn_worker = procs[0].pid
-            async with SmithClient.from_url(redis_url, prefix=prefix) as client:
-                await pause_all(client, marker, 1)  # warm up: a paused turn of its own, kept paused
-                memory, rss = await used_memory(client), rss_mib(turn_worker)
-                started = time.monotonic()
-                handles = await pause_all(client, marker, args.turns)
-                seconds = time.monotonic() - started
-                await asyncio.sleep(1.0)  # arq's job ends after run_turn returned
-                per_turn = (await used_memory(client) - memory) / args.turns
-                slots, rss_after = await slots_held(client), rss_mib(turn_worker)
-                kinds = await memory_by_kind(client, handles)
-                latencies = [await approve_latency(client, h) * 1000 for h in handles[: args.approvals]]
-    finally:
-        for proc in procs:
-            proc.stop()
-        redis_proc.stop()
+    async with fleet(APP, ["turns", "tools"]) as f:
+        key, client = uuid.uuid4().hex[:8], f.client
+        f.llm.add_scenario(key, testing.Script(testing.Reply.tool_calls([("stamp", {})]), testing.Reply.text("ok")))
+        marker = testing.scenario_marker(key)
+        turn_worker = f.procs[0].pid
+        await pause_all(client, marker, 1)  # warm up: a paused turn of its own, kept paused
+        memory, rss = await used_memory(client), rss_mib(turn_worker)
+        started = time.monotonic()
+        handles = await pause_all(client, marker, args.turns)
+        seconds = time.monotonic() - started
+        await asyncio.sleep(1.0)  # arq's job ends after run_turn returned
+        per_turn = (await used_memory(client) - memory) / args.turns
+        slots, rss_after = await slots_held(client), rss_mib(turn_worker)
+        kinds = await memory_by_kind(client, handles)
+        latencies = [await approve_latency(client, h) * 1000 for h in handles[: args.approvals]]
     print(f"paused turns: {args.turns} in {seconds:.1f} s ({args.turns / seconds:.0f}/s)")
     print(f"Redis used_memory per paused turn: {per_turn / 1024:.2f} KiB")
     print("bytes per paused turn by key (MEMORY USAGE), the largest first:")

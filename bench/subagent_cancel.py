@@ -22,10 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import LOGS  # noqa: E402
+from bench.fleet import fleet  # noqa: E402
 from bench.stats import summary  # noqa: E402
 from smith_client import SmithClient  # noqa: E402
-from smith_worker.local.processes import start_redis_server  # noqa: E402
 from smith_worker import testing  # noqa: E402
 
 
@@ -59,26 +58,13 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
-    redis_proc, redis_url = start_redis_server()
-    prefix = f"bench{uuid.uuid4().hex[:6]}"
     cancelled: list[float] = []
     aborted: list[float] = []
-    try:
-        with testing.ScriptedLlmServer() as llm:
-            procs = testing.start_workers("tests.support.app:app", testing.worker_env(redis_url, prefix, llm.base_url),
-                                  ["turns", "tools", "tools"], prefix, log_dir=LOGS)
-            try:
-                await testing.wait_for_workers(redis_url, prefix, len(procs))
-                async with SmithClient.from_url(redis_url, prefix=prefix) as client:
-                    for _ in range(args.rounds):
-                        c, a = await one_round(client, llm)
-                        cancelled.append(c)
-                        aborted.append(a)
-            finally:
-                for proc in procs:
-                    proc.stop()
-    finally:
-        redis_proc.stop()
+    async with fleet("tests.support.app:app", ["turns", "tools", "tools"]) as f:
+        for _ in range(args.rounds):
+            c, a = await one_round(f.client, f.llm)
+            cancelled.append(c)
+            aborted.append(a)
     print(f"cancel -> turn.cancelled received        {summary(cancelled)}")
     print(f"cancel -> both child tool jobs cancelled {summary(aborted)}")
 

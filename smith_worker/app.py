@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, cast, overload
+from typing import Any, TypeVar, Unpack, cast, overload
 
 from pydantic import BaseModel
 
@@ -29,7 +29,15 @@ from smith_worker.llm.types import LlmClientConfig, ToolChoice, ToolSchema
 from smith_worker.memory import FullMemory, Memory
 from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
 from smith_worker.tools.external import ExternalTools
-from smith_worker.tools.function import TOOL_NAME, Approval, Isolation, Tool, ToolRegistry, make_tool
+from smith_worker.tools.function import (
+    TOOL_NAME,
+    Approval,
+    Isolation,
+    Tool,
+    ToolOptions,
+    ToolRegistry,
+    make_tool,
+)
 from smith_worker.tools.native import NativeTools
 from smith_worker.tools.source import APP_TOOLS, ToolSource, skill_id
 from smith_worker.tools.source import source_id as added_source_id
@@ -128,18 +136,7 @@ class SmithApp:
         isolation: Isolation = "thread", needs_approval: Approval = False,
     ) -> Callable[[_F], _F]: ...  # fmt: skip
 
-    def tool(
-        self,
-        fn: _F | None = None,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        parameters: dict[str, Any] | None = None,
-        timeout: float | None = None,
-        idempotent: bool = False,
-        isolation: Isolation = "thread",
-        needs_approval: Approval = False,
-    ) -> _F | Callable[[_F], _F]:
+    def tool(self, fn: _F | None = None, **options: Unpack[ToolOptions]) -> _F | Callable[[_F], _F]:
         """Register a tool; usable as ``@app.tool`` or ``@app.tool(timeout=5.0)``.
 
         ``timeout`` is seconds; without one, each agent calling the tool gives it
@@ -154,16 +151,7 @@ class SmithApp:
         """
 
         def register(func: _F) -> _F:
-            tool = make_tool(
-                func,
-                name=name,
-                description=description,
-                parameters=parameters,
-                timeout=timeout,
-                idempotent=idempotent,
-                isolation=isolation,
-                needs_approval=needs_approval,
-            )
+            tool = make_tool(func, **options)
             if tool.name in self.external or not self.tools.add(tool):
                 raise ConfigurationError(f"tool {tool.name!r} is already registered", setting="tools")
             func.__smith_tool__ = tool  # type: ignore[attr-defined]

@@ -24,7 +24,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, get_type_hints
 
 import orjson
 from pydantic import BaseModel, ConfigDict, create_model
@@ -284,6 +284,18 @@ def checked_tool_name(fn: Callable[..., Any], name: str | None) -> str:
             f"tool name must be 1-64 characters from [A-Za-z0-9_-], got {shown(name)}", setting="name"
         )
     return name
+
+
+class ToolOptions(TypedDict, total=False):
+    """The options of :func:`make_tool` (and of ``@app.tool(...)``, which passes them on)."""
+
+    name: str | None
+    description: str | None
+    parameters: dict[str, Any] | None
+    timeout: float | None
+    idempotent: bool
+    isolation: Isolation
+    needs_approval: Approval
 
 
 def make_tool(
