@@ -7,21 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from smith_client.scripts import PUBLISH_BATCH, LuaScript
-
-ROOT = Path(__file__).resolve().parents[2]
+from smith_client import scripts
+from smith_client.scripts import PUBLISH_BATCH
 
 
 def script_names() -> dict[str, str]:
-    """Every Lua script of the project by its sha (``EVALSHA <sha>`` → ``<name>.lua``)."""
-    names = {}
-    for path in ROOT.glob("smith_*/**/lua/*.lua"):
-        if path.stem != "lib":
-            package = ".".join(path.parent.parent.relative_to(ROOT).parts)
-            names[LuaScript(path.stem, package).sha] = f"{path.stem}.lua"
-    return names
+    """The project's Lua scripts by sha (``EVALSHA <sha>`` → ``<name>.lua``): those the worker roles load."""
+    import smith_worker.queue.worker  # noqa: F401  (its roles import every module that defines a script)
+
+    return {script.sha: f"{script.name}.lua" for script in scripts._ALL}
 
 
 Reader, Writer = asyncio.StreamReader, asyncio.StreamWriter
