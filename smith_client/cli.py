@@ -4,7 +4,13 @@
   to stdout as they arrive; one status line per tool call and result goes to
   stderr.
 * ``smith keys --conversation ID`` lists that conversation's Redis keys and TTLs.
-* ``smith status`` prints queue lengths, running turns and live workers per queue.
+* ``smith status`` prints queue lengths, running and paused turns, and live workers per queue.
+* A turn paused for a person (docs/architecture.md, Pausing for a person): ``smith pending TURN`` lists its
+  undecided calls; ``smith approve TURN CALL [--arguments JSON]``, ``smith reject TURN CALL [--message TEXT]``
+  and ``smith result TURN CALL VALUE [--error]`` (an external tool's) decide one; each prints the decision
+  that stands and whether the turn resumes, and exits 1 when the call was decided before, differently.
+  ``smith ask`` whose turn pauses lists its calls with the commands that decide them on stderr and exits
+  with :data:`PAUSED_EXIT` (3), leaving the turn paused; ``smith chat`` asks about each call instead.
 * It reads the variables of :class:`~smith_client.settings.ClientSettings` (``SMITH_REDIS_URL``,
   ``SMITH_PREFIX``, …), checked before any command: a bad one is one line on stderr and exit code 1.
 * ``smith COMMAND -h`` lists a command's options, which go after it (or, as before, ahead of it);
@@ -28,21 +34,30 @@ from typing import Any, TextIO
 import orjson
 from redis.exceptions import RedisError
 
+from smith_client.approvals import REJECTED, Decision
 from smith_client.client import SmithClient
-from smith_client.errors import ConfigurationError, SmithError, UnknownAgentError
+from smith_client.errors import (
+    ConfigurationError,
+    SmithError,
+    TurnNotFoundError,
+    TurnPausedError,
+    UnknownAgentError,
+)
 from smith_client.events import (
     Event,
     TokenData,
     ToolCallCompletedData,
+    ToolCallDecidedData,
     ToolResultData,
     TurnCompletedData,
     TurnFailedData,
+    TurnPausedData,
     TurnResumedData,
 )
 from smith_client.hygiene import conversation_keys
 from smith_client.redis_errors import smith_error
 from smith_client.registry import fleet_status
-from smith_client.repl import ChatRepl, run_turn
+from smith_client.repl import ChatRepl, agent_chain, decide_call, paused_report, run_turn
 from smith_client.settings import DEFAULT_REDIS_URL, ClientSettings, env_name
 from smith_client.validation import check_served
 
@@ -65,7 +80,7 @@ class StreamPrinter:
 
     def __call__(self, event: Event) -> None:
         data = event.payload
-        chain = _chain(event.agent_path)
+        chain = agent_chain(event.agent_path)
         if isinstance(data, TokenData):
             if chain:
                 return
@@ -93,15 +108,27 @@ class StreamPrinter:
             self.out.flush()
         elif isinstance(data, TurnFailedData):
             self._status(f"[turn failed] {data.error.kind}: {data.error.message}")
+        elif isinstance(data, TurnPausedData):
+            self._status(f"[turn paused] {len(data.pending)} call(s) wait for a person")
+        elif isinstance(data, ToolCallDecidedData):
+            self._status(f"{chain}{_decided(data)}")
 
     def _status(self, line: str) -> None:
         self.err.write(line + "\n")
         self.err.flush()
 
 
-def _chain(agent_path: list[str]) -> str:
-    """``"[lead > researcher] "`` for a sub-agent's event, ``""`` for the root agent's."""
-    return f"[{' > '.join(agent_path)}] " if len(agent_path) > 1 else ""
+#: How a ``tool_call.decided`` event's ``action`` reads in its status line.
+_DECIDED = {"approve": "approved", "reject": "rejected", "result": "answered from outside"}
+
+
+def _decided(data: ToolCallDecidedData) -> str:
+    """``[tool call approved] tool({arguments})``, ``[tool call rejected] tool: message``, or
+    ``[tool call answered from outside] tool`` (an external tool's result)."""
+    line = f"[tool call {_DECIDED.get(data.action, data.action)}] {data.name}"
+    if data.action == "approve":
+        return f"{line}({_compact(data.arguments)})"
+    return f"{line}: {data.message}" if data.action == "reject" else line
 
 
 def _compact(value: Any) -> str:
@@ -112,17 +139,25 @@ def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+#: The exit code of ``smith ask`` whose turn paused for a person (it stays paused: decide it, see the module doc).
+PAUSED_EXIT = 3
+
+
 async def _run_ask(args: argparse.Namespace) -> int:
     async with _connect(args) as client:
         await _check_served(client, args.agent)
-        ok = await run_turn(
-            client,
-            args.question,
-            conversation_id=args.conversation,
-            agent=args.agent,
-            timeout=args.timeout,
-            printer=StreamPrinter(),
-        )
+        try:
+            ok = await run_turn(
+                client,
+                args.question,
+                conversation_id=args.conversation,
+                agent=args.agent,
+                timeout=args.timeout,
+                printer=StreamPrinter(),
+            )
+        except TurnPausedError as paused:
+            print("\n".join(paused_report(client.keys.prefix, paused)), file=sys.stderr)
+            return PAUSED_EXIT
         return 0 if ok else 1
 
 
@@ -170,9 +205,55 @@ async def _run_status(args: argparse.Namespace) -> int:
     for name, queue in status.queues.items():
         print(f"{name:<24} {queue.length:>7} {len(queue.workers):>8}")
     print(f"running turns: {status.running_turns}")
+    print(f"paused turns: {status.paused_turns}")
     for name, queue in status.queues.items():
         for worker in queue.workers:
             print(f"worker {worker['id']} on {name} (host {worker.get('host')}, pid {worker.get('pid')})")
+    return 0
+
+
+async def _run_pending(args: argparse.Namespace) -> int:
+    """``smith pending TURN``: one row per undecided call of the paused turn; when there is none, one line on
+    stderr saying the turn's status. Raises :class:`TurnNotFoundError` for a turn Redis does not have."""
+    async with _connect(args) as client:
+        items = await client.pending(args.turn)
+        status = "paused" if items else await client.turn(args.turn).status()
+    if status == "unknown":
+        raise TurnNotFoundError(f"no turn {args.turn} under prefix {args.prefix!r} (or it expired)", turn_id=args.turn)
+    if not items:
+        print(f"turn {args.turn} waits on no call: it is {status}", file=sys.stderr)
+    else:
+        print(f"{'call':<24} {'kind':<9} {'tool':<20} {'agent':<20} arguments")
+    for item in items:
+        agent = " > ".join(item.agent_path)
+        print(f"{item.call_id:<24} {item.kind:<9} {item.tool:<20} {agent:<20} {_compact(item.arguments)}")
+    return 0
+
+
+def _asked(args: argparse.Namespace) -> Decision:
+    """The decision ``smith approve|reject|result`` asks for, from its arguments."""
+    if args.command == "approve":
+        return Decision(action="approve", arguments=args.arguments)
+    if args.command == "reject":
+        return Decision(action="reject", message=args.message)
+    return Decision(action="result", content=args.value, is_error=args.error)
+
+
+async def _run_decide(args: argparse.Namespace) -> int:
+    """``smith approve|reject|result TURN CALL …``: prints the decision that stands on the call, then whether
+    the turn resumes; exit code 1, with a line on stderr, when another decision was made before (it stays)."""
+    asked = _asked(args)
+    async with _connect(args) as client:
+        standing = await decide_call(client, args.turn, args.call, asked)
+        waiting = await client.pending(args.turn)
+    print(f"{args.call}: {standing.model_dump_json(exclude_defaults=True)}")
+    if waiting:
+        print(f"turn {args.turn} still waits on {', '.join(item.call_id for item in waiting)}")
+    else:
+        print(f"turn {args.turn} is no longer paused: it resumes on a turn worker")
+    if standing != asked:
+        print(f"smith: call {args.call} was decided before; this decision changed nothing", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -204,6 +285,17 @@ def _seconds(raw: str) -> float:
         value = 0.0
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+def _json_object(raw: str) -> dict[str, Any]:
+    """``--arguments``: a JSON object; else a usage error (argparse, exit code 2)."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {raw!r}: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {raw!r}")
     return value
 
 
@@ -248,7 +340,44 @@ _COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
         "list the conversation's Redis keys and their TTLs (seconds)",
         {**_CONNECTION, "--conversation": "the conversation whose keys to list (required)"},
     ),
-    "status": ("queue lengths, running turns and live workers per queue", dict(_CONNECTION)),
+    "status": ("queue lengths, running and paused turns, and live workers per queue", dict(_CONNECTION)),
+    "pending": ("list the calls a paused turn waits on", dict(_CONNECTION)),
+    "approve": ("approve a paused turn's call: it runs once the turn resumes", dict(_CONNECTION)),
+    "reject": ("reject a paused turn's call: the model gets an error tool message", dict(_CONNECTION)),
+    "result": ("give the result of a paused turn's external tool call", dict(_CONNECTION)),
+}
+_TURN = ("turn", {"metavar": "TURN", "help": "the paused turn's id"})
+_CALL = ("call", {"metavar": "CALL", "help": "the call's id (smith pending TURN lists them)"})
+#: Each command's own arguments, after the options above: (name, argparse keyword arguments).
+_ARGUMENTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "ask": [("question", {})],
+    "pending": [_TURN],
+    "approve": [
+        _TURN,
+        _CALL,
+        (
+            "--arguments",
+            {
+                "metavar": "JSON",
+                "type": _json_object,
+                "help": "edited arguments, a JSON object checked against the tool's schema (default: the model's)",
+            },
+        ),
+    ],
+    "reject": [
+        _TURN,
+        _CALL,
+        (
+            "--message",
+            {"metavar": "TEXT", "default": REJECTED, "help": f"the error the model gets (default: {REJECTED!r})"},
+        ),
+    ],
+    "result": [
+        _TURN,
+        _CALL,
+        ("value", {"metavar": "VALUE", "help": "the call's tool message content, as given (text or JSON)"}),
+        ("--error", {"action": "store_true", "help": "the result is an error"}),
+    ],
 }
 
 
@@ -272,8 +401,8 @@ def _parser() -> argparse.ArgumentParser:
         command_parser = sub.add_parser(command, help=summary, description=summary)
         for option, help_text in options.items():
             command_parser.add_argument(option, **_OPTIONS[option], default=argparse.SUPPRESS, help=help_text)
-        if command == "ask":
-            command_parser.add_argument("question")
+        for name, how in _ARGUMENTS.get(command, []):
+            command_parser.add_argument(name, **how)
     return parser
 
 
@@ -340,9 +469,10 @@ async def _stopped_by_sigterm(command: Awaitable[int]) -> int:
 
 def smith_main(argv: list[str] | None = None) -> None:
     """Entry point of ``smith``: ``smith ask "question"``, ``smith chat``, ``smith keys --conversation ID``,
-    ``smith status``."""
+    ``smith status``, ``smith pending TURN``, ``smith approve|reject TURN CALL``, ``smith result TURN CALL VALUE``."""
     args = parse_args(argv)
-    commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys, "status": _run_status}
+    commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys, "status": _run_status, "pending": _run_pending}
+    commands |= dict.fromkeys(("approve", "reject", "result"), _run_decide)
     try:
         args.settings = settings = _with_options(ClientSettings.from_env(), args)  # all checked first
         args.redis_url, args.prefix = settings.redis_url, settings.prefix

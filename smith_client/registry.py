@@ -92,22 +92,27 @@ class QueueStatus:
 
 @dataclass
 class FleetStatus:
-    """What ``smith status`` prints: the two queues by name, and the number of running turns."""
+    """What ``smith status`` prints: the two queues by name, the number of running turns (live leases in
+    ``{p}:running``) and of paused turns (``{p}:paused``: waiting for a person, docs/architecture.md, Pausing for
+    a person)."""
 
     queues: dict[str, QueueStatus]
     running_turns: int
+    paused_turns: int
 
 
 async def fleet_status(redis: Redis, keys: Keys) -> FleetStatus:
-    """Queue lengths, running turns (``{p}:running``) and live workers per queue of one prefix."""
+    """Queue lengths, running turns (``{p}:running``), paused turns (``{p}:paused``) and live workers per queue
+    of one prefix."""
     rt = RoundTrip()
     turns_length = rt.call("zcard", keys.turns_queue, parse=int)
     tools_length = rt.call("zcard", keys.tools_queue, parse=int)
     running = rt.call("zcount", keys.running, now_ms(), "+inf", parse=int)
+    paused = rt.call("zcard", keys.paused, parse=int)
     await rt.run(redis)
     workers = await live_workers(redis, keys)
     queues = {
         keys.turns_queue: QueueStatus(turns_length.value, [w for w in workers if w.get("queue") == "turns"]),
         keys.tools_queue: QueueStatus(tools_length.value, [w for w in workers if w.get("queue") == "tools"]),
     }
-    return FleetStatus(queues, running.value)
+    return FleetStatus(queues, running.value, paused.value)

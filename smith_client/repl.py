@@ -5,6 +5,12 @@ printer (tokens to stdout, tool status lines to stderr). Commands:
 ``/reset`` starts a new conversation id, ``/exit`` (or ``/quit``) and Ctrl-D
 leave. Ctrl-C during a turn cancels that turn (``TurnHandle.cancel``) and
 keeps the REPL; at the prompt it only reminds how to leave.
+
+A turn that pauses for a person (docs/architecture.md, Pausing for a person)
+asks at the terminal about each pending call: ``y``/``n`` approves or rejects
+a call that needs approval, a line typed is an external tool's result; once
+all are decided the resumed turn's events follow. Ctrl-D at such a question
+leaves the turn paused and prints the ``smith`` commands that decide it.
 """
 
 from __future__ import annotations
@@ -14,11 +20,15 @@ import re
 import signal
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TextIO
 
-from smith_client import SmithClient, SmithError, SmithTimeoutError
-from smith_client.events import TURN_COMPLETED, Event
+import orjson
+
+from smith_client import SmithClient, SmithError, SmithTimeoutError, TurnPausedError
+from smith_client.approvals import REJECTED, Decision
+from smith_client.events import TURN_COMPLETED, Event, PendingItem
+from smith_client.turns import paused_error
 
 PROMPT = "you> "
 EXIT_COMMANDS = ("/exit", "/quit")
@@ -27,24 +37,44 @@ RESET_COMMAND = "/reset"
 COMMAND = re.compile(r"/\w+")
 
 Printer = Callable[[Event], None]
+#: What a follower does when its turn pauses, given the turn id and its undecided calls: decide them (the turn's
+#: events after its resume follow), or raise (:class:`TurnPausedError`: the turn stays paused).
+Decider = Callable[[str, list[PendingItem]], Awaitable[None]]
+
+
+async def leave_paused(turn_id: str, pending: list[PendingItem]) -> None:
+    """The :data:`Decider` of ``smith ask``: raises :class:`TurnPausedError`; the turn stays paused."""
+    raise paused_error(turn_id, pending)
 
 
 async def run_turn(
-    client: SmithClient, text: str, *, conversation_id: str, agent: str, timeout: float | None, printer: Printer
+    client: SmithClient,
+    text: str,
+    *,
+    conversation_id: str,
+    agent: str,
+    timeout: float | None,
+    printer: Printer,
+    decide: Decider = leave_paused,
 ) -> bool:
     """Submit one turn and print its events as they arrive; True when it completed.
 
+    At a ``turn.paused`` whose calls are still undecided, ``decide`` is called with them and the turn's events
+    after its resume follow (a pause decided meanwhile elsewhere is followed through).
     Cancelling the calling task cancels the turn itself, not only the printing;
     so does ``timeout`` (seconds, None: no limit), nobody waiting for the answer
     any more. Raises :class:`SmithError` from the client (:class:`SmithTimeoutError`
-    at the timeout).
+    at the timeout) or from ``decide`` (:class:`TurnPausedError` leaves the turn paused).
     """
     handle = await client.submit(text, conversation_id=conversation_id, agent=agent)
     ok = False
     try:
-        async for event in handle.events(timeout=timeout):  # replayed from seq 1: nothing missed
+        async for event in handle.events(timeout=timeout):  # replayed from seq 1, through pauses: nothing missed
             printer(event)
             ok = event.type == TURN_COMPLETED
+            pending = await client.pending(handle.turn_id) if event.paused else []
+            if pending:
+                await decide(handle.turn_id, pending)
     except asyncio.CancelledError:
         await asyncio.shield(handle.cancel())
         raise
@@ -52,6 +82,45 @@ async def run_turn(
         await handle.cancel()
         raise SmithTimeoutError(f"{exc.message}; it was cancelled", **exc.fields) from exc
     return ok
+
+
+async def decide_call(client: SmithClient, turn_id: str, call_id: str, decision: Decision) -> Decision:
+    """Record ``decision`` on pending call ``call_id`` of ``turn_id`` with the client's ``approve``, ``reject`` or
+    ``submit_tool_result`` (by its ``action``); returns the decision that stands and raises as those do."""
+    if decision.action == "approve":
+        return await client.approve(turn_id, call_id, decision.arguments)
+    if decision.action == "reject":
+        return await client.reject(turn_id, call_id, decision.message)
+    return await client.submit_tool_result(turn_id, call_id, decision.content, decision.is_error)
+
+
+def agent_chain(agent_path: list[str]) -> str:
+    """``"[lead > researcher] "`` for a sub-agent's event or call, ``""`` for the root agent's."""
+    return f"[{' > '.join(agent_path)}] " if len(agent_path) > 1 else ""
+
+
+def call_text(item: PendingItem) -> str:
+    """A pending call as ``tool({"arg":1})``, after its agent chain for a sub-agent's (:func:`agent_chain`)."""
+    return f"{agent_chain(item.agent_path)}{item.tool}({orjson.dumps(item.arguments).decode()})"
+
+
+def decide_commands(prefix: str, turn_id: str, item: PendingItem) -> str:
+    """The ``smith`` command line(s) that decide pending ``item`` of ``turn_id`` under key prefix ``prefix``."""
+    smith = f"smith {{}} --prefix {prefix} {turn_id} {item.call_id}"
+    if item.kind == "external":
+        return smith.format("result") + " VALUE [--error]"
+    return f"{smith.format('approve')} [--arguments JSON]  or  {smith.format('reject')} [--message TEXT]"
+
+
+def paused_report(prefix: str, paused: TurnPausedError) -> list[str]:
+    """What to tell a person about a turn left paused: its calls, each with the commands that decide it."""
+    turn_id = paused.turn_id
+    lines = [f"turn {turn_id} is paused; it resumes once each call below is decided:"]
+    for raw in paused.pending:
+        item = PendingItem.model_validate(raw)
+        lines += [f"  {item.call_id} ({item.kind}): {call_text(item)}", f"    {decide_commands(prefix, turn_id, item)}"]
+    lines.append(f"smith pending --prefix {prefix} {turn_id} lists the calls still waiting")
+    return lines
 
 
 def new_conversation_id() -> str:
@@ -83,13 +152,16 @@ class ChatRepl:
         self.timeout = timeout
         self.err = err
         self._turn: asyncio.Task[bool] | None = None
+        self._asking = False  # a question about a paused turn's call is on the terminal
 
     def _status(self, line: str) -> None:
         self.err.write(line + "\n")
         self.err.flush()
 
     def _on_interrupt(self) -> None:
-        if self._turn is not None and not self._turn.done():
+        if self._asking:  # its input() thread cannot be interrupted: the answer stays awaited
+            self._status("\n(answer the question; Ctrl-D leaves the turn paused)")
+        elif self._turn is not None and not self._turn.done():
             self._turn.cancel()
         else:
             self._status("\n(type /exit or press Ctrl-D to leave)")
@@ -127,16 +199,62 @@ class ChatRepl:
             agent=self.agent,
             timeout=self.timeout,
             printer=self.printer,
+            decide=self._decide,
         )
         self._turn = asyncio.create_task(turn)
         try:
             await self._turn
         except asyncio.CancelledError:
             self._status("[turn cancelled]")
+        except TurnPausedError as exc:
+            for report in paused_report(self.client.keys.prefix, exc):
+                self._status(report)
         except SmithError as exc:
             self._status(f"[error] {exc.kind}: {exc.message}")
         finally:
             self._turn = None
 
+    async def _decide(self, turn_id: str, pending: list[PendingItem]) -> None:
+        """The REPL's :data:`Decider`: asks about each pending call and decides it through the client; raises
+        :class:`TurnPausedError` (the turn stays paused) when the person leaves with Ctrl-D."""
+        for position, item in enumerate(pending):
+            try:
+                decision = await self._ask_about(item)
+            except EOFError:
+                self._status("")
+                raise paused_error(turn_id, pending[position:]) from None
+            standing = await decide_call(self.client, turn_id, item.call_id, decision)
+            if standing != decision:
+                self._status(f"[{item.call_id} was decided before: {standing.action}]")
 
-__all__ = ["ChatRepl", "new_conversation_id", "run_turn"]
+    async def _ask_about(self, item: PendingItem) -> Decision:
+        """The person's decision on ``item``: ``y``/``n`` for an approval (asked again until one of them),
+        a non-blank line for an external tool's result. Raises EOFError at the end of input."""
+        external = item.kind == "external"
+        question = f"result of {call_text(item)}> " if external else f"approve {call_text(item)}? [y/n] "
+        self._asking = True
+        try:
+            while True:
+                answer = (await asyncio.to_thread(input, question)).strip()
+                if external and answer:
+                    return Decision(action="result", content=answer)
+                if answer.lower() in ("y", "yes"):
+                    return Decision(action="approve")
+                if answer.lower() in ("n", "no"):
+                    return Decision(action="reject", message=REJECTED)
+        finally:
+            self._asking = False
+
+
+__all__ = [
+    "ChatRepl",
+    "Decider",
+    "agent_chain",
+    "call_text",
+    "decide_call",
+    "decide_commands",
+    "leave_paused",
+    "new_conversation_id",
+    "paused_report",
+    "run_turn",
+]

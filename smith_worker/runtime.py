@@ -230,7 +230,7 @@ class WorkerRuntime:
         self._background.append(asyncio.create_task(heartbeat_forever(heartbeat_path(self.settings, self.queue))))
         self._background.append(asyncio.create_task(trim_forever()))  # bursts of large turns leave no high-water mark
         if self.settings.metrics_port:
-            self.metrics.serve(self.settings.metrics_port, self.redis, self.queue_name, self.role.running)
+            self.metrics.serve(self.settings.metrics_port, self.redis, self.keys, self.queue_name, self.role.running)
         self.protect_secrets()
         self.role.open(self)
         await self.health.until_ok("start-up", self._warn_on_eviction)

@@ -16,14 +16,17 @@ metric                               type       meaning
 ``smith_queue_wait_seconds{queue}``  gauge      age of the oldest job that is due and not yet picked up
                                                 (0 when none); NaN when Redis does not answer
 ``smith_turns_running``              gauge      turns running in this process
+``smith_turns_paused``               gauge      turns of the deployment paused for a person (ZCARD of
+                                                ``{p}:paused``; the same on every worker: take the max, not
+                                                the sum); NaN when Redis does not answer
 ``smith_worker_up``                  gauge      1 while the worker serves
 ``smith_llm_requests_total{status}`` counter    model calls; ``status`` ok | error
 ``smith_llm_tokens_total{kind}``     counter    server-reported tokens; ``kind`` prompt | completion
 ===================================  =========  =======================================================
 
-The two queue gauges are read from Redis at scrape time by
-:class:`QueueCollector` (on the worker's event loop, so no extra
-connection), so they exist from the first scrape. The turn and tool paths
+The two queue gauges and ``smith_turns_paused`` are read from Redis at
+scrape time by :class:`QueueCollector` (on the worker's event loop, so no
+extra connection), in one round trip, so they exist from the first scrape. The turn and tool paths
 call the narrow ``record_*`` hooks of :class:`WorkerMetrics`; every process
 has one (counting is cheap), the HTTP server starts only when a port is set.
 """
@@ -77,29 +80,32 @@ OLDEST_SCAN_LIMIT = 1000
 
 
 class QueueCollector(Collector):
-    """``smith_queue_length`` and ``smith_queue_wait_seconds`` of one arq queue, read at scrape time.
+    """``smith_queue_length`` and ``smith_queue_wait_seconds`` of one arq queue, and ``smith_turns_paused``
+    (the size of the ``paused`` ZSET, ``Keys.paused``), read at scrape time.
 
     ``collect`` runs in the HTTP server's thread and asks the worker's event
     loop for the figures, waiting at most :data:`SCRAPE_REDIS_TIMEOUT` seconds.
     """
 
-    def __init__(self, redis: Redis, queue: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, redis: Redis, queue: str, paused: str, loop: asyncio.AbstractEventLoop) -> None:
         self.redis = redis
         self.queue = queue
+        self.paused = paused
         self.loop = loop
 
-    async def read(self) -> tuple[float, float]:
-        """(length, wait seconds) of the queue."""
+    async def read(self) -> tuple[float, float, float]:
+        """(length, wait seconds) of the queue, and the number of paused turns."""
         now = now_ms()
         rt = RoundTrip()
         length = rt.call("zcard", self.queue, parse=float)
+        paused = rt.call("zcard", self.paused, parse=float)
         due: Pending[list[tuple[bytes, float]]] = rt.call(
             "zrangebyscore", self.queue, "-inf", now, start=0, num=OLDEST_SCAN_LIMIT, withscores=True
         )
         await rt.run(self.redis)
         oldest = await self._oldest_waiting(due.value)
         wait = 0.0 if oldest is None else max(0.0, (now - oldest) / 1000)
-        return length.value, wait
+        return length.value, wait, paused.value
 
     async def _oldest_waiting(self, due: list[tuple[bytes, float]]) -> float | None:
         """The score (enqueue or defer time, epoch ms) of the oldest due job without an in-progress key."""
@@ -113,18 +119,19 @@ class QueueCollector(Collector):
         return next((score for score, busy in running if not busy.value), None)
 
     def collect(self) -> Iterator[Metric]:
-        """Both gauges for this scrape; NaN values when Redis did not answer in time."""
+        """The three gauges for this scrape; NaN values when Redis did not answer in time."""
         future = None
         try:  # the loop may be closed already (worker shutting down): that is a failed read too
             future = asyncio.run_coroutine_threadsafe(self.read(), self.loop)
-            length, wait = future.result(SCRAPE_REDIS_TIMEOUT)
+            length, wait, paused = future.result(SCRAPE_REDIS_TIMEOUT)
         except Exception:  # Redis down or slow: the series stay, with no value to give
             if future is not None:
                 future.cancel()
             logger.warning("metrics: reading queue %s failed", self.queue, exc_info=True)
-            length = wait = math.nan
+            length = wait = paused = math.nan
         yield self._gauge("smith_queue_length", "Jobs in the arq queue (queued, running, deferred).", length)
         yield self._gauge("smith_queue_wait_seconds", "Age of the oldest due job not yet picked up.", wait)
+        yield GaugeMetricFamily("smith_turns_paused", "Turns paused for a person (the deployment's).", value=paused)
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         family = GaugeMetricFamily(name, doc, labels=["queue"])
@@ -178,13 +185,14 @@ class WorkerMetrics:
             self.llm_tokens.labels(kind="completion").inc(usage.completion)
         return response
 
-    def serve(self, port: int, redis: Redis, queue: str, running: Callable[[], int]) -> bool:
-        """Start ``/metrics`` on ``port`` (all interfaces) from the running event loop.
+    def serve(self, port: int, redis: Redis, keys: Keys, queue: str, running: Callable[[], int]) -> bool:
+        """Start ``/metrics`` on ``port`` (all interfaces) from the running event loop: ``queue``'s gauges and
+        the paused turns of the deployment of ``keys``.
 
         Returns False, with a warning, when the port cannot be bound: the
         worker goes on without metrics rather than failing to start.
         """
-        self.registry.register(QueueCollector(redis, queue, asyncio.get_running_loop()))
+        self.registry.register(QueueCollector(redis, queue, keys.paused, asyncio.get_running_loop()))
         self.turns_running.set_function(running)
         self.worker_up.set(1)
         try:

@@ -1,4 +1,5 @@
-"""Operating a fleet: /metrics on each worker, the heartbeat liveness probe, readiness, ``smith status``.
+"""Operating a fleet: /metrics on each worker, the heartbeat liveness probe, readiness, ``smith status``,
+paused turns in both.
 
 Real worker processes against a private redis-server of this module (the
 last test stops it), scraped with ``curl``.
@@ -19,8 +20,9 @@ import pytest
 from arq.constants import in_progress_key_prefix
 from prometheus_client.parser import text_string_to_metric_families
 
-from smith_client import SmithClient
+from smith_client import SmithClient, TurnPausedError
 from smith_client.connection import connect_redis
+from smith_client.keys import Keys
 from smith_worker.local.processes import ManagedProcess, free_port, redis_answers, wait_until
 from smith_worker.ops.metrics import QueueCollector, WorkerMetrics
 from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
@@ -93,9 +95,11 @@ def family_names(queue_samples: dict) -> set[str]:
 #: The issue's metric names, as exposed samples (counters end in _total, histograms have _bucket).
 ALL_METRICS = {"smith_turns_total", "smith_turn_duration_seconds_bucket", "smith_tool_calls_total",
                "smith_tool_duration_seconds_bucket", "smith_queue_length", "smith_queue_wait_seconds",
-               "smith_turns_running", "smith_worker_up", "smith_llm_requests_total", "smith_llm_tokens_total"}
+               "smith_turns_running", "smith_worker_up", "smith_llm_requests_total", "smith_llm_tokens_total",
+               "smith_turns_paused"}
 METRICS_AT_FIRST_SCRAPE = {"smith_queue_length", "smith_queue_wait_seconds", "smith_turns_running", "smith_worker_up",
-                           "smith_turn_duration_seconds_count", "smith_tool_duration_seconds_count"}
+                           "smith_turn_duration_seconds_count", "smith_tool_duration_seconds_count",
+                           "smith_turns_paused"}
 
 
 async def test_metrics_are_served_from_the_first_scrape_and_move_after_a_tool_turn(fleet, scenario):
@@ -126,25 +130,29 @@ async def test_metrics_are_served_from_the_first_scrape_and_move_after_a_tool_tu
 
 async def test_queue_gauges_are_read_from_redis_at_scrape_time(redis_url):
     redis = connect_redis(redis_url)
-    queue = f"qc{time.time_ns()}:turns"
+    keys = Keys(f"qc{time.time_ns()}")
+    queue = keys.turns_queue
     now_ms = time.time() * 1000
     try:
         await redis.zadd(queue, {"running-job": now_ms - 60_000, "waiting-job": now_ms - 4_000,
                                  "deferred-job": now_ms + 60_000})
         await redis.set(in_progress_key_prefix + "running-job", b"1", ex=60)
-        collector = QueueCollector(redis, queue, asyncio.get_running_loop())
+        await redis.zadd(keys.paused, {"turn-a": now_ms + 60_000, "turn-b": float("inf")})
+        collector = QueueCollector(redis, queue, keys.paused, asyncio.get_running_loop())
         families = await asyncio.to_thread(lambda: {f.name: f.samples[0] for f in collector.collect()})
         assert families["smith_queue_length"].value == 3  # ZCARD, what KEDA reads
         assert families["smith_queue_length"].labels == {"queue": queue}
         assert 3.5 < families["smith_queue_wait_seconds"].value < 30  # the oldest not-running due job
+        assert families["smith_turns_paused"].value == 2  # ZCARD of {p}:paused, a deadline or none
+        assert families["smith_turns_paused"].labels == {}
     finally:
-        await redis.delete(queue, in_progress_key_prefix + "running-job")
+        await redis.delete(queue, in_progress_key_prefix + "running-job", keys.paused)
         await redis.aclose()
     down = connect_redis(f"redis://127.0.0.1:{free_port()}/0")
-    nothing = QueueCollector(down, queue, asyncio.get_running_loop())
+    nothing = QueueCollector(down, queue, keys.paused, asyncio.get_running_loop())
     values = await asyncio.to_thread(lambda: {f.name: f.samples[0].value for f in nothing.collect()})
     await down.aclose()
-    assert set(values) == {"smith_queue_length", "smith_queue_wait_seconds"}  # still present, no value: NaN
+    assert set(values) == {"smith_queue_length", "smith_queue_wait_seconds", "smith_turns_paused"}  # NaN: no value
     assert all(v != v for v in values.values())
 
 
@@ -154,20 +162,41 @@ async def test_a_taken_metrics_port_warns_and_the_worker_goes_on(redis_url, capl
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         metrics = WorkerMetrics()
-        assert metrics.serve(taken.getsockname()[1], redis, "x:turns", lambda: 0) is False
+        assert metrics.serve(taken.getsockname()[1], redis, Keys("x"), "x:turns", lambda: 0) is False
     metrics.close()
     await redis.aclose()
     assert "running without /metrics" in caplog.text
 
 
+def smith_status(fleet: Fleet) -> str:
+    return subprocess.run([sys.executable, "-c", "from smith_client.cli import smith_main; smith_main()", "status"],
+                          env=fleet.base_env, capture_output=True, text=True, timeout=30, check=True).stdout
+
+
 async def test_smith_status_lists_queues_running_turns_and_workers(fleet):
-    out = subprocess.run([sys.executable, "-c", "from smith_client.cli import smith_main; smith_main()", "status"],
-                         env=fleet.base_env, capture_output=True, text=True, timeout=30, check=True).stdout
+    out = smith_status(fleet)
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("ops:")}
     assert rows == {"ops:turns": ["0", "1"], "ops:tools": ["0", "1"]}
-    assert "running turns: 0" in out
+    assert "running turns: 0" in out and "paused turns: 0" in out
     for queue in ("turns", "tools"):
         assert f"on ops:{queue} (host {socket.gethostname()}, pid {fleet.procs[queue].pid})" in out
+
+
+async def test_a_paused_turn_counts_in_smith_turns_paused_and_smith_status(fleet, scenario):
+    """docs/architecture.md, Pausing for a person: the gauge is the size of ``{p}:paused`` on every worker."""
+    call = ("guarded_delete", {"label": "ops", "target": "repo-a"})
+    _, marker = scenario(Script(Reply.tool_calls([call], ids=["call_gated"]), Reply.text("unused")))
+    async with SmithClient.from_url(fleet.redis_url, prefix=fleet.prefix) as client:
+        with pytest.raises(TurnPausedError) as paused:
+            await client.send(f"{marker} delete", conversation_id="ops-paused", agent="guarded", timeout=60)
+        try:
+            assert [value(fleet.scrape(q), "smith_turns_paused") for q in ("turns", "tools")] == [1, 1]
+            out = await asyncio.to_thread(smith_status, fleet)
+            assert "running turns: 0" in out and "paused turns: 1" in out
+        finally:
+            assert await client.turn(paused.value.turn_id).cancel() == "cancelled_paused"
+    assert value(fleet.scrape("turns"), "smith_turns_paused") == 0
+    assert "paused turns: 0" in await asyncio.to_thread(smith_status, fleet)
 
 
 async def test_liveness_fails_within_20_s_of_sigstop(fleet):

@@ -129,6 +129,10 @@ def test_smith_takes_its_options_after_the_command_and_before_it(redis_url, opti
     ("chat", ["--redis-url", "--prefix", "--agent", "--conversation", "--timeout"]),
     ("keys", ["--redis-url", "--prefix", "--conversation"]),
     ("status", ["--redis-url", "--prefix"]),
+    ("pending", ["--redis-url", "--prefix", "TURN"]),
+    ("approve", ["--redis-url", "--prefix", "TURN", "CALL", "--arguments JSON"]),
+    ("reject", ["--redis-url", "--prefix", "TURN", "CALL", "--message TEXT", "(default:"]),
+    ("result", ["--redis-url", "--prefix", "TURN", "CALL", "VALUE", "--error"]),
 ])
 def test_each_command_help_lists_its_options(command, options):
     smith = Path(sys.executable).with_name("smith")  # the installed console script, on this checkout's code
@@ -182,3 +186,22 @@ def test_smith_ask_refuses_a_timeout_that_is_not_a_positive_number_of_seconds(va
     result = run(["-c", SMITH, "ask", "--timeout", value, "hi"])
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"argument --timeout: must be a positive number of seconds, got '{value}'" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["[1, 2]", "{not json", '"text"'])
+def test_smith_approve_refuses_arguments_that_are_not_a_json_object(value):
+    result = run(["-c", SMITH, "approve", "turn-1", "call_1", "--arguments", value])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"argument --arguments: must be a JSON object, got {value!r}" in result.stderr
+
+
+def test_smith_decisions_parse_their_arguments():
+    from smith_client.cli import parse_args
+
+    approve = parse_args(["approve", "t1", "c1", "--arguments", '{"path": "a.txt"}'])
+    assert (approve.turn, approve.call, approve.arguments) == ("t1", "c1", {"path": "a.txt"})
+    assert parse_args(["approve", "t1", "c1"]).arguments is None  # the model's arguments
+    assert parse_args(["reject", "t1", "c1"]).message == "a person rejected this call"
+    result = parse_args(["result", "t1", "c1", '{"color": "blue"}', "--error"])
+    assert (result.value, result.error) == ('{"color": "blue"}', True)
+    assert parse_args(["result", "t1", "c1", "blue"]).error is False
