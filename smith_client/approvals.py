@@ -211,7 +211,7 @@ def result_content(result: Any) -> str:
 
 def _items(raw: dict[bytes, bytes]) -> list[PendingItem]:
     items = [PendingItem.model_validate_json(blob) for blob in raw.values()]
-    return sorted(items, key=lambda item: (item.step, item.index))
+    return sorted(items, key=lambda item: (item.call_path, item.step, item.index))
 
 
 def _texts(raw: list[bytes]) -> set[str]:

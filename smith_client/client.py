@@ -326,8 +326,9 @@ class SmithClient(ClientBase):
         return await self.runner.run(self._op_pending(turn_id))
 
     async def approve(self, turn_id: str, call_id: str, arguments: dict[str, Any] | None = None) -> Decision:
-        """Approve pending call ``call_id`` of ``turn_id``: it runs as a tool job once the turn resumes, with
-        ``arguments`` when given (edited: checked against the tool's schema), else the model's.
+        """Approve pending call ``call_id`` of ``turn_id`` (the pending item's ``call_id``, path-qualified for a
+        sub-agent's call): it runs once the turn resumes, with ``arguments`` when given (edited: checked against
+        the tool's schema), else the model's.
 
         When this was the step's last undecided call the turn is queued again and resumes on any turn worker.
         Returns the decision that stands: deciding a call twice changes nothing and returns the first decision.

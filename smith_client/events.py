@@ -201,10 +201,13 @@ PendingKind = Literal["approval", "external"]
 class PendingItem(BaseModel):
     """One call a paused turn waits on (docs/architecture.md, Pausing for a person).
 
-    ``call_id`` is the model's call id (what the client decides by); ``tool`` its tool name; ``arguments``
-    the model's arguments; ``agent_path`` the agent that made the call (root first); ``kind`` ``approval``
-    (approve or reject it) or ``external`` (submit its result); ``parameters`` the tool's JSON Schema,
-    which edited arguments must satisfy; ``step`` and ``index`` where the call is in the turn.
+    ``call_id`` is what the client decides by: the model's call id for the root agent's call, and for a
+    sub-agent's call that id behind the ids of ``call_path`` (``"<call_path[0]>/…/<id>"``), so it cannot
+    collide with another agent's; ``tool`` its tool name; ``arguments`` the model's arguments; ``agent_path``
+    the agent that made the call (root first); ``call_path`` the ids of the sub-agent calls along it (as on
+    events; ``[]`` for the root agent's calls); ``kind`` ``approval`` (approve or reject it) or ``external``
+    (submit its result); ``parameters`` the tool's JSON Schema, which edited arguments must satisfy; ``step``
+    and ``index`` where the call is in its agent's run.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -212,6 +215,7 @@ class PendingItem(BaseModel):
     tool: str
     arguments: dict[str, Any] = Field(default_factory=dict)
     agent_path: list[str] = Field(default_factory=list)
+    call_path: list[str] = Field(default_factory=list)
     kind: PendingKind
     parameters: dict[str, Any] = Field(default_factory=dict)
     step: int = 0

@@ -63,7 +63,9 @@ class AgentSpec:
     conversation the model sees at each step (:mod:`smith_worker.memory`).
     ``description`` is what a parent agent's model reads about this agent when
     it is a sub-agent; ``subagents`` names the agents this one may call as
-    tools (docs/architecture.md, Sub-agents; resolved at worker start by :meth:`SmithApp.resolve_subagents`).
+    tools (docs/architecture.md, Sub-agents; resolved at worker start by :meth:`SmithApp.resolve_subagents`);
+    ``needs_approval`` (:data:`~smith_worker.tools.function.Approval`) makes a parent's call of this agent
+    wait for a person's approval before it runs (docs/architecture.md, Pausing for a person).
     """
 
     name: str
@@ -80,6 +82,7 @@ class AgentSpec:
     sources: list[str] = field(default_factory=list)
     skills: list[str] = field(default_factory=list)
     memory: Memory = field(default_factory=FullMemory)
+    needs_approval: Approval = False
 
     def tool_choice_for(self, tool_rounds: int) -> ToolChoice | None:
         """The ``tool_choice`` to send after ``tool_rounds`` completed tool rounds.
@@ -188,6 +191,7 @@ class SmithApp:
         memory: Memory | None = None,
         description: str = "",
         subagents: list[str] | None = None,
+        needs_approval: Approval = False,
     ) -> AgentSpec:
         """Declare an agent. ``tools`` are tool names or registered functions; ``sources``
         names tool sources added with :meth:`add_source` (e.g. MCP server aliases);
@@ -197,6 +201,9 @@ class SmithApp:
         named after the agent, with one ``task`` string parameter and the
         sub-agent's ``description``; the names are resolved when the
         worker starts (:meth:`resolve_subagents`), so they may be declared later.
+        ``needs_approval`` (True, or ``callable(ctx, arguments) -> bool`` or an awaitable bool) makes a call
+        of this agent by a parent agent wait for a person's approval before the agent runs
+        (docs/architecture.md, Pausing for a person).
 
         Raises :class:`ConfigurationError` for a bad name, a duplicate agent, an
         unregistered tool, an unknown source, an unregistered skill or a ``memory``
@@ -227,6 +234,7 @@ class SmithApp:
             skills=list(skills or []),
             description=description,
             subagents=list(subagents or []),
+            needs_approval=needs_approval,
         )
         self.agents[name] = spec
         return spec
@@ -322,6 +330,7 @@ class SmithApp:
         deny: list[str] | None = None,
         tools_required: bool = True,
         reconnect_on_transport_error: bool = True,
+        needs_approval: bool | Sequence[str] = False,
         **pool_options: Any,
     ) -> ToolSource:
         """Declare an MCP server (docs/architecture.md, MCP) as a tool source named ``alias``; agents use it with
@@ -330,7 +339,8 @@ class SmithApp:
         A stdio server takes ``command`` (+ ``args``, ``env``, ``cwd``); a
         Streamable HTTP server takes ``url`` (+ ``bearer_token``, ``headers``).
         ``request_timeout`` is seconds; ``allow`` / ``deny`` filter original
-        tool names (deny wins). ``pool_options`` are the other fields of
+        tool names (deny wins). ``needs_approval`` (True, or original tool names) makes those calls wait for a
+        person's approval first (docs/architecture.md, Pausing for a person). ``pool_options`` are the other fields of
         :class:`~smith_worker.mcp.ServerConfig` (e.g. ``connect_timeout``,
         ``idempotent_tools``, ``max_concurrency``, ``idle_timeout``). Nothing
         starts here: each worker process starts the server on first use and
@@ -353,6 +363,7 @@ class SmithApp:
             deny=deny,
             tools_required=tools_required,
             reconnect_on_transport_error=reconnect_on_transport_error,
+            needs_approval=needs_approval,
             **pool_options,
         )
         return self.add_source(McpServerSource(config))

@@ -13,8 +13,13 @@ of each from the turn's decisions (``{p}:turn:{t}:decisions``, written by client
   then the loop raises :class:`TurnPaused` and the turn lifecycle pauses the turn (``lua/pause.lua``).
 
 A resumed turn plans the same step again: the calls that ran before reuse their stored results (their
-enqueue is skipped), so nothing runs twice. A sub-agent cannot pause its tree yet: its gated calls get an
-error outcome saying so.
+enqueue is skipped), so nothing runs twice.
+
+A sub-agent's calls are planned alike, from the root turn's decisions: its pending items carry its
+``agent_path`` and ``call_path`` and are keyed by :func:`decision_id` (its call id behind the ids of the
+sub-agent calls leading to it), so they never collide with another agent's. Its :class:`TurnPaused` reaches
+its parent's step (:mod:`smith_worker.agent.subagents`), whose own pause joins it (:meth:`TurnPaused.joined`),
+up to the root turn.
 """
 
 from __future__ import annotations
@@ -34,18 +39,31 @@ from smith_worker.tools.function import Approval, ToolContext, error_content
 
 logger = logging.getLogger("agent_smith.agent")
 
-#: The error outcome of a gated call made by a sub-agent (its approvals do not reach the root turn yet).
-SUBAGENT_CANNOT_PAUSE = "this call needs a person's decision, which a sub-agent cannot ask for"
-
 
 class TurnPaused(Exception):
-    """A step has calls that wait for a person (its other calls ran): ``pending`` lists them, ``result_keys``
-    are the step's tool result keys (kept while the turn is paused, so no call that ran runs again)."""
+    """A step has calls that wait for a person (its other calls ran): ``pending`` lists them (a sub-agent's
+    too), ``kept_keys`` are the keys the resumed step needs (its tool results and their ``tool.result``
+    markers, its sub-agents' checkpoints, theirs): kept while the turn is paused, so nothing that ran runs
+    again."""
 
-    def __init__(self, pending: list[PendingItem], result_keys: list[str]) -> None:
+    def __init__(self, pending: list[PendingItem], kept_keys: list[str]) -> None:
         super().__init__(", ".join(item.call_id for item in pending))
         self.pending = pending
-        self.result_keys = result_keys
+        self.kept_keys = kept_keys
+
+    @classmethod
+    def joined(cls, pending: list[PendingItem], kept_keys: list[str], children: list[TurnPaused]) -> TurnPaused:
+        """A step's pause: its own ``pending`` calls and ``kept_keys``, then those of its sub-agents' pauses."""
+        return cls(
+            [*pending, *(item for child in children for item in child.pending)],
+            [*kept_keys, *(key for child in children for key in child.kept_keys)],
+        )
+
+
+def decision_id(ctx: AgentContext, call: ToolCall) -> str:
+    """The id a person decides ``call`` of the agent of ``ctx`` by: the model's call id for the root agent's
+    call, ``"<call_path[0]>/…/<call id>"`` for a sub-agent's (:attr:`AgentContext.call_path`)."""
+    return "/".join([*ctx.call_path, call.id])
 
 
 @dataclass(frozen=True)
@@ -74,7 +92,7 @@ async def plan_calls(
     await rt.run(ctx.runtime.redis)
     decisions = read.value
     return [
-        await _plan(ctx, toolset, step, index, call, route, decisions.get(call.id))
+        await _plan(ctx, toolset, step, index, call, route, decisions.get(decision_id(ctx, call)))
         for index, (call, route) in enumerate(zip(calls, routes, strict=True))
     ]
 
@@ -90,8 +108,6 @@ async def _plan(
 ) -> CallPlan:
     if route is None or not route.gated:
         return CallPlan(call)
-    if ctx.position:
-        return CallPlan(call, outcome=_error(SUBAGENT_CANNOT_PAUSE))
     if decision is not None:
         return _decided(index, call, decision)
     if not route.external and not await needs_approval(route.approval, _tool_context(ctx, call), call.arguments):
@@ -99,10 +115,11 @@ async def _plan(
     kind: PendingKind = "external" if route.external else "approval"
     schema = await toolset.schema(call.name)
     item = PendingItem(
-        call_id=call.id,
+        call_id=decision_id(ctx, call),
         tool=call.name,
         arguments=call.arguments,
         agent_path=ctx.agent_path,
+        call_path=ctx.call_path,
         kind=kind,
         parameters=schema.parameters if schema is not None else {},
         step=step,

@@ -42,7 +42,7 @@ from smith_client.events import (
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, message_from_json
 from smith_client.roundtrip import Pending, RoundTrip
-from smith_worker.agent.approvals import CallPlan, TurnPaused, plan_calls
+from smith_worker.agent.approvals import CallPlan, TurnPaused, decision_id, plan_calls
 from smith_worker.agent.context import AgentContext, CancelRequested
 from smith_worker.agent.event_batch import EventBatcher
 from smith_worker.agent.subagents import SubAgentTools
@@ -64,6 +64,7 @@ from smith_worker.memory import MemoryContext
 from smith_worker.memory.fencing import StaleAttemptError
 from smith_worker.skills import ConversationSkills
 from smith_worker.tools.function import ToolContext
+from smith_worker.tools.source import SUBAGENTS
 
 logger = logging.getLogger("agent_smith.agent")
 
@@ -434,30 +435,33 @@ class AgentLoop:
         final message, or None.
 
         Calls that wait for a person (:mod:`smith_worker.agent.approvals`) do not run: once the others did,
-        :class:`~smith_worker.agent.approvals.TurnPaused` is raised and nothing is appended. A resumed step
-        deletes the turn's decisions with its append and gives the step's tool results their TTL back.
+        :class:`~smith_worker.agent.approvals.TurnPaused` is raised and nothing is appended; a sub-agent call
+        whose child paused makes this step pause too, its child's pending calls joined to its own. A resumed
+        step ends its pause with its append (:meth:`_queue_resumed`).
         """
         await self.skills.ensure(spec, self.rt.redis)  # a re-run may resume here, before any model call
         toolset = self._step_toolset(spec)
         for call in calls:
             await fire("on_tool_call", call, self.rt.app.hooks, spec.hooks)
-        plans = await plan_calls(self.ctx, toolset, step, calls, [toolset.route(c.name) for c in calls])
+        routes = [toolset.route(c.name) for c in calls]
+        plans = await plan_calls(self.ctx, toolset, step, calls, routes)
         decided: list[EventData] = [plan.decided for plan in plans if plan.decided is not None]
         if decided:
             await self._publish_all(decided)
         outcomes = await gather_all([self._run_planned(toolset, spec, step, i, p) for i, p in enumerate(plans)])
+        children = [outcome for outcome in outcomes if isinstance(outcome, TurnPaused)]
         pending = [plan.pending for plan in plans if plan.pending is not None]
-        if pending:
-            raise TurnPaused(pending, [self._result_key(step, index) for index in range(len(calls))])
-        answered: list[ToolOutcome] = [outcome for outcome in outcomes if outcome is not None]  # all of them
+        if pending or children:
+            raise TurnPaused.joined(pending, self._kept_keys(step, routes), children)
+        answered = [outcome for outcome in outcomes if isinstance(outcome, ToolOutcome)]  # all of them
         messages = [
             ToolMessage(tool_call_id=call.id, name=call.name, content=outcome.content, is_error=outcome.is_error)
             for call, outcome in zip(calls, answered, strict=True)
         ]
         final = done_message(answered)
         rt = RoundTrip()
-        if decided:
-            self._queue_resumed(rt, step, len(calls))
+        if self.attempt.attempt > 1:  # a resumed step (or a re-run after a crash, where this changes nothing)
+            self._queue_resumed(rt, step, routes, plans)
         if final is not None:
             await self.ctx.append(*messages, final, rt=rt)
         else:  # the next step follows at once: its round trip is this append's
@@ -474,21 +478,39 @@ class AgentLoop:
         self.ctx.queue_publish(rt, events)
         await rt.run(self.rt.redis)
 
-    def _result_key(self, step: int, index: int) -> str:
-        return self.rt.keys.tool_result(self.ctx.turn_id, step, index, self.ctx.position)
+    def _kept_keys(self, step: int, routes: list[ToolRoute | None]) -> list[str]:
+        """The keys step ``step`` (its calls' ``routes``) needs when it resumes after a pause: each call's tool
+        result and ``tool.result`` marker, and the checkpoint of each sub-agent it called."""
+        keys, turn_id, position = self.rt.keys, self.ctx.turn_id, self.ctx.position
+        kept: list[str] = []
+        for index, route in enumerate(routes):
+            kept += [keys.tool_result(turn_id, step, index, position)]
+            kept += [keys.tool_result_published(turn_id, step, index, position)]
+            if route is not None and route.source == SUBAGENTS:
+                kept += self.subagents.checkpoint(step, index)
+        return kept
 
-    def _queue_resumed(self, rt: RoundTrip, step: int, count: int) -> None:
-        """Add to ``rt`` (a resumed step's append) the end of its pause: the turn's pending calls and decisions
-        go, and the step's ``count`` tool results live ``turn_ttl`` again (the pause kept them as long as itself)."""
+    def _queue_resumed(self, rt: RoundTrip, step: int, routes: list[ToolRoute | None], plans: list[CallPlan]) -> None:
+        """Add to ``rt`` (a resumed step's append) the end of its pause: the step's kept keys live ``turn_ttl``
+        again (the pause kept them as long as itself), and its decisions go: the root agent's step, the last
+        to end, deletes the turn's pending calls and decisions; a sub-agent's only those of its ``plans``
+        (a sibling sub-agent may still be reading the others)."""
         keys = self.rt.keys
-        rt.call("delete", keys.turn_pending(self.ctx.turn_id), keys.turn_decisions(self.ctx.turn_id))
-        for index in range(count):
-            rt.call("expire", self._result_key(step, index), keys.turn_ttl)
+        decided = [decision_id(self.ctx, plan.call) for plan in plans if plan.decided is not None]
+        pending, decisions = keys.turn_pending(self.ctx.root_turn_id), keys.turn_decisions(self.ctx.root_turn_id)
+        if not self.ctx.position:
+            rt.call("delete", pending, decisions)
+        elif decided:
+            rt.call("hdel", pending, *decided)
+            rt.call("hdel", decisions, *decided)
+        for key in self._kept_keys(step, routes):
+            rt.call("expire", key, keys.turn_ttl)
 
     async def _run_planned(
         self, toolset: Toolset, spec: AgentSpec, step: int, index: int, plan: CallPlan
-    ) -> ToolOutcome | None:
-        """Run one planned call (None for a pending one); an outcome the plan holds is published here."""
+    ) -> ToolOutcome | TurnPaused | None:
+        """Run one planned call (None for a pending one; the pause of a sub-agent that waits for a person);
+        an outcome the plan holds is published here."""
         if plan.pending is not None:
             return None
         route = toolset.route(plan.call.name)
@@ -496,7 +518,10 @@ class AgentLoop:
         if plan.outcome is not None:
             await self._publish_result_once(job, plan.outcome)
             return plan.outcome
-        outcome, produced_here = await toolset.run(job, route)
+        try:
+            outcome, produced_here = await toolset.run(job, route)
+        except TurnPaused as paused:  # kept, not raised: the step's other calls go on
+            return paused
         if produced_here or self.attempt.attempt > 1:  # else the tool worker published it
             await self._publish_result_once(job, outcome)
         return outcome

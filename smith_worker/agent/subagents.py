@@ -23,6 +23,12 @@ a :class:`~smith_worker.agent.context.AgentContext` of its own:
   ``call_path`` = the ids of the calls along it (parallel calls of one sub-agent differ there);
 * the root's tree limits and cancel flag (:attr:`AgentContext.limits`).
 
+A child whose step waits for a person (docs/architecture.md, Pausing for a person) raises
+:class:`~smith_worker.agent.approvals.TurnPaused` once its other calls ran; it passes through here to the
+parent's step, which pauses in turn, up to the root turn. The resumed root step calls the child again, which
+resumes from its checkpointed messages and finds its decisions. A child's call of an agent declared with
+``needs_approval`` waits for approval like any gated call (:meth:`SubAgentTools.approval`).
+
 Outcomes: a call deeper than the root's
 ``max_subagent_depth`` returns the error tool result
 ``sub-agent depth limit reached``; the child's final content is the tool
@@ -47,13 +53,14 @@ from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.keys import tree_position
 from smith_client.messages import AssistantMessage, ToolCall, UserMessage, message_to_json
 from smith_client.roundtrip import Pending, RoundTrip
+from smith_worker.agent.approvals import TurnPaused
 from smith_worker.agent.context import AgentContext, CancelRequested
 from smith_worker.agent.toolset import ToolRoute
 from smith_worker.llm.types import ToolSchema
 from smith_worker.memory.fencing import StaleAttemptError
 from smith_worker.memory.history import APPEND, ConversationStore
 from smith_worker.ops.redaction import redact_error
-from smith_worker.tools.function import ToolContext, error_content
+from smith_worker.tools.function import Approval, ToolContext, error_content
 from smith_worker.tools.waiter import settle_call
 
 #: The error tool result of a call past the root's ``max_subagent_depth``.
@@ -146,6 +153,19 @@ class SubAgentTools:
         """False: a sub-agent resumes from its checkpointed messages, it is never re-run."""
         return False
 
+    def approval(self, tool_name: str) -> Approval:
+        """The sub-agent's ``needs_approval``: whether a call of it waits for a person's approval first."""
+        return self.owns(tool_name) and self.ctx.runtime.app.agents[tool_name].needs_approval
+
+    def checkpoint(self, step: int, index: int) -> tuple[str, str]:
+        """The keys of the checkpoint of the child that call ``index`` of step ``step`` runs: its history and
+        its trimmed-message counter (:meth:`Keys.subagent_history`)."""
+        keys, position = self.ctx.runtime.keys, tree_position(self.ctx.position, step, index)
+        return (
+            keys.subagent_history(self.ctx.root_turn_id, position),
+            keys.subagent_history_trimmed(self.ctx.root_turn_id, position),
+        )
+
     async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:
         """One tool per sub-agent of the agent: its name, its description, a ``task`` string.
         Offered at every depth: past the depth limit the refusal is the call's result."""
@@ -162,8 +182,9 @@ class SubAgentTools:
     async def call(self, step: int, index: int, call: ToolCall) -> ToolOutcome:
         """Run call ``index`` of step ``step`` (a sub-agent tool call) and return its outcome.
 
-        Raises only what ends the whole tree: the tree budget's
-        ``TurnCancelledError``, :class:`CancelRequested`, :class:`StaleAttemptError`, cancellation.
+        Raises only what ends or stops the whole tree: the tree budget's
+        ``TurnCancelledError``, :class:`CancelRequested`, :class:`StaleAttemptError`, cancellation, and
+        :class:`TurnPaused` (the child waits for a person).
         """
         task = call.arguments.get("task")
         if not isinstance(task, str) or not task.strip():
@@ -171,13 +192,14 @@ class SubAgentTools:
         if self.ctx.depth + 1 > self.ctx.limits.max_subagent_depth:
             return _error(DEPTH_LIMIT_REACHED)
         await self._mark_started(step, index)
-        child = await self._child(call, tree_position(self.ctx.position, step, index), task)
+        position = tree_position(self.ctx.position, step, index)
+        child = await self._child(call, position, self.checkpoint(step, index), task)
         try:
             final = await self._run_loop(child)
         except asyncio.CancelledError:
             await asyncio.shield(_stop_if_cancelled(child))
             raise
-        except (CancelRequested, StaleAttemptError):
+        except (CancelRequested, StaleAttemptError, TurnPaused):
             raise
         except TurnCancelledError as exc:
             if exc.fields.get("operation") in TREE_LIMITS:
@@ -194,15 +216,11 @@ class SubAgentTools:
         started = rt.keys.tool_started(ctx.turn_id, step, index, ctx.position)
         await rt.redis.set(started, rt.worker_id, ex=rt.keys.turn_ttl)
 
-    async def _child(self, call: ToolCall, position: str, task: str) -> AgentContext:
-        """The context of the child ``call`` starts; its history starts with ``task`` (once: a resumed child
-        keeps its messages)."""
+    async def _child(self, call: ToolCall, position: str, lists: tuple[str, str], task: str) -> AgentContext:
+        """The context of the child ``call`` starts at tree ``position``, checkpointed in ``lists``
+        (:meth:`checkpoint`); its history starts with ``task`` (once: a resumed child keeps its messages)."""
         parent, rt = self.ctx, self.ctx.runtime
         keys = rt.keys
-        lists = (
-            keys.subagent_history(parent.root_turn_id, position),
-            keys.subagent_history_trimmed(parent.root_turn_id, position),
-        )
         writes = SubAgentHistory(
             rt.redis,
             keys.turn_state(parent.root_turn_id),

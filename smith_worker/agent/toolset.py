@@ -22,7 +22,8 @@ nothing (a re-run resuming at its tool calls) or a server that offered no
 tools this step still routes its calls.
 
 A route also carries the call's **policy** (docs/architecture.md, Pausing for a person): whether it waits for a
-person's approval first (``approval``, the tool's ``needs_approval``) and whether it runs outside the fleet
+person's approval first (``approval``, its source's word: a Python tool's ``needs_approval``, an MCP server's
+``needs_approval``, a sub-agent's ``needs_approval`` for its use as a tool) and whether it runs outside the fleet
 (``external``: an external tool, whose result a client gives). The agent loop asks
 :mod:`smith_worker.agent.approvals` what becomes of such calls; the toolset only says which they are.
 
@@ -96,6 +97,8 @@ class OffersTools(Protocol):
 
     def idempotent(self, tool_name: str) -> bool: ...
 
+    def approval(self, tool_name: str) -> Approval: ...
+
     async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]: ...
 
 
@@ -107,10 +110,10 @@ class RunsHere(OffersTools, Protocol):
 
 @dataclass(frozen=True)
 class Layer:
-    """One source as a step offers it: ``tools``, its ``source_id``, ``owner`` (who offers it, for the
-    collision warning), ``requires`` (a tool name → what a tool worker must serve to run it), ``skill``
-    (the offering skill, "" for the agent's own), ``run`` (how a call of it runs) and ``approval`` (a tool
-    name → its approval policy)."""
+    """One source as a step offers it: ``tools`` (which also give each tool's approval policy), its
+    ``source_id``, ``owner`` (who offers it, for the collision warning), ``requires`` (a tool name → what a
+    tool worker must serve to run it), ``skill`` (the offering skill, "" for the agent's own) and ``run``
+    (how a call of it runs)."""
 
     tools: OffersTools
     source_id: str
@@ -118,7 +121,6 @@ class Layer:
     requires: Callable[[str], str]
     run: RunCall
     skill: str = ""
-    approval: Callable[[str], Approval] = lambda _tool_name: False
 
 
 class Toolset:
@@ -164,7 +166,7 @@ class Toolset:
                     layer.tools.idempotent(tool_name),
                     layer.requires(tool_name),
                     layer.skill,
-                    layer.approval(tool_name),
+                    layer.tools.approval(tool_name),
                     layer.source_id == EXTERNAL,
                 )
         return None
@@ -234,7 +236,7 @@ def step_toolset(
     """
     native = app.native.restricted(agent.tools)
     layers = [
-        Layer(native, APP_TOOLS, "the agent", tool_unit, run_job, approval=native.approval),
+        Layer(native, APP_TOOLS, "the agent", tool_unit, run_job),
         Layer(app.external.restricted(agent.tools), EXTERNAL, "the agent (external tool)", _fixed(""), run_job),
         *(
             Layer(app.sources[name], source_id(name), f"the agent (source {name!r})", _fixed(source_id(name)), run_job)
@@ -245,9 +247,7 @@ def step_toolset(
     for skill in skills:
         own = app.skill_tools(skill)
         owner = f"skill {skill.name!r}"
-        layers.append(
-            Layer(own, skill_id(skill.name), owner, _skill_tool(skill.name), run_job, skill.name, own.approval)
-        )
+        layers.append(Layer(own, skill_id(skill.name), owner, _skill_tool(skill.name), run_job, skill.name))
     for skill in skills:
         for alias in skill.aliases:
             layers.append(

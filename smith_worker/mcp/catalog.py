@@ -304,8 +304,9 @@ class Catalog:
         return [schema.name for schema in self.schemas]
 
     def to_json(self) -> bytes:
-        """The schema part, for the Redis cache."""
-        return orjson.dumps({"v": 1, "alias": self.alias, "tools": [s.model_dump() for s in self.schemas]})
+        """The schema part and the routes, for the Redis cache."""
+        tools = [s.model_dump() for s in self.schemas]
+        return orjson.dumps({"v": 1, "alias": self.alias, "tools": tools, "routes": self.routes})
 
     @staticmethod
     def schemas_from_json(raw: bytes | str) -> list[ToolSchema]:
@@ -314,6 +315,13 @@ class Catalog:
         if not isinstance(data, dict) or data.get("v") != 1:
             raise ValueError("unknown MCP tool cache format")
         return [ToolSchema.model_validate(item) for item in data["tools"]]
+
+    @staticmethod
+    def routes_from_json(raw: bytes | str) -> dict[str, str | None] | None:
+        """The routes of :meth:`to_json` output; None when the payload has none (written by an older worker)."""
+        data = orjson.loads(raw)
+        routes = data.get("routes") if isinstance(data, dict) and data.get("v") == 1 else None
+        return routes if isinstance(routes, dict) else None
 
 
 def tool_schema(public: str, tool: dict[str, Any]) -> ToolSchema:
@@ -343,9 +351,10 @@ def reader_description(alias: str, discovery: Discovery) -> str:
 
 
 def warn_unknown_filter_names(config: ServerConfig, offered: set[str]) -> None:
-    """Warn about allow/deny entries the server does not offer (typos)."""
+    """Warn about allow/deny/needs_approval entries the server does not offer (typos)."""
     offered = offered | {READ_RESOURCE}
-    for label, names in (("allow", config.allow or ()), ("deny", config.deny or ())):
+    gated = () if isinstance(config.needs_approval, bool) else config.needs_approval
+    for label, names in (("allow", config.allow or ()), ("deny", config.deny or ()), ("needs_approval", gated)):
         missing = sorted(set(names) - offered)
         if missing:
             logger.warning("MCP server %r: %s list names tools it does not offer: %s", config.alias, label, missing)

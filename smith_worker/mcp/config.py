@@ -4,8 +4,8 @@ One :class:`ServerConfig` describes one server: a stdio child (``command`` +
 ``args``, ``env``, ``cwd``) or a Streamable HTTP endpoint (``url``, optional
 bearer token and extra headers), the per-request timeout, the tool filter
 (``allow`` / ``deny`` on the server's original tool names; deny wins; no
-allow list means every tool), ``tools_required`` and
-``reconnect_on_transport_error``. The remaining fields tune the per-process
+allow list means every tool), ``tools_required``,
+``reconnect_on_transport_error`` and ``needs_approval``. The remaining fields tune the per-process
 pool. All durations are seconds.
 """
 
@@ -62,6 +62,8 @@ class ServerConfig:
     * ``request_timeout``: budget of one MCP request (a tool call, a resource read).
     * ``allow`` / ``deny``: original MCP tool names (``read_resource`` names the
       synthetic resource reader); deny wins; no (or an empty) allow list allows all.
+    * ``needs_approval``: True (every call), or original tool names whose calls wait
+      for a person's approval first (docs/architecture.md, Pausing for a person).
     * ``tools_required``: a failing ``tools/list`` fails the connection instead
       of leaving the server without tools.
     * ``reconnect_on_transport_error``: retry once after a transport error when
@@ -103,6 +105,7 @@ class ServerConfig:
     deny: Sequence[str] | None = None
     tools_required: bool = True
     reconnect_on_transport_error: bool = True
+    needs_approval: bool | Sequence[str] = False
     idempotent_tools: Sequence[str] = ()
     max_retries: int = 3
     connect_timeout: float = 20.0
@@ -124,6 +127,7 @@ class ServerConfig:
         self.allow = None if self.allow is None else tuple(self.allow)
         self.deny = tuple(self.deny or ())
         self.idempotent_tools = tuple(self.idempotent_tools)
+        self._check_approval()
         self._check_alias()
         self._check_transport()
         for name in (
@@ -154,6 +158,22 @@ class ServerConfig:
                 f"invalid MCP server alias {alias!r}: use [a-z0-9][a-z0-9_-]*, no '__', at most {MAX_ALIAS} characters",
                 setting="alias",
             )
+
+    def _check_approval(self) -> None:
+        gate = self.needs_approval
+        if isinstance(gate, bool):
+            return
+        if not isinstance(gate, (list, tuple)) or not all(isinstance(name, str) for name in gate):
+            raise ConfigurationError(
+                f"MCP server {self.alias!r}: needs_approval must be a bool or a list of tool names, got {gate!r}",
+                setting="needs_approval",
+            )
+        self.needs_approval = tuple(gate)
+
+    def gated(self, original_name: str) -> bool:
+        """Whether a call of the tool ``original_name`` waits for approval (``needs_approval``)."""
+        gate = self.needs_approval
+        return gate if isinstance(gate, bool) else original_name in gate
 
     def _check_transport(self) -> None:
         if (self.command is None) == (self.url is None):

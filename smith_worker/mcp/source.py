@@ -13,6 +13,10 @@
 
 Tool names are ``mcp_<alias>__<tool>``; ``mcp_<alias>__read_resource(uri)``
 reads a resource. Every failure becomes an error :class:`ToolResult`.
+
+``needs_approval`` (:class:`ServerConfig`) is the source's approval policy (:meth:`McpServerSource.approval`,
+docs/architecture.md, Pausing for a person): True gates every call; a list of original tool names gates
+theirs, the call's public name resolved through the catalog's routes (this process's, else the cached ones).
 """
 
 from __future__ import annotations
@@ -27,11 +31,11 @@ from smith_client.eventlog import EventLog
 from smith_client.events import McpEventData
 from smith_worker.hooks import Hooks, fire
 from smith_worker.llm.types import ToolSchema
-from smith_worker.mcp.catalog import Catalog
+from smith_worker.mcp.catalog import READ_RESOURCE, Catalog
 from smith_worker.mcp.config import ServerConfig
 from smith_worker.mcp.events import McpEvent
 from smith_worker.mcp.server import ServerHandle
-from smith_worker.tools.function import ToolContext, ToolResult, error_result
+from smith_worker.tools.function import Approval, ToolContext, ToolResult, error_result
 from smith_worker.tools.source import SourceContext
 
 logger = logging.getLogger("agent_smith.mcp")
@@ -93,6 +97,31 @@ class McpServerSource:
     def idempotent(self, tool_name: str) -> bool:
         """False: a call may have had effects on the server, so it is never silently re-run."""
         return False
+
+    def approval(self, tool_name: str) -> Approval:
+        """The server's ``needs_approval`` for a call of ``tool_name``: True or False as given; for a list of
+        tool names, a per-call check of the call's original name (see the module doc)."""
+        gate = self.config.needs_approval
+        if isinstance(gate, bool) or not gate:
+            return bool(gate)
+        return self._listed
+
+    async def _listed(self, ctx: ToolContext, arguments: dict[str, Any]) -> bool:
+        """Whether the call ``ctx`` names is of a tool listed in ``needs_approval``; True when its public name
+        does not resolve (a failing check never lets a call through)."""
+        routes = await self._routes()
+        if ctx.tool_name not in routes:
+            return True
+        return self.config.gated(routes[ctx.tool_name] or READ_RESOURCE)
+
+    async def _routes(self) -> dict[str, str | None]:
+        """Public name → original name: this process's catalog, else the cached one, else a discovery here."""
+        conn = self.handle.connection
+        if conn is not None:
+            return conn.catalog.routes
+        raw = await self._cached()
+        routes = Catalog.routes_from_json(raw) if raw else None
+        return routes if routes is not None else (await self.handle.catalog(None, None)).routes
 
     async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:
         """The server's tools now (see module doc).
@@ -174,14 +203,19 @@ class McpServerSource:
             await fire("on_mcp_event", event, self._ctx.app_hooks)
 
     async def _read_cache(self) -> list[ToolSchema] | None:
-        if self._ctx is None:
-            return None
         try:
-            raw = await self._ctx.redis.get(self._ctx.keys.mcp_tools(self.name))
+            raw = await self._cached()
             return Catalog.schemas_from_json(raw) if raw else None
         except Exception as exc:  # a cache problem only costs a discovery
             logger.warning("MCP server %r: tool cache unreadable: %s", self.name, exc)
             return None
+
+    async def _cached(self) -> bytes | None:
+        """The cached catalog (:meth:`Catalog.to_json`), None when there is none or no worker context."""
+        if self._ctx is None:
+            return None
+        raw: bytes | None = await self._ctx.redis.get(self._ctx.keys.mcp_tools(self.name))
+        return raw
 
     async def _cache_catalog(self, catalog: Catalog) -> None:
         ctx = self._ctx

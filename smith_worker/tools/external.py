@@ -77,6 +77,10 @@ class ExternalTools:
         """False: a call runs outside, once."""
         return False
 
+    def approval(self, tool_name: str) -> bool:
+        """False: a call waits for its result, not for an approval (its route is ``external``)."""
+        return False
+
     async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:
         """The schemas of the (allowed) external tools, in declaration order (a view: its ``allowed`` order)."""
         names = self._allowed if self._allowed is not None else list(self._schemas)

@@ -18,7 +18,7 @@ from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
 from smith_worker.hooks import Hooks
 from smith_worker.llm.types import ToolSchema
-from smith_worker.tools.function import ToolContext, ToolResult
+from smith_worker.tools.function import Approval, ToolContext, ToolResult
 
 if TYPE_CHECKING:
     from smith_worker.tools.isolation import ToolExecutors  # pebble only where tools run
@@ -93,6 +93,11 @@ class ToolSource(Protocol):
 
         See docs/architecture.md, Fault model.
         """
+        ...
+
+    def approval(self, tool_name: str) -> Approval:
+        """Whether a call of ``tool_name`` waits for a person's approval first (docs/architecture.md, Pausing
+        for a person): False, True, or a callable deciding per call (:data:`~smith_worker.tools.function.Approval`)."""
         ...
 
     async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:

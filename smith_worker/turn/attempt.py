@@ -295,13 +295,13 @@ class TurnAttempt:
     def _finish_args(self, status: str, field: str, value: str) -> list[Any]:
         return [self.turn_id, self.attempt, status, field, value, self.keys.turn_ttl, self.history_ttl]
 
-    async def pause(self, pending: list[PendingItem], result_keys: list[str], timeout: float | None) -> int:
+    async def pause(self, pending: list[PendingItem], kept_keys: list[str], timeout: float | None) -> int:
         """Pause the turn (``lua/pause.lua``; docs/architecture.md, Pausing for a person): ``turn.paused`` listing
         ``pending``, which are stored; the status ``paused``; the lease, the running ZSET and this worker's SET
         of running turns left. ``timeout`` (seconds, None = forever) is how long the calls wait for a person;
-        the turn's keys and the step's ``result_keys`` are kept that long plus ``turn_ttl`` (forever: at most
-        :data:`PAUSE_KEPT_AT_MOST`, as every key has a TTL; docs/architecture.md, Lifetimes). Returns the event's
-        seq. Raises :class:`StaleAttemptError` when fenced off. Needs ``events``."""
+        the turn's keys and ``kept_keys`` (what the resumed step needs) are kept that long plus ``turn_ttl``
+        (forever: at most :data:`PAUSE_KEPT_AT_MOST`, as every key has a TTL; docs/architecture.md, Lifetimes).
+        Returns the event's seq. Raises :class:`StaleAttemptError` when fenced off. Needs ``events``."""
         if self.events is None:
             raise RuntimeError("TurnAttempt.pause needs the attempt's event log (events=)")
         event_keys, event_args = self.events.publish_args(
@@ -318,7 +318,7 @@ class TurnAttempt:
             self.keys.turn_decisions(self.turn_id),
             self.keys.paused,
             *event_keys[:3],
-            *result_keys,
+            *kept_keys,
         ]
         items = [part for item in pending for part in (item.call_id, item.model_dump_json())]
         args = [self.turn_id, self.attempt, deadline, life, *event_args[:2], life, *items]

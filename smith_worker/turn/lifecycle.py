@@ -266,17 +266,28 @@ class TurnExecution:
         await self._after_completion()
 
     async def _pause(self, spec: AgentSpec | None, paused: TurnPaused) -> None:
-        """The step waits for a person: pause the turn (:meth:`TurnAttempt.pause`), for the agent's
-        ``approval_timeout``; the job then ends, holding nothing (docs/architecture.md, Pausing for a person)."""
-        timeout = spec.config.approval_timeout if spec is not None else None
+        """The step waits for a person: pause the turn (:meth:`TurnAttempt.pause`), for the shortest
+        ``approval_timeout`` of the agents whose calls wait, keeping the step's keys and the tree's counters;
+        the job then ends, holding nothing (docs/architecture.md, Pausing for a person)."""
+        keys, turn_id = self.rt.keys, self.job.turn_id
+        kept = [*paused.kept_keys, keys.tree_iterations(turn_id), keys.tree_tokens(turn_id)]
         try:
-            await self.attempt.pause(paused.pending, paused.result_keys, timeout)
+            await self.attempt.pause(paused.pending, kept, self._approval_timeout(spec, paused))
         except StaleAttemptError:
             logger.warning(
                 "turn %s: attempt %d was superseded before it paused", self.job.turn_id, self.attempt.attempt
             )
             return
         logger.info("turn %s paused: %d call(s) wait for a person (%s)", self.job.turn_id, len(paused.pending), paused)
+
+    def _approval_timeout(self, root: AgentSpec | None, paused: TurnPaused) -> float | None:
+        """Seconds the pending calls of ``paused`` wait: the shortest ``approval_timeout`` of the agents that
+        made them (the ``root`` agent's for its own calls); None when each waits forever."""
+        agents = self.rt.app.agents
+        specs = [agents.get(item.agent_path[-1]) if item.agent_path else root for item in paused.pending]
+        timeouts = [spec.config.approval_timeout for spec in specs if spec is not None]
+        finite = [timeout for timeout in timeouts if timeout is not None]
+        return min(finite) if finite else None
 
     def _check_attempts(self, state: dict[str, str]) -> None:
         """Refuse a run after ``SMITH_TURN_MAX_ATTEMPTS`` crashes of a worker running this turn alone, or

@@ -278,3 +278,146 @@ async def test_cancel_while_paused_keeps_merged_messages_and_starts_the_next_tur
     assert asyncio.get_running_loop().time() - started < 10  # not at the parked turn's next check (15 s)
     contents = [m.content for m in await client.history(conv) if isinstance(m, UserMessage)]
     assert f"{marker} merged while paused" in contents
+
+
+# ---- MCP servers and agent trees (docs/architecture.md, Pausing for a person and Sub-agents) ----
+
+
+def tool_results(events: list) -> dict[tuple[tuple[str, ...], str], list[str]]:
+    """The contents of the ``tool.result`` events by (agent path, tool name), in order."""
+    found: dict[tuple[tuple[str, ...], str], list[str]] = {}
+    for event in events:
+        if event.type == "tool.result":
+            found.setdefault((tuple(event.agent_path), event.data["name"]), []).append(event.data["content"])
+    return found
+
+
+async def test_an_mcp_servers_listed_tool_waits_for_approval_and_its_other_tools_run(workers, client, scenario):
+    label = uuid.uuid4().hex[:8]
+    calls = [("mcp_lab_gated__echo", {"text": label}), ("mcp_lab_gated__pid", {}), ("counted", {"label": label})]
+    key, marker = scenario(Script(Reply.tool_calls(calls, ids=["call_echo", "call_pid", "call_n"]), Reply.text("ok")))
+    paused = await paused_turn(client, marker, f"conv-{key}", agent="mcp_guarded")
+    assert [(p["call_id"], p["tool"], p["kind"]) for p in paused.pending] == [
+        ("call_echo", "mcp_lab_gated__echo", "approval")
+    ]
+    assert paused.pending[0]["parameters"]["required"] == ["text"]  # the server's input schema
+    assert await runs(client, label) == [b"run"]
+    await client.approve(paused.turn_id, "call_echo")
+    handle = client.turn(paused.turn_id)
+    assert (await handle.result(timeout=30)).content == "ok"
+    events = [e async for e in handle.events()]
+    results = tool_results(events)
+    assert results[(("mcp_guarded",), "mcp_lab_gated__echo")] == [label]  # ran once, after the approval
+    assert len(results[(("mcp_guarded",), "mcp_lab_gated__pid")]) == 1  # ran before the pause, not again
+    seqs = {e.data["name"]: e.seq for e in events if e.type == "tool.result"}
+    pause_seq = next(e.seq for e in events if e.type == "turn.paused")
+    assert seqs["mcp_lab_gated__pid"] < pause_seq < seqs["mcp_lab_gated__echo"]
+    assert await runs(client, label) == [b"run"]
+
+
+async def test_a_sub_agent_that_needs_approval_runs_only_once_approved(workers, client, scenario, scripted_llm):
+    label = uuid.uuid4().hex[:8]
+    child_key, child = scenario(Script(Reply.tool_calls([("counted", {"label": f"{label}-child"})]),
+                                       Reply.text("vetted done")))  # fmt: skip
+    key, marker = scenario(Script(
+        Reply.tool_calls([("vetted", {"task": f"{child} do it"}), ("counted", {"label": label})],
+                         ids=["call_vet", "call_n"]),
+        Reply.text("lead done"),
+    ))  # fmt: skip
+    paused = await paused_turn(client, marker, f"conv-{key}", agent="hitl_lead")
+    assert [(p["call_id"], p["tool"], p["agent_path"]) for p in paused.pending] == [
+        ("call_vet", "vetted", ["hitl_lead"])
+    ]
+    assert paused.pending[0]["arguments"] == {"task": f"{child} do it"}
+    assert scripted_llm.attempts(child_key) == 0  # the sub-agent did not start
+    assert await runs(client, label) == [b"run"]
+    await client.approve(paused.turn_id, "call_vet")
+    handle = client.turn(paused.turn_id)
+    assert (await handle.result(timeout=30)).content == "lead done"
+    assert tool_results([e async for e in handle.events()])[(("hitl_lead",), "vetted")] == ["vetted done"]
+    assert await runs(client, f"{label}-child") == [b"run"]
+    assert await runs(client, label) == [b"run"]
+
+
+async def test_a_childs_gated_call_pauses_the_root_with_its_agent_path_and_approving_it_finishes_the_tree(
+    workers, client, scenario, scripted_llm
+):
+    """The child and the root both call a gated tool with the id ``call_del``: two pending items, each decided
+    on its own; the calls that ran before the pause (the root's and the child's) ran once."""
+    label = uuid.uuid4().hex[:8]
+    child_key, child = scenario(Script(
+        Reply.tool_calls([("guarded_delete", {"label": f"{label}-child", "target": "repo-c"}),
+                          ("counted", {"label": f"{label}-child-plain"})], ids=["call_del", "call_plain"]),
+        Reply.text("child done"),
+    ))  # fmt: skip
+    key, marker = scenario(Script(
+        Reply.tool_calls([("careful", {"task": f"{child} clean up"}),
+                          ("guarded_delete", {"label": label, "target": "repo-r"}),
+                          ("counted", {"label": f"{label}-plain"})], ids=["call_care", "call_del", "call_plain"]),
+        Reply.text("tree done"),
+    ))  # fmt: skip
+    paused = await paused_turn(client, marker, f"conv-{key}", agent="hitl_lead")
+    turn_id = paused.turn_id
+    items = {p["call_id"]: p for p in paused.pending}
+    assert sorted(items) == ["call_care/call_del", "call_del"]
+    assert items["call_del"]["agent_path"] == ["hitl_lead"] and items["call_del"]["call_path"] == []
+    child_item = items["call_care/call_del"]
+    assert child_item["agent_path"] == ["hitl_lead", "careful"] and child_item["call_path"] == ["call_care"]
+    assert (child_item["tool"], child_item["arguments"]["target"]) == ("guarded_delete", "repo-c")
+    assert await runs(client, f"{label}-plain") == [b"run"]  # both levels' other calls ran
+    assert await runs(client, f"{label}-child-plain") == [b"run"]
+    assert await runs(client, label) == [] and await runs(client, f"{label}-child") == []
+    handle = client.turn(turn_id)
+    assert await handle.status() == "paused"
+    assert [p.call_id for p in await client.pending(turn_id)] == ["call_del", "call_care/call_del"]
+    await client.reject(turn_id, "call_del", message="not the root's")
+    assert await handle.status() == "paused"  # the child's call still waits
+    with pytest.raises(NoPendingCallError) as missing:
+        await client.approve(turn_id, "call_care/call_plain")
+    assert missing.value.pending == ["call_care/call_del"]
+    await client.approve(turn_id, "call_care/call_del", {"label": f"{label}-child", "target": "repo-d"})
+    assert (await handle.result(timeout=30)).content == "tree done"
+    assert await runs(client, f"{label}-child") == [b"repo-d"]  # the child's approved call, edited, once
+    assert await runs(client, label) == []  # the root's rejected call never ran
+    assert await runs(client, f"{label}-plain") == [b"run"]  # nothing that ran ran again
+    assert await runs(client, f"{label}-child-plain") == [b"run"]
+    assert scripted_llm.attempts(child_key) == 2 and scripted_llm.attempts(key) == 2  # no model step again
+    events = [e async for e in handle.events()]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [e.agent_path for e in events if e.type == "turn.paused"] == [["hitl_lead"]]  # one pause, the root's
+    decided = [(e.agent_path, e.data["id"], e.data["action"]) for e in events if e.type == "tool_call.decided"]
+    assert sorted(decided) == [(["hitl_lead"], "call_del", "reject"), (["hitl_lead", "careful"], "call_del", "approve")]
+    results = tool_results(events)
+    assert results[(("hitl_lead",), "careful")] == ["child done"]
+    assert results[(("hitl_lead", "careful"), "guarded_delete")] == ["deleted repo-d"]
+    assert "not the root's" in tool_messages(scripted_llm.requests_for(key)[-1])[1]["content"]
+    keys = client.keys
+    assert not await client.redis.exists(keys.turn_pending(turn_id), keys.turn_decisions(turn_id))
+
+
+async def test_an_approved_sub_agent_that_waits_again_keeps_its_approval(workers, client, scenario, scripted_llm):
+    """The root's approved sub-agent call starts the child, whose gated call pauses the turn a second time:
+    the first decision stays, so approving the child's call finishes the tree."""
+    label = uuid.uuid4().hex[:8]
+    child_key, child = scenario(Script(
+        Reply.tool_calls([("guarded_delete", {"label": label, "target": "repo-v"})], ids=["call_del"]),
+        Reply.text("vetted done"),
+    ))  # fmt: skip
+    key, marker = scenario(Script(Reply.tool_calls([("vetted", {"task": f"{child} go"})], ids=["call_vet"]),
+                                  Reply.text("all done")))  # fmt: skip
+    paused = await paused_turn(client, marker, f"conv-{key}", agent="hitl_lead")
+    turn_id = paused.turn_id
+    assert [p["call_id"] for p in paused.pending] == ["call_vet"]
+    await client.approve(turn_id, "call_vet")
+    async with asyncio.timeout(30):  # the child runs, then waits for a person in turn
+        while [p.call_id for p in await client.pending(turn_id)] != ["call_vet/call_del"]:
+            await asyncio.sleep(0.05)
+    await client.approve(turn_id, "call_vet/call_del")
+    handle = client.turn(turn_id)
+    assert (await handle.result(timeout=30)).content == "all done"
+    assert await runs(client, label) == [b"repo-v"]
+    assert scripted_llm.attempts(child_key) == 2 and scripted_llm.attempts(key) == 2
+    events = [e async for e in handle.events()]
+    assert [e.data["pending"][0]["call_id"] for e in events if e.type == "turn.paused"] == [
+        "call_vet", "call_vet/call_del"
+    ]  # fmt: skip

@@ -285,6 +285,9 @@ class BrittleSource:
     def idempotent(self, tool_name: str) -> bool:
         return False
 
+    def approval(self, tool_name: str) -> bool:
+        return False
+
     async def schemas(self, asking: object = None) -> list[ToolSchema]:
         return [ToolSchema(name="brittle__probe", description="Probe something.")]
 
@@ -386,3 +389,10 @@ app.external_tool(
 app.agent("guarded", tools=[guarded_delete, tidy, counted, "pick_color"])
 # its calls wait 1 s for a person, then the sweeper (every 2 s) rejects them
 app.agent("guarded_brief", tools=[guarded_delete, counted], config=AgentConfig(approval_timeout=1.0))
+# an MCP server whose listed tools wait for approval (its other tools run as usual)
+app.mcp_server("lab_gated", command=_sys.executable, args=[_LAB_SERVER], request_timeout=10.0, needs_approval=["echo"])
+app.agent("mcp_guarded", tools=[counted], sources=["lab_gated"])
+# agent trees: a child with a gated tool ("careful"), a child that needs approval to run at all ("vetted")
+app.agent("careful", tools=[guarded_delete, counted], description="Deletes carefully.")
+app.agent("vetted", tools=[guarded_delete, counted], needs_approval=True, description="Runs once a person agrees.")
+app.agent("hitl_lead", tools=[guarded_delete, counted], subagents=["careful", "vetted"])

@@ -105,3 +105,29 @@ async def test_turn_side_discovers_once_then_reads_the_cache_and_tool_side_calls
         await asyncio.gather(turns.stop(), tools.stop())
     assert all(not exists(pid) for pid in pids)
 
+
+
+async def test_needs_approval_names_original_tools_resolved_through_the_catalog_or_its_cache(redis_url, prefix):
+    """``needs_approval=["echo"]`` gates ``mcp_example__echo`` only: a process with the server resolves the call's
+    name through its catalog, one without it through the cached routes (starting nothing); a name it cannot
+    resolve waits for approval (docs/architecture.md, Pausing for a person)."""
+
+    def gated_app() -> SmithApp:
+        app = SmithApp(settings=Settings(redis_url=redis_url, prefix=prefix))
+        app.mcp_server("example", command=sys.executable, args=[EXAMPLE], needs_approval=["echo"])
+        return app
+
+    warm, cold = await runtime(gated_app(), "turns"), await runtime(gated_app(), "turns")
+    try:
+        warm_source, cold_source = warm.app.sources["example"], cold.app.sources["example"]
+        await warm_source.schemas()
+        assert await eventually_async(lambda: warm.redis.exists(warm.keys.mcp_tools("example")))
+        for source in (warm_source, cold_source):
+            policy = source.approval("mcp_example__echo")
+            verdicts = {name: await policy(context(name, "t"), {}) for name in
+                        ("mcp_example__echo", "mcp_example__now", "mcp_example__read_resource", "mcp_example__gone")}
+            assert verdicts == {"mcp_example__echo": True, "mcp_example__now": False,
+                                "mcp_example__read_resource": False, "mcp_example__gone": True}  # fmt: skip
+        assert cold_source.handle.pid is None  # the cached routes sufficed
+    finally:
+        await asyncio.gather(warm.stop(), cold.stop())

@@ -126,3 +126,28 @@ async def test_expiry_rejects_the_undecided_calls_and_cancel_ends_a_paused_turn(
     assert await redis.zscore(keys.paused, cancelled.turn_id) is None
     with pytest.raises(NoPendingCallError):
         await runner.run(approvals.decide(keys, cancelled.turn_id, "call_a", Decision(action="approve")))
+
+
+async def test_a_step_that_pauses_again_keeps_its_earlier_decisions(redis):
+    """A resumed step whose sub-agent waits for a person anew pauses again (docs/architecture.md, Pausing for
+    a person): the call decided before stays decided, only the new call is pending, and its decision resumes."""
+    keys = Keys(f"pz{uuid.uuid4().hex[:6]}")
+    runner = AsyncRunner(redis)
+    first = await running(redis, keys)
+    turn_id = first.turn_id
+    await first.pause([item("call_a")], [], timeout=None)
+    await runner.run(approvals.decide(keys, turn_id, "call_a", Decision(action="approve")))
+    resumed = TurnAttempt(redis, keys, turn_id, first.conversation_id, "w2", events=EventLog(redis, keys),
+                          agent_path=["a"])  # fmt: skip
+    rt = RoundTrip()
+    begun = resumed.queue_begin(rt)
+    await rt.run(redis)
+    assert begun.value == "go"
+    await resumed.pause([item("call_a/call_x")], [], timeout=None)
+    assert [p.call_id for p in await runner.run(approvals.pending(keys, turn_id))] == ["call_a/call_x"]
+    again = await runner.run(approvals.decide(keys, turn_id, "call_a", Decision(action="reject")))
+    assert again.action == "approve"  # the first decision stays through the second pause
+    assert await redis.hget(keys.turn_state(turn_id), record.STATUS) == b"paused"
+    await runner.run(approvals.decide(keys, turn_id, "call_a/call_x", Decision(action="approve")))
+    assert await redis.hget(keys.turn_state(turn_id), record.STATUS) == b"queued"
+    assert await redis.hlen(keys.turn_decisions(turn_id)) == 2

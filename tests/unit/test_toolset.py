@@ -39,6 +39,9 @@ class FakeSource:
     def idempotent(self, tool_name: str) -> bool:
         return False
 
+    def approval(self, tool_name: str) -> bool:
+        return False
+
     async def schemas(self, ctx=None):
         return [ToolSchema(name=self.tool, description=f"MCP {self.tool}")]
 
@@ -46,8 +49,9 @@ class FakeSource:
 class FakeSubAgents:
     """Sub-agents as a source that runs here (the interface of smith_worker.agent.subagents.SubAgentTools)."""
 
-    def __init__(self, *names: str) -> None:
+    def __init__(self, *names: str, gated: tuple[str, ...] = ()) -> None:
         self.names = list(names)
+        self.gated = gated
         self.ran: list[str] = []
 
     def owns(self, tool_name: str) -> bool:
@@ -58,6 +62,9 @@ class FakeSubAgents:
 
     def idempotent(self, tool_name: str) -> bool:
         return False
+
+    def approval(self, tool_name: str) -> bool:
+        return tool_name in self.gated
 
     async def schemas(self, asking=None):
         return [ToolSchema(name=name, description=f"sub-agent {name}") for name in self.names]
@@ -271,3 +278,21 @@ async def test_approval_and_external_tools_are_policy_and_source_of_the_route():
     assert pick_route.external and pick_route.source == EXTERNAL and pick_route.requires == ""
     assert (await toolset.schema("pick")).parameters["required"] == ["hint"]
     assert not toolset.route("lookup").gated
+
+
+async def test_a_sub_agents_and_an_mcp_servers_approval_policy_ride_on_their_routes():
+    """``app.agent(..., needs_approval=True)`` gates the calls of that agent as a sub-agent; an MCP server's
+    ``needs_approval`` gates all its calls (True) or those of the listed tools (docs/architecture.md, Pausing for
+    a person); an invalid value is refused."""
+    app = SmithApp()
+    assert app.agent("vetted", needs_approval=True).needs_approval is True
+    app.tool(lookup)
+    app.sources["web"] = FakeSource("web", "mcp_web__search")
+    spec = app.agent("a", tools=[lookup], sources=["web"], subagents=["vetted", "free"])
+    toolset = toolset_of(app, spec, [], subagents=FakeSubAgents("vetted", "free", gated=("vetted",)))
+    assert toolset.route("vetted").approval is True and toolset.route("vetted").gated
+    assert not toolset.route("free").gated and not toolset.route("mcp_web__search").gated
+    with pytest.raises(ConfigurationError):
+        app.mcp_server("bad", command="x", needs_approval="echo")  # type: ignore[arg-type]
+    assert app.mcp_server("every", command="x", needs_approval=True).approval("mcp_every__any") is True
+    assert app.mcp_server("none", command="x", needs_approval=[]).approval("mcp_none__any") is False
