@@ -13,7 +13,7 @@ import orjson
 import pytest
 from flask import Flask, Response, request
 
-from smith_client import ConflictError, InvalidRequestError, SyncSmithClient, TurnCancelledError
+from smith_client import ConflictError, InvalidRequestError, SyncSmithClient, TurnCancelledError, TurnPausedError
 from smith_worker.testing import Reply, Script
 from tests.conftest import ROOT
 
@@ -199,3 +199,25 @@ def test_a_stream_left_unfinished_prints_nothing_and_keeps_no_connection(redis_u
                           env=environ, capture_output=True, text=True, timeout=60)  # a hang at exit fails
     assert left.returncode == 0 and left.stderr == "", left.stderr  # no "Exception ignored in: <generator ..."
     assert left.stdout == ("0\n" if mode == "collected-after-close" else "")
+
+
+def test_an_external_tools_result_posted_to_a_flask_view_resumes_the_turn(sync_client, scenario, redis_url):
+    """docs/architecture.md, Pausing for a person: the browser answers an external tool's call through a
+    WSGI view calling SyncSmithClient.submit_tool_result; the paused turn resumes and completes."""
+    app = Flask(__name__)
+
+    @app.post("/turns/<turn_id>/calls/<call_id>/result")
+    def result(turn_id: str, call_id: str):
+        decision = sync_client.submit_tool_result(turn_id, call_id, request.json["result"])
+        return decision.model_dump()
+
+    key, marker = scenario(Script(Reply.tool_calls([("pick_color", {"hint": "sea"})], ids=["call_pick"]),
+                                  Reply.text("teal it is")))
+    with pytest.raises(TurnPausedError) as paused:
+        sync_client.send(f"{marker} pick", conversation_id=f"conv-{key}", agent="guarded", timeout=60)
+    assert [item["call_id"] for item in paused.value.pending] == ["call_pick"]
+    reply = app.test_client().post(f"/turns/{paused.value.turn_id}/calls/call_pick/result", json={"result": "teal"})
+    assert reply.status_code == 200 and reply.json["action"] == "result"
+    assert sync_client.turn(paused.value.turn_id).result(timeout=60).content == "teal it is"
+    history = sync_client.history(f"conv-{key}")
+    assert [m.content for m in history if m.role == "tool"] == ["teal"]
