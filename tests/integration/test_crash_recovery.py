@@ -228,3 +228,44 @@ async def test_a_paused_turn_survives_kill_9_of_every_worker(fleet_client, fleet
     prefix = fleet_client.keys.prefix
     assert await fleet_client.redis.lrange(f"{prefix}:test:counted:{label}", 0, -1) == [b"repo"]
     assert await fleet_client.redis.lrange(f"{prefix}:test:counted:{label}-plain", 0, -1) == [b"run"]
+
+
+async def paused_gated_turn(client: SmithClient, scenario, label: str, answer: Reply) -> tuple[str, int]:
+    """A turn of the `guarded` agent paused on its gated call (``answer`` follows it): its id and the pid of
+    the worker that ran it."""
+    calls = [("guarded_delete", {"label": label, "target": "repo"})]
+    key, marker = scenario(Script(Reply.tool_calls(calls, ids=["call_gated"]), answer))
+    with pytest.raises(TurnPausedError) as paused:
+        await client.send(f"{marker} go", conversation_id=f"conv-{key}", agent="guarded", timeout=30)
+    worker = (await client.turn(paused.value.turn_id).state())["worker"]
+    return paused.value.turn_id, int(worker.split(":")[1])
+
+
+async def test_a_paused_turn_resumes_on_the_other_turn_worker(fleet_client, fleet, scenario):
+    """The worker that paused the turn is gone (kill -9): the approval resumes it on the other one."""
+    label = uuid.uuid4().hex[:8]
+    turn_id, paused_on = await paused_gated_turn(fleet_client, scenario, label, Reply.text("done"))
+    [gone] = [proc for proc in fleet.procs["turns"] if proc.pid == paused_on]
+    gone.signal(signal.SIGKILL)
+    await fleet_client.approve(turn_id, "call_gated", {"label": label, "target": "edited"})
+    assert (await fleet_client.turn(turn_id).result(timeout=60)).content == "done"
+    resumed_on = int((await fleet_client.turn(turn_id).state())["worker"].split(":")[1])
+    assert resumed_on != paused_on and resumed_on in [p.pid for p in fleet.procs["turns"]]
+    prefix = fleet_client.keys.prefix
+    assert await fleet_client.redis.lrange(f"{prefix}:test:counted:{label}", 0, -1) == [b"edited"]
+
+
+async def test_kill_9_of_the_turn_worker_right_after_the_approval(fleet_client, fleet, scenario):
+    """The worker that took the resumed turn dies while its answer streams: another attempt completes it;
+    the approved tool ran once."""
+    label = uuid.uuid4().hex[:8]
+    slow = Reply.text("done", chunk_size=1, delay=0.5)  # the resumed step's answer streams for 2 s
+    turn_id, _ = await paused_gated_turn(fleet_client, scenario, label, slow)
+    await fleet_client.approve(turn_id, "call_gated")
+    running_on = await worker_pid_running(fleet_client, turn_id)
+    [taken] = [proc for proc in fleet.procs["turns"] if proc.pid == running_on]
+    taken.signal(signal.SIGKILL)
+    await fleet.ensure(turns=2, tools=1)
+    assert (await fleet_client.turn(turn_id).result(timeout=90)).content == "done"
+    prefix = fleet_client.keys.prefix
+    assert await fleet_client.redis.lrange(f"{prefix}:test:counted:{label}", 0, -1) == [b"repo"]
