@@ -32,6 +32,7 @@ from smith_client.errors import (
     UnknownSkillError,
 )
 from smith_client.events import Event, PendingItem
+from smith_client.inputs import InputResponse
 from smith_client.messages import (
     AssistantMessage,
     Message,
@@ -52,6 +53,7 @@ __all__ = [
     "Decision",
     "Event",
     "EventsTrimmedError",
+    "InputResponse",
     "InternalError",
     "InvalidRequestError",
     "LlmApiError",

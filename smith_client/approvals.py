@@ -48,17 +48,18 @@ class Decision(BaseModel):
 
 
 def pending(keys: Keys, turn_id: Any) -> Operation[list[PendingItem]]:
-    """Operation of ``pending``: the turn's calls waiting for a decision, in call order (``[]`` when it is not
-    paused or every call is decided). Raises :class:`InvalidRequestError` for a bad id."""
+    """Operation of ``pending``: the turn's calls waiting for a decision, in call order (none when it is not
+    paused or every call is decided), then the open MCP elicitations of its running tool calls (kind ``input``,
+    :mod:`smith_client.inputs`). Raises :class:`InvalidRequestError` for a bad id."""
     check_id(turn_id, "turn_id")
     rt = RoundTrip()
-    items = rt.call("hgetall", keys.turn_pending(turn_id), parse=_items)
+    items = rt.call("hgetall", keys.turn_pending(turn_id), parse=pending_items)
     decided = rt.call("hkeys", keys.turn_decisions(turn_id), parse=_texts)
     status: Pending[bytes | None] = rt.call("hget", keys.turn_state(turn_id), record.STATUS)
+    inputs = rt.call("hgetall", keys.turn_inputs(turn_id), parse=pending_items)
     yield from run(rt)
-    if status.value != record.PAUSED.encode():
-        return []
-    return [item for item in items.value if item.call_id not in decided.value]
+    paused = status.value == record.PAUSED.encode()
+    return [item for item in items.value if paused and item.call_id not in decided.value] + inputs.value
 
 
 def decide(keys: Keys, turn_id: Any, call_id: Any, decision: Decision) -> Operation[Decision]:
@@ -209,9 +210,10 @@ def result_content(result: Any) -> str:
         raise InvalidRequestError(f"result is not JSON-able: {exc}", field="result") from exc
 
 
-def _items(raw: dict[bytes, bytes]) -> list[PendingItem]:
+def pending_items(raw: dict[bytes, bytes]) -> list[PendingItem]:
+    """The items of a hash of :class:`PendingItem` JSON values (``HGETALL``), in call order."""
     items = [PendingItem.model_validate_json(blob) for blob in raw.values()]
-    return sorted(items, key=lambda item: (item.call_path, item.step, item.index))
+    return sorted(items, key=lambda item: (item.call_path, item.step, item.index, item.request_id))
 
 
 def _texts(raw: list[bytes]) -> set[str]:

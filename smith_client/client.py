@@ -23,13 +23,14 @@ from typing import Any, Self, Unpack
 
 from arq.connections import ArqRedis
 
-from smith_client import approvals, skills
+from smith_client import approvals, inputs, skills
 from smith_client import operations as ops
 from smith_client import turn_record as record
 from smith_client.approvals import REJECTED, Decision
 from smith_client.connection import client_max_connections, connect_redis
 from smith_client.eventlog import EventLog
 from smith_client.events import Event, PendingItem
+from smith_client.inputs import InputResponse
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, Message
 from smith_client.protocol import Operation
@@ -162,6 +163,11 @@ class ClientBase:
     def _op_submit_tool_result(self, turn_id: str, call_id: str, result: Any, is_error: bool) -> Operation[Decision]:
         decision = Decision(action="result", content=approvals.result_content(result), is_error=bool(is_error))
         return approvals.decide(self.keys, turn_id, call_id, decision)
+
+    def _op_respond(
+        self, turn_id: str, request_id: str, action: str, content: dict[str, Any] | None
+    ) -> Operation[InputResponse]:
+        return inputs.respond(self.keys, turn_id, request_id, action, content)
 
 
 class HandleBase:
@@ -321,8 +327,10 @@ class SmithClient(ClientBase):
     async def pending(self, turn_id: str) -> list[PendingItem]:
         """The calls paused turn ``turn_id`` waits on, in call order (docs/architecture.md, Pausing for a person):
         each a :class:`PendingItem` (``call_id``, ``tool``, ``arguments``, ``agent_path``, ``kind``
-        ``approval`` | ``external``, the tool's ``parameters`` schema). ``[]`` when the turn is not paused or
-        every call is decided. Raises :class:`InvalidRequestError` for a bad id."""
+        ``approval`` | ``external``, the tool's ``parameters`` schema); then the open MCP elicitations of its
+        running tool calls (``kind`` ``input``, with ``request_id``, ``message`` and the server's
+        ``requestedSchema`` as ``parameters``; answer them with :meth:`respond`). ``[]`` when nothing waits.
+        Raises :class:`InvalidRequestError` for a bad id."""
         return await self.runner.run(self._op_pending(turn_id))
 
     async def approve(self, turn_id: str, call_id: str, arguments: dict[str, Any] | None = None) -> Decision:
@@ -349,6 +357,21 @@ class SmithClient(ClientBase):
         ``is_error``. Resumes and raises as :meth:`approve` (:class:`InvalidRequestError` for a call that waits
         for an approval, or a ``result`` that is not JSON-able)."""
         return await self.runner.run(self._op_submit_tool_result(turn_id, call_id, result, is_error))
+
+    async def respond(
+        self, turn_id: str, request_id: str, action: str, content: dict[str, Any] | None = None
+    ) -> InputResponse:
+        """Answer open MCP elicitation ``request_id`` of ``turn_id`` (a pending item of kind ``input``, announced
+        by ``input.requested``): ``action`` ``accept`` with ``content`` (a JSON object, checked against the
+        request's ``requestedSchema``), ``decline`` or ``cancel`` (no content). The tool worker holding the MCP
+        request passes it to the server at once; the turn was never paused. Returns the answer sent.
+
+        Raises :class:`NoPendingCallError` (its ``pending`` names the open request ids) when no such request is
+        open (answered already, or its ``elicitation_timeout`` ran out and it was declined);
+        :class:`InvalidRequestError` for a bad action, content with ``decline``/``cancel``, or content that does
+        not fit the schema.
+        """
+        return await self.runner.run(self._op_respond(turn_id, request_id, action, content))
 
     @functools.cached_property
     def events(self) -> EventLog:

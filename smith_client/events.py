@@ -34,6 +34,10 @@ Event types and their ``data``:
 ``turn.paused``         ``{pending: [PendingItem]}``: the turn waits for a person (not terminal)
 ``tool_call.decided``   ``{id, name, index, action, arguments, message}``: how a paused call was decided,
                         published as the resumed step takes it (``arguments``: those that run)
+``input.requested``     ``{item: PendingItem}`` (kind ``input``): an MCP server asks a person for input during a
+                        tool call (elicitation); the turn keeps running, its tool job waits for ``respond``
+``input.answered``      ``{request_id, action}``: that request was answered (``accept``, ``decline``,
+                        ``cancel``), or declined when its wait ran out or its call ended
 ======================  ==========================================================
 """
 
@@ -64,6 +68,8 @@ TURN_RESUMED = "turn.resumed"
 MEMORY_SUMMARY_FAILED = "memory.summary_failed"
 TURN_PAUSED = "turn.paused"
 TOOL_CALL_DECIDED = "tool_call.decided"
+INPUT_REQUESTED = "input.requested"
+INPUT_ANSWERED = "input.answered"
 
 #: Types after which a turn publishes nothing more.
 TERMINAL_TYPES = frozenset({TURN_COMPLETED, TURN_FAILED, TURN_CANCELLED})
@@ -194,8 +200,9 @@ class TurnResumedData(EventData):
     attempt: int
 
 
-#: What a pending call waits for: a person's approval, or the result of a tool run outside (an external tool).
-PendingKind = Literal["approval", "external"]
+#: What a pending item waits for: a person's approval, the result of a tool run outside (an external tool), or
+#: a person's input to an MCP server's elicitation during a running tool call.
+PendingKind = Literal["approval", "external", "input"]
 
 
 class PendingItem(BaseModel):
@@ -206,8 +213,11 @@ class PendingItem(BaseModel):
     collide with another agent's; ``tool`` its tool name; ``arguments`` the model's arguments; ``agent_path``
     the agent that made the call (root first); ``call_path`` the ids of the sub-agent calls along it (as on
     events; ``[]`` for the root agent's calls); ``kind`` ``approval`` (approve or reject it) or ``external``
-    (submit its result); ``parameters`` the tool's JSON Schema, which edited arguments must satisfy; ``step``
-    and ``index`` where the call is in its agent's run.
+    (submit its result) or ``input`` (an MCP server's elicitation during the running call: answer it with
+    ``respond(turn_id, request_id, ...)``); ``parameters`` the tool's JSON Schema, which edited arguments must
+    satisfy (for ``input``: the server's ``requestedSchema``, which accepted content must satisfy); ``step``
+    and ``index`` where the call is in its agent's run; ``request_id`` and ``message`` (``input`` only) the
+    elicitation's id and the server's message to the person.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -220,6 +230,8 @@ class PendingItem(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
     step: int = 0
     index: int = 0
+    request_id: str = ""
+    message: str = ""
 
 
 class TurnPausedData(EventData):
@@ -241,6 +253,21 @@ class ToolCallDecidedData(EventData):
     action: str
     arguments: dict[str, Any] = Field(default_factory=dict)
     message: str = ""
+
+
+class InputRequestedData(EventData):
+    """``input.requested``: an MCP server's elicitation waits for a person's answer (``item``, kind ``input``)."""
+
+    event_type: ClassVar[str] = INPUT_REQUESTED
+    item: PendingItem
+
+
+class InputAnsweredData(EventData):
+    """``input.answered``: elicitation ``request_id`` got ``action`` (``accept``, ``decline``, ``cancel``)."""
+
+    event_type: ClassVar[str] = INPUT_ANSWERED
+    request_id: str
+    action: str
 
 
 class UnknownData(EventData):
@@ -265,6 +292,8 @@ DATA_MODELS: dict[str, type[EventData]] = {
         MemorySummaryFailedData,
         TurnPausedData,
         ToolCallDecidedData,
+        InputRequestedData,
+        InputAnsweredData,
     )
 }
 

@@ -48,6 +48,9 @@ key                                      what                            lifetim
 ``{p}:turn:{t}:decisions``               decisions on those calls        as ``pending``
 ``{p}:paused``                           paused turns (ZSET) by deadline owned (*): decide, cancel, the turn's end
                                                                          and the sweeper remove entries
+``{p}:turn:{t}:inputs``                  open MCP elicitations (hash)    the newest one's wait + :data:`INPUT_GRACE`;
+                                                                         each goes when answered or timed out
+``{p}:turn:{t}:input:{r}``               the answer to elicitation r     :data:`INPUT_REPLY_TTL` (popped at once)
 ``{p}:toolres:{t}:{s}:{i}:started``      which tool worker started it    ``turn_ttl``
 ``{p}:conv:{c}:skills``                  active skills (list)            ``history_ttl`` after the last use
 ``{p}:toolres:{t}:{s}:{i}:published``    its ``tool.result`` is out      ``turn_ttl``
@@ -100,6 +103,13 @@ WAKE_CAP = 100
 #: Lifetime of arq's try counter of a job (:meth:`Keys.arq_retry`), seconds: the value arq 0.28's ``run_job``
 #: gives it, which the claim script (``lua/claim.lua``) sets in its place.
 ARQ_RETRY_TTL = 88400
+
+#: Seconds an open MCP elicitation's entry (:meth:`Keys.turn_inputs`) outlives its wait (a tool worker that
+#: died while waiting leaves it behind for that long).
+INPUT_GRACE = 60
+#: Lifetime of an answer to an MCP elicitation (:meth:`Keys.turn_input_reply`), seconds: the waiting tool
+#: worker pops it at once; an answer nobody waits for any more goes after this.
+INPUT_REPLY_TTL = 60
 
 #: Allowed characters for ids chosen by callers (turn ids, conversation ids, agent names).
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:@-]{1,200}\Z")
@@ -318,6 +328,16 @@ class Keys:
         """Hash of the decisions on a paused turn's pending calls: call id → :class:`~smith_client.approvals.Decision`
         JSON; the first decision on a call stays."""
         return f"{self.prefix}:turn:{turn_id}:decisions"
+
+    def turn_inputs(self, turn_id: str) -> str:
+        """Hash of the open MCP elicitations of a turn's tool calls: request id →
+        :class:`~smith_client.events.PendingItem` JSON (kind ``input``; docs/architecture.md, Pausing for a person)."""
+        return f"{self.prefix}:turn:{turn_id}:inputs"
+
+    def turn_input_reply(self, turn_id: str, request_id: str) -> str:
+        """List holding the answer to elicitation ``request_id`` (:class:`~smith_client.inputs.InputResponse`
+        JSON), which the tool worker holding the MCP request pops (``BLPOP``)."""
+        return f"{self.prefix}:turn:{turn_id}:input:{request_id}"
 
     @property
     def paused(self) -> str:

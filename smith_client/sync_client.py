@@ -22,6 +22,7 @@ from smith_client.approvals import REJECTED, Decision
 from smith_client.client import ClientBase, HandleBase
 from smith_client.connection import connect_sync_redis
 from smith_client.events import Event, PendingItem
+from smith_client.inputs import InputResponse
 from smith_client.messages import AssistantMessage, Message
 from smith_client.runners import SyncRunner
 from smith_client.validation import TurnOptions, check_id
@@ -111,6 +112,13 @@ class SyncSmithClient(ClientBase):
         """Blocking :meth:`SmithClient.submit_tool_result <smith_client.client.SmithClient.submit_tool_result>`:
         an external tool's result."""
         return self.runner.run(self._op_submit_tool_result(turn_id, call_id, result, is_error))
+
+    def respond(
+        self, turn_id: str, request_id: str, action: str, content: dict[str, Any] | None = None
+    ) -> InputResponse:
+        """Blocking :meth:`SmithClient.respond <smith_client.client.SmithClient.respond>`: answer an open MCP
+        elicitation; the same rules and errors."""
+        return self.runner.run(self._op_respond(turn_id, request_id, action, content))
 
     def __enter__(self) -> Self:
         return self

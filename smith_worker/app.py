@@ -331,6 +331,8 @@ class SmithApp:
         tools_required: bool = True,
         reconnect_on_transport_error: bool = True,
         needs_approval: bool | Sequence[str] = False,
+        sampling: bool = False,
+        elicitation_timeout: float = 300.0,
         **pool_options: Any,
     ) -> ToolSource:
         """Declare an MCP server (docs/architecture.md, MCP) as a tool source named ``alias``; agents use it with
@@ -340,7 +342,11 @@ class SmithApp:
         Streamable HTTP server takes ``url`` (+ ``bearer_token``, ``headers``).
         ``request_timeout`` is seconds; ``allow`` / ``deny`` filter original
         tool names (deny wins). ``needs_approval`` (True, or original tool names) makes those calls wait for a
-        person's approval first (docs/architecture.md, Pausing for a person). ``pool_options`` are the other fields of
+        person's approval first (docs/architecture.md, Pausing for a person). ``sampling=True`` answers the
+        server's ``sampling/createMessage`` during a tool call with the calling agent's model (its tokens count
+        toward the turn tree's budget); off, it is refused. An ``elicitation/create`` during a call asks a person
+        (a pending item of kind ``input``, answered with ``client.respond``) and is declined after
+        ``elicitation_timeout`` seconds. ``pool_options`` are the other fields of
         :class:`~smith_worker.mcp.ServerConfig` (e.g. ``connect_timeout``,
         ``idempotent_tools``, ``max_concurrency``, ``idle_timeout``). Nothing
         starts here: each worker process starts the server on first use and
@@ -364,6 +370,8 @@ class SmithApp:
             tools_required=tools_required,
             reconnect_on_transport_error=reconnect_on_transport_error,
             needs_approval=needs_approval,
+            sampling=sampling,
+            elicitation_timeout=elicitation_timeout,
             **pool_options,
         )
         return self.add_source(McpServerSource(config))

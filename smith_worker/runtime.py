@@ -31,6 +31,7 @@ from smith_client.keys import REGISTRATION_TTL, Keys
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.health import heartbeat_forever, heartbeat_path, live_heartbeats, remove_heartbeat
+from smith_worker.llm.types import LlmClientConfig
 from smith_worker.ops.auto_pipeline import AutoPipeline
 from smith_worker.ops.heap import trim_forever
 from smith_worker.ops.metrics import WorkerMetrics
@@ -182,8 +183,15 @@ class WorkerRuntime:
             self.worker_id,
             self.app.hooks,
             {name: spec.hooks for name, spec in self.app.agents.items()},
+            llm_config=self.agent_llm_config,
         )
         return self.role.source_context(shared)
+
+    def agent_llm_config(self, agent: str) -> LlmClientConfig:
+        """The model settings of agent ``agent``: the environment's, with its ``llm`` override when this app
+        declares it. Raises :class:`ConfigurationError` for invalid settings."""
+        spec = self.app.agents.get(agent)
+        return self.settings.llm_config(spec.llm if spec is not None else None)
 
     def protect_secrets(self) -> None:
         """Register this deployment's secrets for redaction and filter every log line

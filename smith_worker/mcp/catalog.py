@@ -160,7 +160,7 @@ async def initialize(session: Any, config: ServerConfig) -> Any:
     request = types.InitializeRequest(
         params=types.InitializeRequestParams(
             protocol_version=PROTOCOL_VERSION,
-            capabilities=types.ClientCapabilities(),
+            capabilities=client_capabilities(config),
             client_info=types.Implementation(name=CLIENT_NAME, version=CLIENT_VERSION),
         )
     )
@@ -175,6 +175,15 @@ async def initialize(session: Any, config: ServerConfig) -> Any:
     session.adopt(result)
     await session.send_notification(types.InitializedNotification())
     return result
+
+
+def client_capabilities(config: ServerConfig) -> Any:
+    """What the client declares in ``initialize`` (MCP 2025-06-18, lifecycle): form elicitation always (a person
+    answers through ``respond``), sampling when the server's config turns it on."""
+    import mcp_types as types
+
+    sampling = types.SamplingCapability() if config.sampling else None
+    return types.ClientCapabilities(elicitation=types.ElicitationCapability(), sampling=sampling)
 
 
 async def paginate(fetch: Callable[[str | None], Awaitable[Any]], items: str, alias: str) -> list[dict[str, Any]]:

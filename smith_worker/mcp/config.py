@@ -5,8 +5,8 @@ One :class:`ServerConfig` describes one server: a stdio child (``command`` +
 bearer token and extra headers), the per-request timeout, the tool filter
 (``allow`` / ``deny`` on the server's original tool names; deny wins; no
 allow list means every tool), ``tools_required``,
-``reconnect_on_transport_error`` and ``needs_approval``. The remaining fields tune the per-process
-pool. All durations are seconds.
+``reconnect_on_transport_error``, ``needs_approval``, ``sampling`` and ``elicitation_timeout``. The
+remaining fields tune the per-process pool. All durations are seconds.
 """
 
 from __future__ import annotations
@@ -64,6 +64,11 @@ class ServerConfig:
       synthetic resource reader); deny wins; no (or an empty) allow list allows all.
     * ``needs_approval``: True (every call), or original tool names whose calls wait
       for a person's approval first (docs/architecture.md, Pausing for a person).
+    * ``sampling``: answer the server's ``sampling/createMessage`` during a tool call with
+      the calling agent's model (docs/architecture.md, MCP); off: the capability is not
+      declared and such requests are refused.
+    * ``elicitation_timeout``: seconds an ``elicitation/create`` waits for a person's answer
+      (``respond``) before it is declined (docs/architecture.md, Pausing for a person).
     * ``tools_required``: a failing ``tools/list`` fails the connection instead
       of leaving the server without tools.
     * ``reconnect_on_transport_error``: retry once after a transport error when
@@ -106,6 +111,8 @@ class ServerConfig:
     tools_required: bool = True
     reconnect_on_transport_error: bool = True
     needs_approval: bool | Sequence[str] = False
+    sampling: bool = False
+    elicitation_timeout: float = 300.0
     idempotent_tools: Sequence[str] = ()
     max_retries: int = 3
     connect_timeout: float = 20.0
@@ -140,6 +147,7 @@ class ServerConfig:
             "backoff_base",
             "backoff_max",
             "schema_cache_ttl",
+            "elicitation_timeout",
         ):
             _check_positive(name, getattr(self, name))
         _check_positive("idle_timeout", self.idle_timeout, allow_none=True)

@@ -8,6 +8,8 @@
 * **Tool workers** run the calls (:meth:`McpServerSource.call`) through
   their own pool. Every process that (re)discovers a server, after a
   connect or a ``notifications/tools/list_changed``, rewrites the cache.
+* The server's requests during a call (sampling, elicitation) are answered for that call
+  (:mod:`~smith_worker.mcp.requests`).
 * Events of a call go to the turn's stream as ``mcp.event`` and to the
   agent's ``on_mcp_event`` hook; the app-level hook gets every event once.
 
@@ -34,6 +36,7 @@ from smith_worker.llm.types import ToolSchema
 from smith_worker.mcp.catalog import READ_RESOURCE, Catalog
 from smith_worker.mcp.config import ServerConfig
 from smith_worker.mcp.events import McpEvent
+from smith_worker.mcp.requests import ClientRequests
 from smith_worker.mcp.server import ServerHandle
 from smith_worker.tools.function import Approval, ToolContext, ToolResult, error_result
 from smith_worker.tools.source import SourceContext
@@ -77,8 +80,10 @@ class McpServerSource:
         self.name = config.alias
         self.handle = handle or ServerHandle(config)
         self._ctx: SourceContext | None = None
+        self.requests = ClientRequests(config, lambda: self._ctx)
         self.handle.catalog_listeners.append(self._cache_catalog)
         self.handle.events.listeners.append(self._app_hooks)
+        self.handle.supervisor.session_callbacks.update(self.requests.callbacks())
 
     # ---- ToolSource -------------------------------------------------------------
 
@@ -151,7 +156,8 @@ class McpServerSource:
         sink = self._sink(ctx)
         deadline = ctx.deadline - JOB_MARGIN if ctx.deadline else None
         try:
-            result = await self._call(tool_name, arguments, deadline, sink)
+            with self.requests.inflight.track(ctx, arguments):  # the server's requests meanwhile serve this call
+                result = await self._call(tool_name, arguments, deadline, sink)
         except SmithError as exc:
             result = error_result(exc.message)
         except Exception as exc:  # a bug must not crash the tool job: it becomes an error result

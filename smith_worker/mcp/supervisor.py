@@ -195,7 +195,9 @@ class Supervisor:
     ``catalog_listeners`` are awaited with every new catalog (after connect
     and after a ``list_changed`` re-discovery); ``events.listeners`` get every
     :data:`~smith_worker.mcp.events.McpEvent`. ``state`` is a :class:`State`;
-    ``generation`` counts connection attempts.
+    ``generation`` counts connection attempts. ``session_callbacks`` are keyword
+    arguments of every new ``ClientSession`` (the server's requests to us:
+    ``sampling_callback``, ``elicitation_callback``; :mod:`~smith_worker.mcp.requests`).
     """
 
     def __init__(self, config: ServerConfig) -> None:
@@ -203,6 +205,7 @@ class Supervisor:
         self.alias = config.alias
         self.events = EventRouter(config.alias, config.redact)
         self.catalog_listeners: list[CatalogListener] = []
+        self.session_callbacks: dict[str, Any] = {}
         self.state = State.IDLE
         self.generation = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -482,6 +485,7 @@ class Supervisor:
             link.session_write,
             read_timeout_seconds=self.config.request_timeout,
             message_handler=handler,
+            **self.session_callbacks,
         ) as session:
             started = time.monotonic()
             with anyio.fail_after(self.config.connect_timeout):

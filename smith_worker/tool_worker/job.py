@@ -90,6 +90,8 @@ async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
         budget=job.timeout,
         deadline=time.monotonic() + job.timeout,
         worker_id=rt.worker_id,
+        agent_path=job.agent_path,
+        call_path=job.call_path,
     )
     try:  # a guard behind the source's own timeout, which fires first with its own message
         async with asyncio.timeout(job.timeout + TIMEOUT_GUARD):

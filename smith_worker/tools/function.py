@@ -63,7 +63,9 @@ class ToolContext:
     """What a running tool may know about its call. Inject it by annotating a parameter.
 
     ``budget`` is the tool's timeout in seconds; ``deadline`` the matching
-    ``time.monotonic()`` instant; ``worker_id`` the process running it.
+    ``time.monotonic()`` instant; ``worker_id`` the process running it;
+    ``agent_path`` and ``call_path`` where the calling agent sits in its tree
+    (as on events, :mod:`smith_client.events`; ``turn_id`` is the root turn's).
     """
 
     call_id: str
@@ -74,6 +76,8 @@ class ToolContext:
     budget: float = DEFAULT_TOOL_TIMEOUT
     deadline: float = 0.0
     worker_id: str = ""
+    agent_path: list[str] = field(default_factory=list)
+    call_path: list[str] = field(default_factory=list)
     logger: logging.Logger = field(default_factory=lambda: logger)
 
     def remaining(self) -> float:

@@ -10,14 +10,14 @@ of its worker process as a :class:`SourceContext` at :meth:`ToolSource.start`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
 from smith_worker.hooks import Hooks
-from smith_worker.llm.types import ToolSchema
+from smith_worker.llm.types import LlmClientConfig, ToolSchema
 from smith_worker.tools.function import Approval, ToolContext, ToolResult
 
 if TYPE_CHECKING:
@@ -56,8 +56,10 @@ class SourceContext:
 
     ``redis`` and ``keys`` (caches such as ``Keys.mcp_tools``), ``events`` (to
     publish on a turn's stream), ``app_hooks`` and ``agent_hooks`` (each agent's
-    hooks by name), ``worker_id``, and ``executors``, a tool worker's sync-tool
-    pools (None on turn workers).
+    hooks by name), ``worker_id``, ``executors``, a tool worker's sync-tool
+    pools (None on turn workers), and ``llm_config(agent)``, the model settings of
+    agent ``agent`` (the environment's for an agent this app does not declare), for
+    a source that asks the calling agent's model (MCP sampling).
     """
 
     redis: Any
@@ -67,6 +69,7 @@ class SourceContext:
     app_hooks: Hooks
     agent_hooks: Mapping[str, Hooks]
     executors: ToolExecutors | None = None
+    llm_config: Callable[[str], LlmClientConfig] | None = None
 
 
 @runtime_checkable

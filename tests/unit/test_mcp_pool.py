@@ -348,12 +348,13 @@ async def test_progress_reaches_only_the_calling_turn_once(lab):
                 if isinstance(e, Notification) and e.method == "notifications/message"] == ["for everyone"]
 
 
-async def test_no_client_capabilities_and_sampling_is_refused_fast(lab):
-    """The client declares no capabilities; a server that asks for sampling anyway gets
-    JSON-RPC -32600 "Sampling not supported" at once (measured 2–4 ms; ceiling 1 s), the call goes on."""
+async def test_only_elicitation_is_declared_and_sampling_is_refused_fast(lab):
+    """Without ``sampling=True`` the client declares elicitation only (form mode: ``{}``); a server that asks
+    for sampling anyway gets JSON-RPC -32600 "Sampling not supported" at once (measured 2–4 ms; ceiling 1 s),
+    the call goes on."""
     handle, _ = lab
     declared = (await handle.call_tool("client_capabilities", {})).structured
-    assert not {"sampling", "elicitation", "roots", "tasks"} & set(declared or {})
+    assert declared == {"elicitation": {}}
     started = time.monotonic()
     refusal = (await handle.call_tool("sample", {})).structured
     assert time.monotonic() - started < 2.0

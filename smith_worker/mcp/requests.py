@@ -1,0 +1,239 @@
+"""What an MCP server asks of us during a tool call: ``sampling/createMessage`` and ``elicitation/create``
+(MCP 2025-06-18, client features; docs/architecture.md, MCP and Pausing for a person).
+
+The pooled session serves every call of this process and a stdio server's request names no call, so a
+request is matched to the calls in flight on the server (:class:`InFlight`): the only one, or several of
+the same turn tree and agent (the same model, budget and person to ask). Anything else (no call, calls of
+several turns) is refused (sampling) or declined (elicitation), and logged.
+
+* **Sampling** (``sampling=True``, :meth:`ClientRequests.sample`): the request's ``systemPrompt``, its
+  ``messages`` (text; other content becomes a placeholder, as in tool results), ``maxTokens``, ``temperature``
+  and ``stopSequences`` make one chat-completions request with the calling agent's model settings
+  (:attr:`~smith_worker.tools.source.SourceContext.llm_config`; the request's fields over the agent's
+  defaults). The reply becomes the ``CreateMessageResult``; its reported tokens are added to the turn tree's
+  counter (``Keys.tree_tokens``), which the tree's budget (``tree_max_total_tokens``) reads before every model
+  call. A failed model call answers with a JSON-RPC error. Off, the capability is not declared and the SDK
+  refuses the request.
+* **Elicitation** (:meth:`ClientRequests.elicit`, form mode): the request becomes a pending item of kind
+  ``input`` in ``Keys.turn_inputs`` (listed by ``client.pending``) and an ``input.requested`` event on the
+  turn; the turn is not paused, its tool job waits here. The answer (``client.respond``,
+  :mod:`smith_client.inputs`) is popped from ``Keys.turn_input_reply`` in slices of :data:`POP_SLICE`
+  seconds until ``elicitation_timeout`` runs out or the call ends; then it is ``decline``. The item goes
+  and ``input.answered`` is published either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from smith_client.errors import SmithError
+from smith_client.eventlog import WHILE_RUNNING
+from smith_client.events import InputAnsweredData, InputRequestedData, PendingItem
+from smith_client.inputs import InputResponse
+from smith_client.keys import INPUT_GRACE
+from smith_client.messages import AssistantMessage, Message, SystemMessage, UserMessage
+from smith_client.roundtrip import RoundTrip
+from smith_worker.llm.types import LlmRequest, LlmResponse, SamplingParams
+from smith_worker.mcp.config import ServerConfig
+from smith_worker.mcp.server import block_text
+from smith_worker.tools.function import ToolContext
+from smith_worker.tools.source import SourceContext
+
+logger = logging.getLogger("agent_smith.mcp")
+
+#: Seconds of one blocking pop for an elicitation's answer: under the Redis client's socket timeout, and
+#: how late the end of the call is noticed at most.
+POP_SLICE = 2.0
+
+
+@dataclass(eq=False)
+class Caller:
+    """One tool call in flight on the server: its context, its arguments, and ``ended`` (set when it returns)."""
+
+    ctx: ToolContext
+    arguments: dict[str, Any]
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def tree(self) -> tuple[str, str]:
+        """(root turn id, agent): calls alike in this are served the same way."""
+        return self.ctx.turn_id, self.ctx.agent
+
+
+class InFlight:
+    """The tool calls in flight on one server of this process (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._calls: set[Caller] = set()
+
+    @contextlib.contextmanager
+    def track(self, ctx: ToolContext, arguments: dict[str, Any]) -> Iterator[Caller]:
+        """Count call ``ctx`` as in flight for the body's duration."""
+        caller = Caller(ctx, arguments)
+        self._calls.add(caller)
+        try:
+            yield caller
+        finally:
+            self._calls.discard(caller)
+            caller.ended.set()
+
+    def match(self) -> Caller | None:
+        """The call a server's request serves: one of the calls in flight when all are of one turn tree and
+        agent (and of a turn); None otherwise."""
+        trees = {caller.tree for caller in self._calls}
+        if len(trees) != 1 or not next(iter(trees))[0]:
+            return None
+        return next(iter(self._calls))
+
+
+class ClientRequests:
+    """The session callbacks of one server (see the module doc); ``context()`` is the worker's
+    :class:`SourceContext` (None before the source started)."""
+
+    def __init__(self, config: ServerConfig, context: Callable[[], SourceContext | None]) -> None:
+        self.config = config
+        self.inflight = InFlight()
+        self._context = context
+
+    def callbacks(self) -> dict[str, Any]:
+        """The ``ClientSession`` keyword arguments: the elicitation callback, and the sampling one when on."""
+        found: dict[str, Any] = {"elicitation_callback": self.elicit}
+        if self.config.sampling:
+            found["sampling_callback"] = self.sample
+        return found
+
+    async def sample(self, context: Any, params: Any) -> Any:
+        """Answer ``sampling/createMessage`` (SDK ``SamplingFnT``): a ``CreateMessageResult`` or ``ErrorData``."""
+        import mcp_types as types
+
+        from smith_worker.llm.client import LlmClient  # the model's HTTP stack: only when a server samples
+
+        caller, ctx = self._caller("sampling/createMessage")
+        if caller is None or ctx is None or ctx.llm_config is None:
+            return types.ErrorData(code=types.INVALID_REQUEST, message="no tool call of this client to sample for")
+        try:
+            config = ctx.llm_config(caller.ctx.agent)
+            request = sampling_request(params)
+            async with LlmClient(config) as llm:
+                response = await llm.complete(request)
+        except (SmithError, ValidationError) as exc:
+            message = exc.message if isinstance(exc, SmithError) else f"invalid sampling request: {exc}"
+            return types.ErrorData(code=types.INTERNAL_ERROR, message=message)
+        await self._count_tokens(ctx, caller, response)
+        return create_message_result(response, config.model)
+
+    async def elicit(self, context: Any, params: Any) -> Any:
+        """Answer ``elicitation/create`` (SDK ``ElicitationFnT``) with a person's ``ElicitResult``."""
+        import mcp_types as types
+
+        caller, ctx = self._caller("elicitation/create")
+        data = params.model_dump(by_alias=True, mode="json", exclude_none=True)
+        schema = data.get("requestedSchema")
+        if caller is None or ctx is None or not isinstance(schema, dict):  # URL mode (a later revision): not offered
+            return types.ElicitResult(action="decline")
+        answer = await self._ask(ctx, caller, str(data.get("message", "")), schema)
+        return types.ElicitResult(action=answer.action, content=answer.content)
+
+    def _caller(self, method: str) -> tuple[Caller | None, SourceContext | None]:
+        caller = self.inflight.match()
+        if caller is None:
+            logger.warning(
+                "MCP server %r sent %s with no tool call of a single turn in flight here; refused",
+                self.config.alias,
+                method,
+            )
+        return caller, self._context()
+
+    async def _count_tokens(self, ctx: SourceContext, caller: Caller, response: LlmResponse) -> None:
+        usage = response.message.usage
+        used = usage.total if usage else 0
+        if used <= 0:
+            return
+        key = ctx.keys.tree_tokens(caller.ctx.turn_id)
+        rt = RoundTrip()
+        rt.call("incrby", key, used)
+        rt.call("expire", key, ctx.keys.turn_ttl)
+        await rt.run(ctx.redis)
+
+    async def _ask(self, ctx: SourceContext, caller: Caller, message: str, schema: dict[str, Any]) -> InputResponse:
+        """List the request, announce it, wait for the answer (declined when none comes), then take it off."""
+        call, keys = caller.ctx, ctx.keys
+        item = PendingItem(
+            call_id="/".join([*call.call_path, call.call_id]),
+            tool=call.tool_name,
+            arguments=caller.arguments,
+            agent_path=call.agent_path,
+            call_path=call.call_path,
+            kind="input",
+            parameters=schema,
+            request_id=uuid.uuid4().hex[:16],
+            message=message,
+        )
+        inputs, timeout = keys.turn_inputs(call.turn_id), self.config.elicitation_timeout
+        rt = RoundTrip()
+        rt.call("hset", inputs, item.request_id, item.model_dump_json())
+        rt.call("expire", inputs, int(timeout) + INPUT_GRACE)
+        await rt.run(ctx.redis)
+        answer = InputResponse(action="decline")
+        if await self._publish(ctx, call, InputRequestedData(item=item)) > 0:  # the turn still runs
+            reply = keys.turn_input_reply(call.turn_id, item.request_id)
+            answer = await self._wait(ctx, caller, reply, timeout) or answer
+        await ctx.redis.hdel(inputs, item.request_id)
+        await self._publish(ctx, call, InputAnsweredData(request_id=item.request_id, action=answer.action))
+        return answer
+
+    @staticmethod
+    async def _publish(ctx: SourceContext, call: ToolContext, data: Any) -> int:
+        return await ctx.events.publish(
+            call.turn_id, data, call.agent_path, attempt=WHILE_RUNNING, call_path=call.call_path
+        )
+
+    @staticmethod
+    async def _wait(ctx: SourceContext, caller: Caller, key: str, timeout: float) -> InputResponse | None:
+        """The answer pushed on ``key`` within ``timeout`` seconds, None when none came or the call ended."""
+        deadline = time.monotonic() + timeout
+        while not caller.ended.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            popped = await ctx.redis.blpop([key], timeout=max(0.01, min(POP_SLICE, left)))
+            if popped is not None:
+                return InputResponse.model_validate_json(popped[1])
+        return None
+
+
+def sampling_request(params: Any) -> LlmRequest:
+    """A ``CreateMessageRequestParams`` as a chat-completions request (see the module doc). Raises
+    ``ValidationError`` for sampling values out of range (a temperature over 2)."""
+    data = params.model_dump(by_alias=True, mode="json", exclude_none=True)
+    messages: list[Message] = [SystemMessage(content=data["systemPrompt"])] if data.get("systemPrompt") else []
+    for item in data.get("messages") or []:
+        content = item.get("content")
+        blocks = content if isinstance(content, list) else [content or {}]
+        text = "\n".join(block_text(block) for block in blocks)
+        messages.append(
+            AssistantMessage(content=text) if item.get("role") == "assistant" else UserMessage(content=text)
+        )
+    sampling = SamplingParams(
+        max_tokens=data.get("maxTokens"), temperature=data.get("temperature"), stop=data.get("stopSequences") or []
+    )
+    return LlmRequest(messages=messages, sampling=sampling)
+
+
+def create_message_result(response: LlmResponse, model: str) -> Any:
+    """The model's reply as a ``CreateMessageResult`` (text; ``stopReason`` ``maxTokens`` when cut at the
+    token limit, else ``endTurn``)."""
+    import mcp_types as types
+
+    stop = "maxTokens" if response.finish_reason == "length" else "endTurn"
+    text = types.TextContent(type="text", text=response.message.content or "")
+    return types.CreateMessageResult(role="assistant", content=text, model=model, stop_reason=stop)
