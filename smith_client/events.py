@@ -262,12 +262,16 @@ class InputRequestedData(EventData):
     item: PendingItem
 
 
+#: How a person answers an MCP elicitation (MCP spec 2025-06-18, elicitation: the result's ``action``).
+InputAction = Literal["accept", "decline", "cancel"]
+
+
 class InputAnsweredData(EventData):
     """``input.answered``: elicitation ``request_id`` got ``action`` (``accept``, ``decline``, ``cancel``)."""
 
     event_type: ClassVar[str] = INPUT_ANSWERED
+    action: InputAction
     request_id: str
-    action: str
 
 
 class UnknownData(EventData):

@@ -10,20 +10,17 @@ one transaction. The turn is not paused meanwhile: its tool job stays live.
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from pydantic import BaseModel
 
 from smith_client.approvals import pending_items, schema_problems
 from smith_client.errors import InvalidRequestError, NoPendingCallError
-from smith_client.events import PendingItem
+from smith_client.events import InputAction, PendingItem
 from smith_client.keys import INPUT_REPLY_TTL, Keys
 from smith_client.protocol import Operation, call, run
 from smith_client.roundtrip import RoundTrip
 from smith_client.validation import check_id
-
-#: What a person may answer (MCP 2025-06-18, elicitation): give the content, say no, or dismiss the request.
-InputAction = Literal["accept", "decline", "cancel"]
 
 
 class InputResponse(BaseModel):

@@ -22,20 +22,23 @@ import pytest
 
 from smith_client import InvalidRequestError, NoPendingCallError, SmithClient, SyncSmithClient
 from smith_client.keys import Keys
+from smith_worker.local.processes import free_port
 from smith_worker.testing import Reply, Script, worker_env, worker_pair
 from tests.conftest import LOGS
 
 pytestmark = [pytest.mark.integration]
 
 PACKAGE = "@modelcontextprotocol/server-everything"
+VERSION = "2026.8.31"  # the release these tests were written against (its tool names)
 ELICIT = "trigger-elicitation-request"
 SAMPLE = "trigger-sampling-request"
 
 
 @pytest.fixture(scope="module")
-def everything(request) -> Path:
-    """server-everything's ``dist/index.js``, installed with npm into the pytest cache (once)."""
-    cache = request.config.cache.mkdir("server-everything")
+def everything() -> Path:
+    """server-everything's ``dist/index.js``, installed with npm beside the tests' worker logs (once)."""
+    cache = LOGS.parent / f"server-everything-{VERSION}"
+    cache.mkdir(parents=True, exist_ok=True)
     script = cache / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
     if script.exists():
         return script
@@ -43,7 +46,7 @@ def everything(request) -> Path:
     if npm is None or node is None:
         pytest.skip(f"npm and node are needed to install {PACKAGE}")
     try:
-        done = subprocess.run([npm, "install", "--prefix", str(cache), "--no-audit", "--no-fund", PACKAGE],
+        done = subprocess.run([npm, "install", "--prefix", str(cache), "--no-audit", "--no-fund", f"{PACKAGE}@{VERSION}"],
                               capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
         pytest.skip(f"npm could not install {PACKAGE} within 300 s")
@@ -52,16 +55,10 @@ def everything(request) -> Path:
     return script
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def everything_url(everything):
     """server-everything's Streamable HTTP endpoint (its ``streamableHttp`` transport on a free port)."""
-    port = _free_port()
+    port = free_port()
     log = open(LOGS.parent / f"server-everything-{port}.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([shutil.which("node") or "node", str(everything), "streamableHttp"],
                             env={**os.environ, "PORT": str(port)}, stdout=log, stderr=subprocess.STDOUT)
