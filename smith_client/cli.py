@@ -93,6 +93,8 @@ class StreamPrinter:
             label = "error" if data.is_error else "result"
             ran_on = f" (worker {data.worker})" if data.worker else ""  # none: the turn gave up on the call
             self._status(f"{chain}[tool {label}] {data.name} -> {_short(data.content)}{ran_on}")
+        elif isinstance(data, TurnResumedData) and data.reason == "decision":
+            self._status(f"[turn resumed, attempt {data.attempt}: its calls were decided]")
         elif isinstance(data, TurnResumedData):
             if event.turn_id in self._streamed:  # the interrupted reply is streamed again: start it on a new line
                 self.out.write("\n")

@@ -431,7 +431,8 @@ class TurnHandle(HandleBase):
 
     async def cancel(self, reason: str = "cancel") -> str:
         """Ask for the turn to stop; returns what happened: ``cancelled_queued`` (it never started),
-        ``cancelled_paused`` (it was paused: cancelled at once), ``cancelling`` (its worker stops it and
-        publishes ``turn.cancelled``), a terminal status
+        ``cancelling`` (a turn worker stops it, answering its tool calls with the results of those that ran,
+        and publishes ``turn.cancelled``: the worker running it, or for a paused turn whichever takes it),
+        a terminal status
         (nothing to do), or ``missing``. Raises :class:`InvalidRequestError` for an empty ``reason``."""
         return await self.client.runner.run(self._op_cancel(reason))

@@ -194,10 +194,14 @@ class TurnCancelledData(EventData):
 
 
 class TurnResumedData(EventData):
-    """``turn.resumed``: attempt ``attempt`` (2, 3, …) took the turn over after a worker crash or shutdown."""
+    """``turn.resumed``: attempt ``attempt`` (2, 3, …) took the turn over. ``reason``: ``restart`` after a
+    worker crash or shutdown (the unfinished step runs again, its reply streams again), ``decision`` after
+    the calls the turn paused on were decided (it goes on where it stopped; docs/architecture.md, Pausing
+    for a person)."""
 
     event_type: ClassVar[str] = TURN_RESUMED
     attempt: int
+    reason: Literal["restart", "decision"] = "restart"
 
 
 #: What a pending item waits for: a person's approval, the result of a tool run outside (an external tool), or

@@ -51,6 +51,9 @@ HISTORY_START = "history_start"
 INBOX_CLOSED = "inbox_closed"
 #: Why the turn was asked to stop: ``cancel`` or ``interrupt``.
 CANCEL_REQUESTED = "cancel_requested"
+#: ``decision`` while a turn is queued again because its paused calls were decided (decide.lua); the next
+#: attempt takes it out as it begins, and says so in its ``turn.resumed``.
+RESUMED_BY = "resumed_by"
 #: The final :class:`~smith_client.messages.AssistantMessage` JSON of a completed turn.
 RESULT = "result"
 #: The error payload JSON (:meth:`~smith_client.errors.SmithError.to_payload`) of a failed turn.

@@ -46,7 +46,7 @@ from smith_client.errors import (
     TurnPausedError,
     error_from_payload,
 )
-from smith_client.eventlog import publish, publish_script_args
+from smith_client.eventlog import publish
 from smith_client.events import TURN_COMPLETED, TURN_FAILED, Event, PendingItem, TurnCancelledData, TurnPausedData
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import Keys
@@ -115,8 +115,8 @@ def submit_turn(keys: Keys, job: TurnJob, multitask: str) -> Operation[Submissio
             "(check SMITH_PREFIX and SMITH_REDIS_URL match the workers')",
             keys.prefix,
         )
-    for paused in reply[4:] if outcome == "new" else ():  # paused turns the interrupt cancelled in the script
-        yield from publish(keys, paused.decode(), TurnCancelledData(reason="interrupt"))
+    for paused in reply[4:] if outcome == "new" else ():  # paused turns the interrupt asks to stop
+        yield from cancel_turn(keys, paused.decode(), "interrupt")
     status = reply[2].decode() if outcome == "attach" and reply[2] else "queued"
     return Submission(cast(SubmitOutcome, outcome), turn_id, status)
 
@@ -138,7 +138,6 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]
         keys.conversation_turns(job.conversation_id),
         keys.conversation_statuses(job.conversation_id),
         *enqueue_keys,
-        keys.paused,
     )
     args = (
         job.turn_id,
@@ -169,7 +168,7 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]
 
 def _other_turn_keys(keys: Keys, turn_id: str) -> tuple[str, ...]:
     """The keys ``SUBMIT`` touches of another unfinished turn of the conversation (``merge``, ``interrupt``)."""
-    return keys.turn_state(turn_id), keys.turn_inbox(turn_id), keys.turn_pending(turn_id), keys.turn_decisions(turn_id)
+    return keys.turn_state(turn_id), keys.turn_inbox(turn_id)
 
 
 async def submit(client: _Client, job: TurnJob, multitask: str) -> Submission:
@@ -233,25 +232,23 @@ def cancel_turn(keys: Keys, turn_id: str, reason: str = "cancel") -> Operation[s
     """Operation: ask for the turn to stop; see :meth:`TurnHandle.cancel` for the outcomes."""
     if not isinstance(reason, str) or not reason:
         raise InvalidRequestError(f"reason must be a non-empty string, got {reason!r}", field="reason")
-    conversation = (yield from read_state(keys, turn_id)).get(record.CONVERSATION_ID, "")
-    event_keys, event_args = publish_script_args(keys, turn_id, TurnCancelledData(reason=reason), None, None)
+    state = yield from read_state(keys, turn_id)
+    conversation = state.get(record.CONVERSATION_ID, "")
+    # a paused turn is queued again for a worker to end it: the job of its next attempt, as a decision's
+    enqueue_keys, enqueue_args = resume_job_call(
+        keys, state, keys.turn_resume_job_id(turn_id, int(state.get(record.ATTEMPT, "0")))
+    )
     script_keys = (
         keys.turn_state(turn_id),
         keys.conversation_turns(conversation),
         keys.conversation_statuses(conversation),
-        keys.turn_pending(turn_id),
-        keys.turn_decisions(turn_id),
         keys.paused,
-        *event_keys,
+        *enqueue_keys,
     )
-    script_keys += (keys.turn_inbox(turn_id), keys.history(conversation))
-    args = (turn_id, reason, keys.control_channel, keys.turn_ttl, *event_args[:2], keys.history_ttl)
-    reply: Any = yield from run_script(scripts.CANCEL, script_keys, args)
-    outcome = _decode(reply[0] if isinstance(reply, list) else reply)
+    args = (turn_id, reason, keys.control_channel, *enqueue_args)
+    outcome = yield from run_script(scripts.CANCEL, script_keys, args, _decode)
     if outcome == "cancelled_queued":
         yield from publish(keys, turn_id, TurnCancelledData(reason=reason))
-    if outcome == "cancelled_paused" and len(reply) > 2 and reply[2] == record.QUEUED.encode():
-        yield from kick_turn(keys, reply[1].decode())  # the turn behind it runs now, not at its next check
     return outcome
 
 
@@ -266,12 +263,3 @@ def resume_job_call(keys: Keys, state: dict[str, str], job_id: str) -> tuple[lis
         queue=keys.turns_queue,
         requires=job.agent if job else "",  # on a worker serving its agent (smith_worker/routing.py)
     )
-
-
-def kick_turn(keys: Keys, turn_id: str) -> Operation[None]:
-    """Operation: enqueue queued turn ``turn_id`` (the head of its conversation) now, under its fixed wake-up
-    job id (:meth:`Keys.turn_kick_job_id`: arq keeps at most one)."""
-    state = yield from read_state(keys, turn_id)
-    if state.get(record.STATUS) == record.QUEUED:
-        enqueue_keys, enqueue_args = resume_job_call(keys, state, keys.turn_kick_job_id(turn_id))
-        yield from run_script(scripts.ENQUEUE, enqueue_keys, enqueue_args)

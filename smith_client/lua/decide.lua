@@ -35,7 +35,7 @@ end
 local life = redis.call('PTTL', pending)
 if life > 0 then redis.call('PEXPIRE', decisions, life) end
 if redis.call('HLEN', decisions) < redis.call('HLEN', pending) then return {'decided', decision, '0'} end
-redis.call('HSET', state, 'status', 'queued')
+redis.call('HSET', state, 'status', 'queued', 'resumed_by', 'decision')
 redis.call('HSET', statuses, turn_id, 'queued')
 redis.call('ZREM', paused, turn_id)
 enqueue_job({unpack(KEYS, 6, 11)}, {unpack(ARGV, 5, 15)})

@@ -150,8 +150,8 @@ local function drain_inbox(state, inbox, history, trimmed, attempt, ttl, closing
   return msgs
 end
 
--- The end of an unfinished turn, whatever ran it: it leaves its conversation's FIFO and hash of unfinished
--- turns and the paused ZSET; its pending calls and their decisions are deleted (finish_turn, cancel.lua, submit.lua).
+-- The end of an unfinished turn (finish_turn): it leaves its conversation's FIFO and hash of unfinished
+-- turns and the paused ZSET; its pending calls and their decisions are deleted.
 local function leave_unfinished(turn_id, fifo, statuses, pending, decisions, paused)
   redis.call('LREM', fifo, 0, turn_id)
   redis.call('HDEL', statuses, turn_id)
@@ -160,7 +160,7 @@ local function leave_unfinished(turn_id, fifo, statuses, pending, decisions, pau
 end
 
 -- Merged user messages an ending turn did not get to are kept: moved from its `inbox` to the end of the
--- `history` (which then lives `ttl` seconds). finish_turn, cancel.lua.
+-- `history` (which then lives `ttl` seconds). finish_turn.
 local function keep_merged(inbox, history, ttl)
   local merged = redis.call('LRANGE', inbox, 0, -1)
   if #merged > 0 then
@@ -188,7 +188,7 @@ local function finish_turn(k, a)
 end
 
 -- A conversation's oldest unfinished turn and its status ({} if none), dropping finished ones on the way.
--- `fifo` is its FIFO of turn ids, `statuses` its hash of unfinished turns. head.lua, complete.lua, cancel.lua.
+-- `fifo` is its FIFO of turn ids, `statuses` its hash of unfinished turns. head.lua, complete.lua.
 local function conversation_head(fifo, statuses)
   local active = unfinished_turns(fifo, statuses)
   if #active == 0 then return {} end

@@ -2,19 +2,19 @@
 -- a new turn's arq job is enqueued in the same call (lib.lua's enqueue_job), and again on an attach to
 -- a turn still queued (a first caller may have died before its enqueue; arq's rule makes it a no-op).
 -- KEYS: state, conversation FIFO, conversation statuses, the enqueue keys (arq job, arq result, turns
---       queue, wake-up list, requirements hash, capability sets), the paused ZSET, then for each turn named
---       in ARGV[23..]: its state, its inbox, its pending calls, their decisions.
+--       queue, wake-up list, requirements hash, capability sets), then for each turn named in ARGV[23..]:
+--       its state, its inbox.
 -- ARGV: turn id, fingerprint, conversation, agent, policy, message JSON, now (epoch s),
 --       turn TTL s, conversation TTL s, job JSON, control channel, the 11 enqueue arguments (enqueue.lua's;
 --       the job needs its agent), then the ids of the other turns this call may touch (merge: the last
 --       unfinished one; interrupt: all unfinished ones).
 -- Returns {'conflict', id} | {'attach', id, status, alone} | {'busy', id} | {'merged', id, '', alone}
---       | {'new', id, '', alone, paused ids...} | {'unknown', id, served agents...}: live turn workers exist but none
---       serves the agent (nothing written) | {'keys', ids...}: the turns to touch are not those given; call
---       again naming these. `alone` is '1' when no turn worker is live at all (the turn waits for one).
+--       | {'new', id, '', alone, paused ids...} | {'unknown', id, served agents...}: live turn workers exist
+--       but none serves the agent (nothing written) | {'keys', ids...}: the turns to touch are not those
+--       given; call again naming these. `alone` is '1' when no turn worker is live at all (the turn waits).
 -- A paused turn (docs/architecture.md, Pausing for a person) takes a merged message into its inbox (its
--- resumed step drains it); `interrupt` cancels it here, as no worker holds it: its id follows `alone` in
--- the 'new' reply, and the caller publishes its `turn.cancelled`.
+-- resumed step drains it); `interrupt` marks it like a running one, and the caller has it cancelled as
+-- TurnHandle.cancel does (no worker holds it to be told): its id follows `alone` in the 'new' reply.
 local turn_id, fp, conv, agent, policy, msg, now, turn_ttl, conv_ttl, job, control = unpack(ARGV, 1, 11)
 local state, fifo, statuses = KEYS[1], KEYS[2], KEYS[3]
 local function enqueue() return enqueue_job({unpack(KEYS, 4, 9)}, {unpack(ARGV, 12, 22)}) end
@@ -47,7 +47,7 @@ if #active > 0 then
   for i, id in ipairs(wanted) do same = same and given[i] == id end
   if not same then return {'keys', unpack(wanted)} end
   if policy == 'merge' then
-    local tstate, inbox = KEYS[11], KEYS[12]
+    local tstate, inbox = KEYS[10], KEYS[11]
     local tstatus = redis.call('HGET', tstate, 'status')
     if (tstatus == 'running' or tstatus == 'paused') and redis.call('HGET', tstate, 'inbox_closed') ~= '1' then
       redis.call('RPUSH', inbox, msg)
@@ -66,12 +66,8 @@ redis.call('EXPIRE', statuses, conv_ttl)
 local reply = {'new', turn_id, '', alone}
 if policy == 'interrupt' then
   for i, id in ipairs(active) do
-    local tstate = KEYS[7 + 4 * i]
-    redis.call('HSET', tstate, 'cancel_requested', 'interrupt')
-    if redis.call('HGET', tstate, 'status') == 'paused' then
-      redis.call('HSET', tstate, 'status', 'cancelled', 'inbox_closed', '1')
-      redis.call('EXPIRE', tstate, turn_ttl)
-      leave_unfinished(id, fifo, statuses, KEYS[9 + 4 * i], KEYS[10 + 4 * i], KEYS[10])
+    redis.call('HSET', KEYS[8 + 2 * i], 'cancel_requested', 'interrupt')
+    if redis.call('HGET', KEYS[8 + 2 * i], 'status') == 'paused' then
       reply[#reply + 1] = id
     else
       redis.call('PUBLISH', control, id)

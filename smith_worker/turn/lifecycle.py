@@ -32,7 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import orjson
 from redis.exceptions import RedisError
@@ -246,7 +246,7 @@ class TurnExecution:
             raise CancelRequested(state["cancel_requested"])
         self._check_attempts(state)
         opening: EventData = (
-            TurnResumedData(attempt=self.attempt.attempt)
+            TurnResumedData(attempt=self.attempt.attempt, reason=_resumed_by(state))
             if self.attempt.attempt > 1
             else TurnStartedData(conversation_id=self.job.conversation_id, agent=self.job.agent)
         )
@@ -420,6 +420,11 @@ class TurnExecution:
         """This turn's messages: the history from its user message on."""
         start = (await self.attempt.state()).get(record.HISTORY_START)
         return (await self.store.read(int(start))).messages if start is not None else []
+
+
+def _resumed_by(state: dict[str, str]) -> Literal["restart", "decision"]:
+    """Why an attempt after the first starts: the state's ``resumed_by`` as it began (turn_record.RESUMED_BY)."""
+    return "decision" if state.get(record.RESUMED_BY) == "decision" else "restart"
 
 
 async def fail_unreadable_turn(rt: WorkerRuntime, turn_id: str, error: SmithError) -> bool:

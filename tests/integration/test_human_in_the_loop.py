@@ -162,14 +162,17 @@ async def test_undecided_calls_time_out_as_rejected(workers, client, scenario, s
     assert await client.redis.zscore(client.keys.paused, paused.turn_id) is None
 
 
-async def test_cancel_while_paused_ends_the_turn_at_once(workers, client, scenario):
+async def test_cancel_while_paused_ends_the_turn_and_keeps_the_results_of_calls_that_ran(workers, client, scenario):
+    """A turn worker ends the cancelled paused turn: the step's call that ran keeps its real result in the
+    history, the undecided one is answered as cancelled before it started (docs/architecture.md, Tool-call
+    pairing)."""
     label = uuid.uuid4().hex[:8]
     first = gated_step(label)  # the conversation's next turn gets a text answer
     key, marker = scenario(lambda request: first if request.attempt == 1 else Reply.text("next answer"))
     conv = f"conv-{key}"
     paused = await paused_turn(client, marker, conv)
     handle = client.turn(paused.turn_id)
-    assert await handle.cancel() == "cancelled_paused"
+    assert await handle.cancel() == "cancelling"
     with pytest.raises(TurnCancelledError):
         await handle.result(timeout=10)
     assert [e.type async for e in handle.events()][-1] == "turn.cancelled"
@@ -178,10 +181,12 @@ async def test_cancel_while_paused_ends_the_turn_at_once(workers, client, scenar
     assert await client.redis.zscore(keys.paused, paused.turn_id) is None
     with pytest.raises(NoPendingCallError):
         await client.approve(paused.turn_id, "call_gated")
-    # the conversation goes on: its dangling calls are answered with the next turn
+    tools = {m.tool_call_id: m for m in await client.history(conv) if isinstance(m, ToolMessage)}
+    assert tools["call_plain"].content == f"counted {label}-plain" and not tools["call_plain"].is_error
+    assert tools["call_gated"].is_error and "cancelled before this tool call started" in tools["call_gated"].content
     reply = await client.send(f"{marker} again", conversation_id=conv, agent="guarded", timeout=30)
     assert reply.content == "next answer"
-    assert await runs(client, label) == []
+    assert await runs(client, label) == [] and await runs(client, f"{label}-plain") == [b"run"]
 
 
 async def test_interrupt_cancels_the_paused_turn(workers, client, scenario):
@@ -229,6 +234,8 @@ async def test_merge_joins_the_resumed_step(workers, client, scenario, scripted_
     assert merged.turn_id == paused.turn_id
     await client.approve(paused.turn_id, "call_gated")
     assert (await merged.result(timeout=30)).content == "both answered"
+    resumed = [e.data for e in await client.events.read(paused.turn_id) if e.type == "turn.resumed"]
+    assert resumed == [{"attempt": 2, "reason": "decision"}]  # not a restart: the step goes on where it stopped
     users = [m["content"] for m in scripted_llm.requests_for(key)[-1].messages if m.get("role") == "user"]
     assert users[-1] == f"{marker} and also this"
 
@@ -272,7 +279,7 @@ async def test_cancel_while_paused_keeps_merged_messages_and_starts_the_next_tur
     later = await client.submit(f"{marker} later", conversation_id=conv, agent="plain", multitask="enqueue")
     await asyncio.sleep(1.0)  # the later turn has parked behind the paused one
     assert await later.status() == "queued"
-    assert await client.turn(paused.turn_id).cancel() == "cancelled_paused"
+    assert await client.turn(paused.turn_id).cancel() == "cancelling"
     started = asyncio.get_running_loop().time()
     assert (await later.result(timeout=30)).content == "next answer"
     assert asyncio.get_running_loop().time() - started < 10  # not at the parked turn's next check (15 s)

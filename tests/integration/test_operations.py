@@ -194,7 +194,7 @@ async def test_a_paused_turn_counts_in_smith_turns_paused_and_smith_status(fleet
             out = await asyncio.to_thread(smith_status, fleet)
             assert "running turns: 0" in out and "paused turns: 1" in out
         finally:
-            assert await client.turn(paused.value.turn_id).cancel() == "cancelled_paused"
+            assert await client.turn(paused.value.turn_id).cancel() == "cancelling"
     assert value(fleet.scrape("turns"), "smith_turns_paused") == 0
     assert "paused turns: 0" in await asyncio.to_thread(smith_status, fleet)
 

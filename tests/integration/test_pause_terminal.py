@@ -124,7 +124,7 @@ async def test_smith_ask_on_a_turn_that_pauses_says_how_to_decide_it_and_leaves_
     ]  # fmt: skip
     handle = client.turn(turn_id)
     assert await handle.status() == "paused"  # not cancelled: a person decides it later
-    assert await handle.cancel() == "cancelled_paused"
+    assert await handle.cancel() == "cancelling"
     assert await runs(client, label) == []
 
 
@@ -192,4 +192,4 @@ async def test_smith_chat_asks_y_n_and_a_value_then_follows_the_resumed_turn(cli
     rejection = tool_messages(scripted_llm.requests_for(reject_key)[-1])[0]["content"]
     assert rejection == f'{{"error":true,"message":"{REJECTED}"}}'
     assert set(await paused_turns(client)) - before == {left}
-    assert await client.turn(left).cancel() == "cancelled_paused"
+    assert await client.turn(left).cancel() == "cancelling"

@@ -48,6 +48,6 @@ def test_every_script_file_is_loaded_and_uses_known_state_fields():
 _NON_FIELD_WORDS = {"conflict", "unknown", "attach", "busy", "merge", "interrupt", "reject", "keys", "merged", "new",
                     "missing", "cancelled_queued", "cancelling", "done", "wait", "go", "queued", "running",
                     "completed", "failed", "cancelled",
-                    "same", "decided", "stale", "cancelled_paused",  # decide.lua's and cancel.lua's replies
+                    "same", "decided", "stale", "decision",  # decide.lua's replies, its resumed_by value
                     "role", "tool", "tail", "text", "covers",  # stored messages, history reads, the summary hash
                     "instance", "table"}  # a worker registration's holder (smith_worker/ops/registration.py), a Lua type

@@ -119,10 +119,12 @@ async def test_expiry_rejects_the_undecided_calls_and_cancel_ends_a_paused_turn(
     assert not await runner.run(approvals.expire(keys, timed.turn_id))  # not paused any more
     cancelled = await running(redis, keys)
     await cancelled.pause([item("call_a")], [], timeout=None)
-    assert await runner.run(cancel_turn(keys, cancelled.turn_id)) == "cancelled_paused"
-    assert await redis.hget(keys.turn_state(cancelled.turn_id), record.STATUS) == b"cancelled"
-    assert 0 < await redis.ttl(keys.turn_state(cancelled.turn_id)) <= keys.turn_ttl
-    assert not await redis.exists(keys.turn_pending(cancelled.turn_id), keys.conversation_turns(cancelled.conversation_id))
+    # a cancel queues the paused turn again, for a worker to answer its calls and end it
+    assert await runner.run(cancel_turn(keys, cancelled.turn_id)) == "cancelling"
+    state = await redis.hgetall(keys.turn_state(cancelled.turn_id))
+    assert state[record.STATUS.encode()] == b"queued" and state[record.CANCEL_REQUESTED.encode()] == b"cancel"
+    resume = keys.turn_resume_job_id(cancelled.turn_id, cancelled.attempt)
+    assert await redis.zscore(keys.turns_queue, resume) is not None
     assert await redis.zscore(keys.paused, cancelled.turn_id) is None
     with pytest.raises(NoPendingCallError):
         await runner.run(approvals.decide(keys, cancelled.turn_id, "call_a", Decision(action="approve")))

@@ -8,7 +8,8 @@
 -- A paused turn runs only once its calls are decided (decide.lua queues it): a job that reaches it
 -- before (a stale kick or re-run) gets {'paused'}.
 -- Returns {'missing'} | {'done', status} | {'paused'} | {'busy'} | {'wait', id} | {'go', attempt, state as HGETALL}:
--- the state the attempt starts from comes back in the same round trip.
+-- the state the attempt starts from comes back in the same round trip (with `resumed_by`, which decide.lua
+-- sets when a decision queued the turn again; the attempt takes it out).
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {'missing'} end
 if TERMINAL[st] then return {'done', st} end
@@ -27,4 +28,6 @@ redis.call('PEXPIRE', KEYS[5], 3 * tonumber(ARGV[4]))
 redis.call('HSET', KEYS[4], ARGV[1], 'running')
 redis.call('ZADD', KEYS[2], until_ms, ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
-return {'go', attempt, redis.call('HGETALL', KEYS[1])}
+local state = redis.call('HGETALL', KEYS[1])
+redis.call('HDEL', KEYS[1], 'resumed_by')  -- why this attempt starts: its own, not a later one's
+return {'go', attempt, state}
