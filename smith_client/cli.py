@@ -9,8 +9,10 @@
   undecided calls; ``smith approve TURN CALL [--arguments JSON]``, ``smith reject TURN CALL [--message TEXT]``
   and ``smith result TURN CALL VALUE [--error]`` (an external tool's) decide one; each prints the decision
   that stands and whether the turn resumes, and exits 1 when the call was decided before, differently.
-  ``smith ask`` whose turn pauses lists its calls with the commands that decide them on stderr and exits
-  with :data:`PAUSED_EXIT` (3), leaving the turn paused; ``smith chat`` asks about each call instead.
+  ``smith ask`` whose turn pauses lists its calls with the commands that decide them on stderr (with the
+  ``--prefix`` and, when given, the ``--redis-url`` it was run with, a password shown as ``***``) and exits
+  with :data:`PAUSED_EXIT` (3), leaving the turn paused; ``smith chat`` asks about each call instead. A turn
+  queued behind a paused turn of its conversation says so on stderr, naming that turn.
 * It reads the variables of :class:`~smith_client.settings.ClientSettings` (``SMITH_REDIS_URL``,
   ``SMITH_PREFIX``, …), checked before any command: a bad one is one line on stderr and exit code 1.
 * ``smith COMMAND -h`` lists a command's options, which go after it (or, as before, ahead of it);
@@ -28,21 +30,15 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, TextIO
 
 import orjson
 from redis.exceptions import RedisError
 
-from smith_client.approvals import REJECTED, Decision
+from smith_client.approvals import REJECTED, Decision, approval, rejection, tool_result
 from smith_client.client import SmithClient
-from smith_client.errors import (
-    ConfigurationError,
-    SmithError,
-    TurnNotFoundError,
-    TurnPausedError,
-    UnknownAgentError,
-)
+from smith_client.errors import ConfigurationError, SmithError, TurnPausedError, UnknownAgentError
 from smith_client.events import (
     Event,
     TokenData,
@@ -57,7 +53,7 @@ from smith_client.events import (
 from smith_client.hygiene import conversation_keys
 from smith_client.redis_errors import smith_error
 from smith_client.registry import fleet_status
-from smith_client.repl import ChatRepl, agent_chain, decide_call, paused_report, run_turn
+from smith_client.repl import ChatRepl, CommandOptions, agent_chain, decide_call, paused_report, run_turn
 from smith_client.settings import DEFAULT_REDIS_URL, ClientSettings, env_name
 from smith_client.validation import check_served
 
@@ -148,6 +144,7 @@ PAUSED_EXIT = 3
 async def _run_ask(args: argparse.Namespace) -> int:
     async with _connect(args) as client:
         await _check_served(client, args.agent)
+        options = CommandOptions(client.keys.prefix, args.given_redis_url)
         try:
             ok = await run_turn(
                 client,
@@ -156,9 +153,10 @@ async def _run_ask(args: argparse.Namespace) -> int:
                 agent=args.agent,
                 timeout=args.timeout,
                 printer=StreamPrinter(),
+                options=options,
             )
         except TurnPausedError as paused:
-            print("\n".join(paused_report(client.keys.prefix, paused)), file=sys.stderr)
+            print("\n".join(paused_report(options, paused)), file=sys.stderr)
             return PAUSED_EXIT
         return 0 if ok else 1
 
@@ -167,7 +165,12 @@ async def _run_chat(args: argparse.Namespace) -> int:
     async with _connect(args) as client:
         await _check_served(client, args.agent)
         repl = ChatRepl(
-            client, StreamPrinter(), agent=args.agent, conversation_id=args.conversation, timeout=args.timeout
+            client,
+            StreamPrinter(),
+            agent=args.agent,
+            conversation_id=args.conversation,
+            timeout=args.timeout,
+            redis_url=args.given_redis_url,
         )
         return await repl.run()
 
@@ -220,25 +223,29 @@ async def _run_pending(args: argparse.Namespace) -> int:
     async with _connect(args) as client:
         items = await client.pending(args.turn)
         status = "paused" if items else await client.turn(args.turn).status()
-    if status == "unknown":
-        raise TurnNotFoundError(f"no turn {args.turn} under prefix {args.prefix!r} (or it expired)", turn_id=args.turn)
     if not items:
         print(f"turn {args.turn} waits on no call: it is {status}", file=sys.stderr)
-    else:
-        print(f"{'call':<24} {'kind':<9} {'tool':<20} {'agent':<20} arguments")
-    for item in items:
-        agent = " > ".join(item.agent_path)
-        print(f"{item.call_id:<24} {item.kind:<9} {item.tool:<20} {agent:<20} {_compact(item.arguments)}")
+        return 0
+    rows = [(i.call_id, i.kind, i.tool, " > ".join(i.agent_path), _compact(i.arguments)) for i in items]
+    print("\n".join(_table(("call", "kind", "tool", "agent", "arguments"), rows)))
     return 0
 
 
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
+    """``header`` and ``rows`` as lines of columns two spaces apart, each as wide as its widest cell (the
+    last column unpadded)."""
+    lines = [header, *rows]
+    widths = [max(len(row[column]) for row in lines) for column in range(len(header) - 1)]
+    return ["  ".join([*map(str.ljust, row[:-1], widths), row[-1]]) for row in lines]
+
+
 def _asked(args: argparse.Namespace) -> Decision:
-    """The decision ``smith approve|reject|result`` asks for, from its arguments."""
+    """The decision ``smith approve|reject|result`` asks for, from its arguments (checked as the client does)."""
     if args.command == "approve":
-        return Decision(action="approve", arguments=args.arguments)
+        return approval(args.arguments)
     if args.command == "reject":
-        return Decision(action="reject", message=args.message)
-    return Decision(action="result", content=args.value, is_error=args.error)
+        return rejection(args.message)
+    return tool_result(args.value, args.error)
 
 
 async def _run_decide(args: argparse.Namespace) -> int:
@@ -477,6 +484,7 @@ def smith_main(argv: list[str] | None = None) -> None:
     commands |= dict.fromkeys(("approve", "reject", "result"), _run_decide)
     try:
         args.settings = settings = _with_options(ClientSettings.from_env(), args)  # all checked first
+        args.given_redis_url = args.redis_url  # the --redis-url option (None: not given), for printed commands
         args.redis_url, args.prefix = settings.redis_url, settings.prefix
         code = asyncio.run(_stopped_by_sigterm(commands[args.command](args)))
     except (SmithError, RedisError) as exc:  # status and keys read Redis directly: its errors too

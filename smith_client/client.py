@@ -155,14 +155,13 @@ class ClientBase:
         return approvals.pending(self.keys, turn_id)
 
     def _op_approve(self, turn_id: str, call_id: str, arguments: dict[str, Any] | None) -> Operation[Decision]:
-        return approvals.decide(self.keys, turn_id, call_id, Decision(action="approve", arguments=arguments))
+        return approvals.decide(self.keys, turn_id, call_id, approvals.approval(arguments))
 
     def _op_reject(self, turn_id: str, call_id: str, message: str) -> Operation[Decision]:
-        return approvals.decide(self.keys, turn_id, call_id, Decision(action="reject", message=message))
+        return approvals.decide(self.keys, turn_id, call_id, approvals.rejection(message))
 
     def _op_submit_tool_result(self, turn_id: str, call_id: str, result: Any, is_error: bool) -> Operation[Decision]:
-        decision = Decision(action="result", content=approvals.result_content(result), is_error=bool(is_error))
-        return approvals.decide(self.keys, turn_id, call_id, decision)
+        return approvals.decide(self.keys, turn_id, call_id, approvals.tool_result(result, is_error))
 
     def _op_respond(
         self, turn_id: str, request_id: str, action: str, content: dict[str, Any] | None
@@ -330,32 +329,40 @@ class SmithClient(ClientBase):
         ``approval`` | ``external``, the tool's ``parameters`` schema); then the open MCP elicitations of its
         running tool calls (``kind`` ``input``, with ``request_id``, ``message`` and the server's
         ``requestedSchema`` as ``parameters``; answer them with :meth:`respond`). ``[]`` when nothing waits.
-        Raises :class:`InvalidRequestError` for a bad id."""
+        Raises :class:`InvalidRequestError` for a bad id, :class:`TurnNotFoundError` for a turn Redis does not
+        have (never submitted under this prefix, or expired)."""
         return await self.runner.run(self._op_pending(turn_id))
 
     async def approve(self, turn_id: str, call_id: str, arguments: dict[str, Any] | None = None) -> Decision:
         """Approve pending call ``call_id`` of ``turn_id`` (the pending item's ``call_id``, path-qualified for a
         sub-agent's call): it runs once the turn resumes, with ``arguments`` when given (edited: checked against
-        the tool's schema), else the model's.
+        the tool's schema; a dict of at most 1 000 000 bytes as JSON), else the model's.
 
         When this was the step's last undecided call the turn is queued again and resumes on any turn worker.
-        Returns the decision that stands: deciding a call twice changes nothing and returns the first decision.
-        Raises :class:`NoPendingCallError` (its ``pending`` names the calls still waiting) when the turn waits
-        on no such call; :class:`InvalidRequestError` for arguments that do not fit the schema, or for a call
-        of an external tool (use :meth:`submit_tool_result`).
+        Returns the decision that stands: deciding a call twice changes nothing and returns the first decision,
+        also after the turn resumed or ended. Compare it with what you asked (``action``, ``arguments``;
+        ``message`` for :meth:`reject`; ``content`` and ``is_error`` for :meth:`submit_tool_result`): when they
+        differ, an earlier decision stands and yours was ignored.
+        Raises :class:`TurnNotFoundError` for a turn Redis does not have; :class:`NoPendingCallError` (its
+        ``pending`` names the calls still waiting) when the turn never waited on such a call or ended without
+        deciding it (cancelled); :class:`InvalidRequestError` (its ``field`` named) for arguments that are not
+        a dict, too large or do not fit the schema, or for a call of an external tool (use
+        :meth:`submit_tool_result`).
         """
         return await self.runner.run(self._op_approve(turn_id, call_id, arguments))
 
     async def reject(self, turn_id: str, call_id: str, message: str = REJECTED) -> Decision:
         """Reject pending call ``call_id`` of ``turn_id``: the model gets an error tool message with ``message``
-        instead of its result. Resumes and raises as :meth:`approve`."""
+        (a string of at most 1 000 000 UTF-8 bytes, else :class:`InvalidRequestError`) instead of its result.
+        Returns, resumes and raises as :meth:`approve`."""
         return await self.runner.run(self._op_reject(turn_id, call_id, message))
 
     async def submit_tool_result(self, turn_id: str, call_id: str, result: Any, is_error: bool = False) -> Decision:
         """Give the result of pending call ``call_id`` of an external tool (``app.external_tool``): ``result``
-        (text as it is, another JSON-able value as compact JSON) becomes its tool message, an error one with
-        ``is_error``. Resumes and raises as :meth:`approve` (:class:`InvalidRequestError` for a call that waits
-        for an approval, or a ``result`` that is not JSON-able)."""
+        (text as it is, another JSON-able value as compact JSON; at most 1 000 000 UTF-8 bytes) becomes its tool
+        message, an error one with ``is_error`` (a bool). Returns, resumes and raises as :meth:`approve`
+        (:class:`InvalidRequestError` for a call that waits for an approval, a ``result`` that is not JSON-able
+        or too large, or an ``is_error`` that is not a bool)."""
         return await self.runner.run(self._op_submit_tool_result(turn_id, call_id, result, is_error))
 
     async def respond(
@@ -368,8 +375,9 @@ class SmithClient(ClientBase):
 
         Raises :class:`NoPendingCallError` (its ``pending`` names the open request ids) when no such request is
         open (answered already, or its ``elicitation_timeout`` ran out and it was declined);
-        :class:`InvalidRequestError` for a bad action, content with ``decline``/``cancel``, or content that does
-        not fit the schema.
+        :class:`TurnNotFoundError` for a turn Redis does not have; :class:`InvalidRequestError` for a bad
+        action, content with ``decline``/``cancel``, content larger than 1 000 000 bytes as JSON, or content
+        that does not fit the schema.
         """
         return await self.runner.run(self._op_respond(turn_id, request_id, action, content))
 

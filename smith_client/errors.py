@@ -251,9 +251,12 @@ class TurnNotFoundError(SmithError):
 class TurnPausedError(SmithError):
     """The turn paused: its step waits for a person's decisions (docs/architecture.md, Pausing for a person).
 
-    Fields: ``turn_id``; ``pending`` (list of dicts, the fields of
-    :class:`~smith_client.events.PendingItem`: ``call_id``, ``tool``, ``arguments``, ``agent_path``, ``kind``, …).
-    Decide them with the client's ``approve`` / ``reject`` / ``submit_tool_result``; ``follow`` the turn after that.
+    Fields: ``turn_id``; ``pending``: a list of plain dicts (JSON-able, as every error's fields, so this module
+    needs no event model), each the fields of a :class:`~smith_client.events.PendingItem` (``call_id``, ``tool``,
+    ``arguments``, ``agent_path``, ``kind``, …): read ``item["call_id"]``, not ``item.call_id``. For typed items,
+    ``PendingItem.model_validate(item)`` each, or ask ``client.pending(turn_id)`` (a list of ``PendingItem``, and
+    only the calls still undecided). Decide them with the client's ``approve`` / ``reject`` /
+    ``submit_tool_result``; ``follow`` the turn after that.
     """
 
     field_names = ("turn_id", "pending")

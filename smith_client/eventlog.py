@@ -217,9 +217,13 @@ class LogRead:
     entries: Pending[Any]
     last: Pending[int]
 
+    def kept(self) -> list[Event]:
+        """The events read, as the log keeps them: unlike :meth:`events`, no check that none was trimmed."""
+        return [event_from_json(fields[b"e"]) for _entry_id, fields in self.entries.value]
+
     def events(self) -> list[Event]:
         """The events read. Raises :class:`EventsTrimmedError` (see :meth:`EventLog.read`)."""
-        events = [event_from_json(fields[b"e"]) for _entry_id, fields in self.entries.value]
+        events = self.kept()
         after_seq = self.after_seq
         if events and events[0].seq != after_seq + 1 or not events and after_seq < self.last.value:
             first = events[0].seq if events else 0

@@ -14,13 +14,14 @@ from typing import Any, get_args
 
 from pydantic import BaseModel
 
-from smith_client.approvals import pending_items, schema_problems
-from smith_client.errors import InvalidRequestError, NoPendingCallError
+from smith_client import turn_record as record
+from smith_client.approvals import pending_items, schema_problems, unknown_turn
+from smith_client.errors import InvalidRequestError, NoPendingCallError, TurnNotFoundError
 from smith_client.events import InputAction, PendingItem
 from smith_client.keys import INPUT_REPLY_TTL, Keys
 from smith_client.protocol import Operation, call, run
-from smith_client.roundtrip import RoundTrip
-from smith_client.validation import check_id
+from smith_client.roundtrip import Pending, RoundTrip
+from smith_client.validation import check_id, check_json
 
 
 class InputResponse(BaseModel):
@@ -38,8 +39,10 @@ def respond(
     sent to the tool worker holding the MCP request.
 
     Raises :class:`InvalidRequestError` for a bad id or action, ``content`` given with anything but ``accept``,
-    or content that does not fit the request's schema; :class:`NoPendingCallError` (naming the open requests)
-    when the turn has no such open request (answered already, timed out, or never asked).
+    content larger than :data:`~smith_client.validation.MAX_MESSAGE_BYTES` encoded, or content that does not
+    fit the request's schema; :class:`TurnNotFoundError` for a turn Redis does not have;
+    :class:`NoPendingCallError` (naming the open requests) when the turn has no such open request (answered
+    already, timed out, or never asked).
     """
     check_id(turn_id, "turn_id")
     check_id(request_id, "request_id")
@@ -72,12 +75,20 @@ def _response(action: Any, content: Any) -> InputResponse:
         raise InvalidRequestError("accept needs content: a JSON object", field="content")
     if action != "accept" and content is not None:
         raise InvalidRequestError(f"{action} takes no content", field="content")
+    if content is not None:
+        check_json(content, "content")
     return InputResponse(action=action, content=content)
 
 
-def _not_open(keys: Keys, turn_id: str, request_id: str) -> Operation[NoPendingCallError]:
-    waiting = yield from call("hgetall", keys.turn_inputs(turn_id), parse=pending_items)
-    ids = [item.request_id for item in waiting]
+def _not_open(keys: Keys, turn_id: str, request_id: str) -> Operation[NoPendingCallError | TurnNotFoundError]:
+    """The error for a request that is not open: :class:`TurnNotFoundError` when Redis has no such turn."""
+    rt = RoundTrip()
+    waiting = rt.call("hgetall", keys.turn_inputs(turn_id), parse=pending_items)
+    status: Pending[bytes | None] = rt.call("hget", keys.turn_state(turn_id), record.STATUS)
+    yield from run(rt)
+    if status.value is None:
+        return unknown_turn(keys, turn_id)
+    ids = [item.request_id for item in waiting.value]
     return NoPendingCallError(
         f"turn {turn_id} has no open input request {request_id!r}; open: {ids or 'none'}",
         turn_id=turn_id,

@@ -10,24 +10,31 @@ A turn that pauses for a person (docs/architecture.md, Pausing for a person)
 asks at the terminal about each pending call: ``y``/``n`` approves or rejects
 a call that needs approval, a line typed is an external tool's result; once
 all are decided the resumed turn's events follow. Ctrl-D at such a question
-leaves the turn paused and prints the ``smith`` commands that decide it.
+leaves the turn paused and prints the ``smith`` commands that decide it. A line
+sent while an earlier turn of the conversation is paused waits behind it: one
+status line says so, naming that turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import shlex
 import signal
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TextIO
 
 import orjson
 
 from smith_client import SmithClient, SmithError, SmithTimeoutError, TurnPausedError
+from smith_client import turn_record as record
 from smith_client.approvals import REJECTED, Decision
 from smith_client.events import TURN_COMPLETED, Event, PendingItem
+from smith_client.protocol import call
+from smith_client.settings import masked_url
 from smith_client.turns import paused_error
 
 PROMPT = "you> "
@@ -40,6 +47,24 @@ Printer = Callable[[Event], None]
 #: What a follower does when its turn pauses, given the turn id and its undecided calls: decide them (the turn's
 #: events after its resume follow), or raise (:class:`TurnPausedError`: the turn stays paused).
 Decider = Callable[[str, list[PendingItem]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class CommandOptions:
+    """The connection options of a ``smith`` command printed for a person to run: ``--prefix`` and, when the
+    person gave one, ``--redis-url`` (its password shown as ``***``: :func:`~smith_client.settings.masked_url`)."""
+
+    prefix: str
+    redis_url: str | None = None
+
+    def __str__(self) -> str:
+        url = "" if self.redis_url is None else f" --redis-url {shlex.quote(masked_url(self.redis_url))}"
+        return f"--prefix {self.prefix}{url}"
+
+    @property
+    def masked(self) -> bool:
+        """True when the printed ``--redis-url`` shows its password as ``***`` (the person puts it back)."""
+        return self.redis_url is not None and masked_url(self.redis_url) != self.redis_url
 
 
 async def leave_paused(turn_id: str, pending: list[PendingItem]) -> None:
@@ -56,9 +81,13 @@ async def run_turn(
     timeout: float | None,
     printer: Printer,
     decide: Decider = leave_paused,
+    options: CommandOptions | None = None,
+    err: TextIO = sys.stderr,
 ) -> bool:
     """Submit one turn and print its events as they arrive; True when it completed.
 
+    When the conversation has a paused turn, the new one waits behind it: one line on ``err`` names it, with
+    the ``smith pending`` command (``options``: its connection options, default the client's prefix).
     At a ``turn.paused`` whose calls are still undecided, ``decide`` is called with them and the turn's events
     after its resume follow (a pause decided meanwhile elsewhere is followed through).
     Cancelling the calling task cancels the turn itself, not only the printing;
@@ -67,6 +96,14 @@ async def run_turn(
     at the timeout) or from ``decide`` (:class:`TurnPausedError` leaves the turn paused).
     """
     handle = await client.submit(text, conversation_id=conversation_id, agent=agent)
+    ahead = await paused_ahead(client, conversation_id, handle.turn_id)
+    if ahead is not None:
+        options = options or CommandOptions(client.keys.prefix)
+        err.write(
+            f"[turn {handle.turn_id} waits behind paused turn {ahead}: it starts once that one is decided "
+            f"(smith pending {options} {ahead}) or cancelled]\n"
+        )
+        err.flush()
     ok = False
     try:
         async for event in handle.events(timeout=timeout):  # replayed from seq 1, through pauses: nothing missed
@@ -82,6 +119,16 @@ async def run_turn(
         await handle.cancel()
         raise SmithTimeoutError(f"{exc.message}; it was cancelled", **exc.fields) from exc
     return ok
+
+
+async def paused_ahead(client: SmithClient, conversation_id: str, turn_id: str) -> str | None:
+    """The id of a paused turn of ``conversation_id`` other than ``turn_id`` (one read of the conversation's
+    unfinished turns' statuses), which a turn queued after it waits behind; None when there is none."""
+    statuses: dict[bytes, bytes] = await client.runner.run(
+        call("hgetall", client.keys.conversation_statuses(conversation_id))
+    )
+    paused = [raw.decode() for raw, status in statuses.items() if status == record.PAUSED.encode()]
+    return next((other for other in paused if other != turn_id), None)
 
 
 async def decide_call(client: SmithClient, turn_id: str, call_id: str, decision: Decision) -> Decision:
@@ -104,22 +151,26 @@ def call_text(item: PendingItem) -> str:
     return f"{agent_chain(item.agent_path)}{item.tool}({orjson.dumps(item.arguments).decode()})"
 
 
-def decide_commands(prefix: str, turn_id: str, item: PendingItem) -> str:
-    """The ``smith`` command line(s) that decide pending ``item`` of ``turn_id`` under key prefix ``prefix``."""
-    smith = f"smith {{}} --prefix {prefix} {turn_id} {item.call_id}"
+def decide_commands(options: CommandOptions, turn_id: str, item: PendingItem) -> str:
+    """The ``smith`` command line(s) that decide pending ``item`` of ``turn_id``, with connection ``options``."""
+    smith = f"smith {{}} {options} {turn_id} {item.call_id}"
     if item.kind == "external":
         return smith.format("result") + " VALUE [--error]"
     return f"{smith.format('approve')} [--arguments JSON]  or  {smith.format('reject')} [--message TEXT]"
 
 
-def paused_report(prefix: str, paused: TurnPausedError) -> list[str]:
-    """What to tell a person about a turn left paused: its calls, each with the commands that decide it."""
+def paused_report(options: CommandOptions, paused: TurnPausedError) -> list[str]:
+    """What to tell a person about a turn left paused: its calls, each with the commands (connection ``options``)
+    that decide it."""
     turn_id = paused.turn_id
     lines = [f"turn {turn_id} is paused; it resumes once each call below is decided:"]
     for raw in paused.pending:
         item = PendingItem.model_validate(raw)
-        lines += [f"  {item.call_id} ({item.kind}): {call_text(item)}", f"    {decide_commands(prefix, turn_id, item)}"]
-    lines.append(f"smith pending --prefix {prefix} {turn_id} lists the calls still waiting")
+        lines += [f"  {item.call_id} ({item.kind}): {call_text(item)}"]
+        lines += [f"    {decide_commands(options, turn_id, item)}"]
+    lines.append(f"smith pending {options} {turn_id} lists the calls still waiting")
+    if options.masked:
+        lines.append("(the password in --redis-url is shown as ***: put yours back to run these)")
     return lines
 
 
@@ -132,7 +183,8 @@ class ChatRepl:
     """The REPL loop over ``client`` (see the module doc). :meth:`run` returns the exit code (0).
 
     ``conversation_id`` is the first conversation (a fresh one when None);
-    ``timeout`` is seconds per turn (None: none); status lines go to ``err``.
+    ``timeout`` is seconds per turn (None: none); status lines go to ``err``;
+    ``redis_url`` is the ``--redis-url`` the person gave (None: none), for the ``smith`` commands printed.
     """
 
     def __init__(
@@ -144,8 +196,10 @@ class ChatRepl:
         conversation_id: str | None = None,
         timeout: float | None = None,
         err: TextIO = sys.stderr,
+        redis_url: str | None = None,
     ) -> None:
         self.client = client
+        self.options = CommandOptions(client.keys.prefix, redis_url)
         self.printer = printer
         self.agent = agent
         self.conversation_id = conversation_id or new_conversation_id()
@@ -200,6 +254,8 @@ class ChatRepl:
             timeout=self.timeout,
             printer=self.printer,
             decide=self._decide,
+            options=self.options,
+            err=self.err,
         )
         self._turn = asyncio.create_task(turn)
         try:
@@ -207,7 +263,7 @@ class ChatRepl:
         except asyncio.CancelledError:
             self._status("[turn cancelled]")
         except TurnPausedError as exc:
-            for report in paused_report(self.client.keys.prefix, exc):
+            for report in paused_report(self.options, exc):
                 self._status(report)
         except SmithError as exc:
             self._status(f"[error] {exc.kind}: {exc.message}")
@@ -248,6 +304,7 @@ class ChatRepl:
 
 __all__ = [
     "ChatRepl",
+    "CommandOptions",
     "Decider",
     "agent_chain",
     "call_text",
@@ -255,6 +312,7 @@ __all__ = [
     "decide_commands",
     "leave_paused",
     "new_conversation_id",
+    "paused_ahead",
     "paused_report",
     "run_turn",
 ]

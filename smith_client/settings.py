@@ -122,11 +122,18 @@ Sentinels = Annotated[
 
 #: ``scheme://user:password@`` in a quoted URL: the password is masked (it would end up in logs).
 _URL_PASSWORD = re.compile(r"(//[^/@:]*:)[^/@]*@")
+#: A ``password=`` query parameter (redis-py reads one) in a URL: masked too.
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
+
+
+def masked_url(url: str) -> str:
+    """``url`` with its password (``scheme://user:password@``, a ``password=`` query parameter) shown as ``***``."""
+    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", url))
 
 
 def _quoted(value: Any) -> str:
     """A refused value as an error quotes it: its ``repr`` cut to ~80 characters, a URL's password masked."""
-    return shown(_URL_PASSWORD.sub(r"\1***@", value) if isinstance(value, str) else value)
+    return shown(masked_url(value) if isinstance(value, str) else value)
 
 
 class ClientSettings(BaseModel):

@@ -74,13 +74,28 @@ def check_text(text: Any) -> str:
         raise InvalidRequestError(f"text must be a string, got {type(text).__name__}", field="text")
     if not text.strip():
         raise InvalidRequestError("text must not be empty", field="text")
+    return check_size(text, "text")
+
+
+def check_size(text: str, field: str) -> str:
+    """``text`` (the value of ``field``) when it is valid Unicode of at most :data:`MAX_MESSAGE_BYTES` UTF-8 bytes."""
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
-        raise InvalidRequestError(f"text is not valid Unicode (lone surrogate at {exc.start})", field="text") from exc
+        raise InvalidRequestError(f"{field} is not valid Unicode (lone surrogate at {exc.start})", field=field) from exc
     if size > MAX_MESSAGE_BYTES:
-        raise InvalidRequestError(f"text is larger than {MAX_MESSAGE_BYTES} bytes", field="text")
+        raise InvalidRequestError(f"{field} is larger than {MAX_MESSAGE_BYTES} bytes (UTF-8)", field=field)
     return text
+
+
+def check_json(value: Any, field: str) -> str:
+    """``value`` (the value of ``field``) as compact JSON text of at most :data:`MAX_MESSAGE_BYTES` bytes.
+    Raises :class:`InvalidRequestError` for a value that is not JSON-able (e.g. a key that is not a string)."""
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError as exc:
+        raise InvalidRequestError(f"{field} is not JSON-able: {exc}", field=field) from exc
+    return check_size(text, field)
 
 
 def check_sampling(sampling: Any) -> dict[str, Any] | None:

@@ -18,11 +18,13 @@ Routes:
   closing an idle stream; ``X-Accel-Buffering: no`` stops nginx buffering it.
 * ``POST /turns/{id}/cancel``: stop the turn (closing the tab only disconnects, it never cancels).
 * A turn paused for a person (its stream carries ``turn.paused`` and stays open; docs/architecture.md,
-  Pausing for a person): ``GET /turns/{id}/pending`` lists the calls it waits on; ``POST
-  /turns/{id}/calls/{call_id}/approve`` with an optional ``{"arguments": {...}}`` (edited, checked against the
-  tool's schema), ``.../reject`` with ``{"message": ...}``, ``.../result`` with ``{"result": ..., "is_error":
-  false}`` for an external tool decide one call each (409 for a call the turn does not wait on); the last
-  decision resumes the turn on any worker, and the same stream goes on.
+  Pausing for a person): ``GET /turns/{id}/pending`` lists the calls it waits on (404 for a turn Redis does
+  not have); ``POST /turns/{id}/calls/{call_id}/approve`` with an optional body ``{"arguments": {...}}``
+  (edited, checked against the tool's schema; no body: as the model asked), ``.../reject`` with an optional
+  ``{"message": ...}``, ``.../result`` with ``{"result": ..., "is_error": false}`` for an external tool decide
+  one call each (409 for a call the turn does not wait on, 422 for a bad or too large value). Each answers
+  the decision that stands with ``"ignored": true`` when the call was decided before, differently (this
+  request changed nothing). The last decision resumes the turn on any worker, and the same stream goes on.
 * ``GET /``: the page (``index.html``).
 
 The relay holds no state, so any web process can serve any turn. Configuration: ``SMITH_REDIS_URL``,
@@ -42,10 +44,11 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, StrictBool, StrictStr
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from smith_client import ConflictError, InvalidRequestError, SmithClient, SmithError, UnknownAgentError
+from smith_client.approvals import Decision, approval, rejection, tool_result
 from smith_client.errors import (
     ConversationBusyError,
     EventsTrimmedError,
@@ -83,17 +86,22 @@ class ApproveIn(BaseModel):
     arguments: dict[str, Any] | None = None
 
 
+#: What the model is told of a call rejected with no message.
+REJECTED_BY_USER = "rejected by the user"
+
+
 class RejectIn(BaseModel):
     """Body of ``POST /turns/{id}/calls/{call_id}/reject``: what the model is told."""
 
-    message: str = "rejected by the user"
+    message: StrictStr = REJECTED_BY_USER
 
 
 class ResultIn(BaseModel):
-    """Body of ``POST /turns/{id}/calls/{call_id}/result``: an external tool's result."""
+    """Body of ``POST /turns/{id}/calls/{call_id}/result``: an external tool's result (``is_error`` a JSON
+    boolean: ``"yes"`` is refused, not read as true)."""
 
     result: Any
-    is_error: bool = False
+    is_error: StrictBool = False
 
 
 class TurnIn(BaseModel):
@@ -221,24 +229,32 @@ async def cancel_turn(turn_id: str, request: Request) -> dict[str, str]:
 
 @app.get("/turns/{turn_id}/pending")
 async def pending_calls(turn_id: str, request: Request) -> list[dict[str, Any]]:
-    """The calls the paused turn waits on (``[]`` when it is not paused)."""
+    """The calls the paused turn waits on (``[]`` when it is not paused; 404 for an unknown turn)."""
     return [item.model_dump() for item in await _smith(request).pending(turn_id)]
 
 
+def _answer(standing: Decision, asked: Decision) -> dict[str, Any]:
+    """A decision route's answer: the decision that stands, and ``ignored``: true when it is not the one
+    asked for (the call was decided before, differently; the request changed nothing)."""
+    return {**standing.model_dump(), "ignored": standing != asked}
+
+
 @app.post("/turns/{turn_id}/calls/{call_id}/approve")
-async def approve_call(turn_id: str, call_id: str, body: ApproveIn, request: Request) -> dict[str, Any]:
-    """Approve one pending call, with edited arguments or as asked; answers the decision that stands."""
-    return (await _smith(request).approve(turn_id, call_id, body.arguments)).model_dump()
+async def approve_call(turn_id: str, call_id: str, request: Request, body: ApproveIn | None = None) -> dict[str, Any]:
+    """Approve one pending call, with edited arguments or (no body) as asked; answers the decision that stands."""
+    arguments = body.arguments if body is not None else None
+    return _answer(await _smith(request).approve(turn_id, call_id, arguments), approval(arguments))
 
 
 @app.post("/turns/{turn_id}/calls/{call_id}/reject")
-async def reject_call(turn_id: str, call_id: str, body: RejectIn, request: Request) -> dict[str, Any]:
-    """Reject one pending call; the model gets ``message`` as the call's error."""
-    return (await _smith(request).reject(turn_id, call_id, message=body.message)).model_dump()
+async def reject_call(turn_id: str, call_id: str, request: Request, body: RejectIn | None = None) -> dict[str, Any]:
+    """Reject one pending call; the model gets ``message`` (no body: :data:`REJECTED_BY_USER`) as the call's error."""
+    message = body.message if body is not None else REJECTED_BY_USER
+    return _answer(await _smith(request).reject(turn_id, call_id, message=message), rejection(message))
 
 
 @app.post("/turns/{turn_id}/calls/{call_id}/result")
 async def call_result(turn_id: str, call_id: str, body: ResultIn, request: Request) -> dict[str, Any]:
     """Give an external tool's call its result."""
     decision = await _smith(request).submit_tool_result(turn_id, call_id, body.result, is_error=body.is_error)
-    return decision.model_dump()
+    return _answer(decision, tool_result(body.result, body.is_error))

@@ -256,6 +256,40 @@ async def test_deciding_twice_keeps_the_first_decision(workers, client, scenario
     assert (await client.turn(paused.turn_id).result(timeout=30)).content == "ok"
 
 
+async def test_concurrent_decisions_all_get_the_first_one_also_after_the_turn_resumed_and_completed(
+    workers, client, scenario, redis_url, prefix
+):
+    """Ten approves at once from two clients, half with edited arguments: one wins, every caller gets it; once
+    the resumed step took it (the decisions hash gone), deciding again, identically or not, still returns it
+    (from the turn's ``tool_call.decided`` events), an external tool's result included."""
+    label = uuid.uuid4().hex[:8]
+    key, marker = scenario(Script(
+        Reply.tool_calls([("guarded_delete", {"label": label, "target": "repo-a"}), ("pick_color", {"hint": "h"})],
+                         ids=["call_gated", "call_ext"]),
+        Reply.text("ok"),
+    ))  # fmt: skip
+    turn_id = (await paused_turn(client, marker, f"conv-{key}")).turn_id
+    given = await client.submit_tool_result(turn_id, "call_ext", {"color": "blue"})
+    edited = {"label": label, "target": "repo-b"}
+    async with SmithClient.from_url(redis_url, prefix=prefix) as other:
+        decisions = await asyncio.gather(*(
+            (client if n % 2 else other).approve(turn_id, "call_gated", edited if n < 5 else None) for n in range(10)
+        ))  # fmt: skip
+        first = decisions[0]
+        assert first.action == "approve" and first.arguments in (edited, None)
+        assert all(decision == first for decision in decisions)
+        assert (await client.turn(turn_id).result(timeout=30)).content == "ok"
+        assert not await client.redis.exists(client.keys.turn_decisions(turn_id))  # the resumed step's append
+        later = [other.approve(turn_id, "call_gated"), client.approve(turn_id, "call_gated", edited),
+                 other.reject(turn_id, "call_gated", message="too late")]  # fmt: skip
+        assert await asyncio.gather(*later) == [first] * 3
+        assert await client.submit_tool_result(turn_id, "call_ext", "red", is_error=True) == given
+    assert given.content == '{"color":"blue"}' and not given.is_error
+    assert await runs(client, label) == [b"repo-b" if first.arguments else b"repo-a"]  # once
+    with pytest.raises(NoPendingCallError):  # never pending: not in the log either
+        await client.approve(turn_id, "call_nope")
+
+
 async def test_deciding_a_call_that_is_not_pending_names_the_pending_ones(workers, client, scenario):
     key, marker = scenario(Script(gated_step(uuid.uuid4().hex[:8]), Reply.text("ok")))
     paused = await paused_turn(client, marker, f"conv-{key}")

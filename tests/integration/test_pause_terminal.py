@@ -111,21 +111,50 @@ async def test_smith_ask_on_a_turn_that_pauses_says_how_to_decide_it_and_leaves_
     turn_id = turn.group(1)
     lines = asked.stderr.splitlines()
     assert lines[lines.index(turn.group(0)) - 1] == "[turn paused] 3 call(s) wait for a person"
+    options = f"--prefix {prefix} --redis-url {redis_url}"  # as given: the commands work from any shell
+
     def decide(call: str) -> str:
-        return (f"    smith approve --prefix {prefix} {turn_id} {call} [--arguments JSON]  or  "
-                f"smith reject --prefix {prefix} {turn_id} {call} [--message TEXT]")
+        return (f"    smith approve {options} {turn_id} {call} [--arguments JSON]  or  "
+                f"smith reject {options} {turn_id} {call} [--message TEXT]")
 
     assert lines[lines.index(turn.group(0)) + 1 :] == [
         f'  call_a (approval): guarded_delete({{"label":"{label}","target":"repo-a"}})', decide("call_a"),
         f'  call_b (approval): guarded_delete({{"label":"{label}","target":"x"}})', decide("call_b"),
         '  call_ext (external): pick_color({"hint":"sky"})',
-        f"    smith result --prefix {prefix} {turn_id} call_ext VALUE [--error]",
-        f"smith pending --prefix {prefix} {turn_id} lists the calls still waiting",
+        f"    smith result {options} {turn_id} call_ext VALUE [--error]",
+        f"smith pending {options} {turn_id} lists the calls still waiting",
     ]  # fmt: skip
     handle = client.turn(turn_id)
     assert await handle.status() == "paused"  # not cancelled: a person decides it later
     assert await handle.cancel() == "cancelling"
     assert await runs(client, label) == []
+
+
+async def test_smith_ask_behind_a_paused_turn_names_it_and_pending_fits_a_long_call_id(client, scenario, redis_url,
+                                                                                      prefix):  # fmt: skip
+    label = uuid.uuid4().hex[:8]
+    long_id = f"call_{'0123456789' * 3}"
+    key, marker = scenario(Script(
+        Reply.tool_calls([("guarded_delete", {"label": label, "target": "repo-a"})], ids=[long_id]),
+        Reply.text("unused"),
+    ))  # fmt: skip
+    conv = f"conv-{key}"
+    turn_id = (await paused_turn(client, marker, conv)).turn_id
+    listed = await smith(redis_url, prefix, "pending", turn_id)
+    header, row = listed.stdout.splitlines()
+    assert [header.index(name) for name in ("kind", "tool", "agent")] == [
+        row.index(f"{cell} ") for cell in ("approval", "guarded_delete", "guarded")
+    ]
+    behind = await smith(redis_url, prefix, "ask", "--conversation", conv, "--agent", "guarded", "--timeout", "2",
+                         f"{marker} and then")  # fmt: skip
+    assert behind.returncode == 1 and "SmithTimeoutError" in behind.stderr  # it waited: nothing decided the pause
+    waiting = re.search(r"^\[turn (\S+) waits behind paused turn (\S+): it starts once that one is decided "
+                        r"\(smith pending (.*) (\S+)\) or cancelled\]$", behind.stderr, re.M)  # fmt: skip
+    assert waiting, behind.stderr
+    assert waiting.group(2) == waiting.group(4) == turn_id
+    assert waiting.group(3) == f"--prefix {prefix} --redis-url {redis_url}"
+    assert await client.turn(waiting.group(1)).status() == "cancelled"  # at --timeout, as ever
+    assert await client.turn(turn_id).cancel() == "cancelled_paused"
 
 
 def spawn_smith_chat(redis_url: str, prefix: str) -> pexpect.spawn:
@@ -181,7 +210,7 @@ async def test_smith_chat_asks_y_n_and_a_value_then_follows_the_resumed_turn(cli
         child.sendeof()  # Ctrl-D at a question: the turn stays paused, the REPL says how to decide it
         child.expect(r"turn (\S+) is paused; it resumes once each call below is decided:")
         left = child.match.group(1)
-        child.expect_exact(f"smith approve --prefix {prefix} {left} call_l [--arguments JSON]")
+        child.expect_exact(f"smith approve --prefix {prefix} --redis-url {redis_url} {left} call_l [--arguments JSON]")
         child.expect_exact("you> ")
         child.sendline("/exit")
         child.expect(pexpect.EOF)

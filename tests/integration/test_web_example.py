@@ -146,6 +146,35 @@ def test_fastapis_own_validation_errors_have_the_apps_error_shape(web):
     assert not_json.status_code == 422 and not_json.json()["error"]["kind"] == "InvalidRequestError"
 
 
+def test_the_decision_routes_take_no_body_say_when_a_decision_was_ignored_and_404_an_unknown_turn(web, scenario):
+    calls = [("guarded_delete", {"label": uuid.uuid4().hex[:8], "target": "a"}), ("guarded_delete", {"label": "x",
+             "target": "b"}), ("pick_color", {"hint": "sky"})]  # fmt: skip
+    _, marker = scenario(Script(Reply.tool_calls(calls, ids=["call_a", "call_b", "call_ext"]), Reply.text("done")))
+    reply = httpx.post(f"{web}/conversations/conv-{uuid.uuid4().hex[:8]}/turns",
+                       json={"text": f"{marker} go", "agent": "guarded"})  # fmt: skip
+    turn = f"{web}/turns/{reply.json()['turn_id']}"
+    wait_until(lambda: len(httpx.get(f"{turn}/pending").json()) == 3, 30.0, "the turn's pause")
+    approved = httpx.post(f"{turn}/calls/call_a/approve")  # no body: as the model asked
+    assert approved.status_code == 200, approved.text
+    assert approved.json() == {"action": "approve", "arguments": None, "message": "", "content": "",
+                               "is_error": False, "ignored": False}  # fmt: skip
+    again = httpx.post(f"{turn}/calls/call_a/reject", json={"message": "no"})
+    assert again.status_code == 200 and again.json()["action"] == "approve" and again.json()["ignored"] is True
+    assert httpx.post(f"{turn}/calls/call_a/approve").json()["ignored"] is False  # the same again: not ignored
+    rejected = httpx.post(f"{turn}/calls/call_b/reject")
+    assert (rejected.json()["message"], rejected.json()["ignored"]) == ("rejected by the user", False)
+    for body, field in (({"result": "red", "is_error": "yes"}, "body.is_error"),
+                        ({"result": "x" * 1_000_001}, "result")):  # fmt: skip
+        refused = httpx.post(f"{turn}/calls/call_ext/result", json=body)
+        assert refused.status_code == 422 and refused.json()["error"]["fields"] == {"field": field}, refused.text
+    assert httpx.post(f"{turn}/calls/call_ext/result", json={"result": "red"}).json()["ignored"] is False
+    finished = curl(f"{turn}/events")
+    assert '"turn.completed"' in finished.stdout, finished.stdout
+    for path in ("pending", "calls/call_a/approve"):
+        unknown = (httpx.get if path == "pending" else httpx.post)(f"{web}/turns/nosuch-{uuid.uuid4().hex}/{path}")
+        assert unknown.status_code == 404 and unknown.json()["error"]["kind"] == "TurnNotFoundError", unknown.text
+
+
 @pytest.fixture(scope="module")
 def browser():
     if not shutil.which(CHROMIUM):

@@ -1,12 +1,14 @@
-"""Both clients refuse unknown turn options and calls after ``close()`` with typed errors (QA fixes 9, 10)."""
+"""Both clients refuse unknown turn options, calls after ``close()``, decisions of the wrong type or size and
+unknown turns with typed errors."""
 
 from __future__ import annotations
 
 import fakeredis
 import pytest
 
-from smith_client import InvalidRequestError, SmithClient, TransportError
+from smith_client import InvalidRequestError, SmithClient, TransportError, TurnNotFoundError
 from smith_client.sync_client import SyncSmithClient
+from smith_client.validation import MAX_MESSAGE_BYTES
 
 
 async def test_an_unknown_option_is_an_invalid_request_naming_it():
@@ -56,3 +58,57 @@ async def test_the_async_client_refuses_calls_after_close():
         await client.history("c1")
     with pytest.raises(TransportError, match="closed"):
         await client.send("hi", conversation_id="c1", timeout=1)
+
+
+BIG = "x" * (MAX_MESSAGE_BYTES + 1)  # one byte over the cap on a user message
+
+
+def decision_calls(client):
+    """Decisions of the wrong type or size, each with the field its error names (none reaches Redis)."""
+    return [
+        (lambda: client.approve("t1", "c1", [1, 2]), "arguments"),
+        (lambda: client.approve("t1", "c1", '{"name":"x"}'), "arguments"),
+        (lambda: client.approve("t1", "c1", {1: "not a JSON object key"}), "arguments"),
+        (lambda: client.approve("t1", "c1", {"name": BIG}), "arguments"),
+        (lambda: client.reject("t1", "c1", message=None), "message"),
+        (lambda: client.reject("t1", "c1", message=5), "message"),
+        (lambda: client.reject("t1", "c1", message=BIG), "message"),
+        (lambda: client.submit_tool_result("t1", "c1", "ok", is_error="yes"), "is_error"),
+        (lambda: client.submit_tool_result("t1", "c1", BIG), "result"),
+        (lambda: client.submit_tool_result("t1", "c1", {"text": BIG}), "result"),
+        (lambda: client.respond("t1", "r1", "accept", {"text": BIG}), "content"),
+    ]
+
+
+async def test_a_decision_of_the_wrong_type_or_too_large_is_an_invalid_request_naming_the_field():
+    client = SmithClient(fakeredis.FakeAsyncRedis(), prefix="t")
+    for call, field in decision_calls(client):
+        with pytest.raises(InvalidRequestError) as err:
+            await call()
+        assert err.value.fields["field"] == field, err.value
+
+
+def test_the_sync_client_checks_decisions_alike():
+    client = SyncSmithClient(fakeredis.FakeRedis(), prefix="t")
+    for call, field in decision_calls(client):
+        with pytest.raises(InvalidRequestError) as err:
+            call()
+        assert err.value.fields["field"] == field, err.value
+
+
+async def test_an_unknown_turn_is_turn_not_found_for_pending_and_every_decision():
+    client = SmithClient(fakeredis.FakeAsyncRedis(), prefix="t")
+    calls = (
+        client.pending("nosuchturn"),
+        client.approve("nosuchturn", "c1"),
+        client.reject("nosuchturn", "c1"),
+        client.submit_tool_result("nosuchturn", "c1", "x"),
+        client.respond("nosuchturn", "r1", "decline"),
+    )
+    for call in calls:
+        with pytest.raises(TurnNotFoundError) as err:
+            await call
+        assert err.value.turn_id == "nosuchturn" and "no turn nosuchturn under prefix 't'" in err.value.message
+    sync_client = SyncSmithClient(fakeredis.FakeRedis(), prefix="t")
+    with pytest.raises(TurnNotFoundError):
+        sync_client.pending("nosuchturn")
