@@ -154,7 +154,7 @@ async def test_smith_ask_behind_a_paused_turn_names_it_and_pending_fits_a_long_c
     assert waiting.group(2) == waiting.group(4) == turn_id
     assert waiting.group(3) == f"--prefix {prefix} --redis-url {redis_url}"
     assert await client.turn(waiting.group(1)).status() == "cancelled"  # at --timeout, as ever
-    assert await client.turn(turn_id).cancel() == "cancelled_paused"
+    assert await client.turn(turn_id).cancel() == "cancelling"
 
 
 def spawn_smith_chat(redis_url: str, prefix: str) -> pexpect.spawn:
