@@ -3,8 +3,11 @@ included (docs/architecture.md, Layout). import-linter's ``acyclic_siblings`` co
 this looks at every module, a package's ``__init__`` among them."""
 
 import graphlib
+from pathlib import Path
 
 import grimp
+
+import smith_worker
 
 PACKAGES = ("smith_client", "smith_worker")
 
@@ -35,3 +38,16 @@ def test_a_cycle_would_be_found():
     graph.add_import(importer="smith_worker.ops.retry", imported="smith_worker.mcp.transport")  # which imports it
     # the graph had no cycle, so the one found runs through the new import
     assert {"smith_worker.ops.retry", "smith_worker.mcp.transport"} <= set(first_cycle(graph) or ())
+
+
+#: Modules a folder of the worker holds at most, its ``__init__`` not counted (docs/architecture.md, Layout):
+#: past this a folder no longer says one thing, and is split by role.
+MODULES_PER_FOLDER = 12
+
+
+def test_no_worker_folder_holds_more_than_twelve_modules():
+    root = Path(smith_worker.__file__).parent
+    folders = [root, *(p for p in root.iterdir() if (p / "__init__.py").exists())]
+    sizes = {p.name: len([m for m in p.glob("*.py") if m.name != "__init__.py"]) for p in folders}
+    assert len(sizes) > 10 and sizes["mcp"] > 0  # every folder was read
+    assert {name: n for name, n in sizes.items() if n > MODULES_PER_FOLDER} == {}
