@@ -70,6 +70,7 @@ TENANT_COMMANDS = (
     "xrange",
     "xlen",
     "publish",
+    "time",  # an event's ts, from the server's clock (lua/lib.lua's event_head)
     "subscribe",
     "unsubscribe",
     "eval",

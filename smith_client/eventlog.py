@@ -12,7 +12,6 @@ reconnecting subscriber reads from (docs/architecture.md, Events).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -179,11 +178,12 @@ def publish_script_args(
 
 
 def _body(turn_id: str, data: EventData, agent_path: list[str] | None, call_path: list[str] | None) -> bytes:
-    """An event's JSON without its ``seq`` (the scripts put it in front)."""
+    """An event's JSON without its ``seq`` and ``ts``: the scripts put them in front, ``ts`` from the Redis
+    server's clock, so a turn's log has non-decreasing ``ts`` in ``seq`` order whichever process built its
+    events, and when (docs/architecture.md, Events)."""
     envelope: dict[str, Any] = {
         "v": PROTOCOL_VERSION,
         "turn_id": turn_id,
-        "ts": time.time(),
         "agent_path": agent_path or [],
         "type": data.event_type,
         "data": data.to_wire(),

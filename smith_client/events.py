@@ -2,7 +2,8 @@
 
 Envelope fields: ``v`` (protocol version, :data:`PROTOCOL_VERSION`), ``turn_id``,
 ``seq`` (1, 2, 3 … gap-free per turn, assigned in Redis), ``ts`` (float epoch
-seconds), ``agent_path`` (agent names, root first), ``call_path``, ``type`` and ``data``.
+seconds, the Redis server's clock as the event is logged: non-decreasing in ``seq``
+order), ``agent_path`` (agent names, root first), ``call_path``, ``type`` and ``data``.
 
 ``call_path`` tells apart the events of parallel calls of one sub-agent (a
 sub-agent tool may be called several times in one step): the ids of the sub-agent

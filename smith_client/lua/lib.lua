@@ -114,6 +114,13 @@ local function fenced_off(state, attempt)
          or (attempt ~= '' and redis.call('HGET', state, 'attempt') ~= attempt)
 end
 
+-- The start of an event's JSON: its `seq`, then its `ts` (epoch seconds with microseconds) from the Redis
+-- server's clock (TIME), so the events of a turn's log have non-decreasing ts in seq order, whichever process
+-- built them and whenever (docs/architecture.md, Events). The caller's body follows after the comma.
+local function event_head(seq, now)
+  return '{"seq":' .. seq .. ',"ts":' .. now[1] .. '.' .. string.format('%06d', tonumber(now[2])) .. ','
+end
+
 -- Publish one event of a turn (publish.lua has the contract; store_tool_result.lua publishes with it too):
 -- `state` and `once` may be nil, `attempt` is only read with `state`. Returns the seq, -1 when fenced off,
 -- 0 when `once` was set already.
@@ -125,7 +132,7 @@ local function publish_event(seq_key, log, channel, state, once, body, max_len, 
   end
   local seq = redis.call('INCR', seq_key)
   redis.call('EXPIRE', seq_key, ttl)
-  local payload = '{"seq":' .. seq .. ',' .. body
+  local payload = event_head(seq, redis.call('TIME')) .. body
   redis.call('XADD', log, 'MAXLEN', '~', max_len, '0-' .. seq, 'e', payload)
   redis.call('EXPIRE', log, ttl)
   redis.call('PUBLISH', channel, payload)

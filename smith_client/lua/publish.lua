@@ -1,8 +1,8 @@
 -- Publish one event of a turn (smith_client/eventlog.py).
 -- KEYS: seq counter, log stream, channel[, turn state[, published-once marker]].
 -- ARGV: event JSON without its opening brace, max length, ttl seconds[, attempt].
--- The seq is spliced in as the first field so no JSON library is needed inside Redis (cjson would
--- turn [] into {}). With a state key, the event is dropped (-1) unless the turn is running and
+-- The seq and ts (the Redis server's clock: lib.lua's event_head) are spliced in as the first fields so no
+-- JSON library is needed inside Redis (cjson would turn [] into {}). With a state key, the event is dropped (-1) unless the turn is running and
 -- (when ARGV[4] is not '') its current attempt is ARGV[4]: the fencing token that keeps a stale
 -- attempt silent. Nothing follows a turn's terminal event. With a fifth key (a "published once"
 -- marker, which needs the state key), the event is published only if the marker is absent (else 0),

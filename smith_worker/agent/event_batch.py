@@ -11,8 +11,8 @@ in the next one. Nothing waits for a timer: an event that arrives alone is
 published at once, and a burst costs one round trip per in-flight publish
 rather than one per event. No task runs per publish either: the next publish
 is queued from the reply's done-callback. Each event still gets its own
-``seq``, log entry and pub/sub message, and ``ts`` is stamped when its batch
-is built.
+``seq``, log entry and pub/sub message, and ``ts`` is stamped by Redis when its
+batch is logged.
 
 Token coalescing (``SMITH_TOKEN_COALESCE``, seconds, off by default): with
 a window, a publish waits that long after its first event, and consecutive

@@ -11,6 +11,7 @@ import pytest
 from smith_client.events import TokenData, TurnCancelledData, TurnCompletedData
 from smith_client import SmithClient, operations
 from smith_client.errors import EventsTrimmedError
+from smith_worker.testing import Reply, Script
 
 pytestmark = pytest.mark.integration
 
@@ -104,3 +105,17 @@ async def test_expired_log_is_reported_not_silently_empty(log_client):
     with pytest.raises(EventsTrimmedError):
         await log_client.events.read(turn, after_seq=1)
     assert await log_client.events.read(turn, after_seq=3) == []
+
+
+async def test_a_whole_turns_log_has_non_decreasing_ts_in_seq_order(workers, client, scenario):
+    """A one-tool turn on the real workers, its events published by the turn worker and the tool worker: in seq
+    order, no event's ts is earlier than the one before (the final message and turn.completed included)."""
+    _, marker = scenario(Script(Reply.tool_calls([("add", {"a": 2, "b": 3})]), Reply.text("five", chunk_size=1)))
+    handle = await client.submit(f"{marker} add", conversation_id=f"conv-{uuid.uuid4().hex[:8]}")
+    assert (await handle.result(timeout=30)).content == "five"
+    events = [e async for e in handle.events()]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert {"tool.result", "message", "turn.completed"} <= {e.type for e in events}
+    assert [e.type for e in events][-2:] == ["message", "turn.completed"]
+    stamps = [e.ts for e in events]
+    assert stamps == sorted(stamps), [(e.seq, e.type, e.ts) for e in events]

@@ -90,7 +90,7 @@ async def test_noscript_loads_the_scripts_and_repeats_only_those_calls(redis, ke
     await redis.script_flush()
     seq_key = keys.turn_seq("t1")
     script_keys = [seq_key, keys.turn_log("t1"), keys.turn_events_channel("t1")]
-    body = b'"v":1,"turn_id":"t1","ts":1.0,"agent_path":[],"type":"token","data":{"text":"x"}}'
+    body = b'"v":1,"turn_id":"t1","agent_path":[],"type":"token","data":{"text":"x"}}'
     publish = lambda: script_command(scripts.PUBLISH, script_keys, [body, 100, 60])  # noqa: E731
     replies = await asyncio.gather(auto.submit(publish), auto.submit(lambda: Command("incr", (f"{key}:n",))))
     assert replies == [1, 1]  # the publish got seq 1 once; the INCR was not sent twice

@@ -3,6 +3,7 @@ session's real redis-server, through TurnExecution's own end paths."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ import redis.asyncio as aioredis
 
 from smith_client import turn_record as record
 from smith_client.eventlog import EventLog
-from smith_client.events import TurnCompletedData
+from smith_client.events import MessageData, TurnCompletedData
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage
 from smith_client.roundtrip import RoundTrip
@@ -132,3 +133,24 @@ async def test_a_cancel_after_the_close_completed_the_turn_changes_nothing(redis
     assert await redis.hget(keys.turn_state(turn_id), record.STATUS) == b"completed"
     assert await terminal_events(redis, keys, turn_id) == ["turn.completed"]
     assert ended == ["completed"]  # counted once, as completed (its conversation's next turn woken after)
+
+
+async def test_the_final_message_and_turn_completed_have_non_decreasing_ts_in_seq_order(redis):
+    """As the agent loop ends a turn: the close (its ``turn.completed``) is queued first, the final message's
+    event later, and the script sends the message first. Each event's ``ts`` is the Redis server's when it is
+    logged, so the log's ts never go back in seq order (docs/architecture.md, Events)."""
+    keys = Keys(f"fin{uuid.uuid4().hex[:6]}")
+    execution = await running_turn(redis, keys)
+    turn_id, final = execution.job.turn_id, AssistantMessage(content="done")
+    closing = RoundTrip()
+    execution.attempt.queue_close(closing, final)  # built first, as in the loop's last round trip
+    await asyncio.sleep(0.002)  # the message's event is built later (it was, by microseconds)
+    rt = RoundTrip()
+    rt.add(execution.rt.events.publish_many_command(turn_id, [MessageData(message=final.model_dump(mode="json"))],
+                                                    ["a"], execution.attempt.attempt, None, lambda seq: seq))  # fmt: skip
+    rt.extend(closing)
+    await rt.run(redis)
+    events = [orjson.loads(fields[b"e"]) for _, fields in await redis.xrange(keys.turn_log(turn_id))]
+    assert [e["type"] for e in events] == ["message", "turn.completed"]
+    assert [e["seq"] for e in events] == [1, 2]
+    assert events[0]["ts"] <= events[1]["ts"]
