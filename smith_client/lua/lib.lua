@@ -118,7 +118,7 @@ end
 -- server's clock (TIME), so the events of a turn's log have non-decreasing ts in seq order, whichever process
 -- built them and whenever (docs/architecture.md, Events). The caller's body follows after the comma.
 local function event_head(seq, now)
-  return '{"seq":' .. seq .. ',"ts":' .. now[1] .. '.' .. string.format('%06d', tonumber(now[2])) .. ','
+  return string.format('{"seq":%d,"ts":%s.%06d,', seq, now[1], tonumber(now[2]))
 end
 
 -- Publish one event of a turn (publish.lua has the contract; store_tool_result.lua publishes with it too):
