@@ -54,6 +54,8 @@ key                                      what                            lifetim
 ``{p}:toolres:{t}:{s}:{i}:started``      which tool worker started it    ``turn_ttl``
 ``{p}:conv:{c}:skills``                  active skills (list)            ``history_ttl`` after the last use
 ``{p}:toolres:{t}:{s}:{i}:published``    its ``tool.result`` is out      ``turn_ttl``
+``{p}:toolres:{t}:{s}:{i}:decided``      its ``tool_call.decided`` is out ``turn_ttl``; a pause's life while it
+                                                                         pauses again
 ``{p}:toolres:{t}:{s}:{i}:reruns``       re-runs of an idempotent call   ``turn_ttl``
 ``arq:job:{id}``, ``arq:in-progress:…``  arq's per-job keys              owned by arq
 ``arq:abort``                            arq's abort requests (ZSET)     :data:`ABORT_ENTRY_TTL`
@@ -392,6 +394,12 @@ class Keys:
     def tool_result_published(self, turn_id: str, step: int, index: int, position: str = "") -> str:
         """Marker set atomically with a call's ``tool.result`` event, so the event is published once."""
         return f"{self.tool_result(turn_id, step, index, position)}:published"
+
+    def tool_call_decided_published(self, turn_id: str, step: int, index: int, position: str = "") -> str:
+        """Marker set atomically with a paused call's ``tool_call.decided`` event, so a decision is announced once
+        (a resumed step run again after a crash, or a step that pauses again: docs/architecture.md, Pausing for a
+        person)."""
+        return f"{self.tool_result(turn_id, step, index, position)}:decided"
 
     # arq's own names (global per database), from arq.constants: arq 0.28 is pinned (pyproject.toml).
 

@@ -445,9 +445,7 @@ class AgentLoop:
             await fire("on_tool_call", call, self.rt.app.hooks, spec.hooks)
         routes = [toolset.route(c.name) for c in calls]
         plans = await plan_calls(self.ctx, toolset, step, calls, routes)
-        decided: list[EventData] = [plan.decided for plan in plans if plan.decided is not None]
-        if decided:
-            await self._publish_all(decided)
+        await self._announce_decisions(step, plans)
         outcomes = await gather_all([self._run_planned(toolset, spec, step, i, p) for i, p in enumerate(plans)])
         children = [outcome for outcome in outcomes if isinstance(outcome, TurnPaused)]
         pending = [plan.pending for plan in plans if plan.pending is not None]
@@ -472,20 +470,43 @@ class AgentLoop:
             await fire("on_tool_result", message, self.rt.app.hooks, spec.hooks)
         return final
 
-    async def _publish_all(self, events: list[EventData]) -> None:
-        """Publish consecutive ``events`` of this loop in one round trip, fenced by the attempt."""
+    async def _announce_decisions(self, step: int, plans: list[CallPlan]) -> None:
+        """Publish the ``tool_call.decided`` event of each decided call of step ``step`` (its ``plans``) once per
+        call, in one round trip, fenced by the attempt: each publish sets the call's marker
+        (:meth:`~smith_client.keys.Keys.tool_call_decided_published`) in the same script, so a step planned again
+        (a re-run after a crash before its append, a step that paused again) announces no decision twice
+        (docs/architecture.md, Pausing for a person). Raises :class:`StaleAttemptError` when fenced off."""
+        keys, turn_id, position = self.rt.keys, self.ctx.turn_id, self.ctx.position
         rt = RoundTrip()
-        self.ctx.queue_publish(rt, events)
+        published = [
+            self.rt.events.publish_in(
+                rt,
+                turn_id,
+                plan.decided,
+                self.agent_path,
+                attempt=self.attempt.attempt,
+                once_key=keys.tool_call_decided_published(turn_id, step, index, position),
+                call_path=self.ctx.call_path,
+            )
+            for index, plan in enumerate(plans)
+            if plan.decided is not None
+        ]
+        if not published:
+            return
         await rt.run(self.rt.redis)
+        if any(seq.value < 0 for seq in published):
+            raise StaleAttemptError(turn_id)
 
     def _kept_keys(self, step: int, routes: list[ToolRoute | None]) -> list[str]:
         """The keys step ``step`` (its calls' ``routes``) needs when it resumes after a pause: each call's tool
-        result and ``tool.result`` marker, and the checkpoint of each sub-agent it called."""
+        result, its ``tool.result`` and ``tool_call.decided`` markers, and the checkpoint of each sub-agent it
+        called."""
         keys, turn_id, position = self.rt.keys, self.ctx.turn_id, self.ctx.position
         kept: list[str] = []
         for index, route in enumerate(routes):
             kept += [keys.tool_result(turn_id, step, index, position)]
             kept += [keys.tool_result_published(turn_id, step, index, position)]
+            kept += [keys.tool_call_decided_published(turn_id, step, index, position)]
             if route is not None and route.source == SUBAGENTS:
                 kept += self.subagents.checkpoint(step, index)
         return kept

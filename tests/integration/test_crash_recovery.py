@@ -269,3 +269,34 @@ async def test_kill_9_of_the_turn_worker_right_after_the_approval(fleet_client, 
     assert (await fleet_client.turn(turn_id).result(timeout=90)).content == "done"
     prefix = fleet_client.keys.prefix
     assert await fleet_client.redis.lrange(f"{prefix}:test:counted:{label}", 0, -1) == [b"repo"]
+
+
+async def test_kill_9_in_the_resumed_step_announces_the_decision_once(fleet_client, fleet, scenario):
+    """The turn worker that took the resumed turn dies while the approved call runs (its ``tool_call.decided``
+    is out, its append is not): the next attempt plans the step again, reuses the call's result and announces
+    the decision no second time (docs/architecture.md, Pausing for a person)."""
+    label = uuid.uuid4().hex[:8]
+    calls = [("guarded_slow", {"label": label, "seconds": 3})]
+    key, marker = scenario(Script(Reply.tool_calls(calls, ids=["call_gated"]), Reply.text("done")))
+    with pytest.raises(TurnPausedError) as paused:
+        await fleet_client.send(f"{marker} go", conversation_id=f"conv-{key}", agent="guarded_slow", timeout=30)
+    turn_id = paused.value.turn_id
+    await fleet_client.approve(turn_id, "call_gated")
+    running_on = await worker_pid_running(fleet_client, turn_id)
+    await wait_for(fleet_client, turn_id, "tool_call.decided")
+    counted = f"{fleet_client.keys.prefix}:test:counted:{label}"
+    async with asyncio.timeout(30):  # the approved call started on the tool worker
+        while not await fleet_client.redis.lrange(counted, 0, -1):
+            await asyncio.sleep(0.05)
+    [taken] = [proc for proc in fleet.procs["turns"] if proc.pid == running_on]
+    taken.signal(signal.SIGKILL)
+    await fleet.ensure(turns=2, tools=1)
+    handle = fleet_client.turn(turn_id)
+    assert (await handle.result(timeout=90)).content == "done"
+    assert await fleet_client.redis.lrange(counted, 0, -1) == [b"run"]  # the approved call ran once
+    events = [e async for e in handle.events()]
+    assert_clean_stream(events)
+    assert [e.data["reason"] for e in events if e.type == "turn.resumed"] == ["decision", "restart"]
+    decided = [(e.data["id"], e.data["action"]) for e in events if e.type == "tool_call.decided"]
+    assert decided == [("call_gated", "approve")]
+    assert [e.data["tool_call_id"] for e in events if e.type == "tool.result"] == ["call_gated"]

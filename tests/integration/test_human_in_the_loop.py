@@ -462,3 +462,6 @@ async def test_an_approved_sub_agent_that_waits_again_keeps_its_approval(workers
     assert [e.data["pending"][0]["call_id"] for e in events if e.type == "turn.paused"] == [
         "call_vet", "call_vet/call_del"
     ]  # fmt: skip
+    # each decision announced once, though the root's step planned its approved call again after its second pause
+    decided = [(e.call_path, e.data["id"], e.data["action"]) for e in events if e.type == "tool_call.decided"]
+    assert decided == [([], "call_vet", "approve"), (["call_vet"], "call_del", "approve")]

@@ -387,6 +387,18 @@ app.external_tool(
     parameters={"type": "object", "properties": {"hint": {"type": "string"}}, "required": ["hint"]},
 )
 app.agent("guarded", tools=[guarded_delete, tidy, counted, "pick_color"])
+
+
+@app.tool(timeout=30.0, needs_approval=True)
+async def guarded_slow(label: str, seconds: float) -> str:
+    """Records its run under `counted:<label>`, then sleeps `seconds`: a resumed step still running its approved
+    call (for kill -9 tests); always needs approval."""
+    await _record(f"counted:{label}", "run")
+    await asyncio.sleep(seconds)
+    return "slowly done"
+
+
+app.agent("guarded_slow", tools=[guarded_slow])
 # its calls wait 1 s for a person, then the sweeper (every 2 s) rejects them
 app.agent("guarded_brief", tools=[guarded_delete, counted], config=AgentConfig(approval_timeout=1.0))
 # an MCP server whose listed tools wait for approval (its other tools run as usual)
