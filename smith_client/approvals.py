@@ -36,7 +36,7 @@ from smith_client.protocol import Operation, call, run, run_script
 from smith_client.roundtrip import Pending, RoundTrip
 from smith_client.turn_record import decode_state
 from smith_client.turns import resume_job_call
-from smith_client.validation import check_id, check_json, check_size
+from smith_client.validation import check_fits_schema, check_id, check_json, check_size
 
 #: The default message of a rejected call's error tool message.
 REJECTED = "a person rejected this call"
@@ -254,53 +254,9 @@ def _check_fits(item: PendingItem, decision: Decision) -> None:
         wanted = "submit_tool_result" if item.kind == "external" else "approve or reject"
         raise InvalidRequestError(f"call {item.call_id} ({item.kind}) takes {wanted}", field="call_id")
     if decision.arguments is not None:
-        problems = schema_problems(item.parameters, decision.arguments)
-        if problems:
-            raise InvalidRequestError(
-                f"arguments for {item.tool} do not fit its schema: {'; '.join(problems)}", field="arguments"
-            )
-
-
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,),
-    "array": (list,),
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "null": (type(None),),
-}
-
-
-def schema_problems(schema: dict[str, Any], value: Any, path: str = "arguments") -> list[str]:
-    """What in ``value`` breaks ``schema``, a JSON Schema read for the keywords tools use: ``type``, ``enum``,
-    ``properties``, ``required``, ``additionalProperties: false`` and ``items`` (others are not checked;
-    https://json-schema.org/draft/2020-12/json-schema-validation). ``[]`` when it fits."""
-    types = schema.get("type")
-    allowed = [types] if isinstance(types, str) else list(types or [])
-    if allowed and not any(_is_type(value, name) for name in allowed):
-        return [f"{path} is not of type {' or '.join(allowed)}"]
-    if "enum" in schema and value not in schema["enum"]:
-        return [f"{path} is not one of {schema['enum']}"]
-    problems: list[str] = []
-    if isinstance(value, dict):
-        properties = schema.get("properties") or {}
-        problems += [f"{path}.{name} is missing" for name in schema.get("required", []) if name not in value]
-        for name, item in value.items():
-            if name in properties:
-                problems += schema_problems(properties[name], item, f"{path}.{name}")
-            elif schema.get("additionalProperties") is False:
-                problems.append(f"{path}.{name} is not allowed")
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for position, item in enumerate(value):
-            problems += schema_problems(schema["items"], item, f"{path}[{position}]")
-    return problems
-
-
-def _is_type(value: Any, name: str) -> bool:
-    if isinstance(value, bool) and name in ("integer", "number"):
-        return False
-    return isinstance(value, _JSON_TYPES.get(name, (object,)))
+        check_fits_schema(
+            item.parameters, decision.arguments, "arguments", f"arguments for {item.tool} do not fit its schema"
+        )
 
 
 def result_content(result: Any) -> str:

@@ -346,7 +346,8 @@ class SmithClient(ClientBase):
         Raises :class:`TurnNotFoundError` for a turn Redis does not have; :class:`NoPendingCallError` (its
         ``pending`` names the calls still waiting) when the turn never waited on such a call or ended without
         deciding it (cancelled); :class:`InvalidRequestError` (its ``field`` named) for arguments that are not
-        a dict, too large or do not fit the schema, or for a call of an external tool (use
+        a dict, too large or do not fit the tool's JSON Schema (``field``: the path to the value, e.g.
+        ``arguments.target``), or for a call of an external tool (use
         :meth:`submit_tool_result`).
         """
         return await self.runner.run(self._op_approve(turn_id, call_id, arguments))

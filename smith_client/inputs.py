@@ -15,13 +15,13 @@ from typing import Any, get_args
 from pydantic import BaseModel
 
 from smith_client import turn_record as record
-from smith_client.approvals import pending_items, schema_problems, unknown_turn
+from smith_client.approvals import pending_items, unknown_turn
 from smith_client.errors import InvalidRequestError, NoPendingCallError, TurnNotFoundError
 from smith_client.events import InputAction, PendingItem
 from smith_client.keys import INPUT_REPLY_TTL, Keys
 from smith_client.protocol import Operation, call, run
 from smith_client.roundtrip import Pending, RoundTrip
-from smith_client.validation import check_id, check_json
+from smith_client.validation import check_fits_schema, check_id, check_json
 
 
 class InputResponse(BaseModel):
@@ -52,11 +52,7 @@ def respond(
         raise (yield from _not_open(keys, turn_id, request_id))
     item = PendingItem.model_validate_json(raw)
     if answer.content is not None:
-        problems = schema_problems(item.parameters, answer.content, "content")
-        if problems:
-            raise InvalidRequestError(
-                f"content does not fit the requested schema: {'; '.join(problems)}", field="content"
-            )
+        check_fits_schema(item.parameters, answer.content, "content", "content does not fit the requested schema")
     rt = RoundTrip(transaction=True)
     taken = rt.call("hdel", keys.turn_inputs(turn_id), request_id, parse=int)
     reply = keys.turn_input_reply(turn_id, request_id)

@@ -8,6 +8,7 @@ anything reaches Redis (ids per
 
 from __future__ import annotations
 
+import re
 import reprlib
 import time
 import uuid
@@ -96,6 +97,38 @@ def check_json(value: Any, field: str) -> str:
     except TypeError as exc:
         raise InvalidRequestError(f"{field} is not JSON-able: {exc}", field=field) from exc
     return check_size(text, field)
+
+
+#: Longest reason quoted from a schema error (its message may quote the whole value).
+_REASON_CHARS = 200
+
+
+def check_fits_schema(schema: dict[str, Any], value: Any, field: str, subject: str) -> None:
+    """Raise :class:`InvalidRequestError` when ``value`` (the value of request field ``field``, size-checked
+    already: :func:`check_json`) is not valid under the JSON Schema ``schema``.
+
+    The validator is the one of the schema's ``$schema`` dialect, Draft 2020-12 when it names none or one the
+    ``jsonschema`` library does not know (https://json-schema.org/draft/2020-12/json-schema-core#section-8.1.1);
+    ``format`` is an annotation, as that draft has it. The error is the most relevant one
+    (``jsonschema.exceptions.best_match``, which looks inside ``oneOf``/``anyOf``): its message is
+    ``"<subject>: <path>: <reason>"`` and its ``field`` the path to the offending value, ``field`` first
+    (``arguments.items[0].name``). A schema that is itself invalid, or whose ``$ref`` cannot be resolved without
+    the network, checks nothing (the tool still validates what it gets when it runs)."""
+    # Imported here: jsonschema takes a few hundred ms to import, and only a decision with a value needs it.
+    from jsonschema import exceptions, validators
+    from referencing.exceptions import Unresolvable
+
+    cls = validators.validator_for(schema, default=validators.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+        error = exceptions.best_match(cls(schema).iter_errors(value))
+    except (exceptions.SchemaError, Unresolvable, re.error):
+        return
+    if error is None:
+        return
+    path = field + "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in error.absolute_path)
+    reason = error.message if len(error.message) <= _REASON_CHARS else error.message[: _REASON_CHARS - 3] + "..."
+    raise InvalidRequestError(f"{subject}: {path}: {reason}", field=path)
 
 
 def check_sampling(sampling: Any) -> dict[str, Any] | None:
