@@ -2,12 +2,14 @@
 
 Starts what ``make demo`` starts (Redis unless ``SMITH_REDIS_URL`` answers,
 the embedded model unless ``SMITH_LLM_BASE_URL`` is set, a turn and a tool
-worker serving :mod:`smith_worker.demo`: calculator, read_local_file and the
-bundled MCP example server), then runs :class:`~smith_client.repl.ChatRepl`
+worker serving :mod:`smith_worker.demo`: calculator, read_local_file, write_local_file and
+the bundled MCP example server), then runs :class:`~smith_client.repl.ChatRepl`
 on the demo's ``chat`` agent, which lets the model choose its tools (``make
 demo``'s ``default`` agent forces the calculator instead): tokens to stdout,
 tool status lines to stderr; ``/reset``, ``/exit``, Ctrl-D, and Ctrl-C to
-cancel a running turn. Child logs go to ``.demo-logs/``.
+cancel a running turn. A write_local_file call waits for the person's ``y``/``n``
+(the tool needs approval): ``y`` writes the file, ``n`` gives the model the
+rejection. Child logs go to ``.demo-logs/``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The demo ``read_local_file`` tool: read a small UTF-8 text file from a sandbox.
+"""The demo's file tools: ``read_local_file`` reads a small UTF-8 text file from a sandbox,
+``write_local_file`` writes one into it (the demo gates it behind a person's approval).
 
 Error messages quote the path exactly as the caller gave it and never reveal
 where the sandbox lives on the host.
@@ -11,7 +12,7 @@ import os
 import stat
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
-__all__ = ["DEFAULT_MAX_BYTES", "DEMO_SANDBOX", "SandboxError", "read_local_file"]
+__all__ = ["DEFAULT_MAX_BYTES", "DEMO_SANDBOX", "SandboxError", "read_local_file", "write_local_file"]
 
 DEFAULT_MAX_BYTES = 64 * 1024
 """Default size limit, in bytes (not characters), of a file that may be read."""
@@ -23,6 +24,9 @@ DEMO_SANDBOX = Path(__file__).resolve().parent / "demo_fs"
 # O_NONBLOCK: opening a FIFO must not hang; it is refused as "not a regular file".
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Writing: created if missing, never through a symlink (O_NOFOLLOW: ELOOP, a dangling one too), never blocking
+# on a FIFO (O_NONBLOCK: ENXIO without a reader); truncated only once it is known to be a lone regular file.
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 #: Symlinks followed for one path before it counts as a loop (Linux's own limit is 40).
 _MAX_SYMLINKS = 40
 
@@ -64,6 +68,86 @@ def read_local_file(path: str, sandbox: Path, max_bytes: int = DEFAULT_MAX_BYTES
     root = _resolve_sandbox(sandbox)
     data = _read_regular_file(root, path, max_bytes)
     return _decode_utf8(data, path)
+
+
+def write_local_file(path: str, content: str, sandbox: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> int:
+    """Write ``content`` as UTF-8 to the file at ``path`` inside ``sandbox``, creating or replacing it.
+
+    Args:
+        path: a relative path such as ``"notes/todo.txt"``; its folder must exist inside ``sandbox`` (reached
+            as :func:`read_local_file` reaches a file: race-free, symlinks followed only inside it).
+        content: the text to write (``str``), unchanged (no newline translation).
+        sandbox: an existing directory; nothing outside its real path is written.
+        max_bytes: the largest content accepted, in UTF-8 bytes.
+
+    Returns:
+        The number of bytes written (``int``).
+
+    Raises:
+        SandboxError: the path is refused as :func:`read_local_file` refuses it, names a folder, or its folder
+            is missing, not a folder or outside the sandbox; the target is a symlink (followed never, a dangling
+            one neither), a folder or other non-regular file, or a file with more than one hard link (it may
+            be a file outside the sandbox too); ``content`` is not a string, not valid Unicode, or larger than
+            ``max_bytes``; or the file cannot be written.  Also raised if ``sandbox`` is not an existing
+            directory.
+        ValueError: ``max_bytes`` is not a positive integer.
+    """
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+        raise ValueError(f"max_bytes must be a positive integer, not {max_bytes!r}")
+    _check_path_syntax(path)
+    data = _encode_utf8(content, max_bytes)
+    root = _resolve_sandbox(sandbox)
+    parts = _components(path)  # reversed: the file's name first
+    if not parts:
+        raise SandboxError(f"{path!r} names a folder, not a file")
+    fd = _create_inside(root, path, parts[0], "/".join(reversed(parts[1:])) or ".")
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SandboxError(f"{path!r} is not a regular file")
+        if info.st_nlink > 1:
+            raise SandboxError(f"{path!r} refused: it has {info.st_nlink} hard links")
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError as exc:
+        raise SandboxError(f"cannot write {path!r}: {_reason(exc)}") from None
+    finally:
+        os.close(fd)
+    return len(data)
+
+
+def _encode_utf8(content: str, max_bytes: int) -> bytes:
+    if not isinstance(content, str):
+        raise SandboxError(f"content must be a string, not {type(content).__name__}")
+    try:
+        data = content.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SandboxError(f"content is not valid Unicode (lone surrogate at {exc.start})") from None
+    if len(data) > max_bytes:
+        raise SandboxError(f"content is too large: {len(data)} bytes (limit {max_bytes} bytes)")
+    return data
+
+
+def _create_inside(root: Path, path: str, name: str, folder: str) -> int:
+    """Open (creating it) file ``name`` of ``folder`` inside ``root`` for writing; ``path`` is for messages."""
+    dir_fd = _open_inside(root, folder)
+    try:
+        if not stat.S_ISDIR(os.fstat(dir_fd).st_mode):
+            raise SandboxError(f"no such folder for {path!r}")
+        return os.open(name, _WRITE_FLAGS, 0o644, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SandboxError(f"{path!r} refused: it is a symlink") from None
+        if exc.errno == errno.EISDIR:
+            raise SandboxError(f"{path!r} is a directory, not a file") from None
+        if exc.errno == errno.ENXIO:
+            raise SandboxError(f"{path!r} is not a regular file") from None
+        raise SandboxError(f"cannot write {path!r}: {_reason(exc)}") from None
+    finally:
+        os.close(dir_fd)
 
 
 def _check_path_syntax(path: str) -> None:

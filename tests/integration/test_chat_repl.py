@@ -1,5 +1,6 @@
 """`make chat` driven through a pseudo-terminal: tokens, tool status, /reset, Ctrl-C cancelling a turn, Ctrl-D,
-and the model choosing read_local_file or the bundled MCP example server's tool itself."""
+the model choosing read_local_file or the bundled MCP example server's tool itself, and the y/n question before
+its approval-gated write_local_file."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import uuid
 import pexpect
 import pytest
 
+from smith_client.approvals import REJECTED
 from smith_worker.testing import Reply, Script
 from tests.conftest import ROOT
 from tests.integration.test_demo_run import demo_processes
@@ -98,6 +100,50 @@ def test_chat_model_reads_a_sandbox_file(redis_url, scripted_llm, scenario, tmp_
                   f"{marker} Read notes.txt", f"[tool result] read_local_file -> {content} (worker ",
                   "The notes are read.")
     assert_model_chose_and_saw(scripted_llm.requests_for(key), "read_local_file", content)
+    assert demo_processes(redis_url) == []
+
+
+def test_chat_asks_y_n_before_the_model_writes_a_file(redis_url, scripted_llm, scenario, tmp_path):
+    """write_local_file needs approval: the REPL asks y/n; ``y`` writes the file inside SMITH_DEMO_FS, ``n``
+    writes nothing and the model gets the rejection as the tool's error message."""
+    sandbox = tmp_path / "demo_fs"
+    sandbox.mkdir()
+    text = f"kept {uuid.uuid4().hex}"
+    yes_key, yes = scenario(Script(Reply.tool_calls([("write_local_file", {"path": "kept.txt", "content": text})]),
+                                   Reply.text("Written.")))  # fmt: skip
+    no_key, no = scenario(Script(Reply.tool_calls([("write_local_file", {"path": "refused.txt", "content": "x"})]),
+                                 Reply.text("Not written.")))  # fmt: skip
+    child = spawn_chat(redis_url, scripted_llm, tmp_path, SMITH_DEMO_FS=str(sandbox))
+    try:
+        child.expect_exact("you> ")
+        child.sendline(f"{yes} Write kept.txt")
+        child.expect_exact("[turn paused] 1 call(s) wait for a person")
+        child.expect_exact(f'approve write_local_file({{"path":"kept.txt","content":"{text}"}})? [y/n] ')
+        child.sendline("y")
+        child.expect_exact(f"[tool result] write_local_file -> wrote {len(text)} bytes to kept.txt (worker ")
+        child.expect_exact("Written.")
+        child.expect_exact("you> ")
+
+        child.sendline("/reset")  # each scenario is routed by a conversation's first message
+        child.sendline(f"{no} Write refused.txt")
+        child.expect_exact('approve write_local_file({"path":"refused.txt","content":"x"})? [y/n] ')
+        child.sendline("n")
+        child.expect_exact(f"[tool call rejected] write_local_file: {REJECTED}")
+        child.expect_exact("Not written.")
+        child.expect_exact("you> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, child.before
+    assert (sandbox / "kept.txt").read_text() == text
+    assert not (sandbox / "refused.txt").exists()
+    assert_model_chose_and_saw(scripted_llm.requests_for(yes_key), "write_local_file",
+                               f"wrote {len(text)} bytes to kept.txt")  # fmt: skip
+    rejected = scripted_llm.requests_for(no_key)[-1]
+    assert [m["content"] for m in rejected.messages if m["role"] == "tool"] == [
+        f'{{"error":true,"message":"{REJECTED}"}}'
+    ]  # fmt: skip
     assert demo_processes(redis_url) == []
 
 

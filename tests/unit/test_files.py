@@ -16,6 +16,7 @@ from smith_worker.demo.files import (
     DEMO_SANDBOX,
     SandboxError,
     read_local_file,
+    write_local_file,
 )
 
 
@@ -336,3 +337,68 @@ def test_a_symlink_swapped_during_reads_never_leads_outside(tmp_path: Path) -> N
 def test_refuses_a_hard_link_to_an_outside_file(layout: Path) -> None:
     os.link(layout.parent / "outside" / "secret.txt", layout / "hard.txt")
     assert_refused("hard.txt", layout, "'hard.txt' refused: it has 2 hard links")
+
+
+# ------------------------------------------------------- write_local_file (the chat agent's gated tool)
+
+
+def assert_write_refused(path: str, sandbox: Path, message: str, content: str = "x", **kwargs: int) -> None:
+    with pytest.raises(SandboxError) as caught:
+        write_local_file(path, content, sandbox, **kwargs)
+    assert message in str(caught.value)
+    assert str(sandbox) not in str(caught.value)
+
+
+def test_writes_creates_and_replaces_a_file_inside(layout: Path) -> None:
+    assert write_local_file("new.txt", "héllo\n", layout) == len("héllo\n".encode())
+    assert (layout / "new.txt").read_bytes() == "héllo\n".encode()
+    assert write_local_file("sub/new.txt", "one", layout) == 3
+    assert write_local_file("./sub/new.txt", "two", layout) == 3  # replaced, not appended
+    assert (layout / "sub" / "new.txt").read_text() == "two"
+    assert write_local_file("dir_in/other.txt", "in", layout) == 2  # a folder symlink that stays inside
+    assert (layout / "sub" / "other.txt").read_text() == "in"
+    write_local_file("hello.txt", "", layout)
+    assert (layout / "hello.txt").read_text() == ""
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("../outside/new.txt", "'..' components are not allowed"),
+        ("/tmp/new.txt", "absolute path"),
+        ("", "empty path"),
+        ("link_out", "'link_out' refused: it is a symlink"),
+        ("link_in", "'link_in' refused: it is a symlink"),
+        ("dangling_out", "'dangling_out' refused: it is a symlink"),  # O_CREAT never follows it outside
+        ("dir_out/new.txt", "resolves outside the sandbox"),
+        ("sub", "'sub' is a directory, not a file"),
+        (".", "names a folder, not a file"),
+        ("missing/new.txt", "no such file"),
+        ("hello.txt/new.txt", "no such folder for 'hello.txt/new.txt'"),
+    ],
+)
+def test_write_refuses_what_leaves_the_sandbox_or_is_not_a_file(layout: Path, path: str, message: str) -> None:
+    assert_write_refused(path, layout, message)
+    assert (layout.parent / "outside" / "secret.txt").read_text() == "secret\n"
+    assert not (layout.parent / "outside" / "new.txt").exists()
+    assert not (layout.parent / "outside" / "missing.txt").exists()
+
+
+def test_write_refuses_a_hard_link_to_an_outside_file(layout: Path) -> None:
+    os.link(layout.parent / "outside" / "secret.txt", layout / "hard.txt")
+    assert_write_refused("hard.txt", layout, "'hard.txt' refused: it has 2 hard links")
+    assert (layout.parent / "outside" / "secret.txt").read_text() == "secret\n"  # not truncated
+
+
+def test_write_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe")
+    assert_write_refused("pipe", tmp_path, "'pipe' is not a regular file")
+
+
+def test_write_checks_the_content(tmp_path: Path) -> None:
+    assert_write_refused("a.txt", tmp_path, "content is too large: 5 bytes (limit 4 bytes)", "héll", max_bytes=4)
+    assert write_local_file("a.txt", "four", tmp_path, max_bytes=4) == 4
+    assert_write_refused("b.txt", tmp_path, "lone surrogate", "\ud800")
+    with pytest.raises(SandboxError, match="content must be a string"):
+        write_local_file("b.txt", 5, tmp_path)  # type: ignore[arg-type]
+    assert not (tmp_path / "b.txt").exists()
