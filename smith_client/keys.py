@@ -54,8 +54,8 @@ key                                      what                            lifetim
 ``{p}:toolres:{t}:{s}:{i}:started``      which tool worker started it    ``turn_ttl``
 ``{p}:conv:{c}:skills``                  active skills (list)            ``history_ttl`` after the last use
 ``{p}:toolres:{t}:{s}:{i}:published``    its ``tool.result`` is out      ``turn_ttl``
-``{p}:toolres:{t}:{s}:{i}:decided``      its ``tool_call.decided`` is out ``turn_ttl``; a pause's life while it
-                                                                         pauses again
+``{p}:toolres:{t}:{s}:{i}:decided``      its decision was announced      ``turn_ttl``; its step's pause's life while
+                                         (``tool_call.decided``)         that step pauses again
 ``{p}:toolres:{t}:{s}:{i}:reruns``       re-runs of an idempotent call   ``turn_ttl``
 ``arq:job:{id}``, ``arq:in-progress:…``  arq's per-job keys              owned by arq
 ``arq:abort``                            arq's abort requests (ZSET)     :data:`ABORT_ENTRY_TTL`
