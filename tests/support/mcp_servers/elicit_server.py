@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
-
 from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel, Field
 
 server = MCPServer("elicit", version="1.0.0", log_level="WARNING")
 
