@@ -243,7 +243,7 @@ async def _run_pending(args: argparse.Namespace) -> int:
     stderr saying the turn's status. Raises :class:`TurnNotFoundError` for a turn Redis does not have."""
     async with _connect(args) as client:
         items = await client.pending(args.turn)
-        status = "waiting" if items else await client.turn(args.turn).status()
+        status = "paused" if items else await client.turn(args.turn).status()
     if not items:
         print(f"turn {args.turn} waits on no call: it is {status}", file=sys.stderr)
         return 0

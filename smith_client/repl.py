@@ -249,7 +249,7 @@ class ChatRepl:
         self.timeout = timeout
         self.err = err
         self._turn: asyncio.Task[bool] | None = None
-        self._asking = False  # a question about a paused turn's call is on the terminal
+        self._asking = ""  # while a question is on the terminal: what Ctrl-D does to it
 
     def _status(self, line: str) -> None:
         self.err.write(line + "\n")
@@ -257,7 +257,7 @@ class ChatRepl:
 
     def _on_interrupt(self) -> None:
         if self._asking:  # its input() thread cannot be interrupted: the answer stays awaited
-            self._status("\n(answer the question; Ctrl-D leaves the turn paused)")
+            self._status(f"\n(answer the question; Ctrl-D {self._asking})")
         elif self._turn is not None and not self._turn.done():
             self._turn.cancel()
         else:
@@ -346,7 +346,7 @@ class ChatRepl:
         """The person's answer to input request ``item``: ``a``/``d``/``c`` (asked again until one of them), and
         with accept each field's value (:func:`~smith_client.input_form.field_value`, asked again until it reads).
         Raises EOFError at the end of input."""
-        self._asking = True
+        self._asking = "leaves the request open"
         try:
             action = ""
             while action not in _ACTIONS:
@@ -365,14 +365,14 @@ class ChatRepl:
                     content[field.name] = value
             return input_response("accept", content)
         finally:
-            self._asking = False
+            self._asking = ""
 
     async def _ask_about(self, item: PendingItem) -> Decision:
         """The person's decision on ``item``: ``y``/``n`` for an approval (asked again until one of them),
         a non-blank line for an external tool's result. Raises EOFError at the end of input."""
         external = item.kind == "external"
         question = f"result of {call_text(item)}> " if external else f"approve {call_text(item)}? [y/n] "
-        self._asking = True
+        self._asking = "leaves the turn paused"
         try:
             while True:
                 answer = (await asyncio.to_thread(input, question)).strip()
@@ -383,7 +383,7 @@ class ChatRepl:
                 if answer.lower() in ("n", "no"):
                     return Decision(action="reject", message=REJECTED)
         finally:
-            self._asking = False
+            self._asking = ""
 
 
 __all__ = [

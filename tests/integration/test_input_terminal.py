@@ -104,6 +104,8 @@ def test_smith_chat_asks_for_each_field_then_the_turn_goes_on(scenario, scripted
         chat.expect_exact(QUESTION)
         chat.sendline("maybe")  # none of them: asked again
         chat.expect_exact(QUESTION)
+        chat.sendintr()  # Ctrl-C at the question does not cancel the turn
+        chat.expect_exact("(answer the question; Ctrl-D leaves the request open)")
         chat.sendline("a")
         chat.expect_exact("  colour (one of red|green|blue, required: the ink)> ")
         chat.sendline("purple")  # not one of them: asked again
