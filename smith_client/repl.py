@@ -30,7 +30,7 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 import orjson
 
@@ -39,19 +39,19 @@ from smith_client import turn_record as record
 from smith_client.approvals import REJECTED, Decision
 from smith_client.errors import InvalidRequestError, NoPendingCallError
 from smith_client.events import TURN_COMPLETED, Event, InputRequestedData, PendingItem
-from smith_client.input_form import describe, field_value, form_fields
+from smith_client.input_form import FormField, describe, field_value, form_fields
 from smith_client.inputs import InputResponse, input_response
 from smith_client.protocol import call
 from smith_client.settings import masked_url
 from smith_client.turns import paused_error
 
 PROMPT = "you> "
-#: What a person types to answer an input request, and the action it means.
-_ACTIONS = {"a": "accept", "accept": "accept", "d": "decline", "decline": "decline", "c": "cancel", "cancel": "cancel"}
 EXIT_COMMANDS = ("/exit", "/quit")
 RESET_COMMAND = "/reset"
 #: A line that is one ``/word`` is a command; any other line (``/usr/bin is a path``) is a message.
 COMMAND = re.compile(r"/\w+")
+#: What a person types to answer an input request, and the action it means.
+_ACTIONS = {"a": "accept", "accept": "accept", "d": "decline", "decline": "decline", "c": "cancel", "cancel": "cancel"}
 
 Printer = Callable[[Event], None]
 #: What a follower does when its turn pauses, given the turn id and its undecided calls: decide them (the turn's
@@ -112,6 +112,7 @@ async def run_turn(
     any more. Raises :class:`SmithError` from the client (:class:`SmithTimeoutError`
     at the timeout) or from ``decide`` (:class:`TurnPausedError` leaves the turn paused).
     """
+    options = options or CommandOptions(client.keys.prefix)
     handle = await client.submit(text, conversation_id=conversation_id, agent=agent)
     ahead = await paused_ahead(client, conversation_id, handle.turn_id)
     if ahead is not None:
@@ -120,7 +121,6 @@ async def run_turn(
             f"(smith pending {options} {ahead}) or cancelled]\n"
         )
         err.flush()
-    options = options or CommandOptions(client.keys.prefix)
     ok = False
     try:
         async for event in handle.events(timeout=timeout):  # replayed from seq 1, through pauses: nothing missed
@@ -353,19 +353,18 @@ class ChatRepl:
                 action = (await asyncio.to_thread(input, "accept, decline or cancel? [a/d/c] ")).strip().lower()
             if _ACTIONS[action] != "accept":
                 return input_response(_ACTIONS[action], None)
-            content = {}
-            for field in form_fields(item.parameters):
-                while True:
-                    try:
-                        value = field_value(field, await asyncio.to_thread(input, f"  {describe(field)}> "))
-                        break
-                    except ValueError as exc:
-                        self._status(f"  ({exc})")
-                if value is not None:
-                    content[field.name] = value
-            return input_response("accept", content)
+            values = [(field.name, await self._ask_field(field)) for field in form_fields(item.parameters)]
+            return input_response("accept", {name: value for name, value in values if value is not None})
         finally:
             self._asking = ""
+
+    async def _ask_field(self, field: FormField) -> Any:
+        """The value the person types for ``field`` (None: left out), asked again, saying why, until it reads."""
+        while True:
+            try:
+                return field_value(field, await asyncio.to_thread(input, f"  {describe(field)}> "))
+            except ValueError as exc:
+                self._status(f"  ({exc})")
 
     async def _ask_about(self, item: PendingItem) -> Decision:
         """The person's decision on ``item``: ``y``/``n`` for an approval (asked again until one of them),
