@@ -13,6 +13,10 @@
   ``--prefix`` and, when given, the ``--redis-url`` it was run with, a password shown as ``***``) and exits
   with :data:`PAUSED_EXIT` (3), leaving the turn paused; ``smith chat`` asks about each call instead. A turn
   queued behind a paused turn of its conversation says so on stderr, naming that turn.
+* An MCP server asking for input during a tool call (the turn keeps running): ``smith pending TURN`` lists the
+  open requests too, each with the command that answers it, ``smith respond TURN REQUEST accept|decline|cancel
+  [--content JSON]`` (content checked as the client's ``respond`` checks it); ``smith ask`` prints those commands
+  on stderr when its turn asks and follows the turn on; ``smith chat`` asks for each field instead.
 * It reads the variables of :class:`~smith_client.settings.ClientSettings` (``SMITH_REDIS_URL``,
   ``SMITH_PREFIX``, …), checked before any command: a bad one is one line on stderr and exit code 1.
 * ``smith COMMAND -h`` lists a command's options, which go after it (or, as before, ahead of it);
@@ -41,6 +45,8 @@ from smith_client.client import SmithClient
 from smith_client.errors import ConfigurationError, SmithError, TurnPausedError, UnknownAgentError
 from smith_client.events import (
     Event,
+    InputAnsweredData,
+    InputRequestedData,
     TokenData,
     ToolCallCompletedData,
     ToolCallDecidedData,
@@ -51,9 +57,19 @@ from smith_client.events import (
     TurnResumedData,
 )
 from smith_client.hygiene import conversation_keys
+from smith_client.inputs import input_response
 from smith_client.redis_errors import smith_error
 from smith_client.registry import fleet_status
-from smith_client.repl import ChatRepl, CommandOptions, agent_chain, decide_call, paused_report, run_turn
+from smith_client.repl import (
+    ChatRepl,
+    CommandOptions,
+    agent_chain,
+    call_text,
+    decide_call,
+    input_report,
+    paused_report,
+    run_turn,
+)
 from smith_client.settings import DEFAULT_REDIS_URL, ClientSettings, env_name
 from smith_client.validation import check_served
 
@@ -110,6 +126,10 @@ class StreamPrinter:
             self._status(f"[turn paused] {len(data.pending)} call(s) wait for a person")
         elif isinstance(data, ToolCallDecidedData):
             self._status(f"{chain}{_decided(data)}")
+        elif isinstance(data, InputRequestedData):
+            self._status(f"[input requested] {call_text(data.item)}: {data.item.message}")
+        elif isinstance(data, InputAnsweredData):
+            self._status(f"{chain}[input {data.request_id} answered: {data.action}]")
 
     def _status(self, line: str) -> None:
         self.err.write(line + "\n")
@@ -218,7 +238,8 @@ async def _run_status(args: argparse.Namespace) -> int:
 
 
 async def _run_pending(args: argparse.Namespace) -> int:
-    """``smith pending TURN``: one row per undecided call of the paused turn; when there is none, one line on
+    """``smith pending TURN``: one row per undecided call of the paused turn, then each open input request of its
+    running calls with the commands that answer it (:func:`input_report`); when there is none, one line on
     stderr saying the turn's status. Raises :class:`TurnNotFoundError` for a turn Redis does not have."""
     async with _connect(args) as client:
         items = await client.pending(args.turn)
@@ -226,8 +247,13 @@ async def _run_pending(args: argparse.Namespace) -> int:
     if not items:
         print(f"turn {args.turn} waits on no call: it is {status}", file=sys.stderr)
         return 0
-    rows = [(i.call_id, i.kind, i.tool, " > ".join(i.agent_path), _compact(i.arguments)) for i in items]
-    print("\n".join(_table(("call", "kind", "tool", "agent", "arguments"), rows)))
+    calls = [i for i in items if i.kind != "input"]
+    rows = [(i.call_id, i.kind, i.tool, " > ".join(i.agent_path), _compact(i.arguments)) for i in calls]
+    lines = _table(("call", "kind", "tool", "agent", "arguments"), rows) if calls else []
+    options = CommandOptions(client.keys.prefix, args.given_redis_url)
+    for item in items[len(calls) :]:  # the open input requests come after the paused calls
+        lines += input_report(options, args.turn, item)
+    print("\n".join(lines))
     return 0
 
 
@@ -263,6 +289,16 @@ async def _run_decide(args: argparse.Namespace) -> int:
     if standing != asked:
         print(f"smith: call {args.call} was decided before; this decision changed nothing", file=sys.stderr)
         return 1
+    return 0
+
+
+async def _run_respond(args: argparse.Namespace) -> int:
+    """``smith respond TURN REQUEST ACTION [--content JSON]``: answers the open input request (checked first as
+    ``respond`` checks it) and prints the answer sent. Raises as :meth:`SmithClient.respond` does."""
+    asked = input_response(args.action, args.content)
+    async with _connect(args) as client:
+        answer = await client.respond(args.turn, args.request, asked.action, asked.content)
+    print(f"{args.request}: {answer.model_dump_json(exclude_none=True)}")
     return 0
 
 
@@ -354,6 +390,7 @@ _COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
     "approve": ("approve a paused turn's call: it runs once the turn resumes", dict(_CONNECTION)),
     "reject": ("reject a paused turn's call: the model gets an error tool message", dict(_CONNECTION)),
     "result": ("give the result of a paused turn's external tool call", dict(_CONNECTION)),
+    "respond": ("answer an MCP server's request for input during a running tool call", dict(_CONNECTION)),
 }
 _TURN = ("turn", {"metavar": "TURN", "help": "the paused turn's id"})
 _CALL = ("call", {"metavar": "CALL", "help": "the call's id (smith pending TURN lists them)"})
@@ -386,6 +423,19 @@ _ARGUMENTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         _CALL,
         ("value", {"metavar": "VALUE", "help": "the call's tool message content, as given (text or JSON)"}),
         ("--error", {"action": "store_true", "help": "the result is an error"}),
+    ],
+    "respond": [
+        ("turn", {"metavar": "TURN", "help": "the running turn's id"}),
+        ("request", {"metavar": "REQUEST", "help": "the input request's id (smith pending TURN lists them)"}),
+        ("action", {"choices": ("accept", "decline", "cancel"), "help": "the answer"}),
+        (
+            "--content",
+            {
+                "metavar": "JSON",
+                "type": _json_object,
+                "help": "with accept: the content, a JSON object checked against the requested schema",
+            },
+        ),
     ],
 }
 
@@ -478,9 +528,11 @@ async def _stopped_by_sigterm(command: Awaitable[int]) -> int:
 
 def smith_main(argv: list[str] | None = None) -> None:
     """Entry point of ``smith``: ``smith ask "question"``, ``smith chat``, ``smith keys --conversation ID``,
-    ``smith status``, ``smith pending TURN``, ``smith approve|reject TURN CALL``, ``smith result TURN CALL VALUE``."""
+    ``smith status``, ``smith pending TURN``, ``smith approve|reject TURN CALL``, ``smith result TURN CALL VALUE``,
+    ``smith respond TURN REQUEST accept|decline|cancel``."""
     args = parse_args(argv)
     commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys, "status": _run_status, "pending": _run_pending}
+    commands["respond"] = _run_respond
     commands |= dict.fromkeys(("approve", "reject", "result"), _run_decide)
     try:
         args.settings = settings = _with_options(ClientSettings.from_env(), args)  # all checked first

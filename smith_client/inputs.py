@@ -46,7 +46,7 @@ def respond(
     """
     check_id(turn_id, "turn_id")
     check_id(request_id, "request_id")
-    answer = _response(action, content)
+    answer = input_response(action, content)
     raw: bytes | None = yield from call("hget", keys.turn_inputs(turn_id), request_id)
     if raw is None:
         raise (yield from _not_open(keys, turn_id, request_id))
@@ -64,7 +64,11 @@ def respond(
     return answer
 
 
-def _response(action: Any, content: Any) -> InputResponse:
+def input_response(action: Any, content: Any) -> InputResponse:
+    """The answer ``respond`` sends, checked: ``action`` one of ``accept``, ``decline``, ``cancel``; ``content`` a
+    JSON object (a dict) of at most :data:`~smith_client.validation.MAX_MESSAGE_BYTES` encoded with ``accept``,
+    None with the others. Raises :class:`InvalidRequestError` naming ``action`` or ``content``. (The fit to the
+    request's schema is checked by :func:`respond`, which reads the request.)"""
     if action not in get_args(InputAction):
         raise InvalidRequestError(f"action must be accept, decline or cancel, got {action!r}", field="action")
     if action == "accept" and not isinstance(content, dict):

@@ -13,6 +13,11 @@ all are decided the resumed turn's events follow. Ctrl-D at such a question
 leaves the turn paused and prints the ``smith`` commands that decide it. A line
 sent while an earlier turn of the conversation is paused waits behind it: one
 status line says so, naming that turn.
+
+An MCP server asking for input during a tool call (``input.requested``; the turn keeps running) is asked
+about at the terminal too: accept, decline or cancel, and with accept a value for each field of the requested
+schema (:mod:`smith_client.input_form`); then ``respond`` answers it. Ctrl-D at such a question leaves the
+request open and prints the ``smith respond`` commands that answer it, and the turn is followed on.
 """
 
 from __future__ import annotations
@@ -25,14 +30,17 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 import orjson
 
 from smith_client import SmithClient, SmithError, SmithTimeoutError, TurnPausedError
 from smith_client import turn_record as record
 from smith_client.approvals import REJECTED, Decision
-from smith_client.events import TURN_COMPLETED, Event, PendingItem
+from smith_client.errors import InvalidRequestError, NoPendingCallError
+from smith_client.events import TURN_COMPLETED, Event, InputRequestedData, PendingItem
+from smith_client.input_form import FormField, describe, field_value, form_fields
+from smith_client.inputs import InputResponse, input_response
 from smith_client.protocol import call
 from smith_client.settings import masked_url
 from smith_client.turns import paused_error
@@ -42,11 +50,17 @@ EXIT_COMMANDS = ("/exit", "/quit")
 RESET_COMMAND = "/reset"
 #: A line that is one ``/word`` is a command; any other line (``/usr/bin is a path``) is a message.
 COMMAND = re.compile(r"/\w+")
+#: What a person types to answer an input request, and the action it means.
+_ACTIONS = {"a": "accept", "accept": "accept", "d": "decline", "decline": "decline", "c": "cancel", "cancel": "cancel"}
 
 Printer = Callable[[Event], None]
 #: What a follower does when its turn pauses, given the turn id and its undecided calls: decide them (the turn's
 #: events after its resume follow), or raise (:class:`TurnPausedError`: the turn stays paused).
 Decider = Callable[[str, list[PendingItem]], Awaitable[None]]
+#: What a follower does with an MCP server's request for input (a pending item of kind ``input``), given the turn
+#: id and the item: answer it and return True, or return False to leave it open (its ``smith respond`` commands are
+#: printed). The turn runs on meanwhile.
+InputAnswerer = Callable[[str, PendingItem], Awaitable[bool]]
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,7 @@ async def run_turn(
     timeout: float | None,
     printer: Printer,
     decide: Decider = leave_paused,
+    answer: InputAnswerer | None = None,
     options: CommandOptions | None = None,
     err: TextIO = sys.stderr,
 ) -> bool:
@@ -89,16 +104,18 @@ async def run_turn(
     When the conversation has a paused turn, the new one waits behind it: one line on ``err`` names it, with
     the ``smith pending`` command (``options``: its connection options, default the client's prefix).
     At a ``turn.paused`` whose calls are still undecided, ``decide`` is called with them and the turn's events
-    after its resume follow (a pause decided meanwhile elsewhere is followed through).
+    after its resume follow (a pause decided meanwhile elsewhere is followed through). At an ``input.requested``,
+    ``answer`` is called with its item; when it is None or leaves the request open, the ``smith respond``
+    commands that answer it go to ``err`` (:func:`input_report`) and the turn is followed on.
     Cancelling the calling task cancels the turn itself, not only the printing;
     so does ``timeout`` (seconds, None: no limit), nobody waiting for the answer
     any more. Raises :class:`SmithError` from the client (:class:`SmithTimeoutError`
     at the timeout) or from ``decide`` (:class:`TurnPausedError` leaves the turn paused).
     """
+    options = options or CommandOptions(client.keys.prefix)
     handle = await client.submit(text, conversation_id=conversation_id, agent=agent)
     ahead = await paused_ahead(client, conversation_id, handle.turn_id)
     if ahead is not None:
-        options = options or CommandOptions(client.keys.prefix)
         err.write(
             f"[turn {handle.turn_id} waits behind paused turn {ahead}: it starts once that one is decided "
             f"(smith pending {options} {ahead}) or cancelled]\n"
@@ -109,7 +126,12 @@ async def run_turn(
         async for event in handle.events(timeout=timeout):  # replayed from seq 1, through pauses: nothing missed
             printer(event)
             ok = event.type == TURN_COMPLETED
-            pending = await client.pending(handle.turn_id) if event.paused else []
+            if isinstance(event.payload, InputRequestedData):
+                item = event.payload.item
+                if answer is None or not await answer(handle.turn_id, item):
+                    err.write("".join(f"{line}\n" for line in input_report(options, handle.turn_id, item)))
+                    err.flush()
+            pending = [i for i in await client.pending(handle.turn_id) if i.kind != "input"] if event.paused else []
             if pending:
                 await decide(handle.turn_id, pending)
     except asyncio.CancelledError:
@@ -174,6 +196,27 @@ def paused_report(options: CommandOptions, paused: TurnPausedError) -> list[str]
     return lines
 
 
+def respond_commands(options: CommandOptions, turn_id: str, item: PendingItem) -> str:
+    """The ``smith respond`` command lines that answer input request ``item`` (kind ``input``) of ``turn_id``."""
+    smith = f"smith respond {options} {turn_id} {item.request_id}"
+    return f"{smith} accept --content JSON  or  {smith} decline"
+
+
+def input_report(options: CommandOptions, turn_id: str, item: PendingItem) -> list[str]:
+    """What to tell a person about an open input request (kind ``input``): the server's message, the fields its
+    content takes (:func:`~smith_client.input_form.describe`) and the commands (connection ``options``) that
+    answer it."""
+    fields = "; ".join(map(describe, form_fields(item.parameters))) or "none"
+    lines = [
+        f"input {item.request_id} for {call_text(item)} waits for a person: {item.message}",
+        f"  content fields: {fields}",
+        f"  {respond_commands(options, turn_id, item)}",
+    ]
+    if options.masked:
+        lines.append("(the password in --redis-url is shown as ***: put yours back to run these)")
+    return lines
+
+
 def new_conversation_id() -> str:
     """A fresh conversation id, ``chat-<12 hex>``."""
     return f"chat-{uuid.uuid4().hex[:12]}"
@@ -206,7 +249,7 @@ class ChatRepl:
         self.timeout = timeout
         self.err = err
         self._turn: asyncio.Task[bool] | None = None
-        self._asking = False  # a question about a paused turn's call is on the terminal
+        self._asking = ""  # while a question is on the terminal: what Ctrl-D does to it
 
     def _status(self, line: str) -> None:
         self.err.write(line + "\n")
@@ -214,7 +257,7 @@ class ChatRepl:
 
     def _on_interrupt(self) -> None:
         if self._asking:  # its input() thread cannot be interrupted: the answer stays awaited
-            self._status("\n(answer the question; Ctrl-D leaves the turn paused)")
+            self._status(f"\n(answer the question; Ctrl-D {self._asking})")
         elif self._turn is not None and not self._turn.done():
             self._turn.cancel()
         else:
@@ -254,6 +297,7 @@ class ChatRepl:
             timeout=self.timeout,
             printer=self.printer,
             decide=self._decide,
+            answer=self._answer_input,
             options=self.options,
             err=self.err,
         )
@@ -283,12 +327,51 @@ class ChatRepl:
             if standing != decision:
                 self._status(f"[{item.call_id} was decided before: {standing.action}]")
 
+    async def _answer_input(self, turn_id: str, item: PendingItem) -> bool:
+        """The REPL's :data:`InputAnswerer`: asks the person (:meth:`_ask_input`) and answers with ``respond``;
+        False (the request left open) when the person leaves with Ctrl-D. A request no longer open (answered
+        elsewhere, timed out) or an answer refused is one status line."""
+        try:
+            response = await self._ask_input(item)
+        except EOFError:
+            self._status("")
+            return False
+        try:
+            await self.client.respond(turn_id, item.request_id, response.action, response.content)
+        except (NoPendingCallError, InvalidRequestError) as exc:
+            self._status(f"[input {item.request_id} not answered] {exc.kind}: {exc.message}")
+        return True
+
+    async def _ask_input(self, item: PendingItem) -> InputResponse:
+        """The person's answer to input request ``item``: ``a``/``d``/``c`` (asked again until one of them), and
+        with accept each field's value (:func:`~smith_client.input_form.field_value`, asked again until it reads).
+        Raises EOFError at the end of input."""
+        self._asking = "leaves the request open"
+        try:
+            action = ""
+            while action not in _ACTIONS:
+                action = (await asyncio.to_thread(input, "accept, decline or cancel? [a/d/c] ")).strip().lower()
+            if _ACTIONS[action] != "accept":
+                return input_response(_ACTIONS[action], None)
+            values = [(field.name, await self._ask_field(field)) for field in form_fields(item.parameters)]
+            return input_response("accept", {name: value for name, value in values if value is not None})
+        finally:
+            self._asking = ""
+
+    async def _ask_field(self, field: FormField) -> Any:
+        """The value the person types for ``field`` (None: left out), asked again, saying why, until it reads."""
+        while True:
+            try:
+                return field_value(field, await asyncio.to_thread(input, f"  {describe(field)}> "))
+            except ValueError as exc:
+                self._status(f"  ({exc})")
+
     async def _ask_about(self, item: PendingItem) -> Decision:
         """The person's decision on ``item``: ``y``/``n`` for an approval (asked again until one of them),
         a non-blank line for an external tool's result. Raises EOFError at the end of input."""
         external = item.kind == "external"
         question = f"result of {call_text(item)}> " if external else f"approve {call_text(item)}? [y/n] "
-        self._asking = True
+        self._asking = "leaves the turn paused"
         try:
             while True:
                 answer = (await asyncio.to_thread(input, question)).strip()
@@ -299,20 +382,23 @@ class ChatRepl:
                 if answer.lower() in ("n", "no"):
                     return Decision(action="reject", message=REJECTED)
         finally:
-            self._asking = False
+            self._asking = ""
 
 
 __all__ = [
     "ChatRepl",
     "CommandOptions",
     "Decider",
+    "InputAnswerer",
     "agent_chain",
     "call_text",
     "decide_call",
     "decide_commands",
+    "input_report",
     "leave_paused",
     "new_conversation_id",
     "paused_ahead",
     "paused_report",
+    "respond_commands",
     "run_turn",
 ]

@@ -25,6 +25,12 @@ Routes:
   one call each (409 for a call the turn does not wait on, 422 for a bad or too large value). Each answers
   the decision that stands with ``"ignored": true`` when the call was decided before, differently (this
   request changed nothing). The last decision resumes the turn on any worker, and the same stream goes on.
+* An MCP server asking for input during a tool call (its stream carries ``input.requested``; the turn keeps
+  running; docs/architecture.md, Pausing for a person: MCP elicitation): ``GET /turns/{id}/pending`` lists the
+  open requests too (kind ``input``), and ``POST /turns/{id}/inputs/{request_id}`` with ``{"action": "accept",
+  "content": {...}}`` (checked against the requested schema), ``{"action": "decline"}`` or ``{"action":
+  "cancel"}`` answers one (409 for a request no longer open, 422 for a bad action or content); it answers what
+  was sent, and the stream carries ``input.answered``.
 * ``GET /``: the page (``index.html``).
 
 The relay holds no state, so any web process can serve any turn. Configuration: ``SMITH_REDIS_URL``,
@@ -102,6 +108,13 @@ class ResultIn(BaseModel):
 
     result: Any
     is_error: StrictBool = False
+
+
+class RespondIn(BaseModel):
+    """Body of ``POST /turns/{id}/inputs/{request_id}``: the answer to an MCP server's request for input."""
+
+    action: StrictStr
+    content: dict[str, Any] | None = None
 
 
 class TurnIn(BaseModel):
@@ -258,3 +271,10 @@ async def call_result(turn_id: str, call_id: str, body: ResultIn, request: Reque
     """Give an external tool's call its result."""
     decision = await _smith(request).submit_tool_result(turn_id, call_id, body.result, is_error=body.is_error)
     return _answer(decision, tool_result(body.result, body.is_error))
+
+
+@app.post("/turns/{turn_id}/inputs/{request_id}")
+async def respond_input(turn_id: str, request_id: str, body: RespondIn, request: Request) -> dict[str, Any]:
+    """Answer one open input request (an MCP elicitation) of the running turn; answers the answer sent."""
+    answer = await _smith(request).respond(turn_id, request_id, body.action, body.content)
+    return answer.model_dump(exclude_none=True)

@@ -287,6 +287,42 @@ def test_a_browser_decides_a_paused_turn_after_a_reload_and_the_turn_finishes(we
     page.close()
 
 
+def test_a_browser_answers_an_mcp_servers_request_for_input_after_a_reload(web, browser, scenario, scripted_llm):
+    """An MCP tool asks for input while the turn runs (docs/architecture.md, Pausing for a person: MCP
+    elicitation): the page shows a form built from the requested schema, again after a reload; what is typed
+    there reaches the MCP server (tests/support/mcp_servers/elicit_server.py) and the turn completes."""
+    key, marker = scenario(Script(Reply.tool_calls([("mcp_elicit__order_pen", {"purpose": "notes"})]),
+                                  Reply.text("pen ordered")))  # fmt: skip
+    page = browser.new_page()
+    page.goto(web + "/?agent=elicit")
+    page.fill("#text", f"{marker} order a pen")
+    page.click("#send")
+    wait_for_status(page, "input requested: waiting for you")
+    page.reload()  # the page reads the open request again from the pending route
+    wait_for_status(page, "input requested: waiting for you")
+    form = page.locator(".pending[data-request]")
+    assert form.count() == 1 and "Which pen for notes?" in form.inner_text()
+    assert form.locator('select[name="colour"] option').all_inner_texts() == ["red", "green", "blue"]
+    form.locator('select[name="colour"]').select_option("green")
+    form.get_by_role("button", name="Accept").click()  # width is required: the relay refuses, the form stays
+    page.wait_for_function("document.getElementById('status').textContent.includes('content.width is missing')")
+    form.locator('input[name="width"]').fill("4")
+    form.locator('input[name="bold"]').check()
+    form.locator('input[name="note"]').fill("felt tip")
+    form.get_by_role("button", name="Accept").click()
+    wait_for_status(page, "completed")
+    assert page.locator(".pending").count() == 0 and page.inner_text("#answer") == "pen ordered"
+    assert "input answered: accept" in page.inner_text("#tools")
+    tool = [m for m in scripted_llm.requests_for(key)[-1].messages if m.get("role") == "tool"]
+    assert tool[0]["content"] == 'accepted {"colour":"green","width":4,"bold":true,"note":"felt tip"}'
+    turn = f"{web}/turns/{saved_turn(page)['turnId']}"
+    late = httpx.post(f"{turn}/inputs/nosuch", json={"action": "decline"})
+    assert late.status_code == 409 and late.json()["error"]["kind"] == "NoPendingCallError", late.text
+    bad = httpx.post(f"{turn}/inputs/nosuch", json={"action": "maybe"})
+    assert bad.status_code == 422 and bad.json()["error"]["fields"] == {"field": "action"}, bad.text
+    page.close()
+
+
 def test_a_reloaded_page_whose_turn_is_over_or_gone_says_so_and_can_send_again(
         web, browser, scenario, redis_url, prefix):
     """A stored turn the relay answers 204 for (over, nothing left) ends in ``ended``; one it answers 404 for

@@ -408,3 +408,9 @@ app.agent("mcp_guarded", tools=[counted], sources=["lab_gated"])
 app.agent("careful", tools=[guarded_delete, counted], description="Deletes carefully.")
 app.agent("vetted", tools=[guarded_delete, counted], needs_approval=True, description="Runs once a person agrees.")
 app.agent("hitl_lead", tools=[guarded_delete, counted], subagents=["careful", "vetted"])
+
+# ---- MCP elicitation: a server whose tool asks a person for input while the turn runs ----
+from tests.support.mcp_servers import ELICIT_SERVER as _ELICIT_SERVER  # noqa: E402
+
+app.mcp_server("elicit", command=_sys.executable, args=[_ELICIT_SERVER], request_timeout=90.0)
+app.agent("elicit", sources=["elicit"])

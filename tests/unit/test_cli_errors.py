@@ -133,6 +133,7 @@ def test_smith_takes_its_options_after_the_command_and_before_it(redis_url, opti
     ("approve", ["--redis-url", "--prefix", "TURN", "CALL", "--arguments JSON"]),
     ("reject", ["--redis-url", "--prefix", "TURN", "CALL", "--message TEXT", "(default:"]),
     ("result", ["--redis-url", "--prefix", "TURN", "CALL", "VALUE", "--error"]),
+    ("respond", ["--redis-url", "--prefix", "TURN", "REQUEST", "{accept,decline,cancel}", "--content JSON"]),
 ])
 def test_each_command_help_lists_its_options(command, options):
     smith = Path(sys.executable).with_name("smith")  # the installed console script, on this checkout's code
@@ -205,3 +206,26 @@ def test_smith_decisions_parse_their_arguments():
     result = parse_args(["result", "t1", "c1", '{"color": "blue"}', "--error"])
     assert (result.value, result.error) == ('{"color": "blue"}', True)
     assert parse_args(["result", "t1", "c1", "blue"]).error is False
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["accept", "--content", "[1]"], "argument --content: must be a JSON object, got '[1]'"),
+    (["accept", "--content", "{no"], "argument --content: must be a JSON object, got '{no'"),
+    (["maybe"], "argument action: invalid choice: 'maybe'"),
+])
+def test_smith_respond_refuses_a_bad_action_or_content_as_usage(argv, says):
+    result = run(["-c", SMITH, "respond", "turn-1", "req-1", *argv])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert says in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["accept"], "smith: InvalidRequestError: accept needs content: a JSON object"),
+    (["decline", "--content", "{}"], "smith: InvalidRequestError: decline takes no content"),
+    (["cancel", "--content", '{"a": 1}'], "smith: InvalidRequestError: cancel takes no content"),
+])
+def test_smith_respond_checks_its_answer_as_respond_does_before_connecting(argv, says):
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"  # not a TransportError: refused before any connection
+    result = run(["-c", SMITH, "respond", "turn-1", "req-1", *argv], SMITH_REDIS_URL=unreachable)
+    assert_one_clean_line(result, says)
+    assert result.returncode == 1

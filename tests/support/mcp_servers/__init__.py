@@ -6,3 +6,4 @@ HERE = Path(__file__).resolve().parent
 LAB_SERVER = str(HERE / "lab_server.py")
 LOWLEVEL_SERVER = str(HERE / "lowlevel_server.py")
 HTTP_SERVER = str(HERE / "http_server.py")
+ELICIT_SERVER = str(HERE / "elicit_server.py")
