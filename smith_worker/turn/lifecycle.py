@@ -147,9 +147,8 @@ class TurnExecution:
         rt = RoundTrip()
         begun = self.attempt.queue_begin(rt)
         tail = self.store.queue_tail(rt, REPAIR_SCAN)
-        # the caller context rides along, its record given turn_ttl again (docs/architecture.md, Caller context)
-        context_key = self.rt.keys.turn_context(self.job.turn_id)
-        self._context_record = rt.call("getex", context_key, ex=self.rt.keys.turn_ttl)
+        # and the caller context (docs/architecture.md, Caller context)
+        self._context_record = rt.call("get", self.rt.keys.turn_context(self.job.turn_id))
         await rt.run(self.rt.redis)
         outcome = begun.value
         if outcome == "wait":
@@ -270,6 +269,7 @@ class TurnExecution:
         rt = RoundTrip()
         start = self.attempt.queue_append_user(rt, self.job.message, repair)
         ctx.queue_publish(rt, events)
+        rt.call("expire", self.rt.keys.turn_context(self.job.turn_id), self.rt.keys.turn_ttl)  # a pause's life ends
         await rt.run(self.rt.redis)
         for message in added:
             await fire("on_message", message, self.rt.app.hooks, spec.hooks)

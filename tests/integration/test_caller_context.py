@@ -7,6 +7,7 @@ digests of the context they saw, so the model's requests can be searched for the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,7 +16,14 @@ import uuid
 
 import pytest
 
-from smith_client import ConflictError, ContextValidationError, InvalidRequestError, SmithClient, TurnPausedError
+from smith_client import (
+    ConflictError,
+    ContextValidationError,
+    InvalidRequestError,
+    SmithClient,
+    SyncSmithClient,
+    TurnPausedError,
+)
 from smith_worker.local.processes import ManagedProcess
 from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
 from tests.conftest import LOGS
@@ -147,11 +155,19 @@ async def test_a_skill_tool_and_a_needs_approval_callable_see_the_context(ctx_cl
     assert events[-1].type == "turn.completed"  # trusted tenant: the callable let the call through
     assert results(events, "ctxskill__skill_whose")[0]["structured"] == seen(user, token, "ctx")
     assert results(events, "gated_whose")[0]["structured"] == seen(user, token, "ctx")
-    other, _, _ = caller(tenant="other")
+    other, other_user, other_token = caller(tenant="other")
     _, marker = scenario(Script(Reply.tool_calls([("gated_whose", {})]), Reply.text("done")))
-    with pytest.raises(TurnPausedError):  # another tenant: the same callable asks for a person
+    with pytest.raises(TurnPausedError) as paused:  # another tenant: the same callable asks for a person
         await ctx_client.send(f"{marker} who?", conversation_id=f"conv-{uuid.uuid4().hex[:8]}", agent="ctx",
                               context=other, timeout=60)
+    record = ctx_client.keys.turn_context(paused.value.turn_id)  # kept for the pause's life, as the state
+    assert await ctx_client.redis.ttl(record) > ctx_client.keys.turn_ttl
+    handle = ctx_client.turn(paused.value.turn_id)
+    await ctx_client.approve(handle.turn_id, paused.value.pending[0]["call_id"])
+    assert (await handle.result(timeout=60)).content == "done"  # the resumed attempt's tool saw the context
+    events = [e async for e in handle.events(timeout=60)]
+    assert results(events, "gated_whose")[0]["structured"] == seen(other_user, other_token, "ctx")
+    assert 0 < await ctx_client.redis.ttl(record) <= ctx_client.keys.turn_ttl  # the turn's end gave turn_ttl back
 
 
 async def test_a_sub_agents_tools_see_the_context(ctx_client, fleet, scripted_llm, scenario):
@@ -241,3 +257,21 @@ async def test_the_same_turn_id_with_another_context_is_a_conflict(ctx_client, s
     finally:
         gate.set()
     assert (await handle.result(timeout=60)).content == "ok"
+
+
+async def test_the_blocking_client_sends_a_context_too(fleet, scenario):
+    await fleet.ensure()
+    context, user, token = caller()
+    _, marker = scenario(Script(Reply.tool_calls([("whose", {})]), Reply.text("done")))
+
+    def blocking() -> list:
+        with SyncSmithClient.from_url(fleet.redis_url, prefix=fleet.prefix) as client:
+            with pytest.raises(InvalidRequestError):  # refused before Redis, as by the async client
+                client.submit("hi", conversation_id="conv-x", agent="ctx", context=["not", "an", "object"])
+            handle = client.submit(f"{marker} who?", conversation_id=f"conv-{uuid.uuid4().hex[:8]}", agent="ctx",
+                                   context=context)
+            assert handle.result(timeout=60).content == "done"
+            return list(handle.events(timeout=60))
+
+    events = await asyncio.to_thread(blocking)
+    assert results(events, "whose")[0]["structured"] == seen(user, token, "ctx")
