@@ -66,10 +66,13 @@ class ClientBase:
         owns_redis: bool = False,
         turn_ttl: int | None = None,
         history_ttl: int | None = None,
+        context_max_bytes: int | None = None,
     ) -> None:
         self.redis = redis
-        env = ClientSettings.from_env(only=("turn_ttl", "history_ttl"))
+        env = ClientSettings.from_env(only=("turn_ttl", "history_ttl", "context_max_bytes"))
         self.keys = Keys(prefix, turn_ttl or env.turn_ttl, history_ttl or env.history_ttl)
+        #: Cap on a turn's caller context, bytes of compact JSON (``SMITH_CONTEXT_MAX_BYTES``, 64 KiB).
+        self.context_max_bytes = context_max_bytes or env.context_max_bytes
         self.runner = self._runner(redis)
         self.served = ServedAgents()
         self._owns_redis = owns_redis
@@ -87,6 +90,7 @@ class ClientBase:
         history_ttl: int | None = None,
         max_connections: int | None = None,
         pool_timeout: float | None = None,
+        context_max_bytes: int | None = None,
     ) -> Self:
         """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``, ``rediss://user:pw@host:6380/0``;
         default ``SMITH_REDIS_URL``, else ``redis://127.0.0.1:6379/0``), the workers' keys under ``prefix`` (default
@@ -105,6 +109,8 @@ class ClientBase:
         ``turn_ttl`` / ``history_ttl`` (seconds) are the lifetimes of what the client
         writes (a turn's state, a conversation's FIFO and skills); None reads
         ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL`` (defaults 24 h / 30 days, docs/architecture.md, Lifetimes).
+        ``context_max_bytes`` caps a turn's caller context (bytes of JSON; None reads ``SMITH_CONTEXT_MAX_BYTES``,
+        default 64 KiB).
         The client closes these connections when it is closed.
         """
         given = {"redis_url": redis_url, "prefix": prefix, "redis_socket_timeout": socket_timeout,
@@ -122,16 +128,23 @@ class ClientBase:
             max_connections=client_max_connections(max_connections),
             pool_timeout=pool_timeout,
         )
-        return cls(redis, prefix=prefix, owns_redis=True, turn_ttl=turn_ttl, history_ttl=history_ttl)
+        return cls(
+            redis,
+            prefix=prefix,
+            owns_redis=True,
+            turn_ttl=turn_ttl,
+            history_ttl=history_ttl,
+            context_max_bytes=context_max_bytes,
+        )
 
     def _op_send(self, text: str, timeout: float | None, options: TurnOptions) -> Operation[AssistantMessage]:
-        return ops.send(self.keys, text, timeout, dict(options))
+        return ops.send(self.keys, text, timeout, dict(options), self.context_max_bytes)
 
     def _op_stream(self, text: str, timeout: float | None, options: TurnOptions) -> Operation[None]:
-        return ops.stream(self.keys, text, timeout, dict(options))
+        return ops.stream(self.keys, text, timeout, dict(options), self.context_max_bytes)
 
     def _op_submit(self, text: str, options: TurnOptions) -> Operation[str]:
-        return ops.submit(self.keys, text, dict(options))
+        return ops.submit(self.keys, text, dict(options), self.context_max_bytes)
 
     def _op_follow(self, turn_id: str, after_seq: int, timeout: float | None) -> Operation[None]:
         return ops.follow(self.keys, turn_id, after_seq, timeout)
@@ -221,7 +234,10 @@ class SmithClient(ClientBase):
         the same request attaches to the existing turn instead of starting
         another), ``multitask`` (the policy when the conversation already has
         an unfinished turn, see :mod:`smith_client.turns`), ``sampling`` and
-        ``stream`` (per-turn model options). ``timeout`` (seconds, None = wait
+        ``stream`` (per-turn model options), ``context`` (the caller context: a JSON
+        object or a pydantic model, at most ``SMITH_CONTEXT_MAX_BYTES`` (64 KiB) as JSON,
+        never sent to the model; the turn's tools, hooks and sub-agents get it as
+        ``ctx.context``: docs/architecture.md, Caller context). ``timeout`` (seconds, None = wait
         forever) bounds the wait, Redis commands included, not the turn.
 
         Raises :class:`InvalidRequestError` / :class:`UnknownAgentError` /

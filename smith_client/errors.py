@@ -160,6 +160,21 @@ class InvalidRequestError(SmithError):
         super().__init__(message, field=field)
 
 
+class ContextValidationError(SmithError):
+    """A turn's caller context does not fit its app's ``context_type`` (docs/architecture.md, Caller context):
+    the turn failed at its start. Fields: ``field`` (str, the dotted path of the first bad field, "" for the
+    whole context), ``problems`` (list[str], each ``"<path>: <what is wrong>"``). The message and fields never
+    quote a value of the context.
+    """
+
+    field_names = ("field", "problems")
+    field: str
+    problems: list[str]
+
+    def __init__(self, message: str, field: str = "", problems: list[str] | None = None) -> None:
+        super().__init__(message, field=field, problems=list(problems or []))
+
+
 class ConfigurationError(SmithError):
     """The app, agent or environment configuration is invalid. Fields: ``setting`` (str)."""
 
@@ -303,6 +318,7 @@ ERROR_CLASSES: dict[str, type[SmithError]] = {
         TurnCancelledError,
         SkillError,
         InvalidRequestError,
+        ContextValidationError,
         ConfigurationError,
         UnknownAgentError,
         UnknownSkillError,

@@ -53,7 +53,8 @@ class TurnJob(BaseModel):
     ``sampling`` is a dict of the worker's ``SamplingParams`` fields (temperature,
     top_p, max_tokens, stop, response_format, extra); ``stream`` overrides the
     agent's streaming default for this turn.
-    ``submitted_at`` is epoch seconds.
+    ``submitted_at`` is epoch seconds. ``has_context``: the caller gave a context, stored apart
+    (:meth:`~smith_client.keys.Keys.turn_context`, never in this payload: docs/architecture.md, Caller context).
     """
 
     turn_id: str
@@ -63,6 +64,7 @@ class TurnJob(BaseModel):
     sampling: dict[str, Any] | None = None
     stream: bool | None = None
     submitted_at: float = 0.0
+    has_context: bool = False
 
 
 class ToolJob(BaseModel):

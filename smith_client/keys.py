@@ -42,6 +42,9 @@ key                                      what                            lifetim
 ``{p}:conv:{c}:turns``                   unfinished turns (FIFO list)    ``history_ttl``; finished turns removed
 ``{p}:conv:{c}:statuses``                unfinished turn id → status     ``history_ttl``; finished turns removed
 ``{p}:turn:{t}:inbox``                   messages merged into a turn     ``turn_ttl``
+``{p}:turn:{t}:context``                 the caller's context (JSON)     ``turn_ttl`` (from the submit, each
+                                                                         attempt's start and the turn's end;
+                                                                         a pause's life while paused)
 ``{p}:turn:{t}:pending``                 a paused turn's pending calls   its pause's life (approval timeout +
                                                                          ``turn_ttl``; none: no TTL); the turn's
                                                                          end deletes it
@@ -320,6 +323,12 @@ class Keys:
     def turn_inbox(self, turn_id: str) -> str:
         """User messages merged into a running turn (``multitask="merge"``)."""
         return f"{self.prefix}:turn:{turn_id}:inbox"
+
+    def turn_context(self, turn_id: str) -> str:
+        """A turn's caller context: the JSON object given to ``send(..., context=...)``, written with the turn
+        by the submit script, read by the workers that run its tools (docs/architecture.md, Caller context).
+        The only Redis value that holds the context's secrets; sub-agents read their root turn's."""
+        return f"{self.prefix}:turn:{turn_id}:context"
 
     def turn_pending(self, turn_id: str) -> str:
         """Hash of a paused turn's calls waiting for a person: call id → :class:`~smith_client.events.PendingItem`

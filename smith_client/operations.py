@@ -25,7 +25,13 @@ from smith_client.messages import AssistantMessage, Message, messages_from_json_
 from smith_client.protocol import Operation, Receive, Subscribe, call, run, run_script
 from smith_client.roundtrip import Pending, RoundTrip
 from smith_client.turns import outcome_from_event, outcome_from_state, paused_error, read_state, submit_turn
-from smith_client.validation import build_turn_job, check_id, check_options, check_seq, check_timeout
+from smith_client.validation import (
+    DEFAULT_CONTEXT_MAX_BYTES,
+    build_turn_request,
+    check_id,
+    check_seq,
+    check_timeout,
+)
 
 logger = logging.getLogger("agent_smith")
 
@@ -33,22 +39,27 @@ logger = logging.getLogger("agent_smith")
 POLL_INTERVAL = 1.0
 
 
-def submit(keys: Keys, text: Any, options: dict[str, Any]) -> Operation[str]:
+def submit(
+    keys: Keys, text: Any, options: dict[str, Any], context_max_bytes: int = DEFAULT_CONTEXT_MAX_BYTES
+) -> Operation[str]:
     """Operation of ``submit``: start a background turn; returns the id of the turn to follow.
 
     The submit script refuses an agent no live turn worker serves (:class:`UnknownAgentError`) and
     warns when no turn worker is live at all, so nothing reads the registrations before it.
+    ``context_max_bytes`` caps the caller context (:func:`~smith_client.validation.check_context`).
     """
-    job, multitask = build_turn_job(text, **check_options(options))
-    return (yield from submit_turn(keys, job, multitask)).turn_id
+    job, multitask, context = build_turn_request(text, options, context_max_bytes)
+    return (yield from submit_turn(keys, job, multitask, context)).turn_id
 
 
-def stream(keys: Keys, text: Any, timeout: Any, options: dict[str, Any]) -> Operation[None]:
+def stream(
+    keys: Keys, text: Any, timeout: Any, options: dict[str, Any], context_max_bytes: int = DEFAULT_CONTEXT_MAX_BYTES
+) -> Operation[None]:
     """Operation of ``stream``: run one turn, yielding its events until the terminal one (see :func:`submit`)."""
     timeout = check_timeout(timeout)
-    job, multitask = build_turn_job(text, **check_options(options))
+    job, multitask, context = build_turn_request(text, options, context_max_bytes)
     yield Subscribe(keys.turn_events_channel(job.turn_id))  # before submitting, so no live event is missed
-    submission = yield from submit_turn(keys, job, multitask)
+    submission = yield from submit_turn(keys, job, multitask, context)
     after = 0
     if submission.turn_id != job.turn_id:  # merged into another turn: its events from now on
         yield Subscribe(keys.turn_events_channel(submission.turn_id))
@@ -58,10 +69,13 @@ def stream(keys: Keys, text: Any, timeout: Any, options: dict[str, Any]) -> Oper
     yield from follow_subscribed(keys, submission.turn_id, after, timeout, read_first=not fresh, until_paused=True)
 
 
-def send(keys: Keys, text: Any, timeout: Any, options: dict[str, Any]) -> Operation[AssistantMessage]:
+def send(
+    keys: Keys, text: Any, timeout: Any, options: dict[str, Any], context_max_bytes: int = DEFAULT_CONTEXT_MAX_BYTES
+) -> Operation[AssistantMessage]:
     """Operation of ``send``: run one turn; returns its final message or raises its error
     (:class:`TurnPausedError` when it pauses)."""
-    return outcome_from_event((yield from _terminal_event(stream(keys, text, timeout, options), "send")))
+    events = stream(keys, text, timeout, options, context_max_bytes)
+    return outcome_from_event((yield from _terminal_event(events, "send")))
 
 
 def follow(

@@ -35,7 +35,7 @@ from smith_client.connection import (
 )
 from smith_client.errors import ConfigurationError
 from smith_client.keys import DEFAULT_HISTORY_TTL, DEFAULT_TURN_TTL, ID_PATTERN
-from smith_client.validation import shown
+from smith_client.validation import DEFAULT_CONTEXT_MAX_BYTES, shown
 
 #: The Redis a client or worker uses when ``SMITH_REDIS_URL`` is unset.
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -60,6 +60,7 @@ def env_name(field: str) -> str:
 Seconds = Annotated[float, Field(gt=0), Accepts("a number of seconds > 0")]
 WholeSeconds = Annotated[int, Field(gt=0), Accepts("a whole number of seconds > 0")]
 Count = Annotated[int, Field(ge=1), Accepts("a whole number of at least 1")]
+Bytes = Annotated[int, Field(ge=1), Accepts("a whole number of bytes of at least 1")]
 ConnectionCap = Annotated[
     int,
     Field(ge=MIN_MAX_CONNECTIONS),
@@ -159,6 +160,9 @@ class ClientSettings(BaseModel):
     turn_ttl: WholeSeconds = Field(DEFAULT_TURN_TTL, description="lifetime of a turn's keys after its last write")
     history_ttl: WholeSeconds = Field(
         DEFAULT_HISTORY_TTL, description="idle lifetime of a conversation's keys after its last write"
+    )
+    context_max_bytes: Bytes = Field(
+        DEFAULT_CONTEXT_MAX_BYTES, description="cap on a turn's caller context, compact JSON (checked by clients)"
     )
 
     @model_validator(mode="wrap")

@@ -71,9 +71,12 @@ class _Client(Protocol):
     def runner(self) -> AsyncRunner: ...
 
 
-def fingerprint(job: TurnJob) -> str:
-    """A digest of what makes two requests "the same turn" (conversation, agent, message, options)."""
+def fingerprint(job: TurnJob, context: str | None = None) -> str:
+    """A digest of what makes two requests "the same turn" (conversation, agent, message, options, and the
+    caller ``context``'s JSON, by its own digest)."""
     body = {k: v for k, v in job.model_dump(mode="json").items() if k not in ("turn_id", "submitted_at")}
+    if context is not None:
+        body["context"] = hashlib.sha256(context.encode()).hexdigest()
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
@@ -89,8 +92,11 @@ class Submission:
     status: str = "queued"
 
 
-def submit_turn(keys: Keys, job: TurnJob, multitask: str) -> Operation[Submission]:
+def submit_turn(keys: Keys, job: TurnJob, multitask: str, context: str | None = None) -> Operation[Submission]:
     """Operation: create (or join) the turn for ``job`` and enqueue it when it needs a worker.
+
+    ``context`` is the caller context's JSON (:func:`~smith_client.validation.check_context`), stored with a
+    new turn in the same script call (:meth:`Keys.turn_context`; docs/architecture.md, Caller context).
 
     Raises :class:`UnknownAgentError` (live turn workers exist but none serves ``job.agent``; nothing is
     written), :class:`ConflictError` (same turn id, different request), :class:`ConversationBusyError`
@@ -98,7 +104,7 @@ def submit_turn(keys: Keys, job: TurnJob, multitask: str) -> Operation[Submissio
     the turn is enqueued and waits for one.
     """
     check_multitask(multitask)
-    reply = yield from _run_submit(keys, job, multitask)
+    reply = yield from _run_submit(keys, job, multitask, context)
     outcome, turn_id = reply[0].decode(), reply[1].decode()
     if outcome == "unknown":
         check_served(job.agent, {raw.decode() for raw in reply[2:]})  # raises UnknownAgentError
@@ -121,7 +127,7 @@ def submit_turn(keys: Keys, job: TurnJob, multitask: str) -> Operation[Submissio
     return Submission(cast(SubmitOutcome, outcome), turn_id, status)
 
 
-def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]]:
+def _run_submit(keys: Keys, job: TurnJob, multitask: str, context: str | None) -> Operation[list[Any]]:
     """The ``SUBMIT`` script's reply (``lua/submit.lua``). ``merge`` and ``interrupt`` touch other turns of
     the conversation; the script names them (a ``keys`` reply) and is called again with their keys.
     The script enqueues the turn's arq job itself (a new turn, or one still queued), so submitting
@@ -138,10 +144,11 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]
         keys.conversation_turns(job.conversation_id),
         keys.conversation_statuses(job.conversation_id),
         *enqueue_keys,
+        keys.turn_context(job.turn_id),
     )
     args = (
         job.turn_id,
-        fingerprint(job),
+        fingerprint(job, context),
         job.conversation_id,
         job.agent,
         multitask,
@@ -152,6 +159,7 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str) -> Operation[list[Any]
         job.model_dump_json(),
         keys.control_channel,
         *enqueue_args,
+        context or "",
     )
     others: tuple[str, ...] = ()
     for _ in range(_SUBMIT_TRIES):

@@ -15,8 +15,8 @@ import uuid
 from typing import Any, Required, TypedDict
 
 import orjson
-from pydantic import ValidationError
-from pydantic_core import PydanticSerializationError
+from pydantic import BaseModel, SecretBytes, SecretStr, ValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from smith_client.errors import InvalidRequestError, UnknownAgentError
 from smith_client.jobs import Sampling, TurnJob
@@ -25,6 +25,8 @@ from smith_client.messages import UserMessage
 
 #: Largest user message accepted, in UTF-8 bytes.
 MAX_MESSAGE_BYTES = 1_000_000
+#: Default cap on a turn's caller context (``SMITH_CONTEXT_MAX_BYTES``), in bytes of compact JSON: 64 KiB.
+DEFAULT_CONTEXT_MAX_BYTES = 64 * 1024
 #: The multitask policies of a turn request (see :mod:`smith_client.turns`).
 MULTITASK_POLICIES = ("enqueue", "reject", "interrupt", "merge")
 
@@ -38,6 +40,7 @@ class TurnOptions(TypedDict, total=False):
     multitask: str
     sampling: dict[str, Any] | None
     stream: bool | None
+    context: dict[str, Any] | BaseModel | None
 
 
 _SHOWN = reprlib.Repr()
@@ -131,6 +134,44 @@ def check_fits_schema(schema: dict[str, Any], value: Any, field: str, subject: s
     raise InvalidRequestError(f"{subject}: {path}: {reason}", field=path)
 
 
+def _revealed(value: Any) -> Any:
+    """orjson's fallback for a context model's values: a secret's own value (the context record keeps it,
+    docs/architecture.md, Caller context), anything else as pydantic serializes it to JSON."""
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, SecretBytes):
+        return value.get_secret_value().decode()
+    return to_jsonable_python(value)
+
+
+def check_context(context: Any, max_bytes: int = DEFAULT_CONTEXT_MAX_BYTES) -> str | None:
+    """A turn's caller context as compact JSON text, or None for no context (docs/architecture.md, Caller context).
+
+    ``context`` is a JSON object (a ``dict`` with string keys) or a pydantic model instance (dumped with its
+    ``SecretStr`` values revealed: the workers validate it again into the app's ``context_type``); its JSON
+    is at most ``max_bytes`` bytes (``SMITH_CONTEXT_MAX_BYTES``, 64 KiB by default). Raises
+    :class:`InvalidRequestError` (``field="context"``) otherwise; the message never quotes the value.
+    """
+    if context is None:
+        return None
+    if isinstance(context, BaseModel):
+        context = context.model_dump()
+    if not isinstance(context, dict):
+        raise InvalidRequestError(
+            f"context must be a JSON object (a dict) or a pydantic model, got {type(context).__name__}",
+            field="context",
+        )
+    try:
+        text = orjson.dumps(context, default=_revealed)
+    except (TypeError, PydanticSerializationError) as exc:
+        raise InvalidRequestError(f"context is not JSON-able: {exc}", field="context") from exc
+    if len(text) > max_bytes:
+        raise InvalidRequestError(
+            f"context is {len(text)} bytes as JSON, larger than {max_bytes} (SMITH_CONTEXT_MAX_BYTES)", field="context"
+        )
+    return text.decode()
+
+
 def check_sampling(sampling: Any) -> dict[str, Any] | None:
     """Validate per-turn sampling against the contract (:class:`Sampling`); returns its JSON form."""
     if sampling is None:
@@ -218,6 +259,24 @@ def build_turn_job(
         submitted_at=time.time(),
     )
     return job, multitask
+
+
+def build_turn_request(
+    text: Any, options: dict[str, Any], context_max_bytes: int = DEFAULT_CONTEXT_MAX_BYTES
+) -> tuple[TurnJob, str, str | None]:
+    """Check a turn request (``text`` and :class:`TurnOptions`) into its ``run_turn`` job, its multitask policy
+    and its caller context's JSON (None: none; see :func:`check_context`, capped at ``context_max_bytes``).
+
+    The context never enters the job, which Redis keeps in other values (the turn's state, arq's job record):
+    the job only says it has one (``has_context``). Raises :class:`InvalidRequestError`.
+    """
+    options = dict(check_options(options))
+    raw_context = options.pop("context", None)
+    job, multitask = build_turn_job(text, **options)
+    context = check_context(raw_context, context_max_bytes)
+    if context is not None:
+        job = job.model_copy(update={"has_context": True})
+    return job, multitask, context
 
 
 def check_served(agent: str, served: set[str] | None) -> bool:

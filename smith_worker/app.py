@@ -105,12 +105,27 @@ class SmithApp:
     ``settings`` defaults to :meth:`Settings.from_env` (read when first used,
     so importing the app module never touches the environment early).
     ``skill_context_max_bytes`` caps a skill's serialized context data (UTF-8
-    bytes; 16 KiB).
+    bytes; 16 KiB). ``context_type`` (a pydantic model class) is the type of the caller context
+    (``send(..., context=...)``): each turn's is validated into it as the turn starts (a context that does
+    not fit fails the turn with ``ContextValidationError``) and tools get the instance as ``ctx.context``;
+    the values of its ``SecretStr`` fields are redacted everywhere but the context's own record
+    (docs/architecture.md, Caller context). Without it tools get the JSON object as sent.
+    Raises :class:`ConfigurationError` for a ``context_type`` that is not a pydantic model class.
     """
 
     def __init__(
-        self, settings: Settings | None = None, *, skill_context_max_bytes: int = DEFAULT_SKILL_CONTEXT_MAX_BYTES
+        self,
+        settings: Settings | None = None,
+        *,
+        skill_context_max_bytes: int = DEFAULT_SKILL_CONTEXT_MAX_BYTES,
+        context_type: type[BaseModel] | None = None,
     ) -> None:
+        if context_type is not None and not (isinstance(context_type, type) and issubclass(context_type, BaseModel)):
+            raise ConfigurationError(
+                f"context_type must be a pydantic model class, got {context_type!r}", setting="context_type"
+            )
+        #: The caller context's type (None: tools get the JSON object as sent).
+        self.context_type = context_type
         self._settings = settings
         self.tools = ToolRegistry()
         #: The app's Python tools as a tool source (started with the other sources at worker start-up).

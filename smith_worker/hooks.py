@@ -4,10 +4,15 @@ Hooks are best-effort observers registered on the app (all agents) or on one
 agent. Every call goes through :func:`invoke_hook`, which awaits async hooks,
 catches and logs any exception and never lets a hook fail a turn. The same
 facts also reach the caller as stream events.
+
+A hook taking two positional parameters is called ``hook(arg, ctx)``: ``ctx`` is the
+:class:`HookContext` of the turn the hook fires in (its caller context as ``ctx.context``,
+docs/architecture.md, Caller context), or None outside a turn (an MCP server's event).
 """
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import logging
 from collections.abc import Callable
@@ -16,7 +21,33 @@ from typing import Any
 
 logger = logging.getLogger("agent_smith")
 
-Hook = Callable[[Any], Any] | None
+Hook = Callable[..., Any] | None
+
+
+@dataclass(frozen=True)
+class HookContext:
+    """The turn a hook fires in: ``turn_id`` (the root turn's), ``conversation_id``, ``agent`` (the root
+    turn's agent) and ``context``, its caller context as tools get it (``ToolContext.context``)."""
+
+    turn_id: str
+    conversation_id: str
+    agent: str
+    context: Any = None
+
+
+#: The turn the running task serves (set by the turn lifecycle as an attempt starts; sub-agents and the
+#: tasks a turn starts inherit it).
+current_turn: contextvars.ContextVar[HookContext | None] = contextvars.ContextVar("smith_hook_turn", default=None)
+
+
+def _wants_context(hook: Callable[..., Any]) -> bool:
+    """Whether ``hook`` takes a second positional parameter (the :class:`HookContext`)."""
+    try:
+        parameters = inspect.signature(hook).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2
 
 
 @dataclass
@@ -32,11 +63,12 @@ class Hooks:
 
 
 async def invoke_hook(hook: Hook, arg: Any) -> None:
-    """Call ``hook(arg)`` (awaiting it if async); log and swallow any exception."""
+    """Call ``hook(arg)``, or ``hook(arg, ctx)`` for a hook taking two positional parameters (``ctx``: the
+    :data:`current_turn`), awaiting it if async; log and swallow any exception."""
     if hook is None:
         return
     try:
-        result = hook(arg)
+        result = hook(arg, current_turn.get()) if _wants_context(hook) else hook(arg)
         if inspect.isawaitable(result):
             await result
     except Exception:  # hooks are observers: a failing hook never fails the turn

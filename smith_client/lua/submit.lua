@@ -2,12 +2,13 @@
 -- a new turn's arq job is enqueued in the same call (lib.lua's enqueue_job), and again on an attach to
 -- a turn still queued (a first caller may have died before its enqueue; arq's rule makes it a no-op).
 -- KEYS: state, conversation FIFO, conversation statuses, the enqueue keys (arq job, arq result, turns
---       queue, wake-up list, requirements hash, capability sets), then for each turn named in ARGV[23..]:
---       its state, its inbox.
+--       queue, wake-up list, requirements hash, capability sets), the turn's context record, then for each
+--       turn named in ARGV[24..]: its state, its inbox.
 -- ARGV: turn id, fingerprint, conversation, agent, policy, message JSON, now (epoch s),
 --       turn TTL s, conversation TTL s, job JSON, control channel, the 11 enqueue arguments (enqueue.lua's;
---       the job needs its agent), then the ids of the other turns this call may touch (merge: the last
---       unfinished one; interrupt: all unfinished ones).
+--       the job needs its agent), the caller context's JSON ('' for none: docs/architecture.md, Caller
+--       context), then the ids of the other turns this call may touch (merge: the last unfinished one;
+--       interrupt: all unfinished ones).
 -- Returns {'conflict', id} | {'attach', id, status, alone} | {'busy', id} | {'merged', id, '', alone}
 --       | {'new', id, '', alone, paused ids...} | {'unknown', id, served agents...}: live turn workers exist
 --       but none serves the agent (nothing written) | {'keys', ids...}: the turns to touch are not those
@@ -42,12 +43,12 @@ if #active > 0 then
   if policy == 'reject' then return {'busy', active[1]} end
   local wanted = {}
   if policy == 'merge' then wanted = {active[#active]} elseif policy == 'interrupt' then wanted = active end
-  local given = {unpack(ARGV, 23)}
+  local given = {unpack(ARGV, 24)}
   local same = #given == #wanted
   for i, id in ipairs(wanted) do same = same and given[i] == id end
   if not same then return {'keys', unpack(wanted)} end
   if policy == 'merge' then
-    local tstate, inbox = KEYS[10], KEYS[11]
+    local tstate, inbox = KEYS[11], KEYS[12]
     local tstatus = redis.call('HGET', tstate, 'status')
     if (tstatus == 'running' or tstatus == 'paused') and redis.call('HGET', tstate, 'inbox_closed') ~= '1' then
       redis.call('RPUSH', inbox, msg)
@@ -59,6 +60,7 @@ end
 redis.call('HSET', state, 'status', 'queued', 'fingerprint', fp, 'conversation_id', conv,
            'agent', agent, 'created_at', now, 'attempt', 0, 'job', job)
 redis.call('EXPIRE', state, turn_ttl)
+if ARGV[23] ~= '' then redis.call('SET', KEYS[10], ARGV[23], 'EX', turn_ttl) end
 redis.call('RPUSH', fifo, turn_id)
 redis.call('EXPIRE', fifo, conv_ttl)
 redis.call('HSET', statuses, turn_id, 'queued')
@@ -66,8 +68,8 @@ redis.call('EXPIRE', statuses, conv_ttl)
 local reply = {'new', turn_id, '', alone}
 if policy == 'interrupt' then
   for i, id in ipairs(active) do
-    redis.call('HSET', KEYS[8 + 2 * i], 'cancel_requested', 'interrupt')
-    if redis.call('HGET', KEYS[8 + 2 * i], 'status') == 'paused' then
+    redis.call('HSET', KEYS[9 + 2 * i], 'cancel_requested', 'interrupt')
+    if redis.call('HGET', KEYS[9 + 2 * i], 'status') == 'paused' then
       reply[#reply + 1] = id
     else
       redis.call('PUBLISH', control, id)

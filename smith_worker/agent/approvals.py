@@ -169,6 +169,7 @@ def _tool_context(ctx: AgentContext, call: ToolCall) -> ToolContext:
         conversation_id=ctx.job.conversation_id,
         agent=ctx.spec.name,
         worker_id=ctx.runtime.worker_id,
+        context=ctx.caller.value,
     )
 
 

@@ -30,6 +30,7 @@ from smith_worker.hooks import fire
 from smith_worker.memory.fencing import AttemptWrites, StaleAttemptError
 from smith_worker.memory.history import ConversationStore
 from smith_worker.runtime import WorkerRuntime
+from smith_worker.tools.caller import NO_CONTEXT, CallerContext
 from smith_worker.tools.waiter import ToolJobWaiter
 
 
@@ -77,7 +78,8 @@ class AgentContext:
     ``call_path`` (see :mod:`smith_client.events`), its tree ``position`` (``""`` for the root; see
     :func:`smith_client.keys.tree_position`), its own checkpointed history in
     ``store``/``attempt``, and ``tree_config``: the root agent's config, whose
-    tree limits govern every agent of the tree (docs/architecture.md, Sub-agents).
+    tree limits govern every agent of the tree (docs/architecture.md, Sub-agents). ``caller`` is the
+    turn's caller context, which every agent of the tree shares (docs/architecture.md, Caller context).
     """
 
     job: TurnJob
@@ -93,6 +95,7 @@ class AgentContext:
     position: str = ""
     tree_config: AgentConfig | None = None
     call_path: list[str] = field(default_factory=list)
+    caller: CallerContext = NO_CONTEXT
 
     @property
     def limits(self) -> AgentConfig:

@@ -379,6 +379,7 @@ class AgentLoop:
             conversation_id=self.job.conversation_id,
             agent=spec.name,
             worker_id=self.rt.worker_id,
+            context=self.ctx.caller.value,
         )
         return await self._step_toolset(spec).schemas(asking)
 

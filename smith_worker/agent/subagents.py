@@ -255,6 +255,7 @@ class SubAgentTools:
             position=position,
             tree_config=parent.limits,
             call_path=call_path,
+            caller=parent.caller,
         )
         if not await rt.redis.exists(lists[0]):
             await child.append(UserMessage(content=task))

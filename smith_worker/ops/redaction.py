@@ -11,6 +11,9 @@
   :func:`register_secrets` (API keys, bearer tokens, the Redis password,
   credentials from a URL); ``Bearer``/``Basic`` credentials and a URL's
   ``user:password@`` are replaced whatever their value.
+* :func:`secrets_scope` — secrets known for a while (the ``SecretStr`` values of the caller context of a
+  turn or tool call running in the process, docs/architecture.md, Caller context): :func:`redact_text`
+  removes them too until the scope ends; :func:`redact_literals` removes only the secrets given.
 * :func:`redact_error` — a :class:`~smith_client.errors.SmithError` with its
   message and text fields redacted, before it reaches an event, a turn's
   state or a log.
@@ -29,7 +32,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -72,6 +77,8 @@ _URL_USERINFO = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^/\s@]+@", re.IGNORECASE)
 MIN_SECRET_LENGTH = 4
 
 _registered: set[str] = set()
+#: Secrets of the scopes open in the process (:func:`secrets_scope`), counted: two turns may share one.
+_scoped: Counter[str] = Counter()
 _lock = threading.Lock()
 
 
@@ -84,6 +91,33 @@ def register_secrets(*secrets: str | None) -> None:
 def registered_secrets() -> frozenset[str]:
     """The secrets registered with :func:`register_secrets`."""
     return frozenset(_registered)
+
+
+@contextmanager
+def secrets_scope(secrets: Iterable[str]) -> Iterator[None]:
+    """While the ``with`` block runs, :func:`redact_text` (so every log line, through :class:`RedactingFilter`)
+    removes ``secrets`` too, whichever thread or task logs: the secrets of a caller context, known only
+    while its turn or tool call runs here. Secrets shorter than :data:`MIN_SECRET_LENGTH` are not added
+    (:func:`redact_literals` removes any)."""
+    added = [s for s in set(secrets) if s and len(s) >= MIN_SECRET_LENGTH]
+    with _lock:
+        _scoped.update(added)
+    try:
+        yield
+    finally:
+        with _lock:
+            _scoped.subtract(added)
+            for secret in added:
+                if _scoped[secret] <= 0:
+                    del _scoped[secret]
+
+
+def redact_literals(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every occurrence of each non-empty secret in ``secrets`` (longest first) replaced by
+    ``"<redacted>"``; nothing else changed (a tool's successful outcome, docs/architecture.md, Caller context)."""
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
 
 
 def url_credentials(url: str) -> tuple[str, str | None, str | None]:
@@ -104,7 +138,9 @@ def redact_text(text: str, secrets: Iterable[str | None] = ()) -> str:
     Longer secrets are replaced first so a secret containing another is
     removed whole.
     """
-    for secret in sorted({s for s in secrets if s} | _registered, key=len, reverse=True):
+    with _lock:
+        known = _registered | _scoped.keys()
+    for secret in sorted({s for s in secrets if s} | known, key=len, reverse=True):
         text = text.replace(secret, REDACTED)
     text = _AUTH_VALUE.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
     return _URL_USERINFO.sub(lambda m: f"{m.group(1)}{REDACTED}@", text)
@@ -172,6 +208,8 @@ __all__ = [
     "install_log_redaction",
     "redact_body",
     "redact_error",
+    "redact_literals",
+    "secrets_scope",
     "register_secrets",
     "registered_secrets",
     "url_credentials",

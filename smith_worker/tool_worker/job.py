@@ -14,14 +14,18 @@ import logging
 import time
 from typing import Any
 
+import orjson
+
+from smith_client.errors import ContextValidationError
 from smith_client.eventlog import WHILE_RUNNING
 from smith_client.events import tool_result_data
 from smith_client.jobs import REPLY_INLINE_MAX, ToolJob, ToolOutcome
-from smith_client.roundtrip import RoundTrip
+from smith_client.roundtrip import Pending, RoundTrip
 from smith_client.scripts import LuaScript
 from smith_worker.app import SmithApp
-from smith_worker.ops.redaction import redact_text
+from smith_worker.ops.redaction import redact_literals, redact_text, secrets_scope
 from smith_worker.runtime import WorkerRuntime
+from smith_worker.tools.caller import NO_CONTEXT, parse_context
 from smith_worker.tools.function import (
     ToolContext,
     ToolResult,
@@ -41,15 +45,23 @@ logger = logging.getLogger("agent_smith.tool")
 TIMEOUT_GUARD = 0.5
 
 
-def stored_outcome(result: ToolResult, max_bytes: int, worker: str) -> ToolOutcome:
+def stored_outcome(
+    result: ToolResult, max_bytes: int, worker: str, secrets: frozenset[str] = frozenset()
+) -> ToolOutcome:
     """What is stored for a finished call: content cut to ``max_bytes`` UTF-8 bytes (lone surrogates
-    become U+FFFD, so the result always serializes), known secrets redacted from error content,
-    ``structured`` dropped when over ``max_bytes`` (see :func:`bounded_structured`)."""
-    content = truncate_content(scrub_surrogates(result.content), max_bytes)
+    become U+FFFD, so the result always serializes), known secrets redacted from error content and the caller
+    context's ``secrets`` from any (docs/architecture.md, Caller context), ``structured`` dropped when over
+    ``max_bytes`` (see :func:`bounded_structured`)."""
+    content = redact_literals(truncate_content(scrub_surrogates(result.content), max_bytes), secrets)
+    structured = bounded_structured(result.structured, max_bytes)
+    if secrets and structured is not None:
+        text = orjson.dumps(structured).decode()
+        if redact_literals(text, secrets) != text:
+            structured = orjson.loads(redact_literals(text, secrets))
     return ToolOutcome(
         content=redact_text(content) if result.is_error else content,
         is_error=result.is_error,
-        structured=bounded_structured(result.structured, max_bytes),
+        structured=structured,
         worker=worker,
     )
 
@@ -77,7 +89,7 @@ def legacy_source_id(app: SmithApp, skill_name: str, tool_name: str) -> str:
     return next((source_id(alias) for alias in aliases if app.sources[alias].owns(tool_name)), "")
 
 
-async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
+async def _invoke(rt: WorkerRuntime, job: ToolJob, context: Any = None) -> ToolResult:
     source = _source(rt.app, job)
     if source is None:
         return error_result(f"unknown tool: {job.call.name}")
@@ -92,6 +104,7 @@ async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
         worker_id=rt.worker_id,
         agent_path=job.agent_path,
         call_path=job.call_path,
+        context=context,
     )
     try:  # a guard behind the source's own timeout, which fires first with its own message
         async with asyncio.timeout(job.timeout + TIMEOUT_GUARD):
@@ -106,15 +119,24 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     job = ToolJob.model_validate(payload)
     started = time.monotonic()
     # one round trip: is it answered already, and mark who runs it (lets a resumed
-    # turn tell a live tool worker from a dead one)
+    # turn tell a live tool worker from a dead one); the turn's caller context rides along (read from its
+    # record, never carried in the job: docs/architecture.md, Caller context)
     start = RoundTrip()
     answered = start.call("exists", job.result_key, parse=bool)
     start.call("set", rt.keys.tool_started(job.turn_id, job.step, job.index, job.position), rt.worker_id,
                ex=rt.keys.turn_ttl)  # fmt: skip
+    record: Pending[bytes | None] = start.call("get", rt.keys.turn_context(job.turn_id))
     await start.run(rt.redis)
     if answered.value:
         return {"is_error": False, "stored": False}  # never run a call twice
-    outcome = stored_outcome(await _invoke(rt, job), job.result_max_bytes, rt.worker_id)
+    try:
+        caller = parse_context(record.value, rt.app.context_type)
+    except ContextValidationError as exc:  # the turn worker validated it: another app version's type
+        caller, result = NO_CONTEXT, error_result(f"the turn's caller context does not fit this worker: {exc.message}")
+    else:
+        with secrets_scope(caller.secrets):  # redacted from every log line while the call runs
+            result = await _invoke(rt, job, caller.value)
+    outcome = stored_outcome(result, job.result_max_bytes, rt.worker_id, caller.secrets)
     rt.metrics.record_tool_call(job.call.name, outcome.is_error, time.monotonic() - started)
     # A call that ran is not lost to a Redis outage: its outcome is stored once Redis answers
     # again (bounded by the job's timeout), where the resumed turn finds it.

@@ -65,7 +65,9 @@ class ToolContext:
     ``budget`` is the tool's timeout in seconds; ``deadline`` the matching
     ``time.monotonic()`` instant; ``worker_id`` the process running it;
     ``agent_path`` and ``call_path`` where the calling agent sits in its tree
-    (as on events, :mod:`smith_client.events`; ``turn_id`` is the root turn's).
+    (as on events, :mod:`smith_client.events`; ``turn_id`` is the root turn's); ``context`` the turn's
+    caller context (``send(..., context=...)``): None without one, the JSON object, or an instance of the
+    app's ``context_type`` (docs/architecture.md, Caller context).
     """
 
     call_id: str
@@ -79,6 +81,7 @@ class ToolContext:
     agent_path: list[str] = field(default_factory=list)
     call_path: list[str] = field(default_factory=list)
     logger: logging.Logger = field(default_factory=lambda: logger)
+    context: Any = None
 
     def remaining(self) -> float:
         """Seconds left before the tool's timeout (never negative)."""

@@ -261,7 +261,9 @@ class TurnAttempt:
         )
         keys = [*self._finish_keys(), self._trimmed, *event_keys[:3]]
         args = [*self._finish_args(record.COMPLETED, record.RESULT, final.model_dump_json()), self.history_max]
-        return rt.script(COMPLETE, keys, [*args, *event_args[:2]], parse=self._closed)
+        closed = rt.script(COMPLETE, keys, [*args, *event_args[:2]], parse=self._closed)
+        self._queue_context_ttl(rt)
+        return closed
 
     def _closed(self, reply: Any) -> list[bytes]:
         if reply is None:
@@ -276,7 +278,14 @@ class TurnAttempt:
         """Add the fenced final write (``lua/finish.lua``) to ``rt``, to commit with the terminal event:
         ``status`` and ``field`` = ``value`` in the state, which then lives ``keys.turn_ttl`` seconds.
         The handle gets False when this attempt was fenced off."""
-        return rt.script(FINISH, self._finish_keys(), self._finish_args(status, field, value), parse=bool)
+        finished = rt.script(FINISH, self._finish_keys(), self._finish_args(status, field, value), parse=bool)
+        self._queue_context_ttl(rt)
+        return finished
+
+    def _queue_context_ttl(self, rt: RoundTrip) -> None:
+        """Add to ``rt`` (a turn's end) a fresh ``turn_ttl`` for its caller context record, which so expires
+        with the turn's state (docs/architecture.md, Caller context; a no-op without a record)."""
+        rt.call("expire", self.keys.turn_context(self.turn_id), self.keys.turn_ttl)
 
     def _finish_keys(self) -> list[str]:
         return [

@@ -29,6 +29,7 @@ while a turn that kills its worker still stops (:meth:`TurnExecution._check_atte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable
@@ -50,19 +51,20 @@ from smith_client.events import (
 )
 from smith_client.jobs import ToolOutcome, TurnJob
 from smith_client.messages import AssistantMessage, ToolMessage
-from smith_client.roundtrip import RoundTrip
+from smith_client.roundtrip import Pending, RoundTrip
 from smith_worker.agent.approvals import TurnPaused
 from smith_worker.agent.context import AgentContext, CancelRequested, TurnServices
 from smith_worker.agent.loop import AgentLoop
 from smith_worker.app import AgentSpec
-from smith_worker.hooks import fire
+from smith_worker.hooks import HookContext, current_turn, fire
 from smith_worker.memory.fencing import StaleAttemptError
 from smith_worker.memory.history import ConversationStore, HistorySlice
 from smith_worker.memory.pairing import REPAIR_SCAN, pending_repair
 from smith_worker.ops.heap import collect_soon
-from smith_worker.ops.redaction import redact_error
+from smith_worker.ops.redaction import redact_error, secrets_scope
 from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS
 from smith_worker.runtime import WorkerRuntime
+from smith_worker.tools.caller import CallerContext, parse_context
 from smith_worker.tools.function import error_content
 from smith_worker.tools.waiter import settle_call
 from smith_worker.turn.attempt import FAIL_UNREAD, Head, TurnAttempt, park, queue_head, wake_head, woken
@@ -113,6 +115,9 @@ class TurnExecution:
         self._lease_lost = False
         self._started = time.monotonic()
         self._ending = False  # the attempt is handling its cancellation (no second cancel: hand_off_soon)
+        self._context_record: Pending[bytes | None] | None = None
+        #: The caller context's secrets, redacted from this process's logs while the attempt runs.
+        self._secrets = contextlib.ExitStack()
 
     def request_cancel(self) -> None:
         """A caller asked to cancel (control message): stop the running step now, not at the next check."""
@@ -142,6 +147,8 @@ class TurnExecution:
         rt = RoundTrip()
         begun = self.attempt.queue_begin(rt)
         tail = self.store.queue_tail(rt, REPAIR_SCAN)
+        # and the caller context (docs/architecture.md, Caller context)
+        self._context_record = rt.call("get", self.rt.keys.turn_context(self.job.turn_id))
         await rt.run(self.rt.redis)
         outcome = begun.value
         if outcome == "wait":
@@ -198,6 +205,7 @@ class TurnExecution:
             await self._fail(error_from_exception(exc), spec)
         finally:
             self.services.running_turns.pop(self.job.turn_id, None)
+            self._secrets.close()
             await self.attempt.stop_renewing()
             if not ended:  # its traceback may hold the attempt's frames, request body included, in a cycle
                 collect_soon()
@@ -229,6 +237,7 @@ class TurnExecution:
                 agent=self.job.agent,
                 known=sorted(self.rt.app.agents),
             )
+        caller = self._caller_context()
         self.ctx = AgentContext(
             self.job,
             spec,
@@ -240,6 +249,7 @@ class TurnExecution:
             self.publish,
             self.rt,
             self.services,
+            caller=caller,
         )
         state = self.attempt.begun_state  # the cancel flag and whether the user message is in
         if state.get("cancel_requested"):
@@ -259,18 +269,29 @@ class TurnExecution:
         rt = RoundTrip()
         start = self.attempt.queue_append_user(rt, self.job.message, repair)
         ctx.queue_publish(rt, events)
+        rt.call("expire", self.rt.keys.turn_context(self.job.turn_id), self.rt.keys.turn_ttl)  # a pause's life ends
         await rt.run(self.rt.redis)
         for message in added:
             await fire("on_message", message, self.rt.app.hooks, spec.hooks)
         await AgentLoop(self.ctx).run(start.value, fresh=first)  # its last round trip completes the turn
         await self._after_completion()
 
+    def _caller_context(self) -> CallerContext:
+        """The turn's caller context, validated into the app's ``context_type``; its secrets are redacted from
+        the process's logs until the attempt ends and its hooks see it (docs/architecture.md, Caller context).
+        Raises :class:`ContextValidationError` (the turn fails)."""
+        raw = self._context_record.value if self._context_record is not None else None
+        caller = parse_context(raw, self.rt.app.context_type, expected=self.job.has_context)
+        self._secrets.enter_context(secrets_scope(caller.secrets))
+        current_turn.set(HookContext(self.job.turn_id, self.job.conversation_id, self.job.agent, caller.value))
+        return caller
+
     async def _pause(self, spec: AgentSpec | None, paused: TurnPaused) -> None:
         """The step waits for a person: pause the turn (:meth:`TurnAttempt.pause`), for the shortest
         ``approval_timeout`` of the agents whose calls wait, keeping the step's keys and the tree's counters;
         the job then ends, holding nothing (docs/architecture.md, Pausing for a person)."""
         keys, turn_id = self.rt.keys, self.job.turn_id
-        kept = [*paused.kept_keys, keys.tree_iterations(turn_id), keys.tree_tokens(turn_id)]
+        kept = [*paused.kept_keys, keys.tree_iterations(turn_id), keys.tree_tokens(turn_id), keys.turn_context(turn_id)]
         try:
             await self.attempt.pause(paused.pending, kept, self._approval_timeout(spec, paused))
         except StaleAttemptError:

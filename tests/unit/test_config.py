@@ -64,6 +64,7 @@ BAD_VALUES = {
     "SMITH_WORKER_ID": ["a b", "x" * 201],
     "SMITH_TURN_TTL": ["0", "-5", "1.5", "day"],
     "SMITH_HISTORY_TTL": ["0", "-1"],
+    "SMITH_CONTEXT_MAX_BYTES": ["0", "-1", "64KiB", "1.5"],
     "SMITH_LLM_BASE_URL": ["notaurl", "ftp://h/v1", "http:///v1", "http://h:99999/v1", "127.0.0.1:8080/v1"],
     "SMITH_LLM_MODEL": [" ", "a\nb"],
     "SMITH_LLM_API_KEY": ["sk-secret\n"],
