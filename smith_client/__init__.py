@@ -19,6 +19,7 @@ from smith_client.errors import (
     McpError,
     McpProtocolError,
     NoPendingCallError,
+    OutputValidationError,
     ParseError,
     SkillError,
     SmithError,
@@ -42,6 +43,7 @@ from smith_client.messages import (
     ToolMessage,
     UserMessage,
 )
+from smith_client.output import OutputMessage
 from smith_client.sync_client import SyncSmithClient, SyncTurnHandle
 
 __all__ = [
@@ -61,6 +63,8 @@ __all__ = [
     "McpProtocolError",
     "Message",
     "NoPendingCallError",
+    "OutputMessage",
+    "OutputValidationError",
     "ParseError",
     "PendingItem",
     "SkillError",

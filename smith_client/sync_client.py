@@ -14,7 +14,7 @@ in ``examples/web/`` instead.
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any, Self, Unpack
+from typing import Any, Self, Unpack, overload
 
 import redis
 
@@ -24,6 +24,7 @@ from smith_client.connection import connect_sync_redis
 from smith_client.events import Event, PendingItem
 from smith_client.inputs import InputResponse
 from smith_client.messages import AssistantMessage, Message
+from smith_client.output import M, OutputMessage, with_output
 from smith_client.runners import SyncRunner
 from smith_client.validation import TurnOptions, check_id
 
@@ -41,10 +42,29 @@ class SyncSmithClient(ClientBase):
     redis: redis.Redis
     runner: SyncRunner
 
-    def send(self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]) -> AssistantMessage:
+    @overload
+    def send(
+        self, text: str, *, timeout: float | None = None, output_type: None = None, **options: Unpack[TurnOptions]
+    ) -> AssistantMessage: ...
+
+    @overload
+    def send(
+        self, text: str, *, timeout: float | None = None, output_type: type[M], **options: Unpack[TurnOptions]
+    ) -> OutputMessage[M]: ...
+
+    def send(
+        self,
+        text: str,
+        *,
+        timeout: float | None = None,
+        output_type: type[M] | None = None,
+        **options: Unpack[TurnOptions],
+    ) -> AssistantMessage | OutputMessage[M]:
         """Blocking :meth:`SmithClient.send <smith_client.client.SmithClient.send>`: the same ``text``, ``options``
-        (:class:`TurnOptions`), ``timeout`` (seconds) and errors; returns the final :class:`AssistantMessage`."""
-        return self.runner.run(self._op_send(text, timeout, options), bound=timeout)
+        (:class:`TurnOptions`), ``timeout`` (seconds), ``output_type`` and errors; returns the final
+        :class:`AssistantMessage`, or with ``output_type`` an :class:`~smith_client.output.OutputMessage`."""
+        message = self.runner.run(self._op_send(text, timeout, options), bound=timeout)
+        return message if output_type is None else with_output(message, output_type)
 
     def stream(
         self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
