@@ -446,14 +446,24 @@ def _require_registered(kind: str, names: Sequence[str] | None, registered: Cont
 
 
 def _check_output(output_type: Any, mode: Any, retries: Any) -> None:
-    """Raise :class:`ConfigurationError` for an ``output_type`` that is neither a pydantic model nor a JSON Schema
-    dict, an unknown ``output_mode``, or ``output_retries`` that is not an integer >= 0."""
-    if output_type is not None and not isinstance(output_type, dict):
-        if not (isinstance(output_type, type) and issubclass(output_type, BaseModel)):
-            raise ConfigurationError(
-                f"output_type must be a pydantic model or a JSON Schema dict, got {output_type!r}",
-                setting="output_type",
+    """Raise :class:`ConfigurationError` for an ``output_type`` that is neither a pydantic model nor a valid JSON
+    Schema (its ``$schema``'s draft, else 2020-12), an unknown ``output_mode``, or ``output_retries`` that is not
+    an integer >= 0."""
+    if isinstance(output_type, dict):
+        import jsonschema  # type: ignore[import-untyped]  # loaded only by apps with a JSON Schema output
+
+        try:
+            jsonschema.validators.validator_for(output_type, default=jsonschema.Draft202012Validator).check_schema(
+                output_type
             )
+        except jsonschema.SchemaError as exc:
+            raise ConfigurationError(
+                f"output_type is not a valid JSON Schema: {exc.message}", setting="output_type"
+            ) from exc
+    elif output_type is not None and not (isinstance(output_type, type) and issubclass(output_type, BaseModel)):
+        raise ConfigurationError(
+            f"output_type must be a pydantic model or a JSON Schema dict, got {output_type!r}", setting="output_type"
+        )
     if mode not in get_args(OutputMode):
         raise ConfigurationError(
             f"output_mode must be one of {get_args(OutputMode)}, got {mode!r}", setting="output_mode"
