@@ -93,7 +93,7 @@ class StructuredOutput:
             self.schema = output_type.model_json_schema(by_alias=True)
             self._name = output_type.__name__
         self._name = re.sub(r"[^A-Za-z0-9_-]", "_", self._name)[:64]
-        self._wrapped = self.schema.get("type") != "object"
+        self._wrapped = not _is_object(self.schema)
 
     # -- the request ----------------------------------------------------------------
 
@@ -135,10 +135,13 @@ class StructuredOutput:
         return request.model_copy(update={"tools": tools, "tool_choice": _choice(agent_choice, len(tools))})
 
     def tool(self) -> ToolSchema:
-        """The output tool of the tool mode."""
+        """The output tool of the tool mode. With json_schema tool calling, whose reply schema nests each tool's
+        parameters (:mod:`smith_worker.llm.json_schema_tools`), local references (``$ref``) to ``$defs`` are inlined."""
         parameters = self.schema
         if self._wrapped:
             parameters = {"type": "object", "properties": {WRAPPED: self.schema}, "required": [WRAPPED]}
+        if self._llm.tool_calling == "json_schema":
+            parameters = _inlined(parameters)
         return ToolSchema(name=OUTPUT_TOOL, description=OUTPUT_TOOL_DESCRIPTION, parameters=parameters)
 
     def prompt(self) -> str:
@@ -232,6 +235,46 @@ def _json_schema_validator(schema: dict[str, Any]) -> Any:
     import jsonschema  # type: ignore[import-untyped]  # the worker's: only agents with a JSON Schema output load it
 
     return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
+
+
+def _is_object(schema: dict[str, Any]) -> bool:
+    """Whether ``schema`` is rooted in an object, itself or through a root ``$ref`` (a recursive pydantic model's)."""
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        target = (schema.get("$defs") or {}).get(ref[8:])
+        return isinstance(target, dict) and target.get("type") == "object"
+    return schema.get("type") == "object"
+
+
+#: Nesting of references :func:`_inlined` follows; a deeper (recursive) schema keeps its references.
+MAX_REF_DEPTH = 32
+
+
+def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with its local references (``"$ref": "#/$defs/Name"``) replaced by their definitions, and no
+    ``$defs``; a recursive schema (references nested deeper than :data:`MAX_REF_DEPTH`) is returned as it is."""
+    definitions = schema.get("$defs")
+    if not isinstance(definitions, dict):
+        return schema
+
+    def resolve(node: Any, depth: int) -> Any:
+        if depth > MAX_REF_DEPTH:
+            raise RecursionError
+        if isinstance(node, list):
+            return [resolve(item, depth) for item in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/") and ref[8:] in definitions:
+            rest = {key: value for key, value in node.items() if key != "$ref"}
+            return resolve({**definitions[ref[8:]], **rest}, depth + 1)
+        return {key: resolve(value, depth) for key, value in node.items() if key != "$defs"}
+
+    try:
+        resolved: dict[str, Any] = resolve(schema, 0)
+    except RecursionError:
+        return schema
+    return resolved
 
 
 def _choice(agent_choice: ToolChoice, tools: int) -> ToolChoice:

@@ -121,3 +121,26 @@ def test_the_declaration_is_checked():
         app.agent("c", output_type=City, output_mode="grammar")
     with pytest.raises(ConfigurationError, match="output_retries"):
         app.agent("d", output_type=City, output_retries=-1)
+
+
+class Country(BaseModel):
+    capital: City
+    cities: list[City]
+
+
+def test_json_schema_tool_calling_gets_the_output_tool_without_references():
+    assert "$defs" in Country.model_json_schema()
+    parameters = rules(output_type=Country, mode="tool", tool_calling="json_schema").tool().parameters
+    assert "$defs" not in json.dumps(parameters) and "$ref" not in json.dumps(parameters)
+    assert parameters["properties"]["cities"]["items"]["properties"]["population"] == {"title": "Population", "type": "integer"}
+    native = rules(output_type=Country, mode="tool").tool().parameters
+    assert native == Country.model_json_schema()  # native tools take references
+
+
+class Tree(BaseModel):
+    children: list[Tree]
+
+
+def test_a_recursive_schema_keeps_its_references():
+    parameters = rules(output_type=Tree, mode="tool", tool_calling="json_schema").tool().parameters
+    assert parameters == Tree.model_json_schema()
