@@ -183,14 +183,26 @@ class SyncTurnHandle(HandleBase):
         """
         return self.client.follow(self.turn_id, after_seq, timeout)
 
-    def result(self, timeout: float | None = None) -> AssistantMessage:
-        """Wait for the final :class:`AssistantMessage` (``timeout`` seconds, None = forever).
+    @overload
+    def result(self, timeout: float | None = None, *, output_type: None = None) -> AssistantMessage: ...
+
+    @overload
+    def result(self, timeout: float | None = None, *, output_type: type[M]) -> OutputMessage[M]: ...
+
+    def result(
+        self, timeout: float | None = None, *, output_type: type[M] | None = None
+    ) -> AssistantMessage | OutputMessage[M]:
+        """Wait for the final :class:`AssistantMessage` (``timeout`` seconds, None = forever); with ``output_type``
+        (a pydantic model) an :class:`~smith_client.output.OutputMessage` whose ``output`` is the answer parsed
+        into it, as ``send`` returns (docs/architecture.md, Structured output).
 
         Raises the turn's typed error, :class:`TurnCancelledError` for a
         cancelled turn, :class:`TurnPausedError` for a paused one, :class:`TurnNotFoundError` for an unknown
-        one, or :class:`SmithTimeoutError`.
+        one, :class:`OutputValidationError` for an answer that does not parse into ``output_type``, or
+        :class:`SmithTimeoutError`.
         """
-        return self.client.runner.run(self._op_result(timeout), bound=timeout)
+        message = self.client.runner.run(self._op_result(timeout), bound=timeout)
+        return message if output_type is None else with_output(message, output_type)
 
     def cancel(self, reason: str = "cancel") -> str:
         """Ask for the turn to stop; returns what happened: ``cancelled_queued`` (it never started),

@@ -79,6 +79,8 @@ async def test_response_format_answer_parses_into_the_callers_model(client, scen
     assert isinstance(again, OutputMessage) and again.output == City(**PARIS)
     plain = await client.send(f"{marker} Once more?", conversation_id=f"conv-{key}", agent="city_rf", timeout=30)
     assert type(plain) is AssistantMessage and json.loads(plain.content) == PARIS  # no output_type: the message
+    later = await client.turn(turn_id).result(timeout=30, output_type=City)  # from the turn's state
+    assert isinstance(later, OutputMessage) and later.output == City(**PARIS)
 
 
 async def test_tool_path_ends_the_turn_without_a_tool_job(client, scenario, scripted_llm):

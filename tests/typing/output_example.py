@@ -30,6 +30,9 @@ async def use_async() -> None:
         plain: AssistantMessage = city  # an OutputMessage is an AssistantMessage
         print(plain, city.output.mayor)  # expect-error
         await client.send("Paris?", conversation_id="c1", output_type=dict)  # expect-error
+        handle = await client.submit("Paris?", conversation_id="c1", agent="city")
+        reveal_type(await handle.result(output_type=City))  # expect: OutputMessage[City]
+        reveal_type(await handle.result(timeout=60))  # expect: AssistantMessage
 
 
 def use_sync() -> None:
@@ -38,6 +41,7 @@ def use_sync() -> None:
         reveal_type(city)  # expect: OutputMessage[City]
         reveal_type(city.output)  # expect: City
         reveal_type(client.send("Paris?", conversation_id="c1"))  # expect: AssistantMessage
+        reveal_type(client.submit("Paris?", conversation_id="c1").result(60, output_type=City))  # expect: OutputMessage[City]
 
 
 def keep(message: OutputMessage[City]) -> int:
