@@ -308,7 +308,10 @@ class AgentLoop:
         history instead (``multitask="merge"``), or None when ``message`` has tool calls. ``output``: the
         answer's structured output, for ``turn.completed``. Raises :class:`StaleAttemptError`.
         """
-        rt = self._count_tokens(used)
+        rt = RoundTrip()
+        if used > 0:
+            rt.call("incrby", self.ctx.tree_tokens, used)
+            rt.call("expire", self.ctx.tree_tokens, self.rt.keys.turn_ttl)
         merged = None if message.tool_calls else self.attempt.queue_close(rt, message, output)
         preceding, self._unpublished = self._unpublished, []
         await self.ctx.append(message, preceding=preceding, rt=rt)
@@ -317,17 +320,12 @@ class AgentLoop:
     async def _append_rejected(self, messages: list[Any], used: int) -> None:
         """Append an answer that failed output validation and the messages telling the model its errors
         (:class:`~smith_worker.agent.output.Rejected`), adding its ``used`` tokens as :meth:`_append_reply` does."""
-        rt = self._count_tokens(used)
-        preceding, self._unpublished = self._unpublished, []
-        await self.ctx.append(*messages, preceding=preceding, rt=rt)
-
-    def _count_tokens(self, used: int) -> RoundTrip:
-        """A round trip adding a reply's ``used`` tokens to the tree's counter."""
         rt = RoundTrip()
         if used > 0:
             rt.call("incrby", self.ctx.tree_tokens, used)
             rt.call("expire", self.ctx.tree_tokens, self.rt.keys.turn_ttl)
-        return rt
+        preceding, self._unpublished = self._unpublished, []
+        await self.ctx.append(*messages, preceding=preceding, rt=rt)
 
     def _check_limits(
         self, spec: AgentSpec, iterations: int, tree: tuple[int, int], total_tokens: int, deadline: float | None
@@ -370,17 +368,16 @@ class AgentLoop:
         tools = await self._tool_schemas(spec)
         prompt = self.skills.system_prompt(spec.system_prompt)
         stream = self.job.stream if self.job.stream is not None else spec.config.stream_default
-        request = llm.encode(
-            self._shaped(
-                LlmRequest(
-                    messages=([SystemMessage(content=prompt)] if prompt else []) + await spec.memory.view(memory),
-                    tools=tools,
-                    sampling=self._sampling(),
-                    tool_choice=spec.tool_choice_for(tool_rounds) if tools else None,
-                ),
-                spec.tool_choice_for(tool_rounds),
+        request = self._encode(
+            llm,
+            LlmRequest(
+                messages=([SystemMessage(content=prompt)] if prompt else []) + await spec.memory.view(memory),
+                tools=tools,
+                sampling=self._sampling(),
+                tool_choice=spec.tool_choice_for(tool_rounds) if tools else None,
             ),
             stream=stream,
+            agent_choice=spec.tool_choice_for(tool_rounds),
         )
         self._stream_calls, self._unpublished = {}, []
         if stream:
@@ -393,9 +390,10 @@ class AgentLoop:
             self._unpublished += [_completed_data(index, call)]
         return response
 
-    def _shaped(self, request: LlmRequest, agent_choice: ToolChoice) -> LlmRequest:
-        """``request`` asking for the agent's structured output, if it has one (:mod:`smith_worker.agent.output`)."""
-        return request if self._output is None else self._output.shape(request, agent_choice)
+    def _encode(self, llm: LlmClient, request: LlmRequest, *, stream: bool, agent_choice: ToolChoice) -> EncodedRequest:
+        """``request`` encoded, asking for the agent's structured output if it has one
+        (:mod:`smith_worker.agent.output`; ``agent_choice``: the agent's ``tool_choice`` for the step)."""
+        return llm.encode(request if self._output is None else self._output.shape(request, agent_choice), stream=stream)
 
     def _sampling(self) -> SamplingParams | None:
         """The turn's sampling override (docs/architecture.md, Model requests).
