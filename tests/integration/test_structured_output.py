@@ -190,3 +190,18 @@ async def test_json_schema_tool_calling_with_the_output_tool(client, scenario, s
     assert forms == {"tool_call", "tool_calls"}  # tool_choice "required": no plain answer
     names = {c["properties"]["name"]["const"] for c in schema["anyOf"][0]["properties"]["tool_call"]["anyOf"]}
     assert names == {"add", OUTPUT_TOOL}
+
+
+async def test_tool_path_not_streamed(client, scenario, scripted_llm):
+    """A non-streamed reply's final_result call publishes no tool_call event either."""
+    key, marker = scenario(Script(Reply.tool_calls([(OUTPUT_TOOL, PARIS)])))
+    turn_id = f"turn-{key}"
+    message = await client.send(
+        f"{marker} Paris?", conversation_id=f"conv-{key}", agent="city_tool", turn_id=turn_id, stream=False,
+        output_type=City, timeout=30,
+    )
+    assert message.output == City(**PARIS)
+    (request,) = scripted_llm.requests_for(key)
+    assert request.body["stream"] is False
+    events = await turn_events(client, turn_id)
+    assert [e.type for e in events] == ["turn.started", "message", "message", "turn.completed"]
