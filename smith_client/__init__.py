@@ -20,6 +20,7 @@ from smith_client.errors import (
     McpError,
     McpProtocolError,
     NoPendingCallError,
+    OutputValidationError,
     ParseError,
     SkillError,
     SmithError,
@@ -43,6 +44,7 @@ from smith_client.messages import (
     ToolMessage,
     UserMessage,
 )
+from smith_client.output import OutputMessage
 from smith_client.sync_client import SyncSmithClient, SyncTurnHandle
 
 __all__ = [
@@ -63,6 +65,8 @@ __all__ = [
     "McpProtocolError",
     "Message",
     "NoPendingCallError",
+    "OutputMessage",
+    "OutputValidationError",
     "ParseError",
     "PendingItem",
     "SkillError",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncGenerator, Callable, Sequence
-from typing import Any, Self, Unpack
+from typing import Any, Self, Unpack, overload
 
 from arq.connections import ArqRedis
 
@@ -33,6 +33,7 @@ from smith_client.events import Event, PendingItem
 from smith_client.inputs import InputResponse
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, Message
+from smith_client.output import M, OutputMessage, with_output
 from smith_client.protocol import Operation
 from smith_client.registry import ServedAgents
 from smith_client.runners import AsyncRunner, SyncRunner
@@ -223,10 +224,28 @@ class SmithClient(ClientBase):
     redis: ArqRedis
     runner: AsyncRunner
 
+    @overload
     async def send(
-        self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
-    ) -> AssistantMessage:
-        """Run one turn and return its final :class:`AssistantMessage`.
+        self, text: str, *, timeout: float | None = None, output_type: None = None, **options: Unpack[TurnOptions]
+    ) -> AssistantMessage: ...
+
+    @overload
+    async def send(
+        self, text: str, *, timeout: float | None = None, output_type: type[M], **options: Unpack[TurnOptions]
+    ) -> OutputMessage[M]: ...
+
+    async def send(
+        self,
+        text: str,
+        *,
+        timeout: float | None = None,
+        output_type: type[M] | None = None,
+        **options: Unpack[TurnOptions],
+    ) -> AssistantMessage | OutputMessage[M]:
+        """Run one turn and return its final :class:`AssistantMessage`; with ``output_type`` (a pydantic model,
+        for an agent declared with an ``output_type``: docs/architecture.md, Structured output) an
+        :class:`~smith_client.output.OutputMessage` whose ``output`` is the answer parsed into it
+        (:class:`OutputValidationError` when it does not parse).
 
         ``text``: the user message (non-blank, at most 1 000 000 UTF-8 bytes).
         ``options`` are :class:`TurnOptions`: ``conversation_id`` (required),
@@ -247,7 +266,8 @@ class SmithClient(ClientBase):
         cancelled; :class:`TurnPausedError` when it pauses for a person (decide its
         ``pending`` calls, then :meth:`follow` or ``turn(...).result()``); :class:`SmithTimeoutError` on ``timeout``.
         """
-        return await self.runner.run(self._op_send(text, timeout, options), bound=timeout)
+        message = await self.runner.run(self._op_send(text, timeout, options), bound=timeout)
+        return message if output_type is None else with_output(message, output_type)
 
     def stream(
         self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
@@ -445,14 +465,26 @@ class TurnHandle(HandleBase):
         """
         return self.client.follow(self.turn_id, after_seq, timeout)
 
-    async def result(self, timeout: float | None = None) -> AssistantMessage:
-        """Wait for the final :class:`AssistantMessage` (``timeout`` seconds, None = forever).
+    @overload
+    async def result(self, timeout: float | None = None, *, output_type: None = None) -> AssistantMessage: ...
+
+    @overload
+    async def result(self, timeout: float | None = None, *, output_type: type[M]) -> OutputMessage[M]: ...
+
+    async def result(
+        self, timeout: float | None = None, *, output_type: type[M] | None = None
+    ) -> AssistantMessage | OutputMessage[M]:
+        """Wait for the final :class:`AssistantMessage` (``timeout`` seconds, None = forever); with ``output_type``
+        (a pydantic model) an :class:`~smith_client.output.OutputMessage` whose ``output`` is the answer parsed
+        into it, as ``send`` returns (docs/architecture.md, Structured output).
 
         Raises the turn's typed error, :class:`TurnCancelledError` for a
         cancelled turn, :class:`TurnPausedError` for a paused one, :class:`TurnNotFoundError` for an unknown
-        one, or :class:`SmithTimeoutError`.
+        one, :class:`OutputValidationError` for an answer that does not parse into ``output_type``, or
+        :class:`SmithTimeoutError`.
         """
-        return await self.client.runner.run(self._op_result(timeout), bound=timeout)
+        message = await self.client.runner.run(self._op_result(timeout), bound=timeout)
+        return message if output_type is None else with_output(message, output_type)
 
     async def cancel(self, reason: str = "cancel") -> str:
         """Ask for the turn to stop; returns what happened: ``cancelled_queued`` (it never started),

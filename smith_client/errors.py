@@ -295,6 +295,23 @@ class NoPendingCallError(SmithError):
         super().__init__(message, turn_id=turn_id, call_id=call_id, pending=list(pending or []))
 
 
+class OutputValidationError(SmithError):
+    """A turn's final answer did not validate against its agent's ``output_type`` (docs/architecture.md,
+    Structured output): the model was sent the validation errors ``output_retries`` times and its last answer
+    still failed; or a client's ``send(..., output_type=...)`` could not parse the turn's output.
+
+    Fields: ``errors`` (list[str], the last answer's validation errors, ``"<path>: <message>"``),
+    ``retries`` (int, the retries the model was given).
+    """
+
+    field_names = ("errors", "retries")
+    errors: list[str]
+    retries: int
+
+    def __init__(self, message: str, errors: list[str] | None = None, retries: int = 0) -> None:
+        super().__init__(message, errors=list(errors or []), retries=retries)
+
+
 class InternalError(SmithError):
     """An unexpected exception inside a worker. Fields: ``exception_type`` (str)."""
 
@@ -329,6 +346,7 @@ ERROR_CLASSES: dict[str, type[SmithError]] = {
         TurnNotFoundError,
         TurnPausedError,
         NoPendingCallError,
+        OutputValidationError,
         InternalError,
     )
 }

@@ -23,7 +23,8 @@ Event types and their ``data``:
 ``tool_call.completed`` ``{id, name, index, arguments}``: its arguments, parsed
 ``tool.result``         ``{tool_call_id, name, content, is_error, worker}``
 ``message``             ``{message}``: a message appended to the history (stored form)
-``turn.completed``      ``{message}``: the final :class:`AssistantMessage` (stored form)
+``turn.completed``      ``{message, output}``: the final :class:`AssistantMessage` (stored form) and, for an
+                        agent with an ``output_type``, its validated output as JSON (else null)
 ``turn.failed``         ``{error: {kind, message, fields}}``
 ``mcp.event``           ``{alias, kind, message, fields}``: an MCP server's lifecycle event
                         (``connected``, ``disconnected``, ``reconnecting``, ``reconnect_failed``)
@@ -143,10 +144,20 @@ class MessageData(EventData):
 
 
 class TurnCompletedData(EventData):
-    """``turn.completed``: the final assistant message."""
+    """``turn.completed``: the final assistant message; ``output``, for an agent declared with an ``output_type``,
+    the answer validated against it as JSON (the message's ``content`` is its text; docs/architecture.md,
+    Structured output), None otherwise."""
 
     event_type: ClassVar[str] = TURN_COMPLETED
     message: AssistantMessage
+    output: Any = None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON-able ``data``; ``output`` only when there is one (an agent without an ``output_type``)."""
+        data = super().to_wire()
+        if data.get("output") is None:
+            data.pop("output", None)
+        return data
 
 
 class ErrorData(BaseModel):

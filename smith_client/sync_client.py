@@ -14,7 +14,7 @@ in ``examples/web/`` instead.
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any, Self, Unpack
+from typing import Any, Self, Unpack, overload
 
 import redis
 
@@ -24,6 +24,7 @@ from smith_client.connection import connect_sync_redis
 from smith_client.events import Event, PendingItem
 from smith_client.inputs import InputResponse
 from smith_client.messages import AssistantMessage, Message
+from smith_client.output import M, OutputMessage, with_output
 from smith_client.runners import SyncRunner
 from smith_client.validation import TurnOptions, check_id
 
@@ -41,10 +42,29 @@ class SyncSmithClient(ClientBase):
     redis: redis.Redis
     runner: SyncRunner
 
-    def send(self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]) -> AssistantMessage:
+    @overload
+    def send(
+        self, text: str, *, timeout: float | None = None, output_type: None = None, **options: Unpack[TurnOptions]
+    ) -> AssistantMessage: ...
+
+    @overload
+    def send(
+        self, text: str, *, timeout: float | None = None, output_type: type[M], **options: Unpack[TurnOptions]
+    ) -> OutputMessage[M]: ...
+
+    def send(
+        self,
+        text: str,
+        *,
+        timeout: float | None = None,
+        output_type: type[M] | None = None,
+        **options: Unpack[TurnOptions],
+    ) -> AssistantMessage | OutputMessage[M]:
         """Blocking :meth:`SmithClient.send <smith_client.client.SmithClient.send>`: the same ``text``, ``options``
-        (:class:`TurnOptions`), ``timeout`` (seconds) and errors; returns the final :class:`AssistantMessage`."""
-        return self.runner.run(self._op_send(text, timeout, options), bound=timeout)
+        (:class:`TurnOptions`), ``timeout`` (seconds), ``output_type`` and errors; returns the final
+        :class:`AssistantMessage`, or with ``output_type`` an :class:`~smith_client.output.OutputMessage`."""
+        message = self.runner.run(self._op_send(text, timeout, options), bound=timeout)
+        return message if output_type is None else with_output(message, output_type)
 
     def stream(
         self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
@@ -163,14 +183,26 @@ class SyncTurnHandle(HandleBase):
         """
         return self.client.follow(self.turn_id, after_seq, timeout)
 
-    def result(self, timeout: float | None = None) -> AssistantMessage:
-        """Wait for the final :class:`AssistantMessage` (``timeout`` seconds, None = forever).
+    @overload
+    def result(self, timeout: float | None = None, *, output_type: None = None) -> AssistantMessage: ...
+
+    @overload
+    def result(self, timeout: float | None = None, *, output_type: type[M]) -> OutputMessage[M]: ...
+
+    def result(
+        self, timeout: float | None = None, *, output_type: type[M] | None = None
+    ) -> AssistantMessage | OutputMessage[M]:
+        """Wait for the final :class:`AssistantMessage` (``timeout`` seconds, None = forever); with ``output_type``
+        (a pydantic model) an :class:`~smith_client.output.OutputMessage` whose ``output`` is the answer parsed
+        into it, as ``send`` returns (docs/architecture.md, Structured output).
 
         Raises the turn's typed error, :class:`TurnCancelledError` for a
         cancelled turn, :class:`TurnPausedError` for a paused one, :class:`TurnNotFoundError` for an unknown
-        one, or :class:`SmithTimeoutError`.
+        one, :class:`OutputValidationError` for an answer that does not parse into ``output_type``, or
+        :class:`SmithTimeoutError`.
         """
-        return self.client.runner.run(self._op_result(timeout), bound=timeout)
+        message = self.client.runner.run(self._op_result(timeout), bound=timeout)
+        return message if output_type is None else with_output(message, output_type)
 
     def cancel(self, reason: str = "cancel") -> str:
         """Ask for the turn to stop; returns what happened: ``cancelled_queued`` (it never started),

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, Unpack, cast, overload
+from typing import Any, Literal, TypeVar, Unpack, cast, get_args, overload
 
 from pydantic import BaseModel
 
@@ -46,6 +46,10 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 #: An agent's ``tool_choice``: the chat-completions values (:data:`ToolChoice`) or one of its tools' names.
 AgentToolChoice = str | dict[str, Any]
+#: How an agent with an ``output_type`` asks for it (docs/architecture.md, Structured output).
+OutputMode = Literal["auto", "response_format", "tool", "prompted"]
+#: An agent's ``output_type``: a pydantic model, or a JSON Schema (a dict).
+OutputType = type[BaseModel] | dict[str, Any]
 
 
 @dataclass
@@ -66,6 +70,8 @@ class AgentSpec:
     tools (docs/architecture.md, Sub-agents; resolved at worker start by :meth:`SmithApp.resolve_subagents`);
     ``needs_approval`` (:data:`~smith_worker.tools.function.Approval`) makes a parent's call of this agent
     wait for a person's approval before it runs (docs/architecture.md, Pausing for a person).
+    ``output_type``, ``output_mode`` and ``output_retries``: the structured output its final answer must
+    validate against (docs/architecture.md, Structured output; :mod:`smith_worker.agent.output`).
     """
 
     name: str
@@ -83,6 +89,9 @@ class AgentSpec:
     skills: list[str] = field(default_factory=list)
     memory: Memory = field(default_factory=FullMemory)
     needs_approval: Approval = False
+    output_type: OutputType | None = None
+    output_mode: OutputMode = "auto"
+    output_retries: int = 2
 
     def tool_choice_for(self, tool_rounds: int) -> ToolChoice | None:
         """The ``tool_choice`` to send after ``tool_rounds`` completed tool rounds.
@@ -207,6 +216,9 @@ class SmithApp:
         description: str = "",
         subagents: list[str] | None = None,
         needs_approval: Approval = False,
+        output_type: OutputType | None = None,
+        output_mode: OutputMode = "auto",
+        output_retries: int = 2,
     ) -> AgentSpec:
         """Declare an agent. ``tools`` are tool names or registered functions; ``sources``
         names tool sources added with :meth:`add_source` (e.g. MCP server aliases);
@@ -219,11 +231,19 @@ class SmithApp:
         ``needs_approval`` (True, or ``callable(ctx, arguments) -> bool`` or an awaitable bool) makes a call
         of this agent by a parent agent wait for a person's approval before the agent runs
         (docs/architecture.md, Pausing for a person).
+        ``output_type`` (a pydantic model or a JSON Schema dict) is what the agent's final answer must validate
+        against; ``output_mode`` how it is asked for: ``"response_format"`` (the server's ``response_format``
+        JSON schema), ``"tool"`` (a ``final_result`` tool whose call ends the turn), ``"prompted"`` (the schema
+        in the system prompt), or ``"auto"``: ``response_format`` when the model config says the server supports
+        it, else ``tool``. An answer that fails validation goes back to the model with its errors, up to
+        ``output_retries`` times, then the turn fails with ``OutputValidationError``
+        (docs/architecture.md, Structured output).
 
         Raises :class:`ConfigurationError` for a bad name, a duplicate agent, an
-        unregistered tool, an unknown source, an unregistered skill or a ``memory``
-        that is not a Memory.
+        unregistered tool, an unknown source, an unregistered skill, a ``memory``
+        that is not a Memory, or a bad ``output_type``, ``output_mode`` or ``output_retries``.
         """
+        _check_output(output_type, output_mode, output_retries)
         _require_registered("skill", skills, self.skills, "skills")
         if memory is not None and not isinstance(memory, Memory):
             raise ConfigurationError(
@@ -250,6 +270,9 @@ class SmithApp:
             description=description,
             subagents=list(subagents or []),
             needs_approval=needs_approval,
+            output_type=output_type,
+            output_mode=output_mode,
+            output_retries=output_retries,
         )
         self.agents[name] = spec
         return spec
@@ -435,3 +458,30 @@ def _require_registered(kind: str, names: Sequence[str] | None, registered: Cont
     for name in names or []:
         if name not in registered:
             raise ConfigurationError(f"agent {kind} {name!r} is not a registered {kind}", setting=setting)
+
+
+def _check_output(output_type: Any, mode: Any, retries: Any) -> None:
+    """Raise :class:`ConfigurationError` for an ``output_type`` that is neither a pydantic model nor a valid JSON
+    Schema (its ``$schema``'s draft, else 2020-12), an unknown ``output_mode``, or ``output_retries`` that is not
+    an integer >= 0."""
+    if isinstance(output_type, dict):
+        import jsonschema  # type: ignore[import-untyped]  # loaded only by apps with a JSON Schema output
+
+        try:
+            jsonschema.validators.validator_for(output_type, default=jsonschema.Draft202012Validator).check_schema(
+                output_type
+            )
+        except jsonschema.SchemaError as exc:
+            raise ConfigurationError(
+                f"output_type is not a valid JSON Schema: {exc.message}", setting="output_type"
+            ) from exc
+    elif output_type is not None and not (isinstance(output_type, type) and issubclass(output_type, BaseModel)):
+        raise ConfigurationError(
+            f"output_type must be a pydantic model or a JSON Schema dict, got {output_type!r}", setting="output_type"
+        )
+    if mode not in get_args(OutputMode):
+        raise ConfigurationError(
+            f"output_mode must be one of {get_args(OutputMode)}, got {mode!r}", setting="output_mode"
+        )
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ConfigurationError(f"output_retries must be an integer >= 0, got {retries!r}", setting="output_retries")

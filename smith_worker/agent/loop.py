@@ -45,6 +45,7 @@ from smith_client.roundtrip import Pending, RoundTrip
 from smith_worker.agent.approvals import CallPlan, TurnPaused, decision_id, plan_calls
 from smith_worker.agent.context import AgentContext, CancelRequested
 from smith_worker.agent.event_batch import EventBatcher
+from smith_worker.agent.output import Accepted, Rejected, StructuredOutput, structured_output
 from smith_worker.agent.subagents import SubAgentTools
 from smith_worker.agent.toolset import ToolRoute, Toolset, step_toolset
 from smith_worker.app import AgentSpec
@@ -58,6 +59,7 @@ from smith_worker.llm.types import (
     StreamTokenDelta,
     StreamToolCallCompleted,
     StreamToolCallStarted,
+    ToolChoice,
     ToolSchema,
 )
 from smith_worker.memory import MemoryContext
@@ -151,6 +153,8 @@ class AgentLoop:
         self._toolset: Toolset | None = None
         #: What the agent's memory strategy uses (:meth:`_memory_context`; set by :meth:`run`).
         self._memory: MemoryContext
+        #: The agent's structured output (:mod:`smith_worker.agent.output`; set by :meth:`run`; None: none).
+        self._output: StructuredOutput | None = None
 
     async def run(self, start: int, *, fresh: bool = False) -> AssistantMessage:
         """Run model steps from history position ``start`` (the turn's user message) until a final answer;
@@ -162,12 +166,15 @@ class AgentLoop:
         spec = self.ctx.spec
         llm = LlmClient(self.rt.settings.llm_config(spec.llm), self.ctx.services.http)
         self._memory = self._memory_context(llm, start)
+        self._output = structured_output(spec, llm.config)
         deadline = None if spec.config.deadline is None else time.monotonic() + spec.config.deadline
         progress, pending = await self._resume(start, fresh)
         while True:
             merged: list[bytes] | None = None  # the close, when it rode along with the reply's append
             if pending is None:
                 pending, merged = await self._model_step(spec, llm, progress, deadline)
+                if pending is None:
+                    continue  # an answer that failed output validation: the model answers again
             message, pending = pending, None
             if not message.tool_calls:
                 if await self._took_merged(message, merged):
@@ -182,6 +189,8 @@ class AgentLoop:
         done = [] if fresh else (await self.store.read(start + 1)).messages
         replies = [m for m in done if isinstance(m, AssistantMessage)]
         pending = done[-1] if done and isinstance(done[-1], AssistantMessage) else None
+        if self._output is not None:
+            self._output.seen(done)
         progress = _Progress(
             iterations=len(replies),
             total_tokens=sum(m.usage.total for m in replies if m.usage),
@@ -191,10 +200,12 @@ class AgentLoop:
 
     async def _model_step(
         self, spec: AgentSpec, llm: LlmClient, progress: _Progress, deadline: float | None
-    ) -> tuple[AssistantMessage, list[bytes] | None]:
+    ) -> tuple[AssistantMessage | None, list[bytes] | None]:
         """One model step: begin it (:meth:`_begin_step`), check the stop conditions, call the model and
         append its reply. Returns the reply and, for a final answer, the user messages the close
-        merged into the turn (:meth:`_append_reply`; None for a reply with tool calls)."""
+        merged into the turn (:meth:`_append_reply`; None for a reply with tool calls). With a structured
+        output (:mod:`smith_worker.agent.output`) a valid answer is returned as its final message, and an
+        invalid one is appended with its errors for the model: (None, None), the model answers again."""
         tree, memory = await self._begin_step(spec)
         progress.iterations += 1
         self._check_limits(spec, progress.iterations, tree, progress.total_tokens, deadline)
@@ -203,6 +214,12 @@ class AgentLoop:
         ).message
         used = reply.usage.total if reply.usage else 0
         progress.total_tokens += used
+        judged = self._output.judge(reply) if self._output is not None else None
+        if isinstance(judged, Rejected):
+            await self._append_rejected(judged.messages, used)
+            return None, None
+        if isinstance(judged, Accepted):
+            return judged.message, await self._append_reply(judged.message, used, judged.output)
         return reply, await self._append_reply(reply, used)
 
     async def _took_merged(self, final: AssistantMessage, merged: list[bytes] | None) -> bool:
@@ -211,7 +228,8 @@ class AgentLoop:
         messages merged into the turn instead; True when there were some, which this turn then answers too."""
         if merged is None:
             rt = RoundTrip()
-            closed = self.attempt.queue_close(rt, final)
+            output = self._output.output_of(final) if self._output is not None else None
+            closed = self.attempt.queue_close(rt, final, output)
             await rt.run(self.rt.redis)
             merged = closed.value
         return await self._announce_merged(merged)
@@ -281,23 +299,33 @@ class AgentLoop:
         skills = self.skills.queue_read(rt)
         return StepReads(cancel, moved, calls, tokens, skills, spec.memory.prefetch(self._memory, rt))
 
-    async def _append_reply(self, message: AssistantMessage, used: int) -> list[bytes] | None:
+    async def _append_reply(self, message: AssistantMessage, used: int, output: Any = None) -> list[bytes] | None:
         """Append a model reply and, in the same round trip, add its ``used`` tokens to the tree's
         counter (read by the next step of any agent) and, for a final answer, close the run (for the
         root agent: complete the turn; :meth:`~smith_worker.memory.fencing.AttemptWrites.queue_close`).
 
         Returns the user messages merged into the turn that the close moved into the
-        history instead (``multitask="merge"``), or None when ``message`` has tool calls.
-        Raises :class:`StaleAttemptError`.
+        history instead (``multitask="merge"``), or None when ``message`` has tool calls. ``output``: the
+        answer's structured output, for ``turn.completed``. Raises :class:`StaleAttemptError`.
         """
         rt = RoundTrip()
         if used > 0:
             rt.call("incrby", self.ctx.tree_tokens, used)
             rt.call("expire", self.ctx.tree_tokens, self.rt.keys.turn_ttl)
-        merged = None if message.tool_calls else self.attempt.queue_close(rt, message)
+        merged = None if message.tool_calls else self.attempt.queue_close(rt, message, output)
         preceding, self._unpublished = self._unpublished, []
         await self.ctx.append(message, preceding=preceding, rt=rt)
         return None if merged is None else merged.value
+
+    async def _append_rejected(self, messages: list[Any], used: int) -> None:
+        """Append an answer that failed output validation and the messages telling the model its errors
+        (:class:`~smith_worker.agent.output.Rejected`), adding its ``used`` tokens as :meth:`_append_reply` does."""
+        rt = RoundTrip()
+        if used > 0:
+            rt.call("incrby", self.ctx.tree_tokens, used)
+            rt.call("expire", self.ctx.tree_tokens, self.rt.keys.turn_ttl)
+        preceding, self._unpublished = self._unpublished, []
+        await self.ctx.append(*messages, preceding=preceding, rt=rt)
 
     def _check_limits(
         self, spec: AgentSpec, iterations: int, tree: tuple[int, int], total_tokens: int, deadline: float | None
@@ -340,7 +368,8 @@ class AgentLoop:
         tools = await self._tool_schemas(spec)
         prompt = self.skills.system_prompt(spec.system_prompt)
         stream = self.job.stream if self.job.stream is not None else spec.config.stream_default
-        request = llm.encode(
+        request = self._encode(
+            llm,
             LlmRequest(
                 messages=([SystemMessage(content=prompt)] if prompt else []) + await spec.memory.view(memory),
                 tools=tools,
@@ -348,15 +377,23 @@ class AgentLoop:
                 tool_choice=spec.tool_choice_for(tool_rounds) if tools else None,
             ),
             stream=stream,
+            agent_choice=spec.tool_choice_for(tool_rounds),
         )
         self._stream_calls, self._unpublished = {}, []
         if stream:
             return await self._stream_model(spec, llm, request)
         response = await llm.complete(request)
         for index, call in enumerate(response.message.tool_calls):  # published with the reply's append
+            if self._output is not None and self._output.hides(call.name):
+                continue
             self._unpublished += [ToolCallStartedData(id=call.id, name=call.name, index=index)]
             self._unpublished += [_completed_data(index, call)]
         return response
+
+    def _encode(self, llm: LlmClient, request: LlmRequest, *, stream: bool, agent_choice: ToolChoice) -> EncodedRequest:
+        """``request`` encoded, asking for the agent's structured output if it has one
+        (:mod:`smith_worker.agent.output`; ``agent_choice``: the agent's ``tool_choice`` for the step)."""
+        return llm.encode(request if self._output is None else self._output.shape(request, agent_choice), stream=stream)
 
     def _sampling(self) -> SamplingParams | None:
         """The turn's sampling override (docs/architecture.md, Model requests).
@@ -415,11 +452,13 @@ class AgentLoop:
     async def _on_stream_event(self, spec: AgentSpec, event: StreamEvent, batcher: EventBatcher) -> None:
         """Publish stream events as they arrive (tokens, tool-call start and completion), then fire
         ``on_stream_event``."""
+        hidden = self._output.hides if self._output is not None else None  # the output tool's calls: not published
         if isinstance(event, StreamTokenDelta):
             batcher.add(TokenData(text=event.text))
         elif isinstance(event, StreamToolCallStarted):
             self._stream_calls[event.index] = ToolCall(id=event.id, name=event.name)
-            batcher.add(ToolCallStartedData(id=event.id, name=event.name, index=event.index))
+            if hidden is None or not hidden(event.name):
+                batcher.add(ToolCallStartedData(id=event.id, name=event.name, index=event.index))
         elif isinstance(event, StreamToolCallCompleted):
             started = self._stream_calls.get(event.index)
             call = ToolCall(
@@ -427,7 +466,8 @@ class AgentLoop:
                 name=event.name or (started.name if started else ""),
                 arguments=event.arguments,
             )
-            batcher.add(_completed_data(event.index, call))
+            if hidden is None or not hidden(call.name):
+                batcher.add(_completed_data(event.index, call))
         await fire("on_stream_event", event, self.rt.app.hooks, spec.hooks)
 
     async def _run_tools(self, spec: AgentSpec, step: int, calls: list[ToolCall]) -> AssistantMessage | None:

@@ -123,7 +123,7 @@ class SubAgentHistory:
         stops at the step's round trip (:class:`StaleAttemptError`); the handle gets no messages."""
         return rt.call("hget", self._state, record.ATTEMPT, parse=self._drained)
 
-    def queue_close(self, rt: RoundTrip, final: AssistantMessage) -> Pending[list[bytes]]:
+    def queue_close(self, rt: RoundTrip, final: AssistantMessage, output: Any = None) -> Pending[list[bytes]]:
         """A sub-agent's answer ends only its own run (its caller's tool call): as :meth:`queue_drain_inbox`."""
         return self.queue_drain_inbox(rt)
 

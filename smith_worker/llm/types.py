@@ -121,6 +121,9 @@ class LlmClientConfig(BaseModel):
       tool support: no ``tools`` are sent, the reply is constrained by one
       ``response_format`` JSON schema (see
       :mod:`smith_worker.llm.json_schema_tools`). Env ``SMITH_LLM_TOOL_CALLING``.
+    * ``supports_response_format``: the server honours ``response_format: {"type": "json_schema", ...}``
+      (OpenAI, llama.cpp, vLLM do); an agent's ``output_mode="auto"`` then asks for its structured output
+      that way (docs/architecture.md, Structured output). ``tool_calling="json_schema"`` implies it.
     * ``max_response_bytes``: the most bytes read of one response body
       (streamed or not, error bodies included); past it the call fails with
       ``ParseError`` (``offset`` = the limit), after at most one more read.
@@ -145,6 +148,7 @@ class LlmClientConfig(BaseModel):
     default_sampling: SamplingParams = Field(default_factory=SamplingParams)
     include_usage: bool = True
     tool_calling: Literal["native", "json_schema"] = "native"
+    supports_response_format: bool = False
     max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, gt=0)
 
     def model_post_init(self, _context: Any) -> None:

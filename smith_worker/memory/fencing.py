@@ -3,7 +3,7 @@ fenced writes the agent loop may make (implemented by :class:`smith_worker.turn.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -40,8 +40,9 @@ class AttemptWrites(Protocol):
         messages, and running it raises :class:`StaleAttemptError` when fenced off."""
         ...
 
-    def queue_close(self, rt: RoundTrip, final: AssistantMessage) -> Pending[list[bytes]]:
+    def queue_close(self, rt: RoundTrip, final: AssistantMessage, output: Any = None) -> Pending[list[bytes]]:
         """Add the end of the agent's run with answer ``final`` (already appended in ``rt``): the handle gets
         the merged user messages that joined the history instead (the run goes on to answer them), or
-        ``[]``; for a turn's root agent, ``[]`` means the turn completed in that round trip."""
+        ``[]``; for a turn's root agent, ``[]`` means the turn completed in that round trip (``turn.completed``
+        carrying ``output``, the answer's structured output, if any)."""
         ...

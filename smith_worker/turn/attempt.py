@@ -248,16 +248,17 @@ class TurnAttempt:
             self.history_end += len(reply)
         return list(reply)
 
-    def queue_close(self, rt: RoundTrip, final: AssistantMessage) -> Pending[list[bytes]]:
+    def queue_close(self, rt: RoundTrip, final: AssistantMessage, output: Any = None) -> Pending[list[bytes]]:
         """Add the end of the turn with answer ``final`` to ``rt`` (``lua/complete.lua``), after the answer's
         append: merged user messages that wait join the history instead, and the handle gets them (the
         turn goes on); when none wait, in the same script, the inbox closes, ``turn.completed`` is
-        published and the state becomes completed; the handle then gets ``[]`` and :attr:`completed` is
-        set. Running ``rt`` raises :class:`StaleAttemptError` when fenced off. Needs ``events``."""
+        published (with ``output``, the answer's structured output, if any) and the state becomes completed;
+        the handle then gets ``[]`` and :attr:`completed` is set. Running ``rt`` raises
+        :class:`StaleAttemptError` when fenced off. Needs ``events``."""
         if self.events is None:
             raise RuntimeError("TurnAttempt.queue_close needs the attempt's event log (events=)")
         event_keys, event_args = self.events.publish_args(
-            self.turn_id, TurnCompletedData(message=final), self.agent_path, self.attempt
+            self.turn_id, TurnCompletedData(message=final, output=output), self.agent_path, self.attempt
         )
         keys = [*self._finish_keys(), self._trimmed, *event_keys[:3]]
         args = [*self._finish_args(record.COMPLETED, record.RESULT, final.model_dump_json()), self.history_max]
