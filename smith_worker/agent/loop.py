@@ -151,6 +151,8 @@ class AgentLoop:
         self._toolset: Toolset | None = None
         #: What the agent's memory strategy uses (:meth:`_memory_context`; set by :meth:`run`).
         self._memory: MemoryContext
+        #: Per tool name, the corrections in a row it asked of the model this attempt (:meth:`_count_corrections`).
+        self._corrections: dict[str, int] = {}
 
     async def run(self, start: int, *, fresh: bool = False) -> AssistantMessage:
         """Run model steps from history position ``start`` (the turn's user message) until a final answer;
@@ -458,6 +460,7 @@ class AgentLoop:
             ToolMessage(tool_call_id=call.id, name=call.name, content=outcome.content, is_error=outcome.is_error)
             for call, outcome in zip(calls, answered, strict=True)
         ]
+        self._count_corrections(calls, answered)
         final = done_message(answered)
         rt = RoundTrip()
         if self.attempt.attempt > 1:  # a resumed step (or a re-run after a crash, where this changes nothing)
@@ -471,6 +474,15 @@ class AgentLoop:
         for message in messages:
             await fire("on_tool_result", message, self.rt.app.hooks, spec.hooks)
         return final
+
+    def _count_corrections(self, calls: list[ToolCall], outcomes: list[ToolOutcome]) -> None:
+        """Count the corrections each tool of a step asked of the model
+        (:class:`~smith_worker.tools.function.RetryWithMessage`): one more when a call of it asked for one
+        this step, none again when its calls did not (as pydantic-ai counts a tool's retries); what the next
+        calls' jobs carry as ``retry`` (docs/architecture.md, Tool calls). A new attempt counts afresh."""
+        asked = {call.name for call, outcome in zip(calls, outcomes, strict=True) if outcome.retry_requested}
+        for name in {call.name for call in calls}:
+            self._corrections[name] = self._corrections.get(name, 0) + 1 if name in asked else 0
 
     async def _publish_all(self, events: list[EventData]) -> None:
         """Publish consecutive ``events`` of this loop in one round trip, fenced by the attempt."""
@@ -563,4 +575,6 @@ class AgentLoop:
             reply_channel=keys.worker_replies_channel(self.rt.worker_id),
             result_key=keys.tool_result(self.ctx.turn_id, step, index, self.ctx.position),
             result_max_bytes=spec.config.tool_result_max_bytes,
+            retry=self._corrections.get(call.name, 0),
+            tool_retries=spec.config.tool_retries,
         )

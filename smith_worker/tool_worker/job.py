@@ -51,6 +51,7 @@ def stored_outcome(result: ToolResult, max_bytes: int, worker: str) -> ToolOutco
         is_error=result.is_error,
         structured=bounded_structured(result.structured, max_bytes),
         worker=worker,
+        retry_requested=result.retry_requested,
     )
 
 
@@ -92,6 +93,8 @@ async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
         worker_id=rt.worker_id,
         agent_path=job.agent_path,
         call_path=job.call_path,
+        retry=job.retry,
+        tool_retries=job.tool_retries,
     )
     try:  # a guard behind the source's own timeout, which fires first with its own message
         async with asyncio.timeout(job.timeout + TIMEOUT_GUARD):
