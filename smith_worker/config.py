@@ -155,6 +155,8 @@ class AgentConfig:
     ``tool_retries`` is how many corrections in a row a tool may ask of the model within a turn by raising
     :class:`~smith_worker.tools.function.RetryWithMessage` (default 1, as pydantic-ai's ``retries``); past it
     the call's tool message is an ordinary tool error (docs/architecture.md, Tool calls).
+    ``keep_reasoning`` keeps a reply's ``reasoning_content`` on its stored :class:`AssistantMessage`
+    (it is always streamed as ``reasoning`` events; docs/architecture.md, Events).
     """
 
     max_iterations: int = 16
@@ -168,6 +170,7 @@ class AgentConfig:
     stream_default: bool = True
     approval_timeout: float | None = 24 * 3600.0
     tool_retries: int = DEFAULT_TOOL_RETRIES
+    keep_reasoning: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.tool_retries, bool) or not isinstance(self.tool_retries, int) or self.tool_retries < 0:

@@ -34,6 +34,7 @@ from smith_client.errors import (
 )
 from smith_client.events import (
     EventData,
+    ReasoningData,
     TokenData,
     ToolCallCompletedData,
     ToolCallStartedData,
@@ -55,6 +56,7 @@ from smith_worker.llm.types import (
     LlmResponse,
     SamplingParams,
     StreamEvent,
+    StreamReasoningDelta,
     StreamTokenDelta,
     StreamToolCallCompleted,
     StreamToolCallStarted,
@@ -79,6 +81,15 @@ def done_message(outcomes: list[ToolOutcome]) -> AssistantMessage | None:
         if not outcome.is_error and isinstance(data, dict) and data.get("_done") is True:
             return AssistantMessage(content=str(data.get("final_message", "")))
     return None
+
+
+def _reply_of(response: LlmResponse, *, keep_reasoning: bool) -> AssistantMessage:
+    """The message to store for a model reply: with the server's ``finish_reason``, and its
+    ``reasoning_content`` when the agent keeps it (``AgentConfig.keep_reasoning``; docs/architecture.md, Events)."""
+    reasoning = response.reasoning_content if keep_reasoning and response.reasoning_content else None
+    return response.message.model_copy(
+        update={"finish_reason": response.finish_reason or None, "reasoning_content": reasoning}
+    )
 
 
 @dataclass(frozen=True)
@@ -200,9 +211,8 @@ class AgentLoop:
         tree, memory = await self._begin_step(spec)
         progress.iterations += 1
         self._check_limits(spec, progress.iterations, tree, progress.total_tokens, deadline)
-        reply = (
-            await self.rt.metrics.count_llm_request(self._call_model(spec, llm, memory, progress.tool_rounds))
-        ).message
+        response = await self.rt.metrics.count_llm_request(self._call_model(spec, llm, memory, progress.tool_rounds))
+        reply = _reply_of(response, keep_reasoning=spec.config.keep_reasoning)
         used = reply.usage.total if reply.usage else 0
         progress.total_tokens += used
         return reply, await self._append_reply(reply, used)
@@ -418,6 +428,8 @@ class AgentLoop:
         ``on_stream_event``."""
         if isinstance(event, StreamTokenDelta):
             batcher.add(TokenData(text=event.text))
+        elif isinstance(event, StreamReasoningDelta):
+            batcher.add(ReasoningData(text=event.text))
         elif isinstance(event, StreamToolCallStarted):
             self._stream_calls[event.index] = ToolCall(id=event.id, name=event.name)
             batcher.add(ToolCallStartedData(id=event.id, name=event.name, index=event.index))

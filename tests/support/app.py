@@ -442,3 +442,8 @@ async def even_only(n: int) -> str:
 
 app.agent("retrying", tools=[flaky, flaky_in_process, even_only])
 app.agent("lenient", tools=[even_only], config=AgentConfig(tool_retries=2))
+
+
+# ---- reasoning kept in the history (docs/architecture.md, Events) ----
+
+app.agent("thoughtful", tools=[add], config=AgentConfig(keep_reasoning=True))
