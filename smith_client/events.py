@@ -19,6 +19,7 @@ Event types and their ``data``:
 ======================  ==========================================================
 ``turn.started``        ``{conversation_id, agent}``
 ``token``               ``{text}``: a piece of the assistant's content, as it streams
+``reasoning``           ``{text}``: a piece of the model's reasoning (``reasoning_content``), as it streams
 ``tool_call.started``   ``{id, name, index}``: the model began a tool call
 ``tool_call.completed`` ``{id, name, index, arguments}``: its arguments, parsed
 ``tool.result``         ``{tool_call_id, name, content, is_error, worker}``
@@ -58,6 +59,7 @@ PROTOCOL_VERSION = 1
 
 TURN_STARTED = "turn.started"
 TOKEN = "token"
+REASONING = "reasoning"
 TOOL_CALL_STARTED = "tool_call.started"
 TOOL_CALL_COMPLETED = "tool_call.completed"
 TOOL_RESULT = "tool.result"
@@ -104,6 +106,14 @@ class TokenData(EventData):
     """``token``: a piece of the assistant's content, as it streams."""
 
     event_type: ClassVar[str] = TOKEN
+    text: str
+
+
+class ReasoningData(EventData):
+    """``reasoning``: a piece of the model's reasoning (a streamed ``reasoning_content`` delta); not in the
+    stored message unless the agent keeps it (docs/architecture.md, Events)."""
+
+    event_type: ClassVar[str] = REASONING
     text: str
 
 
@@ -300,6 +310,7 @@ DATA_MODELS: dict[str, type[EventData]] = {
     for model in (
         TurnStartedData,
         TokenData,
+        ReasoningData,
         ToolCallStartedData,
         ToolCallCompletedData,
         ToolResultData,

@@ -82,7 +82,10 @@ class ToolJob(BaseModel):
     resolved by its tool's name and ``skill``, as those workers did; ``position``
     the calling agent's place in the sub-agent tree (``""`` for the root agent,
     see :func:`smith_client.keys.tree_position`), part of the call's job id and keys; ``call_path``
-    the calling agent's ``call_path`` for the ``tool.result`` event (see :mod:`smith_client.events`).
+    the calling agent's ``call_path`` for the ``tool.result`` event (see :mod:`smith_client.events`);
+    ``retry`` how many corrections in a row the tool asked of the model before this call and
+    ``tool_retries`` how many the agent allows (docs/architecture.md, Tool calls; 0 from turn workers older
+    than these fields, which do not count them: none allowed).
     """
 
     turn_id: str
@@ -101,19 +104,23 @@ class ToolJob(BaseModel):
     idempotent: bool = False
     source: str = ""
     skill: str = ""
+    retry: int = Field(default=0, ge=0)
+    tool_retries: int = Field(default=0, ge=0)
 
 
 class ToolOutcome(BaseModel):
     """A finished tool call as stored under ``result_key``.
 
     ``worker`` is the id of the process that ran it (None when the turn worker
-    produced the outcome itself, e.g. on a timeout while the job was queued).
+    produced the outcome itself, e.g. on a timeout while the job was queued);
+    ``retry_requested`` whether the tool asked the model for a correction (docs/architecture.md, Tool calls).
     """
 
     content: str
     is_error: bool = False
     structured: Any = None
     worker: str | None = None
+    retry_requested: bool = False
 
 
 def parse_reply(data: bytes) -> tuple[str, bytes | None]:

@@ -59,12 +59,20 @@ class UserMessage(BaseModel):
 
 
 class AssistantMessage(BaseModel):
-    """The model's answer: text and/or tool calls, with usage when reported."""
+    """The model's answer: text and/or tool calls, with usage when reported.
+
+    ``finish_reason`` is the server's for the reply's choice (``stop``, ``length``, ``tool_calls``,
+    ``content_filter``, …; None when none was sent, or for a message the runtime wrote itself);
+    ``reasoning_content`` the model's reasoning, kept only when the agent sets ``keep_reasoning``
+    (docs/architecture.md, Model requests). Neither is sent back to a server.
+    """
 
     role: Literal["assistant"] = "assistant"
     content: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
     usage: TokenUsage | None = None
+    finish_reason: str | None = None
+    reasoning_content: str | None = None
 
 
 class ToolMessage(BaseModel):

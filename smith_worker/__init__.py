@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the names for type checkers; at run time each loads its mod
     from smith_worker.memory import strip_orphans as strip_orphans
     from smith_worker.skills import Skill as Skill
     from smith_worker.skills import load_skill as load_skill
+    from smith_worker.tools.function import RetryWithMessage as RetryWithMessage
     from smith_worker.tools.function import Tool as Tool
     from smith_worker.tools.function import ToolContext as ToolContext
     from smith_worker.tools.function import ToolRegistry as ToolRegistry
@@ -40,6 +41,7 @@ _EXPORTS = {
     "Hooks": "hooks",
     "Memory": "memory",
     "MemoryContext": "memory",
+    "RetryWithMessage": "tools.function",
     "RollingWindowMemory": "memory",
     "Settings": "config",
     "Skill": "skills",

@@ -30,8 +30,10 @@ from smith_worker.memory import FullMemory, Memory
 from smith_worker.skills import DEFAULT_SKILL_CONTEXT_MAX_BYTES, Skill, SkillCatalog, load_skill
 from smith_worker.tools.external import ExternalTools
 from smith_worker.tools.function import (
+    DEFAULT_TOOL_BACKOFF,
     TOOL_NAME,
     Approval,
+    Backoff,
     Isolation,
     Tool,
     ToolOptions,
@@ -160,7 +162,8 @@ class SmithApp:
     def tool(
         self, fn: None = None, *, name: str | None = None, description: str | None = None,
         parameters: dict[str, Any] | None = None, timeout: float | None = None, idempotent: bool = False,
-        isolation: Isolation = "thread", needs_approval: Approval = False,
+        isolation: Isolation = "thread", needs_approval: Approval = False, retries: int = 0,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] = (), backoff: Backoff = DEFAULT_TOOL_BACKOFF,
     ) -> Callable[[_F], _F]: ...  # fmt: skip
 
     def tool(self, fn: _F | None = None, **options: Unpack[ToolOptions]) -> _F | Callable[[_F], _F]:
@@ -173,8 +176,12 @@ class SmithApp:
         process killed at its timeout instead (module-level function, picklable
         arguments and result). ``needs_approval`` (True, or ``callable(ctx, arguments) -> bool`` or an
         awaitable bool, deciding per call) makes a call wait for a person: the turn pauses until a client
-        approves or rejects it (docs/architecture.md, Pausing for a person). Raises
-        :class:`ConfigurationError` on a name collision.
+        approves or rejects it (docs/architecture.md, Pausing for a person). ``retries`` re-runs an
+        ``idempotent=True`` tool whose attempt raised one of ``retry_on`` (none by default), after ``backoff``
+        (base seconds, or ``callable(retry) -> seconds``), within its timeout; a tool raising
+        :class:`~smith_worker.tools.function.RetryWithMessage` hands the model a correction instead
+        (:func:`~smith_worker.tools.function.make_tool`). Raises :class:`ConfigurationError` on a name
+        collision and for inconsistent options.
         """
 
         def register(func: _F) -> _F:

@@ -18,7 +18,7 @@ from smith_client.errors import ConfigurationError
 from smith_client.settings import Accepts, ClientSettings, Count, OptionalId, OptionalText, Seconds, Secret, Text
 from smith_worker.llm.types import LlmClientConfig, check_base_url
 from smith_worker.memory.history import DEFAULT_HISTORY_MAX_MESSAGES, DEFAULT_VIEW_MAX_BYTES
-from smith_worker.tools.function import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_TIMEOUT
+from smith_worker.tools.function import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_RETRIES, DEFAULT_TOOL_TIMEOUT
 from smith_worker.tools.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
 
 
@@ -151,6 +151,12 @@ class AgentConfig:
     ``approval_timeout`` (seconds, None = forever) is how long a paused turn's calls wait for a person
     (docs/architecture.md, Pausing for a person): then the undecided ones are rejected with
     "approval timed out" and the turn goes on.
+
+    ``tool_retries`` is how many corrections in a row a tool may ask of the model within a turn by raising
+    :class:`~smith_worker.tools.function.RetryWithMessage` (default 1, as pydantic-ai's ``retries``); past it
+    the call's tool message is an ordinary tool error (docs/architecture.md, Tool calls).
+    ``keep_reasoning`` keeps a reply's ``reasoning_content`` on its stored :class:`AssistantMessage`
+    (it is always streamed as ``reasoning`` events; docs/architecture.md, Events).
     """
 
     max_iterations: int = 16
@@ -163,3 +169,11 @@ class AgentConfig:
     tool_result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES
     stream_default: bool = True
     approval_timeout: float | None = 24 * 3600.0
+    tool_retries: int = DEFAULT_TOOL_RETRIES
+    keep_reasoning: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tool_retries, bool) or not isinstance(self.tool_retries, int) or self.tool_retries < 0:
+            raise ConfigurationError(
+                f"tool_retries must be an int >= 0, got {self.tool_retries!r}", setting="tool_retries"
+            )

@@ -16,7 +16,7 @@ batch is logged.
 
 Token coalescing (``SMITH_TOKEN_COALESCE``, seconds, off by default): with
 a window, a publish waits that long after its first event, and consecutive
-token deltas of its batch become one ``token`` event (their texts joined),
+token deltas of its batch become one ``token`` event (their texts joined; ``reasoning`` deltas alike),
 trading that much latency for fewer events and round trips per stream.
 
 Order is kept (one publish at a time, in arrival order). A publish's failure
@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from smith_client.events import EventData, TokenData
+from smith_client.events import EventData, ReasoningData, TokenData
 
 #: ``submit(take)``: queue a publish of the events ``take()`` returns when it is sent; the future is done when
 #: it is published, or raises why not (a superseded attempt: :class:`~smith_worker.memory.fencing.StaleAttemptError`).
@@ -130,12 +130,15 @@ class EventBatcher:
 
 
 def merge_tokens(events: list[EventData]) -> list[EventData]:
-    """``events`` with each run of consecutive :class:`TokenData` replaced by one (texts joined, in order)."""
+    """``events`` with each run of consecutive :class:`TokenData` replaced by one (texts joined, in order),
+    and each run of consecutive :class:`ReasoningData` alike."""
     merged: list[EventData] = []
     for event in events:
         last = merged[-1] if merged else None
         if isinstance(event, TokenData) and isinstance(last, TokenData):
             merged[-1] = TokenData(text=last.text + event.text)
+        elif isinstance(event, ReasoningData) and isinstance(last, ReasoningData):
+            merged[-1] = ReasoningData(text=last.text + event.text)
         else:
             merged.append(event)
     return merged

@@ -34,6 +34,7 @@ from smith_client.errors import (
 )
 from smith_client.events import (
     EventData,
+    ReasoningData,
     TokenData,
     ToolCallCompletedData,
     ToolCallStartedData,
@@ -56,6 +57,7 @@ from smith_worker.llm.types import (
     LlmResponse,
     SamplingParams,
     StreamEvent,
+    StreamReasoningDelta,
     StreamTokenDelta,
     StreamToolCallCompleted,
     StreamToolCallStarted,
@@ -81,6 +83,15 @@ def done_message(outcomes: list[ToolOutcome]) -> AssistantMessage | None:
         if not outcome.is_error and isinstance(data, dict) and data.get("_done") is True:
             return AssistantMessage(content=str(data.get("final_message", "")))
     return None
+
+
+def _reply_of(response: LlmResponse, *, keep_reasoning: bool) -> AssistantMessage:
+    """The message to store for a model reply: with the server's ``finish_reason``, and its
+    ``reasoning_content`` when the agent keeps it (``AgentConfig.keep_reasoning``; docs/architecture.md, Events)."""
+    reasoning = response.reasoning_content if keep_reasoning and response.reasoning_content else None
+    return response.message.model_copy(
+        update={"finish_reason": response.finish_reason or None, "reasoning_content": reasoning}
+    )
 
 
 @dataclass(frozen=True)
@@ -155,6 +166,8 @@ class AgentLoop:
         self._memory: MemoryContext
         #: The agent's structured output (:mod:`smith_worker.agent.output`; set by :meth:`run`; None: none).
         self._output: StructuredOutput | None = None
+        #: Per tool name, the corrections in a row it asked of the model this attempt (:meth:`_count_corrections`).
+        self._corrections: dict[str, int] = {}
 
     async def run(self, start: int, *, fresh: bool = False) -> AssistantMessage:
         """Run model steps from history position ``start`` (the turn's user message) until a final answer;
@@ -209,9 +222,8 @@ class AgentLoop:
         tree, memory = await self._begin_step(spec)
         progress.iterations += 1
         self._check_limits(spec, progress.iterations, tree, progress.total_tokens, deadline)
-        reply = (
-            await self.rt.metrics.count_llm_request(self._call_model(spec, llm, memory, progress.tool_rounds))
-        ).message
+        response = await self.rt.metrics.count_llm_request(self._call_model(spec, llm, memory, progress.tool_rounds))
+        reply = _reply_of(response, keep_reasoning=spec.config.keep_reasoning)
         used = reply.usage.total if reply.usage else 0
         progress.total_tokens += used
         judged = self._output.judge(reply) if self._output is not None else None
@@ -455,6 +467,8 @@ class AgentLoop:
         hidden = self._output.hides if self._output is not None else None  # the output tool's calls: not published
         if isinstance(event, StreamTokenDelta):
             batcher.add(TokenData(text=event.text))
+        elif isinstance(event, StreamReasoningDelta):
+            batcher.add(ReasoningData(text=event.text))
         elif isinstance(event, StreamToolCallStarted):
             self._stream_calls[event.index] = ToolCall(id=event.id, name=event.name)
             if hidden is None or not hidden(event.name):
@@ -497,6 +511,7 @@ class AgentLoop:
             ToolMessage(tool_call_id=call.id, name=call.name, content=outcome.content, is_error=outcome.is_error)
             for call, outcome in zip(calls, answered, strict=True)
         ]
+        self._count_corrections(calls, answered)
         final = done_message(answered)
         rt = RoundTrip()
         if self.attempt.attempt > 1:  # a resumed step (or a re-run after a crash, where this changes nothing)
@@ -510,6 +525,15 @@ class AgentLoop:
         for message in messages:
             await fire("on_tool_result", message, self.rt.app.hooks, spec.hooks)
         return final
+
+    def _count_corrections(self, calls: list[ToolCall], outcomes: list[ToolOutcome]) -> None:
+        """Count the corrections each tool of a step asked of the model
+        (:class:`~smith_worker.tools.function.RetryWithMessage`): one more when a call of it asked for one
+        this step, none again when its calls did not (as pydantic-ai counts a tool's retries); what the next
+        calls' jobs carry as ``retry`` (docs/architecture.md, Tool calls). A new attempt counts afresh."""
+        asked = {call.name for call, outcome in zip(calls, outcomes, strict=True) if outcome.retry_requested}
+        for name in {call.name for call in calls}:
+            self._corrections[name] = self._corrections.get(name, 0) + 1 if name in asked else 0
 
     async def _announce_decisions(self, step: int, plans: list[CallPlan]) -> None:
         """Publish the ``tool_call.decided`` event of each decided call of step ``step`` (its ``plans``) once per
@@ -625,4 +649,6 @@ class AgentLoop:
             reply_channel=keys.worker_replies_channel(self.rt.worker_id),
             result_key=keys.tool_result(self.ctx.turn_id, step, index, self.ctx.position),
             result_max_bytes=spec.config.tool_result_max_bytes,
+            retry=self._corrections.get(call.name, 0),
+            tool_retries=spec.config.tool_retries,
         )

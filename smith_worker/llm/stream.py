@@ -5,8 +5,8 @@
 assistant message. :class:`ChatStreamDecoder` chains it behind an
 :class:`~smith_worker.llm.sse.SseParser` so callers feed raw bytes.
 
-Event order: ``StreamTokenDelta`` and ``StreamToolCallStarted`` as the
-deltas arrive; at the end (``[DONE]`` or EOF after a ``finish_reason``) one
+Event order: ``StreamReasoningDelta``, ``StreamTokenDelta`` and ``StreamToolCallStarted`` as the
+deltas arrive (a delta's reasoning before its content); at the end (``[DONE]`` or EOF after a ``finish_reason``) one
 ``StreamToolCallCompleted`` per call in index order, then ``StreamFinished``.
 """
 
@@ -24,6 +24,7 @@ from smith_worker.llm.types import (
     LlmResponse,
     StreamEvent,
     StreamFinished,
+    StreamReasoningDelta,
     StreamTokenDelta,
     StreamToolCallCompleted,
     StreamToolCallStarted,
@@ -242,13 +243,14 @@ class ChatStreamAssembler:
         if not isinstance(delta, dict):
             raise ParseError("stream chunk: delta is not an object", offset=offset)
         events: list[StreamEvent] = []
+        reasoning = _optional_str(delta, "reasoning_content", offset) or _optional_str(delta, "reasoning", offset)
+        if reasoning:
+            self._reasoning.append(reasoning)
+            events.append(StreamReasoningDelta(reasoning))
         content = _optional_str(delta, "content", offset)
         if content:
             self._content.append(content)
             events.append(StreamTokenDelta(content))
-        reasoning = _optional_str(delta, "reasoning_content", offset) or _optional_str(delta, "reasoning", offset)
-        if reasoning:
-            self._reasoning.append(reasoning)
         tool_calls = delta.get("tool_calls")
         if tool_calls is not None:
             if not isinstance(tool_calls, list):

@@ -226,6 +226,14 @@ class StreamTokenDelta:
 
 
 @dataclass(frozen=True)
+class StreamReasoningDelta:
+    """A piece of the model's reasoning (a delta's ``reasoning_content``, as llama.cpp, vLLM and DeepSeek send
+    it, or ``reasoning``), delivered as soon as it arrives; never part of the message's ``content``."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class StreamToolCallStarted:
     """A tool call's id and name became known (its arguments are still arriving).
 
@@ -259,7 +267,7 @@ class StreamFinished:
     usage: TokenUsage | None = None
 
 
-StreamEvent = StreamTokenDelta | StreamToolCallStarted | StreamToolCallCompleted | StreamFinished
+StreamEvent = StreamTokenDelta | StreamReasoningDelta | StreamToolCallStarted | StreamToolCallCompleted | StreamFinished
 
 
 __all__ = [
@@ -269,6 +277,7 @@ __all__ = [
     "SamplingParams",
     "StreamEvent",
     "StreamFinished",
+    "StreamReasoningDelta",
     "StreamTokenDelta",
     "StreamToolCallCompleted",
     "StreamToolCallStarted",

@@ -63,6 +63,7 @@ def stored_outcome(
         is_error=result.is_error,
         structured=structured,
         worker=worker,
+        retry_requested=result.retry_requested,
     )
 
 
@@ -105,6 +106,8 @@ async def _invoke(rt: WorkerRuntime, job: ToolJob, context: Any = None) -> ToolR
         agent_path=job.agent_path,
         call_path=job.call_path,
         context=context,
+        retry=job.retry,
+        tool_retries=job.tool_retries,
     )
     try:  # a guard behind the source's own timeout, which fires first with its own message
         async with asyncio.timeout(job.timeout + TIMEOUT_GUARD):

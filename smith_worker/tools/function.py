@@ -12,7 +12,13 @@ overrunning sync tool's thread runs on); async ones are awaited. Results normali
 * any other JSON-able value → compact JSON content, and the value kept as ``structured``;
 * a raised exception → an error result (never a turn failure); a raised
   :class:`~smith_client.errors.ToolError` gives the model its own message, ``kind`` and
-  ``retryable`` instead of the exception's type and text.
+  ``retryable`` instead of the exception's type and text;
+* a raised :class:`RetryWithMessage` → an error result that hands the model a correction and invites it to
+  call again (``retry_requested``), within the calling agent's ``tool_retries``.
+
+An ``idempotent`` tool registered with ``retries`` and ``retry_on`` is run again, after a backoff, when an
+attempt raises one of the ``retry_on`` exceptions, all attempts within the call's one timeout; the model sees
+only the last attempt's outcome (docs/architecture.md, Tool calls).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, create_model
 from smith_client.errors import ConfigurationError, SmithTimeoutError, ToolError
 from smith_client.validation import shown
 from smith_worker.llm.types import ToolSchema
+from smith_worker.ops.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from smith_worker.tools.isolation import ToolExecutors
@@ -47,15 +54,49 @@ DEFAULT_TOOL_TIMEOUT = 30.0
 DEFAULT_RESULT_MAX_BYTES = 64 * 1024
 #: A tool's name: a function name as chat-completions servers take it (OpenAI: ``^[a-zA-Z0-9_-]{1,64}$``).
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
+#: Default base of a tool's retry backoff, seconds (as the HTTP retry policy's, docs/architecture.md).
+DEFAULT_TOOL_BACKOFF = 0.5
+#: Default of ``AgentConfig.tool_retries``: corrections (:class:`RetryWithMessage`) a tool may ask of the model
+#: in a row (as pydantic-ai's ``retries``, whose default is 1).
+DEFAULT_TOOL_RETRIES = 1
+
+#: How long a tool waits before retry ``n`` (1-based): a base in seconds (``base · 2^(n-1) + U(0, 0.25 s)``,
+#: capped at 8 s, the HTTP retry policy's schedule; 0: no wait) or a callable ``n -> seconds``.
+Backoff = float | Callable[[int], float]
+
+
+class RetryWithMessage(Exception):  # noqa: N818  # the public name: what the tool asks for, not an error kind
+    """Raised by a tool to hand the model a correction and let it call again (compare pydantic-ai's ``ModelRetry``).
+
+    The call's tool message is an error whose content is ``{"error": true, "message": <message>,
+    "kind": "RetryWithMessage", "retries_left": n}``: ``n`` more corrections the tool may still ask for. A
+    tool may ask for at most the calling agent's ``AgentConfig.tool_retries`` (default 1) corrections in
+    a row within a turn (a call of it that does not raise this one starts the count again); past that, the
+    call's tool message is an ordinary tool error (``kind`` ``ToolError``, ``retryable`` false), never a
+    turn failure (docs/architecture.md, Tool calls). ``message`` is the text for the model.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def retry_delay(backoff: Backoff, number: int) -> float:
+    """Seconds to wait before retry ``number`` (1-based) of a tool by its ``backoff`` (see :data:`Backoff`)."""
+    if callable(backoff):
+        return max(0.0, float(backoff(number)))
+    return RetryPolicy(backoff_base=backoff).backoff(number) if backoff > 0 else 0.0
 
 
 @dataclass
 class ToolResult:
-    """A tool's outcome: ``content`` text, ``is_error``, optional ``structured`` JSON value."""
+    """A tool's outcome: ``content`` text, ``is_error``, optional ``structured`` JSON value;
+    ``retry_requested`` when the tool raised :class:`RetryWithMessage` (counted by the turn)."""
 
     content: str
     is_error: bool = False
     structured: Any = None
+    retry_requested: bool = False
 
 
 @dataclass
@@ -68,6 +109,8 @@ class ToolContext:
     (as on events, :mod:`smith_client.events`; ``turn_id`` is the root turn's); ``context`` the turn's
     caller context (``send(..., context=...)``): None without one, the JSON object, or an instance of the
     app's ``context_type`` (docs/architecture.md, Caller context).
+    ``retry`` how many corrections (:class:`RetryWithMessage`) this tool asked of the model in a row
+    before this call, of at most ``tool_retries`` (the calling agent's ``AgentConfig.tool_retries``).
     """
 
     call_id: str
@@ -82,6 +125,8 @@ class ToolContext:
     call_path: list[str] = field(default_factory=list)
     logger: logging.Logger = field(default_factory=lambda: logger)
     context: Any = None
+    retry: int = 0
+    tool_retries: int = DEFAULT_TOOL_RETRIES
 
     def remaining(self) -> float:
         """Seconds left before the tool's timeout (never negative)."""
@@ -200,7 +245,9 @@ class Tool:
     or :data:`DEFAULT_TOOL_TIMEOUT` outside an agent); ``idempotent`` tells the runtime a call may be
     safely re-run after a crash (docs/architecture.md, Fault model); ``isolation`` where a sync
     tool runs (see :mod:`smith_worker.tools.isolation`); ``needs_approval`` whether a call waits for a
-    person first (:data:`Approval`).
+    person first (:data:`Approval`); ``retries`` how many times a call is run again when an attempt
+    raises one of ``retry_on`` (exception classes), after ``backoff`` (:data:`Backoff`), all within
+    the call's timeout (an idempotent tool only, see :func:`make_tool`).
     """
 
     schema: ToolSchema
@@ -210,6 +257,9 @@ class Tool:
     context_params: list[str] = field(default_factory=list)
     isolation: Isolation = "thread"
     needs_approval: Approval = False
+    retries: int = 0
+    retry_on: tuple[type[BaseException], ...] = ()
+    backoff: Backoff = DEFAULT_TOOL_BACKOFF
 
     @property
     def name(self) -> str:
@@ -229,24 +279,66 @@ class Tool:
         On timeout the tool's task is cancelled; a sync tool's thread cannot be
         stopped and runs to its end, counted as overrunning by ``executors``
         (the tool worker's; default :func:`~smith_worker.tools.isolation.default_executors`),
-        while a process-isolated tool's process is killed.
+        while a process-isolated tool's process is killed. The budget covers every attempt of a
+        retrying tool (:meth:`_attempts`) and the waits between them.
         """
         budget = timeout if timeout is not None else self.timeout or DEFAULT_TOOL_TIMEOUT
         deadline = asyncio.timeout(budget)
         try:
             async with deadline:
-                return normalize_result(await self._call(arguments, ctx, budget, executors, deadline.when()))
+                return normalize_result(await self._attempts(arguments, ctx, budget, executors, deadline.when()))
         except TimeoutError as exc:
             if not deadline.expired():  # the tool's own TimeoutError, not our budget
                 return error_result(f"{type(exc).__name__}: {exc}")
             err = SmithTimeoutError(f"tool {self.name!r} timed out after {budget:g} s", "tool", budget)
             return error_result(err.message)
+        except RetryWithMessage as exc:
+            return correction_result(self.name, exc.message, ctx)
         except ToolError as exc:  # the tool's own account of its failure, told to the model as it is
             fields = {"tool_name": exc.tool_name or self.name, "retryable": exc.retryable}
             return error_result(exc.message, kind=exc.kind, **fields)
         except Exception as exc:  # a crashing tool becomes an error result, never a turn failure
             logger.info("tool %r raised %s: %s", self.name, type(exc).__name__, exc)
             return error_result(f"{type(exc).__name__}: {exc}")
+
+    async def _attempts(
+        self,
+        arguments: dict[str, Any],
+        ctx: ToolContext,
+        budget: float,
+        executors: ToolExecutors | None,
+        deadline: float | None,
+    ) -> Any:
+        """Run the tool, again after a backoff while an attempt raises one of ``retry_on`` and retries are
+        left, and the wait ends before ``deadline`` (event-loop time); else the last attempt's exception is
+        raised. Each retry is logged (WARNING on ``agent_smith.tool``); :class:`RetryWithMessage` never
+        retries here (it is the model's to act on)."""
+        loop = asyncio.get_running_loop()
+        number = 0
+        while True:
+            remaining = budget if deadline is None else max(0.0, deadline - loop.time())
+            try:
+                return await self._call(arguments, ctx, remaining, executors, deadline)
+            except self.retry_on as exc:
+                if isinstance(exc, RetryWithMessage) or number >= self.retries:
+                    raise
+                number += 1
+                delay = retry_delay(self.backoff, number)
+                if deadline is not None and loop.time() + delay >= deadline:
+                    logger.warning(
+                        "tool %r attempt %d raised %s: no time left for a retry", self.name, number, type(exc).__name__
+                    )
+                    raise
+                logger.warning(
+                    "tool %r attempt %d of %d raised %s: %s; retrying in %.2f s",
+                    self.name,
+                    number,
+                    self.retries + 1,
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+                await asyncio.sleep(delay)
 
     async def _call(
         self,
@@ -272,6 +364,19 @@ class Tool:
         if inspect.isawaitable(result):
             return await result
         return result
+
+
+def correction_result(tool_name: str, message: str, ctx: ToolContext) -> ToolResult:
+    """The error result of a call whose tool raised :class:`RetryWithMessage` with ``message``: within the
+    calling agent's allowance (``ctx.retry < ctx.tool_retries``) the correction, with the corrections still
+    left; past it an ordinary tool error (docs/architecture.md, Tool calls). Either way ``retry_requested``,
+    so the turn keeps counting."""
+    if ctx.retry < ctx.tool_retries:
+        content = error_content(message, kind="RetryWithMessage", retries_left=ctx.tool_retries - ctx.retry - 1)
+    else:
+        exceeded = f"{message} (tool {tool_name!r} asked for more than tool_retries={ctx.tool_retries} corrections)"
+        content = error_content(exceeded, kind="ToolError", tool_name=tool_name, retryable=False)
+    return ToolResult(content=content, is_error=True, retry_requested=True)
 
 
 def checked_tool_name(fn: Callable[..., Any], name: str | None) -> str:
@@ -303,6 +408,31 @@ class ToolOptions(TypedDict, total=False):
     idempotent: bool
     isolation: Isolation
     needs_approval: Approval
+    retries: int
+    retry_on: type[BaseException] | tuple[type[BaseException], ...]
+    backoff: Backoff
+
+
+def _checked_retries(
+    retries: int, retry_on: type[BaseException] | tuple[type[BaseException], ...], backoff: Backoff, idempotent: bool
+) -> tuple[type[BaseException], ...]:
+    """``retry_on`` as a tuple, once the retry options are consistent (see :func:`make_tool`)."""
+    on = retry_on if isinstance(retry_on, tuple) else (retry_on,)
+    if not all(isinstance(cls, type) and issubclass(cls, BaseException) for cls in on):
+        raise ConfigurationError(f"retry_on must be exception classes, got {retry_on!r}", setting="retry_on")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ConfigurationError(f"tool retries must be an int >= 0, got {retries!r}", setting="retries")
+    if retries and not idempotent:
+        raise ConfigurationError(
+            "retries re-run the tool: declare it idempotent=True (safe to run twice)", setting="retries"
+        )
+    if retries and not on:
+        raise ConfigurationError("retries need retry_on: the exceptions that call for a retry", setting="retry_on")
+    if not callable(backoff) and (isinstance(backoff, bool) or not isinstance(backoff, int | float) or backoff < 0):
+        raise ConfigurationError(
+            f"backoff must be seconds >= 0 or a callable(retry) -> seconds, got {backoff!r}", setting="backoff"
+        )
+    return on
 
 
 def make_tool(
@@ -315,6 +445,9 @@ def make_tool(
     idempotent: bool = False,
     isolation: Isolation = "thread",
     needs_approval: Approval = False,
+    retries: int = 0,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    backoff: Backoff = DEFAULT_TOOL_BACKOFF,
 ) -> Tool:
     """Wrap a callable as a :class:`Tool`.
 
@@ -322,10 +455,14 @@ def make_tool(
     from the type hints. ``description`` defaults to the docstring's first paragraph.
     ``isolation="process"`` runs a sync function in a pool process killed at
     its timeout (:mod:`smith_worker.tools.isolation`). ``needs_approval`` (:data:`Approval`) makes a call
-    wait for a person. Raises :class:`ConfigurationError` for a non-positive timeout, an unknown
-    isolation, process isolation of an ``async def``, a ``needs_approval`` that is neither a bool nor a
-    callable, or a bad name (:func:`checked_tool_name`).
+    wait for a person. ``retries`` (≥ 0) re-runs a call whose attempt raised one of ``retry_on`` (an
+    exception class or a tuple of them; none by default), waiting ``backoff`` (:data:`Backoff`) before each
+    retry, all within the call's timeout. Raises :class:`ConfigurationError` for a non-positive timeout, an
+    unknown isolation, process isolation of an ``async def``, a ``needs_approval`` that is neither a bool nor
+    a callable, ``retries`` on a tool not declared ``idempotent`` or without ``retry_on``, a bad ``backoff``,
+    or a bad name (:func:`checked_tool_name`).
     """
+    on = _checked_retries(retries, retry_on, backoff, idempotent)
     if not isinstance(needs_approval, bool) and not callable(needs_approval):
         raise ConfigurationError(
             f"needs_approval must be a bool or a callable(ctx, arguments), got {needs_approval!r}",
@@ -353,6 +490,9 @@ def make_tool(
         context_params=_context_params(fn),
         isolation=isolation,
         needs_approval=needs_approval,
+        retries=retries,
+        retry_on=on,
+        backoff=backoff if callable(backoff) else float(backoff),
     )
 
 

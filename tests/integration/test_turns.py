@@ -70,7 +70,7 @@ async def test_a_normal_turn_logs_no_per_job_or_per_request_info_line(client, sc
 async def test_send_returns_the_final_message(client, scenario):
     _, marker = scenario(Script(Reply.text("hello there")))
     reply = await client.send(f"{marker} hi", conversation_id="conv-send", agent="plain")
-    assert reply == AssistantMessage(content="hello there", usage=reply.usage)
+    assert reply == AssistantMessage(content="hello there", usage=reply.usage, finish_reason="stop")
     assert reply.usage is not None and reply.usage.total > 0
 
 

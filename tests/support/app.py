@@ -414,3 +414,53 @@ from tests.support.mcp_servers import ELICIT_SERVER as _ELICIT_SERVER  # noqa: E
 
 app.mcp_server("elicit", command=_sys.executable, args=[_ELICIT_SERVER], request_timeout=90.0)
 app.agent("elicit", sources=["elicit"])
+
+# ---- tool retries (docs/architecture.md, Tool calls) ----
+
+from smith_worker import RetryWithMessage  # noqa: E402
+
+
+def _attempt(label: str) -> int:
+    """Count one attempt under `attempts:<label>` and return how many there were (works in any process)."""
+    client = redis.Redis.from_url(os.environ["SMITH_REDIS_URL"])
+    try:
+        count = int(client.rpush(_marker_key(f"attempts:{label}"), "run"))
+        client.expire(_marker_key(f"attempts:{label}"), 3600)
+        return count
+    finally:
+        client.close()
+
+
+@app.tool(timeout=10.0, idempotent=True, retries=2, retry_on=(TimeoutError, ConnectionError), backoff=0.05)
+def flaky(label: str, failures: int = 1) -> str:
+    """Refuses (ConnectionError) its first `failures` attempts under `label`, then answers."""
+    count = _attempt(label)
+    if count <= failures:
+        raise ConnectionError(f"attempt {count} refused")
+    return f"ok after {count} attempts"
+
+
+@app.tool(timeout=10.0, idempotent=True, retries=1, retry_on=ConnectionError, backoff=0.05, isolation="process")
+def flaky_in_process(label: str, failures: int = 1) -> str:
+    """As `flaky`, in a pool process (the error is pickled back)."""
+    count = _attempt(label)
+    if count <= failures:
+        raise ConnectionError(f"attempt {count} refused")
+    return f"ok after {count} attempts"
+
+
+@app.tool(timeout=10.0)
+async def even_only(n: int) -> str:
+    """Takes an even `n`; asks the model for a corrected call otherwise."""
+    if n % 2:
+        raise RetryWithMessage(f"n must be even, got {n}")
+    return f"took {n}"
+
+
+app.agent("retrying", tools=[flaky, flaky_in_process, even_only])
+app.agent("lenient", tools=[even_only], config=AgentConfig(tool_retries=2))
+
+
+# ---- reasoning kept in the history (docs/architecture.md, Events) ----
+
+app.agent("thoughtful", tools=[add], config=AgentConfig(keep_reasoning=True))

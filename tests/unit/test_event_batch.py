@@ -155,3 +155,11 @@ def test_merge_tokens_joins_only_consecutive_token_deltas():
     started = ToolCallStartedData(id="c1", name="add", index=0)
     merged = merge_tokens([*tokens("a", "b"), started, *tokens("c", "d", "e")])
     assert [getattr(e, "text", e) for e in merged] == ["ab", started, "cde"]
+
+
+def test_merge_tokens_joins_consecutive_reasoning_deltas_apart_from_tokens():
+    from smith_client.events import ReasoningData
+    from smith_worker.agent.event_batch import merge_tokens
+
+    merged = merge_tokens([ReasoningData(text="th"), ReasoningData(text="ink"), *tokens("a", "b")])
+    assert [(e.event_type, getattr(e, "text", None)) for e in merged] == [("reasoning", "think"), ("token", "ab")]

@@ -25,6 +25,7 @@ from smith_worker.llm.stream import ChatStreamAssembler, ChatStreamDecoder
 from smith_worker.llm.types import (
     StreamEvent,
     StreamFinished,
+    StreamReasoningDelta,
     StreamTokenDelta,
     StreamToolCallCompleted,
     StreamToolCallStarted,
@@ -41,6 +42,8 @@ def load_case(name: str) -> tuple[bytes, dict[str, Any]]:
 def event_to_json(event: StreamEvent) -> dict[str, Any]:
     if isinstance(event, StreamTokenDelta):
         return {"type": "token", "text": event.text}
+    if isinstance(event, StreamReasoningDelta):
+        return {"type": "reasoning", "text": event.text}
     if isinstance(event, StreamToolCallStarted):
         return {"type": "tool_call_started", "id": event.id, "name": event.name, "index": event.index}
     if isinstance(event, StreamToolCallCompleted):
