@@ -472,7 +472,7 @@ def _check_output(output_type: Any, mode: Any, retries: Any) -> None:
     Schema (its ``$schema``'s draft, else 2020-12), an unknown ``output_mode``, or ``output_retries`` that is not
     an integer >= 0."""
     if isinstance(output_type, dict):
-        import jsonschema  # type: ignore[import-untyped]  # loaded only by apps with a JSON Schema output
+        import jsonschema  # loaded only by apps with a JSON Schema output
 
         try:
             jsonschema.validators.validator_for(output_type, default=jsonschema.Draft202012Validator).check_schema(

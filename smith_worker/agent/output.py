@@ -232,7 +232,7 @@ class StructuredOutput:
 
 def _json_schema_validator(schema: dict[str, Any]) -> Any:
     """A validator of ``schema`` (its ``$schema``'s draft, else 2020-12; checked when the agent was declared)."""
-    import jsonschema  # type: ignore[import-untyped]  # the worker's: only agents with a JSON Schema output load it
+    import jsonschema  # the worker's: only agents with a JSON Schema output load it
 
     return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
 
