@@ -92,6 +92,9 @@ async def _invoke(rt: WorkerRuntime, job: ToolJob) -> ToolResult:
         worker_id=rt.worker_id,
         agent_path=job.agent_path,
         call_path=job.call_path,
+        step=job.step,
+        index=job.index,
+        position=job.position,
     )
     try:  # a guard behind the source's own timeout, which fires first with its own message
         async with asyncio.timeout(job.timeout + TIMEOUT_GUARD):

@@ -65,7 +65,10 @@ class ToolContext:
     ``budget`` is the tool's timeout in seconds; ``deadline`` the matching
     ``time.monotonic()`` instant; ``worker_id`` the process running it;
     ``agent_path`` and ``call_path`` where the calling agent sits in its tree
-    (as on events, :mod:`smith_client.events`; ``turn_id`` is the root turn's).
+    (as on events, :mod:`smith_client.events`; ``turn_id`` is the root turn's);
+    ``step`` and ``index`` where the call is in its agent's run (the model step, the
+    call's place in that step's calls) and ``position`` that agent's place in its tree
+    (``""`` for the root; as on a tool job, :class:`~smith_client.jobs.ToolJob`).
     """
 
     call_id: str
@@ -78,6 +81,9 @@ class ToolContext:
     worker_id: str = ""
     agent_path: list[str] = field(default_factory=list)
     call_path: list[str] = field(default_factory=list)
+    step: int = 0
+    index: int = 0
+    position: str = ""
     logger: logging.Logger = field(default_factory=lambda: logger)
 
     def remaining(self) -> float:
