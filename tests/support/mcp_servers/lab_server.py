@@ -25,11 +25,11 @@ import time
 
 import anyio
 import mcp_types as types
-from pydantic import BaseModel
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.prompts.base import UserMessage
 from mcp.server.stdio import stdio_server
+from pydantic import BaseModel
 
 server = MCPServer("lab", version="1.0.0", log_level="WARNING")
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\nfake").decode()
