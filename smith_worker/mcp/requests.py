@@ -201,6 +201,8 @@ class ClientRequests:
         """List the request, announce it, wait for the answer (declined when none comes within what is left of
         the call's waiting allowance), then take it off. The call's request clock stands still meanwhile."""
         call, keys = caller.ctx, ctx.keys
+        if caller.clock.left() <= 0:  # the call's waits spent its allowance: nobody is asked
+            return InputResponse(action="decline")
         item = PendingItem(
             call_id="/".join([*call.call_path, call.call_id]),
             tool=call.tool_name,
@@ -216,17 +218,17 @@ class ClientRequests:
             index=call.index,
         )
         inputs, timeout = keys.turn_inputs(call.turn_id), self.config.elicitation_timeout
-        rt = RoundTrip()
-        rt.call("hset", inputs, item.request_id, item.model_dump_json())
-        rt.call("expire", inputs, int(timeout) + INPUT_GRACE)
-        await rt.run(ctx.redis)
         answer = InputResponse(action="decline")
         with caller.clock.waiting() as left:
+            rt = RoundTrip()
+            rt.call("hset", inputs, item.request_id, item.model_dump_json())
+            rt.call("expire", inputs, int(timeout) + INPUT_GRACE)
+            await rt.run(ctx.redis)
             if await self._publish(ctx, call, InputRequestedData(item=item)) > 0:  # the turn still runs
                 reply = keys.turn_input_reply(call.turn_id, item.request_id)
                 answer = await self._wait(ctx, caller, reply, min(timeout, left)) or answer
-        await ctx.redis.hdel(inputs, item.request_id)
-        await self._publish(ctx, call, InputAnsweredData(request_id=item.request_id, action=answer.action))
+            await ctx.redis.hdel(inputs, item.request_id)
+            await self._publish(ctx, call, InputAnsweredData(request_id=item.request_id, action=answer.action))
         return answer
 
     @staticmethod
