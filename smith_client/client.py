@@ -407,8 +407,10 @@ class SmithClient(ClientBase):
     ) -> InputResponse:
         """Answer open MCP elicitation ``request_id`` of ``turn_id`` (a pending item of kind ``input``, announced
         by ``input.requested``): ``action`` ``accept`` with ``content`` (a JSON object, checked against the
-        request's ``requestedSchema``), ``decline`` or ``cancel`` (no content). The tool worker holding the MCP
-        request passes it to the server at once; the turn was never paused. Returns the answer sent.
+        request's ``requestedSchema``), ``decline`` or ``cancel`` (no content); an item whose ``method`` is
+        ``sampling/createMessage`` (a sampling waiting for approval) takes ``accept`` with no content. The tool
+        worker holding the MCP request passes it to the server at once; the turn was never paused. Returns the
+        answer sent.
 
         Raises :class:`NoPendingCallError` (its ``pending`` names the open request ids) when no such request is
         open (answered already, or its ``elicitation_timeout`` ran out and it was declined);

@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from smith_client.errors import ParseError, SmithError, error_from_payload
 from smith_client.jobs import ToolJob, ToolOutcome
-from smith_client.messages import AssistantMessage
+from smith_client.messages import AssistantMessage, TokenUsage
 
 PROTOCOL_VERSION = 1
 
@@ -156,11 +156,14 @@ class MessageData(EventData):
 class TurnCompletedData(EventData):
     """``turn.completed``: the final assistant message; ``output``, for an agent declared with an ``output_type``,
     the answer validated against it as JSON (the message's ``content`` is its text; docs/architecture.md,
-    Structured output), None otherwise."""
+    Structured output), None otherwise; ``usage``, the tokens of the turn's root agent: its model calls' (as the
+    server reported them) and those MCP servers sampled for its tool calls (None from a worker that does not
+    count them)."""
 
     event_type: ClassVar[str] = TURN_COMPLETED
     message: AssistantMessage
     output: Any = None
+    usage: TokenUsage | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON-able ``data``; ``output`` only when there is one (an agent without an ``output_type``)."""
@@ -243,7 +246,9 @@ class PendingItem(BaseModel):
     ``respond(turn_id, request_id, ...)``); ``parameters`` the tool's JSON Schema, which edited arguments must
     satisfy (for ``input``: the server's ``requestedSchema``, which accepted content must satisfy); ``step``
     and ``index`` where the call is in its agent's run; ``request_id`` and ``message`` (``input`` only) the
-    elicitation's id and the server's message to the person.
+    request's id and the server's message to the person; ``method`` (``input`` only) the MCP request asking:
+    ``elicitation/create``, or ``sampling/createMessage`` for a sampling that waits for a person's approval
+    (accept or decline, no content).
     """
 
     model_config = ConfigDict(extra="allow")
@@ -258,6 +263,7 @@ class PendingItem(BaseModel):
     index: int = 0
     request_id: str = ""
     message: str = ""
+    method: str = ""
 
 
 class TurnPausedData(EventData):

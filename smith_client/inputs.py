@@ -5,7 +5,9 @@ https://modelcontextprotocol.io/specification/2025-06-18/client/elicitation). Th
 request lists it in ``{p}:turn:{t}:inputs`` (:class:`~smith_client.events.PendingItem` JSON, kind ``input``, by
 request id), publishes ``input.requested`` and waits on ``{p}:turn:{t}:input:{r}``. :func:`respond` checks the
 answer against the request's ``requestedSchema``, takes the request off the list and pushes the answer there, in
-one transaction. The turn is not paused meanwhile: its tool job stays live.
+one transaction. The turn is not paused meanwhile: its tool job stays live. An MCP server's ``sampling/createMessage``
+that needs a person's approval (the item's ``method``) is listed and answered alike: ``accept`` (no content) or
+``decline``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from smith_client.protocol import Operation, call, run
 from smith_client.roundtrip import Pending, RoundTrip
 from smith_client.validation import check_fits_schema, check_id, check_json
 
+#: ``PendingItem.method`` of a sampling that waits for a person's approval (MCP 2025-06-18, sampling).
+SAMPLING_METHOD = "sampling/createMessage"
+
 
 class InputResponse(BaseModel):
     """The answer to one elicitation: ``action`` and, for ``accept``, the ``content`` (a JSON object that fits
@@ -38,8 +43,9 @@ def respond(
     """Operation of ``respond``: answer open elicitation ``request_id`` of turn ``turn_id``; returns the answer
     sent to the tool worker holding the MCP request.
 
-    Raises :class:`InvalidRequestError` for a bad id or action, ``content`` given with anything but ``accept``,
-    content larger than :data:`~smith_client.validation.MAX_MESSAGE_BYTES` encoded, or content that does not
+    Raises :class:`InvalidRequestError` for a bad id or action, ``content`` given with anything but ``accept``
+    (or with a sampling approval, whose ``accept`` takes none), ``accept`` without content (but for a sampling
+    approval), content larger than :data:`~smith_client.validation.MAX_MESSAGE_BYTES` encoded, or content that does not
     fit the request's schema; :class:`TurnNotFoundError` for a turn Redis does not have;
     :class:`NoPendingCallError` (naming the open requests) when the turn has no such open request (answered
     already, timed out, or never asked).
@@ -51,6 +57,10 @@ def respond(
     if raw is None:
         raise (yield from _not_open(keys, turn_id, request_id))
     item = PendingItem.model_validate_json(raw)
+    approval = item.method == SAMPLING_METHOD
+    if answer.action == "accept" and (answer.content is None) != approval:
+        needs = "a sampling approval's accept takes no content" if approval else "accept needs content: a JSON object"
+        raise InvalidRequestError(needs, field="content")
     if answer.content is not None:
         check_fits_schema(item.parameters, answer.content, "content", "content does not fit the requested schema")
     rt = RoundTrip(transaction=True)
@@ -71,7 +81,7 @@ def input_response(action: Any, content: Any) -> InputResponse:
     request's schema is checked by :func:`respond`, which reads the request.)"""
     if action not in get_args(InputAction):
         raise InvalidRequestError(f"action must be accept, decline or cancel, got {action!r}", field="action")
-    if action == "accept" and not isinstance(content, dict):
+    if action == "accept" and content is not None and not isinstance(content, dict):
         raise InvalidRequestError("accept needs content: a JSON object", field="content")
     if action != "accept" and content is not None:
         raise InvalidRequestError(f"{action} takes no content", field="content")

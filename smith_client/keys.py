@@ -232,6 +232,12 @@ class Keys:
         """Counter of the tokens the server reported for every model call of a root turn's agent tree."""
         return f"{self.prefix}:tree:{root_turn_id}:tokens"
 
+    def tree_sampled(self, root_turn_id: str) -> str:
+        """Hash of the tokens MCP servers' sampling used for each agent of a root turn's tree (docs/architecture.md,
+        MCP): fields ``prompt:<position>``, ``completion:<position>``, ``total:<position>`` (position ``""`` for
+        the root agent; :func:`tree_position`)."""
+        return f"{self.prefix}:tree:{root_turn_id}:sampled"
+
     def subagent_history(self, root_turn_id: str, position: str) -> str:
         """List of the messages of the sub-agent at tree ``position`` of a root turn (its checkpoint)."""
         return f"{self.prefix}:turn:{root_turn_id}:agent{JOB_SUFFIX}{position}:history"

@@ -377,6 +377,7 @@ class SmithApp:
         reconnect_on_transport_error: bool = True,
         needs_approval: bool | Sequence[str] = False,
         sampling: bool = False,
+        sampling_needs_approval: bool = False,
         elicitation_timeout: float = 300.0,
         **pool_options: Any,
     ) -> ToolSource:
@@ -389,10 +390,11 @@ class SmithApp:
         tool names (deny wins). ``needs_approval`` (True, or original tool names) makes those calls wait for a
         person's approval first (docs/architecture.md, Pausing for a person). ``sampling=True`` answers the
         server's ``sampling/createMessage`` during a tool call with the calling agent's model (its tokens count
-        toward the turn tree's budget); off, it is refused. An ``elicitation/create`` during a call asks a person
+        toward the turn's and the tree's budgets); off, it is refused. ``sampling_needs_approval=True`` (with
+        ``sampling``) asks a person first, as an elicitation. An ``elicitation/create`` during a call asks a person
         (a pending item of kind ``input``, answered with ``client.respond``) and is declined after
-        ``elicitation_timeout`` seconds. ``pool_options`` are the other fields of
-        :class:`~smith_worker.mcp.ServerConfig` (e.g. ``connect_timeout``,
+        ``elicitation_timeout`` seconds, which do not count against ``request_timeout``. ``pool_options`` are the
+        other fields of :class:`~smith_worker.mcp.ServerConfig` (e.g. ``connect_timeout``,
         ``idempotent_tools``, ``max_concurrency``, ``idle_timeout``). Nothing
         starts here: each worker process starts the server on first use and
         pools it. Raises :class:`ConfigurationError` for an invalid
@@ -416,6 +418,7 @@ class SmithApp:
             reconnect_on_transport_error=reconnect_on_transport_error,
             needs_approval=needs_approval,
             sampling=sampling,
+            sampling_needs_approval=sampling_needs_approval,
             elicitation_timeout=elicitation_timeout,
             **pool_options,
         )

@@ -41,7 +41,14 @@ from smith_client.events import (
     tool_result_data,
 )
 from smith_client.jobs import ToolJob, ToolOutcome
-from smith_client.messages import AssistantMessage, SystemMessage, ToolCall, ToolMessage, message_from_json
+from smith_client.messages import (
+    AssistantMessage,
+    SystemMessage,
+    TokenUsage,
+    ToolCall,
+    ToolMessage,
+    message_from_json,
+)
 from smith_client.roundtrip import Pending, RoundTrip
 from smith_worker.agent.approvals import CallPlan, TurnPaused, decision_id, plan_calls
 from smith_worker.agent.context import AgentContext, CancelRequested
@@ -98,13 +105,15 @@ def _reply_of(response: LlmResponse, *, keep_reasoning: bool) -> AssistantMessag
 class StepReads:
     """What a step reads before its model call, in one round trip: the root turn's ``cancel`` request
     (None: none), the merged user messages ``moved`` into the history, the tree's model calls
-    ``tree_calls`` (this one included) and reported ``tree_tokens``, the conversation's active ``skills``,
+    ``tree_calls`` (this one included) and reported ``tree_tokens``, the tokens MCP servers' ``sampled`` for
+    this agent's tool calls (``Keys.tree_sampled``), the conversation's active ``skills``,
     and the ``memory`` context the step's view is computed with (its first read sent with these)."""
 
     cancel: Pending[str | None]
     moved: Pending[list[bytes]]
     tree_calls: Pending[int]
     tree_tokens: Pending[int]
+    sampled: Pending[TokenUsage]
     skills: Pending[list[str]]
     memory: MemoryContext
 
@@ -115,6 +124,21 @@ def _text_or_none(reply: bytes | None) -> str | None:
 
 def _int_or_zero(reply: bytes | None) -> int:
     return int(reply or 0)
+
+
+def _usage(reply: list[bytes | None]) -> TokenUsage:
+    prompt, completion, total = (int(value or 0) for value in reply)
+    return TokenUsage(prompt=prompt, completion=completion, total=total)
+
+
+def add_usage(*usages: TokenUsage | None) -> TokenUsage:
+    """The sum of ``usages`` (None counts as nothing)."""
+    found = [u for u in usages if u is not None]
+    return TokenUsage(
+        prompt=sum(u.prompt for u in found),
+        completion=sum(u.completion for u in found),
+        total=sum(u.total for u in found),
+    )
 
 
 def _completed_data(index: int, call: ToolCall) -> ToolCallCompletedData:
@@ -134,11 +158,18 @@ async def gather_all(coros: list[Any]) -> list[Any]:
 
 @dataclass
 class _Progress:
-    """How far one agent got in its turn: its model calls, the tokens they used, its tool rounds."""
+    """How far one agent got in its turn: its model calls, the tokens they used (``usage``, ``total_tokens`` its
+    total), its tool rounds, and the tokens MCP servers ``sampled`` for its tool calls (as of its last step)."""
 
     iterations: int
     total_tokens: int
     tool_rounds: int
+    usage: TokenUsage = TokenUsage()
+    sampled: TokenUsage = TokenUsage()
+
+    def turn_usage(self) -> TokenUsage:
+        """The agent's tokens in this turn: its model calls' and its tool calls' sampling."""
+        return add_usage(self.usage, self.sampled)
 
 
 class AgentLoop:
@@ -162,6 +193,8 @@ class AgentLoop:
         self.subagents = SubAgentTools(ctx, lambda child: AgentLoop(child).run(0))
         #: The step's toolset, built once its active skills are known (None: not built yet this step).
         self._toolset: Toolset | None = None
+        #: The agent's tokens in this turn as of its last model call (:meth:`_Progress.turn_usage`).
+        self._usage = TokenUsage()
         #: What the agent's memory strategy uses (:meth:`_memory_context`; set by :meth:`run`).
         self._memory: MemoryContext
         #: The agent's structured output (:mod:`smith_worker.agent.output`; set by :meth:`run`; None: none).
@@ -208,6 +241,7 @@ class AgentLoop:
             iterations=len(replies),
             total_tokens=sum(m.usage.total for m in replies if m.usage),
             tool_rounds=sum(1 for m in replies if m.tool_calls and m is not pending),
+            usage=add_usage(*(m.usage for m in replies)),
         )
         return progress, pending
 
@@ -219,13 +253,16 @@ class AgentLoop:
         merged into the turn (:meth:`_append_reply`; None for a reply with tool calls). With a structured
         output (:mod:`smith_worker.agent.output`) a valid answer is returned as its final message, and an
         invalid one is appended with its errors for the model: (None, None), the model answers again."""
-        tree, memory = await self._begin_step(spec)
+        tree, memory, progress.sampled = await self._begin_step(spec)
         progress.iterations += 1
-        self._check_limits(spec, progress.iterations, tree, progress.total_tokens, deadline)
+        total = progress.total_tokens + progress.sampled.total
+        self._check_limits(spec, progress.iterations, tree, total, deadline)
         response = await self.rt.metrics.count_llm_request(self._call_model(spec, llm, memory, progress.tool_rounds))
         reply = _reply_of(response, keep_reasoning=spec.config.keep_reasoning)
         used = reply.usage.total if reply.usage else 0
         progress.total_tokens += used
+        progress.usage = add_usage(progress.usage, reply.usage)
+        self._usage = progress.turn_usage()
         judged = self._output.judge(reply) if self._output is not None else None
         if isinstance(judged, Rejected):
             await self._append_rejected(judged.messages, used)
@@ -241,7 +278,7 @@ class AgentLoop:
         if merged is None:
             rt = RoundTrip()
             output = self._output.output_of(final) if self._output is not None else None
-            closed = self.attempt.queue_close(rt, final, output)
+            closed = self.attempt.queue_close(rt, final, output, self._usage)
             await rt.run(self.rt.redis)
             merged = closed.value
         return await self._announce_merged(merged)
@@ -272,7 +309,7 @@ class AgentLoop:
             await self.ctx.announce(message_from_json(raw))
         return bool(moved)
 
-    async def _begin_step(self, spec: AgentSpec) -> tuple[tuple[int, int], MemoryContext]:
+    async def _begin_step(self, spec: AgentSpec) -> tuple[tuple[int, int], MemoryContext, TokenUsage]:
         """Before a model call, in one round trip: the cancel flag, merged messages, the tree counts,
         the conversation's active skills (so an activation takes effect at the next step), and the
         memory's first read (:meth:`~smith_worker.memory.Memory.prefetch`).
@@ -284,7 +321,8 @@ class AgentLoop:
         so sub-agents in other tasks or processes share it, as they share the root turn's cancel flag
         (``ctx.cancel_state``); a re-run after a crash keeps counting on the
         same key (the budget errs on the safe side). Returns the tree's model
-        calls including this step and the tokens its earlier calls reported, and the step's memory context.
+        calls including this step and the tokens its earlier calls reported, the step's memory context, and the
+        tokens MCP servers sampled for this agent's tool calls so far.
         After a tool round, its round trip was the tool messages' append (:meth:`_run_tools`).
         """
         reads, self._next_step = self._next_step, None
@@ -297,7 +335,7 @@ class AgentLoop:
         self.skills.take(spec, reads.skills.value)
         self._toolset = None  # a new step: its active skills may differ
         await self._announce_merged(reads.moved.value)
-        return (reads.tree_calls.value, reads.tree_tokens.value), reads.memory
+        return (reads.tree_calls.value, reads.tree_tokens.value), reads.memory, reads.sampled.value
 
     def _queue_step(self, spec: AgentSpec, rt: RoundTrip) -> StepReads:
         """Add the reads and counts of :meth:`_begin_step` to ``rt``; the memory's read comes after the
@@ -308,8 +346,10 @@ class AgentLoop:
         calls = rt.call("incr", tree, parse=int)
         rt.call("expire", tree, self.rt.keys.turn_ttl)
         tokens = rt.call("get", self.ctx.tree_tokens, parse=_int_or_zero)
+        fields = [f"{kind}:{self.ctx.position}" for kind in ("prompt", "completion", "total")]
+        sampled = rt.call("hmget", self.rt.keys.tree_sampled(self.ctx.root_turn_id), *fields, parse=_usage)
         skills = self.skills.queue_read(rt)
-        return StepReads(cancel, moved, calls, tokens, skills, spec.memory.prefetch(self._memory, rt))
+        return StepReads(cancel, moved, calls, tokens, sampled, skills, spec.memory.prefetch(self._memory, rt))
 
     async def _append_reply(self, message: AssistantMessage, used: int, output: Any = None) -> list[bytes] | None:
         """Append a model reply and, in the same round trip, add its ``used`` tokens to the tree's
@@ -324,7 +364,7 @@ class AgentLoop:
         if used > 0:
             rt.call("incrby", self.ctx.tree_tokens, used)
             rt.call("expire", self.ctx.tree_tokens, self.rt.keys.turn_ttl)
-        merged = None if message.tool_calls else self.attempt.queue_close(rt, message, output)
+        merged = None if message.tool_calls else self.attempt.queue_close(rt, message, output, self._usage)
         preceding, self._unpublished = self._unpublished, []
         await self.ctx.append(message, preceding=preceding, rt=rt)
         return None if merged is None else merged.value

@@ -51,7 +51,7 @@ from smith_client.errors import TurnCancelledError, error_from_exception
 from smith_client.events import EventData
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.keys import tree_position
-from smith_client.messages import AssistantMessage, ToolCall, UserMessage, message_to_json
+from smith_client.messages import AssistantMessage, TokenUsage, ToolCall, UserMessage, message_to_json
 from smith_client.roundtrip import Pending, RoundTrip
 from smith_worker.agent.approvals import TurnPaused
 from smith_worker.agent.context import AgentContext, CancelRequested
@@ -123,7 +123,9 @@ class SubAgentHistory:
         stops at the step's round trip (:class:`StaleAttemptError`); the handle gets no messages."""
         return rt.call("hget", self._state, record.ATTEMPT, parse=self._drained)
 
-    def queue_close(self, rt: RoundTrip, final: AssistantMessage, output: Any = None) -> Pending[list[bytes]]:
+    def queue_close(
+        self, rt: RoundTrip, final: AssistantMessage, output: Any = None, usage: TokenUsage | None = None
+    ) -> Pending[list[bytes]]:
         """A sub-agent's answer ends only its own run (its caller's tool call): as :meth:`queue_drain_inbox`."""
         return self.queue_drain_inbox(rt)
 

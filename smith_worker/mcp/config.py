@@ -5,7 +5,8 @@ One :class:`ServerConfig` describes one server: a stdio child (``command`` +
 bearer token and extra headers), the per-request timeout, the tool filter
 (``allow`` / ``deny`` on the server's original tool names; deny wins; no
 allow list means every tool), ``tools_required``,
-``reconnect_on_transport_error``, ``needs_approval``, ``sampling`` and ``elicitation_timeout``. The
+``reconnect_on_transport_error``, ``needs_approval``, ``sampling``, ``sampling_needs_approval`` and
+``elicitation_timeout``. The
 remaining fields tune the per-process pool. All durations are seconds.
 """
 
@@ -59,7 +60,8 @@ class ServerConfig:
 
     Behaviour (seconds where a duration):
 
-    * ``request_timeout``: budget of one MCP request (a tool call, a resource read).
+    * ``request_timeout``: budget of one MCP request (a tool call, a resource read), not counting
+      the time its call waits for a person (docs/architecture.md, MCP).
     * ``allow`` / ``deny``: original MCP tool names (``read_resource`` names the
       synthetic resource reader); deny wins; no (or an empty) allow list allows all.
     * ``needs_approval``: True (every call), or original tool names whose calls wait
@@ -67,8 +69,12 @@ class ServerConfig:
     * ``sampling``: answer the server's ``sampling/createMessage`` during a tool call with
       the calling agent's model (docs/architecture.md, MCP); off: the capability is not
       declared and such requests are refused.
-    * ``elicitation_timeout``: seconds an ``elicitation/create`` waits for a person's answer
-      (``respond``) before it is declined (docs/architecture.md, Pausing for a person).
+    * ``sampling_needs_approval`` (needs ``sampling``): each ``sampling/createMessage`` first asks a
+      person, as an elicitation does (a pending item of kind ``input``, ``method``
+      ``sampling/createMessage``); declined or unanswered, the server gets an error.
+    * ``elicitation_timeout``: seconds a tool call may wait in all for a person's answers (its
+      elicitations, its sampling approvals) before the open one is declined; this time does not
+      count against ``request_timeout`` (docs/architecture.md, Pausing for a person and MCP).
     * ``tools_required``: a failing ``tools/list`` fails the connection instead
       of leaving the server without tools.
     * ``reconnect_on_transport_error``: retry once after a transport error when
@@ -112,6 +118,7 @@ class ServerConfig:
     reconnect_on_transport_error: bool = True
     needs_approval: bool | Sequence[str] = False
     sampling: bool = False
+    sampling_needs_approval: bool = False
     elicitation_timeout: float = 300.0
     idempotent_tools: Sequence[str] = ()
     max_retries: int = 3
@@ -135,6 +142,11 @@ class ServerConfig:
         self.deny = tuple(self.deny or ())
         self.idempotent_tools = tuple(self.idempotent_tools)
         self._check_approval()
+        if self.sampling_needs_approval and not self.sampling:
+            raise ConfigurationError(
+                f"MCP server {self.alias!r}: sampling_needs_approval needs sampling=True",
+                setting="sampling_needs_approval",
+            )
         self._check_alias()
         self._check_transport()
         for name in (

@@ -12,14 +12,19 @@ several turns) is refused (sampling) or declined (elicitation), and logged.
   (:attr:`~smith_worker.tools.source.SourceContext.llm_config`; the request's fields over the agent's
   defaults). The reply becomes the ``CreateMessageResult``; its reported tokens are added to the turn tree's
   counter (``Keys.tree_tokens``), which the tree's budget (``tree_max_total_tokens``) reads before every model
-  call. A failed model call answers with a JSON-RPC error. Off, the capability is not declared and the SDK
-  refuses the request.
+  call, and to the calling agent's count in ``Keys.tree_sampled``, which its loop reads with each step
+  (``max_total_tokens``, the turn's ``usage`` on ``turn.completed``). A failed model call answers with a
+  JSON-RPC error. Off, the capability is not declared and the SDK refuses the request. With
+  ``sampling_needs_approval`` a person is asked first, as for an elicitation (the item's ``method`` is
+  ``sampling/createMessage``, its schema an empty object); anything but ``accept`` answers the server with
+  an error (:data:`DECLINED`).
 * **Elicitation** (:meth:`ClientRequests.elicit`, form mode): the request becomes a pending item of kind
   ``input`` in ``Keys.turn_inputs`` (listed by ``client.pending``) and an ``input.requested`` event on the
   turn; the turn is not paused, its tool job waits here. The answer (``client.respond``,
   :mod:`smith_client.inputs`) is popped from ``Keys.turn_input_reply`` in slices of :data:`POP_SLICE`
-  seconds until ``elicitation_timeout`` runs out or the call ends; then it is ``decline``. The item goes
-  and ``input.answered`` is published either way.
+  seconds until the call's waiting allowance (``elicitation_timeout``, shared by its waits) runs out or the
+  call ends; then it is ``decline``. The item goes and ``input.answered`` is published either way. While a
+  person is asked the call's request clock stands still (:class:`~smith_worker.mcp.server.CallClock`).
 """
 
 from __future__ import annotations
@@ -38,13 +43,13 @@ from pydantic import ValidationError
 from smith_client.errors import SmithError
 from smith_client.eventlog import WHILE_RUNNING
 from smith_client.events import InputAnsweredData, InputRequestedData, PendingItem
-from smith_client.inputs import InputResponse
+from smith_client.inputs import SAMPLING_METHOD, InputResponse
 from smith_client.keys import INPUT_GRACE
 from smith_client.messages import AssistantMessage, Message, SystemMessage, UserMessage
 from smith_client.roundtrip import RoundTrip
 from smith_worker.llm.types import LlmRequest, LlmResponse, SamplingParams
 from smith_worker.mcp.config import ServerConfig
-from smith_worker.mcp.server import block_text
+from smith_worker.mcp.server import CallClock, block_text
 from smith_worker.tools.function import ToolContext
 from smith_worker.tools.source import SourceContext
 
@@ -54,13 +59,24 @@ logger = logging.getLogger("agent_smith.mcp")
 #: how late the end of the call is noticed at most.
 POP_SLICE = 2.0
 
+#: The JSON-RPC error of a sampling a person did not approve (MCP 2025-06-18, sampling: error handling).
+DECLINED = (-1, "the user declined the sampling request")
+
+#: Characters of the sampling request shown to the person asked to approve it.
+PREVIEW_CHARS = 200
+
+#: ``method`` of a pending ``input`` item: what the server asked.
+ELICITATION, SAMPLING = "elicitation/create", SAMPLING_METHOD
+
 
 @dataclass(eq=False)
 class Caller:
-    """One tool call in flight on the server: its context, its arguments, and ``ended`` (set when it returns)."""
+    """One tool call in flight on the server: its context, its arguments, its request ``clock`` (stopped while a
+    person is asked), and ``ended`` (set when it returns)."""
 
     ctx: ToolContext
     arguments: dict[str, Any]
+    clock: CallClock
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -72,13 +88,15 @@ class Caller:
 class InFlight:
     """The tool calls in flight on one server of this process (see the module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, allowance: float) -> None:
         self._calls: set[Caller] = set()
+        self._allowance = allowance
 
     @contextlib.contextmanager
     def track(self, ctx: ToolContext, arguments: dict[str, Any]) -> Iterator[Caller]:
-        """Count call ``ctx`` as in flight for the body's duration."""
-        caller = Caller(ctx, arguments)
+        """Count call ``ctx`` as in flight for the body's duration; its clock may wait ``allowance`` seconds in all
+        for a person (the server's ``elicitation_timeout``)."""
+        caller = Caller(ctx, arguments, CallClock(self._allowance))
         self._calls.add(caller)
         try:
             yield caller
@@ -101,7 +119,7 @@ class ClientRequests:
 
     def __init__(self, config: ServerConfig, context: Callable[[], SourceContext | None]) -> None:
         self.config = config
-        self.inflight = InFlight()
+        self.inflight = InFlight(config.elicitation_timeout)
         self._context = context
 
     def callbacks(self) -> dict[str, Any]:
@@ -117,17 +135,25 @@ class ClientRequests:
 
         from smith_worker.llm.client import LlmClient  # the model's HTTP stack: only when a server samples
 
-        caller, ctx = self._caller("sampling/createMessage")
+        caller, ctx = self._caller(SAMPLING)
         if caller is None or ctx is None or ctx.llm_config is None:
             return types.ErrorData(code=types.INVALID_REQUEST, message="no tool call of this client to sample for")
         try:
             config = ctx.llm_config(caller.ctx.agent)
             request = sampling_request(params)
-            async with LlmClient(config) as llm:
-                response = await llm.complete(request)
         except (SmithError, ValidationError) as exc:
             message = exc.message if isinstance(exc, SmithError) else f"invalid sampling request: {exc}"
             return types.ErrorData(code=types.INTERNAL_ERROR, message=message)
+        if self.config.sampling_needs_approval:
+            asking = f"MCP server {self.config.alias!r} asks to sample the model: {preview(request)}"
+            answer = await self._ask(ctx, caller, asking, {"type": "object", "properties": {}}, SAMPLING)
+            if answer.action != "accept":
+                return types.ErrorData(code=DECLINED[0], message=DECLINED[1])
+        try:
+            async with LlmClient(config) as llm:
+                response = await llm.complete(request)
+        except SmithError as exc:
+            return types.ErrorData(code=types.INTERNAL_ERROR, message=exc.message)
         await self._count_tokens(ctx, caller, response)
         return create_message_result(response, config.model)
 
@@ -135,12 +161,12 @@ class ClientRequests:
         """Answer ``elicitation/create`` (SDK ``ElicitationFnT``) with a person's ``ElicitResult``."""
         import mcp_types as types
 
-        caller, ctx = self._caller("elicitation/create")
+        caller, ctx = self._caller(ELICITATION)
         data = params.model_dump(by_alias=True, mode="json", exclude_none=True)
         schema = data.get("requestedSchema")
         if caller is None or ctx is None or not isinstance(schema, dict):  # URL mode (a later revision): not offered
             return types.ElicitResult(action="decline")
-        answer = await self._ask(ctx, caller, str(data.get("message", "")), schema)
+        answer = await self._ask(ctx, caller, str(data.get("message", "")), schema, ELICITATION)
         return types.ElicitResult(action=answer.action, content=answer.content)
 
     def _caller(self, method: str) -> tuple[Caller | None, SourceContext | None]:
@@ -156,17 +182,27 @@ class ClientRequests:
     async def _count_tokens(self, ctx: SourceContext, caller: Caller, response: LlmResponse) -> None:
         usage = response.message.usage
         used = usage.total if usage else 0
-        if used <= 0:
+        if usage is None or used <= 0:
             return
         key = ctx.keys.tree_tokens(caller.ctx.turn_id)
+        sampled, position = ctx.keys.tree_sampled(caller.ctx.turn_id), caller.ctx.position
         rt = RoundTrip()
         rt.call("incrby", key, used)
         rt.call("expire", key, ctx.keys.turn_ttl)
+        rt.call("hincrby", sampled, f"prompt:{position}", usage.prompt)
+        rt.call("hincrby", sampled, f"completion:{position}", usage.completion)
+        rt.call("hincrby", sampled, f"total:{position}", used)
+        rt.call("expire", sampled, ctx.keys.turn_ttl)
         await rt.run(ctx.redis)
 
-    async def _ask(self, ctx: SourceContext, caller: Caller, message: str, schema: dict[str, Any]) -> InputResponse:
-        """List the request, announce it, wait for the answer (declined when none comes), then take it off."""
+    async def _ask(
+        self, ctx: SourceContext, caller: Caller, message: str, schema: dict[str, Any], method: str
+    ) -> InputResponse:
+        """List the request, announce it, wait for the answer (declined when none comes within what is left of
+        the call's waiting allowance), then take it off. The call's request clock stands still meanwhile."""
         call, keys = caller.ctx, ctx.keys
+        if caller.clock.left() <= 0:  # the call's waits spent its allowance: nobody is asked
+            return InputResponse(action="decline")
         item = PendingItem(
             call_id="/".join([*call.call_path, call.call_id]),
             tool=call.tool_name,
@@ -177,18 +213,22 @@ class ClientRequests:
             parameters=schema,
             request_id=uuid.uuid4().hex[:16],
             message=message,
+            method=method,
+            step=call.step,
+            index=call.index,
         )
         inputs, timeout = keys.turn_inputs(call.turn_id), self.config.elicitation_timeout
-        rt = RoundTrip()
-        rt.call("hset", inputs, item.request_id, item.model_dump_json())
-        rt.call("expire", inputs, int(timeout) + INPUT_GRACE)
-        await rt.run(ctx.redis)
         answer = InputResponse(action="decline")
-        if await self._publish(ctx, call, InputRequestedData(item=item)) > 0:  # the turn still runs
-            reply = keys.turn_input_reply(call.turn_id, item.request_id)
-            answer = await self._wait(ctx, caller, reply, timeout) or answer
-        await ctx.redis.hdel(inputs, item.request_id)
-        await self._publish(ctx, call, InputAnsweredData(request_id=item.request_id, action=answer.action))
+        with caller.clock.waiting() as left:
+            rt = RoundTrip()
+            rt.call("hset", inputs, item.request_id, item.model_dump_json())
+            rt.call("expire", inputs, int(timeout) + INPUT_GRACE)
+            await rt.run(ctx.redis)
+            if await self._publish(ctx, call, InputRequestedData(item=item)) > 0:  # the turn still runs
+                reply = keys.turn_input_reply(call.turn_id, item.request_id)
+                answer = await self._wait(ctx, caller, reply, min(timeout, left)) or answer
+            await ctx.redis.hdel(inputs, item.request_id)
+            await self._publish(ctx, call, InputAnsweredData(request_id=item.request_id, action=answer.action))
         return answer
 
     @staticmethod
@@ -227,6 +267,12 @@ def sampling_request(params: Any) -> LlmRequest:
         max_tokens=data.get("maxTokens"), temperature=data.get("temperature"), stop=data.get("stopSequences") or []
     )
     return LlmRequest(messages=messages, sampling=sampling)
+
+
+def preview(request: LlmRequest) -> str:
+    """The last message of a sampling request, cut to :data:`PREVIEW_CHARS` characters (what a person approves)."""
+    text = " ".join(str(request.messages[-1].content).split()) if request.messages else ""
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
 
 
 def create_message_result(response: LlmResponse, model: str) -> Any:

@@ -46,11 +46,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -92,6 +93,78 @@ class Request:
     run: Callable[[Connection, float], Awaitable[Any]]
     idempotent: bool = False
     tag: str | None = None
+
+
+class CallClock:
+    """The clock of one tool call's request budget (``request_timeout``), stopped while the call waits for a
+    person: an elicitation's answer or a sampling approval (docs/architecture.md, MCP).
+
+    The call's waits share ``allowance`` seconds (the server's ``elicitation_timeout``): :meth:`waiting` yields
+    what is left, so a call spends at most ``request_timeout`` working and ``elicitation_timeout`` waiting, and
+    its tool job's timeout (:meth:`~smith_worker.mcp.source.McpServerSource.timeout_for`) covers both.
+    """
+
+    def __init__(self, allowance: float) -> None:
+        self._left = allowance
+        self._open = 0
+        self._since = 0.0
+        self._timers: set[_Timer] = set()
+
+    def left(self) -> float:
+        """Seconds of waiting for a person the call has left (never negative)."""
+        spent = time.monotonic() - self._since if self._open else 0.0
+        return max(0.0, self._left - spent)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[float]:
+        """Stop the call's request timers for the block (waits may overlap); yields the seconds it may last."""
+        if not self._open:
+            self._since = time.monotonic()
+            for timer in self._timers:
+                timer.stop()
+        self._open += 1
+        try:
+            yield self.left()
+        finally:
+            self._open -= 1
+            if not self._open:
+                self._left = max(0.0, self._left - (time.monotonic() - self._since))
+                for timer in self._timers:
+                    timer.start()
+
+    @contextlib.contextmanager
+    def timing(self, timer: _Timer) -> Iterator[None]:
+        """Stop and start ``timer`` with the call's waits for the block's duration."""
+        self._timers.add(timer)
+        if self._open:
+            timer.stop()
+        try:
+            yield
+        finally:
+            self._timers.discard(timer)
+
+
+class _Timer:
+    """A one-shot timer on the running loop that stops and starts again, keeping the time it had left."""
+
+    def __init__(self, seconds: float, callback: Callable[[], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._left = seconds
+        self._callback = callback
+        self._due = 0.0
+        self._handle: asyncio.TimerHandle | None = None
+        self.start()
+
+    def start(self) -> None:
+        if self._handle is None:
+            self._due = self._loop.time() + self._left
+            self._handle = self._loop.call_at(self._due, self._callback)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+            self._left = max(0.0, self._due - self._loop.time())
 
 
 class _Interrupt:
@@ -191,12 +264,19 @@ class ServerHandle:
         return conn.catalog
 
     async def call_tool(
-        self, tool: str, arguments: dict[str, Any], *, deadline: float | None = None, sink: EventSink | None = None
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        deadline: float | None = None,
+        sink: EventSink | None = None,
+        clock: CallClock | None = None,
     ) -> ToolResult:
         """Call MCP tool ``tool`` (its original name) and adapt the result (docs/architecture.md, MCP).
 
         ``deadline`` (monotonic instant) bounds connect + request; the request
-        itself gets at most ``request_timeout`` seconds. An ``isError`` result is
+        itself gets at most ``request_timeout`` seconds, not counting the time
+        ``clock`` (the call's :class:`CallClock`) stood still. An ``isError`` result is
         an error :class:`ToolResult`. Raises :class:`TransportError` (loss; not
         retried when the call may have reached the server),
         :class:`SmithTimeoutError`, :class:`McpProtocolError`, ``CancelledError``.
@@ -217,14 +297,19 @@ class ServerHandle:
             )
 
         request = Request(f"tools/call {tool!r}", run, idempotent=tool in self.config.idempotent_tools, tag=tag)
-        return tool_result(await self.request(request, deadline, sink))
+        return tool_result(await self.request(request, deadline, sink, clock))
 
     async def read_resource(
-        self, uri: str, *, deadline: float | None = None, sink: EventSink | None = None
+        self,
+        uri: str,
+        *,
+        deadline: float | None = None,
+        sink: EventSink | None = None,
+        clock: CallClock | None = None,
     ) -> ToolResult:
         """Read resource ``uri`` as a :class:`ToolResult`. Read-only: retried once after a loss.
 
-        See docs/architecture.md, MCP.
+        See docs/architecture.md, MCP; ``clock`` as for :meth:`call_tool`.
 
         Raises like :meth:`call_tool`.
         """
@@ -237,7 +322,8 @@ class ServerHandle:
                 request, types.ReadResourceResult, request_read_timeout_seconds=timeout
             )
 
-        return resource_result(await self.request(Request(f"resources/read {uri!r}", run, True), deadline, sink))
+        request = Request(f"resources/read {uri!r}", run, True)
+        return resource_result(await self.request(request, deadline, sink, clock))
 
     async def get_prompt(
         self,
@@ -269,8 +355,15 @@ class ServerHandle:
         """One ``ping`` round trip (starts the server if needed)."""
         await self.request(Request("ping", ping, True), deadline, None)
 
-    async def request(self, request: Request, deadline: float | None = None, sink: EventSink | None = None) -> Any:
-        """Run ``request`` with the pool's rules (see module doc); returns the SDK result."""
+    async def request(
+        self,
+        request: Request,
+        deadline: float | None = None,
+        sink: EventSink | None = None,
+        clock: CallClock | None = None,
+    ) -> Any:
+        """Run ``request`` with the pool's rules (see module doc); returns the SDK result. With ``clock`` (a tool
+        call's), the request's budget does not run while the call waits for a person (:class:`CallClock`)."""
         attempts = 2 if self.config.reconnect_on_transport_error else 1
         with self.events.attached(sink):
             for attempt in range(1, attempts + 1):
@@ -279,7 +372,7 @@ class ServerHandle:
                 if deadline is not None:
                     request_deadline = min(request_deadline, deadline)
                 try:
-                    return await self._attempt(conn, request, request_deadline)
+                    return await self._attempt(conn, request, request_deadline, clock)
                 except ConnectionLost as lost:
                     replay_unsafe = lost.maybe_sent and not request.idempotent
                     if attempt == attempts or replay_unsafe:
@@ -294,7 +387,7 @@ class ServerHandle:
 
     # ---- one request attempt -----------------------------------------------------
 
-    async def _attempt(self, conn: Connection, request: Request, deadline: float) -> Any:
+    async def _attempt(self, conn: Connection, request: Request, deadline: float, clock: CallClock | None) -> Any:
         budget = round(max(0.0, deadline - time.monotonic()), 3)
         slots = await self._acquire(request, budget)
         conn.inflight += 1
@@ -302,7 +395,7 @@ class ServerHandle:
             if conn.lost.done():
                 raise ConnectionLost(conn.lost.result(), maybe_sent=False)
             conn.last_used = time.monotonic()
-            return await self._race(conn, request, deadline, budget)
+            return await self._race(conn, request, deadline, budget, clock)
         finally:
             conn.inflight -= 1
             conn.last_used = time.monotonic()
@@ -325,7 +418,9 @@ class ServerHandle:
             raise timeout_error(self.alias, request.operation + " (waiting for a free slot)", budget) from None
         return slots
 
-    async def _race(self, conn: Connection, request: Request, deadline: float, budget: float) -> Any:
+    async def _race(
+        self, conn: Connection, request: Request, deadline: float, budget: float, clock: CallClock | None
+    ) -> Any:
         """Run the request in this task against the connection's loss and a backstop timer; map the outcome.
 
         No task per call: the loss (a done callback on ``conn.lost``) or the
@@ -334,13 +429,22 @@ class ServerHandle:
         timeout (the SDK then sends ``notifications/cancelled``; the link's
         write side never blocks, so it cannot hold the caller). A cancellation
         from outside (turn cancelled, tool timeout) propagates unchanged.
+
+        With a ``clock`` the roles swap, since the SDK's timer cannot stop while a person is asked: the backstop
+        fires at the request's own deadline and stops with the clock; the SDK's timeout is a ceiling past it by
+        the waiting time the call has left (and ``BACKSTOP_GRACE``).
         """
         remaining = max(0.001, deadline - time.monotonic())
         guard = _Interrupt(asyncio.current_task())
         conn.lost.add_done_callback(guard.on_lost)
-        timer = asyncio.get_running_loop().call_later(remaining + BACKSTOP_GRACE, guard.fire, "backstop")
+        if clock is None:
+            sdk_timeout, backstop = remaining, remaining + BACKSTOP_GRACE
+        else:
+            sdk_timeout, backstop = remaining + clock.left() + BACKSTOP_GRACE, remaining
+        timer = _Timer(backstop, lambda: guard.fire("backstop"))
         try:
-            result = await request.run(conn, remaining)
+            with clock.timing(timer) if clock is not None else contextlib.nullcontext():
+                result = await request.run(conn, sdk_timeout)
         except asyncio.CancelledError:
             if not guard.disarm():
                 raise
@@ -357,7 +461,7 @@ class ServerHandle:
             conn.timeouts = 0
             return result
         finally:
-            timer.cancel()
+            timer.stop()
             conn.lost.remove_done_callback(guard.on_lost)
 
     @staticmethod

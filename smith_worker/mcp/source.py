@@ -37,7 +37,7 @@ from smith_worker.mcp.catalog import READ_RESOURCE, Catalog
 from smith_worker.mcp.config import ServerConfig
 from smith_worker.mcp.events import McpEvent
 from smith_worker.mcp.requests import ClientRequests
-from smith_worker.mcp.server import ServerHandle
+from smith_worker.mcp.server import CallClock, ServerHandle
 from smith_worker.tools.function import Approval, ToolContext, ToolResult, error_result
 from smith_worker.tools.source import SourceContext
 
@@ -96,8 +96,10 @@ class McpServerSource:
         return tool_name.startswith(self.config.tool_prefix)
 
     def timeout_for(self, tool_name: str) -> float:
-        """``request_timeout + connect_timeout`` seconds: a call may have to start the server first."""
-        return self.config.request_timeout + self.config.connect_timeout
+        """``connect_timeout + request_timeout + elicitation_timeout`` seconds: a call may have to start the
+        server first, and may wait for a person's answers besides its request's own budget
+        (:class:`~smith_worker.mcp.server.CallClock`; docs/architecture.md, MCP)."""
+        return self.config.connect_timeout + self.config.request_timeout + self.config.elicitation_timeout
 
     def idempotent(self, tool_name: str) -> bool:
         """False: a call may have had effects on the server, so it is never silently re-run."""
@@ -156,8 +158,8 @@ class McpServerSource:
         sink = self._sink(ctx)
         deadline = ctx.deadline - JOB_MARGIN if ctx.deadline else None
         try:
-            with self.requests.inflight.track(ctx, arguments):  # the server's requests meanwhile serve this call
-                result = await self._call(tool_name, arguments, deadline, sink)
+            with self.requests.inflight.track(ctx, arguments) as caller:  # the server's requests serve this call
+                result = await self._call(tool_name, arguments, deadline, sink, caller.clock)
         except SmithError as exc:
             result = error_result(exc.message)
         except Exception as exc:  # a bug must not crash the tool job: it becomes an error result
@@ -182,7 +184,12 @@ class McpServerSource:
     # ---- internals ------------------------------------------------------------------
 
     async def _call(
-        self, tool_name: str, arguments: dict[str, Any], deadline: float | None, sink: TurnSink | None
+        self,
+        tool_name: str,
+        arguments: dict[str, Any],
+        deadline: float | None,
+        sink: TurnSink | None,
+        clock: CallClock,
     ) -> ToolResult:
         catalog = await self.handle.catalog(deadline, sink)
         if tool_name not in catalog.routes:
@@ -191,12 +198,12 @@ class McpServerSource:
             uri = arguments.get("uri")
             if not isinstance(uri, str) or not uri:
                 return error_result("read_resource needs a 'uri' string argument")
-            return await self.handle.read_resource(uri, deadline=deadline, sink=sink)
+            return await self.handle.read_resource(uri, deadline=deadline, sink=sink, clock=clock)
         original = catalog.resolve(tool_name)
         assert original is not None
         if not self.config.allowed(original):  # the filter holds at call time too
             return error_result(f"tool {tool_name!r} is not allowed")
-        return await self.handle.call_tool(original, arguments, deadline=deadline, sink=sink)
+        return await self.handle.call_tool(original, arguments, deadline=deadline, sink=sink, clock=clock)
 
     def _sink(self, ctx: ToolContext) -> TurnSink | None:
         if not ctx.turn_id or self._ctx is None:

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from smith_client.messages import AssistantMessage
+from smith_client.messages import AssistantMessage, TokenUsage
 from smith_client.roundtrip import Pending, RoundTrip
 
 
@@ -40,9 +40,11 @@ class AttemptWrites(Protocol):
         messages, and running it raises :class:`StaleAttemptError` when fenced off."""
         ...
 
-    def queue_close(self, rt: RoundTrip, final: AssistantMessage, output: Any = None) -> Pending[list[bytes]]:
-        """Add the end of the agent's run with answer ``final`` (already appended in ``rt``): the handle gets
-        the merged user messages that joined the history instead (the run goes on to answer them), or
-        ``[]``; for a turn's root agent, ``[]`` means the turn completed in that round trip (``turn.completed``
-        carrying ``output``, the answer's structured output, if any)."""
+    def queue_close(
+        self, rt: RoundTrip, final: AssistantMessage, output: Any = None, usage: TokenUsage | None = None
+    ) -> Pending[list[bytes]]:
+        """Add the end of the agent's run with answer ``final`` (already appended in ``rt``; ``usage`` the run's
+        tokens): the handle gets the merged user messages that joined the history instead (the run goes on to
+        answer them), or ``[]``; for a turn's root agent, ``[]`` means the turn completed in that round trip
+        (``turn.completed`` carrying ``output``, the answer's structured output, if any, and ``usage``)."""
         ...

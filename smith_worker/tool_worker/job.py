@@ -108,6 +108,9 @@ async def _invoke(rt: WorkerRuntime, job: ToolJob, context: Any = None) -> ToolR
         context=context,
         retry=job.retry,
         tool_retries=job.tool_retries,
+        step=job.step,
+        index=job.index,
+        position=job.position,
     )
     try:  # a guard behind the source's own timeout, which fires first with its own message
         async with asyncio.timeout(job.timeout + TIMEOUT_GUARD):

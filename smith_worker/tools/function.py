@@ -111,6 +111,9 @@ class ToolContext:
     app's ``context_type`` (docs/architecture.md, Caller context).
     ``retry`` how many corrections (:class:`RetryWithMessage`) this tool asked of the model in a row
     before this call, of at most ``tool_retries`` (the calling agent's ``AgentConfig.tool_retries``).
+    ``step`` and ``index`` where the call is in its agent's run (the model step, the
+    call's place in that step's calls) and ``position`` that agent's place in its tree
+    (``""`` for the root; as on a tool job, :class:`~smith_client.jobs.ToolJob`).
     """
 
     call_id: str
@@ -123,6 +126,9 @@ class ToolContext:
     worker_id: str = ""
     agent_path: list[str] = field(default_factory=list)
     call_path: list[str] = field(default_factory=list)
+    step: int = 0
+    index: int = 0
+    position: str = ""
     logger: logging.Logger = field(default_factory=lambda: logger)
     context: Any = None
     retry: int = 0

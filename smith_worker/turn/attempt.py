@@ -35,7 +35,7 @@ from smith_client.eventlog import EventLog
 from smith_client.events import PendingItem, TurnCompletedData, TurnPausedData
 from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import RUNNING_TTL, Keys, now_ms
-from smith_client.messages import AssistantMessage, message_to_json
+from smith_client.messages import AssistantMessage, TokenUsage, message_to_json
 from smith_client.roundtrip import Pending, RoundTrip
 from smith_client.scripts import LuaScript
 from smith_client.turn_record import decode_state
@@ -248,8 +248,11 @@ class TurnAttempt:
             self.history_end += len(reply)
         return list(reply)
 
-    def queue_close(self, rt: RoundTrip, final: AssistantMessage, output: Any = None) -> Pending[list[bytes]]:
-        """Add the end of the turn with answer ``final`` to ``rt`` (``lua/complete.lua``), after the answer's
+    def queue_close(
+        self, rt: RoundTrip, final: AssistantMessage, output: Any = None, usage: TokenUsage | None = None
+    ) -> Pending[list[bytes]]:
+        """Add the end of the turn with answer ``final`` (``usage``: the turn's tokens, on ``turn.completed``) to
+        ``rt`` (``lua/complete.lua``), after the answer's
         append: merged user messages that wait join the history instead, and the handle gets them (the
         turn goes on); when none wait, in the same script, the inbox closes, ``turn.completed`` is
         published (with ``output``, the answer's structured output, if any) and the state becomes completed;
@@ -258,7 +261,7 @@ class TurnAttempt:
         if self.events is None:
             raise RuntimeError("TurnAttempt.queue_close needs the attempt's event log (events=)")
         event_keys, event_args = self.events.publish_args(
-            self.turn_id, TurnCompletedData(message=final, output=output), self.agent_path, self.attempt
+            self.turn_id, TurnCompletedData(message=final, output=output, usage=usage), self.agent_path, self.attempt
         )
         keys = [*self._finish_keys(), self._trimmed, *event_keys[:3]]
         args = [*self._finish_args(record.COMPLETED, record.RESULT, final.model_dump_json()), self.history_max]

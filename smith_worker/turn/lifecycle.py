@@ -291,7 +291,13 @@ class TurnExecution:
         ``approval_timeout`` of the agents whose calls wait, keeping the step's keys and the tree's counters;
         the job then ends, holding nothing (docs/architecture.md, Pausing for a person)."""
         keys, turn_id = self.rt.keys, self.job.turn_id
-        kept = [*paused.kept_keys, keys.tree_iterations(turn_id), keys.tree_tokens(turn_id), keys.turn_context(turn_id)]
+        kept = [
+            *paused.kept_keys,
+            keys.tree_iterations(turn_id),
+            keys.tree_tokens(turn_id),
+            keys.tree_sampled(turn_id),
+            keys.turn_context(turn_id),
+        ]
         try:
             await self.attempt.pause(paused.pending, kept, self._approval_timeout(spec, paused))
         except StaleAttemptError:

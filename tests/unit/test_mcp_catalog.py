@@ -97,6 +97,7 @@ def test_app_mcp_server_registers_a_source_agents_can_use():
     assert app.source("source:example") is source
     assert app.source("source:other") is None
     assert app.sources_for(app.get_agent("a"))[1:] == [source]  # after the agent's Python tools
-    assert source.timeout_for("mcp_example__echo") == 30.0 + 20.0
+    # connect + request + the time a call may wait for a person (elicitation_timeout; docs/architecture.md, MCP)
+    assert source.timeout_for("mcp_example__echo") == 20.0 + 30.0 + 300.0
     with pytest.raises(ConfigurationError):
         app.mcp_server("example", command="python")

@@ -6,7 +6,9 @@ Tools: ``echo``, ``now``, ``pid``, ``slow(seconds, tag)`` (logs start / cancelle
 (a ``notifications/message``), ``add_tool(name)`` (registers a tool and sends
 ``notifications/tools/list_changed``), ``progress(steps)`` (``steps`` progress notifications),
 ``sample`` (asks the client for ``sampling/createMessage``; returns the JSON-RPC error and its
-round-trip ms), ``client_capabilities``, plus a dotted and a very long tool name.
+round-trip ms), ``sample_text(prompt)`` (asks the client to sample ``prompt``; returns the text or the error),
+``ask(question)`` (asks the client for a ``name`` with ``elicitation/create``; returns the action and the name),
+``client_capabilities``, plus a dotted and a very long tool name.
 Resources ``lab://info`` (text) and ``lab://blob`` (binary). Prompts ``greet`` and ``picture``.
 
 Flags: ``--noisy`` writes non-JSON lines on stdout (at start and before every message);
@@ -27,6 +29,7 @@ from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.prompts.base import UserMessage
 from mcp.server.stdio import stdio_server
+from pydantic import BaseModel
 
 server = MCPServer("lab", version="1.0.0", log_level="WARNING")
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\nfake").decode()
@@ -145,6 +148,29 @@ async def sample(ctx: Context) -> dict[str, object]:
         return {"code": getattr(exc, "code", None), "message": str(exc),
                 "ms": round((time.monotonic() - started) * 1000, 1)}
     return {"code": None, "message": "the client sampled", "ms": None}
+
+
+class Name(BaseModel):
+    name: str
+
+
+@server.tool()
+async def ask(question: str, ctx: Context) -> dict[str, object]:
+    """Ask the person for a name (elicitation/create): the action the client answered and the name given."""
+    result = await ctx.elicit(question, Name)
+    return {"action": result.action, "name": result.data.name if result.action == "accept" else None}
+
+
+@server.tool()
+async def sample_text(prompt: str, ctx: Context) -> dict[str, object]:
+    """Ask the client to sample `prompt`: the text and model it answered, or its error."""
+    try:
+        result = await ctx.session.create_message([types.SamplingMessage(
+            role="user", content=types.TextContent(type="text", text=prompt))], max_tokens=50)
+    except Exception as exc:  # the client refused: MCPError(code, message)
+        return {"error": str(exc), "code": getattr(exc, "code", None)}
+    content = result.content
+    return {"text": getattr(content, "text", None), "model": result.model}
 
 
 @server.tool()
