@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from smith_client.messages import ToolCall, UserMessage
+from smith_client.overrides import TurnOverrides
 
 RUN_TURN = "run_turn"
 RUN_TOOL = "run_tool"
@@ -54,6 +55,9 @@ class TurnJob(BaseModel):
     top_p, max_tokens, stop, response_format, extra); ``stream`` overrides the
     agent's streaming default for this turn.
     ``submitted_at`` is epoch seconds.
+    ``agent_given`` is False when the caller named no agent: the worker then runs the conversation's current
+    agent (a handoff's, docs/architecture.md, Handoffs) if there is one, else ``agent``; ``overrides`` are the
+    turn's :class:`~smith_client.overrides.TurnOverrides` (docs/architecture.md, Per-turn overrides).
     """
 
     turn_id: str
@@ -63,6 +67,8 @@ class TurnJob(BaseModel):
     sampling: dict[str, Any] | None = None
     stream: bool | None = None
     submitted_at: float = 0.0
+    agent_given: bool = True
+    overrides: TurnOverrides | None = None
 
 
 class ToolJob(BaseModel):
