@@ -1,0 +1,116 @@
+"""Handoffs (docs/architecture.md, Handoffs), end to end: real worker processes, real Redis, the scripted model.
+
+Agents: tests/support/app.py ("triage" hands off to "billing" or "support"; "ping" and "pong" to each other).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from smith_client.errors import TurnCancelledError
+from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
+from smith_worker.app import SmithApp
+from smith_worker.testing import Reply
+
+pytestmark = [pytest.mark.integration]
+
+
+def system_prompt(request) -> str:
+    first = request.messages[0]
+    return first["content"] if first.get("role") == "system" else ""
+
+
+def offered(request) -> list[str]:
+    return [tool["function"]["name"] for tool in request.body.get("tools", [])]
+
+
+def last_user_text(request) -> str:
+    return next(m["content"] for m in reversed(request.messages) if m.get("role") == "user")
+
+
+def desk(request):
+    """Triage transfers to billing unless asked to answer itself; billing answers."""
+    if system_prompt(request) == "You handle billing.":
+        return Reply.text(f"billing answers: {last_user_text(request).split()[-1]}")
+    if "stay" in last_user_text(request):
+        return Reply.text("triage answers")
+    return Reply.tool_calls([("transfer_to_billing", {})])
+
+
+async def test_triage_hands_off_to_billing_mid_turn_and_the_next_turn_runs_billing(
+    workers, client, scenario, scripted_llm
+):
+    key, marker = scenario(desk)
+    conversation = f"handoff-{uuid.uuid4().hex[:8]}"
+    assert await client.conversation_agent(conversation) is None
+
+    first = await client.submit(f"{marker} my invoice is wrong one", conversation_id=conversation, agent="triage")
+    assert (await first.result(timeout=60)).content == "billing answers: one"
+    requests = scripted_llm.requests_for(key)
+    assert [system_prompt(r) for r in requests] == ["You triage.", "You handle billing."]
+    assert offered(requests[0]) == ["add", "transfer_to_billing", "transfer_to_support"]
+    described = {t["function"]["name"]: t["function"]["description"] for t in requests[0].body["tools"]}
+    assert described["transfer_to_billing"] == "Invoices, refunds, payments."
+    assert offered(requests[1]) == ["whoami"]  # billing's own tools, no transfer back
+
+    events = [e async for e in first.events(timeout=60)]
+    handoffs = [e for e in events if e.type == "handoff"]
+    assert len(handoffs) == 1 and handoffs[0].agent_path == ["triage"]
+    assert handoffs[0].data["from_agent"] == "triage" and handoffs[0].data["to_agent"] == "billing"
+    after = events[events.index(handoffs[0]) + 1 :]
+    assert after and all(e.agent_path == ["billing"] for e in after)  # billing answers the rest of the turn
+    assert events[-1].type == "turn.completed"
+    call_id = next(e for e in events if e.type == "tool_call.completed").data["id"]
+    assert handoffs[0].data["tool_call_id"] == call_id
+
+    history = await client.history(conversation)
+    assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, AssistantMessage]
+    assert history[1].tool_calls[0].name == "transfer_to_billing"
+    assert history[2].name == "transfer_to_billing" and not history[2].is_error
+    assert await client.conversation_agent(conversation) == "billing"
+
+    scripted_llm_before = len(scripted_llm.requests_for(key))
+    second = await client.submit("and my refund two", conversation_id=conversation)  # no agent=
+    assert (await second.result(timeout=60)).content == "billing answers: two"
+    started = [e async for e in second.events(timeout=60)][0]
+    assert started.type == "turn.started" and started.data["agent"] == "billing"
+    assert started.agent_path == ["billing"]
+    assert [system_prompt(r) for r in scripted_llm.requests_for(key)[scripted_llm_before:]] == ["You handle billing."]
+
+    # an explicit agent= still wins over the conversation's current agent
+    third = await client.send("please stay three", conversation_id=conversation, agent="triage")
+    assert third.content == "triage answers"
+    assert system_prompt(scripted_llm.requests_for(key)[-1]) == "You triage."
+
+
+async def test_a_handoff_cycle_is_bounded_by_the_turn_iteration_budget(workers, client, scenario, scripted_llm):
+    def bounce(request):
+        target = "pong" if system_prompt(request) == "You are ping." else "ping"
+        return Reply.tool_calls([(f"transfer_to_{target}", {})])
+
+    key, marker = scenario(bounce)
+    conversation = f"cycle-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(TurnCancelledError) as failed:
+        await client.send(f"{marker} bounce", conversation_id=conversation, agent="ping", timeout=60)
+    assert failed.value.operation == "max_iterations"
+    prompts = [system_prompt(r) for r in scripted_llm.requests_for(key)]
+    assert prompts == ["You are ping.", "You are pong.", "You are ping.", "You are pong."]  # 4 calls in all
+    assert await client.conversation_agent(conversation) == "ping"
+
+
+def test_a_handoff_to_an_undeclared_agent_is_refused_at_start():
+    from smith_client.errors import ConfigurationError
+
+    app = SmithApp()
+    app.agent("front", handoffs=["nowhere"])
+    with pytest.raises(ConfigurationError) as refused:
+        app.resolve_subagents()
+    assert refused.value.setting == "handoffs"
+    other = SmithApp()
+    other.agent("back")
+    other.agent("front", handoffs=["back"], subagents=["transfer_to_back"])
+    other.agent("transfer_to_back")
+    with pytest.raises(ConfigurationError):
+        other.resolve_subagents()
