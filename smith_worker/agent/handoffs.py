@@ -10,8 +10,8 @@ conversation was transferred, and the step's tool round then
 
 * appends the call's tool message, publishes a ``handoff`` event (:class:`~smith_client.events.HandoffData`)
   and, for the turn's root agent, sets the conversation's current agent
-  (:meth:`~smith_client.keys.Keys.conversation_agent`, ``history_ttl``), all in one round trip
-  (:meth:`HandoffTools.queue_record`);
+  (:meth:`~smith_client.keys.Keys.conversation_agent`, ``history_ttl``; fenced by the attempt like the append),
+  all in one round trip (:meth:`HandoffTools.queue_record`);
 * makes the loop go on with the target agent (:meth:`HandoffTools.take`): its prompt, tools and model
   answer the rest of the turn, and the events that follow carry its name in ``agent_path``.
 
@@ -31,13 +31,17 @@ from smith_client.events import HandoffData
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.messages import Message, ToolMessage
 from smith_client.roundtrip import RoundTrip
+from smith_client.scripts import LuaScript
 from smith_worker.agent.context import AgentContext
 from smith_worker.agent.toolset import ToolRoute
 from smith_worker.app import HANDOFF_PREFIX, AgentSpec, handoff_tool
 from smith_worker.llm.types import ToolSchema
+from smith_worker.memory.fencing import StaleAttemptError
 from smith_worker.tools.function import Approval, ToolContext
 
 _NO_PARAMETERS = {"type": "object", "properties": {}}
+#: Sets the conversation's current agent, fenced by the turn's attempt (``lua/handoff.lua``).
+HANDOFF = LuaScript("handoff", __package__)
 
 
 def handed_to(messages: Sequence[Message], handoffs: Container[str]) -> str | None:
@@ -103,7 +107,7 @@ class HandoffTools:
     def queue_record(self, rt: RoundTrip) -> None:
         """Add to ``rt`` (the round trip appending the step's tool messages) the step's last transfer: its
         ``handoff`` event and, for the root agent, the conversation's current agent (``history_ttl``).
-        Nothing when the step made none."""
+        Nothing when the step made none; running it raises :class:`StaleAttemptError` when fenced off."""
         if not self._asked:
             return
         call_id, target = self._asked[-1]
@@ -112,7 +116,12 @@ class HandoffTools:
         ctx.queue_publish(rt, [data])
         if not ctx.position:
             keys = ctx.runtime.keys
-            rt.call("set", keys.conversation_agent(ctx.job.conversation_id), target, ex=keys.history_ttl)
+            script_keys = [keys.turn_state(ctx.root_turn_id), keys.conversation_agent(ctx.job.conversation_id)]
+            rt.script(HANDOFF, script_keys, [ctx.attempt.attempt, target, keys.history_ttl], parse=self._fenced)
+
+    def _fenced(self, reply: int) -> None:
+        if reply < 0:
+            raise StaleAttemptError(self.ctx.turn_id)
 
     @property
     def pending(self) -> bool:

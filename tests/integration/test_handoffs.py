@@ -114,3 +114,32 @@ def test_a_handoff_to_an_undeclared_agent_is_refused_at_start():
     other.agent("transfer_to_back")
     with pytest.raises(ConfigurationError):
         other.resolve_subagents()
+
+
+async def test_the_current_agent_is_written_fenced_by_the_attempt(redis_url, prefix):
+    from redis.asyncio import Redis
+
+    from smith_client.keys import Keys
+    from smith_worker.agent.handoffs import HANDOFF
+
+    keys, conversation = Keys(prefix), f"fenced-{uuid.uuid4().hex[:8]}"
+    state, current = keys.turn_state(f"t-{conversation}"), keys.conversation_agent(conversation)
+    redis = Redis.from_url(redis_url)
+    try:
+        await redis.hset(state, "attempt", 2)
+        assert await HANDOFF(redis, [state, current], [1, "billing", 60]) == -1  # a superseded attempt
+        assert await redis.get(current) is None
+        assert await HANDOFF(redis, [state, current], [2, "billing", 60]) == 1
+        assert await redis.get(current) == b"billing" and 0 < await redis.ttl(current) <= 60
+    finally:
+        await redis.delete(state, current)
+        await redis.aclose()
+
+
+async def test_clear_forgets_the_current_agent(workers, client, scenario):
+    _, marker = scenario(desk)
+    conversation = f"cleared-{uuid.uuid4().hex[:8]}"
+    await client.send(f"{marker} my invoice four", conversation_id=conversation, agent="triage", timeout=60)
+    assert await client.conversation_agent(conversation) == "billing"
+    await client.clear(conversation)
+    assert await client.conversation_agent(conversation) is None
