@@ -143,3 +143,28 @@ async def test_clear_forgets_the_current_agent(workers, client, scenario):
     assert await client.conversation_agent(conversation) == "billing"
     await client.clear(conversation)
     assert await client.conversation_agent(conversation) is None
+
+
+async def test_a_turn_queued_before_the_handoff_runs_the_target(workers, client, scenario, scripted_llm):
+    import threading
+
+    gate = threading.Event()
+
+    def held_desk(request):
+        if system_prompt(request) == "You triage.":  # the transfer streams only once the gate opens
+            return Reply.tool_calls([("transfer_to_billing", {})], gate=gate)
+        return desk(request)
+
+    key, marker = scenario(held_desk)
+    conversation = f"queued-{uuid.uuid4().hex[:8]}"
+    try:
+        first = await client.submit(f"{marker} invoice five", conversation_id=conversation, agent="triage")
+        second = await client.submit("refund six", conversation_id=conversation)  # no agent=, queued behind
+        assert await scripted_llm.wait_until_async(lambda: scripted_llm.attempts(key) == 1, timeout=30)
+        assert await client.conversation_agent(conversation) is None  # the handoff has not happened yet
+    finally:
+        gate.set()
+    assert (await first.result(timeout=60)).content == "billing answers: five"
+    assert (await second.result(timeout=60)).content == "billing answers: six"
+    started = [e async for e in second.events(timeout=60)][0]
+    assert started.data["agent"] == "billing"
