@@ -5,16 +5,29 @@ Agents: tests/support/app.py ("triage" hands off to "billing" or "support"; "pin
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import uuid
 
 import pytest
 
+from smith_client import SmithClient
 from smith_client.errors import TurnCancelledError
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
 from smith_worker.app import SmithApp
 from smith_worker.testing import Reply
+from tests.integration.test_crash_recovery import fleet, wait_for, worker_pid_running  # noqa: F401 (fleet)
 
 pytestmark = [pytest.mark.integration]
+
+
+@pytest.fixture
+async def killable(fleet):  # noqa: F811 (the imported fixture)
+    """A client of the fleet whose turn workers a test may kill (tests/integration/test_crash_recovery.py)."""
+    await fleet.ensure(turns=2, tools=1)
+    async with SmithClient.from_url(fleet.redis_url, prefix=fleet.prefix) as client:
+        yield client
 
 
 def system_prompt(request) -> str:
@@ -146,8 +159,6 @@ async def test_clear_forgets_the_current_agent(workers, client, scenario):
 
 
 async def test_a_turn_queued_before_the_handoff_runs_the_target(workers, client, scenario, scripted_llm):
-    import threading
-
     gate = threading.Event()
 
     def held_desk(request):
@@ -168,3 +179,32 @@ async def test_a_turn_queued_before_the_handoff_runs_the_target(workers, client,
     assert (await second.result(timeout=60)).content == "billing answers: six"
     started = [e async for e in second.events(timeout=60)][0]
     assert started.data["agent"] == "billing"
+
+
+async def test_a_turn_resumed_after_a_kill_9_goes_on_with_the_handoff_target(killable, scenario, scripted_llm):
+    gate = threading.Event()
+
+    def held_billing(request):
+        if system_prompt(request) == "You handle billing.":  # billing's answer streams once the gate opens
+            return Reply.text("billing survived", chunk_size=3, gate=gate)
+        return desk(request)
+
+    key, marker = scenario(held_billing)
+    conversation = f"killed-{uuid.uuid4().hex[:8]}"
+    try:
+        handle = await killable.submit(f"{marker} invoice", conversation_id=conversation, agent="triage")
+        pid = await worker_pid_running(killable, handle.turn_id)
+        await wait_for(killable, handle.turn_id, "handoff")
+        assert await scripted_llm.wait_until_async(lambda: scripted_llm.attempts(key) == 2, timeout=30)
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        gate.set()
+    assert (await handle.result(timeout=60)).content == "billing survived"
+    prompts = [system_prompt(r) for r in scripted_llm.requests_for(key)]
+    assert prompts == ["You triage.", "You handle billing.", "You handle billing."]  # the re-run is billing's
+    history = await killable.history(conversation)
+    assert [type(m) for m in history] == [UserMessage, AssistantMessage, ToolMessage, AssistantMessage]
+    events = [e async for e in handle.events(timeout=60)]
+    assert [e.type for e in events].count("handoff") == 1
+    assert events[-1].type == "turn.completed" and events[-1].agent_path == ["billing"]
+    assert await killable.conversation_agent(conversation) == "billing"
