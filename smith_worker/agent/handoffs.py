@@ -61,8 +61,8 @@ class HandoffTools:
 
     def __init__(self, ctx: AgentContext) -> None:
         self.ctx = ctx
-        #: The transfers of the current step, in call order: (tool call id, target agent).
-        self._asked: list[tuple[str, str]] = []
+        #: The transfers of the current step: (call index, tool call id, target agent).
+        self._asked: list[tuple[int, str, str]] = []
 
     def _target(self, tool_name: str) -> str | None:
         target = tool_name.removeprefix(HANDOFF_PREFIX)
@@ -101,7 +101,7 @@ class HandoffTools:
         target = self._target(job.call.name)
         if target is None:  # not routed here (the toolset routes by owns)
             raise KeyError(job.call.name)
-        self._asked.append((job.call.id, target))
+        self._asked.append((job.index, job.call.id, target))
         return ToolOutcome(content=orjson.dumps({"assistant": target}).decode(), structured={"assistant": target}), True
 
     def queue_record(self, rt: RoundTrip) -> None:
@@ -110,7 +110,7 @@ class HandoffTools:
         Nothing when the step made none; running it raises :class:`StaleAttemptError` when fenced off."""
         if not self._asked:
             return
-        call_id, target = self._asked[-1]
+        _, call_id, target = max(self._asked)  # the last in call order
         ctx = self.ctx
         data = HandoffData(from_agent=ctx.spec.name, to_agent=target, tool_call_id=call_id)
         ctx.queue_publish(rt, [data])
@@ -131,4 +131,4 @@ class HandoffTools:
     def take(self) -> AgentSpec | None:
         """The agent the step's last transfer named (None: no transfer); forgets the step's transfers."""
         asked, self._asked = self._asked, []
-        return self.ctx.runtime.app.agents[asked[-1][1]] if asked else None
+        return self.ctx.runtime.app.agents[max(asked)[2]] if asked else None

@@ -98,6 +98,21 @@ async def test_triage_hands_off_to_billing_mid_turn_and_the_next_turn_runs_billi
     assert system_prompt(scripted_llm.requests_for(key)[-1]) == "You triage."
 
 
+async def test_of_two_transfers_in_one_step_the_last_wins(workers, client, scenario):
+    def both(request):
+        if system_prompt(request) == "You triage.":
+            return Reply.tool_calls([("transfer_to_support", {}), ("transfer_to_billing", {})])
+        return Reply.text(f"answered by: {system_prompt(request)}")
+
+    _, marker = scenario(both)
+    conversation = f"both-{uuid.uuid4().hex[:8]}"
+    handle = await client.submit(f"{marker} help", conversation_id=conversation, agent="triage")
+    assert (await handle.result(timeout=60)).content == "answered by: You handle billing."
+    handoffs = [e.data["to_agent"] async for e in handle.events(timeout=60) if e.type == "handoff"]
+    assert handoffs == ["billing"]
+    assert await client.conversation_agent(conversation) == "billing"
+
+
 async def test_a_handoff_cycle_is_bounded_by_the_turn_iteration_budget(workers, client, scenario, scripted_llm):
     def bounce(request):
         target = "pong" if system_prompt(request) == "You are ping." else "ping"
