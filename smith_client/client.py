@@ -156,6 +156,9 @@ class ClientBase:
     def _op_history(self, conversation_id: str) -> Operation[list[Message]]:
         return ops.history(self.keys, conversation_id)
 
+    def _op_conversation_agent(self, conversation_id: str) -> Operation[str | None]:
+        return ops.conversation_agent(self.keys, conversation_id)
+
     def _op_activate_skill(self, conversation_id: str, name: str) -> Operation[None]:
         return skills.activate_checked(self.keys, conversation_id, name)
 
@@ -325,6 +328,12 @@ class SmithClient(ClientBase):
         """All messages of a conversation, oldest first (stored form, ``is_error`` included); ``[]`` for an
         unknown or cleared conversation. Raises :class:`InvalidRequestError` for a bad id."""
         return await self.runner.run(self._op_history(conversation_id))
+
+    async def conversation_agent(self, conversation_id: str) -> str | None:
+        """The agent that answers the conversation's next turn sent without ``agent=``: the target of its
+        last handoff (docs/architecture.md, Handoffs), or None when no handoff happened (such a turn runs
+        ``"default"``). Raises :class:`InvalidRequestError` for a bad id."""
+        return await self.runner.run(self._op_conversation_agent(conversation_id))
 
     async def activate_skill(self, conversation_id: str, name: str) -> None:
         """Activate skill ``name`` (its declared name) on a conversation, after the skills active already.

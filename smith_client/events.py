@@ -41,6 +41,8 @@ Event types and their ``data``:
                         tool call (elicitation); the turn keeps running, its tool job waits for ``respond``
 ``input.answered``      ``{request_id, action}``: that request was answered (``accept``, ``decline``,
                         ``cancel``), or declined when its wait ran out or its call ended
+``handoff``             ``{from_agent, to_agent, tool_call_id}``: the agent answering the turn (and the
+                        conversation's next turns sent without ``agent=``) changed (docs/architecture.md, Handoffs)
 ======================  ==========================================================
 """
 
@@ -74,6 +76,7 @@ TURN_PAUSED = "turn.paused"
 TOOL_CALL_DECIDED = "tool_call.decided"
 INPUT_REQUESTED = "input.requested"
 INPUT_ANSWERED = "input.answered"
+HANDOFF = "handoff"
 
 #: Types after which a turn publishes nothing more.
 TERMINAL_TYPES = frozenset({TURN_COMPLETED, TURN_FAILED, TURN_CANCELLED})
@@ -306,6 +309,17 @@ class InputAnsweredData(EventData):
     request_id: str
 
 
+class HandoffData(EventData):
+    """``handoff``: ``from_agent`` called ``transfer_to_<to_agent>`` (call ``tool_call_id``); ``to_agent`` answers
+    the rest of the turn and, for the root agent, the conversation's next turns sent without ``agent=``
+    (docs/architecture.md, Handoffs). Published in the round trip that appends the call's tool message."""
+
+    event_type: ClassVar[str] = HANDOFF
+    from_agent: str
+    to_agent: str
+    tool_call_id: str
+
+
 class UnknownData(EventData):
     """The ``data`` of an event type this client does not know (a newer worker): every field kept."""
 
@@ -331,6 +345,7 @@ DATA_MODELS: dict[str, type[EventData]] = {
         ToolCallDecidedData,
         InputRequestedData,
         InputAnsweredData,
+        HandoffData,
     )
 }
 

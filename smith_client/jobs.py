@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from smith_client.messages import ToolCall, UserMessage
+from smith_client.overrides import TurnOverrides
 
 RUN_TURN = "run_turn"
 RUN_TOOL = "run_tool"
@@ -55,6 +56,9 @@ class TurnJob(BaseModel):
     agent's streaming default for this turn.
     ``submitted_at`` is epoch seconds. ``has_context``: the caller gave a context, stored apart
     (:meth:`~smith_client.keys.Keys.turn_context`, never in this payload: docs/architecture.md, Caller context).
+    ``agent_given`` is False when the caller named no agent: the worker then runs the conversation's current
+    agent (a handoff's, docs/architecture.md, Handoffs) if there is one, else ``agent``; ``overrides`` are the
+    turn's :class:`~smith_client.overrides.TurnOverrides` (docs/architecture.md, Per-turn overrides).
     """
 
     turn_id: str
@@ -65,6 +69,8 @@ class TurnJob(BaseModel):
     stream: bool | None = None
     submitted_at: float = 0.0
     has_context: bool = False
+    agent_given: bool = True
+    overrides: TurnOverrides | None = None
 
 
 class ToolJob(BaseModel):

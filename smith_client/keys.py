@@ -56,6 +56,7 @@ key                                      what                            lifetim
 ``{p}:turn:{t}:input:{r}``               the answer to elicitation r     :data:`INPUT_REPLY_TTL` (popped at once)
 ``{p}:toolres:{t}:{s}:{i}:started``      which tool worker started it    ``turn_ttl``
 ``{p}:conv:{c}:skills``                  active skills (list)            ``history_ttl`` after the last use
+``{p}:conv:{c}:agent``                   current agent (handoffs)        ``history_ttl`` after the last handoff
 ``{p}:toolres:{t}:{s}:{i}:published``    its ``tool.result`` is out      ``turn_ttl``
 ``{p}:toolres:{t}:{s}:{i}:decided``      its decision was announced      ``turn_ttl``; its step's pause's life while
                                          (``tool_call.decided``)         that step pauses again
@@ -262,6 +263,14 @@ class Keys:
         """
         return f"{self.prefix}:conv:{conversation_id}:skills"
 
+    def conversation_agent(self, conversation_id: str) -> str:
+        """String: the name of the agent that answers a conversation's turns sent without ``agent=``, set by
+        a handoff in the same round trip as the handoff's history append (docs/architecture.md, Handoffs).
+
+        Part of the conversation's state: a conversation clear deletes it with the history.
+        """
+        return f"{self.prefix}:conv:{conversation_id}:agent"
+
     def history_trimmed(self, conversation_id: str) -> str:
         """Counter of messages trimmed from the head of the history: list index + this = absolute position."""
         return f"{self.prefix}:conv:{conversation_id}:trimmed"
@@ -278,6 +287,7 @@ class Keys:
             self.history_trimmed(conversation_id),
             self.conversation_summary(conversation_id),
             self.conversation_skills(conversation_id),
+            self.conversation_agent(conversation_id),
         ]
 
     def tool_result(self, turn_id: str, step: int, index: int, position: str = "") -> str:

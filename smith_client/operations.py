@@ -127,6 +127,17 @@ def history(keys: Keys, conversation_id: Any) -> Operation[list[Message]]:
     return (yield from call("lrange", keys.history(conversation_id), 0, -1, parse=messages_from_json_list))
 
 
+def conversation_agent(keys: Keys, conversation_id: Any) -> Operation[str | None]:
+    """Operation of ``conversation_agent``: the agent a handoff made current in a conversation, or None
+    (docs/architecture.md, Handoffs)."""
+    check_id(conversation_id, "conversation_id")
+    return (yield from call("get", keys.conversation_agent(conversation_id), parse=_text_or_none))
+
+
+def _text_or_none(reply: bytes | None) -> str | None:
+    return None if reply is None else reply.decode()
+
+
 def _terminal_event(events: Operation[None], operation: str) -> Operation[Event]:
     """Run a streaming operation without passing its events on; returns its terminal event, or the
     ``turn.paused`` event it ended on."""

@@ -100,6 +100,10 @@ class SyncSmithClient(ClientBase):
         messages, oldest first; ``[]`` for an unknown one."""
         return self.runner.run(self._op_history(conversation_id))
 
+    def conversation_agent(self, conversation_id: str) -> str | None:
+        """Blocking :meth:`SmithClient.conversation_agent <smith_client.client.SmithClient.conversation_agent>`."""
+        return self.runner.run(self._op_conversation_agent(conversation_id))
+
     def activate_skill(self, conversation_id: str, name: str) -> None:
         """Blocking :meth:`SmithClient.activate_skill <smith_client.client.SmithClient.activate_skill>`: the
         same rules and errors."""

@@ -22,6 +22,7 @@ from smith_client.errors import InvalidRequestError, UnknownAgentError
 from smith_client.jobs import Sampling, TurnJob
 from smith_client.keys import ID_PATTERN
 from smith_client.messages import UserMessage
+from smith_client.overrides import check_overrides
 
 #: Largest user message accepted, in UTF-8 bytes.
 MAX_MESSAGE_BYTES = 1_000_000
@@ -32,7 +33,8 @@ MULTITASK_POLICIES = ("enqueue", "reject", "interrupt", "merge")
 
 
 class TurnOptions(TypedDict, total=False):
-    """Options of one turn request (see :meth:`SmithClient.send`)."""
+    """Options of one turn request (see :meth:`SmithClient.send`); ``instructions`` … ``model`` are the
+    turn's overrides (:mod:`smith_client.overrides`)."""
 
     conversation_id: Required[str]
     agent: str
@@ -41,6 +43,12 @@ class TurnOptions(TypedDict, total=False):
     sampling: dict[str, Any] | None
     stream: bool | None
     context: dict[str, Any] | BaseModel | None
+    instructions: str
+    tool_choice: str
+    max_iterations: int
+    max_tokens: int
+    tools: list[str]
+    model: str
 
 
 _SHOWN = reprlib.Repr()
@@ -230,18 +238,24 @@ def check_multitask(multitask: Any) -> str:
 def build_turn_job(
     text: Any,
     conversation_id: Any = None,
-    agent: Any = "default",
+    agent: Any = None,
     turn_id: Any = None,
     multitask: Any = "enqueue",
     sampling: Any = None,
     stream: Any = None,
+    **overrides: Any,
 ) -> tuple[TurnJob, str]:
     """Check a turn request (``text`` and :class:`TurnOptions`) into its ``run_turn`` job and multitask policy.
 
-    A missing ``turn_id`` gets a fresh uuid4 hex. Raises :class:`InvalidRequestError`.
+    A missing ``turn_id`` gets a fresh uuid4 hex. Without ``agent`` the job is routed as ``"default"`` and
+    says the caller named none (``agent_given``): its worker runs the conversation's current agent when a
+    handoff set one (docs/architecture.md, Handoffs). ``overrides`` are the per-turn overrides
+    (:func:`~smith_client.overrides.check_overrides`). Raises :class:`InvalidRequestError`.
     """
     check_text(text)
     check_id(conversation_id, "conversation_id")
+    agent_given = agent is not None
+    agent = agent if agent_given else "default"
     check_id(agent, "agent")
     if turn_id is not None:
         check_id(turn_id, "turn_id")
@@ -257,6 +271,8 @@ def build_turn_job(
         sampling=sampling,
         stream=stream,
         submitted_at=time.time(),
+        agent_given=agent_given,
+        overrides=check_overrides(**overrides),
     )
     return job, multitask
 

@@ -74,6 +74,8 @@ class AgentSpec:
     wait for a person's approval before it runs (docs/architecture.md, Pausing for a person).
     ``output_type``, ``output_mode`` and ``output_retries``: the structured output its final answer must
     validate against (docs/architecture.md, Structured output; :mod:`smith_worker.agent.output`).
+    ``handoffs`` names the agents this one may hand the conversation to, each offered as a
+    ``transfer_to_<agent>`` tool (docs/architecture.md, Handoffs; :mod:`smith_worker.agent.handoffs`).
     """
 
     name: str
@@ -94,6 +96,7 @@ class AgentSpec:
     output_type: OutputType | None = None
     output_mode: OutputMode = "auto"
     output_retries: int = 2
+    handoffs: list[str] = field(default_factory=list)
 
     def tool_choice_for(self, tool_rounds: int) -> ToolChoice | None:
         """The ``tool_choice`` to send after ``tool_rounds`` completed tool rounds.
@@ -226,6 +229,7 @@ class SmithApp:
         output_type: OutputType | None = None,
         output_mode: OutputMode = "auto",
         output_retries: int = 2,
+        handoffs: list[str] | None = None,
     ) -> AgentSpec:
         """Declare an agent. ``tools`` are tool names or registered functions; ``sources``
         names tool sources added with :meth:`add_source` (e.g. MCP server aliases);
@@ -245,6 +249,9 @@ class SmithApp:
         it, else ``tool``. An answer that fails validation goes back to the model with its errors, up to
         ``output_retries`` times, then the turn fails with ``OutputValidationError``
         (docs/architecture.md, Structured output).
+        ``handoffs`` names agents (resolved at worker start like ``subagents``) the model may hand the
+        conversation to with a ``transfer_to_<agent>`` tool described by the target's ``description``:
+        the target answers the rest of the turn and the conversation's next turns (docs/architecture.md, Handoffs).
 
         Raises :class:`ConfigurationError` for a bad name, a duplicate agent, an
         unregistered tool, an unknown source, an unregistered skill, a ``memory``
@@ -280,6 +287,7 @@ class SmithApp:
             output_type=output_type,
             output_mode=output_mode,
             output_retries=output_retries,
+            handoffs=list(handoffs or []),
         )
         self.agents[name] = spec
         return spec
@@ -302,6 +310,7 @@ class SmithApp:
         """
         for spec in self.agents.values():
             _check_own_tools(spec, self.sources_for(spec)[1:])
+            _check_handoffs(spec, self.agents, self.sources_for(spec))
             for name in spec.subagents:
                 if name not in self.agents:
                     raise ConfigurationError(
@@ -448,6 +457,38 @@ class SmithApp:
             return self.sources.get(name)
         skill = self.skills.get(name) if source_id == skill_id(name) else None
         return self.skill_tools(skill) if skill is not None else None
+
+
+#: The prefix of a handoff tool's name: ``transfer_to_<agent>`` (docs/architecture.md, Handoffs).
+HANDOFF_PREFIX = "transfer_to_"
+
+
+def handoff_tool(agent: str) -> str:
+    """The name of the tool that hands a conversation to ``agent``: ``transfer_to_<agent>``."""
+    return f"{HANDOFF_PREFIX}{agent}"
+
+
+def _check_handoffs(spec: AgentSpec, agents: Container[str], sources: list[ToolSource]) -> None:
+    """Refuse a handoff target of ``spec`` that is not a declared agent, whose tool name is not a valid tool
+    name (``^[A-Za-z0-9_-]{1,64}$``), named twice, or clashing with another tool of the agent (its
+    Python tools, its sources' tools, its sub-agents). Raises :class:`ConfigurationError` (``handoffs``)."""
+    for target in spec.handoffs:
+        name = handoff_tool(target)
+        if target not in agents:
+            raise ConfigurationError(
+                f"agent {spec.name!r}: handoff {target!r} is not a declared agent", setting="handoffs"
+            )
+        if not TOOL_NAME.match(name):
+            raise ConfigurationError(
+                f"agent {spec.name!r}: handoff tool {name!r} is not a valid tool name ({TOOL_NAME.pattern})",
+                setting="handoffs",
+            )
+        clash = spec.handoffs.count(target) > 1 or name in spec.subagents
+        if clash or any(source.owns(name) for source in sources):
+            raise ConfigurationError(
+                f"agent {spec.name!r}: handoff tool {name!r} clashes with another tool of the agent",
+                setting="handoffs",
+            )
 
 
 def _check_own_tools(spec: AgentSpec, sources: list[ToolSource]) -> None:

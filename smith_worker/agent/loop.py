@@ -43,6 +43,7 @@ from smith_client.events import (
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.messages import (
     AssistantMessage,
+    Message,
     SystemMessage,
     TokenUsage,
     ToolCall,
@@ -53,7 +54,9 @@ from smith_client.roundtrip import Pending, RoundTrip
 from smith_worker.agent.approvals import CallPlan, TurnPaused, decision_id, plan_calls
 from smith_worker.agent.context import AgentContext, CancelRequested
 from smith_worker.agent.event_batch import EventBatcher
+from smith_worker.agent.handoffs import HandoffTools, handed_to
 from smith_worker.agent.output import Accepted, Rejected, StructuredOutput, structured_output
+from smith_worker.agent.overrides import for_turn
 from smith_worker.agent.subagents import SubAgentTools
 from smith_worker.agent.toolset import ToolRoute, Toolset, step_toolset
 from smith_worker.app import AgentSpec
@@ -191,6 +194,11 @@ class AgentLoop:
         self._next_step: StepReads | None = None
         self.skills = ConversationSkills(self.rt.app.skills, self.rt.keys, ctx.job.conversation_id)
         self.subagents = SubAgentTools(ctx, lambda child: AgentLoop(child).run(0))
+        #: The agent's ``transfer_to_<agent>`` tools (docs/architecture.md, Handoffs).
+        self.handoffs = HandoffTools(ctx)
+        #: The tool names the turn allows (its ``tools`` override; None: all), and whether a handoff happened.
+        self._allowed: frozenset[str] | None = None
+        self._handed_off = False
         #: The step's toolset, built once its active skills are known (None: not built yet this step).
         self._toolset: Toolset | None = None
         #: The agent's tokens in this turn as of its last model call (:meth:`_Progress.turn_usage`).
@@ -209,12 +217,13 @@ class AgentLoop:
         ``fresh``: the caller has just appended that message, so nothing of the turn follows it yet
         and the read of completed steps (a re-run's resume point) is skipped.
         """
-        spec = self.ctx.spec
-        llm = LlmClient(self.rt.settings.llm_config(spec.llm), self.ctx.services.http)
-        self._memory = self._memory_context(llm, start)
-        self._output = structured_output(spec, llm.config)
+        progress, pending, done = await self._resume(start, fresh)
+        handed = handed_to(done, self.rt.app.agents)
+        self._handed_off = handed is not None
+        spec, llm = self._run_as(self.rt.app.agents[handed] if handed else self.ctx.spec, start)
+        if self._output is not None:
+            self._output.seen(done)  # the output retries this turn already used
         deadline = None if spec.config.deadline is None else time.monotonic() + spec.config.deadline
-        progress, pending = await self._resume(start, fresh)
         while True:
             merged: list[bytes] | None = None  # the close, when it rode along with the reply's append
             if pending is None:
@@ -228,22 +237,42 @@ class AgentLoop:
                 return message
             pending = await self._run_tools(spec, progress.iterations, message.tool_calls)  # a `_done` final message
             progress.tool_rounds += 1
+            target = self.handoffs.take()
+            if target is not None:  # the target answers the rest of the turn (docs/architecture.md, Handoffs)
+                self._handed_off = True
+                spec, llm = self._run_as(target, start)
 
-    async def _resume(self, start: int, fresh: bool) -> tuple[_Progress, AssistantMessage | None]:
-        """The counts of the steps this turn completed before (none when ``fresh``), and its last model
-        reply when nothing followed it yet (its tool round, or its end, is next; None: a model call is)."""
+    def _run_as(self, spec: AgentSpec, start: int) -> tuple[AgentSpec, LlmClient]:
+        """Run ``spec`` from here on: the agent the turn starts with, the turn's overrides applied (the root
+        agent's loop only, docs/architecture.md, Per-turn overrides), or a handoff's target, as declared, whose
+        name the loop's events then carry. Returns the agent as run and its model client.
+
+        Raises :class:`ConfigurationError` for an override the worker does not know
+        (:func:`~smith_worker.agent.overrides.for_turn`)."""
+        overrides = None if self.ctx.position or self._handed_off else self.job.overrides
+        turn = for_turn(self.rt.app, self.rt.settings, spec, overrides)
+        self.ctx.spec = turn.spec
+        self.ctx.agent_path[-1] = spec.name
+        self._allowed, self._toolset = turn.allowed, None
+        llm = LlmClient(turn.llm, self.ctx.services.http)
+        self._memory = self._memory_context(llm, start)
+        self._output = structured_output(turn.spec, llm.config)
+        return turn.spec, llm
+
+    async def _resume(self, start: int, fresh: bool) -> tuple[_Progress, AssistantMessage | None, list[Message]]:
+        """The counts of the steps this turn completed before (none when ``fresh``), its last model
+        reply when nothing followed it yet (its tool round, or its end, is next; None: a model call is),
+        and those steps' messages (where a handoff or an output retry is found)."""
         done = [] if fresh else (await self.store.read(start + 1)).messages
         replies = [m for m in done if isinstance(m, AssistantMessage)]
         pending = done[-1] if done and isinstance(done[-1], AssistantMessage) else None
-        if self._output is not None:
-            self._output.seen(done)
         progress = _Progress(
             iterations=len(replies),
             total_tokens=sum(m.usage.total for m in replies if m.usage),
             tool_rounds=sum(1 for m in replies if m.tool_calls and m is not pending),
             usage=add_usage(*(m.usage for m in replies)),
         )
-        return progress, pending
+        return progress, pending, done
 
     async def _model_step(
         self, spec: AgentSpec, llm: LlmClient, progress: _Progress, deadline: float | None
@@ -477,7 +506,14 @@ class AgentLoop:
         if self._toolset is None:
             app = self.rt.app
             self._toolset = step_toolset(
-                app, spec, self.skills.active or [], self.subagents, self._run_job, app.skills.warn_once
+                app,
+                spec,
+                self.skills.active or [],
+                self.subagents,
+                self._run_job,
+                app.skills.warn_once,
+                handoffs=self.handoffs,
+                allowed=self._allowed,
             )
         return self._toolset
 
@@ -556,8 +592,11 @@ class AgentLoop:
         rt = RoundTrip()
         if self.attempt.attempt > 1:  # a resumed step (or a re-run after a crash, where this changes nothing)
             self._queue_resumed(rt, step, routes, plans)
+        self.handoffs.queue_record(rt)  # a transfer's event and the conversation's agent ride along
         if final is not None:
             await self.ctx.append(*messages, final, rt=rt)
+        elif self.handoffs.pending:  # the next step is the target's: its memory's reads go with its own step
+            await self.ctx.append(*messages, rt=rt)
         else:  # the next step follows at once: its round trip is this append's
             next_step = self._queue_step(spec, rt)
             await self.ctx.append(*messages, rt=rt)

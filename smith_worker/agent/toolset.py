@@ -7,7 +7,8 @@ a tool source as the step offers it, in this order:
 
 1. the agent's Python tools (``AgentSpec.tools``);
 2. the agent's sources (``AgentSpec.sources``: MCP servers), in declaration order;
-3. the agent's sub-agents (``AgentSpec.subagents``), which run here, in the turn worker;
+3. the agent's sub-agents (``AgentSpec.subagents``), which run here, in the turn worker, then its handoff tools
+   (``transfer_to_<agent>``, :mod:`smith_worker.agent.handoffs`), which run here too;
 4. the Python tools of the active skills, ``<normalized_name>__<tool>``, skills in activation order
    (the agent's default skills, then the conversation's);
 5. the MCP servers of the active skills, in the same skill order, each skill's servers in declaration order.
@@ -36,11 +37,14 @@ without choosing again. The route also says what a tool worker must serve to
 take the job (``requires``: the capability strings of
 :mod:`smith_worker.routing`, the same as workers older than source ids
 register). A new kind of tool is one more layer here and its source.
+
+A turn's ``tools`` override (docs/architecture.md, Per-turn overrides) narrows a toolset to the names it
+allows (``allowed``): the others are neither offered nor routed (a call of one is an unknown tool).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,6 +56,9 @@ from smith_worker.tools.external import EXTERNAL, ExternalTools
 from smith_worker.tools.function import Approval, ToolContext, error_content
 from smith_worker.tools.native import NativeTools
 from smith_worker.tools.source import APP_TOOLS, SUBAGENTS, ToolSource, in_skill, skill_id, source_id, tool_unit
+
+#: The source id of handoff tools (their calls run in the turn worker, :mod:`smith_worker.agent.handoffs`).
+HANDOFFS = "handoffs"
 
 
 @dataclass(frozen=True)
@@ -125,12 +132,20 @@ class Layer:
 
 class Toolset:
     """The tools of one step: ``layers`` in shadowing order (a later layer wins a name); ``default_timeout``
-    (seconds) is the budget of a tool without its own; ``warn`` logs a collision once per process."""
+    (seconds) is the budget of a tool without its own; ``warn`` logs a collision once per process;
+    ``allowed`` (None: every tool) are the only names offered and routed (a turn's ``tools`` override)."""
 
-    def __init__(self, layers: Sequence[Layer], default_timeout: float, warn: WarnOnce) -> None:
+    def __init__(
+        self,
+        layers: Sequence[Layer],
+        default_timeout: float,
+        warn: WarnOnce,
+        allowed: Collection[str] | None = None,
+    ) -> None:
         self._layers = list(layers)
         self._default_timeout = default_timeout
         self._warn = warn
+        self._allowed = None if allowed is None else frozenset(allowed)
         self._run_by_source = {layer.source_id: layer.run for layer in self._layers}
 
     async def schemas(self, asking: ToolContext | None = None) -> list[ToolSchema]:
@@ -152,11 +167,16 @@ class Toolset:
                         previous[1],
                     )
                 table[schema.name] = (schema, layer.owner)
-        return [schema for schema, _ in table.values()]
+        return [schema for schema, _ in table.values() if self._allows(schema.name)]
+
+    def _allows(self, tool_name: str) -> bool:
+        return self._allowed is None or tool_name in self._allowed
 
     def route(self, tool_name: str) -> ToolRoute | None:
         """How a call of ``tool_name`` runs this step (the last layer owning the name), or None when no
-        layer owns it (the call's answer is an unknown-tool error)."""
+        layer owns it or the turn does not allow it (the call's answer is an unknown-tool error)."""
+        if not self._allows(tool_name):
+            return None
         for layer in reversed(self._layers):
             if layer.tools.owns(tool_name):
                 timeout = layer.tools.timeout_for(tool_name)
@@ -226,12 +246,15 @@ def step_toolset(
     subagents: RunsHere,
     run_job: RunCall,
     warn: WarnOnce,
+    handoffs: RunsHere | None = None,
+    allowed: Collection[str] | None = None,
 ) -> Toolset:
     """The toolset of one step of ``agent``: its layers in the module doc's order.
 
     ``skills`` are the step's active skills in order; ``subagents`` the agent's
     sub-agents; ``run_job`` runs a call as a tool job (every layer but the
-    sub-agents' and the external tools', whose calls never run here). Raises ``KeyError`` for a source name
+    sub-agents', the handoffs' and the external tools', whose calls never run here); ``handoffs`` the agent's
+    handoff tools; ``allowed`` the turn's ``tools`` override (None: none). Raises ``KeyError`` for a source name
     the app does not have (agents and skills are checked when declared).
     """
     native = app.native.restricted(agent.tools)
@@ -244,6 +267,8 @@ def step_toolset(
         ),
         Layer(subagents, SUBAGENTS, "the agent (sub-agent)", _fixed(""), subagents.run),
     ]
+    if handoffs is not None:
+        layers.append(Layer(handoffs, HANDOFFS, "the agent (handoff)", _fixed(""), handoffs.run))
     for skill in skills:
         own = app.skill_tools(skill)
         owner = f"skill {skill.name!r}"
@@ -260,4 +285,4 @@ def step_toolset(
                     skill.name,
                 )
             )
-    return Toolset(layers, agent.config.default_tool_timeout, warn)
+    return Toolset(layers, agent.config.default_tool_timeout, warn, allowed)

@@ -88,6 +88,8 @@ class TurnExecution:
         self.rt = rt
         self.services = services
         self.job = job
+        #: The running agent's name (one list, shared with the attempt and the loop: a handoff renames it).
+        self.agent_path = [job.agent]
         # reads check the history still ends where this attempt's writes left it (a failover may lose some)
         self.store = ConversationStore(
             rt.redis,
@@ -105,9 +107,8 @@ class TurnExecution:
             history_max=rt.settings.history_max_messages,
             job_id=job_id,
             events=rt.events,
-            agent_path=[job.agent],
+            agent_path=self.agent_path,
         )
-        self.agent_path = [job.agent]
         #: What the agent loop gets (built once the agent is known).
         self.ctx: AgentContext | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -149,6 +150,9 @@ class TurnExecution:
         tail = self.store.queue_tail(rt, REPAIR_SCAN)
         # and the caller context (docs/architecture.md, Caller context)
         self._context_record = rt.call("get", self.rt.keys.turn_context(self.job.turn_id))
+        current: Pending[bytes | None] | None = None
+        if not self.job.agent_given:  # it runs the conversation's current agent (docs/architecture.md, Handoffs)
+            current = rt.call("get", self.rt.keys.conversation_agent(self.job.conversation_id))
         await rt.run(self.rt.redis)
         outcome = begun.value
         if outcome == "wait":
@@ -157,6 +161,8 @@ class TurnExecution:
         if outcome != "go":
             logger.info("turn %s not run here: %s", self.job.turn_id, outcome)
             return
+        if current is not None:
+            self._follow_conversation(current.value)
         self._task = asyncio.current_task()
         self.services.running_turns[self.job.turn_id] = self
         self.attempt.start_renewing(self._on_lease_lost)
@@ -211,6 +217,20 @@ class TurnExecution:
                 collect_soon()
         if redis_failed:
             await self._hand_back_after_outage()
+
+    def _follow_conversation(self, current: bytes | None) -> None:
+        """A turn sent without ``agent=`` runs the conversation's current agent (``current``, set by its last
+        handoff; docs/architecture.md, Handoffs) instead of the job's, when this app declares it."""
+        name = current.decode() if current else None
+        if not name or name == self.job.agent:
+            return
+        if name not in self.rt.app.agents:
+            logger.warning(
+                "turn %s: current agent %r is not declared here; runs %r", self.job.turn_id, name, self.job.agent
+            )
+            return
+        self.job = self.job.model_copy(update={"agent": name})
+        self.agent_path[0] = name
 
     async def _hand_back_after_outage(self) -> None:
         """Redis failed under the attempt: re-enqueue the turn as soon as Redis answers, as a hand-off, so

@@ -464,3 +464,15 @@ app.agent("lenient", tools=[even_only], config=AgentConfig(tool_retries=2))
 # ---- reasoning kept in the history (docs/architecture.md, Events) ----
 
 app.agent("thoughtful", tools=[add], config=AgentConfig(keep_reasoning=True))
+
+# handoffs (docs/architecture.md, Handoffs): triage hands a conversation to billing or support;
+# ping and pong hand it to each other for ever, so only the turn's iteration budget stops them
+app.agent("triage", system_prompt="You triage.", tools=[add], handoffs=["billing", "support"])
+app.agent("billing", system_prompt="You handle billing.", tools=[whoami], description="Invoices, refunds, payments.")
+app.agent("support", system_prompt="You handle support.", description="Technical problems.")
+app.agent("ping", system_prompt="You are ping.", handoffs=["pong"], config=AgentConfig(max_iterations=4))
+app.agent("pong", system_prompt="You are pong.", handoffs=["ping"], config=AgentConfig(max_iterations=4))
+# per-turn overrides (docs/architecture.md, Per-turn overrides); "big_model" configures a second model name
+app.agent("overridable", system_prompt="You are overridable.", tools=[add, whoami],
+          config=AgentConfig(max_iterations=6, max_total_tokens=10_000))
+app.agent("big_model", llm={"model": "scripted-large"})
