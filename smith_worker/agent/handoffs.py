@@ -16,7 +16,8 @@ conversation was transferred, and the step's tool round then
   answer the rest of the turn, and the events that follow carry its name in ``agent_path``.
 
 The conversation's next turns sent without ``agent=`` run the current agent (the turn worker reads it as the
-turn starts). A re-run after a crash finds the handoff in the turn's stored messages (:func:`handed_to`).
+turn starts). A re-run after a crash finds the handoff in the turn's stored messages (:func:`handed_to`)
+and sets the current agent again (:meth:`HandoffTools.restore`).
 Several transfers in one step: the last one wins. Cycles (A → B → A …) are bounded by the turn's iteration
 budget: the model calls of every agent of the turn count together.
 """
@@ -114,6 +115,21 @@ class HandoffTools:
         ctx = self.ctx
         data = HandoffData(from_agent=ctx.spec.name, to_agent=target, tool_call_id=call_id)
         ctx.queue_publish(rt, [data])
+        self._queue_current(rt, target)
+
+    async def restore(self, target: str) -> None:
+        """Set the conversation's current agent again to ``target``, the handoff a resumed attempt found in the
+        turn's stored messages: the attempt that made it may have stopped between its append and its
+        ``handoff.lua`` (one pipeline, two scripts). Raises :class:`StaleAttemptError` when fenced off."""
+        if self.ctx.position:
+            return
+        rt = RoundTrip()
+        self._queue_current(rt, target)
+        await rt.run(self.ctx.runtime.redis)
+
+    def _queue_current(self, rt: RoundTrip, target: str) -> None:
+        """For the root agent, add ``handoff.lua`` (the conversation's current agent := ``target``) to ``rt``."""
+        ctx = self.ctx
         if not ctx.position:
             keys = ctx.runtime.keys
             script_keys = [keys.turn_state(ctx.root_turn_id), keys.conversation_agent(ctx.job.conversation_id)]

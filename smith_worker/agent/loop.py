@@ -220,6 +220,8 @@ class AgentLoop:
         progress, pending, done = await self._resume(start, fresh)
         handed = handed_to(done, self.rt.app.agents)
         self._handed_off = handed is not None
+        if handed is not None:
+            await self.handoffs.restore(handed)
         spec, llm = self._run_as(self.rt.app.agents[handed] if handed else self.ctx.spec, start)
         if self._output is not None:
             self._output.seen(done)  # the output retries this turn already used

@@ -212,6 +212,9 @@ async def test_a_turn_resumed_after_a_kill_9_goes_on_with_the_handoff_target(kil
         await wait_for(killable, handle.turn_id, "handoff")
         assert await scripted_llm.wait_until_async(lambda: scripted_llm.attempts(key) == 2, timeout=30)
         os.kill(pid, signal.SIGKILL)
+        # as if the attempt had stopped between the transfer's append and its handoff.lua (one pipeline, two
+        # scripts): the resumed attempt finds the handoff in the history and sets the current agent again
+        await killable.redis.delete(killable.keys.conversation_agent(conversation))
     finally:
         gate.set()
     assert (await handle.result(timeout=60)).content == "billing survived"
