@@ -77,7 +77,7 @@ from smith_worker.llm.types import (
 from smith_worker.memory import MemoryContext
 from smith_worker.memory.fencing import StaleAttemptError
 from smith_worker.skills import ConversationSkills
-from smith_worker.tools.function import ToolContext
+from smith_worker.tools.function import ToolContext, corrections_in
 from smith_worker.tools.source import SUBAGENTS
 
 logger = logging.getLogger("agent_smith.agent")
@@ -225,6 +225,7 @@ class AgentLoop:
         spec, llm = self._run_as(self.rt.app.agents[handed] if handed else self.ctx.spec, start)
         if self._output is not None:
             self._output.seen(done)  # the output retries this turn already used
+        self._corrections = corrections_in(done)  # and its tools' corrections in a row (RetryWithMessage)
         deadline = None if spec.config.deadline is None else time.monotonic() + spec.config.deadline
         while True:
             merged: list[bytes] | None = None  # the close, when it rode along with the reply's append
@@ -611,7 +612,8 @@ class AgentLoop:
         """Count the corrections each tool of a step asked of the model
         (:class:`~smith_worker.tools.function.RetryWithMessage`): one more when a call of it asked for one
         this step, none again when its calls did not (as pydantic-ai counts a tool's retries); what the next
-        calls' jobs carry as ``retry`` (docs/architecture.md, Tool calls). A new attempt counts afresh."""
+        calls' jobs carry as ``retry`` (docs/architecture.md, Tool calls). A resumed attempt starts from the
+        stored messages' counts (:func:`~smith_worker.tools.function.corrections_in`)."""
         asked = {call.name for call, outcome in zip(calls, outcomes, strict=True) if outcome.retry_requested}
         for name in {call.name for call in calls}:
             self._corrections[name] = self._corrections.get(name, 0) + 1 if name in asked else 0

@@ -28,7 +28,7 @@ import inspect
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, get_type_hints
 
@@ -36,6 +36,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, create_model
 
 from smith_client.errors import ConfigurationError, SmithTimeoutError, ToolError
+from smith_client.messages import AssistantMessage, Message, ToolMessage
 from smith_client.validation import shown
 from smith_worker.llm.types import ToolSchema
 from smith_worker.ops.retry import RetryPolicy
@@ -376,13 +377,45 @@ def correction_result(tool_name: str, message: str, ctx: ToolContext) -> ToolRes
     """The error result of a call whose tool raised :class:`RetryWithMessage` with ``message``: within the
     calling agent's allowance (``ctx.retry < ctx.tool_retries``) the correction, with the corrections still
     left; past it an ordinary tool error (docs/architecture.md, Tool calls). Either way ``retry_requested``,
-    so the turn keeps counting."""
+    so the turn keeps counting, and ``corrections``: the corrections in a row this one makes, which a resumed
+    attempt reads back (:func:`corrections_in`)."""
+    corrections = ctx.retry + 1
     if ctx.retry < ctx.tool_retries:
-        content = error_content(message, kind="RetryWithMessage", retries_left=ctx.tool_retries - ctx.retry - 1)
+        left = ctx.tool_retries - corrections
+        content = error_content(message, kind="RetryWithMessage", retries_left=left, corrections=corrections)
     else:
         exceeded = f"{message} (tool {tool_name!r} asked for more than tool_retries={ctx.tool_retries} corrections)"
-        content = error_content(exceeded, kind="ToolError", tool_name=tool_name, retryable=False)
+        content = error_content(
+            exceeded, kind="ToolError", tool_name=tool_name, retryable=False, corrections=corrections
+        )
     return ToolResult(content=content, is_error=True, retry_requested=True)
+
+
+def corrections_in(messages: Sequence[Message]) -> dict[str, int]:
+    """Per tool name, the corrections in a row its calls asked of the model by the end of ``messages`` (a
+    turn's stored messages, oldest first): the ``corrections`` of its last step's correction
+    (:func:`correction_result`), 0 when its calls in that step asked none. How a resumed attempt goes on
+    counting where the previous one stopped (docs/architecture.md, Tool calls)."""
+    counts: dict[str, int] = {}
+    step: dict[str, int] = {}
+    for message in messages:
+        if isinstance(message, AssistantMessage) and message.tool_calls:
+            counts.update(step)
+            step = dict.fromkeys((call.name for call in message.tool_calls), 0)
+        elif isinstance(message, ToolMessage) and message.is_error and message.name in step:
+            step[message.name] = max(step[message.name], _corrections_of(message.content))
+    counts.update(step)
+    return counts
+
+
+def _corrections_of(content: str) -> int:
+    """The ``corrections`` field of an error tool message's JSON ``content`` (0: none, or not JSON)."""
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return 0
+    value = data.get("corrections") if isinstance(data, dict) else None
+    return value if isinstance(value, int) else 0
 
 
 def checked_tool_name(fn: Callable[..., Any], name: str | None) -> str:

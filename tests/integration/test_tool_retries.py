@@ -74,6 +74,7 @@ async def test_retry_with_message_reaches_the_model_and_the_next_call_succeeds(c
         "message": "n must be even, got 3",
         "kind": "RetryWithMessage",
         "retries_left": 0,  # tool_retries=1 (the default): this was the one correction allowed
+        "corrections": 1,
     }
     assert tool_messages(requests[2])[-1]["content"] == "took 4"
     history = await client.history(f"conv-{key}")

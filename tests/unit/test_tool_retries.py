@@ -173,6 +173,7 @@ async def test_retry_with_message_hands_the_model_a_correction_within_the_allowa
         "message": "n must be even, got 3",
         "kind": "RetryWithMessage",
         "retries_left": 1,
+        "corrections": 1,
     }
     assert orjson.loads((await tool.invoke({"n": 3}, ctx(retry=1, tool_retries=2))).content)["retries_left"] == 0
 
@@ -208,3 +209,51 @@ def test_the_stored_outcome_carries_the_request_and_an_old_job_allows_none():
          "call": {"name": "x"}, "timeout": 1.0, "reply_channel": "r", "result_key": "k"}
     )  # fmt: skip
     assert (job.retry, job.tool_retries) == (0, 0)
+
+
+# ---- a resumed attempt reads the corrections back from the stored messages ----
+
+
+def _step(*names):
+    from smith_client.messages import AssistantMessage, ToolCall
+
+    return AssistantMessage(tool_calls=[ToolCall(id=f"c{i}", name=n) for i, n in enumerate(names)])
+
+
+def _answer(name, content, is_error=True):
+    from smith_client.messages import ToolMessage
+
+    return ToolMessage(tool_call_id="c", name=name, content=content, is_error=is_error)
+
+
+def test_corrections_in_counts_the_last_step_of_each_tool():
+    from smith_worker.tools.function import ToolContext, corrections_in, correction_result
+
+    first = correction_result("even_only", "n must be even", ToolContext(call_id="a", tool_name="even_only"))
+    second = correction_result(
+        "even_only", "n must be even", ToolContext(call_id="b", tool_name="even_only", retry=1, tool_retries=1)
+    )
+    messages = [
+        _step("even_only", "add"),
+        _answer("even_only", first.content),
+        _answer("add", "3", is_error=False),
+        _step("even_only"),
+        _answer("even_only", second.content),  # past tool_retries: an ordinary tool error, still counted
+    ]
+    assert corrections_in(messages) == {"even_only": 2, "add": 0}
+
+
+def test_corrections_in_starts_again_after_a_step_that_asked_none():
+    from smith_worker.tools.function import corrections_in, error_content
+
+    messages = [
+        _step("even_only"),
+        _answer("even_only", error_content("odd", kind="RetryWithMessage", retries_left=0, corrections=1)),
+        _step("even_only"),
+        _answer("even_only", "took 2", is_error=False),
+        _step("even_only"),
+        _answer("even_only", error_content("boom", kind="ToolError")),  # an error that asks no correction
+        _answer("other", "not JSON {", is_error=True),  # a name outside the step: ignored
+    ]
+    assert corrections_in(messages) == {"even_only": 0}
+    assert corrections_in([]) == {}
