@@ -33,7 +33,7 @@ from smith_client.events import Event, PendingItem
 from smith_client.inputs import InputResponse
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, Message
-from smith_client.output import M, OutputMessage, with_output
+from smith_client.output import M, OutputMessage, check_output_type, with_output
 from smith_client.protocol import Operation
 from smith_client.registry import ServedAgents
 from smith_client.runners import AsyncRunner, SyncRunner
@@ -269,6 +269,7 @@ class SmithClient(ClientBase):
         cancelled; :class:`TurnPausedError` when it pauses for a person (decide its
         ``pending`` calls, then :meth:`follow` or ``turn(...).result()``); :class:`SmithTimeoutError` on ``timeout``.
         """
+        check_output_type(output_type)
         message = await self.runner.run(self._op_send(text, timeout, options), bound=timeout)
         return message if output_type is None else with_output(message, output_type)
 
@@ -494,6 +495,7 @@ class TurnHandle(HandleBase):
         one, :class:`OutputValidationError` for an answer that does not parse into ``output_type``, or
         :class:`SmithTimeoutError`.
         """
+        check_output_type(output_type)
         message = await self.client.runner.run(self._op_result(timeout), bound=timeout)
         return message if output_type is None else with_output(message, output_type)
 
