@@ -4,9 +4,9 @@ Every model call a turn worker or a tool worker makes for an agent (its replies,
 sampling its tool calls served) is counted in the bucket of the minute it ended in, ``Keys.usage_bucket(m)``
 (``m`` = Unix seconds // :data:`USAGE_BUCKET_SECONDS`), a hash whose fields are ``<agent>:<kind>``, ``kind`` one of
 :data:`KINDS`: ``requests`` (model calls answered), ``prompt``, ``completion``, ``total`` (the server-reported
-tokens, :class:`~smith_client.messages.TokenUsage`). The counts ride in the round trip that already stores the
-reply (:func:`queue_count`), so counting costs no round trip; each bucket lives ``USAGE_TTL`` (25 h) after its
-last count, so a window of up to :data:`USAGE_MAX_WINDOW` (24 h) is read whole (:func:`usage`).
+tokens, :class:`~smith_client.messages.TokenUsage`). The workers count in the round trip that already stores the
+reply (``smith_worker/ops/usage.py``), so counting costs no round trip; each bucket lives ``USAGE_TTL`` (25 h)
+after its last count, so a window of up to :data:`USAGE_MAX_WINDOW` (24 h) is read whole (:func:`usage`).
 
 Agent names match ``ID_PATTERN``, which has no ``/``: a later tenant dimension goes in front of the agent,
 ``<tenant>/<agent>:<kind>``, beside the fields without one (the sends with no tenant), so the buckets already
@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from smith_client.errors import InvalidRequestError
-from smith_client.keys import USAGE_TTL, Keys
+from smith_client.keys import Keys
 from smith_client.messages import TokenUsage
 from smith_client.protocol import Operation, run
 from smith_client.roundtrip import Pending, RoundTrip
@@ -71,20 +71,6 @@ def parse_field(field: str) -> tuple[str, str, str] | None:
         return None
     tenant, _, agent = name.rpartition(TENANT_SEPARATOR)
     return tenant, agent, kind
-
-
-def queue_count(rt: RoundTrip, keys: Keys, agent: str, used: AgentUsage, now: float | None = None) -> None:
-    """Add to ``rt`` the counts of ``used`` (``agent``'s model calls and tokens) in the bucket of ``now`` (Unix
-    seconds; None: the current time): one ``HINCRBY`` per non-zero kind and the bucket's ``EXPIRE``
-    (``USAGE_TTL``). Nothing when ``used`` is all zero."""
-    counts = {kind: getattr(used, kind) for kind in KINDS}
-    if not any(counts.values()):
-        return
-    key = keys.usage_bucket(bucket_of(time.time() if now is None else now))
-    for kind, amount in counts.items():
-        if amount:
-            rt.call("hincrby", key, usage_field(agent, kind), amount)
-    rt.call("expire", key, USAGE_TTL)
 
 
 def window_buckets(window_seconds: float, now: float) -> list[int]:

@@ -51,7 +51,7 @@ from smith_client.messages import (
     message_from_json,
 )
 from smith_client.roundtrip import Pending, RoundTrip
-from smith_client.usage import AgentUsage, queue_count
+from smith_client.usage import AgentUsage
 from smith_worker.agent.approvals import CallPlan, TurnPaused, decision_id, plan_calls
 from smith_worker.agent.context import AgentContext, CancelRequested
 from smith_worker.agent.event_batch import EventBatcher
@@ -77,6 +77,7 @@ from smith_worker.llm.types import (
 )
 from smith_worker.memory import MemoryContext
 from smith_worker.memory.fencing import StaleAttemptError
+from smith_worker.ops.usage import queue_count
 from smith_worker.skills import ConversationSkills
 from smith_worker.tools.function import ToolContext, corrections_in
 from smith_worker.tools.source import SUBAGENTS
@@ -422,7 +423,7 @@ class AgentLoop:
 
     def _queue_usage(self, rt: RoundTrip) -> None:
         """Count the agent's model calls since the last append in the deployment's usage buckets, in ``rt`` (the
-        reply's append: no round trip of its own; :mod:`smith_client.usage`, docs/architecture.md, Token usage).
+        reply's append: no round trip of its own; :mod:`smith_worker.ops.usage`, docs/architecture.md, Token usage).
         Counted even when the append turns out stale: the tokens were spent."""
         counted, self._uncounted = self._uncounted, AgentUsage()
         queue_count(rt, self.rt.keys, self.ctx.spec.name, counted)

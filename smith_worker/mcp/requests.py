@@ -47,10 +47,11 @@ from smith_client.inputs import SAMPLING_METHOD, InputResponse
 from smith_client.keys import INPUT_GRACE
 from smith_client.messages import AssistantMessage, Message, SystemMessage, TokenUsage, UserMessage
 from smith_client.roundtrip import RoundTrip
-from smith_client.usage import AgentUsage, queue_count
+from smith_client.usage import AgentUsage
 from smith_worker.llm.types import LlmRequest, LlmResponse, SamplingParams
 from smith_worker.mcp.config import ServerConfig
 from smith_worker.mcp.server import CallClock, block_text
+from smith_worker.ops.usage import queue_count
 from smith_worker.tools.function import ToolContext
 from smith_worker.tools.source import SourceContext
 

@@ -10,11 +10,13 @@ import pytest
 
 from smith_client import AgentUsage, InvalidRequestError, SmithClient, TokenUsage
 from smith_client import cli as smith_cli
+from smith_client.connection import connect_redis
 from smith_client.keys import USAGE_TTL, Keys
 from smith_client.roundtrip import RoundTrip
 from smith_client.sync_client import SyncSmithClient
-from smith_client.usage import bucket_of, parse_field, queue_count, usage, window_buckets
+from smith_client.usage import KINDS, bucket_of, parse_field, usage, usage_field, window_buckets
 from smith_worker.ops.metrics import WorkerMetrics
+from smith_worker.ops.usage import queue_count
 
 #: A fixed "now" in the middle of a minute (Unix seconds).
 NOW = 1_800_000_030.0
@@ -22,28 +24,44 @@ HOUR = 3600
 
 
 async def count(redis, keys: Keys, agent: str, used: AgentUsage, at: float) -> None:
-    rt = RoundTrip()
-    queue_count(rt, keys, agent, used, now=at)
-    await rt.run(redis)
+    """What ``queue_count``'s script does, for fakeredis (which runs no Lua): its fields, incremented."""
+    bucket = keys.usage_bucket(bucket_of(at))
+    for kind in KINDS:
+        await redis.hincrby(bucket, usage_field(agent, kind), getattr(used, kind))
 
 
 def calls(n: int, prompt: int, completion: int) -> AgentUsage:
     return AgentUsage(requests=n, prompt=prompt, completion=completion, total=prompt + completion)
 
 
-async def test_a_count_lands_in_its_minute_bucket_with_the_ttl_and_skips_zero_kinds():
-    redis, keys = fakeredis.FakeAsyncRedis(), Keys("u")
-    await count(redis, keys, "default", AgentUsage(requests=1, prompt=7), NOW)
-    key = keys.usage_bucket(bucket_of(NOW))
-    assert key == f"u:usage:{int(NOW // 60)}"
-    assert await redis.hgetall(key) == {b"default:requests": b"1", b"default:prompt": b"7"}
-    assert USAGE_TTL - 5 < await redis.ttl(key) <= USAGE_TTL
-    await count(redis, keys, "default", AgentUsage(), NOW)  # nothing used: nothing written
-    await count(redis, keys, "default", calls(1, 3, 2), NOW + 29)  # the same minute
-    assert await redis.hgetall(key) == {b"default:requests": b"2", b"default:prompt": b"10",
-                                        b"default:completion": b"2", b"default:total": b"5"}
-    await count(redis, keys, "default", calls(1, 1, 1), NOW + 30)  # the next minute: a bucket of its own
-    assert await redis.exists(keys.usage_bucket(bucket_of(NOW) + 1)) == 1
+async def test_a_count_lands_in_its_minute_bucket_with_the_ttl_and_skips_zero_kinds(redis_url):
+    """The workers' count (smith_worker/ops/usage.py, a Lua script: a real redis-server)."""
+    redis, keys = connect_redis(redis_url), Keys(f"u{time.time_ns()}")
+
+    async def count_now(used: AgentUsage, at: float) -> None:
+        rt = RoundTrip()
+        queue_count(rt, keys, "default", used, now=at)
+        await rt.run(redis)
+
+    try:
+        await count_now(AgentUsage(requests=1, prompt=7), NOW)
+        key = keys.usage_bucket(bucket_of(NOW))
+        assert key == f"{keys.prefix}:usage:{int(NOW // 60)}"
+        assert await redis.hgetall(key) == {b"default:requests": b"1", b"default:prompt": b"7"}
+        assert USAGE_TTL - 5 < await redis.ttl(key) <= USAGE_TTL
+        await count_now(AgentUsage(), NOW)  # nothing used: nothing written
+        await count_now(calls(1, 3, 2), NOW + 29)  # the same minute
+        assert await redis.hgetall(key) == {b"default:requests": b"2", b"default:prompt": b"10",
+                                            b"default:completion": b"2", b"default:total": b"5"}
+        await count_now(calls(1, 1, 1), NOW + 30)  # the next minute: a bucket of its own
+        assert await redis.exists(keys.usage_bucket(bucket_of(NOW) + 1)) == 1
+        client = SmithClient(redis, prefix=keys.prefix)  # and the client reads what the workers counted
+        assert await client.runner.run(usage(client.keys, 60, now=NOW + 30)) == {"default": calls(1, 1, 1)}
+        assert await client.runner.run(usage(client.keys, 120, now=NOW + 30)) == {
+            "default": AgentUsage(requests=3, prompt=11, completion=3, total=7)}
+    finally:
+        await redis.delete(*await redis.keys(f"{keys.prefix}:*"))
+        await redis.aclose()
 
 
 def test_a_window_reads_its_minutes_up_to_now():
@@ -98,9 +116,8 @@ async def test_both_clients_read_the_current_window_and_check_their_arguments():
     assert err.value.fields["field"] == "agent"
 
     sync_redis = fakeredis.FakeRedis()
-    rt = RoundTrip()
-    queue_count(rt, Keys("s"), "default", calls(2, 4, 4))
-    rt.run_sync(sync_redis)
+    for kind, amount in calls(2, 4, 4).model_dump().items():
+        sync_redis.hincrby(Keys("s").usage_bucket(bucket_of(time.time())), usage_field("default", kind), amount)
     assert SyncSmithClient(sync_redis, prefix="s").usage(24 * HOUR) == {"default": calls(2, 4, 4)}
 
 
