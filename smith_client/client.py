@@ -26,6 +26,7 @@ from arq.connections import ArqRedis
 from smith_client import approvals, inputs, skills
 from smith_client import operations as ops
 from smith_client import turn_record as record
+from smith_client import usage as usage_ops
 from smith_client.approvals import REJECTED, Decision
 from smith_client.connection import client_max_connections, connect_redis
 from smith_client.eventlog import EventLog
@@ -39,6 +40,7 @@ from smith_client.registry import ServedAgents
 from smith_client.runners import AsyncRunner, SyncRunner
 from smith_client.settings import ClientSettings
 from smith_client.turns import cancel_turn, read_state
+from smith_client.usage import AgentUsage
 from smith_client.validation import TurnOptions, check_id
 
 
@@ -184,6 +186,9 @@ class ClientBase:
         self, turn_id: str, request_id: str, action: str, content: dict[str, Any] | None
     ) -> Operation[InputResponse]:
         return inputs.respond(self.keys, turn_id, request_id, action, content)
+
+    def _op_usage(self, window_seconds: float, agent: str | None) -> Operation[dict[str, AgentUsage]]:
+        return usage_ops.usage(self.keys, window_seconds, agent)
 
 
 class HandleBase:
@@ -429,6 +434,15 @@ class SmithClient(ClientBase):
         that does not fit the schema.
         """
         return await self.runner.run(self._op_respond(turn_id, request_id, action, content))
+
+    async def usage(self, window_seconds: float = 3600, agent: str | None = None) -> dict[str, AgentUsage]:
+        """What each agent's model calls used over the last ``window_seconds`` (to the minute; at most 24 h):
+        agent name → :class:`~smith_client.usage.AgentUsage` (``requests``: model calls answered; ``prompt``,
+        ``completion``, ``total``: server-reported tokens), only ``agent``'s when given, agents in name order,
+        those with nothing counted absent. Counts every model call the workers made for an agent: its replies, its
+        memory's summaries and the MCP sampling its tool calls served (docs/architecture.md, Token usage). One
+        round trip. Raises :class:`InvalidRequestError` for a window outside (0, 86 400] or a bad agent name."""
+        return await self.runner.run(self._op_usage(window_seconds, agent))
 
     @functools.cached_property
     def events(self) -> EventLog:

@@ -26,6 +26,7 @@ from smith_client.inputs import InputResponse
 from smith_client.messages import AssistantMessage, Message
 from smith_client.output import M, OutputMessage, check_output_type, with_output
 from smith_client.runners import SyncRunner
+from smith_client.usage import AgentUsage
 from smith_client.validation import TurnOptions, check_id
 
 
@@ -144,6 +145,11 @@ class SyncSmithClient(ClientBase):
         """Blocking :meth:`SmithClient.respond <smith_client.client.SmithClient.respond>`: answer an open MCP
         elicitation; the same rules and errors."""
         return self.runner.run(self._op_respond(turn_id, request_id, action, content))
+
+    def usage(self, window_seconds: float = 3600, agent: str | None = None) -> dict[str, AgentUsage]:
+        """Blocking :meth:`SmithClient.usage <smith_client.client.SmithClient.usage>`: agent name → what its
+        model calls used over the last ``window_seconds``; the same rules and errors."""
+        return self.runner.run(self._op_usage(window_seconds, agent))
 
     def __enter__(self) -> Self:
         return self
