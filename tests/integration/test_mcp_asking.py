@@ -29,7 +29,7 @@ async def asking(redis_url, scripted_llm):
         yield client
 
 
-async def open_input(client: SmithClient, turn_id: str, timeout: float = 30):
+async def open_input(client: SmithClient, turn_id: str, timeout: float = 90):
     """The turn's first open input request, waited for."""
     async with asyncio.timeout(timeout):
         while True:
@@ -62,7 +62,7 @@ async def test_an_answer_after_twice_request_timeout_reaches_the_server(asking, 
     await asyncio.sleep(2 * 3.0 + 0.5)  # the person takes twice the request's budget to answer
     answer = await asking.respond(handle.turn_id, item.request_id, "accept", {"name": "Ada"})
     assert answer.action == "accept"
-    assert (await handle.result(timeout=30)).content == "thanks"
+    assert (await handle.result(timeout=90)).content == "thanks"
     echoed, asked = tool_contents(scripted_llm.requests_for(key)[1])
     assert echoed == "first" and orjson.loads(asked) == {"action": "accept", "name": "Ada"}
     events = await events_of(asking, handle.turn_id)
@@ -78,7 +78,7 @@ async def test_an_unanswered_elicitation_is_declined_after_elicitation_timeout_p
     started = time.monotonic()
     handle = await asking.submit(f"{marker} ask me", conversation_id=f"conv-{key}", agent="asker_hasty")
     item = await open_input(asking, handle.turn_id)
-    assert (await handle.result(timeout=60)).content == "ok"
+    assert (await handle.result(timeout=120)).content == "ok"
     assert time.monotonic() - started >= 5.0  # the wait ran its elicitation_timeout, not the 2 s request_timeout
     assert orjson.loads(tool_contents(scripted_llm.requests_for(key)[1])[0]) == {"action": "decline", "name": None}
     with pytest.raises(NoPendingCallError):
@@ -95,7 +95,7 @@ async def test_sampled_tokens_count_in_the_turns_usage_and_the_tree(asking, scen
     ))
     counted = (await asking.usage(agent="sampler")).get("sampler", AgentUsage())
     handle = await asking.submit(f"{marker} sample", conversation_id=f"conv-{key}", agent="sampler")
-    assert (await handle.result(timeout=30)).content == "done"
+    assert (await handle.result(timeout=90)).content == "done"
     assert orjson.loads(tool_contents(scripted_llm.requests_for(key)[1])[0]) == {
         "text": "sampled words", "model": "sampler"}
     [completed] = [e for e in await events_of(asking, handle.turn_id) if e.type == "turn.completed"]
@@ -141,7 +141,7 @@ async def test_a_sampling_waits_for_approval_past_request_timeout_then_uses_the_
         await asking.respond(handle.turn_id, item.request_id, "accept", {"ok": True})
     await asyncio.sleep(2 * 3.0 + 0.5)  # past twice the 3 s request_timeout
     assert (await asking.respond(handle.turn_id, item.request_id, "accept")).action == "accept"
-    assert (await handle.result(timeout=30)).content == "done"
+    assert (await handle.result(timeout=90)).content == "done"
     assert orjson.loads(tool_contents(scripted_llm.requests_for(key)[1])[0]) == {
         "text": "approved words", "model": "sampler"}
     assert len(scripted_llm.requests_for(sample_key)) == 1
@@ -161,7 +161,7 @@ async def test_a_declined_or_unanswered_sampling_approval_answers_the_server_wit
     item = await open_input(asking, handle.turn_id)
     if answer is not None:
         await asking.respond(handle.turn_id, item.request_id, answer)
-    assert (await handle.result(timeout=60)).content == "done"
+    assert (await handle.result(timeout=120)).content == "done"
     result = orjson.loads(tool_contents(scripted_llm.requests_for(key)[1])[0])
     assert "the user declined the sampling request" in result["error"]
     assert scripted_llm.requests_for(sample_key) == []
