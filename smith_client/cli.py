@@ -269,14 +269,8 @@ async def _run_usage(args: argparse.Namespace) -> int:
 
 def _hours(raw: str) -> float:
     """``--hours``: a number of hours in (0, 24]; else a usage error (argparse, exit code 2)."""
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
     limit = USAGE_MAX_WINDOW / 3600
-    if not 0 < value <= limit:
-        raise argparse.ArgumentTypeError(f"must be a number of hours in (0, {limit:g}], got {raw!r}")
-    return value
+    return _number_up_to(raw, limit, f"a number of hours in (0, {limit:g}]")
 
 
 async def _run_pending(args: argparse.Namespace) -> int:
@@ -366,12 +360,17 @@ def fail(prog: str, exc: BaseException) -> int:
 
 def _seconds(raw: str) -> float:
     """``--timeout``: a positive, finite number of seconds; else a usage error (argparse, exit code 2)."""
+    return _number_up_to(raw, sys.float_info.max, "a positive number of seconds")
+
+
+def _number_up_to(raw: str, most: float, what: str) -> float:
+    """``raw`` as a number in (0, ``most``]; else :class:`argparse.ArgumentTypeError` saying it must be ``what``."""
     try:
         value = float(raw)
     except ValueError:
         value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {raw!r}")
+    if not 0 < value <= most:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {raw!r}")
     return value
 
 
