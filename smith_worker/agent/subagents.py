@@ -59,6 +59,7 @@ from smith_worker.agent.toolset import ToolRoute
 from smith_worker.llm.types import ToolSchema
 from smith_worker.memory.fencing import StaleAttemptError
 from smith_worker.memory.history import APPEND, ConversationStore
+from smith_worker.ops import tracing
 from smith_worker.ops.redaction import redact_error
 from smith_worker.tools.function import Approval, ToolContext, error_content
 from smith_worker.tools.waiter import settle_call
@@ -197,7 +198,8 @@ class SubAgentTools:
         position = tree_position(self.ctx.position, step, index)
         child = await self._child(call, position, self.checkpoint(step, index), task)
         try:
-            final = await self._run_loop(child)
+            with tracing.span(f"invoke_agent {call.name}", attributes=_span_attributes(child, call)):
+                final = await self._run_loop(child)
         except asyncio.CancelledError:
             await asyncio.shield(_stop_if_cancelled(child))
             raise
@@ -262,6 +264,17 @@ class SubAgentTools:
         if not await rt.redis.exists(lists[0]):
             await child.append(UserMessage(content=task))
         return child
+
+
+def _span_attributes(child: AgentContext, call: ToolCall) -> dict[str, str]:
+    """The sub-agent's ``invoke_agent`` span's attributes (docs/architecture.md, Tracing)."""
+    return {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": call.name,
+        "gen_ai.tool.call.id": call.id,
+        "smith.turn.id": child.root_turn_id,
+        "smith.agent.path": "/".join(child.agent_path),
+    }
 
 
 def _error(message: str) -> ToolOutcome:

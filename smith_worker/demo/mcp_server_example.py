@@ -134,8 +134,22 @@ async def serve_stdio() -> None:
 
 
 def main() -> None:
-    """Serve over stdio until stdin closes."""
-    anyio.run(serve_stdio)
+    """Serve over stdio until stdin closes.
+
+    With ``SMITH_OTEL=1`` in its environment (a tracing worker passes its ``OTEL_*`` settings on:
+    docs/architecture.md, Tracing) each request is a span, a child of the caller's span whose trace context
+    the request's ``_meta`` carries (the MCP SDK's server middleware makes it once a tracer provider is set).
+    """
+    if not os.environ.get("SMITH_OTEL"):
+        anyio.run(serve_stdio)
+        return
+    from smith_worker.ops import tracing  # imported only then: it brings smith_client along
+
+    tracing.setup("agent-smith-mcp-example")
+    try:
+        anyio.run(serve_stdio)
+    finally:
+        tracing.shutdown()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,331 @@
+"""Tracing with OpenTelemetry on the worker side: setup, trace context in and out, spans (docs/architecture.md,
+Tracing).
+
+Off unless ``SMITH_OTEL=1`` (``true``/``yes``/``on``) and the ``agent-smith[otel]`` extra is installed: then
+:func:`setup` installs the SDK's tracer provider, configured the standard way (``OTEL_SERVICE_NAME``,
+``OTEL_TRACES_SAMPLER``, ``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_BSP_SCHEDULE_DELAY``…, read by the SDK), with
+a batch processor exporting OTLP/HTTP. Off, nothing imports ``opentelemetry`` here and every function below is
+a no-op costing one global read (:data:`NO_SPAN` is what :func:`span` returns then).
+
+* :func:`span` — a span as a context manager, made current while it is open; its parent is the current span,
+  or the trace context of ``carrier`` (a job's ``trace``: W3C ``traceparent``/``tracestate``). Attribute values
+  go through the log redaction (:func:`~smith_worker.ops.redaction.redact_text`); an exception leaving the
+  span sets its status and ``error.type`` (a :class:`~smith_client.errors.SmithError`'s ``kind``).
+* :func:`inject` — the current trace context as a carrier for a job; :func:`trace_id` its trace id (hex).
+* :func:`event` — an event on the current span (a retry, a resume).
+* :func:`capture_content` — whether message content may enter spans
+  (``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``).
+* :func:`child_env` — the ``OTEL_*`` variables for a stdio MCP server (its own spans join the call's trace
+  through the request's ``_meta``, which the MCP SDK fills in: SEP-414).
+
+The span names and attributes follow the OpenTelemetry GenAI semantic conventions
+(https://opentelemetry.io/docs/specs/semconv/gen-ai/).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Literal
+
+from smith_client.errors import SmithError
+from smith_client.jobs import TurnJob
+from smith_worker.ops.redaction import redact_json, redact_text
+
+logger = logging.getLogger("agent_smith.tracing")
+
+#: The switch (environment): tracing in this worker process.
+ENV_SWITCH = "SMITH_OTEL"
+#: The GenAI conventions' switch for message content in spans.
+CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+SpanKindName = Literal["internal", "client", "server", "producer", "consumer"]
+Attributes = Mapping[str, str | bool | int | float | list[str]]
+
+#: Whether :func:`setup` turned tracing on in this process (read by every function below).
+ENABLED = False
+_tracer: Any = None
+_provider: Any = None
+_capture = False
+
+
+def wanted(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``SMITH_OTEL`` asks for tracing (``environ``: default ``os.environ``)."""
+    return (environ if environ is not None else os.environ).get(ENV_SWITCH, "").strip().lower() in _TRUE
+
+
+def setup(service: str = "agent-smith-worker", **resource: str) -> bool:
+    """Turn tracing on in this process when :func:`wanted`; True when it is on (also when it was already).
+
+    ``service`` is the ``service.name`` unless ``OTEL_SERVICE_NAME`` (or ``OTEL_RESOURCE_ATTRIBUTES``) sets one;
+    ``resource`` adds resource attributes (e.g. ``smith.worker.id``). Logs a warning and stays off when the
+    ``otel`` extra is not installed. Log lines written while a span is current get ``trace_id=<hex>``
+    (:class:`TraceIdFilter` on the root handlers).
+    """
+    global ENABLED, _tracer, _provider, _capture
+    if ENABLED:
+        return True
+    if not wanted():
+        return False
+    try:
+        from opentelemetry import trace
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as exc:
+        logger.warning(
+            "SMITH_OTEL is set but OpenTelemetry is not installed (pip install 'agent-smith[otel]'): %s", exc
+        )
+        return False
+    attributes: dict[str, str] = dict(resource)
+    named = "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    if not os.environ.get("OTEL_SERVICE_NAME") and not named:
+        attributes[SERVICE_NAME] = service
+    _provider = TracerProvider(resource=Resource.create(attributes))  # sampler: OTEL_TRACES_SAMPLER
+    _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # OTEL_EXPORTER_OTLP_*, OTEL_BSP_*
+    trace.set_tracer_provider(_provider)
+    _tracer = trace.get_tracer("agent_smith")
+    _capture = os.environ.get(CAPTURE_ENV, "").strip().lower() == "true"
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, TraceIdFilter) for f in handler.filters):
+            handler.addFilter(TraceIdFilter())
+    ENABLED = True
+    return True
+
+
+def shutdown() -> None:
+    """Export the spans still buffered and stop (a worker's shutdown); no-op when off."""
+    global ENABLED
+    if _provider is not None and ENABLED:
+        ENABLED = False
+        _provider.shutdown()
+
+
+def capture_content() -> bool:
+    """Whether message content may enter spans (on, and ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``
+    is ``true``)."""
+    return ENABLED and _capture
+
+
+class NoSpan:
+    """The span of tracing off: every method does nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> NoSpan:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+    def set(self, key: str, value: Any) -> None:
+        """Set attribute ``key`` (redacted; None values are skipped)."""
+
+    def event(self, name: str, attributes: Attributes | None = None) -> None:
+        """Add event ``name`` with ``attributes`` (redacted)."""
+
+    def error(self, error: BaseException) -> None:
+        """Mark the span failed by ``error`` (``error.type`` its kind, the status message its redacted text)."""
+
+    @property
+    def trace_id(self) -> str:
+        """The span's trace id, 32 hex digits ("" when off)."""
+        return ""
+
+
+#: What :func:`span` returns when tracing is off.
+NO_SPAN = NoSpan()
+
+
+class Span(NoSpan):
+    """An open OpenTelemetry span (see :func:`span`)."""
+
+    __slots__ = ("_cm", "_span")
+
+    def __init__(self, name: str, carrier: Mapping[str, str] | None, kind: SpanKindName, attributes: Attributes | None):
+        from opentelemetry import trace
+        from opentelemetry.propagate import extract
+
+        parent = extract(dict(carrier)) if carrier else None
+        self._cm = _tracer.start_as_current_span(
+            name,
+            context=parent,
+            kind=getattr(trace.SpanKind, kind.upper()),
+            attributes=_clean(attributes or {}),
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        self._span: Any = None
+
+    def __enter__(self) -> Span:
+        self._span = self._cm.__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if isinstance(exc, Exception):  # not a cancellation
+            self.error(exc)
+        self._cm.__exit__(exc_type, exc, tb)
+
+    def set(self, key: str, value: Any) -> None:
+        if value is not None:
+            self._span.set_attribute(key, _value(value))
+
+    def event(self, name: str, attributes: Attributes | None = None) -> None:
+        self._span.add_event(name, _clean(attributes or {}))
+
+    def error(self, error: BaseException) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        kind = error.kind if isinstance(error, SmithError) else type(error).__name__
+        message = redact_text(str(error))
+        self._span.set_attribute("error.type", kind)
+        self._span.add_event("exception", {"exception.type": kind, "exception.message": message})
+        self._span.set_status(Status(StatusCode.ERROR, message))
+
+    @property
+    def trace_id(self) -> str:
+        return format(self._span.get_span_context().trace_id, "032x")
+
+
+def span(
+    name: str,
+    *,
+    carrier: Mapping[str, str] | None = None,
+    kind: SpanKindName = "internal",
+    attributes: Attributes | None = None,
+) -> NoSpan:
+    """A span named ``name`` to use as a context manager (``with span(...) as s:``): :data:`NO_SPAN` when off.
+
+    Its parent is the trace context in ``carrier`` (W3C ``traceparent``/``tracestate``) when given, else the
+    current span. ``attributes`` values are redacted (strings through :func:`redact_text`).
+    """
+    if not ENABLED:
+        return NO_SPAN
+    return Span(name, carrier, kind, attributes)
+
+
+def attempt_span(job: TurnJob, attempt: int) -> NoSpan:
+    """The ``invoke_agent <agent>`` span of attempt ``attempt`` of ``job``'s turn, a child of the job's trace
+    context (the sender's span: every attempt of a turn is in one trace)."""
+    if not ENABLED:
+        return NO_SPAN
+    return Span(
+        f"invoke_agent {job.agent}",
+        job.trace,
+        "internal",
+        {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": job.agent,
+            "gen_ai.conversation.id": job.conversation_id,
+            "smith.turn.id": job.turn_id,
+            "smith.turn.attempt": attempt,
+        },
+    )
+
+
+def current() -> NoSpan:
+    """The current span, to add to (:data:`NO_SPAN` when off or when no span is current)."""
+    if not ENABLED:
+        return NO_SPAN
+    from opentelemetry import trace
+
+    current_span = trace.get_current_span()
+    if not current_span.get_span_context().is_valid:
+        return NO_SPAN
+    wrapped = Span.__new__(Span)
+    wrapped._span = current_span
+    return wrapped
+
+
+def event(name: str, attributes: Attributes | None = None) -> None:
+    """Add event ``name`` to the current span (no-op when off or none is current)."""
+    if ENABLED:
+        current().event(name, attributes)
+
+
+def inject() -> dict[str, str] | None:
+    """The current trace context as a carrier (``{"traceparent": …, "tracestate": …}``), None when off or no
+    span is current: what a job carries to the process that runs it."""
+    if not ENABLED:
+        return None
+    from opentelemetry.propagate import inject as _inject
+
+    carrier: dict[str, str] = {}
+    _inject(carrier)
+    return carrier or None
+
+
+def trace_id() -> str:
+    """The current span's trace id (32 hex digits), "" when off or none is current."""
+    return current().trace_id if ENABLED else ""
+
+
+def child_env() -> dict[str, str]:
+    """The environment a stdio MCP server gets on top of its own when tracing is on: this process's
+    ``OTEL_*`` variables (not ``OTEL_SERVICE_NAME``: the server names itself) and ``SMITH_OTEL``; ``{}`` off."""
+    if not ENABLED:
+        return {}
+    env = {k: v for k, v in os.environ.items() if k.startswith("OTEL_") and k != "OTEL_SERVICE_NAME"}
+    env[ENV_SWITCH] = "1"
+    return env
+
+
+def content(value: Any) -> str:
+    """``value`` (JSON-able: messages) as redacted JSON text, for a content attribute."""
+    import orjson
+
+    return redact_text(orjson.dumps(redact_json(value)).decode())
+
+
+class TraceIdFilter(logging.Filter):
+    """Adds `` trace_id=<hex>`` to the message of a record written while a span is current (once per record)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if ENABLED and not getattr(record, "trace_id", None):
+            tid = trace_id()
+            record.trace_id = tid or "-"
+            if tid:
+                record.msg, record.args = f"{record.getMessage()} trace_id={tid}", None
+        return True
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, (list, tuple)):
+        return [redact_text(v) if isinstance(v, str) else v for v in value]
+    return value
+
+
+def _clean(attributes: Attributes) -> dict[str, Any]:
+    return {k: _value(v) for k, v in attributes.items() if v is not None}
+
+
+__all__ = [
+    "CAPTURE_ENV",
+    "ENV_SWITCH",
+    "NO_SPAN",
+    "NoSpan",
+    "Span",
+    "attempt_span",
+    "TraceIdFilter",
+    "capture_content",
+    "child_env",
+    "content",
+    "current",
+    "event",
+    "inject",
+    "setup",
+    "shutdown",
+    "span",
+    "trace_id",
+    "wanted",
+]
