@@ -85,6 +85,9 @@ SHARED_CRASH_FACTOR = 3
 class TurnExecution:
     """Runs one attempt of one :class:`TurnJob` on a turn worker (see the module docstring)."""
 
+    #: The attempt's ``invoke_agent`` span (docs/architecture.md, Tracing), once it runs.
+    _span: tracing.NoSpan = tracing.NO_SPAN
+
     def __init__(self, rt: WorkerRuntime, services: TurnServices, job: TurnJob, job_id: str = "") -> None:
         self.rt = rt
         self.services = services
@@ -120,8 +123,6 @@ class TurnExecution:
         self._context_record: Pending[bytes | None] | None = None
         #: The caller context's secrets, redacted from this process's logs while the attempt runs.
         self._secrets = contextlib.ExitStack()
-        #: The attempt's ``invoke_agent`` span (docs/architecture.md, Tracing).
-        self._span: tracing.NoSpan = tracing.NO_SPAN
 
     def request_cancel(self) -> None:
         """A caller asked to cancel (control message): stop the running step now, not at the next check."""
