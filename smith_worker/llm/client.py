@@ -272,12 +272,13 @@ class LlmClient:
         captured)."""
         if span is tracing.NO_SPAN:
             return
-        span.set("gen_ai.response.model", response.model or None)
-        span.set("gen_ai.response.finish_reasons", [response.finish_reason] if response.finish_reason else None)
         usage = response.message.usage
-        if usage is not None:
-            span.set("gen_ai.usage.input_tokens", usage.prompt)
-            span.set("gen_ai.usage.output_tokens", usage.completion)
+        span.update({
+            "gen_ai.response.model": response.model or None,
+            "gen_ai.response.finish_reasons": [response.finish_reason] if response.finish_reason else None,
+            "gen_ai.usage.input_tokens": usage.prompt if usage is not None else None,
+            "gen_ai.usage.output_tokens": usage.completion if usage is not None else None,
+        })  # fmt: skip
         if tracing.capture_content():
             span.set("gen_ai.output.messages", tracing.content([response.message.model_dump(mode="json")]))
 

@@ -43,13 +43,15 @@ CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 SpanKindName = Literal["internal", "client", "server", "producer", "consumer"]
-Attributes = Mapping[str, str | bool | int | float | list[str]]
+Attributes = Mapping[str, str | bool | int | float | list[str] | None]
 
 #: Whether :func:`setup` turned tracing on in this process (read by every function below).
 ENABLED = False
 _tracer: Any = None
 _provider: Any = None
 _capture = False
+#: The OpenTelemetry functions the spans use, bound once by :func:`setup` (no import on the hot path).
+_otel: dict[str, Any] = {}
 
 
 def wanted(environ: Mapping[str, str] | None = None) -> bool:
@@ -65,7 +67,7 @@ def setup(service: str = "agent-smith-worker", **resource: str) -> bool:
     ``otel`` extra is not installed. Log lines written while a span is current get ``trace_id=<hex>``
     (:class:`TraceIdFilter` on the root handlers).
     """
-    global ENABLED, _tracer, _provider, _capture
+    global _provider
     if ENABLED:
         return True
     if not wanted():
@@ -87,14 +89,33 @@ def setup(service: str = "agent-smith-worker", **resource: str) -> bool:
         attributes[SERVICE_NAME] = service
     _provider = TracerProvider(resource=Resource.create(attributes))  # sampler: OTEL_TRACES_SAMPLER
     _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # OTEL_EXPORTER_OTLP_*, OTEL_BSP_*
-    trace.set_tracer_provider(_provider)
-    _tracer = trace.get_tracer("agent_smith")
+    trace.set_tracer_provider(_provider)  # the MCP SDK's spans use it too
+    use_provider(_provider)
+    return True
+
+
+def use_provider(provider: Any) -> None:
+    """Turn tracing on with ``provider`` (an OpenTelemetry ``TracerProvider``), as :func:`setup` does with its own:
+    for tests, and for a process that configured OpenTelemetry itself."""
+    global ENABLED, _tracer, _capture
+    from opentelemetry import context, propagate, trace
+
+    _tracer = provider.get_tracer("agent_smith")
+    _otel.update(
+        kinds={kind.name.lower(): kind for kind in trace.SpanKind},
+        extract=propagate.extract,
+        inject=propagate.inject,
+        current=trace.get_current_span,
+        in_context=trace.set_span_in_context,
+        attach=context.attach,
+        detach=context.detach,
+        status=lambda message: trace.Status(trace.StatusCode.ERROR, message),
+    )
     _capture = os.environ.get(CAPTURE_ENV, "").strip().lower() == "true"
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, TraceIdFilter) for f in handler.filters):
             handler.addFilter(TraceIdFilter())
     ENABLED = True
-    return True
 
 
 def shutdown() -> None:
@@ -127,6 +148,9 @@ class NoSpan:
     def set(self, key: str, value: Any) -> None:
         """Set attribute ``key`` (redacted; None values are skipped)."""
 
+    def update(self, attributes: Attributes) -> None:
+        """Set ``attributes`` (redacted; None values are skipped)."""
+
     def event(self, name: str, attributes: Attributes | None = None) -> None:
         """Add event ``name`` with ``attributes`` (redacted)."""
 
@@ -146,25 +170,21 @@ NO_SPAN = NoSpan()
 class Span(NoSpan):
     """An open OpenTelemetry span (see :func:`span`)."""
 
-    __slots__ = ("_cm", "_span")
+    __slots__ = ("_span", "_token")
 
     def __init__(self, name: str, carrier: Mapping[str, str] | None, kind: SpanKindName, attributes: Attributes | None):
-        from opentelemetry import trace
-        from opentelemetry.propagate import extract
-
-        parent = extract(dict(carrier)) if carrier else None
-        self._cm = _tracer.start_as_current_span(
+        self._span: Any = _tracer.start_span(
             name,
-            context=parent,
-            kind=getattr(trace.SpanKind, kind.upper()),
+            context=_otel["extract"](carrier) if carrier else None,
+            kind=_otel["kinds"][kind],
             attributes=_clean(attributes or {}),
             record_exception=False,
             set_status_on_exception=False,
         )
-        self._span: Any = None
+        self._token: Any = None
 
     def __enter__(self) -> Span:
-        self._span = self._cm.__enter__()
+        self._token = _otel["attach"](_otel["in_context"](self._span))  # current until __exit__
         return self
 
     def __exit__(
@@ -172,23 +192,27 @@ class Span(NoSpan):
     ) -> None:
         if isinstance(exc, Exception):  # not a cancellation
             self.error(exc)
-        self._cm.__exit__(exc_type, exc, tb)
+        try:
+            _otel["detach"](self._token)
+        finally:
+            self._span.end()
 
     def set(self, key: str, value: Any) -> None:
         if value is not None:
             self._span.set_attribute(key, _value(value))
 
+    def update(self, attributes: Attributes) -> None:
+        self._span.set_attributes(_clean(attributes))
+
     def event(self, name: str, attributes: Attributes | None = None) -> None:
         self._span.add_event(name, _clean(attributes or {}))
 
     def error(self, error: BaseException) -> None:
-        from opentelemetry.trace import Status, StatusCode
-
         kind = error.kind if isinstance(error, SmithError) else type(error).__name__
         message = redact_text(str(error))
         self._span.set_attribute("error.type", kind)
         self._span.add_event("exception", {"exception.type": kind, "exception.message": message})
-        self._span.set_status(Status(StatusCode.ERROR, message))
+        self._span.set_status(_otel["status"](message))
 
     @property
     def trace_id(self) -> str:
@@ -235,9 +259,7 @@ def current() -> NoSpan:
     """The current span, to add to (:data:`NO_SPAN` when off or when no span is current)."""
     if not ENABLED:
         return NO_SPAN
-    from opentelemetry import trace
-
-    current_span = trace.get_current_span()
+    current_span = _otel["current"]()
     if not current_span.get_span_context().is_valid:
         return NO_SPAN
     wrapped = Span.__new__(Span)
@@ -256,10 +278,8 @@ def inject() -> dict[str, str] | None:
     span is current: what a job carries to the process that runs it."""
     if not ENABLED:
         return None
-    from opentelemetry.propagate import inject as _inject
-
     carrier: dict[str, str] = {}
-    _inject(carrier)
+    _otel["inject"](carrier)
     return carrier or None
 
 
@@ -306,7 +326,19 @@ def _value(value: Any) -> Any:
 
 
 def _clean(attributes: Attributes) -> dict[str, Any]:
-    return {k: _value(v) for k, v in attributes.items() if v is not None}
+    """``attributes`` without None values, their strings redacted: one :func:`redact_text` for all the
+    one-line strings (joined by newlines, which no secret, credential or URL pattern crosses), one for each
+    other value."""
+    clean: dict[str, Any] = {k: v for k, v in attributes.items() if v is not None}
+    lines = [k for k, v in clean.items() if isinstance(v, str) and "\n" not in v]
+    joined = "\n".join(clean[k] for k in lines)
+    redacted = redact_text(joined) if joined else joined
+    if redacted != joined:
+        clean.update(zip(lines, redacted.split("\n"), strict=True))
+    for key, value in clean.items():
+        if key not in lines and not isinstance(value, bool | int | float):
+            clean[key] = _value(value)
+    return clean
 
 
 __all__ = [
@@ -327,5 +359,6 @@ __all__ = [
     "shutdown",
     "span",
     "trace_id",
+    "use_provider",
     "wanted",
 ]

@@ -148,9 +148,8 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
         else:
             with secrets_scope(caller.secrets):  # redacted from every log line while the call runs
                 result = await _invoke(rt, job, caller.value)
-        span.set("smith.tool.run_s", round(time.monotonic() - started, 6))
-        if result.is_error:
-            span.set("error.type", "ToolError")
+        span.update({"smith.tool.run_s": round(time.monotonic() - started, 6),
+                     "error.type": "ToolError" if result.is_error else None})  # fmt: skip
     outcome = stored_outcome(result, job.result_max_bytes, rt.worker_id, caller.secrets)
     rt.metrics.record_tool_call(job.call.name, outcome.is_error, time.monotonic() - started)
     # A call that ran is not lost to a Redis outage: its outcome is stored once Redis answers

@@ -52,8 +52,9 @@ def spans(monkeypatch):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("test"))
-    monkeypatch.setattr(tracing, "ENABLED", True)
+    for name in ("_tracer", "ENABLED", "_capture", "_otel"):
+        monkeypatch.setattr(tracing, name, getattr(tracing, name) if name != "_otel" else {})
+    tracing.use_provider(provider)
     yield exporter
     provider.shutdown()
 
@@ -66,7 +67,7 @@ def server():
 
 @pytest.mark.parametrize("capture", [False, True])
 async def test_chat_spans_carry_content_only_when_captured_and_redacted(spans, server, monkeypatch, capture):
-    monkeypatch.setattr(tracing, "_capture", capture)
+    tracing._capture = capture  # restored by the fixture
     secret = f"sk-unit-{uuid.uuid4().hex}"
     register_secrets(secret)
     key = uuid.uuid4().hex[:12]
