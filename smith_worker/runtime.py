@@ -242,7 +242,7 @@ class WorkerRuntime:
             self.metrics.serve(self.settings.metrics_port, self.redis, self.keys, self.queue_name, self.role.running)
         self.protect_secrets()
         # SMITH_OTEL=1: spans exported OTLP/HTTP (docs/architecture.md, Tracing); after the log filters
-        tracing.setup(**{"smith.worker.id": self.worker_id, "smith.worker.queue": str(self.queue)})
+        tracing.setup(self.settings.otel, **{"smith.worker.id": self.worker_id, "smith.worker.queue": str(self.queue)})
         self.role.open(self)
         await self.health.until_ok("start-up", self._warn_on_eviction)
         # before any pipeline sends EVALSHA (see smith_client.scripts)

@@ -140,12 +140,12 @@ def main() -> None:
     docs/architecture.md, Tracing) each request is a span, a child of the caller's span whose trace context
     the request's ``_meta`` carries (the MCP SDK's server middleware makes it once a tracer provider is set).
     """
-    if not os.environ.get("SMITH_OTEL"):
+    if os.environ.get("SMITH_OTEL", "").strip().lower() not in ("1", "true", "yes", "on"):
         anyio.run(serve_stdio)
         return
     from smith_worker.ops import tracing  # imported only then: it brings smith_client along
 
-    tracing.setup("agent-smith-mcp-example")
+    tracing.setup(True, "agent-smith-mcp-example")
     try:
         anyio.run(serve_stdio)
     finally:

@@ -1,8 +1,8 @@
 """Tracing with OpenTelemetry on the worker side: setup, trace context in and out, spans (docs/architecture.md,
 Tracing).
 
-Off unless ``SMITH_OTEL=1`` (``true``/``yes``/``on``) and the ``agent-smith[otel]`` extra is installed: then
-:func:`setup` installs the SDK's tracer provider, configured the standard way (``OTEL_SERVICE_NAME``,
+Off unless ``SMITH_OTEL=1`` (the worker's ``Settings.otel``) and the ``agent-smith[otel]`` extra is installed:
+then :func:`setup` installs the SDK's tracer provider, configured the standard way (``OTEL_SERVICE_NAME``,
 ``OTEL_TRACES_SAMPLER``, ``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_BSP_SCHEDULE_DELAY``…, read by the SDK), with
 a batch processor exporting OTLP/HTTP. Off, nothing imports ``opentelemetry`` here and every function below is
 a no-op costing one global read (:data:`NO_SPAN` is what :func:`span` returns then).
@@ -40,7 +40,6 @@ logger = logging.getLogger("agent_smith.tracing")
 ENV_SWITCH = "SMITH_OTEL"
 #: The GenAI conventions' switch for message content in spans.
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
-_TRUE = frozenset({"1", "true", "yes", "on"})
 
 SpanKindName = Literal["internal", "client", "server", "producer", "consumer"]
 Attributes = Mapping[str, str | bool | int | float | list[str] | None]
@@ -54,13 +53,9 @@ _capture = False
 _otel: dict[str, Any] = {}
 
 
-def wanted(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``SMITH_OTEL`` asks for tracing (``environ``: default ``os.environ``)."""
-    return (environ if environ is not None else os.environ).get(ENV_SWITCH, "").strip().lower() in _TRUE
-
-
-def setup(service: str = "agent-smith-worker", **resource: str) -> bool:
-    """Turn tracing on in this process when :func:`wanted`; True when it is on (also when it was already).
+def setup(wanted: bool, service: str = "agent-smith-worker", **resource: str) -> bool:
+    """Turn tracing on in this process when ``wanted`` (``SMITH_OTEL``); True when it is on (also when it was
+    already).
 
     ``service`` is the ``service.name`` unless ``OTEL_SERVICE_NAME`` (or ``OTEL_RESOURCE_ATTRIBUTES``) sets one;
     ``resource`` adds resource attributes (e.g. ``smith.worker.id``). Logs a warning and stays off when the
@@ -70,7 +65,7 @@ def setup(service: str = "agent-smith-worker", **resource: str) -> bool:
     global _provider
     if ENABLED:
         return True
-    if not wanted():
+    if not wanted:
         return False
     try:
         from opentelemetry import trace
@@ -360,5 +355,4 @@ __all__ = [
     "span",
     "trace_id",
     "use_provider",
-    "wanted",
 ]

@@ -32,7 +32,7 @@ from smith_worker.ops import tracing
 job = TurnJob(turn_id="t", conversation_id="c", message=UserMessage(content="hi"))
 with submit_span(job) as sent:
     assert sent is job and sent.trace is None
-assert tracing.setup() is False and tracing.span("x") is tracing.NO_SPAN and tracing.inject() is None
+assert tracing.setup(False) is False and tracing.span("x") is tracing.NO_SPAN and tracing.inject() is None
 assert tracing.trace_id() == "" and tracing.child_env() == {}
 assert not [m for m in sys.modules if m.startswith("opentelemetry")], sorted(sys.modules)
 """
