@@ -24,6 +24,7 @@ The span names and attributes follow the OpenTelemetry GenAI semantic convention
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 from collections.abc import Mapping
@@ -105,6 +106,9 @@ def use_provider(provider: Any) -> None:
         attach=context.attach,
         detach=context.detach,
         status=lambda message: trace.Status(trace.StatusCode.ERROR, message),
+        unsampled=trace.NonRecordingSpan(
+            trace.SpanContext(trace_id=1, span_id=1, is_remote=False, trace_flags=trace.TraceFlags(0))
+        ),
     )
     _capture = os.environ.get(CAPTURE_ENV, "").strip().lower() == "true"
     for handler in logging.getLogger().handlers:
@@ -262,6 +266,19 @@ def current() -> NoSpan:
     return wrapped
 
 
+def background_context() -> contextvars.Context | None:
+    """The context to start a long-lived background task in (an MCP connection's owner task), None when off
+    (``create_task``'s default then: a copy of the current one). On, a copy of the current context whose
+    current span is an unsampled placeholder: what runs there (the MCP SDK's handshakes and health pings) is not
+    recorded (the default, parent-based samplers drop it) rather than joining the trace of whichever call
+    happened to start the task."""
+    if not ENABLED:
+        return None
+    ctx = contextvars.copy_context()
+    ctx.run(_otel["attach"], _otel["in_context"](_otel["unsampled"]))
+    return ctx
+
+
 def event(name: str, attributes: Attributes | None = None) -> None:
     """Add event ``name`` to the current span (no-op when off or none is current)."""
     if ENABLED:
@@ -343,6 +360,7 @@ __all__ = [
     "NoSpan",
     "Span",
     "attempt_span",
+    "background_context",
     "TraceIdFilter",
     "capture_content",
     "child_env",
