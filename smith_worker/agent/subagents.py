@@ -197,20 +197,25 @@ class SubAgentTools:
         await self._mark_started(step, index)
         position = tree_position(self.ctx.position, step, index)
         child = await self._child(call, position, self.checkpoint(step, index), task)
+        # its span: a pause, a cancel, a superseded attempt are not its errors (docs/architecture.md, Tracing)
+        span = tracing.span(f"invoke_agent {call.name}", attributes=_span_attributes(child, call)).__enter__()
         try:
-            with tracing.span(f"invoke_agent {call.name}", attributes=_span_attributes(child, call)):
-                final = await self._run_loop(child)
+            final = await self._run_loop(child)
         except asyncio.CancelledError:
             await asyncio.shield(_stop_if_cancelled(child))
             raise
         except (CancelRequested, StaleAttemptError, TurnPaused):
             raise
         except TurnCancelledError as exc:
+            span.error(exc)
             if exc.fields.get("operation") in TREE_LIMITS:
                 raise
             return _failed(call.name, exc)
         except Exception as exc:  # the child's failure is its parent's tool result, not the turn's
+            span.error(exc)
             return _failed(call.name, exc)
+        finally:
+            span.__exit__(None, None, None)
         return ToolOutcome(content=final.content or "")
 
     async def _mark_started(self, step: int, index: int) -> None:
