@@ -7,6 +7,7 @@ One fleet of its own (two turn workers: the kill -9 test needs a second; one too
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -62,13 +63,16 @@ class TracedFleet:
         for name in ("OTEL_SERVICE_NAME", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "OTEL_TRACES_SAMPLER"):
             self.env.pop(name, None)
         self.procs: dict[str, list[ManagedProcess]] = {"turns": [], "tools": []}
+        self.starts = 0  # each start's logs under their own name: a restarted worker never truncates a live one's
 
     async def ensure(self, turns: int = 2, tools: int = 1) -> None:
         for queue, wanted in (("turns", turns), ("tools", tools)):
             self.procs[queue] = [p for p in self.procs[queue] if p.alive()]
             missing = wanted - len(self.procs[queue])
             if missing > 0:
-                self.procs[queue] += start_workers(APP, self.env, [queue] * missing, self.prefix, log_dir=LOGS)
+                self.starts += 1
+                tag = f"{self.prefix}-{self.starts}"
+                self.procs[queue] += start_workers(APP, self.env, [queue] * missing, tag, log_dir=LOGS)
         await wait_for_workers(self.redis_url, self.prefix, turns + tools)
 
     def stop(self) -> None:
@@ -94,6 +98,17 @@ def one(spans: list[ReceivedSpan], name: str, **attributes: object) -> ReceivedS
     found = [s for s in spans if s.name == name and all(s.attributes.get(k) == v for k, v in attributes.items())]
     assert len(found) == 1, (name, attributes, [(s.name, s.attributes) for s in spans])
     return found[0]
+
+
+async def attempt_span(receiver: OtlpReceiver, trace_id: str, agent: str, attempt: int) -> ReceivedSpan:
+    """The ``invoke_agent`` span of attempt ``attempt``, once exported (30 s at most)."""
+    async with asyncio.timeout(30):
+        while True:
+            found = [s for s in receiver.trace(trace_id)
+                     if s.name == f"invoke_agent {agent}" and s.attributes.get("smith.turn.attempt") == attempt]
+            if found:
+                return one(found, f"invoke_agent {agent}")
+            await asyncio.sleep(0.05)
 
 
 async def started_trace_id(client: SmithClient, turn_id: str) -> str:
@@ -178,6 +193,25 @@ async def test_a_resumed_attempt_after_kill_9_continues_the_same_trace(traced_cl
     assert any(by.parent_id == resumed.span_id for by in spans if by.name == "chat scripted")
 
 
+async def test_a_turn_handed_off_at_sigterm_continues_the_same_trace(traced_client, fleet, receiver, scenario):
+    gate = threading.Event()
+    key, marker = scenario(Script(Reply.text("handed on", chunk_size=3, gate=gate)))
+    handle = await traced_client.submit(f"{marker} talk", conversation_id=f"conv-{key}", agent="plain")
+    pid = await worker_pid_running(traced_client, handle.turn_id)
+    trace_id = await started_trace_id(traced_client, handle.turn_id)
+    os.kill(pid, signal.SIGTERM)
+    victim = next(p for p in fleet.procs["turns"] if p.pid == pid)
+    await asyncio.to_thread(victim.proc.wait, 30)  # its spans are exported as it stops
+    gate.set()
+    assert (await handle.result(timeout=60)).content == "handed on"
+    first = await attempt_span(receiver, trace_id, "plain", 1)
+    resumed = await attempt_span(receiver, trace_id, "plain", 2)
+    assert "smith.turn.handed_off" in [name for name, _ in first.events]
+    submit = one(receiver.wait_for(trace_id, {"submit_turn plain"}), "submit_turn plain")
+    assert resumed.parent_id == first.parent_id == submit.span_id
+    assert "smith.turn.resumed" in [name for name, _ in resumed.events]
+
+
 async def test_an_api_key_echoed_by_a_model_error_is_in_no_span_and_the_failure_is_typed(
     traced_client, receiver, scenario
 ):
@@ -196,5 +230,5 @@ async def test_an_api_key_echoed_by_a_model_error_is_in_no_span_and_the_failure_
         assert "<redacted>" in span.status_message
     assert not any(API_KEY in s.text() for s in receiver.spans)
     # the worker's log line for the failure carries the turn's trace id
-    logs = "".join(p.read_text(errors="replace") for p in LOGS.glob(f"{traced_client.keys.prefix}-turns-*.log"))
+    logs = "".join(p.read_text(errors="replace") for p in LOGS.glob(f"{traced_client.keys.prefix}-*-turns-*.log"))
     assert any(f"turn {handle.turn_id} failed" in line and f"trace_id={trace_id}" in line for line in logs.splitlines())
