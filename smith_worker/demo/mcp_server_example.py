@@ -143,8 +143,12 @@ def main() -> None:
     if os.environ.get("SMITH_OTEL", "").strip().lower() not in ("1", "true", "yes", "on"):
         anyio.run(serve_stdio)
         return
-    from smith_worker.ops import tracing  # imported only then: it brings smith_client along
-
+    try:  # imported only then: it brings smith_client along
+        from smith_worker.ops import tracing
+    except ImportError as exc:  # run as a script beside another smith_worker (or none): serve untraced
+        print(f"mcp_server_example: tracing off ({exc})", file=sys.stderr)
+        anyio.run(serve_stdio)
+        return
     tracing.setup(True, "agent-smith-mcp-example")
     try:
         anyio.run(serve_stdio)
