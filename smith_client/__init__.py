@@ -46,8 +46,10 @@ from smith_client.messages import (
 )
 from smith_client.output import OutputMessage
 from smith_client.sync_client import SyncSmithClient, SyncTurnHandle
+from smith_client.usage import AgentUsage
 
 __all__ = [
+    "AgentUsage",
     "AssistantMessage",
     "ConfigurationError",
     "ConflictError",

@@ -45,11 +45,18 @@ TENANT_COMMANDS = (
     "hgetall",
     "hincrby",
     "hdel",
+    "hexists",
+    "hkeys",
+    "hlen",
+    "hmget",  # e.g. the tree's sampled tokens, read with each step (smith_worker/agent/loop.py)
     "sadd",  # capability sets (smith_worker/ops/registration.py) and their reads in scripts
     "sismember",
     "srem",  # a turn worker's running turns (Keys.worker_turns)
     "scard",
+    "smembers",
     "lrange",
+    "lindex",
+    "lpos",
     "lrem",
     "rpush",
     "llen",

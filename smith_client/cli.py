@@ -5,6 +5,9 @@
   stderr.
 * ``smith keys --conversation ID`` lists that conversation's Redis keys and TTLs.
 * ``smith status`` prints queue lengths, running and paused turns, and live workers per queue.
+* ``smith usage [--hours N | --day] [--agent NAME]`` prints, per agent, the model calls and server-reported tokens
+  counted over the last hour (N hours, a day; to the minute), from the deployment's usage buckets
+  (:mod:`smith_client.usage`; docs/architecture.md, Token usage).
 * A turn paused for a person (docs/architecture.md, Pausing for a person): ``smith pending TURN`` lists its
   undecided calls; ``smith approve TURN CALL [--arguments JSON]``, ``smith reject TURN CALL [--message TEXT]``
   and ``smith result TURN CALL VALUE [--error]`` (an external tool's) decide one; each prints the decision
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import signal
 import sys
@@ -71,6 +75,7 @@ from smith_client.repl import (
     run_turn,
 )
 from smith_client.settings import DEFAULT_REDIS_URL, ClientSettings, env_name
+from smith_client.usage import USAGE_MAX_WINDOW, AgentUsage
 from smith_client.validation import check_served
 
 
@@ -237,6 +242,43 @@ async def _run_status(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _run_usage(args: argparse.Namespace) -> int:
+    """``smith usage [--hours N | --day] [--agent NAME]``: one row per agent with model calls and tokens over the
+    window, then the sum of the rows when there are several; one line on stderr when nothing was counted."""
+    async with _connect(args) as client:
+        found = await client.usage(args.hours * 3600, args.agent)
+    window = f"the last {args.hours:g} h"
+    if not found:
+        who = f"agent {args.agent!r}" if args.agent else "any agent"
+        print(f"no model calls of {who} counted in {window} under prefix {args.prefix!r}", file=sys.stderr)
+        return 0
+    if len(found) > 1:
+        found["(all)"] = functools.reduce(AgentUsage.plus, found.values(), AgentUsage())
+    print(f"model calls and tokens in {window} (to the minute), prefix {args.prefix!r}:")
+    header = ("agent", "requests", "prompt", "completion", "total")
+    cells = [
+        header,
+        *((name, *(str(n) for n in (u.requests, u.prompt, u.completion, u.total))) for name, u in found.items()),
+    ]
+    widths = [max(len(line[column]) for line in cells) for column in range(len(header))]
+    for line in cells:
+        numbers = (cell.rjust(width) for cell, width in zip(line[1:], widths[1:], strict=True))
+        print("  ".join([line[0].ljust(widths[0]), *numbers]))
+    return 0
+
+
+def _hours(raw: str) -> float:
+    """``--hours``: a number of hours in (0, 24]; else a usage error (argparse, exit code 2)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    limit = USAGE_MAX_WINDOW / 3600
+    if not 0 < value <= limit:
+        raise argparse.ArgumentTypeError(f"must be a number of hours in (0, {limit:g}], got {raw!r}")
+    return value
+
+
 async def _run_pending(args: argparse.Namespace) -> int:
     """``smith pending TURN``: one row per undecided call of the paused turn, then each open input request of its
     running calls with the commands that answer it (:func:`input_report`); when there is none, one line on
@@ -387,6 +429,10 @@ _COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
     ),
     "status": ("queue lengths, running and paused turns, and live workers per queue", dict(_CONNECTION)),
     "pending": ("list the calls a paused turn waits on", dict(_CONNECTION)),
+    "usage": (
+        "model calls and tokens per agent over the last hour (or --hours N, --day)",
+        {**_CONNECTION, "--agent": "only this agent (default: every agent)"},
+    ),
     "approve": ("approve a paused turn's call: it runs once the turn resumes", dict(_CONNECTION)),
     "reject": ("reject a paused turn's call: the model gets an error tool message", dict(_CONNECTION)),
     "result": ("give the result of a paused turn's external tool call", dict(_CONNECTION)),
@@ -398,6 +444,10 @@ _CALL = ("call", {"metavar": "CALL", "help": "the call's id (smith pending TURN 
 _ARGUMENTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "ask": [("question", {})],
     "pending": [_TURN],
+    "usage": [
+        ("--hours", {"metavar": "N", "type": _hours, "help": "the window, hours up to 24 (default: 1)"}),
+        ("--day", {"action": "store_true", "help": "the last 24 hours"}),
+    ],
     "approve": [
         _TURN,
         _CALL,
@@ -454,7 +504,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Talk to Agent Smith agents. Options go after the command (smith COMMAND -h lists them).",
     )
     for option, how in _OPTIONS.items():  # --redis-url and --prefix: None, then the settings' (smith_main)
-        parser.add_argument(option, **how, default="default" if option == "--agent" else None, help=argparse.SUPPRESS)
+        parser.add_argument(option, **how, default=None, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     for command, (summary, options) in _COMMANDS.items():
         command_parser = sub.add_parser(command, help=summary, description=summary)
@@ -478,6 +528,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.conversation = f"cli-{os.getpid()}"
     if args.timeout is None and args.command == "ask":
         args.timeout = ASK_TIMEOUT
+    if args.agent is None and args.command in ("ask", "chat"):
+        args.agent = "default"
+    if args.command == "usage":
+        if args.day and args.hours is not None:
+            parser.error("usage takes --hours N or --day, not both")
+        args.hours = USAGE_MAX_WINDOW / 3600 if args.day else args.hours or 1.0
     return args
 
 
@@ -529,10 +585,11 @@ async def _stopped_by_sigterm(command: Awaitable[int]) -> int:
 def smith_main(argv: list[str] | None = None) -> None:
     """Entry point of ``smith``: ``smith ask "question"``, ``smith chat``, ``smith keys --conversation ID``,
     ``smith status``, ``smith pending TURN``, ``smith approve|reject TURN CALL``, ``smith result TURN CALL VALUE``,
-    ``smith respond TURN REQUEST accept|decline|cancel``."""
+    ``smith respond TURN REQUEST accept|decline|cancel``, ``smith usage [--hours N | --day] [--agent NAME]``."""
     args = parse_args(argv)
     commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys, "status": _run_status, "pending": _run_pending}
     commands["respond"] = _run_respond
+    commands["usage"] = _run_usage
     commands |= dict.fromkeys(("approve", "reject", "result"), _run_decide)
     try:
         args.settings = settings = _with_options(ClientSettings.from_env(), args)  # all checked first

@@ -26,6 +26,7 @@ from arq.connections import ArqRedis
 from smith_client import approvals, inputs, skills
 from smith_client import operations as ops
 from smith_client import turn_record as record
+from smith_client import usage as usage_ops
 from smith_client.approvals import REJECTED, Decision
 from smith_client.connection import client_max_connections, connect_redis
 from smith_client.eventlog import EventLog
@@ -33,12 +34,13 @@ from smith_client.events import Event, PendingItem
 from smith_client.inputs import InputResponse
 from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, Message
-from smith_client.output import M, OutputMessage, with_output
+from smith_client.output import M, OutputMessage, check_output_type, with_output
 from smith_client.protocol import Operation
 from smith_client.registry import ServedAgents
 from smith_client.runners import AsyncRunner, SyncRunner
 from smith_client.settings import ClientSettings
 from smith_client.turns import cancel_turn, read_state
+from smith_client.usage import AgentUsage
 from smith_client.validation import TurnOptions, check_id
 
 
@@ -185,6 +187,9 @@ class ClientBase:
     ) -> Operation[InputResponse]:
         return inputs.respond(self.keys, turn_id, request_id, action, content)
 
+    def _op_usage(self, window_seconds: float, agent: str | None) -> Operation[dict[str, AgentUsage]]:
+        return usage_ops.usage(self.keys, window_seconds, agent)
+
 
 class HandleBase:
     """What :class:`TurnHandle` and :class:`~smith_client.sync_client.SyncTurnHandle` share: the turn id
@@ -269,6 +274,7 @@ class SmithClient(ClientBase):
         cancelled; :class:`TurnPausedError` when it pauses for a person (decide its
         ``pending`` calls, then :meth:`follow` or ``turn(...).result()``); :class:`SmithTimeoutError` on ``timeout``.
         """
+        check_output_type(output_type)
         message = await self.runner.run(self._op_send(text, timeout, options), bound=timeout)
         return message if output_type is None else with_output(message, output_type)
 
@@ -429,6 +435,15 @@ class SmithClient(ClientBase):
         """
         return await self.runner.run(self._op_respond(turn_id, request_id, action, content))
 
+    async def usage(self, window_seconds: float = 3600, agent: str | None = None) -> dict[str, AgentUsage]:
+        """What each agent's model calls used over the last ``window_seconds`` (to the minute; at most 24 h):
+        agent name → :class:`~smith_client.usage.AgentUsage` (``requests``: model calls answered; ``prompt``,
+        ``completion``, ``total``: server-reported tokens), only ``agent``'s when given, agents in name order,
+        those with nothing counted absent. Counts every model call the workers made for an agent: its replies, its
+        memory's summaries and the MCP sampling its tool calls served (docs/architecture.md, Token usage). One
+        round trip. Raises :class:`InvalidRequestError` for a window outside (0, 86 400] or a bad agent name."""
+        return await self.runner.run(self._op_usage(window_seconds, agent))
+
     @functools.cached_property
     def events(self) -> EventLog:
         """Publish and read turns' events (the worker side's :class:`EventLog`, on this client's Redis)."""
@@ -494,6 +509,7 @@ class TurnHandle(HandleBase):
         one, :class:`OutputValidationError` for an answer that does not parse into ``output_type``, or
         :class:`SmithTimeoutError`.
         """
+        check_output_type(output_type)
         message = await self.client.runner.run(self._op_result(timeout), bound=timeout)
         return message if output_type is None else with_output(message, output_type)
 

@@ -61,6 +61,8 @@ key                                      what                            lifetim
 ``{p}:toolres:{t}:{s}:{i}:decided``      its decision was announced      ``turn_ttl``; its step's pause's life while
                                          (``tool_call.decided``)         that step pauses again
 ``{p}:toolres:{t}:{s}:{i}:reruns``       re-runs of an idempotent call   ``turn_ttl``
+``{p}:usage:{m}``                        model calls and tokens of epoch :data:`USAGE_TTL` after the last count
+                                         minute m, per agent (hash)
 ``arq:job:{id}``, ``arq:in-progress:…``  arq's per-job keys              owned by arq
 ``arq:abort``                            arq's abort requests (ZSET)     :data:`ABORT_ENTRY_TTL`
 =======================================  ==============================  =========================================
@@ -116,6 +118,10 @@ INPUT_GRACE = 60
 #: Lifetime of an answer to an MCP elicitation (:meth:`Keys.turn_input_reply`), seconds: the waiting tool
 #: worker pops it at once; an answer nobody waits for any more goes after this.
 INPUT_REPLY_TTL = 60
+
+#: Lifetime of a usage bucket (:meth:`Keys.usage_bucket`) after its last count, seconds: 25 h, an hour over
+#: the longest window read (``smith_client.usage.USAGE_MAX_WINDOW``, 24 h), so a day's window finds every bucket.
+USAGE_TTL = 25 * 3600
 
 #: Allowed characters for ids chosen by callers (turn ids, conversation ids, agent names).
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:@-]{1,200}\Z")
@@ -238,6 +244,12 @@ class Keys:
         MCP): fields ``prompt:<position>``, ``completion:<position>``, ``total:<position>`` (position ``""`` for
         the root agent; :func:`tree_position`)."""
         return f"{self.prefix}:tree:{root_turn_id}:sampled"
+
+    def usage_bucket(self, minute: int) -> str:
+        """Hash of the model calls and reported tokens counted in epoch minute ``minute`` (Unix seconds // 60) by
+        the deployment's workers: fields ``<agent>:<kind>`` (:mod:`smith_client.usage`; docs/architecture.md,
+        Token usage). Lives :data:`USAGE_TTL` after its last count."""
+        return f"{self.prefix}:usage:{minute}"
 
     def subagent_history(self, root_turn_id: str, position: str) -> str:
         """List of the messages of the sub-agent at tree ``position`` of a root turn (its checkpoint)."""

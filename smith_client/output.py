@@ -8,12 +8,13 @@ into ``MyModel`` (:func:`with_output`).
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from smith_client.errors import OutputValidationError
+from smith_client.errors import InvalidRequestError, OutputValidationError
 from smith_client.messages import AssistantMessage
+from smith_client.validation import shown
 
 #: The caller's output model.
 M = TypeVar("M", bound=BaseModel)
@@ -29,6 +30,16 @@ class OutputMessage(AssistantMessage, Generic[M]):
 def validation_errors(exc: ValidationError) -> list[str]:
     """pydantic's errors as ``"<path>: <message>"`` lines (``<root>`` for the value itself)."""
     return [f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()]
+
+
+def check_output_type(output_type: Any) -> None:
+    """Raise :class:`InvalidRequestError` (``field="output_type"``) unless ``output_type`` is None or a pydantic
+    model class: checked before the turn is sent, so a bad one loses no answer."""
+    if output_type is None or (isinstance(output_type, type) and issubclass(output_type, BaseModel)):
+        return
+    raise InvalidRequestError(
+        f"output_type must be a pydantic model class, got {shown(output_type)}", field="output_type"
+    )
 
 
 def with_output(message: AssistantMessage, output_type: type[M]) -> OutputMessage[M]:
@@ -47,4 +58,4 @@ def with_output(message: AssistantMessage, output_type: type[M]) -> OutputMessag
     return OutputMessage[output_type](**dict(message), output=output)  # type: ignore[valid-type]
 
 
-__all__ = ["M", "OutputMessage", "validation_errors", "with_output"]
+__all__ = ["M", "OutputMessage", "check_output_type", "validation_errors", "with_output"]

@@ -23,6 +23,8 @@ TOOL_CHOICE_KEYWORDS = ("auto", "none", "required")
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 #: Largest ``max_iterations`` a caller may ask (the agent's own cap applies too, at the worker).
 MAX_ITERATIONS = 10_000
+#: Largest ``max_tokens``: a Redis integer (the turn's token counters are INCRBY'd, https://redis.io/docs/latest/commands/incrby/).
+MAX_TOKENS = 2**63 - 1
 #: Largest ``instructions`` accepted, in UTF-8 bytes.
 MAX_INSTRUCTIONS_BYTES = 100_000
 #: Longest ``model`` name accepted, in characters.
@@ -104,8 +106,8 @@ def check_overrides(
     Shapes (docs/architecture.md, Per-turn overrides): ``instructions`` a non-blank string of at most
     :data:`MAX_INSTRUCTIONS_BYTES` UTF-8 bytes; ``tool_choice`` one of :data:`TOOL_CHOICE_KEYWORDS` or a
     tool name (one of ``tools`` when both are given); ``max_iterations`` an integer in [1,
-    :data:`MAX_ITERATIONS`]; ``max_tokens`` a positive integer; ``tools`` a list of distinct tool names (at
-    most :data:`MAX_TOOLS`; empty: no tools this turn); ``model`` a non-blank name of at most
+    :data:`MAX_ITERATIONS`]; ``max_tokens`` an integer in [1, :data:`MAX_TOKENS`]; ``tools`` a list of
+    distinct tool names (at most :data:`MAX_TOOLS`; empty: no tools this turn); ``model`` a non-blank name of at most
     :data:`MAX_MODEL_NAME` characters. Raises :class:`InvalidRequestError` naming the field.
     """
     if instructions is not None:
@@ -113,7 +115,7 @@ def check_overrides(
     if max_iterations is not None:
         _positive_int(max_iterations, "max_iterations", MAX_ITERATIONS)
     if max_tokens is not None:
-        _positive_int(max_tokens, "max_tokens")
+        _positive_int(max_tokens, "max_tokens", MAX_TOKENS)
     if tools is not None:
         tools = _check_tools(tools)
     if tool_choice is not None and tool_choice not in TOOL_CHOICE_KEYWORDS:

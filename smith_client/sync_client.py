@@ -24,8 +24,9 @@ from smith_client.connection import connect_sync_redis
 from smith_client.events import Event, PendingItem
 from smith_client.inputs import InputResponse
 from smith_client.messages import AssistantMessage, Message
-from smith_client.output import M, OutputMessage, with_output
+from smith_client.output import M, OutputMessage, check_output_type, with_output
 from smith_client.runners import SyncRunner
+from smith_client.usage import AgentUsage
 from smith_client.validation import TurnOptions, check_id
 
 
@@ -63,6 +64,7 @@ class SyncSmithClient(ClientBase):
         """Blocking :meth:`SmithClient.send <smith_client.client.SmithClient.send>`: the same ``text``, ``options``
         (:class:`TurnOptions`), ``timeout`` (seconds), ``output_type`` and errors; returns the final
         :class:`AssistantMessage`, or with ``output_type`` an :class:`~smith_client.output.OutputMessage`."""
+        check_output_type(output_type)
         message = self.runner.run(self._op_send(text, timeout, options), bound=timeout)
         return message if output_type is None else with_output(message, output_type)
 
@@ -144,6 +146,11 @@ class SyncSmithClient(ClientBase):
         elicitation; the same rules and errors."""
         return self.runner.run(self._op_respond(turn_id, request_id, action, content))
 
+    def usage(self, window_seconds: float = 3600, agent: str | None = None) -> dict[str, AgentUsage]:
+        """Blocking :meth:`SmithClient.usage <smith_client.client.SmithClient.usage>`: agent name → what its
+        model calls used over the last ``window_seconds``; the same rules and errors."""
+        return self.runner.run(self._op_usage(window_seconds, agent))
+
     def __enter__(self) -> Self:
         return self
 
@@ -205,6 +212,7 @@ class SyncTurnHandle(HandleBase):
         one, :class:`OutputValidationError` for an answer that does not parse into ``output_type``, or
         :class:`SmithTimeoutError`.
         """
+        check_output_type(output_type)
         message = self.client.runner.run(self._op_result(timeout), bound=timeout)
         return message if output_type is None else with_output(message, output_type)
 

@@ -8,6 +8,7 @@ anything reaches Redis (ids per
 
 from __future__ import annotations
 
+import math
 import re
 import reprlib
 import time
@@ -107,7 +108,22 @@ def check_json(value: Any, field: str) -> str:
         text = orjson.dumps(value).decode()
     except TypeError as exc:
         raise InvalidRequestError(f"{field} is not JSON-able: {exc}", field=field) from exc
+    check_finite(value, field)
     return check_size(text, field)
+
+
+def check_finite(value: Any, field: str) -> None:
+    """Raise :class:`InvalidRequestError` for a NaN or infinite float anywhere in ``value`` (JSON has no such
+    number: https://www.rfc-editor.org/rfc/rfc8259#section-6, and orjson would write ``null`` silently)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise InvalidRequestError(f"{field} holds {item!r}, which JSON cannot represent", field=field)
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
 
 
 #: Longest reason quoted from a schema error (its message may quote the whole value).
@@ -170,7 +186,9 @@ def check_context(context: Any, max_bytes: int = DEFAULT_CONTEXT_MAX_BYTES) -> s
             field="context",
         )
     try:
-        text = orjson.dumps(context, default=_revealed)
+        check_finite(context, "context")
+        # sorted keys: the same object in another key order is the same request (turns.fingerprint)
+        text = orjson.dumps(context, default=_revealed, option=orjson.OPT_SORT_KEYS)
     except (TypeError, PydanticSerializationError) as exc:
         raise InvalidRequestError(f"context is not JSON-able: {exc}", field="context") from exc
     if len(text) > max_bytes:

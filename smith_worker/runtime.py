@@ -185,6 +185,7 @@ class WorkerRuntime:
             self.app.hooks,
             {name: spec.hooks for name, spec in self.app.agents.items()},
             llm_config=self.agent_llm_config,
+            metrics=self.metrics,
         )
         return self.role.source_context(shared)
 

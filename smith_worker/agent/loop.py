@@ -51,6 +51,7 @@ from smith_client.messages import (
     message_from_json,
 )
 from smith_client.roundtrip import Pending, RoundTrip
+from smith_client.usage import AgentUsage
 from smith_worker.agent.approvals import CallPlan, TurnPaused, decision_id, plan_calls
 from smith_worker.agent.context import AgentContext, CancelRequested
 from smith_worker.agent.event_batch import EventBatcher
@@ -77,6 +78,7 @@ from smith_worker.llm.types import (
 from smith_worker.memory import MemoryContext
 from smith_worker.memory.fencing import StaleAttemptError
 from smith_worker.ops import tracing
+from smith_worker.ops.usage import queue_count
 from smith_worker.skills import ConversationSkills
 from smith_worker.tools.function import ToolContext, corrections_in
 from smith_worker.tools.source import SUBAGENTS
@@ -210,6 +212,8 @@ class AgentLoop:
         self._output: StructuredOutput | None = None
         #: Per tool name, the corrections in a row it asked of the model this attempt (:meth:`_count_corrections`).
         self._corrections: dict[str, int] = {}
+        #: Model calls (replies, summaries) not yet counted in the usage buckets: the next append counts them.
+        self._uncounted = AgentUsage()
 
     async def run(self, start: int, *, fresh: bool = False) -> AssistantMessage:
         """Run model steps from history position ``start`` (the turn's user message) until a final answer;
@@ -290,8 +294,10 @@ class AgentLoop:
         progress.iterations += 1
         total = progress.total_tokens + progress.sampled.total
         self._check_limits(spec, progress.iterations, tree, total, deadline)
-        response = await self.rt.metrics.count_llm_request(self._call_model(spec, llm, memory, progress.tool_rounds))
+        call = self._call_model(spec, llm, memory, progress.tool_rounds)
+        response = await self.rt.metrics.count_llm_request(call, spec.name)
         reply = _reply_of(response, keep_reasoning=spec.config.keep_reasoning)
+        self._uncounted = self._uncounted.plus(reply.usage or TokenUsage(), requests=1)
         used = reply.usage.total if reply.usage else 0
         progress.total_tokens += used
         progress.usage = add_usage(progress.usage, reply.usage)
@@ -323,7 +329,9 @@ class AgentLoop:
         """
 
         async def summarize(messages: list[Any]) -> str:  # a model call like any other: counted in the metrics
-            response = await self.rt.metrics.count_llm_request(llm.complete(LlmRequest(messages=messages)))
+            agent = self.ctx.spec.name
+            response = await self.rt.metrics.count_llm_request(llm.complete(LlmRequest(messages=messages)), agent)
+            self._uncounted = self._uncounted.plus(response.message.usage or TokenUsage(), requests=1)
             return response.message.content
 
         return MemoryContext(
@@ -397,6 +405,7 @@ class AgentLoop:
         if used > 0:
             rt.call("incrby", self.ctx.tree_tokens, used)
             rt.call("expire", self.ctx.tree_tokens, self.rt.keys.turn_ttl)
+        self._queue_usage(rt)
         merged = None if message.tool_calls else self.attempt.queue_close(rt, message, output, self._usage)
         preceding, self._unpublished = self._unpublished, []
         await self.ctx.append(message, preceding=preceding, rt=rt)
@@ -409,8 +418,16 @@ class AgentLoop:
         if used > 0:
             rt.call("incrby", self.ctx.tree_tokens, used)
             rt.call("expire", self.ctx.tree_tokens, self.rt.keys.turn_ttl)
+        self._queue_usage(rt)
         preceding, self._unpublished = self._unpublished, []
         await self.ctx.append(*messages, preceding=preceding, rt=rt)
+
+    def _queue_usage(self, rt: RoundTrip) -> None:
+        """Count the agent's model calls since the last append in the deployment's usage buckets, in ``rt`` (the
+        reply's append: no round trip of its own; :mod:`smith_worker.ops.usage`, docs/architecture.md, Token usage).
+        Counted even when the append turns out stale: the tokens were spent."""
+        counted, self._uncounted = self._uncounted, AgentUsage()
+        queue_count(rt, self.rt.keys, self.ctx.spec.name, counted)
 
     def _check_limits(
         self, spec: AgentSpec, iterations: int, tree: tuple[int, int], total_tokens: int, deadline: float | None

@@ -34,7 +34,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,11 +45,13 @@ from smith_client.eventlog import WHILE_RUNNING
 from smith_client.events import InputAnsweredData, InputRequestedData, PendingItem
 from smith_client.inputs import SAMPLING_METHOD, InputResponse
 from smith_client.keys import INPUT_GRACE
-from smith_client.messages import AssistantMessage, Message, SystemMessage, UserMessage
+from smith_client.messages import AssistantMessage, Message, SystemMessage, TokenUsage, UserMessage
 from smith_client.roundtrip import RoundTrip
+from smith_client.usage import AgentUsage
 from smith_worker.llm.types import LlmRequest, LlmResponse, SamplingParams
 from smith_worker.mcp.config import ServerConfig
 from smith_worker.mcp.server import CallClock, block_text
+from smith_worker.ops.usage import queue_count
 from smith_worker.tools.function import ToolContext
 from smith_worker.tools.source import SourceContext
 
@@ -151,7 +153,7 @@ class ClientRequests:
                 return types.ErrorData(code=DECLINED[0], message=DECLINED[1])
         try:
             async with LlmClient(config) as llm:
-                response = await llm.complete(request)
+                response = await self._complete(ctx, caller, llm.complete(request))
         except SmithError as exc:
             return types.ErrorData(code=types.INTERNAL_ERROR, message=exc.message)
         await self._count_tokens(ctx, caller, response)
@@ -179,20 +181,31 @@ class ClientRequests:
             )
         return caller, self._context()
 
+    @staticmethod
+    async def _complete(ctx: SourceContext, caller: Caller, call: Awaitable[LlmResponse]) -> LlmResponse:
+        """Await the sampling's model call, counted in the process's metrics for the calling agent when it
+        has them."""
+        if ctx.metrics is None:
+            return await call
+        return await ctx.metrics.count_llm_request(call, caller.ctx.agent)
+
     async def _count_tokens(self, ctx: SourceContext, caller: Caller, response: LlmResponse) -> None:
+        """One round trip: the sampling's tokens in the tree's counts (the budget, the turn's ``usage``), and
+        the call with its tokens in the deployment's usage buckets for the calling agent
+        (:mod:`smith_client.usage`)."""
         usage = response.message.usage
         used = usage.total if usage else 0
-        if usage is None or used <= 0:
-            return
-        key = ctx.keys.tree_tokens(caller.ctx.turn_id)
-        sampled, position = ctx.keys.tree_sampled(caller.ctx.turn_id), caller.ctx.position
         rt = RoundTrip()
-        rt.call("incrby", key, used)
-        rt.call("expire", key, ctx.keys.turn_ttl)
-        rt.call("hincrby", sampled, f"prompt:{position}", usage.prompt)
-        rt.call("hincrby", sampled, f"completion:{position}", usage.completion)
-        rt.call("hincrby", sampled, f"total:{position}", used)
-        rt.call("expire", sampled, ctx.keys.turn_ttl)
+        queue_count(rt, ctx.keys, caller.ctx.agent, AgentUsage(requests=1).plus(usage or TokenUsage()))
+        if usage is not None and used > 0:
+            key = ctx.keys.tree_tokens(caller.ctx.turn_id)
+            sampled, position = ctx.keys.tree_sampled(caller.ctx.turn_id), caller.ctx.position
+            rt.call("incrby", key, used)
+            rt.call("expire", key, ctx.keys.turn_ttl)
+            rt.call("hincrby", sampled, f"prompt:{position}", usage.prompt)
+            rt.call("hincrby", sampled, f"completion:{position}", usage.completion)
+            rt.call("hincrby", sampled, f"total:{position}", used)
+            rt.call("expire", sampled, ctx.keys.turn_ttl)
         await rt.run(ctx.redis)
 
     async def _ask(

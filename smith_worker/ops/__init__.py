@@ -1,2 +1,2 @@
 """Process services shared by every worker: redaction, HTTP retry, Redis health, registration, metrics,
-the auto-pipeline and small asyncio helpers."""
+token usage counts, the auto-pipeline and small asyncio helpers."""

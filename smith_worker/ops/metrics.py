@@ -20,9 +20,16 @@ metric                               type       meaning
                                                 ``{p}:paused``; the same on every worker: take the max, not
                                                 the sum); NaN when Redis does not answer
 ``smith_worker_up``                  gauge      1 while the worker serves
-``smith_llm_requests_total{status}`` counter    model calls; ``status`` ok | error
-``smith_llm_tokens_total{kind}``     counter    server-reported tokens; ``kind`` prompt | completion
+``smith_llm_requests_total{agent,status}``  counter  model calls made for ``agent``; ``status`` ok | error
+``smith_llm_tokens_total{agent,kind}``     counter  server-reported tokens of ``agent``'s model calls; ``kind``
+                                                prompt | completion (OTel GenAI ``gen_ai.token.type`` input |
+                                                output); their sum is the total
 ===================================  =========  =======================================================
+
+``agent`` is the agent a model call was made for (its replies, its memory's summaries, the MCP sampling its tool
+calls served: a tool worker counts those), one of the app's declared agents, so the label stays bounded. The
+deployment (``SMITH_PREFIX``, a tenant's) is the worker's own: tell deployments apart by the scrape target's
+labels (docs/architecture.md, Token usage).
 
 The two queue gauges and ``smith_turns_paused`` are read from Redis at
 scrape time by :class:`QueueCollector` (on the worker's event loop, so no
@@ -156,8 +163,10 @@ class WorkerMetrics:
         self.tool_duration = Histogram("smith_tool_duration_seconds", "Seconds one tool call ran.", registry=r)
         self.turns_running = Gauge("smith_turns_running", "Turns running in this process.", registry=r)
         self.worker_up = Gauge("smith_worker_up", "1 while this worker serves its queue.", registry=r)
-        self.llm_requests = Counter("smith_llm_requests", "Model calls.", ["status"], registry=r)
-        self.llm_tokens = Counter("smith_llm_tokens", "Server-reported tokens.", ["kind"], registry=r)
+        self.llm_requests = Counter("smith_llm_requests", "Model calls per agent.", ["agent", "status"], registry=r)
+        self.llm_tokens = Counter(
+            "smith_llm_tokens", "Server-reported tokens per agent (prompt, completion).", ["agent", "kind"], registry=r
+        )
         self._server: Any = None
 
     def record_turn(self, agent: str, status: str, seconds: float) -> None:
@@ -170,19 +179,19 @@ class WorkerMetrics:
         self.tool_calls.labels(tool=tool, status="error" if is_error else "ok").inc()
         self.tool_duration.observe(seconds)
 
-    async def count_llm_request(self, call: Awaitable[Response]) -> Response:
-        """Await one model call and count it: ``ok`` with its server-reported tokens, or ``error``
-        when it raises (a cancelled call is not counted)."""
+    async def count_llm_request(self, call: Awaitable[Response], agent: str) -> Response:
+        """Await one model call made for ``agent`` and count it: ``ok`` with its server-reported tokens, or
+        ``error`` when it raises (a cancelled call is not counted)."""
         try:
             response = await call
         except Exception:
-            self.llm_requests.labels(status="error").inc()
+            self.llm_requests.labels(agent=agent, status="error").inc()
             raise
-        self.llm_requests.labels(status="ok").inc()
+        self.llm_requests.labels(agent=agent, status="ok").inc()
         usage = response.message.usage
         if usage is not None:
-            self.llm_tokens.labels(kind="prompt").inc(usage.prompt)
-            self.llm_tokens.labels(kind="completion").inc(usage.completion)
+            self.llm_tokens.labels(agent=agent, kind="prompt").inc(usage.prompt)
+            self.llm_tokens.labels(agent=agent, kind="completion").inc(usage.completion)
         return response
 
     def serve(self, port: int, redis: Redis, keys: Keys, queue: str, running: Callable[[], int]) -> bool:

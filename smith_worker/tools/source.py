@@ -18,6 +18,7 @@ from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
 from smith_worker.hooks import Hooks
 from smith_worker.llm.types import LlmClientConfig, ToolSchema
+from smith_worker.ops.metrics import WorkerMetrics
 from smith_worker.tools.function import Approval, ToolContext, ToolResult
 
 if TYPE_CHECKING:
@@ -59,7 +60,8 @@ class SourceContext:
     hooks by name), ``worker_id``, ``executors``, a tool worker's sync-tool
     pools (None on turn workers), and ``llm_config(agent)``, the model settings of
     agent ``agent`` (the environment's for an agent this app does not declare), for
-    a source that asks the calling agent's model (MCP sampling).
+    a source that asks the calling agent's model (MCP sampling), and the process's ``metrics``, where such a
+    call is counted (None: not counted).
     """
 
     redis: Any
@@ -70,6 +72,7 @@ class SourceContext:
     agent_hooks: Mapping[str, Hooks]
     executors: ToolExecutors | None = None
     llm_config: Callable[[str], LlmClientConfig] | None = None
+    metrics: WorkerMetrics | None = None
 
 
 @runtime_checkable

@@ -69,7 +69,7 @@ def test_smith_ask_prints_the_respond_command_and_smith_pending_and_respond_answ
             (["accept"], "smith: InvalidRequestError: accept needs content: a JSON object\n"),
             (["accept", "--content", '{"colour": "purple", "width": 3}'],
              "smith: InvalidRequestError: content does not fit the requested schema: "
-             "content.colour is not one of ['red', 'green', 'blue']\n"),
+             "content.colour: 'purple' is not one of ['red', 'green', 'blue']\n"),
         ):  # fmt: skip
             refused = smith(redis_url, prefix, "respond", turn, request, *argv)
             assert (refused.returncode, refused.stdout, refused.stderr) == (1, "", says)

@@ -12,7 +12,7 @@ import uuid
 import orjson
 import pytest
 
-from smith_client import InvalidRequestError, NoPendingCallError, SmithClient
+from smith_client import AgentUsage, InvalidRequestError, NoPendingCallError, SmithClient
 from smith_worker.testing import Reply, Script, worker_env, worker_pair
 from tests.conftest import LOGS
 
@@ -93,6 +93,7 @@ async def test_sampled_tokens_count_in_the_turns_usage_and_the_tree(asking, scen
         Reply.tool_calls([("mcp_lab_sampling__sample_text", {"prompt": f"{sample_marker} hi"})], usage=(10, 5)),
         Reply.text("done", usage=(10, 5)),
     ))
+    counted = (await asking.usage(agent="sampler")).get("sampler", AgentUsage())
     handle = await asking.submit(f"{marker} sample", conversation_id=f"conv-{key}", agent="sampler")
     assert (await handle.result(timeout=30)).content == "done"
     assert orjson.loads(tool_contents(scripted_llm.requests_for(key)[1])[0]) == {
@@ -101,6 +102,9 @@ async def test_sampled_tokens_count_in_the_turns_usage_and_the_tree(asking, scen
     # the turn's two model calls (15 + 15) and the sampling its tool call served (42)
     assert completed.data["usage"] == {"prompt": 50, "completion": 22, "total": 72}
     assert int(await asking.redis.get(asking.keys.tree_tokens(handle.turn_id))) == 72
+    # the deployment's usage buckets count the sampling too, for the agent that asked (docs/architecture.md, Token usage)
+    now = (await asking.usage(agent="sampler"))["sampler"]
+    assert (now.requests - counted.requests, now.prompt - counted.prompt, now.total - counted.total) == (3, 50, 72)
 
 
 @pytest.mark.parametrize("agent, operation", [("sampler_tight", "max_total_tokens"),

@@ -13,7 +13,7 @@ import threading
 import orjson
 import pytest
 
-from smith_client import ContextOverflowError, ConversationBusyError, SyncSmithClient
+from smith_client import AgentUsage, ContextOverflowError, ConversationBusyError, SyncSmithClient
 from smith_client.messages import AssistantMessage, ToolMessage
 from smith_worker.memory.summary import DEFAULT_SUMMARY_PROMPT, SUMMARY_HEADING
 from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
@@ -166,6 +166,7 @@ async def test_summary_is_made_once_per_threshold_crossing_across_two_turn_worke
     client, scenario, scripted_llm, second_turn_worker
 ):
     key, marker = register(scenario, scripted_llm, handler)
+    counted = (await client.usage(agent="summarised")).get("summarised", AgentUsage())
     turn_ids = await run_conversation(client, key, marker, "summarised", messages=120)
 
     workers = [(await client.turn(t).state())["worker"] for t in turn_ids]
@@ -176,6 +177,10 @@ async def test_summary_is_made_once_per_threshold_crossing_across_two_turn_worke
     expected = expected_summaries(history, SUMMARY["threshold"], SUMMARY["keep_recent"])
     assert len(summary_requests) == expected and 5 <= expected < len(turn_ids) / 2
     assert all(r.body["stream"] is False for r in summary_requests)  # a non-streaming call
+    # the summaries count in the agent's usage with its replies (docs/architecture.md, Token usage)
+    used = (await client.usage(agent="summarised"))["summarised"]
+    calls = len(scripted_llm.requests_for(key))
+    assert (used.requests - counted.requests, used.prompt - counted.prompt) == (calls, 10 * calls)  # 10 per call
     # each new summary is built on the previous one, on whichever worker wrote it
     for number, request in enumerate(summary_requests[1:], start=1):
         assert request.messages[1]["content"].startswith(f"Summary so far:\n{marker} summary {number}\n")

@@ -20,7 +20,7 @@ import pytest
 from arq.constants import in_progress_key_prefix
 from prometheus_client.parser import text_string_to_metric_families
 
-from smith_client import SmithClient, TurnPausedError
+from smith_client import AgentUsage, SmithClient, TokenUsage, TurnPausedError
 from smith_client.connection import connect_redis
 from smith_client.keys import Keys
 from smith_worker.local.processes import ManagedProcess, free_port, redis_answers, wait_until
@@ -119,13 +119,60 @@ async def test_metrics_are_served_from_the_first_scrape_and_move_after_a_tool_tu
 
     assert delta(turns, "turns", "smith_turns_total", agent="default", status="completed") == 1
     assert delta(turns, "turns", "smith_turn_duration_seconds_count") == 1
-    assert delta(turns, "turns", "smith_llm_requests_total", status="ok") == 2
-    assert delta(turns, "turns", "smith_llm_tokens_total", kind="prompt") == 20  # the scripted usage: 10 + 5 per call
-    assert delta(turns, "turns", "smith_llm_tokens_total", kind="completion") == 10
+    assert delta(turns, "turns", "smith_llm_requests_total", agent="default", status="ok") == 2
+    # the scripted usage: 10 + 5 per call
+    assert delta(turns, "turns", "smith_llm_tokens_total", agent="default", kind="prompt") == 20
+    assert delta(turns, "turns", "smith_llm_tokens_total", agent="default", kind="completion") == 10
     assert delta(tools, "tools", "smith_tool_calls_total", tool="add", status="ok") == 1
     assert delta(tools, "tools", "smith_tool_duration_seconds_count") == 1
     assert value(turns, "smith_turns_running") == 0
     assert ALL_METRICS <= family_names(turns) | family_names(tools)
+
+
+def smith_usage(fleet: Fleet, *options: str) -> list[list[str]]:
+    """``smith usage`` run as a user runs it; its table's rows, split into cells (the header first)."""
+    out = subprocess.run([sys.executable, "-c", "from smith_client.cli import smith_main; smith_main()", "usage",
+                          *options], env=fleet.base_env, capture_output=True, text=True, timeout=30, check=True).stdout
+    lines = out.splitlines()
+    assert lines[0] == "model calls and tokens in the last 1 h (to the minute), prefix 'ops':"
+    return [line.split() for line in lines[1:]]
+
+
+async def test_two_turns_of_two_agents_are_counted_per_agent_in_prometheus_and_smith_usage(fleet, scenario):
+    """docs/architecture.md, Token usage: each model call's reported tokens, per turn in ``turn.completed``, per
+    agent in ``smith_llm_tokens_total{agent,kind}`` and in the deployment's usage buckets (``smith usage``)."""
+    before = fleet.scrape("turns")
+    _, plain = scenario(Script(Reply.text("one", usage=(100, 7))))
+    _, full = scenario(Script(Reply.tool_calls([("add", {"a": 1, "b": 2})], usage=(40, 3)),
+                              Reply.text("3", usage=(50, 4))))
+    completed = {}
+    async with SmithClient.from_url(fleet.redis_url, prefix=fleet.prefix) as client:
+        for agent, marker in (("plain", plain), ("full", full)):
+            events = [e async for e in client.stream(f"{marker} go", conversation_id=f"ops-usage-{agent}",
+                                                     agent=agent, timeout=60)]
+            assert events[-1].type == "turn.completed"
+            completed[agent] = events[-1].payload.usage
+        counted = await client.usage(3600)
+    assert completed == {"plain": TokenUsage(prompt=100, completion=7, total=107),
+                         "full": TokenUsage(prompt=90, completion=7, total=97)}
+
+    turns = fleet.scrape("turns")
+    for agent, (calls, prompt, completion) in {"plain": (1, 100, 7), "full": (2, 90, 7)}.items():
+        def delta(name: str, **labels: str) -> float:
+            return value(turns, name, agent=agent, **labels) - value(before, name, agent=agent, **labels)
+
+        assert delta("smith_llm_requests_total", status="ok") == calls
+        assert delta("smith_llm_tokens_total", kind="prompt") == prompt
+        assert delta("smith_llm_tokens_total", kind="completion") == completion
+
+    assert counted["plain"] == AgentUsage(requests=1, prompt=100, completion=7, total=107)
+    assert counted["full"] == AgentUsage(requests=2, prompt=90, completion=7, total=97)
+    rows = await asyncio.to_thread(smith_usage, fleet)
+    assert rows[0] == ["agent", "requests", "prompt", "completion", "total"]
+    assert ["plain", "1", "100", "7", "107"] in rows and ["full", "2", "90", "7", "97"] in rows
+    assert rows[-1][0] == "(all)"
+    assert await asyncio.to_thread(smith_usage, fleet, "--agent", "full") == [
+        ["agent", "requests", "prompt", "completion", "total"], ["full", "2", "90", "7", "97"]]
 
 
 async def test_queue_gauges_are_read_from_redis_at_scrape_time(redis_url):

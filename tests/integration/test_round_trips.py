@@ -194,8 +194,9 @@ async def test_an_answered_call_is_read_from_its_key_and_not_enqueued_again(clie
 
 #: Commands sent per turn before claim.lua (arq's poll and start: 54.6 per text turn, 107.5 per one-tool
 #: turn) and the ceilings now (measured 33.9 and 62.0, then + 1 per job claimed to confirm the claim:
-#: lua/confirm_claims.lua; idle workers' fallback polls add a little).
-SENT_CEILINGS = {"text": 37, "tool": 67}
+#: lua/confirm_claims.lua; idle workers' fallback polls add a little), then + 1 per model call for its usage count
+#: (smith_worker/ops/lua/usage_count.lua, in the reply's append round trip; docs/architecture.md, Token usage).
+SENT_CEILINGS = {"text": 38, "tool": 69}
 
 
 @pytest.mark.parametrize("kind", ["text", "tool"])

@@ -305,7 +305,7 @@ def test_a_browser_answers_an_mcp_servers_request_for_input_after_a_reload(web, 
     assert form.locator('select[name="colour"] option').all_inner_texts() == ["red", "green", "blue"]
     form.locator('select[name="colour"]').select_option("green")
     form.get_by_role("button", name="Accept").click()  # width is required: the relay refuses, the form stays
-    page.wait_for_function("document.getElementById('status').textContent.includes('content.width is missing')")
+    page.wait_for_function("""document.getElementById('status').textContent.includes("'width' is a required property")""")
     form.locator('input[name="width"]').fill("4")
     form.locator('input[name="bold"]').check()
     form.locator('input[name="note"]').fill("felt tip")

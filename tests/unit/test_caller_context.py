@@ -32,7 +32,7 @@ class Caller(BaseModel):
 
 def test_a_context_is_a_json_object_as_compact_json():
     assert check_context(None) is None
-    assert check_context({"user_id": "u1", "n": [1, 2]}) == '{"user_id":"u1","n":[1,2]}'
+    assert check_context({"user_id": "u1", "n": [1, 2]}) == '{"n":[1,2],"user_id":"u1"}'  # keys sorted
 
 
 @pytest.mark.parametrize("bad", ["text", ["a"], 3, {1: "int key"}, {"x": object()}])

@@ -4,6 +4,7 @@ unknown turns with typed errors."""
 from __future__ import annotations
 
 import fakeredis
+from pydantic import BaseModel
 import pytest
 
 from smith_client import InvalidRequestError, SmithClient, TransportError, TurnNotFoundError
@@ -112,3 +113,45 @@ async def test_an_unknown_turn_is_turn_not_found_for_pending_and_every_decision(
     sync_client = SyncSmithClient(fakeredis.FakeRedis(), prefix="t")
     with pytest.raises(TurnNotFoundError):
         sync_client.pending("nosuchturn")
+
+
+# ---- values a caller may get wrong in new ways: refused typed, before anything is enqueued ----
+
+
+class _City(BaseModel):
+    name: str
+
+
+@pytest.mark.parametrize("bad", [dict, "City", _City(name="a"), 3])
+async def test_a_bad_output_type_is_refused_before_the_turn_is_sent(bad):
+    redis = fakeredis.FakeAsyncRedis()
+    client = SmithClient(redis, prefix="t")
+    with pytest.raises(InvalidRequestError) as err:
+        await client.send("hi", conversation_id="c1", output_type=bad)
+    assert err.value.fields["field"] == "output_type"
+    assert await redis.keys("*") == []  # nothing was enqueued: no answer is lost
+    with pytest.raises(InvalidRequestError):
+        await client.turn("turn-1").result(timeout=1, output_type=bad)
+    sync = SyncSmithClient(fakeredis.FakeRedis(), prefix="t")
+    with pytest.raises(InvalidRequestError):
+        sync.send("hi", conversation_id="c1", output_type=bad)
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    ({"max_tokens": 10**30}, "max_tokens"),  # past a Redis integer: it would not even serialize into the job
+    ({"context": {"score": float("nan")}}, "context"),
+    ({"context": {"scores": [1.0, float("inf")]}}, "context"),
+])
+async def test_numbers_json_or_redis_cannot_hold_are_refused_naming_the_field(options, field):
+    redis = fakeredis.FakeAsyncRedis()
+    with pytest.raises(InvalidRequestError) as err:
+        await SmithClient(redis, prefix="t").submit("hi", conversation_id="c1", **options)
+    assert err.value.fields["field"] == field
+    assert await redis.keys("*") == []
+
+
+def test_a_context_in_another_key_order_is_the_same_request():
+    from smith_client.validation import check_context
+
+    # the record is written with sorted keys, so the turn's fingerprint does not depend on the caller's order
+    assert check_context({"user_id": "a", "api": "s"}) == check_context({"api": "s", "user_id": "a"})
