@@ -4,8 +4,9 @@ PASS/MISS line per target of that work.
 Runs ``bench/distributed.py`` (parts a–d, f: project, plain arq/Redis and the
 Agents SDK), ``bench/sse_parser.py`` (part e, printed as it prints itself),
 ``bench/durability.py`` (target 7, compared with the figures BENCHMARKS.md
-recorded before the speed work) and ``bench/worker_memory.py`` (a turn worker's RSS
-under long histories and Redis restarts, printed as it prints itself), then prints a Markdown table ready to paste into
+recorded before the speed work), ``bench/worker_memory.py`` (a turn worker's RSS
+under long histories and Redis restarts, printed as it prints itself) and ``bench/tracing.py`` (a one-tool
+turn with tracing on, exporting, vs off: its own PASS/MISS line), then prints a Markdown table ready to paste into
 BENCHMARKS.md.
 
 ``--runs N`` (default 3) runs ``bench/distributed.py`` N times and reports the
@@ -339,6 +340,7 @@ def main() -> None:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} CPUs")
     durability: dict[str, float] | None = None
     sse: dict[str, Any] | None = None
+    tracing: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory() as tmp:
         if not args.only_distributed:
             sse_out = Path(tmp) / "sse.json"
@@ -350,6 +352,11 @@ def main() -> None:
             print(text)
             print(run(["bench/worker_memory.py"], "turn worker memory (bench/worker_memory.py)") or "")
             print(run(["bench/paused_turns.py"], "turns paused for a person (bench/paused_turns.py)") or "")
+            tracing_out = Path(tmp) / "tracing.json"
+            tracing_text = run(["bench/tracing.py", "--json", str(tracing_out)], "tracing on vs off (bench/tracing.py)")
+            if tracing_text is not None:
+                print(tracing_text)
+                tracing = json.loads(tracing_out.read_text())
             durability = {k: float(m.group(1)) for k, rx in _DURABILITY.items() if (m := re.search(rx, text))}
         flags = [flag for flag, on in (("--quick", args.quick), ("--no-anchors", args.no_anchors)) if on]
         runs = []
@@ -363,6 +370,12 @@ def main() -> None:
     if args.runs > 1:
         print(f"\nmedians over {args.runs} runs of bench/distributed.py")
     print(render(figures, durability, sse))
+    if tracing is not None:
+        print(
+            f"{verdict(tracing['ratio'] <= 1.10)}  tracing on (exporting OTLP) costs ≤ 10 % of a one-tool turn: "
+            f"p50 {tracing['on_p50_ms']:.2f} ms vs {tracing['off_p50_ms']:.2f} ms off ({tracing['ratio']:.3f}×); "
+            f"the off path {tracing['off_path_us']:.1f} µs per turn (bench/tracing.py)"
+        )
     print(
         f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
         f"`make bench` took {time.monotonic() - started:.0f} s"

@@ -17,7 +17,7 @@ root agent's events. The ids are the model server's, as in the parent's own
 Event types and their ``data``:
 
 ======================  ==========================================================
-``turn.started``        ``{conversation_id, agent}``
+``turn.started``        ``{conversation_id, agent, trace_id}``
 ``token``               ``{text}``: a piece of the assistant's content, as it streams
 ``reasoning``           ``{text}``: a piece of the model's reasoning (``reasoning_content``), as it streams
 ``tool_call.started``   ``{id, name, index}``: the model began a tool call
@@ -98,11 +98,13 @@ class EventData(BaseModel):
 
 
 class TurnStartedData(EventData):
-    """``turn.started``: the first attempt of a turn began."""
+    """``turn.started``: the first attempt of a turn began. ``trace_id``: the turn's OpenTelemetry trace id
+    (32 hex digits; "" when its worker does not trace: docs/architecture.md, Tracing)."""
 
     event_type: ClassVar[str] = TURN_STARTED
     conversation_id: str
     agent: str
+    trace_id: str = ""
 
 
 class TokenData(EventData):

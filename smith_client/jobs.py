@@ -59,6 +59,10 @@ class TurnJob(BaseModel):
     ``agent_given`` is False when the caller named no agent: the worker then runs the conversation's current
     agent (a handoff's, docs/architecture.md, Handoffs) if there is one, else ``agent``; ``overrides`` are the
     turn's :class:`~smith_client.overrides.TurnOverrides` (docs/architecture.md, Per-turn overrides).
+    ``trace`` is the W3C trace context (``traceparent``, ``tracestate``) of the span that sent the turn, None
+    when the sender does not trace; it is stored with the job in the turn's state (``job``), so every attempt
+    of the turn continues the same trace (docs/architecture.md, Tracing). It is not part of the request's
+    fingerprint.
     """
 
     turn_id: str
@@ -71,6 +75,7 @@ class TurnJob(BaseModel):
     has_context: bool = False
     agent_given: bool = True
     overrides: TurnOverrides | None = None
+    trace: dict[str, str] | None = None
 
 
 class ToolJob(BaseModel):
@@ -91,7 +96,8 @@ class ToolJob(BaseModel):
     the calling agent's ``call_path`` for the ``tool.result`` event (see :mod:`smith_client.events`);
     ``retry`` how many corrections in a row the tool asked of the model before this call and
     ``tool_retries`` how many the agent allows (docs/architecture.md, Tool calls; 0 from turn workers older
-    than these fields, which do not count them: none allowed).
+    than these fields, which do not count them: none allowed); ``trace`` the W3C trace context of the calling
+    agent's span (None when the turn worker does not trace; docs/architecture.md, Tracing).
     """
 
     turn_id: str
@@ -112,6 +118,7 @@ class ToolJob(BaseModel):
     skill: str = ""
     retry: int = Field(default=0, ge=0)
     tool_retries: int = Field(default=0, ge=0)
+    trace: dict[str, str] | None = None
 
 
 class ToolOutcome(BaseModel):

@@ -36,7 +36,8 @@ AGENT = "agent"
 CREATED_AT = "created_at"
 #: The fencing token: incremented by each worker attempt (docs/architecture.md, Fault model).
 ATTEMPT = "attempt"
-#: The :class:`~smith_client.jobs.TurnJob` JSON, so a turn can be re-enqueued after a crash.
+#: The :class:`~smith_client.jobs.TurnJob` JSON, so a turn can be re-enqueued after a crash; its ``trace`` (the
+#: sender's trace context) is how every attempt of the turn continues one trace (docs/architecture.md, Tracing).
 JOB = "job"
 #: The worker id of the current attempt.
 WORKER = "worker"

@@ -53,6 +53,7 @@ from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage
 from smith_client.protocol import Operation, call, run_script
 from smith_client.runners import AsyncRunner
+from smith_client.tracing import submit_span
 from smith_client.turn_record import decode_state
 from smith_client.validation import check_multitask, check_served
 
@@ -74,7 +75,7 @@ class _Client(Protocol):
 def fingerprint(job: TurnJob, context: str | None = None) -> str:
     """A digest of what makes two requests "the same turn" (conversation, agent, message, options, and the
     caller ``context``'s JSON, by its own digest)."""
-    body = {k: v for k, v in job.model_dump(mode="json").items() if k not in ("turn_id", "submitted_at")}
+    body = {k: v for k, v in job.model_dump(mode="json").items() if k not in ("turn_id", "submitted_at", "trace")}
     if context is not None:
         body["context"] = hashlib.sha256(context.encode()).hexdigest()
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
@@ -104,7 +105,8 @@ def submit_turn(keys: Keys, job: TurnJob, multitask: str, context: str | None = 
     the turn is enqueued and waits for one.
     """
     check_multitask(multitask)
-    reply = yield from _run_submit(keys, job, multitask, context)
+    with submit_span(job) as job:  # the caller's trace context, when it uses OpenTelemetry
+        reply = yield from _run_submit(keys, job, multitask, context)
     outcome, turn_id = reply[0].decode(), reply[1].decode()
     if outcome == "unknown":
         check_served(job.agent, {raw.decode() for raw in reply[2:]})  # raises UnknownAgentError

@@ -95,6 +95,7 @@ class Settings(ClientSettings):
     )
     log_level: LogLevel = Field("INFO", description="level of smith-worker's log (--log-level)")
     log_jobs: Flag = Field(False, description="log every job and model request at INFO too (--log-jobs)")
+    otel: Flag = Field(False, description="export OpenTelemetry spans (the otel extra; docs/architecture.md, Tracing)")
     worker_id: OptionalId = Field(
         None, description="this process's worker id, claimed in Redis (default <host>:<pid>:<queue>:<random>)"
     )

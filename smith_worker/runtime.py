@@ -32,6 +32,7 @@ from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.health import heartbeat_forever, heartbeat_path, live_heartbeats, remove_heartbeat
 from smith_worker.llm.types import LlmClientConfig
+from smith_worker.ops import tracing
 from smith_worker.ops.auto_pipeline import AutoPipeline
 from smith_worker.ops.heap import trim_forever
 from smith_worker.ops.metrics import WorkerMetrics
@@ -241,6 +242,8 @@ class WorkerRuntime:
         if self.settings.metrics_port:
             self.metrics.serve(self.settings.metrics_port, self.redis, self.keys, self.queue_name, self.role.running)
         self.protect_secrets()
+        # SMITH_OTEL=1: spans exported OTLP/HTTP (docs/architecture.md, Tracing); after the log filters
+        tracing.setup(self.settings.otel, **{"smith.worker.id": self.worker_id, "smith.worker.queue": str(self.queue)})
         self.role.open(self)
         await self.health.until_ok("start-up", self._warn_on_eviction)
         # before any pipeline sends EVALSHA (see smith_client.scripts)
@@ -271,6 +274,7 @@ class WorkerRuntime:
                 logger.warning("closing tool source %s failed", source.name, exc_info=True)
         await self.role.close()
         logger.info("worker %s stopped", self.worker_id)
+        await asyncio.to_thread(tracing.shutdown)  # exports the spans still buffered
 
     async def _warn_on_eviction(self) -> None:
         """Warn unless Redis's ``maxmemory-policy`` is ``noeviction``: evicting a turn's keys loses the turn."""

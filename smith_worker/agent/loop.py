@@ -77,6 +77,7 @@ from smith_worker.llm.types import (
 )
 from smith_worker.memory import MemoryContext
 from smith_worker.memory.fencing import StaleAttemptError
+from smith_worker.ops import tracing
 from smith_worker.ops.usage import queue_count
 from smith_worker.skills import ConversationSkills
 from smith_worker.tools.function import ToolContext, corrections_in
@@ -751,4 +752,5 @@ class AgentLoop:
             result_max_bytes=spec.config.tool_result_max_bytes,
             retry=self._corrections.get(call.name, 0),
             tool_retries=spec.config.tool_retries,
+            trace=tracing.inject(),  # the calling agent's span (docs/architecture.md, Tracing)
         )

@@ -59,6 +59,7 @@ from smith_worker.agent.toolset import ToolRoute
 from smith_worker.llm.types import ToolSchema
 from smith_worker.memory.fencing import StaleAttemptError
 from smith_worker.memory.history import APPEND, ConversationStore
+from smith_worker.ops import tracing
 from smith_worker.ops.redaction import redact_error
 from smith_worker.tools.function import Approval, ToolContext, error_content
 from smith_worker.tools.waiter import settle_call
@@ -196,6 +197,8 @@ class SubAgentTools:
         await self._mark_started(step, index)
         position = tree_position(self.ctx.position, step, index)
         child = await self._child(call, position, self.checkpoint(step, index), task)
+        # its span: a pause, a cancel, a superseded attempt are not its errors (docs/architecture.md, Tracing)
+        span = tracing.span(f"invoke_agent {call.name}", attributes=_span_attributes(child, call)).__enter__()
         try:
             final = await self._run_loop(child)
         except asyncio.CancelledError:
@@ -204,11 +207,15 @@ class SubAgentTools:
         except (CancelRequested, StaleAttemptError, TurnPaused):
             raise
         except TurnCancelledError as exc:
+            span.error(exc)
             if exc.fields.get("operation") in TREE_LIMITS:
                 raise
             return _failed(call.name, exc)
         except Exception as exc:  # the child's failure is its parent's tool result, not the turn's
+            span.error(exc)
             return _failed(call.name, exc)
+        finally:
+            span.__exit__(None, None, None)
         return ToolOutcome(content=final.content or "")
 
     async def _mark_started(self, step: int, index: int) -> None:
@@ -262,6 +269,17 @@ class SubAgentTools:
         if not await rt.redis.exists(lists[0]):
             await child.append(UserMessage(content=task))
         return child
+
+
+def _span_attributes(child: AgentContext, call: ToolCall) -> dict[str, str]:
+    """The sub-agent's ``invoke_agent`` span's attributes (docs/architecture.md, Tracing)."""
+    return {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": call.name,
+        "gen_ai.tool.call.id": call.id,
+        "smith.turn.id": child.root_turn_id,
+        "smith.agent.path": "/".join(child.agent_path),
+    }
 
 
 def _error(message: str) -> ToolOutcome:

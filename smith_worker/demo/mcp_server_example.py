@@ -134,8 +134,26 @@ async def serve_stdio() -> None:
 
 
 def main() -> None:
-    """Serve over stdio until stdin closes."""
-    anyio.run(serve_stdio)
+    """Serve over stdio until stdin closes.
+
+    With ``SMITH_OTEL=1`` in its environment (a tracing worker passes its ``OTEL_*`` settings on:
+    docs/architecture.md, Tracing) each request is a span, a child of the caller's span whose trace context
+    the request's ``_meta`` carries (the MCP SDK's server middleware makes it once a tracer provider is set).
+    """
+    if os.environ.get("SMITH_OTEL", "").strip().lower() not in ("1", "true", "yes", "on"):
+        anyio.run(serve_stdio)
+        return
+    try:  # imported only then: it brings smith_client along
+        from smith_worker.ops import tracing
+    except ImportError as exc:  # run as a script beside another smith_worker (or none): serve untraced
+        print(f"mcp_server_example: tracing off ({exc})", file=sys.stderr)
+        anyio.run(serve_stdio)
+        return
+    tracing.setup(True, "agent-smith-mcp-example")
+    try:
+        anyio.run(serve_stdio)
+    finally:
+        tracing.shutdown()
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -69,6 +70,7 @@ from smith_worker.llm.types import (
     StreamToolCallStarted,
 )
 from smith_worker.llm.wire import assistant_from_openai, to_openai
+from smith_worker.ops import tracing
 from smith_worker.ops.redaction import redact_body, redact_headers, redact_text
 from smith_worker.ops.retry import BACKOFF_CAP, BACKOFF_JITTER, RetryPolicy, parse_retry_after
 
@@ -211,8 +213,11 @@ class LlmClient:
         """
         encoded = self._encoded(req, stream=False)
         headers = self._headers_for(encoded)
-        response = await self._whole_response(lambda _silence: self._complete_once(encoded.body, headers))
-        return JsonReplyReader(None).finish(response) if encoded.json_reply else response
+        with self._span(encoded) as span:
+            response = await self._whole_response(lambda _silence: self._complete_once(encoded.body, headers))
+            response = JsonReplyReader(None).finish(response) if encoded.json_reply else response
+            self._traced(span, response)
+        return response
 
     async def complete_stream(self, req: LlmRequest | EncodedRequest, on_event: OnEvent) -> LlmResponse:
         """Post a streamed request; call ``on_event(event)`` for each event as it arrives.
@@ -227,12 +232,55 @@ class LlmClient:
         encoded = self._encoded(req, stream=True)
         headers = self._headers_for(encoded)
         body = encoded.body
-        if not encoded.json_reply:
-            return await self._whole_response(lambda silence: self._stream_once(body, headers, on_event, silence))
-        reader = JsonReplyReader(on_event)
-        return reader.finish(
-            await self._whole_response(lambda silence: self._stream_once(body, headers, reader.on_event, silence))
-        )
+        with self._span(encoded) as span:
+            if not encoded.json_reply:
+                response = await self._whole_response(
+                    lambda silence: self._stream_once(body, headers, on_event, silence)
+                )
+            else:
+                reader = JsonReplyReader(on_event)
+                response = reader.finish(
+                    await self._whole_response(
+                        lambda silence: self._stream_once(body, headers, reader.on_event, silence)
+                    )
+                )
+            self._traced(span, response)
+        return response
+
+    def _span(self, encoded: EncodedRequest) -> tracing.NoSpan:
+        """The request's ``chat <model>`` span (GenAI conventions; docs/architecture.md, Tracing); its message
+        content only when :func:`~smith_worker.ops.tracing.capture_content`, redacted."""
+        if not tracing.ENABLED:
+            return tracing.NO_SPAN
+        url = urlsplit(self.config.base_url)
+        attributes: dict[str, str | int | bool] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": self.config.model,
+            "gen_ai.output.type": "json" if encoded.json_reply else "text",
+            "server.address": url.hostname or "",
+            "smith.llm.stream": encoded.stream,
+        }
+        if url.port:
+            attributes["server.port"] = url.port
+        if tracing.capture_content():
+            attributes["gen_ai.input.messages"] = tracing.content(orjson.loads(encoded.body).get("messages"))
+        return tracing.span(f"chat {self.config.model}", kind="client", attributes=attributes)
+
+    @staticmethod
+    def _traced(span: tracing.NoSpan, response: LlmResponse) -> None:
+        """The response's attributes on its ``chat`` span: model, finish reason, token usage (content when
+        captured)."""
+        if span is tracing.NO_SPAN:
+            return
+        usage = response.message.usage
+        span.update({
+            "gen_ai.response.model": response.model or None,
+            "gen_ai.response.finish_reasons": [response.finish_reason] if response.finish_reason else None,
+            "gen_ai.usage.input_tokens": usage.prompt if usage is not None else None,
+            "gen_ai.usage.output_tokens": usage.completion if usage is not None else None,
+        })  # fmt: skip
+        if tracing.capture_content():
+            span.set("gen_ai.output.messages", tracing.content([response.message.model_dump(mode="json")]))
 
     def _encoded(self, req: LlmRequest | EncodedRequest, *, stream: bool) -> EncodedRequest:
         if isinstance(req, LlmRequest):
@@ -434,6 +482,10 @@ class LlmClient:
                     failure.error.message += f" (after {number} attempts in {time.monotonic() - started:.1f} s)"
                     failure.error.args = (failure.error.message,)
                 delay = self._retry_delay(failure, number)
+                tracing.event(
+                    "smith.llm.retry",
+                    {"smith.retry.number": number, "smith.retry.delay_s": delay, "error.type": failure.error.kind},
+                )
                 logger.warning(
                     "LLM request failed (%s); retry %d/%d in %.2fs",
                     failure.error.message,
@@ -576,6 +628,7 @@ def parse_completion(raw: bytes) -> LlmResponse:
         message=message,
         finish_reason=str(choice.get("finish_reason") or ""),
         reasoning_content=reasoning if isinstance(reasoning, str) else "",
+        model=data["model"] if isinstance(data.get("model"), str) else "",
     )
 
 

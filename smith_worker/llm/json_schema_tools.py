@@ -448,6 +448,7 @@ class JsonReplyReader:
             message=message,
             finish_reason=_finish_reason(response.finish_reason, decoded),
             reasoning_content=response.reasoning_content,
+            model=response.model,
         )
 
 

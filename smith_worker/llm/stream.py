@@ -132,6 +132,7 @@ class ChatStreamAssembler:
         self._final_calls: list[ToolCall] | None = None
         self._saw_choice = False
         self._ended = False
+        self._model = ""
 
     @property
     def done(self) -> bool:
@@ -182,6 +183,7 @@ class ChatStreamAssembler:
             message=message,
             finish_reason=self._finish_reason or "",
             reasoning_content="".join(self._reasoning),
+            model=self._model,
         )
 
     def _end(self) -> list[StreamEvent]:
@@ -204,6 +206,8 @@ class ChatStreamAssembler:
         if "usage" in chunk:
             self._take_usage(chunk["usage"])
         self._take_groq_usage(chunk.get("x_groq"))
+        if not self._model and isinstance(chunk.get("model"), str):
+            self._model = chunk["model"]
         choices = chunk.get("choices")
         if choices is None:
             return []

@@ -211,11 +211,13 @@ class LlmRequest(BaseModel):
 class LlmResponse(BaseModel):
     """The result of one model call: the assistant message (with usage when
     reported), the server's ``finish_reason`` (``""`` when none was sent) and
-    any ``reasoning_content`` (kept apart from ``message.content``)."""
+    any ``reasoning_content`` (kept apart from ``message.content``); ``model`` the model the server says
+    answered (its ``model`` field, ``""`` when none was sent)."""
 
     message: AssistantMessage
     finish_reason: str = ""
     reasoning_content: str = ""
+    model: str = ""
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ from smith_worker.mcp.errors import (
 from smith_worker.mcp.events import EventRouter, LifecycleEvent, LifecycleKind, Notification
 from smith_worker.mcp.link import Link
 from smith_worker.mcp.transport import StderrCapture, open_transport
+from smith_worker.ops import tracing
 
 logger = logging.getLogger("agent_smith.mcp")
 
@@ -335,7 +336,9 @@ class Supervisor:
             self._next = loop.create_future()
         if self._owner is None or self._owner.done():
             self._stop = asyncio.Event()
-            self._owner = loop.create_task(self._run_owner(), name=f"mcp-owner-{self.alias}")
+            # not in the trace of the call that starts it (docs/architecture.md, Tracing)
+            context = tracing.background_context()
+            self._owner = loop.create_task(self._run_owner(), name=f"mcp-owner-{self.alias}", context=context)
         return self._next
 
     async def _wait_for(self, pending: asyncio.Future[Connection], deadline: float) -> Connection:

@@ -34,6 +34,7 @@ from typing import IO, Any, TextIO, cast
 
 from smith_worker.mcp.config import ServerConfig
 from smith_worker.mcp.launcher import PID_MARKER
+from smith_worker.ops import tracing
 from smith_worker.ops.retry import RetryPolicy
 
 logger = logging.getLogger("agent_smith.mcp")
@@ -128,7 +129,9 @@ async def open_stdio(config: ServerConfig, capture: StderrCapture) -> AsyncItera
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
     argv = launcher_argv(config)
-    params = StdioServerParameters(command=argv[0], args=argv[1:], env=dict(config.env or {}), cwd=config.cwd)
+    # tracing on: the server gets this worker's OTEL_* settings (docs/architecture.md, Tracing)
+    env = {**tracing.child_env(), **(config.env or {})}
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=config.cwd)
     async with stdio_client(params, errlog=cast(TextIO, capture.file)) as streams:
         capture.spawned()
         yield streams

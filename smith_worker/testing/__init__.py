@@ -24,7 +24,9 @@ The parts:
   :func:`worker_pair`: worker processes serving an app
   (:mod:`smith_worker.testing.workers`);
 * :func:`start_redis_server`: a private, diskless ``redis-server`` on a free
-  port (from :mod:`smith_worker.local.processes`).
+  port (from :mod:`smith_worker.local.processes`);
+* :class:`smith_worker.testing.otlp.OtlpReceiver`: an OTLP/HTTP receiver collecting the spans of traced workers
+  (imported from its module: it needs ``opentelemetry-proto``, in the dev extra).
 
 Product code never imports this package (an import-linter contract keeps it so).
 """

@@ -10,6 +10,7 @@ so a turn that already gave up on the call keeps its answer), publishes the
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from smith_client.jobs import REPLY_INLINE_MAX, ToolJob, ToolOutcome
 from smith_client.roundtrip import Pending, RoundTrip
 from smith_client.scripts import LuaScript
 from smith_worker.app import SmithApp
+from smith_worker.ops import tracing
 from smith_worker.ops.redaction import redact_literals, redact_text, secrets_scope
 from smith_worker.runtime import WorkerRuntime
 from smith_worker.tools.caller import NO_CONTEXT, parse_context
@@ -135,13 +137,19 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     await start.run(rt.redis)
     if answered.value:
         return {"is_error": False, "stored": False}  # never run a call twice
-    try:
-        caller = parse_context(record.value, rt.app.context_type)
-    except ContextValidationError as exc:  # the turn worker validated it: another app version's type
-        caller, result = NO_CONTEXT, error_result(f"the turn's caller context does not fit this worker: {exc.message}")
-    else:
-        with secrets_scope(caller.secrets):  # redacted from every log line while the call runs
-            result = await _invoke(rt, job, caller.value)
+    with tracing.span(
+        f"execute_tool {job.call.name}", carrier=job.trace, attributes=_span_attributes(ctx, job)
+    ) as span:
+        try:
+            caller = parse_context(record.value, rt.app.context_type)
+        except ContextValidationError as exc:  # the turn worker validated it: another app version's type
+            caller = NO_CONTEXT
+            result = error_result(f"the turn's caller context does not fit this worker: {exc.message}")
+        else:
+            with secrets_scope(caller.secrets):  # redacted from every log line while the call runs
+                result = await _invoke(rt, job, caller.value)
+        span.update({"smith.tool.run_s": round(time.monotonic() - started, 6),
+                     "error.type": "ToolError" if result.is_error else None})  # fmt: skip
     outcome = stored_outcome(result, job.result_max_bytes, rt.worker_id, caller.secrets)
     rt.metrics.record_tool_call(job.call.name, outcome.is_error, time.monotonic() - started)
     # A call that ran is not lost to a Redis outage: its outcome is stored once Redis answers
@@ -149,6 +157,23 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     stored = await rt.health.until_ok("storing a tool result", lambda: _store(rt, job, outcome))
     logger.debug("tool %s ran in %.3f s (stored=%s)", job.call.name, time.monotonic() - started, bool(stored))
     return {"is_error": outcome.is_error, "stored": bool(stored)}
+
+
+def _span_attributes(ctx: dict[str, Any], job: ToolJob) -> dict[str, str | int | float]:
+    """The ``execute_tool`` span's attributes (GenAI conventions; docs/architecture.md, Tracing), with the
+    seconds the job waited in the queue (arq's ``enqueue_time`` to now)."""
+    attributes: dict[str, str | int | float] = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": job.call.name,
+        "gen_ai.tool.call.id": job.call.id,
+        "gen_ai.agent.name": job.agent,
+        "smith.turn.id": job.turn_id,
+        "smith.tool.source": job.source,
+    }
+    enqueued = ctx.get("enqueue_time")
+    if isinstance(enqueued, datetime.datetime):
+        attributes["smith.tool.queue_wait_s"] = round(max(0.0, time.time() - enqueued.timestamp()), 6)
+    return attributes
 
 
 async def _store(rt: WorkerRuntime, job: ToolJob, outcome: ToolOutcome) -> bool:

@@ -60,6 +60,7 @@ from smith_worker.hooks import HookContext, current_turn, fire
 from smith_worker.memory.fencing import StaleAttemptError
 from smith_worker.memory.history import ConversationStore, HistorySlice
 from smith_worker.memory.pairing import REPAIR_SCAN, pending_repair
+from smith_worker.ops import tracing
 from smith_worker.ops.heap import collect_soon
 from smith_worker.ops.redaction import redact_error, secrets_scope
 from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS
@@ -83,6 +84,9 @@ SHARED_CRASH_FACTOR = 3
 
 class TurnExecution:
     """Runs one attempt of one :class:`TurnJob` on a turn worker (see the module docstring)."""
+
+    #: The attempt's ``invoke_agent`` span (docs/architecture.md, Tracing), once it runs.
+    _span: tracing.NoSpan = tracing.NO_SPAN
 
     def __init__(self, rt: WorkerRuntime, services: TurnServices, job: TurnJob, job_id: str = "") -> None:
         self.rt = rt
@@ -170,6 +174,7 @@ class TurnExecution:
         job_timeout = asyncio.timeout(self.rt.settings.turn_job_timeout)
         redis_failed = False
         ended = False  # without an exception
+        self._span = tracing.attempt_span(self.job, self.attempt.attempt).__enter__()  # docs/architecture.md, Tracing
         try:
             async with job_timeout:
                 await self._run_attempt(spec, tail.value)
@@ -215,6 +220,7 @@ class TurnExecution:
             await self.attempt.stop_renewing()
             if not ended:  # its traceback may hold the attempt's frames, request body included, in a cycle
                 collect_soon()
+            self._span.__exit__(None, None, None)
         if redis_failed:
             await self._hand_back_after_outage()
 
@@ -278,8 +284,13 @@ class TurnExecution:
         opening: EventData = (
             TurnResumedData(attempt=self.attempt.attempt, reason=_resumed_by(state))
             if self.attempt.attempt > 1
-            else TurnStartedData(conversation_id=self.job.conversation_id, agent=self.job.agent)
+            else TurnStartedData(
+                conversation_id=self.job.conversation_id, agent=self.job.agent, trace_id=self._span.trace_id
+            )
         )
+        if self.attempt.attempt > 1:  # the same trace goes on (the job's trace context, kept in the turn's state)
+            self._span.event("smith.turn.resumed", {"smith.turn.attempt": self.attempt.attempt,
+                                                    "smith.turn.resumed_by": _resumed_by(state)})  # fmt: skip
         first = "history_start" not in state  # the user message is not in yet (an earlier attempt may have added it)
         repair = pending_repair(tail) if first else None
         added = [*(repair.messages if repair else []), self.job.message] if first else []
@@ -364,10 +375,12 @@ class TurnExecution:
             await self._cancelled(spec, reason)
             return
         count = await self.attempt.requeue()  # worker shutdown: hand the turn off, it resumes elsewhere
+        self._span.event("smith.turn.handed_off", {"smith.turn.requeues": count})
         logger.info("turn %s handed off at shutdown (re-enqueue #%d)", self.job.turn_id, count)
 
     async def _cancelled(self, spec: AgentSpec | None, reason: str) -> None:
         """End the turn as cancelled: keep its completed messages, answer its dangling tool calls."""
+        self._span.event("smith.turn.cancelled", {"smith.cancel.reason": reason})
         try:
             await self._repair_dangling_calls(spec, "was cancelled")
             await self._finish(record.CANCELLED, record.CANCEL_REQUESTED, reason, TurnCancelledData(reason=reason))
@@ -414,6 +427,7 @@ class TurnExecution:
         """End the turn as failed: the error (secrets redacted) in its state and event, dangling calls answered."""
         error = redact_error(error)
         logger.error("turn %s failed: %r", self.job.turn_id, error)
+        self._span.error(error)
         hook_sets = [self.rt.app.hooks] + ([spec.hooks] if spec else [])
         await fire("on_error", error, *hook_sets)
         try:

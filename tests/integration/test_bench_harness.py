@@ -62,3 +62,14 @@ def test_the_paused_turns_bench_runs_small():
     assert "paused turns: 20 in" in out and "Redis used_memory per paused turn:" in out
     assert "job slots held: 0" in out
     assert "approve -> tool started: p50" in out and "(n=3)" in out
+
+
+def test_the_tracing_bench_runs_small(tmp_path):
+    """bench/tracing.py at 20 turns: both fleets measured, the spans of the traced one exported, a verdict line."""
+    figures = tmp_path / "tracing.json"
+    out = subprocess.run([sys.executable, "bench/tracing.py", "--turns", "20", "--json", str(figures)],
+                         cwd=ROOT, check=True, timeout=240, capture_output=True, text=True).stdout
+    assert "one-tool turn, tracing off" in out and "one-tool turn, tracing on (exporting)" in out
+    assert "PASS" in out or "MISS" in out
+    result = json.loads(figures.read_text())
+    assert result["spans"] >= 4 * 30 and result["off_p50_ms"] > 0 and result["off_path_us"] < 100

@@ -85,6 +85,7 @@ BAD_VALUES = {
     "SMITH_VIEW_MAX_BYTES": ["0", "-1", "16MiB", "1.5"],
     "SMITH_LOG_LEVEL": ["LOUD", "5"],
     "SMITH_LOG_JOBS": ["maybe"],
+    "SMITH_OTEL": ["maybe"],
 }
 
 
