@@ -94,8 +94,11 @@ class TurnAttempt:
         job_id: str = "",
         events: EventLog | None = None,
         agent_path: list[str] | None = None,
+        has_context: bool = False,
     ) -> None:
         self.redis = redis
+        #: The turn has a caller context record (``TurnJob.has_context``), whose TTL follows the turn's.
+        self.has_context = has_context
         self.events = events
         self.agent_path = agent_path or []
         #: Set when :meth:`queue_close`'s round trip completed the turn: the conversation's oldest unfinished
@@ -288,8 +291,9 @@ class TurnAttempt:
 
     def _queue_context_ttl(self, rt: RoundTrip) -> None:
         """Add to ``rt`` (a turn's end) a fresh ``turn_ttl`` for its caller context record, which so expires
-        with the turn's state (docs/architecture.md, Caller context; a no-op without a record)."""
-        rt.call("expire", self.keys.turn_context(self.turn_id), self.keys.turn_ttl)
+        with the turn's state (docs/architecture.md, Caller context; nothing without a record)."""
+        if self.has_context:
+            rt.call("expire", self.keys.turn_context(self.turn_id), self.keys.turn_ttl)
 
     def _finish_keys(self) -> list[str]:
         return [

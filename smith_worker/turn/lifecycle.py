@@ -112,6 +112,7 @@ class TurnExecution:
             job_id=job_id,
             events=rt.events,
             agent_path=self.agent_path,
+            has_context=job.has_context,
         )
         #: What the agent loop gets (built once the agent is known).
         self.ctx: AgentContext | None = None
@@ -146,19 +147,25 @@ class TurnExecution:
         if self._task is not None:
             self._task.cancel()
 
-    async def run(self) -> None:
-        """Run the turn if this attempt gets it; end it with exactly one terminal event, or hand it off."""
-        # the history's tail rides along: a fresh attempt checks it for an earlier turn's dangling calls
+    async def _begin(self) -> tuple[str, Pending[HistorySlice], Pending[bytes | None] | None]:
+        """The attempt's first round trip: ``begin.lua``'s outcome, the history's tail (a fresh attempt checks
+        it for an earlier turn's dangling calls), and the conversation's current agent for a turn sent without
+        ``agent=`` (docs/architecture.md, Handoffs; None otherwise); the caller context record rides along
+        (docs/architecture.md, Caller context)."""
         rt = RoundTrip()
         begun = self.attempt.queue_begin(rt)
         tail = self.store.queue_tail(rt, REPAIR_SCAN)
-        # and the caller context (docs/architecture.md, Caller context)
-        self._context_record = rt.call("get", self.rt.keys.turn_context(self.job.turn_id))
+        if self.job.has_context:
+            self._context_record = rt.call("get", self.rt.keys.turn_context(self.job.turn_id))
         current: Pending[bytes | None] | None = None
-        if not self.job.agent_given:  # it runs the conversation's current agent (docs/architecture.md, Handoffs)
+        if not self.job.agent_given:
             current = rt.call("get", self.rt.keys.conversation_agent(self.job.conversation_id))
         await rt.run(self.rt.redis)
-        outcome = begun.value
+        return begun.value, tail, current
+
+    async def run(self) -> None:
+        """Run the turn if this attempt gets it; end it with exactly one terminal event, or hand it off."""
+        outcome, tail, current = await self._begin()
         if outcome == "wait":
             await park(self.rt.redis, self.rt.keys, self.job.turn_id, self.job.conversation_id)
             return
@@ -300,7 +307,8 @@ class TurnExecution:
         rt = RoundTrip()
         start = self.attempt.queue_append_user(rt, self.job.message, repair)
         ctx.queue_publish(rt, events)
-        rt.call("expire", self.rt.keys.turn_context(self.job.turn_id), self.rt.keys.turn_ttl)  # a pause's life ends
+        if self.job.has_context:  # a pause's life ends
+            rt.call("expire", self.rt.keys.turn_context(self.job.turn_id), self.rt.keys.turn_ttl)
         await rt.run(self.rt.redis)
         for message in added:
             await fire("on_message", message, self.rt.app.hooks, spec.hooks)
