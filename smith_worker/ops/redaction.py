@@ -6,6 +6,9 @@
   matching ``/api[-_]?key/i``, ``/access[-_]?token/i``, ``/bearer/i`` or
   ``/password/i`` (anywhere in the key) becomes ``"<redacted>"``, whatever
   its type; nested objects and arrays are walked.
+* :func:`redact_json_deep` — :func:`redact_json`, and a string value that is itself a JSON object or array
+  (a tool call's ``arguments``, a tool message's ``content`` in the chat wire format) is decoded, redacted
+  and re-encoded.
 * :func:`redact_text` — every occurrence of a known secret string is replaced:
   those given, and those registered for the process with
   :func:`register_secrets` (API keys, bearer tokens, the Redis password,
@@ -67,6 +70,27 @@ def redact_json(value: Any) -> Any:
         }
     if isinstance(value, (list, tuple)):
         return [redact_json(item) for item in value]
+    return value
+
+
+def redact_json_deep(value: Any) -> Any:
+    """A copy of a decoded JSON value redacted as :func:`redact_json` does, strings holding a JSON object or
+    array included (decoded, redacted, re-encoded compactly when anything in them was redacted; kept as they are
+    otherwise): message content captured in spans (docs/architecture.md, Tracing)."""
+    if isinstance(value, Mapping):
+        return {
+            key: REDACTED if isinstance(key, str) and SENSITIVE_KEY.search(key) else redact_json_deep(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [redact_json_deep(item) for item in value]
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        try:
+            decoded = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+        redacted = redact_json_deep(decoded)
+        return value if redacted == decoded else orjson.dumps(redacted).decode()
     return value
 
 
@@ -215,5 +239,6 @@ __all__ = [
     "url_credentials",
     "redact_headers",
     "redact_json",
+    "redact_json_deep",
     "redact_text",
 ]

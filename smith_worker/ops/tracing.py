@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from smith_client.errors import SmithError
 from smith_client.jobs import TurnJob
-from smith_worker.ops.redaction import redact_json, redact_text
+from smith_worker.ops.redaction import redact_json_deep, redact_text
 
 logger = logging.getLogger("agent_smith.tracing")
 
@@ -311,10 +311,11 @@ def child_env() -> dict[str, str]:
 
 
 def content(value: Any) -> str:
-    """``value`` (JSON-able: messages) as redacted JSON text, for a content attribute."""
+    """``value`` (JSON-able: messages) as redacted JSON text, for a content attribute: sensitive keys redacted also
+    inside strings holding JSON (a tool call's arguments, a tool result: :func:`redact_json_deep`)."""
     import orjson
 
-    return redact_text(orjson.dumps(redact_json(value)).decode())
+    return redact_text(orjson.dumps(redact_json_deep(value)).decode())
 
 
 class TraceIdFilter(logging.Filter):

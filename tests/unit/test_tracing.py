@@ -7,6 +7,7 @@ import subprocess
 import sys
 import uuid
 
+import orjson
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -95,3 +96,18 @@ def test_log_lines_written_under_a_span_carry_its_trace_id(spans):
     with tracing.span("s") as span:
         tracing.TraceIdFilter().filter(record)
     assert record.getMessage() == f"turn t1 failed trace_id={span.trace_id}"
+
+
+def test_captured_content_redacts_secrets_inside_json_encoded_arguments_and_tool_results():
+    messages = [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "login", "arguments": '{"user":"bob","password":"hunter2-SECRETPW"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"ok":true,"access_token":"tok-abc123XYZ"}'},
+        {"role": "user", "content": "[not json"},
+    ]  # fmt: skip
+    text = tracing.content(messages)
+    assert "hunter2-SECRETPW" not in text and "tok-abc123XYZ" not in text
+    decoded = orjson.loads(text)
+    assert orjson.loads(decoded[0]["tool_calls"][0]["function"]["arguments"]) == {"user": "bob", "password": "<redacted>"}
+    assert orjson.loads(decoded[1]["content"]) == {"ok": True, "access_token": "<redacted>"}
+    assert decoded[2]["content"] == "[not json"
