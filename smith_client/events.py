@@ -99,7 +99,7 @@ class EventData(BaseModel):
 
 class TurnStartedData(EventData):
     """``turn.started``: the first attempt of a turn began. ``trace_id``: the turn's OpenTelemetry trace id
-    (32 hex digits; "" when its worker does not trace: docs/architecture.md, Tracing)."""
+    (32 hex digits; "" when its worker does not trace or the turn is not sampled: docs/architecture.md, Tracing)."""
 
     event_type: ClassVar[str] = TURN_STARTED
     conversation_id: str

@@ -158,7 +158,7 @@ class NoSpan:
 
     @property
     def trace_id(self) -> str:
-        """The span's trace id, 32 hex digits ("" when off)."""
+        """The span's trace id, 32 hex digits ("" when off or the span is not sampled)."""
         return ""
 
 
@@ -215,7 +215,10 @@ class Span(NoSpan):
 
     @property
     def trace_id(self) -> str:
-        return format(self._span.get_span_context().trace_id, "032x")
+        """The trace id when the span is sampled, "" otherwise (an unsampled span's trace reaches no backend:
+        docs/architecture.md, Tracing)."""
+        context = self._span.get_span_context()
+        return format(context.trace_id, "032x") if context.trace_flags.sampled else ""
 
 
 def span(
@@ -296,7 +299,7 @@ def inject() -> dict[str, str] | None:
 
 
 def trace_id() -> str:
-    """The current span's trace id (32 hex digits), "" when off or none is current."""
+    """The current span's trace id (32 hex digits), "" when off, none is current or it is not sampled."""
     return current().trace_id if ENABLED else ""
 
 
@@ -319,7 +322,8 @@ def content(value: Any) -> str:
 
 
 class TraceIdFilter(logging.Filter):
-    """Adds `` trace_id=<hex>`` to the message of a record written while a span is current (once per record)."""
+    """Adds `` trace_id=<hex>`` to the message of a record written while a sampled span is current (once per
+    record)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if ENABLED and not getattr(record, "trace_id", None):

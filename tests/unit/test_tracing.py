@@ -111,3 +111,21 @@ def test_captured_content_redacts_secrets_inside_json_encoded_arguments_and_tool
     assert orjson.loads(decoded[0]["tool_calls"][0]["function"]["arguments"]) == {"user": "bob", "password": "<redacted>"}
     assert orjson.loads(decoded[1]["content"]) == {"ok": True, "access_token": "<redacted>"}
     assert decoded[2]["content"] == "[not json"
+
+
+def test_an_unsampled_spans_trace_id_is_written_nowhere(spans, monkeypatch):
+    import logging
+
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    def logged() -> str:
+        record = logging.LogRecord("x", logging.INFO, __file__, 1, "line", (), None)
+        tracing.TraceIdFilter().filter(record)
+        return record.getMessage()
+
+    ctx = tracing.background_context()  # the pooled MCP connection's placeholder
+    assert ctx is not None and ctx.run(logged) == "line" and ctx.run(tracing.trace_id) == ""
+    tracing.use_provider(TracerProvider(sampler=ALWAYS_OFF))  # OTEL_TRACES_SAMPLER=always_off
+    job = TurnJob(turn_id="t", conversation_id="c", message=UserMessage(content="hi"))
+    with tracing.attempt_span(job, 1) as attempt:
+        assert attempt.trace_id == "" and tracing.trace_id() == "" and logged() == "line"
