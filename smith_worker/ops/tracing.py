@@ -156,6 +156,10 @@ class NoSpan:
     def error(self, error: BaseException) -> None:
         """Mark the span failed by ``error`` (``error.type`` its kind, the status message its redacted text)."""
 
+    def fail(self, kind: str, message: str) -> None:
+        """Mark the span failed: ``error.type`` ``kind``, status error with ``message`` (redacted), and an
+        ``exception`` event (a failure that raised nothing here: a tool's error result)."""
+
     @property
     def trace_id(self) -> str:
         """The span's trace id, 32 hex digits ("" when off or the span is not sampled)."""
@@ -207,8 +211,10 @@ class Span(NoSpan):
         self._span.add_event(name, _clean(attributes or {}))
 
     def error(self, error: BaseException) -> None:
-        kind = error.kind if isinstance(error, SmithError) else type(error).__name__
-        message = redact_text(str(error))
+        self.fail(error.kind if isinstance(error, SmithError) else type(error).__name__, str(error))
+
+    def fail(self, kind: str, message: str) -> None:
+        message = redact_text(message)
         self._span.set_attribute("error.type", kind)
         self._span.add_event("exception", {"exception.type": kind, "exception.message": message})
         self._span.set_status(_otel["status"](message))

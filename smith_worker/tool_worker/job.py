@@ -148,8 +148,9 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
         else:
             with secrets_scope(caller.secrets):  # redacted from every log line while the call runs
                 result = await _invoke(rt, job, caller.value)
-        span.update({"smith.tool.run_s": round(time.monotonic() - started, 6),
-                     "error.type": "ToolError" if result.is_error else None})  # fmt: skip
+        span.set("smith.tool.run_s", round(time.monotonic() - started, 6))
+        if result.is_error:  # a failure: status error and an exception event (docs/architecture.md, Tracing)
+            span.fail("ToolError", redact_literals(_error_message(result), caller.secrets))
     outcome = stored_outcome(result, job.result_max_bytes, rt.worker_id, caller.secrets)
     rt.metrics.record_tool_call(job.call.name, outcome.is_error, time.monotonic() - started)
     # A call that ran is not lost to a Redis outage: its outcome is stored once Redis answers
@@ -157,6 +158,17 @@ async def run_tool(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, An
     stored = await rt.health.until_ok("storing a tool result", lambda: _store(rt, job, outcome))
     logger.debug("tool %s ran in %.3f s (stored=%s)", job.call.name, time.monotonic() - started, bool(stored))
     return {"is_error": outcome.is_error, "stored": bool(stored)}
+
+
+def _error_message(result: ToolResult) -> str:
+    """The message of an error result for its span's status: the ``message`` of ``{"error": true, ...}``
+    content, else the content (an MCP server's text), at most 1000 characters."""
+    try:
+        decoded = orjson.loads(result.content)
+    except orjson.JSONDecodeError:
+        decoded = None
+    message = decoded.get("message") if isinstance(decoded, dict) else None
+    return (message if isinstance(message, str) else result.content)[:1000]
 
 
 def _span_attributes(ctx: dict[str, Any], job: ToolJob) -> dict[str, str | int | float]:

@@ -212,6 +212,17 @@ async def test_a_turn_handed_off_at_sigterm_continues_the_same_trace(traced_clie
     assert "smith.turn.resumed" in [name for name, _ in resumed.events]
 
 
+async def test_a_tools_error_result_marks_its_span_failed(traced_client, receiver, scenario):
+    key, marker = scenario(Script(Reply.tool_calls([("refuse", {"reason": "no way"})]), Reply.text("it refused")))
+    handle = await traced_client.submit(f"{marker} go", conversation_id=f"conv-{key}", agent="refuser")
+    trace_id = await started_trace_id(traced_client, handle.turn_id)
+    assert (await handle.result(timeout=60)).content == "it refused"
+    tool = one(receiver.wait_for(trace_id, {"execute_tool refuse"}), "execute_tool refuse")
+    assert tool.attributes["error.type"] == "ToolError" and tool.status_code == 2  # STATUS_CODE_ERROR
+    assert tool.status_message == "refused: no way"
+    assert ("exception", {"exception.type": "ToolError", "exception.message": "refused: no way"}) in tool.events
+
+
 async def test_an_api_key_echoed_by_a_model_error_is_in_no_span_and_the_failure_is_typed(
     traced_client, receiver, scenario
 ):
