@@ -117,12 +117,29 @@ def use_provider(provider: Any) -> None:
     ENABLED = True
 
 
-def shutdown() -> None:
-    """Export the spans still buffered and stop (a worker's shutdown); no-op when off."""
+#: Longest wait for the spans still buffered to be exported at shutdown, seconds (docs/architecture.md, Tracing).
+SHUTDOWN_TIMEOUT_S = 3.0
+
+
+def shutdown(timeout: float = SHUTDOWN_TIMEOUT_S) -> bool:
+    """Export the spans still buffered and stop (a worker's shutdown), waiting ``timeout`` seconds at most; no-op
+    (True) when off. False, with one warning logged, when the export did not end in time (a collector that hangs
+    or is down: the SDK's retries alone take longer); what was not exported then is lost, as at a kill -9.
+
+    The SDK's shutdown runs in a daemon thread, left behind when it overruns: it never holds the process."""
     global ENABLED
-    if _provider is not None and ENABLED:
-        ENABLED = False
-        _provider.shutdown()
+    if _provider is None or not ENABLED:
+        return True
+    ENABLED = False
+    import threading
+
+    stopper = threading.Thread(target=_provider.shutdown, name="otel-shutdown", daemon=True)
+    stopper.start()
+    stopper.join(timeout)
+    if stopper.is_alive():
+        logger.warning("tracing: spans not exported within %g s at shutdown were dropped", timeout)
+        return False
+    return True
 
 
 def capture_content() -> bool:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import threading
+import time
 import uuid
 
 import pytest
@@ -243,3 +245,52 @@ async def test_an_api_key_echoed_by_a_model_error_is_in_no_span_and_the_failure_
     # the worker's log line for the failure carries the turn's trace id
     logs = "".join(p.read_text(errors="replace") for p in LOGS.glob(f"{traced_client.keys.prefix}-*-turns-*.log"))
     assert any(f"turn {handle.turn_id} failed" in line and f"trace_id={trace_id}" in line for line in logs.splitlines())
+
+
+@pytest.fixture
+def hanging_collector():
+    """An OTLP endpoint that accepts connections and never answers (a hung collector); yields its URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    held: list[socket.socket] = []
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                held.append(listener.accept()[0])  # read nothing, answer nothing
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    done.set()
+    thread.join(5)
+    for conn in held:
+        conn.close()
+    listener.close()
+
+
+async def test_a_workers_stop_is_not_held_by_a_collector_that_never_answers(
+    redis_url, scripted_llm, scenario, hanging_collector
+):
+    prefix = f"otelhang{uuid.uuid4().hex[:6]}"
+    env = worker_env(redis_url, prefix, scripted_llm.base_url, SMITH_OTEL="1",
+                     OTEL_EXPORTER_OTLP_ENDPOINT=hanging_collector, OTEL_BSP_SCHEDULE_DELAY="100")  # fmt: skip
+    (worker,) = start_workers(APP, env, ["turns"], prefix, log_dir=LOGS)
+    try:
+        await wait_for_workers(redis_url, prefix, 1)
+        key, marker = scenario(Reply.text("traced into the void"))
+        async with SmithClient.from_url(redis_url, prefix=prefix) as client:
+            handle = await client.submit(f"{marker} hi", conversation_id=f"conv-{key}", agent="plain")
+            assert (await handle.result(timeout=60)).content == "traced into the void"
+        started = time.monotonic()
+        worker.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(worker.proc.wait, 60)
+        elapsed = time.monotonic() - started
+    finally:
+        worker.stop()
+    assert code == 0 and elapsed < 8, (code, elapsed)  # the flush is bounded to 3 s; unbounded, 10 s and more
+    log = "".join(p.read_text(errors="replace") for p in LOGS.glob(f"{prefix}-turns-*.log"))
+    assert "spans not exported within 3 s at shutdown were dropped" in log
