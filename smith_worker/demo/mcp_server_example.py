@@ -138,7 +138,8 @@ def main() -> None:
 
     With ``SMITH_OTEL=1`` in its environment (a tracing worker passes its ``OTEL_*`` settings on:
     docs/architecture.md, Tracing) each request is a span, a child of the caller's span whose trace context
-    the request's ``_meta`` carries (the MCP SDK's server middleware makes it once a tracer provider is set).
+    the request's ``_meta`` carries (the MCP SDK's server middleware makes it once a tracer provider is set);
+    a message without one (the ``notifications/initialized`` of a handshake) is not recorded.
     """
     if os.environ.get("SMITH_OTEL", "").strip().lower() not in ("1", "true", "yes", "on"):
         anyio.run(serve_stdio)
@@ -149,6 +150,9 @@ def main() -> None:
         print(f"mcp_server_example: tracing off ({exc})", file=sys.stderr)
         anyio.run(serve_stdio)
         return
+    # only spans continuing a caller's trace: ParentBased(root=ALWAYS_OFF), whatever sampler the worker passed on
+    # (its sampling decision comes along in the trace context); a handshake makes no one-span trace of its own
+    os.environ["OTEL_TRACES_SAMPLER"] = "parentbased_always_off"
     tracing.setup(True, "agent-smith-mcp-example")
     try:
         anyio.run(serve_stdio)

@@ -174,6 +174,14 @@ async def test_one_trace_from_the_client_through_both_workers_a_sub_agent_and_th
     assert root_add.attributes["smith.tool.queue_wait_s"] >= 0 and root_add.attributes["smith.tool.run_s"] >= 0
     # the MCP connection's own requests (handshake, pings) are in no turn's trace
     assert not {"MCP send initialize", "MCP send ping", "MCP send tools/list"} & {s.name for s in spans}
+    # ... and the example server records no trace of its own (only spans continuing a caller's: its handshake
+    # notifications carry no trace context)
+    services: dict[str, set[str]] = {}
+    for received in receiver.spans:
+        services.setdefault(received.trace_id, set()).add(received.service)
+    assert {"agent-smith-mcp-example"} not in services.values(), [
+        (s.name, s.trace_id) for s in receiver.spans if services[s.trace_id] == {"agent-smith-mcp-example"}
+    ]
     # no message content without OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true
     assert not any("private words" in s.text() or "gen_ai.input.messages" in s.attributes for s in spans)
 
