@@ -5,9 +5,10 @@
   stderr.
 * ``smith keys --conversation ID`` lists that conversation's Redis keys and TTLs.
 * ``smith status`` prints queue lengths, running and paused turns, and live workers per queue.
-* ``smith usage [--hours N | --day] [--agent NAME]`` prints, per agent, the model calls and server-reported tokens
-  counted over the last hour (N hours, a day; to the minute), from the deployment's usage buckets
-  (:mod:`smith_client.usage`; docs/architecture.md, Token usage).
+* ``smith usage [--hours N | --day] [--agent NAME] [--tenant NAME] [--by-tenant]`` prints, per agent, the model
+  calls and server-reported tokens counted over the last hour (N hours, a day; to the minute), from the
+  deployment's usage buckets (:mod:`smith_client.usage`; docs/architecture.md, Token usage): only one tenant's
+  turns' with ``--tenant``, one row per tenant and agent with ``--by-tenant`` (docs/architecture.md, Tenants).
 * A turn paused for a person (docs/architecture.md, Pausing for a person): ``smith pending TURN`` lists its
   undecided calls; ``smith approve TURN CALL [--arguments JSON]``, ``smith reject TURN CALL [--message TEXT]``
   and ``smith result TURN CALL VALUE [--error]`` (an external tool's) decide one; each prints the decision
@@ -243,27 +244,39 @@ async def _run_status(args: argparse.Namespace) -> int:
 
 
 async def _run_usage(args: argparse.Namespace) -> int:
-    """``smith usage [--hours N | --day] [--agent NAME]``: one row per agent with model calls and tokens over the
-    window, then the sum of the rows when there are several; one line on stderr when nothing was counted."""
+    """``smith usage [--hours N | --day] [--agent NAME] [--tenant NAME] [--by-tenant]``: one row per agent (per
+    tenant and agent with ``--by-tenant``, ``-`` naming the turns with no tenant) with model calls and tokens over
+    the window (only ``--tenant``'s turns' when given), then the sum of the rows when there are several; one line
+    on stderr when nothing was counted."""
+    found: dict[tuple[str, ...], AgentUsage]
     async with _connect(args) as client:
-        found = await client.usage(args.hours * 3600, args.agent)
+        if args.by_tenant:
+            grouped = await client.usage_by_tenant(args.hours * 3600, args.agent, args.tenant)
+            found = {(tenant or "-", name): u for tenant, agents in grouped.items() for name, u in agents.items()}
+        else:
+            per_agent = await client.usage(args.hours * 3600, args.agent, args.tenant)
+            found = {(name,): u for name, u in per_agent.items()}
     window = f"the last {args.hours:g} h"
     if not found:
         who = f"agent {args.agent!r}" if args.agent else "any agent"
-        print(f"no model calls of {who} counted in {window} under prefix {args.prefix!r}", file=sys.stderr)
+        of_tenant = f" of tenant {args.tenant!r}" if args.tenant else ""
+        print(f"no model calls of {who}{of_tenant} counted in {window} under prefix {args.prefix!r}", file=sys.stderr)
         return 0
+    names: tuple[str, ...] = ("tenant", "agent") if args.by_tenant else ("agent",)
     if len(found) > 1:
-        found["(all)"] = functools.reduce(AgentUsage.plus, found.values(), AgentUsage())
-    print(f"model calls and tokens in {window} (to the minute), prefix {args.prefix!r}:")
-    header = ("agent", "requests", "prompt", "completion", "total")
+        found[("(all)", *([""] * (len(names) - 1)))] = functools.reduce(AgentUsage.plus, found.values(), AgentUsage())
+    of_tenant = f", tenant {args.tenant!r}" if args.tenant else ""
+    print(f"model calls and tokens in {window} (to the minute), prefix {args.prefix!r}{of_tenant}:")
+    header = (*names, "requests", "prompt", "completion", "total")
     cells = [
         header,
-        *((name, *(str(n) for n in (u.requests, u.prompt, u.completion, u.total))) for name, u in found.items()),
+        *((*key, *(str(n) for n in (u.requests, u.prompt, u.completion, u.total))) for key, u in found.items()),
     ]
     widths = [max(len(line[column]) for line in cells) for column in range(len(header))]
     for line in cells:
-        numbers = (cell.rjust(width) for cell, width in zip(line[1:], widths[1:], strict=True))
-        print("  ".join([line[0].ljust(widths[0]), *numbers]))
+        texts = (cell.ljust(width) for cell, width in zip(line[: len(names)], widths, strict=False))
+        numbers = (cell.rjust(width) for cell, width in zip(line[len(names) :], widths[len(names) :], strict=True))
+        print("  ".join([*texts, *numbers]).rstrip())
     return 0
 
 
@@ -393,6 +406,7 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     "--redis-url": {"metavar": "URL"},
     "--prefix": {"metavar": "PREFIX"},
     "--agent": {"metavar": "NAME"},
+    "--tenant": {"metavar": "NAME"},
     "--conversation": {"metavar": "ID"},
     "--timeout": {"metavar": "SECONDS", "type": _seconds},
 }
@@ -430,7 +444,11 @@ _COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
     "pending": ("list the calls a paused turn waits on", dict(_CONNECTION)),
     "usage": (
         "model calls and tokens per agent over the last hour (or --hours N, --day)",
-        {**_CONNECTION, "--agent": "only this agent (default: every agent)"},
+        {
+            **_CONNECTION,
+            "--agent": "only this agent (default: every agent)",
+            "--tenant": "only the turns of this tenant (default: every tenant's and those with none)",
+        },
     ),
     "approve": ("approve a paused turn's call: it runs once the turn resumes", dict(_CONNECTION)),
     "reject": ("reject a paused turn's call: the model gets an error tool message", dict(_CONNECTION)),
@@ -446,6 +464,7 @@ _ARGUMENTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "usage": [
         ("--hours", {"metavar": "N", "type": _hours, "help": "the window, hours up to 24 (default: 1)"}),
         ("--day", {"action": "store_true", "help": "the last 24 hours"}),
+        ("--by-tenant", {"action": "store_true", "help": "one row per tenant and agent (-: no tenant)"}),
     ],
     "approve": [
         _TURN,

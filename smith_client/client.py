@@ -41,7 +41,7 @@ from smith_client.runners import AsyncRunner, SyncRunner
 from smith_client.settings import ClientSettings
 from smith_client.turns import cancel_turn, read_state
 from smith_client.usage import AgentUsage
-from smith_client.validation import TurnOptions, check_id
+from smith_client.validation import TurnOptions, check_id, check_tenant
 
 
 class ClientBase:
@@ -70,8 +70,11 @@ class ClientBase:
         turn_ttl: int | None = None,
         history_ttl: int | None = None,
         context_max_bytes: int | None = None,
+        tenant: str | None = None,
     ) -> None:
         self.redis = redis
+        #: The tenant of the turns this client sends without one (docs/architecture.md, Tenants; None: none).
+        self.tenant = check_tenant(tenant)
         env = ClientSettings.from_env(only=("turn_ttl", "history_ttl", "context_max_bytes"))
         self.keys = Keys(prefix, turn_ttl or env.turn_ttl, history_ttl or env.history_ttl)
         #: Cap on a turn's caller context, bytes of compact JSON (``SMITH_CONTEXT_MAX_BYTES``, 64 KiB).
@@ -94,6 +97,7 @@ class ClientBase:
         max_connections: int | None = None,
         pool_timeout: float | None = None,
         context_max_bytes: int | None = None,
+        tenant: str | None = None,
     ) -> Self:
         """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``, ``rediss://user:pw@host:6380/0``;
         default ``SMITH_REDIS_URL``, else ``redis://127.0.0.1:6379/0``), the workers' keys under ``prefix`` (default
@@ -113,7 +117,8 @@ class ClientBase:
         writes (a turn's state, a conversation's FIFO and skills); None reads
         ``SMITH_TURN_TTL`` / ``SMITH_HISTORY_TTL`` (defaults 24 h / 30 days, docs/architecture.md, Lifetimes).
         ``context_max_bytes`` caps a turn's caller context (bytes of JSON; None reads ``SMITH_CONTEXT_MAX_BYTES``,
-        default 64 KiB).
+        default 64 KiB). ``tenant`` is the tenant of the turns sent without one (``send(..., tenant=)``; 1-200
+        of ``[A-Za-z0-9_.@-]``, else :class:`InvalidRequestError`; docs/architecture.md, Tenants).
         The client closes these connections when it is closed.
         """
         given = {"redis_url": redis_url, "prefix": prefix, "redis_socket_timeout": socket_timeout,
@@ -138,16 +143,24 @@ class ClientBase:
             turn_ttl=turn_ttl,
             history_ttl=history_ttl,
             context_max_bytes=context_max_bytes,
+            tenant=tenant,
         )
 
+    def _options(self, options: TurnOptions) -> dict[str, Any]:
+        """``options`` with the client's tenant when they name none."""
+        given = dict(options)
+        if given.get("tenant") is None and self.tenant is not None:
+            given["tenant"] = self.tenant
+        return given
+
     def _op_send(self, text: str, timeout: float | None, options: TurnOptions) -> Operation[AssistantMessage]:
-        return ops.send(self.keys, text, timeout, dict(options), self.context_max_bytes)
+        return ops.send(self.keys, text, timeout, self._options(options), self.context_max_bytes)
 
     def _op_stream(self, text: str, timeout: float | None, options: TurnOptions) -> Operation[None]:
-        return ops.stream(self.keys, text, timeout, dict(options), self.context_max_bytes)
+        return ops.stream(self.keys, text, timeout, self._options(options), self.context_max_bytes)
 
     def _op_submit(self, text: str, options: TurnOptions) -> Operation[str]:
-        return ops.submit(self.keys, text, dict(options), self.context_max_bytes)
+        return ops.submit(self.keys, text, self._options(options), self.context_max_bytes)
 
     def _op_follow(self, turn_id: str, after_seq: int, timeout: float | None) -> Operation[None]:
         return ops.follow(self.keys, turn_id, after_seq, timeout)
@@ -187,8 +200,15 @@ class ClientBase:
     ) -> Operation[InputResponse]:
         return inputs.respond(self.keys, turn_id, request_id, action, content)
 
-    def _op_usage(self, window_seconds: float, agent: str | None) -> Operation[dict[str, AgentUsage]]:
-        return usage_ops.usage(self.keys, window_seconds, agent)
+    def _op_usage(
+        self, window_seconds: float, agent: str | None, tenant: str | None
+    ) -> Operation[dict[str, AgentUsage]]:
+        return usage_ops.usage(self.keys, window_seconds, agent, tenant=tenant)
+
+    def _op_usage_by_tenant(
+        self, window_seconds: float, agent: str | None, tenant: str | None
+    ) -> Operation[dict[str, dict[str, AgentUsage]]]:
+        return usage_ops.usage_by_tenant(self.keys, window_seconds, agent, tenant=tenant)
 
 
 class HandleBase:
@@ -435,14 +455,24 @@ class SmithClient(ClientBase):
         """
         return await self.runner.run(self._op_respond(turn_id, request_id, action, content))
 
-    async def usage(self, window_seconds: float = 3600, agent: str | None = None) -> dict[str, AgentUsage]:
+    async def usage(
+        self, window_seconds: float = 3600, agent: str | None = None, tenant: str | None = None
+    ) -> dict[str, AgentUsage]:
         """What each agent's model calls used over the last ``window_seconds`` (to the minute; at most 24 h):
         agent name → :class:`~smith_client.usage.AgentUsage` (``requests``: model calls answered; ``prompt``,
         ``completion``, ``total``: server-reported tokens), only ``agent``'s when given, agents in name order,
         those with nothing counted absent. Counts every model call the workers made for an agent: its replies, its
         memory's summaries and the MCP sampling its tool calls served (docs/architecture.md, Token usage). One
-        round trip. Raises :class:`InvalidRequestError` for a window outside (0, 86 400] or a bad agent name."""
-        return await self.runner.run(self._op_usage(window_seconds, agent))
+        round trip. With ``tenant``, only the model calls of that tenant's turns (docs/architecture.md, Tenants).
+        Raises :class:`InvalidRequestError` for a window outside (0, 86 400] or a bad agent or tenant name."""
+        return await self.runner.run(self._op_usage(window_seconds, agent, tenant))
+
+    async def usage_by_tenant(
+        self, window_seconds: float = 3600, agent: str | None = None, tenant: str | None = None
+    ) -> dict[str, dict[str, AgentUsage]]:
+        """:meth:`usage` grouped by tenant: tenant (``""`` for the turns with none) → agent →
+        :class:`~smith_client.usage.AgentUsage`, tenants and agents in name order; the same rules and errors."""
+        return await self.runner.run(self._op_usage_by_tenant(window_seconds, agent, tenant))
 
     @functools.cached_property
     def events(self) -> EventLog:

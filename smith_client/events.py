@@ -99,12 +99,14 @@ class EventData(BaseModel):
 
 class TurnStartedData(EventData):
     """``turn.started``: the first attempt of a turn began. ``trace_id``: the turn's OpenTelemetry trace id
-    (32 hex digits; "" when its worker does not trace or the turn is not sampled: docs/architecture.md, Tracing)."""
+    (32 hex digits; "" when its worker does not trace or the turn is not sampled: docs/architecture.md, Tracing).
+    ``tenant``: the turn's (``send(..., tenant=)``; None when it has none: docs/architecture.md, Tenants)."""
 
     event_type: ClassVar[str] = TURN_STARTED
     conversation_id: str
     agent: str
     trace_id: str = ""
+    tenant: str | None = None
 
 
 class TokenData(EventData):

@@ -62,7 +62,8 @@ class TurnJob(BaseModel):
     ``trace`` is the W3C trace context (``traceparent``, ``tracestate``) of the span that sent the turn, None
     when the sender does not trace; it is stored with the job in the turn's state (``job``), so every attempt
     of the turn continues the same trace (docs/architecture.md, Tracing). It is not part of the request's
-    fingerprint.
+    fingerprint. ``tenant`` is who the turn is for (docs/architecture.md, Tenants; None: no tenant), which its
+    sub-agents share: it labels its events, metrics, usage counts and spans.
     """
 
     turn_id: str
@@ -76,6 +77,7 @@ class TurnJob(BaseModel):
     agent_given: bool = True
     overrides: TurnOverrides | None = None
     trace: dict[str, str] | None = None
+    tenant: str | None = None
 
 
 class ToolJob(BaseModel):
@@ -97,7 +99,8 @@ class ToolJob(BaseModel):
     ``retry`` how many corrections in a row the tool asked of the model before this call and
     ``tool_retries`` how many the agent allows (docs/architecture.md, Tool calls; 0 from turn workers older
     than these fields, which do not count them: none allowed); ``trace`` the W3C trace context of the calling
-    agent's span (None when the turn worker does not trace; docs/architecture.md, Tracing).
+    agent's span (None when the turn worker does not trace; docs/architecture.md, Tracing); ``tenant`` the
+    turn's (:class:`TurnJob`; None: none), whose usage buckets count the MCP sampling the call serves.
     """
 
     turn_id: str
@@ -119,6 +122,7 @@ class ToolJob(BaseModel):
     retry: int = Field(default=0, ge=0)
     tool_retries: int = Field(default=0, ge=0)
     trace: dict[str, str] | None = None
+    tenant: str | None = None
 
 
 class ToolOutcome(BaseModel):

@@ -146,10 +146,20 @@ class SyncSmithClient(ClientBase):
         elicitation; the same rules and errors."""
         return self.runner.run(self._op_respond(turn_id, request_id, action, content))
 
-    def usage(self, window_seconds: float = 3600, agent: str | None = None) -> dict[str, AgentUsage]:
+    def usage(
+        self, window_seconds: float = 3600, agent: str | None = None, tenant: str | None = None
+    ) -> dict[str, AgentUsage]:
         """Blocking :meth:`SmithClient.usage <smith_client.client.SmithClient.usage>`: agent name → what its
-        model calls used over the last ``window_seconds``; the same rules and errors."""
-        return self.runner.run(self._op_usage(window_seconds, agent))
+        model calls used over the last ``window_seconds`` (only ``tenant``'s turns' when given); the same rules
+        and errors."""
+        return self.runner.run(self._op_usage(window_seconds, agent, tenant))
+
+    def usage_by_tenant(
+        self, window_seconds: float = 3600, agent: str | None = None, tenant: str | None = None
+    ) -> dict[str, dict[str, AgentUsage]]:
+        """Blocking :meth:`SmithClient.usage_by_tenant <smith_client.client.SmithClient.usage_by_tenant>`:
+        tenant → agent → use; the same rules and errors."""
+        return self.runner.run(self._op_usage_by_tenant(window_seconds, agent, tenant))
 
     def __enter__(self) -> Self:
         return self

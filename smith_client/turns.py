@@ -74,8 +74,11 @@ class _Client(Protocol):
 
 def fingerprint(job: TurnJob, context: str | None = None) -> str:
     """A digest of what makes two requests "the same turn" (conversation, agent, message, options, and the
-    caller ``context``'s JSON, by its own digest)."""
+    caller ``context``'s JSON, by its own digest, and the tenant when there is one: a request without one has the
+    digest it had before tenants)."""
     body = {k: v for k, v in job.model_dump(mode="json").items() if k not in ("turn_id", "submitted_at", "trace")}
+    if body.get("tenant") is None:
+        body.pop("tenant", None)
     if context is not None:
         body["context"] = hashlib.sha256(context.encode()).hexdigest()
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()

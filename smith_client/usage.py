@@ -8,9 +8,10 @@ tokens, :class:`~smith_client.messages.TokenUsage`). The workers count in the ro
 reply (``smith_worker/ops/usage.py``), so counting costs no round trip; each bucket lives ``USAGE_TTL`` (25 h)
 after its last count, so a window of up to :data:`USAGE_MAX_WINDOW` (24 h) is read whole (:func:`usage`).
 
-Agent names match ``ID_PATTERN``, which has no ``/``: a later tenant dimension goes in front of the agent,
-``<tenant>/<agent>:<kind>``, beside the fields without one (the sends with no tenant), so the buckets already
-written stay readable; :func:`parse_field` reads such a field as ``(tenant, agent, kind)``.
+Agent names match ``ID_PATTERN``, which has no ``/``: a turn's tenant (``send(..., tenant=)``, docs/architecture.md,
+Tenants) goes in front of the agent, ``<tenant>/<agent>:<kind>``, beside the fields without one (the turns with no
+tenant), so the buckets written before tenants stay readable; :func:`parse_field` reads such a field as
+``(tenant, agent, kind)``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from smith_client.keys import Keys
 from smith_client.messages import TokenUsage
 from smith_client.protocol import Operation, run
 from smith_client.roundtrip import Pending, RoundTrip
-from smith_client.validation import check_id
+from smith_client.validation import check_id, check_tenant
 
 #: Seconds per usage bucket: windows are read to the minute.
 USAGE_BUCKET_SECONDS = 60
@@ -32,7 +33,7 @@ USAGE_BUCKET_SECONDS = 60
 USAGE_MAX_WINDOW = 24 * 3600
 #: The counted kinds, each a field suffix: model calls answered, then the server-reported tokens.
 KINDS = ("requests", "prompt", "completion", "total")
-#: Separates a (later) tenant from the agent in a field (outside ``ID_PATTERN``, so in no agent name).
+#: Separates a tenant from the agent in a field (outside ``ID_PATTERN``, so in no agent name).
 TENANT_SEPARATOR = "/"
 
 
@@ -59,9 +60,10 @@ def bucket_of(epoch_seconds: float) -> int:
     return int(epoch_seconds // USAGE_BUCKET_SECONDS)
 
 
-def usage_field(agent: str, kind: str) -> str:
-    """The bucket field counting ``kind`` (one of :data:`KINDS`) for ``agent``: ``<agent>:<kind>``."""
-    return f"{agent}:{kind}"
+def usage_field(agent: str, kind: str, tenant: str | None = None) -> str:
+    """The bucket field counting ``kind`` (one of :data:`KINDS`) for ``agent``: ``<agent>:<kind>``, or
+    ``<tenant>/<agent>:<kind>`` for a turn of ``tenant``."""
+    return f"{tenant}{TENANT_SEPARATOR}{agent}:{kind}" if tenant else f"{agent}:{kind}"
 
 
 def parse_field(field: str) -> tuple[str, str, str] | None:
@@ -93,34 +95,69 @@ def check_window(window_seconds: Any) -> float:
     return float(window_seconds)
 
 
-def sum_buckets(buckets: list[dict[bytes, bytes]], agent: str | None = None) -> dict[str, AgentUsage]:
-    """The per-agent sums of ``buckets`` (``HGETALL`` replies), every tenant's counts included; only ``agent``'s
-    when given. Agents in name order; fields of unknown kinds are skipped."""
-    sums: dict[str, dict[str, int]] = {}
+def sum_by_tenant(
+    buckets: list[dict[bytes, bytes]], agent: str | None = None, tenant: str | None = None
+) -> dict[str, dict[str, AgentUsage]]:
+    """The per-tenant, per-agent sums of ``buckets`` (``HGETALL`` replies): tenant (``""``: the turns with none)
+    → agent → :class:`AgentUsage`, in name order; only ``agent``'s and ``tenant``'s when given. Fields of unknown
+    kinds are skipped."""
+    sums: dict[str, dict[str, dict[str, int]]] = {}
     for bucket in buckets:
         for raw_field, raw_value in bucket.items():
             parsed = parse_field(raw_field.decode())
-            if parsed is None or (agent is not None and parsed[1] != agent):
+            if parsed is None:
                 continue
-            _, name, kind = parsed
-            counts = sums.setdefault(name, dict.fromkeys(KINDS, 0))
+            owner, name, kind = parsed
+            if (agent is not None and name != agent) or (tenant is not None and owner != tenant):
+                continue
+            counts = sums.setdefault(owner, {}).setdefault(name, dict.fromkeys(KINDS, 0))
             counts[kind] += int(raw_value)
-    return {name: AgentUsage(**sums[name]) for name in sorted(sums)}
+    return {owner: {name: AgentUsage(**sums[owner][name]) for name in sorted(sums[owner])} for owner in sorted(sums)}
 
 
-def usage(
-    keys: Keys, window_seconds: Any = 3600, agent: Any = None, now: float | None = None
-) -> Operation[dict[str, AgentUsage]]:
-    """Operation of ``usage``: agent name → :class:`AgentUsage` counted over the last ``window_seconds`` (to the
-    minute: :func:`window_buckets`), in one round trip; only ``agent`` when given. Agents with nothing counted
-    are absent. Raises :class:`InvalidRequestError` for a window outside (0, 24 h] or a malformed agent name."""
+def sum_buckets(
+    buckets: list[dict[bytes, bytes]], agent: str | None = None, tenant: str | None = None
+) -> dict[str, AgentUsage]:
+    """The per-agent sums of ``buckets`` (``HGETALL`` replies), every tenant's counts included unless ``tenant``
+    is given; only ``agent``'s when given. Agents in name order; fields of unknown kinds are skipped."""
+    sums: dict[str, AgentUsage] = {}
+    for per_agent in sum_by_tenant(buckets, agent, tenant).values():
+        for name, used in per_agent.items():
+            sums[name] = sums.get(name, AgentUsage()).plus(used)
+    return {name: sums[name] for name in sorted(sums)}
+
+
+def _read_window(
+    keys: Keys, window_seconds: Any, agent: Any, tenant: Any, now: float | None
+) -> Operation[list[dict[bytes, bytes]]]:
+    """Operation reading the buckets of the window (one round trip), after checking the arguments."""
     window = check_window(window_seconds)
     if agent is not None:
         check_id(agent, "agent")
+    check_tenant(tenant)
     rt = RoundTrip()
     replies: list[Pending[dict[bytes, bytes]]] = [
         rt.call("hgetall", keys.usage_bucket(minute))
         for minute in window_buckets(window, time.time() if now is None else now)
     ]
     yield from run(rt)
-    return sum_buckets([reply.value for reply in replies], agent)
+    return [reply.value for reply in replies]
+
+
+def usage(
+    keys: Keys, window_seconds: Any = 3600, agent: Any = None, now: float | None = None, tenant: Any = None
+) -> Operation[dict[str, AgentUsage]]:
+    """Operation of ``usage``: agent name → :class:`AgentUsage` counted over the last ``window_seconds`` (to the
+    minute: :func:`window_buckets`), in one round trip; only ``agent`` when given, only the turns of ``tenant``
+    when given. Agents with nothing counted are absent. Raises :class:`InvalidRequestError` for a window outside
+    (0, 24 h] or a malformed agent or tenant name."""
+    buckets = yield from _read_window(keys, window_seconds, agent, tenant, now)
+    return sum_buckets(buckets, agent, tenant)
+
+
+def usage_by_tenant(
+    keys: Keys, window_seconds: Any = 3600, agent: Any = None, now: float | None = None, tenant: Any = None
+) -> Operation[dict[str, dict[str, AgentUsage]]]:
+    """Operation of ``usage_by_tenant``: :func:`usage` grouped by tenant (:func:`sum_by_tenant`); the same rules."""
+    buckets = yield from _read_window(keys, window_seconds, agent, tenant, now)
+    return sum_by_tenant(buckets, agent, tenant)

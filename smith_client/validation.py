@@ -40,6 +40,7 @@ class TurnOptions(TypedDict, total=False):
     conversation_id: Required[str]
     agent: str
     turn_id: str | None
+    tenant: str | None
     multitask: str
     sampling: dict[str, Any] | None
     stream: bool | None
@@ -77,6 +78,19 @@ def check_id(value: Any, field: str) -> str:
         raise InvalidRequestError(
             f"{field} must be a string of 1-200 characters from [A-Za-z0-9_.:@-], got {shown(value)}",
             field=field,
+        )
+    return value
+
+
+def check_tenant(value: Any) -> str | None:
+    """A turn's tenant (docs/architecture.md, Tenants): None (none), or an id as :func:`check_id` without ``:``
+    (1-200 characters from ``[A-Za-z0-9_.@-]``: it prefixes ``<tenant>/<agent>:<kind>`` usage fields)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not ID_PATTERN.match(value) or ":" in value:
+        raise InvalidRequestError(
+            f"tenant must be None or a string of 1-200 characters from [A-Za-z0-9_.@-], got {shown(value)}",
+            field="tenant",
         )
     return value
 
@@ -258,6 +272,7 @@ def build_turn_job(
     conversation_id: Any = None,
     agent: Any = None,
     turn_id: Any = None,
+    tenant: Any = None,
     multitask: Any = "enqueue",
     sampling: Any = None,
     stream: Any = None,
@@ -267,8 +282,8 @@ def build_turn_job(
 
     A missing ``turn_id`` gets a fresh uuid4 hex. Without ``agent`` the job is routed as ``"default"`` and
     says the caller named none (``agent_given``): its worker runs the conversation's current agent when a
-    handoff set one (docs/architecture.md, Handoffs). ``overrides`` are the per-turn overrides
-    (:func:`~smith_client.overrides.check_overrides`). Raises :class:`InvalidRequestError`.
+    handoff set one (docs/architecture.md, Handoffs). ``tenant`` is :func:`check_tenant`'s. ``overrides`` are the
+    per-turn overrides (:func:`~smith_client.overrides.check_overrides`). Raises :class:`InvalidRequestError`.
     """
     check_text(text)
     check_id(conversation_id, "conversation_id")
@@ -278,6 +293,7 @@ def build_turn_job(
     if turn_id is not None:
         check_id(turn_id, "turn_id")
     check_multitask(multitask)
+    check_tenant(tenant)
     sampling = check_sampling(sampling)
     if stream is not None and not isinstance(stream, bool):
         raise InvalidRequestError("stream must be a bool or None", field="stream")
@@ -291,6 +307,7 @@ def build_turn_job(
         submitted_at=time.time(),
         agent_given=agent_given,
         overrides=check_overrides(**overrides),
+        tenant=tenant,
     )
     return job, multitask
 

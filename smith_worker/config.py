@@ -18,6 +18,7 @@ from smith_client.errors import ConfigurationError
 from smith_client.settings import Accepts, ClientSettings, Count, OptionalId, OptionalText, Seconds, Secret, Text
 from smith_worker.llm.types import LlmClientConfig, check_base_url
 from smith_worker.memory.history import DEFAULT_HISTORY_MAX_MESSAGES, DEFAULT_VIEW_MAX_BYTES
+from smith_worker.ops.metrics import DEFAULT_TENANT_LABELS_MAX
 from smith_worker.tools.function import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_RETRIES, DEFAULT_TOOL_TIMEOUT
 from smith_worker.tools.isolation import DEFAULT_OVERRUN_LIMIT, DEFAULT_TOOL_PROCESSES
 
@@ -86,6 +87,9 @@ class Settings(ClientSettings):
     )
     tool_processes: Count = Field(DEFAULT_TOOL_PROCESSES, description='processes for isolation="process" tools')
     metrics_port: OptionalPort = Field(None, description="port of Prometheus /metrics (unset: no metrics)")
+    tenant_labels_max: Count = Field(
+        DEFAULT_TENANT_LABELS_MAX, description="distinct tenants with a metrics label value of their own (then other)"
+    )
     heartbeat_file: OptionalText = Field(None, description="liveness file touched every 5 s (smith_worker/health.py)")
     history_max_messages: Count = Field(
         DEFAULT_HISTORY_MAX_MESSAGES, description="messages a conversation's stored history keeps"

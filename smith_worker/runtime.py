@@ -158,6 +158,7 @@ class WorkerRuntime:
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.settings.prefix, self.settings.turn_ttl, self.settings.history_ttl)
+        self.metrics.tenant_labels.limit = self.settings.tenant_labels_max  # docs/architecture.md, Tenants
         self.events = EventLog(self.redis, self.keys)
         self.pipeline = AutoPipeline(self.redis)
         self.worker_id = self.worker_id or self.settings.worker_id or new_worker_id(self.queue)

@@ -170,6 +170,7 @@ def _tool_context(ctx: AgentContext, call: ToolCall) -> ToolContext:
         agent=ctx.spec.name,
         worker_id=ctx.runtime.worker_id,
         context=ctx.caller.value,
+        tenant=ctx.job.tenant,
     )
 
 

@@ -295,7 +295,7 @@ class AgentLoop:
         total = progress.total_tokens + progress.sampled.total
         self._check_limits(spec, progress.iterations, tree, total, deadline)
         call = self._call_model(spec, llm, memory, progress.tool_rounds)
-        response = await self.rt.metrics.count_llm_request(call, spec.name)
+        response = await self.rt.metrics.count_llm_request(call, spec.name, self.job.tenant)
         reply = _reply_of(response, keep_reasoning=spec.config.keep_reasoning)
         self._uncounted = self._uncounted.plus(reply.usage or TokenUsage(), requests=1)
         used = reply.usage.total if reply.usage else 0
@@ -330,7 +330,9 @@ class AgentLoop:
 
         async def summarize(messages: list[Any]) -> str:  # a model call like any other: counted in the metrics
             agent = self.ctx.spec.name
-            response = await self.rt.metrics.count_llm_request(llm.complete(LlmRequest(messages=messages)), agent)
+            response = await self.rt.metrics.count_llm_request(
+                llm.complete(LlmRequest(messages=messages)), agent, self.job.tenant
+            )
             self._uncounted = self._uncounted.plus(response.message.usage or TokenUsage(), requests=1)
             return response.message.content
 
@@ -427,7 +429,7 @@ class AgentLoop:
         reply's append: no round trip of its own; :mod:`smith_worker.ops.usage`, docs/architecture.md, Token usage).
         Counted even when the append turns out stale: the tokens were spent."""
         counted, self._uncounted = self._uncounted, AgentUsage()
-        queue_count(rt, self.rt.keys, self.ctx.spec.name, counted)
+        queue_count(rt, self.rt.keys, self.ctx.spec.name, counted, tenant=self.job.tenant)
 
     def _check_limits(
         self, spec: AgentSpec, iterations: int, tree: tuple[int, int], total_tokens: int, deadline: float | None
@@ -519,6 +521,7 @@ class AgentLoop:
             agent=spec.name,
             worker_id=self.rt.worker_id,
             context=self.ctx.caller.value,
+            tenant=self.job.tenant,
         )
         return await self._step_toolset(spec).schemas(asking)
 
@@ -753,4 +756,5 @@ class AgentLoop:
             retry=self._corrections.get(call.name, 0),
             tool_retries=spec.config.tool_retries,
             trace=tracing.inject(),  # the calling agent's span (docs/architecture.md, Tracing)
+            tenant=self.job.tenant,
         )

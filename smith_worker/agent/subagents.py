@@ -279,6 +279,7 @@ def _span_attributes(child: AgentContext, call: ToolCall) -> dict[str, str]:
         "gen_ai.tool.call.id": call.id,
         "smith.turn.id": child.root_turn_id,
         "smith.agent.path": "/".join(child.agent_path),
+        **({"smith.tenant": child.job.tenant} if child.job.tenant is not None else {}),
     }
 
 

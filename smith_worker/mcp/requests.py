@@ -187,7 +187,7 @@ class ClientRequests:
         has them."""
         if ctx.metrics is None:
             return await call
-        return await ctx.metrics.count_llm_request(call, caller.ctx.agent)
+        return await ctx.metrics.count_llm_request(call, caller.ctx.agent, caller.ctx.tenant)
 
     async def _count_tokens(self, ctx: SourceContext, caller: Caller, response: LlmResponse) -> None:
         """One round trip: the sampling's tokens in the tree's counts (the budget, the turn's ``usage``), and
@@ -196,7 +196,8 @@ class ClientRequests:
         usage = response.message.usage
         used = usage.total if usage else 0
         rt = RoundTrip()
-        queue_count(rt, ctx.keys, caller.ctx.agent, AgentUsage(requests=1).plus(usage or TokenUsage()))
+        used_here = AgentUsage(requests=1).plus(usage or TokenUsage())
+        queue_count(rt, ctx.keys, caller.ctx.agent, used_here, tenant=caller.ctx.tenant)
         if usage is not None and used > 0:
             key = ctx.keys.tree_tokens(caller.ctx.turn_id)
             sampled, position = ctx.keys.tree_sampled(caller.ctx.turn_id), caller.ctx.position

@@ -7,7 +7,7 @@ https://prometheus.io/docs/practices/naming/: counters end in
 ===================================  =========  =======================================================
 metric                               type       meaning
 ===================================  =========  =======================================================
-``smith_turns_total{agent,status}``  counter    turns ended here; ``status`` completed | failed | cancelled
+``smith_turns_total{agent,status,tenant}``  counter  turns ended here; ``status`` completed | failed | cancelled
 ``smith_turn_duration_seconds``      histogram  seconds from an attempt's start to the turn's end
 ``smith_tool_calls_total{tool,status}``  counter  tool calls run here; ``status`` ok | error
 ``smith_tool_duration_seconds``      histogram  seconds one tool call ran
@@ -20,8 +20,8 @@ metric                               type       meaning
                                                 ``{p}:paused``; the same on every worker: take the max, not
                                                 the sum); NaN when Redis does not answer
 ``smith_worker_up``                  gauge      1 while the worker serves
-``smith_llm_requests_total{agent,status}``  counter  model calls made for ``agent``; ``status`` ok | error
-``smith_llm_tokens_total{agent,kind}``     counter  server-reported tokens of ``agent``'s model calls; ``kind``
+``smith_llm_requests_total{agent,status,tenant}``  counter  model calls made for ``agent``; ``status`` ok | error
+``smith_llm_tokens_total{agent,kind,tenant}``     counter  server-reported tokens of ``agent``'s model calls; ``kind``
                                                 prompt | completion (OTel GenAI ``gen_ai.token.type`` input |
                                                 output); their sum is the total
 ===================================  =========  =======================================================
@@ -30,6 +30,11 @@ metric                               type       meaning
 calls served: a tool worker counts those), one of the app's declared agents, so the label stays bounded. The
 deployment (``SMITH_PREFIX``, a tenant's) is the worker's own: tell deployments apart by the scrape target's
 labels (docs/architecture.md, Token usage).
+
+``tenant`` is the turn's tenant (``send(..., tenant=)``, docs/architecture.md, Tenants): ``""`` for a turn with none;
+the first ``SMITH_TENANT_LABELS_MAX`` distinct tenants this process counts keep their own value, later ones are
+counted under :data:`OTHER_TENANTS` (``other``: :class:`TenantLabels`), so the label stays bounded. A query that
+sums over the other labels (``sum by (agent) (...)``) reads what it read before the label.
 
 The two queue gauges and ``smith_turns_paused`` are read from Redis at
 scrape time by :class:`QueueCollector` (on the worker's event loop, so no
@@ -146,13 +151,44 @@ class QueueCollector(Collector):
         return family
 
 
-class WorkerMetrics:
-    """The metrics of one worker process, in a registry of their own (see the module docstring)."""
+#: The ``tenant`` label value of the tenants past the first ``SMITH_TENANT_LABELS_MAX`` this process saw (a tenant
+#: named ``other`` has that value too: name none so where the split matters).
+OTHER_TENANTS = "other"
+#: Default of ``SMITH_TENANT_LABELS_MAX``: distinct tenant label values one process keeps.
+DEFAULT_TENANT_LABELS_MAX = 100
 
-    def __init__(self) -> None:
+
+class TenantLabels:
+    """The ``tenant`` label value of a turn's tenant, with bounded cardinality: ``""`` for none, the tenant itself
+    for the first ``limit`` distinct tenants seen by this process, :data:`OTHER_TENANTS` for any later one
+    (until the process restarts). Used from the worker's event loop only."""
+
+    def __init__(self, limit: int = DEFAULT_TENANT_LABELS_MAX) -> None:
+        self.limit = limit
+        self._kept: set[str] = set()
+
+    def __call__(self, tenant: str | None) -> str:
+        """The label value for ``tenant`` (None: no tenant)."""
+        if not tenant:
+            return ""
+        if tenant in self._kept:
+            return tenant
+        if len(self._kept) < self.limit:
+            self._kept.add(tenant)
+            return tenant
+        return OTHER_TENANTS
+
+
+class WorkerMetrics:
+    """The metrics of one worker process, in a registry of their own (see the module docstring); ``tenant_labels``
+    maps a turn's tenant to its label value (:class:`TenantLabels`, its ``limit`` set from
+    ``SMITH_TENANT_LABELS_MAX`` by the runtime)."""
+
+    def __init__(self, tenant_labels_max: int = DEFAULT_TENANT_LABELS_MAX) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.turns = Counter("smith_turns", "Turns ended on this worker.", ["agent", "status"], registry=r)
+        self.tenant_labels = TenantLabels(tenant_labels_max)
+        self.turns = Counter("smith_turns", "Turns ended on this worker.", ["agent", "status", "tenant"], registry=r)
         self.turn_duration = Histogram(
             "smith_turn_duration_seconds",
             "Seconds from attempt start to turn end.",
@@ -163,15 +199,20 @@ class WorkerMetrics:
         self.tool_duration = Histogram("smith_tool_duration_seconds", "Seconds one tool call ran.", registry=r)
         self.turns_running = Gauge("smith_turns_running", "Turns running in this process.", registry=r)
         self.worker_up = Gauge("smith_worker_up", "1 while this worker serves its queue.", registry=r)
-        self.llm_requests = Counter("smith_llm_requests", "Model calls per agent.", ["agent", "status"], registry=r)
+        self.llm_requests = Counter(
+            "smith_llm_requests", "Model calls per agent.", ["agent", "status", "tenant"], registry=r
+        )
         self.llm_tokens = Counter(
-            "smith_llm_tokens", "Server-reported tokens per agent (prompt, completion).", ["agent", "kind"], registry=r
+            "smith_llm_tokens",
+            "Server-reported tokens per agent (prompt, completion).",
+            ["agent", "kind", "tenant"],
+            registry=r,
         )
         self._server: Any = None
 
-    def record_turn(self, agent: str, status: str, seconds: float) -> None:
-        """A turn ended with ``status`` (completed, failed, cancelled) after ``seconds``."""
-        self.turns.labels(agent=agent, status=status).inc()
+    def record_turn(self, agent: str, status: str, seconds: float, tenant: str | None = None) -> None:
+        """A turn (of ``tenant``, None: none) ended with ``status`` (completed, failed, cancelled) after ``seconds``."""
+        self.turns.labels(agent=agent, status=status, tenant=self.tenant_labels(tenant)).inc()
         self.turn_duration.observe(seconds)
 
     def record_tool_call(self, tool: str, is_error: bool, seconds: float) -> None:
@@ -179,19 +220,20 @@ class WorkerMetrics:
         self.tool_calls.labels(tool=tool, status="error" if is_error else "ok").inc()
         self.tool_duration.observe(seconds)
 
-    async def count_llm_request(self, call: Awaitable[Response], agent: str) -> Response:
-        """Await one model call made for ``agent`` and count it: ``ok`` with its server-reported tokens, or
-        ``error`` when it raises (a cancelled call is not counted)."""
+    async def count_llm_request(self, call: Awaitable[Response], agent: str, tenant: str | None = None) -> Response:
+        """Await one model call made for ``agent`` in a turn of ``tenant`` (None: none) and count it: ``ok`` with
+        its server-reported tokens, or ``error`` when it raises (a cancelled call is not counted)."""
+        label = self.tenant_labels(tenant)
         try:
             response = await call
         except Exception:
-            self.llm_requests.labels(agent=agent, status="error").inc()
+            self.llm_requests.labels(agent=agent, status="error", tenant=label).inc()
             raise
-        self.llm_requests.labels(agent=agent, status="ok").inc()
+        self.llm_requests.labels(agent=agent, status="ok", tenant=label).inc()
         usage = response.message.usage
         if usage is not None:
-            self.llm_tokens.labels(agent=agent, kind="prompt").inc(usage.prompt)
-            self.llm_tokens.labels(agent=agent, kind="completion").inc(usage.completion)
+            self.llm_tokens.labels(agent=agent, kind="prompt", tenant=label).inc(usage.prompt)
+            self.llm_tokens.labels(agent=agent, kind="completion", tenant=label).inc(usage.completion)
         return response
 
     def serve(self, port: int, redis: Redis, keys: Keys, queue: str, running: Callable[[], int]) -> bool:

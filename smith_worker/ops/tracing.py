@@ -263,21 +263,20 @@ def span(
 
 def attempt_span(job: TurnJob, attempt: int) -> NoSpan:
     """The ``invoke_agent <agent>`` span of attempt ``attempt`` of ``job``'s turn, a child of the job's trace
-    context (the sender's span: every attempt of a turn is in one trace)."""
+    context (the sender's span: every attempt of a turn is in one trace). ``smith.tenant`` is the turn's tenant,
+    absent when it has none (docs/architecture.md, Tenants)."""
     if not ENABLED:
         return NO_SPAN
-    return Span(
-        f"invoke_agent {job.agent}",
-        job.trace,
-        "internal",
-        {
-            "gen_ai.operation.name": "invoke_agent",
-            "gen_ai.agent.name": job.agent,
-            "gen_ai.conversation.id": job.conversation_id,
-            "smith.turn.id": job.turn_id,
-            "smith.turn.attempt": attempt,
-        },
-    )
+    attributes: dict[str, str | int] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": job.agent,
+        "gen_ai.conversation.id": job.conversation_id,
+        "smith.turn.id": job.turn_id,
+        "smith.turn.attempt": attempt,
+    }
+    if job.tenant is not None:
+        attributes["smith.tenant"] = job.tenant
+    return Span(f"invoke_agent {job.agent}", job.trace, "internal", attributes)
 
 
 def current() -> NoSpan:

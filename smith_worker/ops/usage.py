@@ -17,12 +17,14 @@ from smith_client.usage import KINDS, AgentUsage, bucket_of, usage_field
 USAGE_COUNT = LuaScript("usage_count", __package__)
 
 
-def queue_count(rt: RoundTrip, keys: Keys, agent: str, used: AgentUsage, now: float | None = None) -> None:
-    """Add to ``rt`` the count of ``used`` (``agent``'s model calls and tokens) in the bucket of ``now`` (Unix
-    seconds; None: the current time): one script call incrementing each non-zero kind's field
-    (:func:`~smith_client.usage.usage_field`) and giving the bucket ``USAGE_TTL``. Nothing when ``used`` is all
-    zero."""
-    counts = [(usage_field(agent, kind), getattr(used, kind)) for kind in KINDS]
+def queue_count(
+    rt: RoundTrip, keys: Keys, agent: str, used: AgentUsage, now: float | None = None, tenant: str | None = None
+) -> None:
+    """Add to ``rt`` the count of ``used`` (``agent``'s model calls and tokens, for a turn of ``tenant``, None:
+    none) in the bucket of ``now`` (Unix seconds; None: the current time): one script call incrementing each
+    non-zero kind's field (:func:`~smith_client.usage.usage_field`) and giving the bucket ``USAGE_TTL``. Nothing
+    when ``used`` is all zero."""
+    counts = [(usage_field(agent, kind, tenant), getattr(used, kind)) for kind in KINDS]
     args: list[str | int] = [USAGE_TTL]
     for field, amount in counts:
         if amount:

@@ -113,6 +113,7 @@ async def _invoke(rt: WorkerRuntime, job: ToolJob, context: Any = None) -> ToolR
         step=job.step,
         index=job.index,
         position=job.position,
+        tenant=job.tenant,
     )
     try:  # a guard behind the source's own timeout, which fires first with its own message
         async with asyncio.timeout(job.timeout + TIMEOUT_GUARD):

@@ -114,7 +114,8 @@ class ToolContext:
     before this call, of at most ``tool_retries`` (the calling agent's ``AgentConfig.tool_retries``).
     ``step`` and ``index`` where the call is in its agent's run (the model step, the
     call's place in that step's calls) and ``position`` that agent's place in its tree
-    (``""`` for the root; as on a tool job, :class:`~smith_client.jobs.ToolJob`).
+    (``""`` for the root; as on a tool job, :class:`~smith_client.jobs.ToolJob`). ``tenant`` is the turn's
+    (``send(..., tenant=)``; None: none; docs/architecture.md, Tenants).
     """
 
     call_id: str
@@ -132,6 +133,7 @@ class ToolContext:
     position: str = ""
     logger: logging.Logger = field(default_factory=lambda: logger)
     context: Any = None
+    tenant: str | None = None
     retry: int = 0
     tool_retries: int = DEFAULT_TOOL_RETRIES
 

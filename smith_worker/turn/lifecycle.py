@@ -292,7 +292,10 @@ class TurnExecution:
             TurnResumedData(attempt=self.attempt.attempt, reason=_resumed_by(state))
             if self.attempt.attempt > 1
             else TurnStartedData(
-                conversation_id=self.job.conversation_id, agent=self.job.agent, trace_id=self._span.trace_id
+                conversation_id=self.job.conversation_id,
+                agent=self.job.agent,
+                trace_id=self._span.trace_id,
+                tenant=self.job.tenant,
             )
         )
         if self.attempt.attempt > 1:  # the same trace goes on (the job's trace context, kept in the turn's state)
@@ -482,7 +485,7 @@ class TurnExecution:
 
     async def _ended(self, status: str, head: Head | None) -> None:
         """After the terminal event: count the turn and wake its conversation's next turn (``head``)."""
-        self.rt.metrics.record_turn(self.job.agent, status, time.monotonic() - self._started)
+        self.rt.metrics.record_turn(self.job.agent, status, time.monotonic() - self._started, self.job.tenant)
         await woken(self.rt.redis, self.rt.keys, head)
 
     async def _turn_messages(self) -> list[Any]:

@@ -94,7 +94,8 @@ async def test_sampled_tokens_count_in_the_turns_usage_and_the_tree(asking, scen
         Reply.text("done", usage=(10, 5)),
     ))
     counted = (await asking.usage(agent="sampler")).get("sampler", AgentUsage())
-    handle = await asking.submit(f"{marker} sample", conversation_id=f"conv-{key}", agent="sampler")
+    tenant = f"t-{key}"  # the tool call carries the turn's tenant: the sampling counts for it (Tenants)
+    handle = await asking.submit(f"{marker} sample", conversation_id=f"conv-{key}", agent="sampler", tenant=tenant)
     assert (await handle.result(timeout=90)).content == "done"
     assert orjson.loads(tool_contents(scripted_llm.requests_for(key)[1])[0]) == {
         "text": "sampled words", "model": "sampler"}
@@ -105,6 +106,8 @@ async def test_sampled_tokens_count_in_the_turns_usage_and_the_tree(asking, scen
     # the deployment's usage buckets count the sampling too, for the agent that asked (docs/architecture.md, Token usage)
     now = (await asking.usage(agent="sampler"))["sampler"]
     assert (now.requests - counted.requests, now.prompt - counted.prompt, now.total - counted.total) == (3, 50, 72)
+    assert await asking.usage(agent="sampler", tenant=tenant) == {
+        "sampler": AgentUsage(requests=3, prompt=50, completion=22, total=72)}
 
 
 @pytest.mark.parametrize("agent, operation", [("sampler_tight", "max_total_tokens"),

@@ -20,8 +20,9 @@ import pytest
 from arq.constants import in_progress_key_prefix
 from prometheus_client.parser import text_string_to_metric_families
 
-from smith_client import AgentUsage, SmithClient, TokenUsage, TurnPausedError
+from smith_client import AgentUsage, ConflictError, SmithClient, TokenUsage, TurnPausedError
 from smith_client.connection import connect_redis
+from smith_client.jobs import TurnJob
 from smith_client.keys import Keys
 from smith_worker.local.processes import ManagedProcess, free_port, redis_answers, wait_until
 from smith_worker.ops.metrics import QueueCollector, WorkerMetrics
@@ -117,12 +118,12 @@ async def test_metrics_are_served_from_the_first_scrape_and_move_after_a_tool_tu
     def delta(samples: dict, queue: str, name: str, **labels: str) -> float:
         return value(samples, name, **labels) - value(before[queue], name, **labels)
 
-    assert delta(turns, "turns", "smith_turns_total", agent="default", status="completed") == 1
+    assert delta(turns, "turns", "smith_turns_total", agent="default", status="completed", tenant="") == 1
     assert delta(turns, "turns", "smith_turn_duration_seconds_count") == 1
-    assert delta(turns, "turns", "smith_llm_requests_total", agent="default", status="ok") == 2
+    assert delta(turns, "turns", "smith_llm_requests_total", agent="default", status="ok", tenant="") == 2
     # the scripted usage: 10 + 5 per call
-    assert delta(turns, "turns", "smith_llm_tokens_total", agent="default", kind="prompt") == 20
-    assert delta(turns, "turns", "smith_llm_tokens_total", agent="default", kind="completion") == 10
+    assert delta(turns, "turns", "smith_llm_tokens_total", agent="default", kind="prompt", tenant="") == 20
+    assert delta(turns, "turns", "smith_llm_tokens_total", agent="default", kind="completion", tenant="") == 10
     assert delta(tools, "tools", "smith_tool_calls_total", tool="add", status="ok") == 1
     assert delta(tools, "tools", "smith_tool_duration_seconds_count") == 1
     assert value(turns, "smith_turns_running") == 0
@@ -134,7 +135,7 @@ def smith_usage(fleet: Fleet, *options: str) -> list[list[str]]:
     out = subprocess.run([sys.executable, "-c", "from smith_client.cli import smith_main; smith_main()", "usage",
                           *options], env=fleet.base_env, capture_output=True, text=True, timeout=30, check=True).stdout
     lines = out.splitlines()
-    assert lines[0] == "model calls and tokens in the last 1 h (to the minute), prefix 'ops':"
+    assert lines[0].startswith("model calls and tokens in the last 1 h (to the minute), prefix 'ops'")
     return [line.split() for line in lines[1:]]
 
 
@@ -159,7 +160,8 @@ async def test_two_turns_of_two_agents_are_counted_per_agent_in_prometheus_and_s
     turns = fleet.scrape("turns")
     for agent, (calls, prompt, completion) in {"plain": (1, 100, 7), "full": (2, 90, 7)}.items():
         def delta(name: str, **labels: str) -> float:
-            return value(turns, name, agent=agent, **labels) - value(before, name, agent=agent, **labels)
+            labels = {"agent": agent, "tenant": "", **labels}
+            return value(turns, name, **labels) - value(before, name, **labels)
 
         assert delta("smith_llm_requests_total", status="ok") == calls
         assert delta("smith_llm_tokens_total", kind="prompt") == prompt
@@ -173,6 +175,47 @@ async def test_two_turns_of_two_agents_are_counted_per_agent_in_prometheus_and_s
     assert rows[-1][0] == "(all)"
     assert await asyncio.to_thread(smith_usage, fleet, "--agent", "full") == [
         ["agent", "requests", "prompt", "completion", "total"], ["full", "2", "90", "7", "97"]]
+
+
+async def test_a_tenants_turn_is_labelled_in_its_event_metrics_and_usage(fleet, scenario):
+    """docs/architecture.md, Tenants: the client's default tenant rides the turn (and its tool call) into
+    ``turn.started``, the ``tenant`` label of the worker's metrics and the usage buckets (``client.usage(tenant=)``,
+    ``smith usage --tenant``, ``--by-tenant``)."""
+    before = fleet.scrape("turns")
+    _, marker = scenario(Script(Reply.tool_calls([("add", {"a": 1, "b": 2})], usage=(30, 2)),
+                                Reply.text("3", usage=(40, 5))))
+    request = {"conversation_id": "ops-tenant", "agent": "unstreamed", "turn_id": "ops-tenant-turn"}
+    async with SmithClient.from_url(fleet.redis_url, prefix=fleet.prefix, tenant="acme-1") as client:
+        events = [e async for e in client.stream(f"{marker} go", timeout=60, **request)]
+        assert events[0].type == "turn.started" and events[0].data["tenant"] == "acme-1"
+        assert events[-1].type == "turn.completed"
+        job = await client.redis.hget(client.keys.turn_state("ops-tenant-turn"), "job")
+        assert TurnJob.model_validate_json(job).tenant == "acme-1"  # stored with the turn
+        with pytest.raises(ConflictError):  # the same turn for another tenant is another request
+            await client.submit(f"{marker} go", tenant="beta", **request)
+        assert await client.usage(3600, tenant="acme-1") == {"unstreamed": calls_of(2, 70, 7)}
+        assert await client.usage(3600, tenant="nobody") == {}
+        assert await client.usage_by_tenant(3600, tenant="acme-1") == {"acme-1": {"unstreamed": calls_of(2, 70, 7)}}
+
+    turns = fleet.scrape("turns")
+
+    def delta(name: str, **labels: str) -> float:
+        return value(turns, name, agent="unstreamed", tenant="acme-1", **labels) - value(
+            before, name, agent="unstreamed", tenant="acme-1", **labels)
+
+    assert delta("smith_turns_total", status="completed") == 1
+    assert delta("smith_llm_requests_total", status="ok") == 2
+    assert delta("smith_llm_tokens_total", kind="prompt") == 70
+    assert delta("smith_llm_tokens_total", kind="completion") == 7
+    assert await asyncio.to_thread(smith_usage, fleet, "--tenant", "acme-1") == [
+        ["agent", "requests", "prompt", "completion", "total"], ["unstreamed", "2", "70", "7", "77"]]
+    grouped = await asyncio.to_thread(smith_usage, fleet, "--by-tenant", "--agent", "unstreamed")
+    assert grouped == [["tenant", "agent", "requests", "prompt", "completion", "total"],
+                       ["acme-1", "unstreamed", "2", "70", "7", "77"]]
+
+
+def calls_of(n: int, prompt: int, completion: int) -> AgentUsage:
+    return AgentUsage(requests=n, prompt=prompt, completion=completion, total=prompt + completion)
 
 
 async def test_queue_gauges_are_read_from_redis_at_scrape_time(redis_url):

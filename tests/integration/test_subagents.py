@@ -225,3 +225,17 @@ async def test_parallel_calls_of_one_sub_agent_are_told_apart_by_call_path(tree_
         answer = next(e for e in of(events, LEAD, "tool.result") if e.data["tool_call_id"] == call_id)
         assert answer.data["content"] == f"answer {name}"
     assert {tuple(e.call_path) for e in events if e.agent_path == RESEARCHER} == {("call_a",), ("call_b",)}
+
+
+async def test_a_sub_agent_shares_its_roots_tenant(tree_client, scenario):
+    """docs/architecture.md, Tenants: a sub-agent runs inside its root turn, so its model calls count for the root's
+    tenant in the usage buckets (read per tenant; the key is unique to this test's tenant)."""
+    tenant = f"tenant-{uuid.uuid4().hex[:8]}"
+    _, child = scenario(Script(Reply.text("found", usage=(11, 2))))
+    key, lead = scenario(Script(Reply.tool_calls([("fetcher", {"task": f"{child} fetch"})], usage=(20, 3)),
+                                Reply.text("done", usage=(30, 4))))
+    handle = await tree_client.submit(f"{lead} go", conversation_id=f"tenant-{key}", agent="lead", tenant=tenant)
+    assert (await handle.result(timeout=60)).content == "done"
+    counted = await tree_client.usage(3600, tenant=tenant)
+    assert {name: (u.requests, u.prompt, u.completion) for name, u in counted.items()} == {
+        "lead": (2, 50, 7), "fetcher": (1, 11, 2)}

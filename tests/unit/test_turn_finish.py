@@ -45,7 +45,7 @@ async def running_turn(redis, keys: Keys) -> TurnExecution:
     execution.rt = SimpleNamespace(
         redis=redis, keys=keys, events=EventLog(redis, keys), metrics=SimpleNamespace(record_turn=lambda *_: None)
     )
-    execution.job = SimpleNamespace(turn_id=turn_id, conversation_id=conversation_id, agent="a")
+    execution.job = SimpleNamespace(turn_id=turn_id, conversation_id=conversation_id, agent="a", tenant=None)
     execution.attempt, execution.agent_path, execution.ctx, execution._started = attempt, ["a"], None, 0.0
     execution.store = ConversationStore(redis, keys, conversation_id)
     return execution
@@ -126,7 +126,7 @@ async def test_a_cancel_after_the_close_completed_the_turn_changes_nothing(redis
     execution = await running_turn(redis, keys)
     turn_id = execution.job.turn_id
     ended: list[str] = []
-    execution.rt.metrics = SimpleNamespace(record_turn=lambda agent, status, seconds: ended.append(status))
+    execution.rt.metrics = SimpleNamespace(record_turn=lambda agent, status, seconds, tenant: ended.append(status))
     await close(execution, AssistantMessage(content="done"))
     execution._cancel_requested = True
     await execution._after_task_cancelled(None)

@@ -143,10 +143,10 @@ async def test_model_calls_are_counted_per_agent_in_prometheus():
     with pytest.raises(RuntimeError):
         await metrics.count_llm_request(fail(), "plain")
     sample = metrics.registry.get_sample_value
-    assert sample("smith_llm_tokens_total", {"agent": "default", "kind": "prompt"}) == 10
-    assert sample("smith_llm_tokens_total", {"agent": "plain", "kind": "completion"}) == 5
-    assert sample("smith_llm_requests_total", {"agent": "plain", "status": "error"}) == 1
-    assert sample("smith_llm_requests_total", {"agent": "default", "status": "ok"}) == 1
+    assert sample("smith_llm_tokens_total", {"agent": "default", "kind": "prompt", "tenant": ""}) == 10
+    assert sample("smith_llm_tokens_total", {"agent": "plain", "kind": "completion", "tenant": ""}) == 5
+    assert sample("smith_llm_requests_total", {"agent": "plain", "status": "error", "tenant": ""}) == 1
+    assert sample("smith_llm_requests_total", {"agent": "default", "status": "ok", "tenant": ""}) == 1
 
 
 def test_smith_usage_parses_its_window_and_agent():
