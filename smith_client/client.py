@@ -236,7 +236,7 @@ class HandleBase:
 
 
 def _status(keys: Keys, turn_id: str) -> Operation[str]:
-    return (yield from read_state(keys, turn_id)).get(record.STATUS, "unknown")
+    return (yield from read_state(keys, turn_id)).get(record.STATUS, record.MISSING)
 
 
 class SmithClient(ClientBase):
@@ -509,7 +509,8 @@ class TurnHandle(HandleBase):
         return await self.client.runner.run(self._op_state())
 
     async def status(self) -> str:
-        """``queued``, ``running``, ``paused``, ``completed``, ``failed``, ``cancelled``, or ``unknown``."""
+        """``queued``, ``running``, ``paused``, ``completed``, ``failed``, ``cancelled``, or ``missing`` (Redis has
+        no such turn: never sent, or expired; as :meth:`cancel` answers)."""
         return await self.client.runner.run(self._op_status())
 
     def events(self, after_seq: int = 0, timeout: float | None = None) -> AsyncGenerator[Event, None]:

@@ -192,7 +192,8 @@ class SyncTurnHandle(HandleBase):
         return self.client.runner.run(self._op_state())
 
     def status(self) -> str:
-        """``queued``, ``running``, ``paused``, ``completed``, ``failed``, ``cancelled``, or ``unknown``."""
+        """``queued``, ``running``, ``paused``, ``completed``, ``failed``, ``cancelled``, or ``missing`` (Redis has
+        no such turn: never sent, or expired; as :meth:`cancel` answers)."""
         return self.client.runner.run(self._op_status())
 
     def events(self, after_seq: int = 0, timeout: float | None = None) -> Generator[Event, None, None]:

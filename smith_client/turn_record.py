@@ -23,6 +23,8 @@ PAUSED = "paused"
 COMPLETED = "completed"
 FAILED = "failed"
 CANCELLED = "cancelled"
+#: What ``TurnHandle.status()`` says of a turn Redis does not have (never sent, or expired), as ``cancel`` does.
+MISSING = "missing"
 #: Statuses after which a turn changes no more.
 TERMINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
 

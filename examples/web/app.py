@@ -62,7 +62,7 @@ from smith_client.errors import (
     TransportError,
     TurnNotFoundError,
 )
-from smith_client.turn_record import TERMINAL_STATUSES
+from smith_client.turn_record import MISSING, TERMINAL_STATUSES
 
 PAGE = Path(__file__).with_name("index.html")
 #: Seconds between heartbeat comments on an event stream (sse-starlette's default, 15).
@@ -212,7 +212,7 @@ async def turn_events(
     handle = smith.turn(turn_id)
     status = await handle.status()
     last = await smith.events.last_seq(turn_id)
-    if status == "unknown" and last == 0:
+    if status == MISSING and last == 0:
         raise TurnNotFoundError(f"no turn {turn_id!r} (never submitted, or expired)", turn_id=turn_id)
     if status in TERMINAL_STATUSES and cursor >= last:
         return Response(status_code=204)

@@ -155,3 +155,9 @@ def test_a_context_in_another_key_order_is_the_same_request():
 
     # the record is written with sorted keys, so the turn's fingerprint does not depend on the caller's order
     assert check_context({"user_id": "a", "api": "s"}) == check_context({"api": "s", "user_id": "a"})
+
+
+async def test_the_status_of_a_turn_redis_does_not_have_is_missing_as_cancel_says():
+    redis = fakeredis.FakeAsyncRedis()
+    assert await SmithClient(redis, prefix="t").turn("nosuch").status() == "missing"
+    assert SyncSmithClient(fakeredis.FakeRedis(), prefix="t").turn("nosuch").status() == "missing"
