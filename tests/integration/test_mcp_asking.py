@@ -15,6 +15,7 @@ import pytest
 from smith_client import AgentUsage, InvalidRequestError, NoPendingCallError, SmithClient
 from smith_worker.testing import Reply, Script, worker_env, worker_pair
 from tests.conftest import LOGS
+from tests.support.mcp_helpers import open_input, tool_contents
 
 pytestmark = [pytest.mark.integration]
 
@@ -28,19 +29,6 @@ async def asking(redis_url, scripted_llm):
             SmithClient.from_url(redis_url, prefix=prefix) as client:
         yield client
 
-
-async def open_input(client: SmithClient, turn_id: str, timeout: float = 90):
-    """The turn's first open input request, waited for."""
-    async with asyncio.timeout(timeout):
-        while True:
-            items = [item for item in await client.pending(turn_id) if item.kind == "input"]
-            if items:
-                return items[0]
-            await asyncio.sleep(0.05)
-
-
-def tool_contents(request) -> list[str]:
-    return [m["content"] for m in request.body["messages"] if m.get("role") == "tool"]
 
 
 async def events_of(client: SmithClient, turn_id: str) -> list:

@@ -25,6 +25,7 @@ from smith_client.keys import Keys
 from smith_worker.local.processes import free_port
 from smith_worker.testing import Reply, Script, worker_env, worker_pair
 from tests.conftest import LOGS
+from tests.support.mcp_helpers import open_input, tool_contents
 
 pytestmark = [pytest.mark.integration]
 
@@ -89,19 +90,6 @@ async def ev(redis_url, scripted_llm, everything, everything_url):
             SmithClient.from_url(redis_url, prefix=prefix) as client:
         yield client
 
-
-async def open_input(client: SmithClient, turn_id: str, timeout: float = 30):
-    """The turn's first open input request, waited for."""
-    async with asyncio.timeout(timeout):
-        while True:
-            items = [item for item in await client.pending(turn_id) if item.kind == "input"]
-            if items:
-                return items[0]
-            await asyncio.sleep(0.05)
-
-
-def tool_contents(request) -> list[str]:
-    return [m["content"] for m in request.body["messages"] if m.get("role") == "tool"]
 
 
 ALIASES = {"everything": "ev", "everything_http": "ev_http", "everything_sampling": "ev_sampling"}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 
+from smith_client import SmithClient
 from smith_worker.mcp import McpEvent, ServerConfig
 from tests.support.mcp_servers import LAB_SERVER, LOWLEVEL_SERVER
 
@@ -88,3 +89,18 @@ async def eventually_async(check: Callable[[], Awaitable[object]], timeout: floa
 
 def log_lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
+
+
+async def open_input(client: SmithClient, turn_id: str, timeout: float = 90):
+    """The turn's first open input request (an MCP elicitation or sampling approval), waited for (seconds)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            items = [item for item in await client.pending(turn_id) if item.kind == "input"]
+            if items:
+                return items[0]
+            await asyncio.sleep(0.05)
+
+
+def tool_contents(request) -> list[str]:
+    """The contents of the tool messages a recorded model request sent."""
+    return [m["content"] for m in request.body["messages"] if m.get("role") == "tool"]
