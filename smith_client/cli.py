@@ -235,6 +235,8 @@ async def _run_status(args: argparse.Namespace) -> int:
     print(f"{'queue':<24} {'length':>7} {'workers':>8}")
     for name, queue in status.queues.items():
         print(f"{name:<24} {queue.length:>7} {len(queue.workers):>8}")
+        for tenant, count in sorted(queue.waiting.items()):
+            print(f"  waiting, tenant {tenant or '-'}: {count}")
     print(f"running turns: {status.running_turns}")
     print(f"paused turns: {status.paused_turns}")
     for name, queue in status.queues.items():

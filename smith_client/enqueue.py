@@ -54,6 +54,8 @@ def enqueue_call(
     skip_key: str | None = None,
     requires: str = "",
     refuse_unserved: bool = False,
+    fair: bool = False,
+    tenant: str | None = None,
 ) -> tuple[list[str], list[Any]]:
     """The ``KEYS`` and ``ARGV`` of the ``enqueue`` script for one job.
 
@@ -63,16 +65,21 @@ def enqueue_call(
     With ``skip_key``, nothing is enqueued when that key exists (see :class:`Enqueued`).
     ``requires`` ("" for nothing) is what a worker must serve to claim the job; with
     ``refuse_unserved``, nothing is enqueued when live workers exist but none serves it.
+    With ``fair`` (a turn job due now), the job waits on ``tenant``'s waiting list until the claim admits it
+    in its tenant's turn (:meth:`Keys.tenant_ring`; docs/architecture.md, Fair pickup); a deferred job
+    (``defer``) is never: it was admitted once already (a parked turn's recheck).
     """
     now = now_ms()
     score = now + round(defer * 1000) if defer else now
+    fair = fair and not defer
     job = serialize_job(function, (payload,), {}, None, now, serializer=job_serializer)
     keys = [Keys.arq_job(job_id), Keys.arq_result(job_id), queue, Keys.wake_list(queue),
             Keys.job_requirements(queue), Keys.capability_sets(queue)]  # fmt: skip
     if skip_key is not None:
         keys.append(skip_key)
     args = [score - now + expires_extra_ms, job, score, job_id, WAKE_TTL, WAKE_CAP, requires, int(refuse_unserved),
-            now, *Keys.capability_prefixes(queue)]  # fmt: skip
+            now, *Keys.capability_prefixes(queue), int(fair), tenant or "", Keys.tenant_prefixes(queue)[0],
+            Keys.tenant_ring(queue)]  # fmt: skip
     return keys, args
 
 
@@ -85,14 +92,18 @@ async def enqueue_job(
     queue: str,
     defer: float | None = None,
     requires: str = "",
+    fair: bool = False,
+    tenant: str | None = None,
 ) -> bool:
     """Enqueue ``function(payload)`` as arq job ``job_id`` on ``queue`` (asyncio redis-py client), for a
-    worker that serves ``requires`` ("" for any worker).
+    worker that serves ``requires`` ("" for any worker); ``fair`` and ``tenant`` as :func:`enqueue_call`'s.
 
     Returns False, enqueueing nothing, when arq already has that job id queued,
     running or holding a result (arq's own rule). Raises redis-py's errors.
     """
-    keys, args = enqueue_call(function, payload, job_id=job_id, queue=queue, defer=defer, requires=requires)
+    keys, args = enqueue_call(
+        function, payload, job_id=job_id, queue=queue, defer=defer, requires=requires, fair=fair, tenant=tenant
+    )
     return bool(await scripts.ENQUEUE(redis, keys, args))
 
 

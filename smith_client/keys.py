@@ -202,6 +202,45 @@ class Keys:
         from :meth:`capability_sets`."""
         return [f"{queue_name}:caps:", f"{queue_name}:wake:"]
 
+    @staticmethod
+    def tenant_ring(queue_name: str) -> str:
+        """ZSET of the tenants with turn jobs waiting on ``queue_name`` → their pass (start-time fair queuing,
+        docs/architecture.md, Fair pickup): the claim admits the next job of the tenant with the lowest pass
+        and adds 1/weight to it. The tenant of a turn without one is ``""``. A tenant leaves it when its
+        :meth:`tenant_waiting` empties; it expires with the jobs' records (refreshed by each enqueue)."""
+        return f"{queue_name}:tenants"
+
+    @staticmethod
+    def tenant_waiting(queue_name: str, tenant: str | None) -> str:
+        """ZSET of one tenant's turn jobs waiting to be admitted to ``queue_name`` (job id → enqueue score, epoch
+        ms), in the order they run; written by the enqueue (``lua/lib.lua``), emptied by the claim
+        (``lua/claim.lua``); expires with the jobs' records. ``None``: turns without a tenant."""
+        return f"{Keys.tenant_prefixes(queue_name)[0]}{tenant or ''}"
+
+    @staticmethod
+    def tenant_running(queue_name: str, tenant: str | None) -> str:
+        """ZSET of one tenant's jobs admitted by the claim while the tenant has a ``max_running`` cap (job id →
+        lease end, epoch ms); a member whose arq in-progress key is gone has ended and is dropped when the cap is
+        next checked; the ZSET expires after the in-progress TTL. ``None``: turns without a tenant."""
+        return f"{Keys.tenant_prefixes(queue_name)[1]}{tenant or ''}"
+
+    def tenant_limits(self, tenant: str) -> str:
+        """Hash of one tenant's limits (:class:`smith_client.tenants.TenantLimits`' fields), set by an operator
+        (``smith tenant set``); no TTL: its owner deletes it (``smith tenant clear``)."""
+        prefix, suffix = self.tenant_limits_affixes()
+        return f"{prefix}{tenant}{suffix}"
+
+    def tenant_limits_affixes(self) -> list[str]:
+        """The prefix and suffix of :meth:`tenant_limits`: the claim (``lua/claim.lua``) puts between them the
+        tenants it reads from :meth:`tenant_ring`."""
+        return [f"{self.prefix}:tenant:", ":limits"]
+
+    @staticmethod
+    def tenant_prefixes(queue_name: str) -> list[str]:
+        """The prefixes of :meth:`tenant_waiting` and :meth:`tenant_running`, in that order: the scripts append
+        the tenant they read from :meth:`tenant_ring` (``""`` for none)."""
+        return [f"{queue_name}:waiting:", f"{queue_name}:running:"]
+
     def turn_job_id(self, turn_id: str) -> str:
         """arq job id of a turn: one job per turn id, so enqueue is idempotent."""
         return f"{self.prefix}:turn:{turn_id}"

@@ -84,10 +84,13 @@ async def live_agents(redis: Redis, keys: Keys) -> set[str] | None:
 
 @dataclass
 class QueueStatus:
-    """One arq queue: its length (ZCARD: queued, running and deferred jobs) and the live workers serving it."""
+    """One arq queue: its length (queued, running and deferred jobs: its ZCARD and the jobs waiting for admission),
+    the live workers serving it and, on the turns queue, the jobs waiting for admission per tenant (``""``: no
+    tenant; docs/architecture.md, Fair pickup)."""
 
     length: int
     workers: list[dict[str, Any]] = field(default_factory=list)
+    waiting: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -109,10 +112,24 @@ async def fleet_status(redis: Redis, keys: Keys) -> FleetStatus:
     tools_length = rt.call("zcard", keys.tools_queue, parse=int)
     running = rt.call("zcount", keys.running, now_ms(), "+inf", parse=int)
     paused = rt.call("zcard", keys.paused, parse=int)
+    tenants = rt.call(
+        "zrange", Keys.tenant_ring(keys.turns_queue), 0, -1, parse=lambda names: [n.decode() for n in names]
+    )
     await rt.run(redis)
+    waiting = await _waiting_per_tenant(redis, keys, tenants.value)
     workers = await live_workers(redis, keys)
+    turns_workers = [w for w in workers if w.get("queue") == "turns"]
     queues = {
-        keys.turns_queue: QueueStatus(turns_length.value, [w for w in workers if w.get("queue") == "turns"]),
+        keys.turns_queue: QueueStatus(turns_length.value + sum(waiting.values()), turns_workers, waiting),
         keys.tools_queue: QueueStatus(tools_length.value, [w for w in workers if w.get("queue") == "tools"]),
     }
     return FleetStatus(queues, running.value, paused.value)
+
+
+async def _waiting_per_tenant(redis: Redis, keys: Keys, tenants: list[str]) -> dict[str, int]:
+    """How many turn jobs wait for admission per tenant of ``tenants`` (the ring's), in one round trip."""
+    rt = RoundTrip()
+    counts = [rt.call("zcard", Keys.tenant_waiting(keys.turns_queue, tenant), parse=int) for tenant in tenants]
+    if tenants:
+        await rt.run(redis)
+    return {tenant: count.value for tenant, count in zip(tenants, counts, strict=True) if count.value}

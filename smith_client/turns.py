@@ -143,6 +143,8 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str, context: str | None) -
         job_id=keys.turn_job_id(job.turn_id),
         queue=keys.turns_queue,
         requires=job.agent,  # a turn runs on a worker serving its agent
+        fair=True,
+        tenant=job.tenant,
     )
     base = (
         keys.turn_state(job.turn_id),
@@ -275,4 +277,6 @@ def resume_job_call(keys: Keys, state: dict[str, str], job_id: str) -> tuple[lis
         job_id=job_id,
         queue=keys.turns_queue,
         requires=job.agent if job else "",  # on a worker serving its agent (smith_worker/routing.py)
+        fair=True,
+        tenant=job.tenant if job else None,
     )

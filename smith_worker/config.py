@@ -7,6 +7,7 @@ All durations are seconds (floats).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -14,8 +15,9 @@ from pydantic import AfterValidator, Field, ValidationError
 from redis.asyncio import Redis
 
 from smith_client.connection import connect_redis
-from smith_client.errors import ConfigurationError
+from smith_client.errors import ConfigurationError, InvalidRequestError
 from smith_client.settings import Accepts, ClientSettings, Count, OptionalId, OptionalText, Seconds, Secret, Text
+from smith_client.validation import check_tenant
 from smith_worker.llm.types import LlmClientConfig, check_base_url
 from smith_worker.memory.history import DEFAULT_HISTORY_MAX_MESSAGES, DEFAULT_VIEW_MAX_BYTES
 from smith_worker.ops.metrics import DEFAULT_TENANT_LABELS_MAX
@@ -46,6 +48,34 @@ OptionalPort = Annotated[int | None, Field(ge=1, le=65535), Accepts("a TCP port 
 ToolCalling = Annotated[Literal["native", "json_schema"], Accepts("native or json_schema")]
 Temperature = Annotated[float | None, Field(ge=0, le=2), Accepts("a number from 0 to 2")]
 Flag = Annotated[bool, Accepts("a boolean: 1, 0, true, false, yes, no, on or off")]
+
+
+def parse_tenant_weights(text: str) -> dict[str, float]:
+    """``SMITH_TENANT_WEIGHTS``: ``"acme=2,beta=0.5"`` → ``{"acme": 2.0, "beta": 0.5}`` (each tenant's share of
+    turn pickup, docs/architecture.md, Fair pickup; a tenant not named has 1). Raises ``ValueError`` for an
+    entry that is not ``tenant=number`` with a number > 0, or a tenant outside ``check_tenant``'s rule."""
+    weights: dict[str, float] = {}
+    for entry in filter(None, (part.strip() for part in text.split(","))):
+        tenant, sep, number = entry.partition("=")
+        try:
+            weight = float(number) if sep else 0.0
+        except ValueError:
+            weight = 0.0
+        if not math.isfinite(weight) or weight <= 0:
+            raise ValueError(f"{entry!r} is not tenant=weight with a weight > 0")
+        try:
+            check_tenant(tenant.strip())
+        except InvalidRequestError as exc:
+            raise ValueError(f"{entry!r}: {exc}") from None
+        weights[tenant.strip()] = weight
+    return weights
+
+
+TenantWeights = Annotated[
+    str,
+    AfterValidator(lambda text: parse_tenant_weights(text) and text),
+    Accepts("tenant=weight pairs separated by commas, each weight > 0, e.g. acme=2,beta=0.5"),
+]
 
 
 class Settings(ClientSettings):
@@ -89,6 +119,9 @@ class Settings(ClientSettings):
     metrics_port: OptionalPort = Field(None, description="port of Prometheus /metrics (unset: no metrics)")
     tenant_labels_max: Count = Field(
         DEFAULT_TENANT_LABELS_MAX, description="distinct tenants with a metrics label value of their own (then other)"
+    )
+    tenant_weights: TenantWeights = Field(
+        "", description="default share of turn pickup per tenant (its limits hash overrides; docs/architecture.md)"
     )
     heartbeat_file: OptionalText = Field(None, description="liveness file touched every 5 s (smith_worker/health.py)")
     history_max_messages: Count = Field(

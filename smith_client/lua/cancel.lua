@@ -5,7 +5,7 @@
 -- again (its run_turn job enqueued, lib.lua's enqueue_job) and whichever worker takes it ends it so.
 -- KEYS: state, conversation FIFO, conversation statuses, paused ZSET, then the enqueue keys (arq job, arq
 --       result, turns queue, wake-up list, requirements hash, capability sets).
--- ARGV: turn id, reason, control channel, then the 11 enqueue arguments (enqueue.lua's).
+-- ARGV: turn id, reason, control channel, then the ENQUEUE_ARGC enqueue arguments (enqueue.lua's).
 -- Returns 'missing' | a terminal status | 'cancelled_queued' | 'cancelling'.
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return 'missing' end
@@ -15,7 +15,7 @@ if st == 'paused' then
   redis.call('HSET', KEYS[1], 'status', 'queued')
   redis.call('HSET', KEYS[3], ARGV[1], 'queued')
   redis.call('ZREM', KEYS[4], ARGV[1])
-  enqueue_job({unpack(KEYS, 5, 10)}, {unpack(ARGV, 4, 14)})
+  enqueue_job({unpack(KEYS, 5, 10)}, {unpack(ARGV, 4, 3 + ENQUEUE_ARGC)})
   return 'cancelling'
 end
 if st == 'queued' and redis.call('HGET', KEYS[1], 'attempt') == '0' then

@@ -4,7 +4,7 @@
 -- KEYS: state, pending, decisions, paused ZSET, conversation statuses, then the enqueue keys (arq job, arq
 --       result, turns queue, wake-up list, requirements hash, capability sets).
 -- ARGV: turn id, call id ('' = every undecided call: the sweeper's timeout), decision JSON, the attempt that
---       paused the turn (as the caller read it), then the 11 enqueue arguments (enqueue.lua's).
+--       paused the turn (as the caller read it), then the ENQUEUE_ARGC enqueue arguments (enqueue.lua's).
 -- Returns {'same', first decision} | {'missing', undecided call ids...}: the call is not pending, or the turn
 -- is not paused | {'stale'}: the turn paused again since the caller read it | {'decided', decision, resumed}
 -- with resumed '1' when this decision completed the step and the turn was enqueued.
@@ -38,5 +38,5 @@ if redis.call('HLEN', decisions) < redis.call('HLEN', pending) then return {'dec
 redis.call('HSET', state, 'status', 'queued', 'resumed_by', 'decision')
 redis.call('HSET', statuses, turn_id, 'queued')
 redis.call('ZREM', paused, turn_id)
-enqueue_job({unpack(KEYS, 6, 11)}, {unpack(ARGV, 5, 15)})
+enqueue_job({unpack(KEYS, 6, 11)}, {unpack(ARGV, 5, 4 + ENQUEUE_ARGC)})
 return {'decided', decision, '1'}

@@ -81,13 +81,35 @@ end
 -- when every live set serves it (or none is live: the job waits for a worker), else to the list of each
 -- set that does, so no worker that cannot run it takes its token. With `refuse` '1', a job that live sets
 -- exist for but none serves is not enqueued.
+-- A turn job with `fair` '1' is not put on the queue itself but on its tenant's waiting ZSET
+-- (Keys.tenant_waiting), and the tenant joins the ring of tenants with waiting work (Keys.tenant_ring) at
+-- the lowest pass there, so it takes its turn with the others from now on (start-time fair queuing): the
+-- claim (claim.lua) admits each tenant's jobs to the queue in that order (docs/architecture.md, Fair pickup).
 -- k: arq job key, arq result key, queue, wake-up list, requirements hash, capability sets ZSET.
 -- a: job expiry ms, job bytes, score ms, job id, wake-up list TTL s, wake-up list cap, need, refuse
---    ('1'/'0'), now ms, then the prefixes of a capability set's key and of its wake-up list.
+--    ('1'/'0'), now ms, the prefixes of a capability set's key and of its wake-up list, then fair ('1'/'0'),
+--    the tenant ('' for none), the prefix of a tenant's waiting ZSET and the ring's key (ENQUEUE_ARGC in all).
 -- Returns 1 when enqueued, 0 when arq has the job id, -2 when refused. Used by enqueue.lua and submit.lua.
+local ENQUEUE_ARGC = 15
+
+-- Put job `job_id` (score `score`) on `tenant`'s waiting ZSET, the tenant in the ring if it was not, both
+-- living as long as the job's record (`expiry_ms`).
+local function wait_for_admission(job_id, score, tenant, waiting_prefix, ring, expiry_ms)
+  local waiting = waiting_prefix .. tenant
+  redis.call('ZADD', waiting, score, job_id)
+  if redis.call('ZSCORE', ring, tenant) == false then
+    local lowest = redis.call('ZRANGE', ring, 0, 0, 'WITHSCORES')[2] or 0
+    redis.call('ZADD', ring, lowest, tenant)
+  end
+  for _, key in ipairs({waiting, ring}) do
+    if redis.call('PTTL', key) < tonumber(expiry_ms) then redis.call('PEXPIRE', key, expiry_ms) end
+  end
+end
+
 local function enqueue_job(k, a)
   local job_key, result_key, queue, wake_list, requirements, capsets = unpack(k)
-  local expiry_ms, job, score, job_id, wake_ttl, wake_cap, need, refuse, now, caps_prefix, wake_prefix = unpack(a)
+  local expiry_ms, job, score, job_id, wake_ttl, wake_cap, need, refuse, now, caps_prefix, wake_prefix = unpack(a, 1, 11)
+  local fair, tenant, waiting_prefix, ring = unpack(a, 12, ENQUEUE_ARGC)
   if redis.call('EXISTS', job_key, result_key) > 0 then return 0 end
   local lists = {wake_list}
   if need ~= '' then
@@ -102,7 +124,11 @@ local function enqueue_job(k, a)
     if redis.call('PTTL', requirements) < tonumber(expiry_ms) then redis.call('PEXPIRE', requirements, expiry_ms) end
   end
   redis.call('PSETEX', job_key, expiry_ms, job)
-  redis.call('ZADD', queue, score, job_id)
+  if fair == '1' then
+    wait_for_admission(job_id, score, tenant, waiting_prefix, ring, expiry_ms)
+  else
+    redis.call('ZADD', queue, score, job_id)
+  end
   for _, list in ipairs(lists) do wake(list, wake_ttl, wake_cap) end
   return 1
 end

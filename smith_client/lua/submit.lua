@@ -3,10 +3,10 @@
 -- a turn still queued (a first caller may have died before its enqueue; arq's rule makes it a no-op).
 -- KEYS: state, conversation FIFO, conversation statuses, the enqueue keys (arq job, arq result, turns
 --       queue, wake-up list, requirements hash, capability sets), the turn's context record, then for each
---       turn named in ARGV[24..]: its state, its inbox.
+--       turn named in ARGV[CONTEXT + 1 ..] (CONTEXT = 12 + ENQUEUE_ARGC): its state, its inbox.
 -- ARGV: turn id, fingerprint, conversation, agent, policy, message JSON, now (epoch s),
---       turn TTL s, conversation TTL s, job JSON, control channel, the 11 enqueue arguments (enqueue.lua's;
---       the job needs its agent), the caller context's JSON ('' for none: docs/architecture.md, Caller
+--       turn TTL s, conversation TTL s, job JSON, control channel, the ENQUEUE_ARGC enqueue arguments
+--       (lib.lua's enqueue_job; the job needs its agent), the caller context's JSON ('' for none: docs/architecture.md, Caller
 --       context), then the ids of the other turns this call may touch (merge: the last unfinished one;
 --       interrupt: all unfinished ones).
 -- Returns {'conflict', id} | {'attach', id, status, alone} | {'busy', id} | {'merged', id, '', alone}
@@ -18,7 +18,8 @@
 -- TurnHandle.cancel does (no worker holds it to be told): its id follows `alone` in the 'new' reply.
 local turn_id, fp, conv, agent, policy, msg, now, turn_ttl, conv_ttl, job, control = unpack(ARGV, 1, 11)
 local state, fifo, statuses = KEYS[1], KEYS[2], KEYS[3]
-local function enqueue() return enqueue_job({unpack(KEYS, 4, 9)}, {unpack(ARGV, 12, 22)}) end
+local function enqueue() return enqueue_job({unpack(KEYS, 4, 9)}, {unpack(ARGV, 12, 11 + ENQUEUE_ARGC)}) end
+local CONTEXT = 12 + ENQUEUE_ARGC  -- the index of the caller context's JSON in ARGV; the turns to touch follow
 -- which live turn workers serve the agent, from their capability sets (ARGV[20] now ms, ARGV[21] set prefix)
 local serving, live = serving_sets(KEYS[9], ARGV[21], agent, ARGV[20])
 if #serving == 0 and live > 0 then
@@ -43,7 +44,7 @@ if #active > 0 then
   if policy == 'reject' then return {'busy', active[1]} end
   local wanted = {}
   if policy == 'merge' then wanted = {active[#active]} elseif policy == 'interrupt' then wanted = active end
-  local given = {unpack(ARGV, 24)}
+  local given = {unpack(ARGV, CONTEXT + 1)}
   local same = #given == #wanted
   for i, id in ipairs(wanted) do same = same and given[i] == id end
   if not same then return {'keys', unpack(wanted)} end
@@ -60,7 +61,7 @@ end
 redis.call('HSET', state, 'status', 'queued', 'fingerprint', fp, 'conversation_id', conv,
            'agent', agent, 'created_at', now, 'attempt', 0, 'job', job)
 redis.call('EXPIRE', state, turn_ttl)
-if ARGV[23] ~= '' then redis.call('SET', KEYS[10], ARGV[23], 'EX', turn_ttl) end
+if ARGV[CONTEXT] ~= '' then redis.call('SET', KEYS[10], ARGV[CONTEXT], 'EX', turn_ttl) end
 redis.call('RPUSH', fifo, turn_id)
 redis.call('EXPIRE', fifo, conv_ttl)
 redis.call('HSET', statuses, turn_id, 'queued')

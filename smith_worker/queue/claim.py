@@ -31,13 +31,18 @@ arq's ``run_job`` so an arq upgrade that breaks this fails a test.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from smith_client.keys import ARQ_RETRY_TTL, Keys, now_ms
 from smith_client.scripts import LuaScript
 from smith_worker.queue.arq_internals import RUN_JOB_ABORT_COMMAND, RUN_JOB_FIRST_TRANSACTION
+
+#: The fields of a tenant's limits hash (:meth:`~smith_client.keys.Keys.tenant_limits`) the claim reads: its weight
+#: and its ``max_running`` cap.
+LIMIT_FIELDS = ("weight", "max_running")
 
 #: The scripts of this module, in ``lua/`` beside it.
 CLAIM = LuaScript("claim", __package__)
@@ -98,6 +103,7 @@ async def claim_jobs(
     claimer: str,
     capset: str | None,
     ended: Sequence[str] = (),
+    weights: Mapping[str, float] | None = None,
 ) -> Claim:
     """Claim up to ``free`` ready jobs of arq queue ``queue`` (score <= now) in one round trip.
 
@@ -116,6 +122,11 @@ async def claim_jobs(
     claimed again without counting its try. ``ended`` are the ids of the worker's jobs that ended since
     its last claim (their requirements are forgotten once they left the queue). Raises what the Redis
     client raises (a claim that Redis ran anyway lapses unconfirmed).
+
+    Turn jobs waiting for admission (:meth:`~smith_client.keys.Keys.tenant_ring`) fill the slots the queue's
+    ready jobs leave, tenant by tenant in proportion to their weights (docs/architecture.md, Fair pickup):
+    ``weights`` are the defaults (tenant → weight > 0; ``""`` is no tenant) for tenants whose limits hash
+    sets none (``SMITH_TENANT_WEIGHTS``).
     """
     now = now_ms()
     marker = f"claim:{now + CLAIM_LEASE_MS}:{claimer}"
@@ -125,9 +136,10 @@ async def claim_jobs(
         own_wake, members = wake, requirements
     else:
         own_wake, members = Keys.wake_list(queue, capset), Keys.capability_set(queue, capset)
-    script_keys = [queue, wake, own_wake, requirements, members, keys.arq_abort_set]
+    script_keys = [queue, wake, own_wake, requirements, members, keys.arq_abort_set, Keys.tenant_ring(queue)]
     args = [now, free, read_limit, in_progress_ms, ARQ_RETRY_TTL, tokens_held.queue, tokens_held.own,
-            int(take_aborts), int(capset is not None), marker, *Keys.arq_claim_prefixes(), *ended]  # fmt: skip
+            int(take_aborts), int(capset is not None), marker, *Keys.arq_claim_prefixes(),
+            *Keys.tenant_prefixes(queue), *keys.tenant_limits_affixes(), json.dumps(weights or {}), *LIMIT_FIELDS, *ended]  # fmt: skip
     reply = await CLAIM(redis, script_keys, args)
     jobs = [
         ClaimedJob(job_id.decode(), int(float(score)), record, int(job_try), bool(aborted))

@@ -50,7 +50,7 @@ from arq.worker import Worker, func
 from smith_client.keys import Keys
 from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
-from smith_worker.config import Settings
+from smith_worker.config import Settings, parse_tenant_weights
 from smith_worker.ops.redis_health import REDIS_DOWN_ERRORS, RedisHealth
 from smith_worker.queue.arq_internals import check_arq
 from smith_worker.queue.claim import ClaimedJob, claim_jobs, confirm_claims, hand_over, take_handed_over
@@ -77,8 +77,18 @@ class SmithWorker(Worker):
     ``Worker`` is listed in :mod:`smith_worker.queue.arq_internals`.
     """
 
-    def __init__(self, *args: Any, health: RedisHealth, pickup: Pickup, keys: Keys, capset: str, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        health: RedisHealth,
+        pickup: Pickup,
+        keys: Keys,
+        capset: str,
+        tenant_weights: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.tenant_weights = tenant_weights or {}
         self.health = health
         self.pickup = pickup
         self.keys = keys
@@ -220,6 +230,7 @@ class SmithWorker(Worker):
             claimer=self._claimer.format(next(self._claims)),
             capset=self.capset,
             ended=self._ended,
+            weights=self.tenant_weights,
         )
         self._ended = []
         self._next_due = claim.next_due
@@ -298,6 +309,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         pickup=pickup,
         keys=runtime.keys,
         capset=runtime.capability_set.digest,
+        tenant_weights=parse_tenant_weights(settings.tenant_weights),
         **options,
     )
     # stop polling, let running jobs finish (job_completion_wait), then end run(): the drain before a restart

@@ -375,6 +375,8 @@ async def _enqueue_turn(redis: Any, keys: Keys, turn_id: str, job_id: str, defer
         queue=keys.turns_queue,
         defer=defer,
         requires=job.agent,  # on a worker serving its agent (smith_worker/routing.py)
+        fair=True,  # a conversation's next turn waits its tenant's turn; a parked one (defer) was admitted
+        tenant=job.tenant,
     )
 
 

@@ -16,12 +16,13 @@ from arq.constants import job_key_prefix
 from smith_client import InvalidRequestError, SmithClient, UnknownAgentError
 from smith_client.registry import live_agents, live_workers
 from smith_worker.testing import Reply, Script
+from tests.support.queues import queued_turn_jobs, turn_queue_keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 
 
 async def queued_turns(client: SmithClient) -> int:
-    return await client.redis.zcard(client.keys.turns_queue)
+    return await queued_turn_jobs(client.redis, client.keys)
 
 
 
@@ -119,7 +120,7 @@ async def test_with_no_turn_worker_live_a_turn_is_enqueued_with_a_warning(redis_
             handle = await lonely.submit("hi", conversation_id="c1", agent="anyone")
         assert "no turn worker is registered" in caplog.text
         assert (await handle.state())["status"] == "queued"
-        assert await lonely.redis.zcard(lonely.keys.turns_queue) == 1
+        assert await queued_turns(lonely) == 1
 
 
 async def test_workers_register_agents_and_tools(client):
@@ -142,8 +143,8 @@ async def test_without_any_worker_the_turn_is_enqueued_and_waits(redis_url):
 
         with pytest.raises(SmithTimeoutError):
             await lonely.send("anyone?", conversation_id="conv-wait", agent="any", timeout=0.5)
-        assert await lonely.redis.zcard(lonely.keys.turns_queue) == 1
-        await lonely.redis.delete(lonely.keys.turns_queue)  # the test owns this key
+        assert await queued_turns(lonely) == 1
+        await lonely.redis.delete(*turn_queue_keys(lonely.keys))  # the test owns these keys
 
 
 async def test_a_finished_turn_replays_from_the_log(client, scenario):

@@ -16,6 +16,7 @@ from flask import Flask, Response, request
 from smith_client import ConflictError, InvalidRequestError, SyncSmithClient, TurnCancelledError, TurnPausedError
 from smith_worker.testing import Reply, Script
 from tests.conftest import ROOT
+from tests.support.queues import turn_queue_keys, waiting_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 
@@ -133,12 +134,13 @@ def test_the_blocking_submit_enqueues_the_turn_job_in_its_script_once_per_turn_i
         assert sync_client.redis.get(Keys.arq_job(job_id)) == record  # like arq: one job per id
         queued = deserialize_job(record, deserializer=job_deserializer)
         assert (queued.function, list(queued.args), queued.kwargs) == ("run_turn", [job.model_dump(mode="json")], {})
-        assert sync_client.redis.zscore(keys.turns_queue, job_id) is not None
+        assert sync_client.redis.zscore(waiting_key(keys), job_id) is not None
         assert sync_client.redis.llen(Keys.wake_list(keys.turns_queue)) >= 1  # the workers were woken
         assert 0 < sync_client.redis.pttl(Keys.arq_job(job_id)) <= 86_400_000
     finally:
-        stale = [Keys.arq_job(job_id), keys.turns_queue, Keys.wake_list(keys.turns_queue), keys.turn_state(job.turn_id)]
-        sync_client.redis.delete(*stale, keys.conversation_turns("c1"), keys.conversation_statuses("c1"))
+        stale = [Keys.arq_job(job_id), Keys.wake_list(keys.turns_queue), keys.turn_state(job.turn_id)]
+        sync_client.redis.delete(*stale, *turn_queue_keys(keys), keys.conversation_turns("c1"),
+                                 keys.conversation_statuses("c1"))
 
 
 def test_redis_down_is_a_typed_transport_error_for_the_blocking_client_too():

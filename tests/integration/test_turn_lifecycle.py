@@ -14,6 +14,7 @@ from smith_client import SmithClient, TurnCancelledError
 from smith_client.errors import ConflictError, ConversationBusyError, EventsTrimmedError
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
 from smith_worker.testing import Reply, Script
+from tests.support.queues import turn_queue_keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("workers")]
 
@@ -186,7 +187,7 @@ async def test_cancelling_a_queued_turn_never_runs_it(redis_url):
         assert await handle.cancel() == "cancelled_queued"
         assert [e.type for e in await lonely.events.read(handle.turn_id)] == ["turn.cancelled"]
         assert await handle.cancel() == "cancelled"
-        await lonely.redis.delete(lonely.keys.turns_queue)
+        await lonely.redis.delete(*turn_queue_keys(lonely.keys))
 
 
 async def test_a_queued_turn_whose_job_was_lost_is_enqueued_again(client, scenario, monkeypatch):

@@ -23,6 +23,7 @@ from smith_client.runners import AsyncRunner
 from smith_client.turns import cancel_turn
 from smith_worker.memory.fencing import StaleAttemptError
 from smith_worker.turn.attempt import PAUSE_KEPT_AT_MOST, TurnAttempt
+from tests.support.queues import waiting_key
 
 
 @pytest.fixture
@@ -101,7 +102,7 @@ async def test_decisions_first_wins_and_the_last_one_resumes_the_turn(redis):
     assert [p.call_id for p in await runner.run(approvals.pending(keys, turn_id))] == ["call_b"]
     await runner.run(approvals.decide(keys, turn_id, "call_b", Decision(action="approve", arguments={"target": "x"})))
     assert await redis.hget(keys.turn_state(turn_id), record.STATUS) == b"queued"
-    assert await redis.zscore(keys.turns_queue, keys.turn_resume_job_id(turn_id, attempt.attempt)) is not None
+    assert await redis.zscore(waiting_key(keys), keys.turn_resume_job_id(turn_id, attempt.attempt)) is not None
     assert await redis.zscore(keys.paused, turn_id) is None
     assert await runner.run(approvals.pending(keys, turn_id)) == []
 
@@ -124,7 +125,7 @@ async def test_expiry_rejects_the_undecided_calls_and_cancel_ends_a_paused_turn(
     state = await redis.hgetall(keys.turn_state(cancelled.turn_id))
     assert state[record.STATUS.encode()] == b"queued" and state[record.CANCEL_REQUESTED.encode()] == b"cancel"
     resume = keys.turn_resume_job_id(cancelled.turn_id, cancelled.attempt)
-    assert await redis.zscore(keys.turns_queue, resume) is not None
+    assert await redis.zscore(waiting_key(keys), resume) is not None
     assert await redis.zscore(keys.paused, cancelled.turn_id) is None
     with pytest.raises(NoPendingCallError):
         await runner.run(approvals.decide(keys, cancelled.turn_id, "call_a", Decision(action="approve")))

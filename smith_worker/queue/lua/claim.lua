@@ -20,23 +20,38 @@
 -- lease has ended the job is claimable again, and its try is not counted twice (it never started).
 -- The worker also names its jobs that ended since its last claim: those no longer queued (arq keeps a
 -- job it re-runs) leave the requirements hash, which goes whole once the queue is empty.
+-- Turn jobs wait for admission on their tenant's waiting ZSET (lib.lua's enqueue_job), not on the queue:
+-- once the jobs on the queue (re-runs, deferred jobs now due) are claimed, the free slots left go to the
+-- tenants of the ring (Keys.tenant_ring) by start-time fair queuing: the tenant with the lowest pass
+-- gives its oldest job this worker serves, which joins the queue and is claimed as any other, and its
+-- pass grows by 1/weight, so tenants with waiting work take turns in proportion to their weights and a
+-- tenant's jobs keep their order (docs/architecture.md, Fair pickup). A tenant's weight and `max_running`
+-- come from its limits hash (Keys.tenant_limits), else the worker's default weights (SMITH_TENANT_WEIGHTS),
+-- else weight 1 and no cap; a capped tenant's admitted jobs are kept in its running ZSET (Keys.tenant_running)
+-- until their arq in-progress key is gone.
 -- KEYS: queue, its wake-up list, the wake-up list of the worker's capability set, the queue's
---       requirements hash, the worker's capability set, arq abort set.
+--       requirements hash, the worker's capability set, arq abort set, the queue's tenant ring.
 -- ARGV: now ms, free slots, read limit, in-progress TTL ms, try counter TTL s, tokens held from the
 --       queue's list, tokens held from the set's list, take aborts (1 or 0), check requirements (1 or 0:
 --       a claimer outside the fleet, which has no set, takes any job), this claim's marker, then arq's
 --       in-progress, job and retry key prefixes (Keys.arq_claim_prefixes): the ids of the jobs come from
---       the queue, so their keys cannot be given in KEYS; then the ids of the worker's jobs that ended.
+--       the queue, so their keys cannot be given in KEYS; then the prefixes of a tenant's waiting and
+--       running ZSETs (Keys.tenant_prefixes), the prefix and suffix of a tenant's limits hash
+--       (Keys.tenant_limits_affixes), the default weights as a JSON object (tenant -> weight; '' is no
+--       tenant), the names of the hash's weight and max_running fields; then the ids of the worker's jobs
+--       that ended.
 -- Returns {next deferred score or nil, then for each job claimed: id, score, job record or nil
 --          (expired), try, 1 if it had an abort request else 0}.
-local queue, wake_list, set_wake_list, requirements, capabilities, aborts = unpack(KEYS, 1, 6)
+local queue, wake_list, set_wake_list, requirements, capabilities, aborts, ring = unpack(KEYS, 1, 7)
 local now, limit, in_progress_ttl, retry_ttl = ARGV[1], ARGV[3], ARGV[4], ARGV[5]
 local free, held, held_set = tonumber(ARGV[2]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local take_aborts, check, marker = ARGV[8] == '1', ARGV[9] == '1', ARGV[10]
 local in_progress_prefix, job_prefix, retry_prefix = ARGV[11], ARGV[12], ARGV[13]
+local waiting_prefix, running_prefix, limits_prefix, limits_suffix = ARGV[14], ARGV[15], ARGV[16], ARGV[17]
+local default_weights, weight_field, cap_field = cjson.decode(ARGV[18]), ARGV[19], ARGV[20]
 
-if #ARGV >= 14 then
-  local ended = {unpack(ARGV, 14)}
+if #ARGV >= 21 then
+  local ended = {unpack(ARGV, 21)}
   for i, score in ipairs(redis.call('ZMSCORE', queue, unpack(ended))) do
     if not score then redis.call('HDEL', requirements, ended[i]) end
   end
@@ -61,6 +76,101 @@ end
 
 local reply = {false}
 local claimed, claimed_set = 0, 0
+
+-- Claim job `id` (queue score `score`): its in-progress key holds this claim's marker, its try is counted
+-- unless its lapsed claim counted it (`count_try` false), its abort request is taken; it joins the reply.
+local function claim(id, score, count_try, to_set)
+  redis.call('PSETEX', in_progress_prefix .. id, in_progress_ttl, marker)
+  local retry = retry_prefix .. id
+  local try = tonumber(redis.call('GET', retry))
+  if count_try or not try then try = redis.call('INCR', retry) end
+  redis.call('EXPIRE', retry, retry_ttl)
+  local aborted = 0
+  if take_aborts then aborted = redis.call('ZREM', aborts, id) end
+  local n = #reply
+  reply[n + 1], reply[n + 2], reply[n + 3] = id, score, redis.call('GET', job_prefix .. id)
+  reply[n + 4], reply[n + 5] = try, aborted
+  if to_set then claimed_set = claimed_set + 1 else claimed = claimed + 1 end
+end
+
+-- A tenant's weight (> 0) and how many more of its jobs may be admitted now (nil: no cap).
+local function share(tenant)
+  local weight, cap
+  if tenant ~= '' then
+    local limits = redis.call('HMGET', limits_prefix .. tenant .. limits_suffix, weight_field, cap_field)
+    weight, cap = tonumber(limits[1]), tonumber(limits[2])
+  end
+  weight = weight or tonumber(default_weights[tenant]) or 1
+  if not cap then return weight, nil end
+  local running = running_prefix .. tenant
+  local room = cap
+  for _, id in ipairs(redis.call('ZRANGE', running, 0, -1)) do
+    if redis.call('EXISTS', in_progress_prefix .. id) == 1 then room = room - 1 else redis.call('ZREM', running, id) end
+  end
+  return weight, math.max(room, 0)
+end
+
+-- Admit and claim the oldest waiting job of `tenant` that this worker serves (read `limit` deep at most,
+-- a few at a time); false when none. A capped tenant's job joins its running ZSET.
+local function admit(tenant, capped)
+  local waiting = waiting_prefix .. tenant
+  local start = 0
+  while start < tonumber(limit) do
+    local batch = redis.call('ZRANGE', waiting, start, start + 15, 'WITHSCORES')
+    if #batch == 0 then return false end
+    for i = 1, #batch, 2 do
+      local id = batch[i]
+      local served, to_set = serves(id)
+      if served then
+        redis.call('ZREM', waiting, id)
+        redis.call('ZADD', queue, batch[i + 1], id)
+        claim(id, batch[i + 1], true, to_set)
+        if capped then
+          local running = running_prefix .. tenant
+          redis.call('ZADD', running, tonumber(now) + tonumber(in_progress_ttl), id)
+          redis.call('PEXPIRE', running, in_progress_ttl)
+        end
+        return true
+      end
+    end
+    start = start + 16
+  end
+  return false
+end
+
+-- The free slots left go to the ring's tenants, lowest pass first (see the header). `tenants` holds the
+-- lowest-pass tenants read once (1000 at most), each with its pass, weight and room; one that cannot give a
+-- job now (capped, or nothing this worker serves) is left out of this claim.
+local function admit_fairly()
+  local entries = redis.call('ZRANGE', ring, 0, 999, 'WITHSCORES')
+  local tenants = {}
+  for i = 1, #entries, 2 do
+    local weight, room = share(entries[i])
+    tenants[#tenants + 1] = {name = entries[i], pass = tonumber(entries[i + 1]), weight = weight, room = room}
+  end
+  while claimed + claimed_set < free do
+    local best
+    for _, t in ipairs(tenants) do
+      if not t.out and (not best or t.pass < best.pass) then best = t end
+    end
+    if not best then return end
+    if best.room == 0 or not admit(best.name, best.room ~= nil) then
+      best.out = true
+      -- its jobs' records (and so its waiting ZSET) expired: it has nothing to wait for
+      if redis.call('EXISTS', waiting_prefix .. best.name) == 0 then redis.call('ZREM', ring, best.name) end
+    else
+      best.pass = best.pass + 1 / best.weight
+      if best.room then best.room = best.room - 1 end
+      if redis.call('EXISTS', waiting_prefix .. best.name) == 0 then
+        redis.call('ZREM', ring, best.name)
+        best.out = true
+      else
+        redis.call('ZADD', ring, 'XX', best.pass, best.name)
+      end
+    end
+  end
+end
+
 if held + held_set > 0 then
   free = math.min(free, held + held_set + redis.call('LLEN', wake_list) + redis.call('LLEN', set_wake_list))
 end
@@ -69,28 +179,16 @@ if free > 0 then
   for i = 1, #ready, 2 do
     if claimed + claimed_set == free then break end
     local id = ready[i]
-    local in_progress = in_progress_prefix .. id
-    local take, count_try = claimable(redis.call('GET', in_progress))
+    local take, count_try = claimable(redis.call('GET', in_progress_prefix .. id))
     local served, to_set = false, false
     if take then served, to_set = serves(id) end
-    if served then
-      redis.call('PSETEX', in_progress, in_progress_ttl, marker)
-      local retry = retry_prefix .. id
-      local try = tonumber(redis.call('GET', retry))
-      if count_try or not try then try = redis.call('INCR', retry) end
-      redis.call('EXPIRE', retry, retry_ttl)
-      local aborted = 0
-      if take_aborts then aborted = redis.call('ZREM', aborts, id) end
-      local n = #reply
-      reply[n + 1], reply[n + 2], reply[n + 3] = id, ready[i + 1], redis.call('GET', job_prefix .. id)
-      reply[n + 4], reply[n + 5] = try, aborted
-      if to_set then claimed_set = claimed_set + 1 else claimed = claimed + 1 end
-    end
+    if served then claim(id, ready[i + 1], count_try, to_set) end
   end
+  if claimed + claimed_set < free then admit_fairly() end
 end
 if claimed > held then redis.call('LPOP', wake_list, claimed - held) end
 if claimed_set > held_set then redis.call('LPOP', set_wake_list, claimed_set - held_set) end
-if redis.call('EXISTS', queue) == 0 then redis.call('DEL', requirements) end
+if redis.call('EXISTS', queue, ring) == 0 then redis.call('DEL', requirements) end
 local deferred = redis.call('ZRANGEBYSCORE', queue, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
 if #deferred > 0 then reply[1] = deferred[2] end
 return reply
