@@ -35,15 +35,16 @@ class Fleet:
 
 
 @contextlib.asynccontextmanager
-async def fleet(app: str, queues: Sequence[str]) -> AsyncIterator[Fleet]:
-    """Start a fleet whose workers (one per entry of ``queues``) serve ``app`` (``"module:attribute"``), and
-    return once they registered; everything stops on exit, the workers before the model server they use.
-    Raises ``TimeoutError`` when the workers do not register within 60 s."""
+async def fleet(app: str, queues: Sequence[str], **settings: str) -> AsyncIterator[Fleet]:
+    """Start a fleet whose workers (one per entry of ``queues``) serve ``app`` (``"module:attribute"``), with
+    ``settings`` (``SMITH_*`` variables) in their environment, and return once they registered; everything stops
+    on exit, the workers before the model server they use. Raises ``TimeoutError`` when the workers do not
+    register within 60 s."""
     redis_proc, redis_url = start_redis_server()
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     try:
         with testing.ScriptedLlmServer() as llm:
-            env = testing.worker_env(redis_url, prefix, llm.base_url)
+            env = testing.worker_env(redis_url, prefix, llm.base_url, **settings)
             async with SmithClient.from_url(redis_url, prefix=prefix) as client:
                 running = Fleet(client, llm, redis_url, prefix, env, app)
                 try:

@@ -5,7 +5,8 @@ Runs ``bench/distributed.py`` (parts a–d, f: project, plain arq/Redis and the
 Agents SDK), ``bench/sse_parser.py`` (part e, printed as it prints itself),
 ``bench/durability.py`` (target 7, compared with the figures BENCHMARKS.md
 recorded before the speed work), ``bench/worker_memory.py`` (a turn worker's RSS
-under long histories and Redis restarts, printed as it prints itself) and ``bench/tracing.py`` (a one-tool
+under long histories and Redis restarts, printed as it prints itself), ``bench/paused_turns.py``,
+``bench/fairness.py`` (a small tenant's wait behind another's burst, fair pickup vs one FIFO line) and ``bench/tracing.py`` (a one-tool
 turn with tracing on, exporting, vs off: its own PASS/MISS line), then prints a Markdown table ready to paste into
 BENCHMARKS.md.
 
@@ -352,6 +353,7 @@ def main() -> None:
             print(text)
             print(run(["bench/worker_memory.py"], "turn worker memory (bench/worker_memory.py)") or "")
             print(run(["bench/paused_turns.py"], "turns paused for a person (bench/paused_turns.py)") or "")
+            print(run(["bench/fairness.py"], "fair pickup across tenants (bench/fairness.py)") or "")
             tracing_out = Path(tmp) / "tracing.json"
             tracing_text = run(["bench/tracing.py", "--json", str(tracing_out)], "tracing on vs off (bench/tracing.py)")
             if tracing_text is not None:

@@ -212,8 +212,11 @@ async def test_a_queued_turn_whose_job_was_lost_is_enqueued_again(client, scenar
     with monkeypatch.context() as patch:
         patch.setattr(turns, "enqueue_call", to_nowhere)
         await submit(client, lost, "enqueue")
-    assert await client.redis.zcard(nowhere) == 1
-    await client.redis.delete(Keys.arq_job(client.keys.turn_job_id(lost.turn_id)), nowhere, Keys.wake_list(nowhere))
+    lost_wait = Keys.tenant_waiting(nowhere, None)  # where a turn job waits for admission (fair pickup)
+    assert await client.redis.zcard(lost_wait) == 1
+    await client.redis.delete(
+        Keys.arq_job(client.keys.turn_job_id(lost.turn_id)), lost_wait, Keys.tenant_ring(nowhere), Keys.wake_list(nowhere)
+    )
     second = await client.submit("b", conversation_id=conv, agent="plain")
     assert (await second.result(timeout=40)).content == "first, recovered"  # same conversation, same script
     assert (await client.turn(lost.turn_id).result(timeout=5)).content == "first, recovered"

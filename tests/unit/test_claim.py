@@ -516,3 +516,91 @@ async def test_a_claim_failing_on_redis_takes_no_job_slot():
     assert worker.job_counter == 0 and not worker.tasks
     assert worker.sem._value == settings.tool_max_jobs + 1  # arq's semaphore: max_jobs + 1, all free
     await worker.pool.aclose()
+
+
+# Fair pickup (docs/architecture.md, Fair pickup): jobs enqueued with `fair` wait per tenant until a claim admits them.
+
+
+async def enqueue_fair(redis: Redis, keys: Keys, tenant: str | None, *names: str, requires: str = "") -> None:
+    for name in names:
+        assert await enqueue_job(redis, "probe", {}, job_id=jid(keys, name), queue=keys.tools_queue,
+                                 requires=requires, fair=True, tenant=tenant)  # fmt: skip
+
+
+async def claim_weighted(redis: Redis, keys: Keys, free: int, weights=None, capset: str | None = None):
+    return await claim_jobs(redis, keys, keys.tools_queue, free=free, read_limit=1000, in_progress_ms=IN_PROGRESS_MS,
+                            tokens_held=HeldTokens(), take_aborts=False, claimer="w:0", capset=capset,
+                            weights=weights)  # fmt: skip
+
+
+async def test_waiting_jobs_are_admitted_round_robin_across_tenants_in_order_within_each(redis, keys):
+    await enqueue_fair(redis, keys, "big", *(f"b{i}" for i in range(6)))
+    await enqueue_fair(redis, keys, "small", "s0", "s1")
+    await enqueue_fair(redis, keys, None, "n0")
+    assert await redis.zcard(keys.tools_queue) == 0  # nothing joins the queue before its admission
+    got = await claim_weighted(redis, keys, free=7)
+    assert names(got, keys) == ["n0", "b0", "s0", "b1", "s1", "b2", "b3"]  # equal passes: ring order ("" < "big")
+    assert {job.job_try for job in got.jobs} == {1} and all(job.record for job in got.jobs)
+    assert await redis.zcard(keys.tools_queue) == 7  # admitted jobs are arq's now (in progress)
+    assert await redis.zrange(Keys.tenant_ring(keys.tools_queue), 0, -1) == [b"big"]  # the others left the ring
+    assert names(await claim_weighted(redis, keys, free=9), keys) == ["b4", "b5"]
+    assert not await redis.exists(Keys.tenant_ring(keys.tools_queue), Keys.tenant_waiting(keys.tools_queue, "big"))
+
+
+async def test_a_tenant_joining_late_starts_at_the_lowest_pass(redis, keys):
+    await enqueue_fair(redis, keys, "early", *(f"e{i}" for i in range(8)))
+    assert names(await claim_weighted(redis, keys, free=4), keys) == ["e0", "e1", "e2", "e3"]
+    await enqueue_fair(redis, keys, "late", "l0", "l1", "l2")
+    # no credit for the time it was absent, no debt for early's history: they alternate from now on
+    assert names(await claim_weighted(redis, keys, free=6), keys) == ["e4", "l0", "e5", "l1", "e6", "l2"]
+
+
+async def test_weights_share_the_slots_and_the_limits_hash_overrides_the_defaults(redis, keys):
+    await enqueue_fair(redis, keys, "a", *(f"a{i}" for i in range(12)))
+    await enqueue_fair(redis, keys, "b", *(f"b{i}" for i in range(12)))
+    got = names(await claim_weighted(redis, keys, free=8, weights={"a": 3.0}), keys)
+    assert sum(name.startswith("a") for name in got) == 6  # three of every four
+    await redis.hset(keys.tenant_limits("b"), "weight", "3")  # the operator's setting wins over the worker's
+    got = names(await claim_weighted(redis, keys, free=8, weights={"a": 3.0, "b": 1.0}), keys)
+    await redis.delete(keys.tenant_limits("b"))
+    assert sum(name.startswith("b") for name in got) >= 4  # b catches up: its pass grows by 1/3 now
+
+
+async def test_max_running_holds_a_tenant_until_its_jobs_end(redis, keys):
+    await redis.hset(keys.tenant_limits("capped"), "max_running", "2")
+    try:
+        await enqueue_fair(redis, keys, "capped", "c0", "c1", "c2")
+        await enqueue_fair(redis, keys, "other", "o0", "o1", "o2")
+        assert names(await claim_weighted(redis, keys, free=10), keys) == ["c0", "o0", "c1", "o1", "o2"]
+        running = Keys.tenant_running(keys.tools_queue, "capped")
+        assert 0 < await redis.pttl(running) <= IN_PROGRESS_MS
+        assert names(await claim_weighted(redis, keys, free=10), keys) == []  # two still hold arq's in-progress key
+        await redis.delete(keys.arq_in_progress(jid(keys, "c0")))  # c0 ended: arq deletes its in-progress key
+        await redis.zrem(keys.tools_queue, jid(keys, "c0"))  # and its queue entry
+        assert names(await claim_weighted(redis, keys, free=10), keys) == ["c2"]
+        assert set(await redis.zrange(running, 0, -1)) == {jid(keys, "c1").encode(), jid(keys, "c2").encode()}
+    finally:
+        await redis.delete(keys.tenant_limits("capped"))
+
+
+async def test_jobs_back_on_the_queue_go_before_waiting_ones(redis, keys):
+    await enqueue_fair(redis, keys, "t", "w0")
+    await enqueue(redis, keys, "rerun", score=now_ms() - 5)  # a re-run of a job admitted once (arq's queue)
+    assert names(await claim_weighted(redis, keys, free=1), keys) == ["rerun"]
+    assert names(await claim_weighted(redis, keys, free=1), keys) == ["w0"]
+
+
+async def test_a_tenant_s_jobs_another_set_serves_are_left_for_its_workers(redis, keys):
+    await fleet(redis, keys, v1=["tool:add"], v2=["tool:add", "tool:new"])
+    await enqueue_fair(redis, keys, "t", "new", requires="tool:new")
+    await enqueue_fair(redis, keys, "t", "old", requires="tool:add")
+    assert names(await claim_weighted(redis, keys, free=5, capset="v1"), keys) == ["old"]
+    assert names(await claim_weighted(redis, keys, free=5, capset="v2"), keys) == ["new"]
+    assert not await redis.exists(Keys.tenant_ring(keys.tools_queue))
+
+
+async def test_a_deferred_fair_job_goes_to_the_queue(redis, keys):
+    assert await enqueue_job(redis, "probe", {}, job_id=jid(keys, "d"), queue=keys.tools_queue, defer=60,
+                             fair=True, tenant="t")  # fmt: skip
+    assert await redis.zscore(keys.tools_queue, jid(keys, "d")) is not None
+    assert not await redis.exists(Keys.tenant_waiting(keys.tools_queue, "t"))

@@ -167,3 +167,11 @@ def test_the_readme_lists_every_variable():
     readme = (ROOT / "README.md").read_text()
     rows = set(re.findall(r"^\| `(SMITH_[A-Z_]+)`", readme, re.MULTILINE))
     assert {env_name(field) for field in Settings.model_fields} <= rows
+
+
+def test_tenant_weights_parse_into_a_map():
+    from smith_worker.config import parse_tenant_weights
+
+    assert parse_tenant_weights("") == {}
+    assert parse_tenant_weights(" acme=3, beta=0.5 ,") == {"acme": 3.0, "beta": 0.5}
+    assert Settings.from_env({"SMITH_TENANT_WEIGHTS": "acme=2"}).tenant_weights == "acme=2"
