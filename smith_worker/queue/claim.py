@@ -139,7 +139,8 @@ async def claim_jobs(
     script_keys = [queue, wake, own_wake, requirements, members, keys.arq_abort_set, Keys.tenant_ring(queue)]
     args = [now, free, read_limit, in_progress_ms, ARQ_RETRY_TTL, tokens_held.queue, tokens_held.own,
             int(take_aborts), int(capset is not None), marker, *Keys.arq_claim_prefixes(),
-            *Keys.tenant_prefixes(queue), *keys.tenant_limits_affixes(), json.dumps(weights or {}), *LIMIT_FIELDS, *ended]  # fmt: skip
+            *Keys.tenant_prefixes(queue), *keys.tenant_limits_affixes(), json.dumps(weights or {}), *LIMIT_FIELDS,
+            *ended]  # fmt: skip
     reply = await CLAIM(redis, script_keys, args)
     jobs = [
         ClaimedJob(job_id.decode(), int(float(score)), record, int(job_try), bool(aborted))
