@@ -22,6 +22,7 @@ from smith_client.errors import (
     NoPendingCallError,
     OutputValidationError,
     ParseError,
+    QuotaExceededError,
     SkillError,
     SmithError,
     SmithTimeoutError,
@@ -46,6 +47,7 @@ from smith_client.messages import (
 )
 from smith_client.output import OutputMessage
 from smith_client.sync_client import SyncSmithClient, SyncTurnHandle
+from smith_client.tenants import TenantLimits
 from smith_client.usage import AgentUsage
 
 __all__ = [
@@ -71,12 +73,14 @@ __all__ = [
     "OutputValidationError",
     "ParseError",
     "PendingItem",
+    "QuotaExceededError",
     "SkillError",
     "SmithClient",
     "SmithError",
     "SmithTimeoutError",
     "SyncSmithClient",
     "SyncTurnHandle",
+    "TenantLimits",
     "SystemMessage",
     "TokenUsage",
     "ToolCall",

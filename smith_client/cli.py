@@ -8,7 +8,12 @@
 * ``smith usage [--hours N | --day] [--agent NAME] [--tenant NAME] [--by-tenant]`` prints, per agent, the model
   calls and server-reported tokens counted over the last hour (N hours, a day; to the minute), from the
   deployment's usage buckets (:mod:`smith_client.usage`; docs/architecture.md, Token usage): only one tenant's
-  turns' with ``--tenant``, one row per tenant and agent with ``--by-tenant`` (docs/architecture.md, Tenants).
+  turns' with ``--tenant``, one row per tenant and agent with ``--by-tenant`` (docs/architecture.md, Tenants);
+  with ``--tenant``, also the tenant's token quota and when its window resets, when it has one.
+* ``smith tenant set TENANT [--weight W] [--max-running N] [--token-quota N] [--window SECONDS]`` changes the
+  limits given (the others keep theirs), ``smith tenant show TENANT`` prints its limits, the tokens used in its
+  current quota window and when the window resets, ``smith tenant clear TENANT`` deletes its limits
+  (:mod:`smith_client.tenants`; docs/tenants.md).
 * A turn paused for a person (docs/architecture.md, Pausing for a person): ``smith pending TURN`` lists its
   undecided calls; ``smith approve TURN CALL [--arguments JSON]``, ``smith reject TURN CALL [--message TEXT]``
   and ``smith result TURN CALL VALUE [--error]`` (an external tool's) decide one; each prints the decision
@@ -39,6 +44,7 @@ import functools
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, TextIO
 
@@ -76,6 +82,7 @@ from smith_client.repl import (
     run_turn,
 )
 from smith_client.settings import DEFAULT_REDIS_URL, ClientSettings, env_name
+from smith_client.tenants import QuotaStatus, checked_limits, checked_tenant
 from smith_client.usage import USAGE_MAX_WINDOW, AgentUsage
 from smith_client.validation import check_served
 
@@ -251,6 +258,7 @@ async def _run_usage(args: argparse.Namespace) -> int:
     the window (only ``--tenant``'s turns' when given), then the sum of the rows when there are several; one line
     on stderr when nothing was counted."""
     found: dict[tuple[str, ...], AgentUsage]
+    quota: QuotaStatus | None = None
     async with _connect(args) as client:
         if args.by_tenant:
             grouped = await client.usage_by_tenant(args.hours * 3600, args.agent, args.tenant)
@@ -258,7 +266,11 @@ async def _run_usage(args: argparse.Namespace) -> int:
         else:
             per_agent = await client.usage(args.hours * 3600, args.agent, args.tenant)
             found = {(name,): u for name, u in per_agent.items()}
+        if args.tenant:
+            quota = await client.tenant_quota(args.tenant)
     window = f"the last {args.hours:g} h"
+    if quota is not None and quota.quota is not None:
+        print(_quota_line(quota))
     if not found:
         who = f"agent {args.agent!r}" if args.agent else "any agent"
         of_tenant = f" of tenant {args.tenant!r}" if args.tenant else ""
@@ -279,6 +291,40 @@ async def _run_usage(args: argparse.Namespace) -> int:
         texts = (cell.ljust(width) for cell, width in zip(line[: len(names)], widths, strict=False))
         numbers = (cell.rjust(width) for cell, width in zip(line[len(names) :], widths[len(names) :], strict=True))
         print("  ".join([*texts, *numbers]).rstrip())
+    return 0
+
+
+def _utc(epoch_seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_seconds))
+
+
+def _quota_line(status: QuotaStatus) -> str:
+    """One line: the tokens a tenant used of its quota in the current window, and when the window resets."""
+    return (
+        f"token quota: {status.used} of {status.quota} tokens used in the current {status.window_seconds} s window; "
+        f"resets at {_utc(status.reset_at)}"
+    )
+
+
+async def _run_tenant(args: argparse.Namespace) -> int:
+    """``smith tenant set|show|clear TENANT``: ``set`` changes the limits given (the others keep their values) and
+    prints the tenant's limits, as ``show`` does, then the tokens used in its current quota window and the window's
+    end; ``clear`` deletes its limits (one line on stderr when it had none)."""
+    async with _connect(args) as client:
+        if args.action == "clear":
+            if not await client.clear_tenant_limits(args.tenant):
+                print(f"tenant {args.tenant!r} has no limits under prefix {args.prefix!r}", file=sys.stderr)
+            return 0
+        limits = await client.tenant_limits(args.tenant)
+        if args.action == "set":
+            limits = checked_limits(limits.model_copy(update=args.limits).model_dump())
+            await client.set_tenant_limits(args.tenant, limits)
+        status = await client.tenant_quota(args.tenant)
+    print(f"tenant {args.tenant!r}, prefix {args.prefix!r}:")
+    for name, value in limits.model_dump().items():
+        print(f"  {name:<22} {'-' if value is None else f'{value:g}' if isinstance(value, float) else value}")
+    print(f"  {'used':<22} {status.used} tokens in the window since {_utc(status.reset_at - status.window_seconds)}")
+    print(f"  {'resets at':<22} {_utc(status.reset_at)}")
     return 0
 
 
@@ -452,6 +498,7 @@ _COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
             "--tenant": "only the turns of this tenant (default: every tenant's and those with none)",
         },
     ),
+    "tenant": ("set, show or clear a tenant's limits (pickup weight, running cap, token quota)", dict(_CONNECTION)),
     "approve": ("approve a paused turn's call: it runs once the turn resumes", dict(_CONNECTION)),
     "reject": ("reject a paused turn's call: the model gets an error tool message", dict(_CONNECTION)),
     "result": ("give the result of a paused turn's external tool call", dict(_CONNECTION)),
@@ -467,6 +514,14 @@ _ARGUMENTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("--hours", {"metavar": "N", "type": _hours, "help": "the window, hours up to 24 (default: 1)"}),
         ("--day", {"action": "store_true", "help": "the last 24 hours"}),
         ("--by-tenant", {"action": "store_true", "help": "one row per tenant and agent (-: no tenant)"}),
+    ],
+    "tenant": [
+        ("action", {"choices": ("set", "show", "clear"), "help": "what to do"}),
+        ("tenant", {"metavar": "TENANT", "help": "the tenant's name"}),
+        ("--weight", {"metavar": "W", "type": float, "help": "set: its share of turn pickup (> 0; default 1)"}),
+        ("--max-running", {"metavar": "N", "type": int, "help": "set: the most of its turns running at once"}),
+        ("--token-quota", {"metavar": "N", "type": int, "help": "set: tokens (prompt + completion) per window"}),
+        ("--window", {"metavar": "SECONDS", "type": int, "help": "set: the quota's window (>= 60; default 86400)"}),
     ],
     "approve": [
         _TURN,
@@ -550,11 +605,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.timeout = ASK_TIMEOUT
     if args.agent is None and args.command in ("ask", "chat"):
         args.agent = "default"
+    if args.command == "tenant":
+        _check_tenant_args(parser, args)
     if args.command == "usage":
         if args.day and args.hours is not None:
             parser.error("usage takes --hours N or --day, not both")
         args.hours = USAGE_MAX_WINDOW / 3600 if args.day else args.hours or 1.0
     return args
+
+
+#: ``smith tenant set``'s options → the :class:`~smith_client.tenants.TenantLimits` field each sets.
+_LIMIT_OPTIONS = {"weight": "weight", "max_running": "max_running", "token_quota": "token_quota",
+                  "window": "quota_window_seconds"}  # fmt: skip
+
+
+def _check_tenant_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``smith tenant``'s arguments: a tenant name, and for ``set`` at least one limit, each in its range (put in
+    ``args.limits``, field → value); ``show`` and ``clear`` take none. Else a usage error (exit code 2)."""
+    given = {
+        field: getattr(args, option) for option, field in _LIMIT_OPTIONS.items() if getattr(args, option) is not None
+    }
+    try:
+        checked_tenant(args.tenant)
+        checked_limits(**given)
+    except SmithError as exc:
+        parser.error(f"tenant {args.action}: {exc.message}")
+    if args.action == "set" and not given:
+        parser.error("tenant set needs at least one of --weight, --max-running, --token-quota, --window")
+    if args.action != "set" and given:
+        parser.error(f"tenant {args.action} takes no limit options (tenant set does)")
+    args.limits = given
 
 
 #: The options that override a variable of :class:`ClientSettings`, by field name.
@@ -605,11 +685,13 @@ async def _stopped_by_sigterm(command: Awaitable[int]) -> int:
 def smith_main(argv: list[str] | None = None) -> None:
     """Entry point of ``smith``: ``smith ask "question"``, ``smith chat``, ``smith keys --conversation ID``,
     ``smith status``, ``smith pending TURN``, ``smith approve|reject TURN CALL``, ``smith result TURN CALL VALUE``,
-    ``smith respond TURN REQUEST accept|decline|cancel``, ``smith usage [--hours N | --day] [--agent NAME]``."""
+    ``smith respond TURN REQUEST accept|decline|cancel``, ``smith usage [--hours N | --day] [--agent NAME]``,
+    ``smith tenant set|show|clear TENANT``."""
     args = parse_args(argv)
     commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys, "status": _run_status, "pending": _run_pending}
     commands["respond"] = _run_respond
     commands["usage"] = _run_usage
+    commands["tenant"] = _run_tenant
     commands |= dict.fromkeys(("approve", "reject", "result"), _run_decide)
     try:
         args.settings = settings = _with_options(ClientSettings.from_env(), args)  # all checked first

@@ -23,7 +23,7 @@ from typing import Any, Self, Unpack, overload
 
 from arq.connections import ArqRedis
 
-from smith_client import approvals, inputs, skills
+from smith_client import approvals, inputs, skills, tenants
 from smith_client import operations as ops
 from smith_client import turn_record as record
 from smith_client import usage as usage_ops
@@ -39,6 +39,7 @@ from smith_client.protocol import Operation
 from smith_client.registry import ServedAgents
 from smith_client.runners import AsyncRunner, SyncRunner
 from smith_client.settings import ClientSettings
+from smith_client.tenants import QuotaStatus, TenantLimits
 from smith_client.turns import cancel_turn, read_state
 from smith_client.usage import AgentUsage
 from smith_client.validation import TurnOptions, check_id, check_tenant
@@ -209,6 +210,18 @@ class ClientBase:
         self, window_seconds: float, agent: str | None, tenant: str | None
     ) -> Operation[dict[str, dict[str, AgentUsage]]]:
         return usage_ops.usage_by_tenant(self.keys, window_seconds, agent, tenant=tenant)
+
+    def _op_set_tenant_limits(self, tenant: str, limits: TenantLimits) -> Operation[None]:
+        return tenants.set_limits(self.keys, tenant, limits)
+
+    def _op_tenant_limits(self, tenant: str) -> Operation[TenantLimits]:
+        return tenants.read_limits(self.keys, tenant)
+
+    def _op_clear_tenant_limits(self, tenant: str) -> Operation[bool]:
+        return tenants.clear_limits(self.keys, tenant)
+
+    def _op_tenant_quota(self, tenant: str) -> Operation[QuotaStatus]:
+        return tenants.quota_status(self.keys, tenant)
 
 
 class HandleBase:
@@ -473,6 +486,29 @@ class SmithClient(ClientBase):
         """:meth:`usage` grouped by tenant: tenant (``""`` for the turns with none) → agent →
         :class:`~smith_client.usage.AgentUsage`, tenants and agents in name order; the same rules and errors."""
         return await self.runner.run(self._op_usage_by_tenant(window_seconds, agent, tenant))
+
+    async def set_tenant_limits(self, tenant: str, limits: TenantLimits) -> None:
+        """Replace tenant ``tenant``'s limits with ``limits`` (:class:`~smith_client.tenants.TenantLimits`: pickup
+        ``weight``, ``max_running``, ``token_quota`` tokens per ``quota_window_seconds``; docs/tenants.md), for the
+        whole fleet at once: a send checks the quota as it is when it runs, a running turn at its next model call.
+        Raises :class:`InvalidRequestError` for a bad tenant name (None included: the turns without a tenant have no
+        limits) or a value of ``limits`` out of its range."""
+        await self.runner.run(self._op_set_tenant_limits(tenant, limits))
+
+    async def tenant_limits(self, tenant: str) -> TenantLimits:
+        """Tenant ``tenant``'s limits (every default when none are set); :meth:`set_tenant_limits`'s errors."""
+        return await self.runner.run(self._op_tenant_limits(tenant))
+
+    async def clear_tenant_limits(self, tenant: str) -> bool:
+        """Delete tenant ``tenant``'s limits (back to every default: no quota); True when it had some. The tokens
+        counted in its current window stay until the window's counter expires."""
+        return await self.runner.run(self._op_clear_tenant_limits(tenant))
+
+    async def tenant_quota(self, tenant: str) -> QuotaStatus:
+        """Tenant ``tenant``'s :class:`~smith_client.tenants.QuotaStatus`: the tokens (prompt + completion) its
+        turns used in the current quota window, its ``token_quota`` (None: none) and when the window resets
+        (``reset_at``, epoch seconds). One round trip; :meth:`set_tenant_limits`'s errors."""
+        return await self.runner.run(self._op_tenant_quota(tenant))
 
     @functools.cached_property
     def events(self) -> EventLog:

@@ -312,6 +312,26 @@ class OutputValidationError(SmithError):
         super().__init__(message, errors=list(errors or []), retries=retries)
 
 
+class QuotaExceededError(SmithError):
+    """A tenant's token quota for the current window is used up (docs/tenants.md): a send for the tenant is
+    refused (nothing is written), a queued turn of the tenant fails at its start, and a running one fails after
+    the model step that crossed the quota, before its next model call.
+
+    Fields: ``tenant`` (str), ``used`` (int, tokens counted in the window: prompt + completion), ``quota`` (int,
+    the tenant's ``token_quota``), ``reset_at`` (float, epoch seconds: when the window ends and the count starts
+    again from 0).
+    """
+
+    field_names = ("tenant", "used", "quota", "reset_at")
+    tenant: str
+    used: int
+    quota: int
+    reset_at: float
+
+    def __init__(self, message: str, tenant: str = "", used: int = 0, quota: int = 0, reset_at: float = 0.0) -> None:
+        super().__init__(message, tenant=tenant, used=used, quota=quota, reset_at=reset_at)
+
+
 class InternalError(SmithError):
     """An unexpected exception inside a worker. Fields: ``exception_type`` (str)."""
 
@@ -347,6 +367,7 @@ ERROR_CLASSES: dict[str, type[SmithError]] = {
         TurnPausedError,
         NoPendingCallError,
         OutputValidationError,
+        QuotaExceededError,
         InternalError,
     )
 }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import cast
 
 from redis.asyncio import Redis
@@ -43,17 +44,38 @@ PAUSED_OWNER = (
 )
 
 
+#: Owner of a tenant's limits hash (see the table in :mod:`smith_client.keys`; docs/tenants.md).
+TENANT_LIMITS_OWNER = (
+    "the operator: a tenant's limits are configuration (smith tenant set), kept until smith tenant clear "
+    "(clear_tenant_limits) deletes them; never a TTL (limits would lapse unseen)"
+)
+
+
 def owned_keys(keys: Keys) -> dict[str, str]:
     """Keys without a TTL by design → who deletes them (the arq queues, the paused turns)."""
     return {keys.turns_queue: QUEUE_OWNER, keys.tools_queue: QUEUE_OWNER, keys.paused: PAUSED_OWNER}
 
 
+def owned_patterns(keys: Keys) -> dict[str, str]:
+    """Glob patterns (``SCAN MATCH``) of the keys without a TTL by design that are one per tenant → their owner."""
+    return {keys.tenant_limits("*"): TENANT_LIMITS_OWNER}
+
+
+def _owned(keys: Keys, name: str) -> bool:
+    return name in owned_keys(keys) or any(fnmatchcase(name, pattern) for pattern in owned_patterns(keys))
+
+
 async def owned_keys_without_ttl(redis: Redis, keys: Keys) -> dict[str, str]:
-    """The keys of :func:`owned_keys` that exist and have no TTL → their documented owner.
+    """The keys of :func:`owned_keys` and :func:`owned_patterns` that exist and have no TTL → their documented owner.
 
     A queue listed here while no worker serves it (``smith status``: 0 workers) holds jobs nobody takes.
     """
-    return {name: owner for name, owner in owned_keys(keys).items() if await redis.ttl(name) == -1}
+    found = {name: owner for name, owner in owned_keys(keys).items() if await redis.ttl(name) == -1}
+    for pattern, owner in owned_patterns(keys).items():
+        async for raw in redis.scan_iter(match=pattern, count=1000):
+            if await redis.ttl(raw) == -1:
+                found[raw.decode()] = owner
+    return found
 
 
 async def _describe(redis: Redis, names: list[str]) -> list[KeyInfo]:
@@ -83,11 +105,10 @@ async def conversation_keys(redis: Redis, keys: Keys, conversation_id: str) -> l
 
 async def keys_without_ttl(redis: Redis, keys: Keys) -> list[str]:
     """Keys of this prefix (arq's keys of its jobs and arq's abort set included) with no TTL and no documented owner."""
-    owned = owned_keys(keys)
     found = [keys.arq_abort_set] if await redis.ttl(keys.arq_abort_set) == -1 else []
     for pattern in (keys.all_pattern, keys.arq_pattern):
         async for raw in redis.scan_iter(match=pattern, count=1000):
             name = raw.decode()
-            if name not in owned and await redis.ttl(name) == -1:
+            if not _owned(keys, name) and await redis.ttl(name) == -1:
                 found.append(name)
     return sorted(found)

@@ -63,13 +63,17 @@ key                                      what                            lifetim
 ``{p}:toolres:{t}:{s}:{i}:reruns``       re-runs of an idempotent call   ``turn_ttl``
 ``{p}:usage:{m}``                        model calls and tokens of epoch :data:`USAGE_TTL` after the last count
                                          minute m, per agent (hash)
+``{p}:tenant:{t}:limits``                tenant t's limits (hash)        owned (*) by the operator: no TTL;
+                                                                         ``clear_tenant_limits`` deletes it
+``{p}:tenant:{t}:quota:{w}``             tokens tenant t used in the     its window + :data:`QUOTA_TTL_MARGIN`
+                                         quota window starting at w      after the last count
 ``arq:job:{id}``, ``arq:in-progress:…``  arq's per-job keys              owned by arq
 ``arq:abort``                            arq's abort requests (ZSET)     :data:`ABORT_ENTRY_TTL`
 =======================================  ==============================  =========================================
 
-(*) No TTL, by design: a worker removes a job from its queue when it takes it, and
-Redis deletes the ZSET with its last member; a TTL would drop queued jobs (and, for
-``{p}:paused``, the deadlines of turns paused for longer than any TTL). A queue
+(*) No TTL, by design (a tenant's limits are configuration, kept until ``clear_tenant_limits``): a worker
+removes a job from its queue when it takes it, and Redis deletes the ZSET with its last member; a TTL would drop
+queued jobs (and, for ``{p}:paused``, the deadlines of turns paused for longer than any TTL). A queue
 that no worker serves therefore keeps its jobs (and the key) until a worker of it
 starts; the hygiene report lists it with this owner
 (:func:`smith_client.hygiene.owned_keys_without_ttl`).
@@ -122,6 +126,13 @@ INPUT_REPLY_TTL = 60
 #: Lifetime of a usage bucket (:meth:`Keys.usage_bucket`) after its last count, seconds: 25 h, an hour over
 #: the longest window read (``smith_client.usage.USAGE_MAX_WINDOW``, 24 h), so a day's window finds every bucket.
 USAGE_TTL = 25 * 3600
+
+#: How long a tenant's quota counter (:meth:`Keys.tenant_quota`) outlives its window, seconds: an hour, so a
+#: count that lands just before the window ends is still read whole while the window lasts.
+QUOTA_TTL_MARGIN = 3600
+
+#: The end of a tenant's limits key after the tenant (:meth:`Keys.tenant_limits`).
+TENANT_LIMITS_SUFFIX = ":limits"
 
 #: Allowed characters for ids chosen by callers (turn ids, conversation ids, agent names).
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:@-]{1,200}\Z")
@@ -224,16 +235,10 @@ class Keys:
         next checked; the ZSET expires after the in-progress TTL. ``None``: turns without a tenant."""
         return f"{Keys.tenant_prefixes(queue_name)[1]}{tenant or ''}"
 
-    def tenant_limits(self, tenant: str) -> str:
-        """Hash of one tenant's limits (:class:`smith_client.tenants.TenantLimits`' fields), set by an operator
-        (``smith tenant set``); no TTL: its owner deletes it (``smith tenant clear``)."""
-        prefix, suffix = self.tenant_limits_affixes()
-        return f"{prefix}{tenant}{suffix}"
-
     def tenant_limits_affixes(self) -> list[str]:
         """The prefix and suffix of :meth:`tenant_limits`: the claim (``lua/claim.lua``) puts between them the
         tenants it reads from :meth:`tenant_ring`."""
-        return [f"{self.prefix}:tenant:", ":limits"]
+        return [self.tenant_limits_prefix, TENANT_LIMITS_SUFFIX]
 
     @staticmethod
     def tenant_prefixes(queue_name: str) -> list[str]:
@@ -289,6 +294,28 @@ class Keys:
         the deployment's workers: fields ``<agent>:<kind>`` (:mod:`smith_client.usage`; docs/architecture.md,
         Token usage). Lives :data:`USAGE_TTL` after its last count."""
         return f"{self.prefix}:usage:{minute}"
+
+    @property
+    def tenant_limits_prefix(self) -> str:
+        """The start of every tenant's limits key: ``{p}:tenant:``; the key of tenant ``t`` is this + ``t`` +
+        :data:`TENANT_LIMITS_SUFFIX` (:meth:`tenant_limits`), for a script that reads tenants from data."""
+        return f"{self.prefix}:tenant:"
+
+    def tenant_limits(self, tenant: str) -> str:
+        """Hash of tenant ``tenant``'s limits (:class:`~smith_client.tenants.TenantLimits`; docs/tenants.md):
+        fields ``weight``, ``max_running``, ``token_quota``, ``quota_window_seconds``, an absent one meaning its
+        default. Operator configuration: no TTL, deleted by ``clear_tenant_limits``."""
+        return f"{self.tenant_limits_prefix}{tenant}{TENANT_LIMITS_SUFFIX}"
+
+    def tenant_quota_prefix(self, tenant: str) -> str:
+        """The start of tenant ``tenant``'s quota counters: the counter of the window starting at epoch second
+        ``w`` is this + ``w`` (:meth:`tenant_quota`); the scripts append the window they compute."""
+        return f"{self.tenant_limits_prefix}{tenant}:quota:"
+
+    def tenant_quota(self, tenant: str, window_start: int) -> str:
+        """Counter of the tokens (prompt + completion) tenant ``tenant``'s turns used in the quota window starting
+        at epoch second ``window_start`` (docs/tenants.md); lives its window + :data:`QUOTA_TTL_MARGIN`."""
+        return f"{self.tenant_quota_prefix(tenant)}{window_start}"
 
     def subagent_history(self, root_turn_id: str, position: str) -> str:
         """List of the messages of the sub-agent at tree ``position`` of a root turn (its checkpoint)."""

@@ -26,6 +26,7 @@ from smith_client.inputs import InputResponse
 from smith_client.messages import AssistantMessage, Message
 from smith_client.output import M, OutputMessage, check_output_type, with_output
 from smith_client.runners import SyncRunner
+from smith_client.tenants import QuotaStatus, TenantLimits
 from smith_client.usage import AgentUsage
 from smith_client.validation import TurnOptions, check_id
 
@@ -160,6 +161,24 @@ class SyncSmithClient(ClientBase):
         """Blocking :meth:`SmithClient.usage_by_tenant <smith_client.client.SmithClient.usage_by_tenant>`:
         tenant → agent → use; the same rules and errors."""
         return self.runner.run(self._op_usage_by_tenant(window_seconds, agent, tenant))
+
+    def set_tenant_limits(self, tenant: str, limits: TenantLimits) -> None:
+        """Blocking :meth:`SmithClient.set_tenant_limits <smith_client.client.SmithClient.set_tenant_limits>`:
+        replace a tenant's limits; the same rules and errors."""
+        self.runner.run(self._op_set_tenant_limits(tenant, limits))
+
+    def tenant_limits(self, tenant: str) -> TenantLimits:
+        """Blocking :meth:`SmithClient.tenant_limits <smith_client.client.SmithClient.tenant_limits>`."""
+        return self.runner.run(self._op_tenant_limits(tenant))
+
+    def clear_tenant_limits(self, tenant: str) -> bool:
+        """Blocking :meth:`SmithClient.clear_tenant_limits <smith_client.client.SmithClient.clear_tenant_limits>`."""
+        return self.runner.run(self._op_clear_tenant_limits(tenant))
+
+    def tenant_quota(self, tenant: str) -> QuotaStatus:
+        """Blocking :meth:`SmithClient.tenant_quota <smith_client.client.SmithClient.tenant_quota>`: the tokens used
+        in the tenant's current window, its quota and the window's end."""
+        return self.runner.run(self._op_tenant_quota(tenant))
 
     def __enter__(self) -> Self:
         return self

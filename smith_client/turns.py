@@ -53,6 +53,7 @@ from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage
 from smith_client.protocol import Operation, call, run_script
 from smith_client.runners import AsyncRunner
+from smith_client.tenants import quota_arguments, quota_error
 from smith_client.tracing import submit_span
 from smith_client.turn_record import decode_state
 from smith_client.validation import check_multitask, check_served
@@ -104,8 +105,9 @@ def submit_turn(keys: Keys, job: TurnJob, multitask: str, context: str | None = 
 
     Raises :class:`UnknownAgentError` (live turn workers exist but none serves ``job.agent``; nothing is
     written), :class:`ConflictError` (same turn id, different request), :class:`ConversationBusyError`
-    (``reject`` policy) or :class:`InvalidRequestError`. Logs a warning when no turn worker is live at all:
-    the turn is enqueued and waits for one.
+    (``reject`` policy), :class:`QuotaExceededError` (``job.tenant``'s token quota is used up in the current
+    window, docs/tenants.md; nothing is written) or :class:`InvalidRequestError`. Logs a warning when no turn
+    worker is live at all: the turn is enqueued and waits for one.
     """
     check_multitask(multitask)
     with submit_span(job) as job:  # the caller's trace context, when it uses OpenTelemetry
@@ -115,6 +117,9 @@ def submit_turn(keys: Keys, job: TurnJob, multitask: str, context: str | None = 
         check_served(job.agent, {raw.decode() for raw in reply[2:]})  # raises UnknownAgentError
     if outcome == "conflict":
         raise ConflictError(f"turn {turn_id} exists with a different request", turn_id=turn_id)
+    if outcome == "quota":
+        used, quota, reset_at = (int(value) for value in reply[2:5])
+        raise quota_error(job.tenant or "", used, quota, reset_at)
     if outcome == "busy":
         raise ConversationBusyError(
             f"conversation {job.conversation_id} has an unfinished turn ({turn_id})",
@@ -146,6 +151,9 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str, context: str | None) -
         fair=True,
         tenant=job.tenant,
     )
+    now = time.time()
+    tenant_keys = (keys.tenant_limits(job.tenant),) if job.tenant else ()
+    quota_args = quota_arguments(keys, job.tenant) if job.tenant else ["", 0]
     base = (
         keys.turn_state(job.turn_id),
         keys.conversation_turns(job.conversation_id),
@@ -160,18 +168,19 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str, context: str | None) -
         job.agent,
         multitask,
         job.message.model_dump_json(),
-        time.time(),
+        now,
         keys.turn_ttl,
         keys.history_ttl,
         job.model_dump_json(),
         keys.control_channel,
         *enqueue_args,
         context or "",
+        *quota_args,
     )
     others: tuple[str, ...] = ()
     for _ in range(_SUBMIT_TRIES):
         other_keys = tuple(key for other in others for key in _other_turn_keys(keys, other))
-        reply: list[Any] = yield from run_script(scripts.SUBMIT, base + other_keys, args + others)
+        reply: list[Any] = yield from run_script(scripts.SUBMIT, base + other_keys + tenant_keys, args + others)
         if reply[0] != b"keys":
             return reply
         others = tuple(raw.decode() for raw in reply[1:])

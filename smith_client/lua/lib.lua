@@ -236,3 +236,19 @@ local function registration(key, instance)
   local ok, holder = pcall(cjson.decode, held)
   return held, ok and type(holder) == 'table' and holder['instance'] == instance
 end
+
+-- A tenant's quota window (docs/tenants.md; smith_client/tenants.py): from its limits hash `limits`, the counter
+-- of the window holding `now` (epoch s) -- `counter_prefix` followed by the window's start (epoch s) -- the
+-- window's length (s; `default_window` when the hash sets none), its start and the tenant's token quota (nil: none).
+local function quota_window(limits, counter_prefix, default_window, now)
+  local quota, window = unpack(redis.call('HMGET', limits, 'token_quota', 'quota_window_seconds'))
+  window = tonumber(window) or tonumber(default_window)
+  local start = math.floor(tonumber(now) / window) * window
+  return counter_prefix .. string.format('%d', start), window, start, tonumber(quota)
+end
+
+-- The tokens counted in that window, the quota (0: none) and the window's end (epoch s), then its length (s).
+local function tenant_quota(limits, counter_prefix, default_window, now)
+  local counter, window, start, quota = quota_window(limits, counter_prefix, default_window, now)
+  return {tonumber(redis.call('GET', counter) or '0'), quota or 0, start + window, window}
+end

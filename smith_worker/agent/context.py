@@ -24,6 +24,7 @@ import httpx
 from smith_client.events import EventData, MessageData
 from smith_client.jobs import TurnJob
 from smith_client.roundtrip import Command, Pending, RoundTrip
+from smith_worker.agent.quota import NO_QUOTA, TurnQuota
 from smith_worker.app import AgentSpec
 from smith_worker.config import AgentConfig
 from smith_worker.hooks import fire
@@ -79,7 +80,8 @@ class AgentContext:
     :func:`smith_client.keys.tree_position`), its own checkpointed history in
     ``store``/``attempt``, and ``tree_config``: the root agent's config, whose
     tree limits govern every agent of the tree (docs/architecture.md, Sub-agents). ``caller`` is the
-    turn's caller context, which every agent of the tree shares (docs/architecture.md, Caller context).
+    turn's caller context, which every agent of the tree shares (docs/architecture.md, Caller context), as they
+    share ``quota``, the token quota of the turn's tenant (docs/tenants.md).
     """
 
     job: TurnJob
@@ -96,6 +98,7 @@ class AgentContext:
     tree_config: AgentConfig | None = None
     call_path: list[str] = field(default_factory=list)
     caller: CallerContext = NO_CONTEXT
+    quota: TurnQuota = NO_QUOTA
 
     @property
     def limits(self) -> AgentConfig:

@@ -51,6 +51,7 @@ from smith_client.messages import (
     message_from_json,
 )
 from smith_client.roundtrip import Pending, RoundTrip
+from smith_client.tenants import QuotaStatus
 from smith_client.usage import AgentUsage
 from smith_worker.agent.approvals import CallPlan, TurnPaused, decision_id, plan_calls
 from smith_worker.agent.context import AgentContext, CancelRequested
@@ -113,7 +114,8 @@ class StepReads:
     (None: none), the merged user messages ``moved`` into the history, the tree's model calls
     ``tree_calls`` (this one included) and reported ``tree_tokens``, the tokens MCP servers' ``sampled`` for
     this agent's tool calls (``Keys.tree_sampled``), the conversation's active ``skills``,
-    and the ``memory`` context the step's view is computed with (its first read sent with these)."""
+    the ``memory`` context the step's view is computed with (its first read sent with these), and the tenant's
+    ``quota`` (None: not read; :mod:`smith_worker.agent.quota`)."""
 
     cancel: Pending[str | None]
     moved: Pending[list[bytes]]
@@ -122,6 +124,7 @@ class StepReads:
     sampled: Pending[TokenUsage]
     skills: Pending[list[str]]
     memory: MemoryContext
+    quota: Pending[QuotaStatus] | None
 
 
 def _text_or_none(reply: bytes | None) -> str | None:
@@ -357,10 +360,10 @@ class AgentLoop:
         the conversation's active skills (so an activation takes effect at the next step), and the
         memory's first read (:meth:`~smith_worker.memory.Memory.prefetch`).
 
-        Raises :class:`CancelRequested` when the turn's state asks it to stop.
-        Merged user messages (``multitask="merge"``) join the history here, so
-        the model sees them in this call. The tree's model-call counter is a
-        Redis key per root turn (``ctx.tree_counter``; docs/architecture.md, Keys),
+        Raises :class:`CancelRequested` when the turn's state asks it to stop, :class:`QuotaExceededError` when
+        the turn's tenant used up its token quota (:mod:`smith_worker.agent.quota`). Merged user messages
+        (``multitask="merge"``) join the history here, so the model sees them in this call. The tree's
+        model-call counter is a Redis key per root turn (``ctx.tree_counter``; docs/architecture.md, Keys),
         so sub-agents in other tasks or processes share it, as they share the root turn's cancel flag
         (``ctx.cancel_state``); a re-run after a crash keeps counting on the
         same key (the budget errs on the safe side). Returns the tree's model
@@ -375,6 +378,7 @@ class AgentLoop:
             await rt.run(self.rt.redis)
         if reads.cancel.value:
             raise CancelRequested(reads.cancel.value)
+        self.ctx.quota.check(reads.quota)  # raises QuotaExceededError: no model call past the tenant's quota
         self.skills.take(spec, reads.skills.value)
         self._toolset = None  # a new step: its active skills may differ
         await self._announce_merged(reads.moved.value)
@@ -392,7 +396,8 @@ class AgentLoop:
         fields = [f"{kind}:{self.ctx.position}" for kind in ("prompt", "completion", "total")]
         sampled = rt.call("hmget", self.rt.keys.tree_sampled(self.ctx.root_turn_id), *fields, parse=_usage)
         skills = self.skills.queue_read(rt)
-        return StepReads(cancel, moved, calls, tokens, sampled, skills, spec.memory.prefetch(self._memory, rt))
+        memory = spec.memory.prefetch(self._memory, rt)
+        return StepReads(cancel, moved, calls, tokens, sampled, skills, memory, self.ctx.quota.queue_read(rt))
 
     async def _append_reply(self, message: AssistantMessage, used: int, output: Any = None) -> list[bytes] | None:
         """Append a model reply and, in the same round trip, add its ``used`` tokens to the tree's

@@ -33,7 +33,7 @@ Outcomes: a call deeper than the root's
 ``max_subagent_depth`` returns the error tool result
 ``sub-agent depth limit reached``; the child's final content is the tool
 result; a child's failure is an error tool result for its parent, except what
-ends the whole tree (the tree budget, a cancel, a superseded attempt), which
+ends the whole tree (the tree budget, the tenant's token quota, a cancel, a superseded attempt), which
 propagates. A child cancelled by the caller's cancel settles its outstanding
 tool calls and aborts their jobs before its parent ends the turn.
 """
@@ -47,7 +47,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from smith_client import turn_record as record
-from smith_client.errors import TurnCancelledError, error_from_exception
+from smith_client.errors import QuotaExceededError, TurnCancelledError, error_from_exception
 from smith_client.events import EventData
 from smith_client.jobs import ToolJob, ToolOutcome
 from smith_client.keys import tree_position
@@ -204,7 +204,7 @@ class SubAgentTools:
         except asyncio.CancelledError:
             await asyncio.shield(_stop_if_cancelled(child))
             raise
-        except (CancelRequested, StaleAttemptError, TurnPaused):
+        except (CancelRequested, StaleAttemptError, TurnPaused, QuotaExceededError):  # the root turn's, not the child's
             raise
         except TurnCancelledError as exc:
             span.error(exc)
@@ -265,6 +265,7 @@ class SubAgentTools:
             tree_config=parent.limits,
             call_path=call_path,
             caller=parent.caller,
+            quota=parent.quota,
         )
         if not await rt.redis.exists(lists[0]):
             await child.append(UserMessage(content=task))

@@ -52,9 +52,11 @@ from smith_client.events import (
 from smith_client.jobs import ToolOutcome, TurnJob
 from smith_client.messages import AssistantMessage, ToolMessage
 from smith_client.roundtrip import Pending, RoundTrip
+from smith_client.tenants import QuotaStatus
 from smith_worker.agent.approvals import TurnPaused
 from smith_worker.agent.context import AgentContext, CancelRequested, TurnServices
 from smith_worker.agent.loop import AgentLoop
+from smith_worker.agent.quota import TurnQuota
 from smith_worker.app import AgentSpec
 from smith_worker.hooks import HookContext, current_turn, fire
 from smith_worker.memory.fencing import StaleAttemptError
@@ -122,6 +124,9 @@ class TurnExecution:
         self._started = time.monotonic()
         self._ending = False  # the attempt is handling its cancellation (no second cancel: hand_off_soon)
         self._context_record: Pending[bytes | None] | None = None
+        #: The token quota of the turn's tenant (docs/tenants.md), read first with :meth:`_begin`.
+        self.quota = TurnQuota(rt.keys, job.tenant)
+        self._quota_read: Pending[QuotaStatus] | None = None
         #: The caller context's secrets, redacted from this process's logs while the attempt runs.
         self._secrets = contextlib.ExitStack()
 
@@ -150,13 +155,14 @@ class TurnExecution:
     async def _begin(self) -> tuple[str, Pending[HistorySlice], Pending[bytes | None] | None]:
         """The attempt's first round trip: ``begin.lua``'s outcome, the history's tail (a fresh attempt checks
         it for an earlier turn's dangling calls), and the conversation's current agent for a turn sent without
-        ``agent=`` (docs/architecture.md, Handoffs; None otherwise); the caller context record rides along
-        (docs/architecture.md, Caller context)."""
+        ``agent=`` (docs/architecture.md, Handoffs; None otherwise); the caller context record and the tenant's
+        quota ride along (docs/architecture.md, Caller context; docs/tenants.md)."""
         rt = RoundTrip()
         begun = self.attempt.queue_begin(rt)
         tail = self.store.queue_tail(rt, REPAIR_SCAN)
         if self.job.has_context:
             self._context_record = rt.call("get", self.rt.keys.turn_context(self.job.turn_id))
+        self._quota_read = self.quota.queue_read(rt)
         current: Pending[bytes | None] | None = None
         if not self.job.agent_given:
             current = rt.call("get", self.rt.keys.conversation_agent(self.job.conversation_id))
@@ -283,11 +289,13 @@ class TurnExecution:
             self.rt,
             self.services,
             caller=caller,
+            quota=self.quota,
         )
         state = self.attempt.begun_state  # the cancel flag and whether the user message is in
         if state.get("cancel_requested"):
             raise CancelRequested(state["cancel_requested"])
         self._check_attempts(state)
+        self.quota.check(self._quota_read)  # a tenant over its token quota: the turn fails before it starts
         opening: EventData = (
             TurnResumedData(attempt=self.attempt.attempt, reason=_resumed_by(state))
             if self.attempt.attempt > 1

@@ -14,6 +14,7 @@ import pytest
 
 from smith_client import SmithClient
 from smith_client.keys import Keys
+from smith_client.tenants import TenantLimits
 from smith_worker.testing import Reply, start_workers, wait_for_workers, worker_env
 from tests.conftest import LOGS
 
@@ -107,7 +108,7 @@ async def test_a_small_tenant_is_not_held_behind_a_big_burst(fair_client, scenar
 
 
 async def test_weights_set_each_tenant_s_share(fair_client, scenario):
-    await fair_client.redis.hset(fair_client.keys.tenant_limits("heavy"), "weight", "3")
+    await fair_client.set_tenant_limits("heavy", TenantLimits(weight=3))
     try:
         # every slot busy for a while, so both tenants' turns are all waiting when pickup resumes
         blockers = await submit_many(fair_client, slow_scenario(scenario, delay=2.0), "blocker", WORKERS * SLOTS)
@@ -123,11 +124,11 @@ async def test_weights_set_each_tenant_s_share(fair_client, scenario):
         share = sum(turn_id in set(heavy) for turn_id in first) / len(first)
         assert 0.65 <= share <= 0.85, share  # weight 3 against 1: three quarters of the pickups
     finally:
-        await fair_client.redis.delete(fair_client.keys.tenant_limits("heavy"))
+        await fair_client.clear_tenant_limits("heavy")
 
 
 async def test_max_running_caps_one_tenant_only(fair_client, scenario):
-    await fair_client.redis.hset(fair_client.keys.tenant_limits("capped"), "max_running", "2")
+    await fair_client.set_tenant_limits("capped", TenantLimits(max_running=2))
     try:
         marker = slow_scenario(scenario)
         capped = await submit_many(fair_client, marker, "capped", 12)
@@ -136,7 +137,7 @@ async def test_max_running_caps_one_tenant_only(fair_client, scenario):
         assert most_at_once(await spans(fair_client, capped)) == 2
         assert most_at_once(await spans(fair_client, free)) > 2  # the other tenant is not held to it
     finally:
-        await fair_client.redis.delete(fair_client.keys.tenant_limits("capped"))
+        await fair_client.clear_tenant_limits("capped")
 
 
 async def test_the_ring_and_waiting_lists_are_gone_once_all_started(fair_client, scenario):

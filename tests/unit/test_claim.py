@@ -604,3 +604,10 @@ async def test_a_deferred_fair_job_goes_to_the_queue(redis, keys):
                              fair=True, tenant="t")  # fmt: skip
     assert await redis.zscore(keys.tools_queue, jid(keys, "d")) is not None
     assert not await redis.exists(Keys.tenant_waiting(keys.tools_queue, "t"))
+
+
+def test_the_claim_reads_fields_the_tenant_limits_define():
+    from smith_client.tenants import TenantLimits
+    from smith_worker.queue.claim import LIMIT_FIELDS
+
+    assert set(LIMIT_FIELDS) <= set(TenantLimits.model_fields)

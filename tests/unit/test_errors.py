@@ -26,6 +26,7 @@ from smith_client import errors as E
         E.ContextOverflowError("too big", limit="max_tokens", budget=50, size=130),
         E.ConversationBusyError("busy", conversation_id="c", active_turn_id="t"),
         E.OutputValidationError("invalid", errors=["age: not an int"], retries=2),
+        E.QuotaExceededError("over", tenant="acme", used=120, quota=100, reset_at=1_800_003_600.0),
     ],
 )
 def test_payload_round_trip_keeps_class_and_fields(error):

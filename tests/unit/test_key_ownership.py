@@ -46,8 +46,9 @@ def test_every_script_file_is_loaded_and_uses_known_state_fields():
 
 # words in single quotes in the scripts that are replies or values, not state fields
 _NON_FIELD_WORDS = {"conflict", "unknown", "attach", "busy", "merge", "interrupt", "reject", "keys", "merged", "new",
-                    "missing", "cancelled_queued", "cancelling", "done", "wait", "go", "queued", "running",
+                    "missing", "cancelled_queued", "quota", "cancelling", "done", "wait", "go", "queued", "running",
                     "completed", "failed", "cancelled",
                     "same", "decided", "stale", "decision",  # decide.lua's replies, its resumed_by value
                     "role", "tool", "tail", "text", "covers",  # stored messages, history reads, the summary hash
-                    "instance", "table"}  # a worker registration's holder (smith_worker/ops/registration.py), a Lua type
+                    "instance", "table",  # a worker registration's holder (smith_worker/ops/registration.py), a Lua type
+                    "token_quota", "quota_window_seconds"}  # a tenant's limits hash (smith_client/tenants.py)

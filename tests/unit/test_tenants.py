@@ -9,7 +9,7 @@ import time
 import fakeredis
 import pytest
 
-from smith_client import AgentUsage, InvalidRequestError, SmithClient, TokenUsage
+from smith_client import AgentUsage, InvalidRequestError, SmithClient, TenantLimits, TokenUsage
 from smith_client import cli as smith_cli
 from smith_client.connection import connect_redis
 from smith_client.events import TurnStartedData
@@ -140,27 +140,38 @@ async def test_a_tenants_counts_go_in_front_of_the_agent_and_are_read_per_tenant
         await redis.aclose()
 
 
-async def test_smith_usage_filters_by_tenant_and_groups_by_tenant(monkeypatch, capsys):
-    redis = fakeredis.FakeAsyncRedis()
+async def test_smith_usage_filters_by_tenant_and_groups_by_tenant(monkeypatch, capsys, redis_url):
+    """Counted by the workers' script (a real redis-server); with --tenant, the tenant's quota line when it has one."""
+    redis, prefix = connect_redis(redis_url), f"u{time.time_ns()}"
     monkeypatch.setattr(smith_cli, "_connect", lambda args: SmithClient(redis, prefix=args.prefix))
-    bucket = Keys("u").usage_bucket(bucket_of(time.time()))
+    rt = RoundTrip()
     for tenant, used in (("acme", calls(1, 10, 5)), (None, calls(2, 20, 10))):
-        for kind, amount in used.model_dump().items():
-            await redis.hincrby(bucket, usage_field("default", kind, tenant), amount)
-    assert await smith_cli._run_usage(smith_cli.parse_args(["usage", "--prefix", "u", "--tenant", "acme"])) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith("prefix 'u', tenant 'acme':")
-    assert [line.split() for line in lines[1:]] == [
-        ["agent", "requests", "prompt", "completion", "total"], ["default", "1", "10", "5", "15"]]  # fmt: skip
-    assert await smith_cli._run_usage(smith_cli.parse_args(["usage", "--prefix", "u", "--by-tenant"])) == 0
-    assert [line.split() for line in capsys.readouterr().out.splitlines()[1:]] == [
-        ["tenant", "agent", "requests", "prompt", "completion", "total"],
-        ["-", "default", "2", "20", "10", "30"],
-        ["acme", "default", "1", "10", "5", "15"],
-        ["(all)", "3", "30", "15", "45"],
-    ]
-    assert await smith_cli._run_usage(smith_cli.parse_args(["usage", "--prefix", "u", "--tenant", "zed"])) == 0
-    assert "no model calls of any agent of tenant 'zed' counted" in capsys.readouterr().err
+        queue_count(rt, Keys(prefix), "default", used, tenant=tenant)
+    await rt.run(redis)
+    try:
+        usage_of = ["usage", "--prefix", prefix, "--tenant", "acme"]
+        assert await smith_cli._run_usage(smith_cli.parse_args(usage_of)) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].endswith(f"prefix {prefix!r}, tenant 'acme':")  # no quota: no quota line
+        assert [line.split() for line in lines[1:]] == [
+            ["agent", "requests", "prompt", "completion", "total"], ["default", "1", "10", "5", "15"]]  # fmt: skip
+        await SmithClient(redis, prefix=prefix).set_tenant_limits("acme", TenantLimits(token_quota=100))
+        assert await smith_cli._run_usage(smith_cli.parse_args(usage_of)) == 0
+        quota_line = capsys.readouterr().out.splitlines()[0]
+        assert quota_line.startswith("token quota: 15 of 100 tokens used in the current 86400 s window; resets at ")
+        assert await smith_cli._run_usage(smith_cli.parse_args(["usage", "--prefix", prefix, "--by-tenant"])) == 0
+        assert [line.split() for line in capsys.readouterr().out.splitlines()[1:]] == [
+            ["tenant", "agent", "requests", "prompt", "completion", "total"],
+            ["-", "default", "2", "20", "10", "30"],
+            ["acme", "default", "1", "10", "5", "15"],
+            ["(all)", "3", "30", "15", "45"],
+        ]
+        zed = ["usage", "--prefix", prefix, "--tenant", "zed"]
+        assert await smith_cli._run_usage(smith_cli.parse_args(zed)) == 0
+        assert "no model calls of any agent of tenant 'zed' counted" in capsys.readouterr().err
+    finally:
+        await redis.delete(*await redis.keys(f"{prefix}:*"))
+        await redis.aclose()
 
 
 def test_the_attempt_span_carries_the_tenant_when_set(monkeypatch):

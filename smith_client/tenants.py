@@ -1,0 +1,180 @@
+"""A tenant's limits and its token quota (docs/tenants.md).
+
+An operator sets a tenant's limits (:class:`TenantLimits`) in the hash :meth:`Keys.tenant_limits`, one field per
+limit, an absent field meaning its default; they are configuration, with no TTL, until :func:`clear_limits` deletes
+them. The turns sent without a tenant (``tenant=None``) have no limits.
+
+The quota: every model call made for a tenant's turn (its replies, its memory's summaries, its sub-agents' calls and
+the MCP sampling of its tool calls) adds its prompt + completion tokens to the counter of the current fixed window,
+:meth:`Keys.tenant_quota` (window start = ``floor(now / quota_window_seconds) * quota_window_seconds``, UTC epoch
+seconds), in the round trip that counts its usage (``smith_worker/ops/usage.py``). Once the counter reaches
+``token_quota``, the tenant's sends are refused with :class:`QuotaExceededError` by the submit script itself
+(``lua/submit.lua``, no round trip of its own), a queued turn fails at its start and a running one after its
+current model step. The check and the count share ``lib.lua``'s ``quota_window``, so both name the same counter.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from smith_client import scripts
+from smith_client.errors import InvalidRequestError, QuotaExceededError
+from smith_client.keys import Keys
+from smith_client.protocol import Operation, call, run
+from smith_client.roundtrip import Pending, RoundTrip
+from smith_client.validation import check_tenant
+
+#: A quota window when a tenant's limits set none, seconds: a day.
+DEFAULT_QUOTA_WINDOW = 24 * 3600
+#: The shortest quota window, seconds.
+MIN_QUOTA_WINDOW = 60
+
+
+class TenantLimits(BaseModel):
+    """One tenant's limits, stored field by field in :meth:`Keys.tenant_limits` (a field at its default is not
+    stored). Invalid values raise pydantic's ``ValidationError`` (:func:`checked_limits` turns them into
+    :class:`InvalidRequestError`).
+
+    * ``weight``: the tenant's share of turn pickup, relative to the others' (> 0, finite; default 1.0).
+    * ``max_running``: the most turns of the tenant running at once (>= 1; None: no cap).
+    * ``token_quota``: the most tokens (prompt + completion, as the model server reports them) the tenant's
+      turns may use per window (>= 1; None: no quota).
+    * ``quota_window_seconds``: the length of the quota's fixed window, seconds (>= 60; default 86 400, a day).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    weight: float = Field(1.0, gt=0, allow_inf_nan=False)
+    max_running: int | None = Field(None, ge=1)
+    token_quota: int | None = Field(None, ge=1)
+    quota_window_seconds: int = Field(DEFAULT_QUOTA_WINDOW, ge=MIN_QUOTA_WINDOW)
+
+    @field_validator("max_running", "token_quota", "quota_window_seconds", mode="before")
+    @classmethod
+    def _whole(cls, value: Any) -> Any:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError("must be a whole number")
+        return value
+
+    def to_fields(self) -> dict[str, str]:
+        """The hash fields of these limits: those not at their default, as strings."""
+        return {name: str(value) for name, value in self.model_dump(exclude_defaults=True).items()}
+
+    @classmethod
+    def from_fields(cls, fields: dict[bytes, bytes]) -> TenantLimits:
+        """The limits a hash holds (an ``HGETALL`` reply; unknown fields are skipped, absent ones default)."""
+        known = {name.decode(): value.decode() for name, value in fields.items() if name.decode() in cls.model_fields}
+        return cls.model_validate(known)
+
+
+def checked_tenant(tenant: Any) -> str:
+    """``tenant`` when it is a tenant name (:func:`~smith_client.validation.check_tenant`); else
+    :class:`InvalidRequestError` (``field="tenant"``), None included: the turns without a tenant have no limits."""
+    name = check_tenant(tenant)
+    if name is None:
+        raise InvalidRequestError("the turns without a tenant have no limits: name a tenant", field="tenant")
+    return name
+
+
+def checked_limits(limits: Any = None, /, **values: Any) -> TenantLimits:
+    """``limits`` when it is a :class:`TenantLimits`, else limits built from ``values``; a bad value raises
+    :class:`InvalidRequestError` naming the field."""
+    if isinstance(limits, TenantLimits):
+        return limits
+    try:
+        return TenantLimits.model_validate(values if limits is None else limits)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else "limits"
+        raise InvalidRequestError(f"tenant limits: {name} {first['msg']}", field=name) from None
+
+
+def set_limits(keys: Keys, tenant: Any, limits: Any) -> Operation[None]:
+    """Operation: replace tenant ``tenant``'s limits with ``limits`` (the fields at their default are removed), in
+    one transaction. Raises :class:`InvalidRequestError` for a bad tenant or limits."""
+    name, checked = checked_tenant(tenant), checked_limits(limits)
+    rt = RoundTrip(transaction=True)  # a reader sees the old limits or the new ones, never none
+    rt.call("delete", keys.tenant_limits(name))
+    fields = checked.to_fields()
+    if fields:
+        rt.call("hset", keys.tenant_limits(name), mapping=fields)
+    yield from run(rt)
+
+
+def read_limits(keys: Keys, tenant: Any) -> Operation[TenantLimits]:
+    """Operation: tenant ``tenant``'s limits (all defaults when none are set)."""
+    fields: dict[bytes, bytes] = yield from call("hgetall", keys.tenant_limits(checked_tenant(tenant)))
+    return TenantLimits.from_fields(fields)
+
+
+def clear_limits(keys: Keys, tenant: Any) -> Operation[bool]:
+    """Operation: delete tenant ``tenant``'s limits (its quota counters expire on their own); True when it had
+    some."""
+    deleted: int = yield from call("delete", keys.tenant_limits(checked_tenant(tenant)))
+    return bool(deleted)
+
+
+@dataclass(frozen=True)
+class QuotaStatus:
+    """A tenant's quota as of one read: ``used`` tokens counted in the current window, its ``quota`` (None: none),
+    ``reset_at`` (epoch seconds: the window's end) and ``window_seconds``."""
+
+    tenant: str
+    used: int
+    quota: int | None
+    reset_at: float
+    window_seconds: int
+
+    @property
+    def exceeded(self) -> bool:
+        """True when the tenant has a quota and ``used`` reached it."""
+        return self.quota is not None and self.used >= self.quota
+
+    def error(self) -> QuotaExceededError:
+        """The :class:`QuotaExceededError` of this status."""
+        return quota_error(self.tenant, self.used, self.quota or 0, self.reset_at)
+
+    def check(self) -> None:
+        """Raise :meth:`error` when :attr:`exceeded`."""
+        if self.exceeded:
+            raise self.error()
+
+
+def quota_error(tenant: str, used: int, quota: int, reset_at: float) -> QuotaExceededError:
+    """The :class:`QuotaExceededError` of tenant ``tenant`` at ``used`` of ``quota`` tokens until ``reset_at``."""
+    at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(reset_at))
+    return QuotaExceededError(
+        f"tenant {tenant!r} used {used} of its {quota} tokens in the current window; the window resets at {at}",
+        tenant=tenant, used=used, quota=quota, reset_at=float(reset_at),
+    )  # fmt: skip
+
+
+def quota_arguments(keys: Keys, tenant: str) -> list[Any]:
+    """The arguments of ``lib.lua``'s ``quota_window`` for ``tenant`` ahead of the time: its quota counters'
+    prefix and the default window (seconds)."""
+    return [keys.tenant_quota_prefix(tenant), DEFAULT_QUOTA_WINDOW]
+
+
+def queue_quota(rt: RoundTrip, keys: Keys, tenant: str, now: float | None = None) -> Pending[QuotaStatus]:
+    """Add to ``rt`` the read of ``tenant``'s :class:`QuotaStatus` at ``now`` (epoch seconds; None: the current
+    time): one script call reading its limits and its window's counter together."""
+    at = time.time() if now is None else now
+
+    def parse(reply: list[int]) -> QuotaStatus:
+        used, quota, reset_at, window = (int(value) for value in reply)
+        return QuotaStatus(tenant, used, quota or None, float(reset_at), window)
+
+    args = [*quota_arguments(keys, tenant), at]
+    return rt.script(scripts.TENANT_QUOTA, [keys.tenant_limits(tenant)], args, parse=parse)
+
+
+def quota_status(keys: Keys, tenant: Any, now: float | None = None) -> Operation[QuotaStatus]:
+    """Operation: tenant ``tenant``'s :class:`QuotaStatus` (one round trip)."""
+    rt = RoundTrip()
+    status = queue_quota(rt, keys, checked_tenant(tenant), now)
+    yield from run(rt)
+    return status.value
