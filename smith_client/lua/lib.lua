@@ -97,10 +97,9 @@ local ENQUEUE_ARGC = 15
 local function wait_for_admission(job_id, score, tenant, waiting_prefix, ring, expiry_ms)
   local waiting = waiting_prefix .. tenant
   redis.call('ZADD', waiting, score, job_id)
-  if redis.call('ZSCORE', ring, tenant) == false then
-    local lowest = redis.call('ZRANGE', ring, 0, 0, 'WITHSCORES')[2] or 0
-    redis.call('ZADD', ring, lowest, tenant)
-  end
+  -- GT: a tenant already waiting keeps its pass (never below the lowest); a new one (or one left behind by
+  -- expired jobs) gets the lowest
+  redis.call('ZADD', ring, 'GT', redis.call('ZRANGE', ring, 0, 0, 'WITHSCORES')[2] or 0, tenant)
   for _, key in ipairs({waiting, ring}) do
     if redis.call('PTTL', key) < tonumber(expiry_ms) then redis.call('PEXPIRE', key, expiry_ms) end
   end
