@@ -20,6 +20,9 @@ from smith_client.errors import LlmApiError, SmithTimeoutError
 from smith_client.events import DATA_MODELS, LLM_WAITING, Event, LlmWaitingData
 from smith_client.keys import Keys
 from smith_client.messages import UserMessage
+from smith_client.overrides import TurnOverrides
+from smith_worker.agent.overrides import for_turn
+from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.llm.client import LlmClient
 from smith_worker.llm.rate_limit import RATE_LIMIT, WAIT_OPERATION, RateLimits, endpoint_id, estimate_tokens
@@ -258,6 +261,17 @@ def test_settings_limit_the_environments_endpoint_only(monkeypatch):
     other = settings.llm_config({"base_url": "http://other:1/v1"})
     assert (other.rpm, other.tpm, other.rate_burst) == (None, None, 60.0) and not other.rate_limited
     assert settings.llm_config({"model": "big", "rpm": 5}).rpm == 5
+
+
+def test_a_turn_naming_another_model_gets_that_models_limits():
+    app = SmithApp()
+    app.agent("default")
+    app.agent("big", llm={"model": "big", "base_url": "http://big:1/v1", "rpm": 5})
+    settings = Settings.from_env({"SMITH_LLM_RPM": "60"})
+    spec = app.agents["default"]
+    assert for_turn(app, settings, spec, None).llm.rpm == 60
+    reached = for_turn(app, settings, spec, TurnOverrides(model="big")).llm
+    assert (reached.model, reached.base_url, reached.rpm, reached.tpm) == ("big", "http://big:1/v1", 5, None)
 
 
 def test_unset_settings_mean_no_limit(monkeypatch):
