@@ -56,8 +56,10 @@ from smith_client.client import SmithClient
 from smith_client.errors import ConfigurationError, SmithError, TurnPausedError, UnknownAgentError
 from smith_client.events import (
     Event,
+    EventData,
     InputAnsweredData,
     InputRequestedData,
+    LlmWaitingData,
     TokenData,
     ToolCallCompletedData,
     ToolCallDecidedData,
@@ -133,21 +135,35 @@ class StreamPrinter:
             self._streamed.discard(event.turn_id)
             self.out.write("\n")
             self.out.flush()
-        elif isinstance(data, TurnFailedData):
-            self._status(f"[turn failed] {data.error.kind}: {data.error.message}")
-        elif isinstance(data, TurnPausedData):
-            self._status(f"[turn paused] {len(data.pending)} call(s) wait for a person")
-        elif isinstance(data, ToolCallDecidedData):
-            self._status(f"{chain}{_decided(data)}")
-        elif isinstance(data, InputRequestedData):
-            self._status(f"[input requested] {call_text(data.item)}: {data.item.message}")
-        elif isinstance(data, InputAnsweredData):
-            self._status(f"{chain}[input {data.request_id} answered: {data.action}]")
+        else:
+            line = _status_line(data, chain)
+            if line is not None:
+                self._status(line)
 
     def _status(self, line: str) -> None:
         self.err.write(line + "\n")
         self.err.flush()
 
+
+def _status_line(data: EventData, chain: str) -> str | None:
+    """The status line of an event that prints nothing else (None: none); ``chain``: the agent chain's prefix."""
+    if isinstance(data, TurnFailedData):
+        return f"[turn failed] {data.error.kind}: {data.error.message}"
+    if isinstance(data, TurnPausedData):
+        return f"[turn paused] {len(data.pending)} call(s) wait for a person"
+    if isinstance(data, ToolCallDecidedData):
+        return f"{chain}{_decided(data)}"
+    if isinstance(data, InputRequestedData):
+        return f"[input requested] {call_text(data.item)}: {data.item.message}"
+    if isinstance(data, InputAnsweredData):
+        return f"{chain}[input {data.request_id} answered: {data.action}]"
+    if isinstance(data, LlmWaitingData):
+        return f"{chain}[model request waits {data.wait_s:.1f} s: {_WAITING.get(data.reason, data.reason)}]"
+    return None
+
+
+#: How an ``llm.waiting`` event's ``reason`` reads in its status line.
+_WAITING = {"rate_limit": "the endpoint's rate limit", "retry_after": "the endpoint's Retry-After"}
 
 #: How a ``tool_call.decided`` event's ``action`` reads in its status line.
 _DECIDED = {"approve": "approved", "reject": "rejected", "result": "answered from outside"}

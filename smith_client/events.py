@@ -43,6 +43,9 @@ Event types and their ``data``:
                         ``cancel``), or declined when its wait ran out or its call ended
 ``handoff``             ``{from_agent, to_agent, tool_call_id}``: the agent answering the turn (and the
                         conversation's next turns sent without ``agent=``) changed (docs/architecture.md, Handoffs)
+``llm.waiting``         ``{endpoint, model, reason, wait_s}``: the next model request waits ``wait_s`` seconds for
+                        the endpoint's fleet-wide rate limit (``reason`` ``rate_limit``) or for the end of a
+                        pause a ``429`` with ``Retry-After`` started (``retry_after``); not terminal
 ======================  ==========================================================
 """
 
@@ -77,6 +80,7 @@ TOOL_CALL_DECIDED = "tool_call.decided"
 INPUT_REQUESTED = "input.requested"
 INPUT_ANSWERED = "input.answered"
 HANDOFF = "handoff"
+LLM_WAITING = "llm.waiting"
 
 #: Types after which a turn publishes nothing more.
 TERMINAL_TYPES = frozenset({TURN_COMPLETED, TURN_FAILED, TURN_CANCELLED})
@@ -324,6 +328,20 @@ class HandoffData(EventData):
     tool_call_id: str
 
 
+class LlmWaitingData(EventData):
+    """``llm.waiting``: the agent's next model request waits ``wait_s`` seconds (float) before it is sent, for
+    the fleet-wide rate limit of its endpoint (``reason`` ``"rate_limit"``) or for the end of the pause a
+    ``429`` with ``Retry-After`` started for every worker (``"retry_after"``); docs/architecture.md, Model rate
+    limits. ``endpoint``: the chat-completions URL; ``model``: the model name sent. The turn goes on after the
+    wait (or fails typed when the wait would pass its deadline)."""
+
+    event_type: ClassVar[str] = LLM_WAITING
+    endpoint: str
+    model: str
+    reason: Literal["rate_limit", "retry_after"]
+    wait_s: float
+
+
 class UnknownData(EventData):
     """The ``data`` of an event type this client does not know (a newer worker): every field kept."""
 
@@ -350,6 +368,7 @@ DATA_MODELS: dict[str, type[EventData]] = {
         InputRequestedData,
         InputAnsweredData,
         HandoffData,
+        LlmWaitingData,
     )
 }
 

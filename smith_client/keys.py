@@ -63,10 +63,19 @@ key                                      what                            lifetim
 ``{p}:toolres:{t}:{s}:{i}:reruns``       re-runs of an idempotent call   ``turn_ttl``
 ``{p}:usage:{m}``                        model calls and tokens of epoch :data:`USAGE_TTL` after the last count
                                          minute m, per agent (hash)
+``{p}:turns:waiting:{t}``                tenant t's turn jobs waiting    its longest-lived job's expiry
+                                         for admission (ZSET)
+``{p}:turns:tenants``                    tenants with waiting jobs →     as above
+                                         their pass (ZSET)
+``{p}:turns:running:{t}``                capped tenant t's admitted jobs the in-progress TTL
+                                         (ZSET)
 ``{p}:tenant:{t}:limits``                tenant t's limits (hash)        owned (*) by the operator: no TTL;
                                                                          ``clear_tenant_limits`` deletes it
 ``{p}:tenant:{t}:quota:{w}``             tokens tenant t used in the     its window + :data:`QUOTA_TTL_MARGIN`
                                          quota window starting at w      after the last count
+``{p}:llm-rate:{e}``                     model endpoint e's fleet-wide   until its state says nothing more: the
+                                         rate limit and pause (hash)     later of its theoretical arrival times
+                                                                         and its pause (set by each change)
 ``arq:job:{id}``, ``arq:in-progress:…``  arq's per-job keys              owned by arq
 ``arq:abort``                            arq's abort requests (ZSET)     :data:`ABORT_ENTRY_TTL`
 =======================================  ==============================  =========================================
@@ -316,6 +325,14 @@ class Keys:
         """Counter of the tokens (prompt + completion) tenant ``tenant``'s turns used in the quota window starting
         at epoch second ``window_start`` (docs/tenants.md); lives its window + :data:`QUOTA_TTL_MARGIN`."""
         return f"{self.tenant_quota_prefix(tenant)}{window_start}"
+
+    def llm_rate_limit(self, endpoint: str) -> str:
+        """Hash of model endpoint ``endpoint``'s fleet-wide rate limit (``endpoint``: the digest
+        :func:`smith_worker.llm.rate_limit.endpoint_id` makes of its URL and model): fields ``requests`` and
+        ``tokens`` (GCRA theoretical arrival times) and ``paused`` (the end of a ``Retry-After`` pause), epoch
+        milliseconds of the Redis server's clock (docs/architecture.md, Model rate limits). Its TTL, set by
+        each change, ends when the last of them has passed."""
+        return f"{self.prefix}:llm-rate:{endpoint}"
 
     def subagent_history(self, root_turn_id: str, position: str) -> str:
         """List of the messages of the sub-agent at tree ``position`` of a root turn (its checkpoint)."""

@@ -48,6 +48,13 @@ OptionalPort = Annotated[int | None, Field(ge=1, le=65535), Accepts("a TCP port 
 ToolCalling = Annotated[Literal["native", "json_schema"], Accepts("native or json_schema")]
 Temperature = Annotated[float | None, Field(ge=0, le=2), Accepts("a number from 0 to 2")]
 Flag = Annotated[bool, Accepts("a boolean: 1, 0, true, false, yes, no, on or off")]
+PerMinute = Annotated[int | None, Field(ge=1), Accepts("a whole number per minute of at least 1")]
+
+#: The fields of an endpoint's identity: an agent's ``llm`` override that changes one of them names another
+#: endpoint, which does not inherit the environment's limits (:data:`RATE_FIELDS`).
+ENDPOINT_FIELDS = ("base_url", "model")
+#: The fleet-wide limits of the environment's endpoint (docs/architecture.md, Model rate limits).
+RATE_FIELDS = ("rpm", "tpm", "rate_burst")
 
 
 def parse_tenant_weights(text: str) -> dict[str, float]:
@@ -101,6 +108,11 @@ class Settings(ClientSettings):
         "native", description="how tools reach the model (smith_worker/llm/json_schema_tools.py)"
     )
     llm_temperature: Temperature = Field(None, description="default sampling temperature (unset: the server's)")
+    llm_rpm: PerMinute = Field(None, description="requests per minute to the model, fleet-wide (unset: no limit)")
+    llm_tpm: PerMinute = Field(None, description="tokens per minute to the model, fleet-wide (unset: no limit)")
+    llm_rate_burst: NonNegativeSeconds = Field(
+        60.0, description="seconds' worth of SMITH_LLM_RPM / SMITH_LLM_TPM that may be spent at once"
+    )
     turn_max_jobs: Count = Field(100, description="concurrent turns per turn worker")
     tool_max_jobs: Count = Field(20, description="concurrent tool calls per tool worker")
     turn_job_timeout: Seconds = Field(600.0, description="hard cap on one turn job")
@@ -150,7 +162,10 @@ class Settings(ClientSettings):
         )
 
     def llm_config(self, override: dict[str, Any] | LlmClientConfig | None = None) -> LlmClientConfig:
-        """The LLM settings of the environment, with an agent's ``llm`` override applied on top."""
+        """The LLM settings of the environment, with an agent's ``llm`` override applied on top.
+
+        The environment's rate limits (``SMITH_LLM_RPM``, ``SMITH_LLM_TPM``, ``SMITH_LLM_RATE_BURST``) are its
+        endpoint's: an override naming another ``base_url`` or ``model`` has only the limits it sets itself."""
         if isinstance(override, LlmClientConfig):
             return override
         base: dict[str, Any] = {
@@ -158,10 +173,17 @@ class Settings(ClientSettings):
             "model": self.llm_model,
             "api_key": self.llm_api_key,
             "tool_calling": self.llm_tool_calling,
+            "rpm": self.llm_rpm,
+            "tpm": self.llm_tpm,
+            "rate_burst": self.llm_rate_burst,
         }
         if self.llm_temperature is not None:
             base["default_sampling"] = {"temperature": self.llm_temperature}
-        base.update(override or {})
+        override = override or {}
+        if any(name in override and override[name] != base[name] for name in ENDPOINT_FIELDS):
+            for name in RATE_FIELDS:
+                del base[name]
+        base.update(override)
         try:
             return LlmClientConfig(**base)
         except ValidationError as exc:

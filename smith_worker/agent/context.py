@@ -28,6 +28,7 @@ from smith_worker.agent.quota import NO_QUOTA, TurnQuota
 from smith_worker.app import AgentSpec
 from smith_worker.config import AgentConfig
 from smith_worker.hooks import fire
+from smith_worker.llm.rate_limit import RateLimits
 from smith_worker.memory.fencing import AttemptWrites, StaleAttemptError
 from smith_worker.memory.history import ConversationStore
 from smith_worker.runtime import WorkerRuntime
@@ -50,10 +51,12 @@ class Cancellable(Protocol):
 @dataclass
 class TurnServices:
     """What a turn worker's turns share (:class:`smith_worker.turn.role.TurnRole` opens them): the LLM
-    HTTP client, the tool-job waiter, and the turns running in this process by turn id."""
+    HTTP client, the tool-job waiter, the gates to the model endpoints' fleet-wide rate limits
+    (docs/architecture.md, Model rate limits), and the turns running in this process by turn id."""
 
     http: httpx.AsyncClient
     tool_waiter: ToolJobWaiter
+    rate_limits: RateLimits
     running_turns: dict[str, Cancellable] = field(default_factory=dict)
 
 

@@ -217,6 +217,8 @@ class AgentLoop:
         self._corrections: dict[str, int] = {}
         #: Model calls (replies, summaries) not yet counted in the usage buckets: the next append counts them.
         self._uncounted = AgentUsage()
+        #: The turn's deadline (a ``time.monotonic()`` instant; None: none), which also bounds rate-limit waits.
+        self._deadline: float | None = None
 
     async def run(self, start: int, *, fresh: bool = False) -> AssistantMessage:
         """Run model steps from history position ``start`` (the turn's user message) until a final answer;
@@ -235,6 +237,7 @@ class AgentLoop:
             self._output.seen(done)  # the output retries this turn already used
         self._corrections = corrections_in(done)  # and its tools' corrections in a row (RetryWithMessage)
         deadline = None if spec.config.deadline is None else time.monotonic() + spec.config.deadline
+        self._deadline = deadline
         while True:
             merged: list[bytes] | None = None  # the close, when it rode along with the reply's append
             if pending is None:
@@ -265,7 +268,8 @@ class AgentLoop:
         self.ctx.spec = turn.spec
         self.ctx.agent_path[-1] = spec.name
         self._allowed, self._toolset = turn.allowed, None
-        llm = LlmClient(turn.llm, self.ctx.services.http)
+        gate = self.ctx.services.rate_limits.gate(turn.llm, self.publish, lambda: self._deadline)
+        llm = LlmClient(turn.llm, self.ctx.services.http, gate=gate)
         self._memory = self._memory_context(llm, start)
         self._output = structured_output(turn.spec, llm.config)
         return turn.spec, llm

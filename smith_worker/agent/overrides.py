@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from smith_client.errors import ConfigurationError
 from smith_client.overrides import TOOL_CHOICE_KEYWORDS, TurnOverrides
 from smith_worker.app import AgentSpec, SmithApp, handoff_tool
-from smith_worker.config import Settings
+from smith_worker.config import RATE_FIELDS, Settings
 from smith_worker.llm.types import LlmClientConfig
 
 
@@ -96,7 +96,8 @@ def for_turn(app: SmithApp, settings: Settings, spec: AgentSpec, overrides: Turn
             raise ConfigurationError(
                 f"model {overrides.model!r} is not a configured model (configured: {sorted(models)})", setting="model"
             )
-        llm = llm.model_copy(update={"model": reach.model, "base_url": reach.base_url, "api_key": reach.api_key})
+        reached = {name: getattr(reach, name) for name in ("model", "base_url", "api_key", *RATE_FIELDS)}
+        llm = llm.model_copy(update=reached)  # the endpoint and its fleet-wide limits (Model rate limits)
     changes["config"] = config
     allowed = None if overrides.tools is None else frozenset(overrides.tools)
     return TurnAgent(dataclasses.replace(spec, **changes), llm, allowed)  # type: ignore[arg-type]

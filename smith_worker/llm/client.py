@@ -20,6 +20,12 @@ other status, bad JSON, stream error       no retry
 Backoff before retry *n* (1-based): ``backoff_base * 2**(n-1) + uniform(0, 0.25)``
 seconds, capped at 8 s. Every wait goes through the injected ``sleep``.
 
+With a :class:`~smith_worker.llm.rate_limit.RateGate` (an endpoint with a fleet-wide ``rpm`` / ``tpm``;
+docs/architecture.md, Model rate limits) every attempt first takes its request and estimated tokens from the
+limit, waiting as long as it says (the two deadlines below move by each such wait: it is not the model's
+silence); a 429 with ``Retry-After`` pauses the endpoint for every worker, and the retry waits for that pause
+in the gate (announced as ``llm.waiting``) instead of sleeping on its own.
+
 Two deadlines bound a call, retries and their waits included (nothing waits forever):
 ``response_timeout`` the whole response, and, until the first data arrives
 (an SSE data line; a non-streamed response's whole body), the silence budget
@@ -57,6 +63,7 @@ from smith_client.errors import (
 from smith_client.messages import parse_json_object
 from smith_worker.llm.http import NETWORK_ERRORS, is_timeout, model_http_client, origin, release
 from smith_worker.llm.json_schema_tools import JsonReplyReader, rewrite_request
+from smith_worker.llm.rate_limit import RateGate, estimate_tokens
 from smith_worker.llm.stream import ChatStreamDecoder
 from smith_worker.llm.types import (
     LlmClientConfig,
@@ -101,11 +108,13 @@ class _RetryableFailure(Exception):
 class EncodedRequest:
     """A request ready to send (:meth:`LlmClient.encode`): ``body`` its JSON (UTF-8 bytes), ``stream`` whether
     it asks for a streamed reply, ``json_reply`` whether the reply is json_schema tool calling's, to be
-    mapped back to tool calls (:mod:`~smith_worker.llm.json_schema_tools`)."""
+    mapped back to tool calls (:mod:`~smith_worker.llm.json_schema_tools`), ``tokens`` the tokens it is taken
+    to use until its reply reports them (:func:`~smith_worker.llm.rate_limit.estimate_tokens`)."""
 
     body: bytes
     stream: bool
     json_reply: bool
+    tokens: int = 0
 
 
 class LlmClient:
@@ -114,7 +123,8 @@ class LlmClient:
     ``http``: a shared :class:`httpx.AsyncClient` (not closed by
     :meth:`aclose`); when ``None`` the client creates and owns one.
     ``sleep(seconds)`` is awaited for every retry wait and ``rng()`` (uniform
-    in [0, 1)) draws the jitter — both injectable for tests.
+    in [0, 1)) draws the jitter — both injectable for tests. ``gate``: the endpoint's fleet-wide rate limit
+    (:meth:`~smith_worker.llm.rate_limit.RateLimits.gate`; None: none, and no Redis command).
 
     Errors raised by :meth:`complete` / :meth:`complete_stream`:
     ``ConfigurationError`` (reserved key in ``sampling.extra``, bad URL),
@@ -126,7 +136,9 @@ class LlmClient:
     a stream's wait for its next data line, ``budget=silence_budget``: no data
     within 2 × ``request_timeout``, retries included; ``operation="llm.response"``,
     ``budget=response_timeout``: the whole response, retries included),
-    ``ParseError`` (malformed JSON or shape). ``asyncio.CancelledError``
+    ``ParseError`` (malformed JSON or shape). With a ``gate``, also what
+    :meth:`~smith_worker.llm.rate_limit.RateGate.admit` raises (``SmithTimeoutError`` with
+    ``operation="llm.waiting"``, a 429 ``LlmApiError``). ``asyncio.CancelledError``
     propagates after the HTTP request is closed.
     """
 
@@ -137,12 +149,14 @@ class LlmClient:
         *,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         rng: Callable[[], float] = random.random,
+        gate: RateGate | None = None,
     ) -> None:
         self.config = config
         self._owns_http = http is None
         self._http = http if http is not None else model_http_client()
         self._sleep = sleep
         self._rng = rng
+        self._gate = gate
 
     async def aclose(self) -> None:
         """Close the HTTP client if this object created it."""
@@ -203,8 +217,10 @@ class LlmClient:
         """``req`` encoded for the wire (its :meth:`build_body` as JSON bytes), for :meth:`complete` (``stream``
         False) or :meth:`complete_stream` (True). A caller that keeps only this while the model answers
         holds the body's bytes, not the parsed messages too. Raises as :meth:`build_body`."""
-        body = orjson.dumps(self.build_body(req, stream=stream))
-        return EncodedRequest(body, stream, self.config.tool_calling == "json_schema" and bool(req.tools))
+        fields = self.build_body(req, stream=stream)
+        body = orjson.dumps(fields)
+        json_reply = self.config.tool_calling == "json_schema" and bool(req.tools)
+        return EncodedRequest(body, stream, json_reply, estimate_tokens(body, fields.get("max_tokens")))
 
     async def complete(self, req: LlmRequest | EncodedRequest) -> LlmResponse:
         """Post a non-streamed request and parse the completion. Errors: see class doc.
@@ -214,7 +230,9 @@ class LlmClient:
         encoded = self._encoded(req, stream=False)
         headers = self._headers_for(encoded)
         with self._span(encoded) as span:
-            response = await self._whole_response(lambda _silence: self._complete_once(encoded.body, headers))
+            response = await self._whole_response(
+                lambda _silence: self._complete_once(encoded.body, headers), encoded.tokens
+            )
             response = JsonReplyReader(None).finish(response) if encoded.json_reply else response
             self._traced(span, response)
         return response
@@ -235,13 +253,13 @@ class LlmClient:
         with self._span(encoded) as span:
             if not encoded.json_reply:
                 response = await self._whole_response(
-                    lambda silence: self._stream_once(body, headers, on_event, silence)
+                    lambda silence: self._stream_once(body, headers, on_event, silence), encoded.tokens
                 )
             else:
                 reader = JsonReplyReader(on_event)
                 response = reader.finish(
                     await self._whole_response(
-                        lambda silence: self._stream_once(body, headers, reader.on_event, silence)
+                        lambda silence: self._stream_once(body, headers, reader.on_event, silence), encoded.tokens
                     )
                 )
             self._traced(span, response)
@@ -289,9 +307,13 @@ class LlmClient:
             raise ValueError(f"request encoded with stream={req.stream} sent with stream={stream}")
         return req
 
-    async def _whole_response(self, attempt: Callable[[asyncio.Timeout], Awaitable[_T]]) -> _T:
+    async def _whole_response(
+        self, attempt: Callable[[asyncio.Timeout], Awaitable[LlmResponse]], tokens: int
+    ) -> LlmResponse:
         """:meth:`_with_retries`, all attempts bounded by ``response_timeout`` and, until the first data arrives,
-        by the silence budget (never retried after either fires; see the module docstring).
+        by the silence budget (never retried after either fires; see the module docstring), both moved by the
+        waits for the rate limit; ``tokens``: the request's estimate, taken by each attempt from the limit and
+        corrected by the reply's usage (:class:`~smith_worker.llm.rate_limit.RateGate`).
 
         ``attempt(silence)`` lifts the silence budget with ``silence.reschedule(None)`` when data arrives.
         """
@@ -299,7 +321,11 @@ class LlmClient:
         whole, silence = asyncio.timeout(budget), asyncio.timeout(silent)
         try:
             async with whole, silence:
-                return await self._with_retries(lambda: attempt(silence))
+                response = await self._with_retries(lambda: attempt(silence), tokens, (whole, silence))
+            if self._gate is not None:
+                usage = response.message.usage
+                self._gate.settle(tokens, usage.total if usage is not None else None)
+            return response
         except TimeoutError as exc:
             if whole.expired():
                 raise SmithTimeoutError(
@@ -472,12 +498,17 @@ class LlmClient:
 
     # -- retry loop -------------------------------------------------------
 
-    async def _with_retries(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+    async def _with_retries(
+        self, attempt: Callable[[], Awaitable[_T]], tokens: int, budgets: tuple[asyncio.Timeout, ...]
+    ) -> _T:
         started = time.monotonic()
         for number in itertools.count(1):
+            if self._gate is not None:
+                await self._gate.admit(tokens, lambda seconds: _postpone(budgets, seconds))
             try:
                 return await attempt()
             except _RetryableFailure as failure:
+                paused = await self._pause_fleet(failure)
                 if number > 1:  # say how long it really took: N attempts, not one budget
                     failure.error.message += f" (after {number} attempts in {time.monotonic() - started:.1f} s)"
                     failure.error.args = (failure.error.message,)
@@ -493,8 +524,17 @@ class LlmClient:
                     self.config.max_retries,
                     delay,
                 )
-                await self._sleep(delay)
+                if not paused:  # a fleet-wide pause is waited for by the next admit, announced
+                    await self._sleep(delay)
         raise AssertionError("unreachable")
+
+    async def _pause_fleet(self, failure: _RetryableFailure) -> bool:
+        """Pause the endpoint for every worker when ``failure`` is a 429 with ``Retry-After`` and the endpoint has
+        a gate, whether this call retries or not (the server's word holds for every request); True if paused."""
+        if self._gate is None or failure.retry_after is None:
+            return False
+        await self._gate.pause(failure.retry_after)
+        return True
 
     def _retry_delay(self, failure: _RetryableFailure, number: int) -> float:
         """Seconds to wait before retrying after failed attempt ``number``; raises the error to give up."""
@@ -531,6 +571,14 @@ def _sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
     if sampling.stop:
         fields["stop"] = list(sampling.stop)
     return fields
+
+
+def _postpone(budgets: tuple[asyncio.Timeout, ...], seconds: float) -> None:
+    """Move each of ``budgets`` still running ``seconds`` later (a wait for the rate limit is not the model's)."""
+    for budget in budgets:
+        when = budget.when()
+        if when is not None:
+            budget.reschedule(when + seconds)
 
 
 async def _drain(chunks: AsyncIterator[bytes]) -> None:

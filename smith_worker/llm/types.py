@@ -127,6 +127,11 @@ class LlmClientConfig(BaseModel):
     * ``max_response_bytes``: the most bytes read of one response body
       (streamed or not, error bodies included); past it the call fails with
       ``ParseError`` (``offset`` = the limit), after at most one more read.
+    * ``rpm`` / ``tpm``: the endpoint's limits, requests and tokens per minute, shared by every worker of the
+      deployment (:mod:`smith_worker.llm.rate_limit`; docs/architecture.md, Model rate limits); None: no limit
+      (and no Redis command). ``rate_burst`` (seconds, 60): how many seconds' worth of that allowance may be
+      spent at once (60: the whole minute's, as a provider's token bucket; 0: evenly spaced requests, for a
+      provider that counts a sliding window). Env ``SMITH_LLM_RPM``, ``SMITH_LLM_TPM``, ``SMITH_LLM_RATE_BURST``.
     * ``api_key`` and credentials in ``base_url`` (``http://user:pw@host/v1``)
       are registered as secrets (:func:`~smith_worker.ops.redaction.register_secrets`);
       userinfo is removed from ``base_url`` and sent as
@@ -150,6 +155,9 @@ class LlmClientConfig(BaseModel):
     tool_calling: Literal["native", "json_schema"] = "native"
     supports_response_format: bool = False
     max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, gt=0)
+    rpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1)
+    rate_burst: float = Field(default=60.0, ge=0)
 
     def model_post_init(self, _context: Any) -> None:
         """Move userinfo out of ``base_url`` into a Basic credential; register the secrets."""
@@ -170,6 +178,11 @@ class LlmClientConfig(BaseModel):
     def authorization(self) -> str | None:
         """The ``Authorization`` header value: ``Bearer <api_key>``, else Basic from the URL's userinfo, else None."""
         return f"Bearer {self.api_key}" if self.api_key else self._basic_auth
+
+    @property
+    def rate_limited(self) -> bool:
+        """Whether the endpoint has a fleet-wide limit (``rpm`` or ``tpm``)."""
+        return self.rpm is not None or self.tpm is not None
 
     @property
     def chat_completions_url(self) -> str:

@@ -59,6 +59,13 @@ Example::
         # as its first user message gets the tool call, then the text.
         assert server.attempts("weather") == 0
 
+Rate limit
+----------
+``ScriptedLlmServer(limit=RequestLimit(requests, window))`` enforces a provider's limit, as a sliding window
+(seconds): a chat request arriving when ``requests`` were accepted within the last ``window`` is answered
+``429`` with ``Retry-After`` (whole seconds until the oldest of them leaves the window, or
+``RequestLimit.retry_after`` when set) and never reaches its scenario; :attr:`RecordedRequest.limited` marks it.
+
 Inspection: every request is recorded in :attr:`ScriptedLlmServer.requests`
 (headers, decoded JSON body, routed scenario, step, per-scenario ``attempt``
 number, whether the client closed early); :meth:`ScriptedLlmServer.attempts`
@@ -72,10 +79,12 @@ each SSE frame is written as its own HTTP chunk (``Transfer-Encoding: chunked``)
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import http
 import itertools
 import json
+import math
 import re
 import threading
 import time
@@ -106,7 +115,8 @@ class RecordedRequest:
     this request among the requests of its scenario; ``peer`` the client's
     ``(host, port)``: requests with the same peer came on one kept-alive connection. ``completed`` is set
     once the whole reply was written; ``closed_early`` when the client closed
-    the connection before the reply finished (cancellation, timeout).
+    the connection before the reply finished (cancellation, timeout); ``limited`` when the server's
+    :class:`RequestLimit` answered it 429. ``received_at`` is :func:`time.monotonic` (seconds).
     """
 
     method: str
@@ -121,6 +131,7 @@ class RecordedRequest:
     received_at: float = field(default_factory=time.monotonic)
     completed: bool = False
     closed_early: bool = False
+    limited: bool = False
 
     @property
     def stream(self) -> bool:
@@ -413,15 +424,48 @@ def without_native_tools(handler: Handler) -> Handler:
     return refuse_native
 
 
+@dataclass(frozen=True)
+class RequestLimit:
+    """A provider's request limit, enforced by the server over a sliding window: at most ``requests`` chat
+    requests accepted within any ``window`` seconds; past it a request gets ``429`` with ``Retry-After``:
+    ``retry_after`` seconds when set, else the whole seconds until the oldest accepted request leaves the window."""
+
+    requests: int
+    window: float = 60.0
+    retry_after: float | None = None
+
+
+class _SlidingWindow:
+    """The times (``time.monotonic()``) of the chat requests a :class:`RequestLimit` accepted within its window."""
+
+    def __init__(self, limit: RequestLimit) -> None:
+        self.limit = limit
+        self._accepted: collections.deque[float] = collections.deque()
+
+    def refusal(self, now: float) -> str | None:
+        """None when a request arriving at ``now`` is accepted (and counted), else its ``Retry-After`` value."""
+        limit = self.limit
+        while self._accepted and self._accepted[0] <= now - limit.window:
+            self._accepted.popleft()
+        if len(self._accepted) < limit.requests:
+            self._accepted.append(now)
+            return None
+        if limit.retry_after is not None:
+            return f"{limit.retry_after:g}"
+        return str(max(1, math.ceil(self._accepted[0] + limit.window - now)))
+
+
 class ScriptedLlmServer:
     """The server (see the module doc). Thread-safe to configure and inspect from any thread.
 
     ``start()`` returns ``self`` once listening; ``stop()`` closes every
-    connection and joins the thread. Also a context manager.
+    connection and joins the thread. Also a context manager. ``limit``: a :class:`RequestLimit` to enforce
+    (None: none; :attr:`limit` changes it).
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, limit: RequestLimit | None = None) -> None:
         self.host = host
+        self._window = _SlidingWindow(limit) if limit is not None else None
         self._requested_port = port
         self.port = 0
         self._lock = threading.Lock()
@@ -507,6 +551,17 @@ class ScriptedLlmServer:
             self._requests.clear()
             self._attempts.clear()
             self.handler_errors.clear()
+
+    @property
+    def limit(self) -> RequestLimit | None:
+        """The enforced :class:`RequestLimit` (None: none). Setting it starts a new window (nothing counted yet)."""
+        with self._lock:
+            return self._window.limit if self._window is not None else None
+
+    @limit.setter
+    def limit(self, limit: RequestLimit | None) -> None:
+        with self._lock:
+            self._window = _SlidingWindow(limit) if limit is not None else None
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
         """Poll ``predicate`` (blocking this thread) until true or ``timeout`` seconds; returns the last result."""
@@ -599,6 +654,11 @@ class ScriptedLlmServer:
                 self._attempts[request.scenario] = request.attempt
             self._requests.append(request)
             handler = self._scenarios.get(request.scenario or "")
+            retry_after = self._window.refusal(request.received_at) if self._window is not None else None
+        if retry_after is not None:
+            request.limited = True
+            body = {"error": {"message": "rate limit reached", "type": "rate_limit_error", "code": 429}}
+            return _json_plan(429, body, {"Retry-After": retry_after})
         if not isinstance(request.body, dict):
             return _error_plan(400, "request body is not a JSON object", "invalid_request_error")
         if handler is None:

@@ -81,6 +81,7 @@ class TurnRole(WorkerRole):
         """Open the model's HTTP client and subscribe to the worker's reply and control channels (waiting
         while Redis does not answer); start the crash-recovery sweeper."""
         from smith_worker.llm.http import model_http_client  # aiohttp: only a turn worker pays its import
+        from smith_worker.llm.rate_limit import RateLimits
 
         keys = runtime.keys
         subscription = WorkerSubscription(
@@ -89,7 +90,8 @@ class TurnRole(WorkerRole):
         )  # fmt: skip
         await subscription.start()
         self.subscription = subscription
-        self.services = TurnServices(model_http_client(), ToolJobWaiter(runtime.redis, keys, subscription))
+        waiter = ToolJobWaiter(runtime.redis, keys, subscription)
+        self.services = TurnServices(model_http_client(), waiter, RateLimits(runtime.redis, keys))
         # crash recovery: re-enqueue turns whose worker stopped renewing their lease
         runtime.run_in_background(sweep_forever(runtime.redis, keys))
 

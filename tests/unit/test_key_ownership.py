@@ -51,4 +51,6 @@ _NON_FIELD_WORDS = {"conflict", "unknown", "attach", "busy", "merge", "interrupt
                     "same", "decided", "stale", "decision",  # decide.lua's replies, its resumed_by value
                     "role", "tool", "tail", "text", "covers",  # stored messages, history reads, the summary hash
                     "instance", "table",  # a worker registration's holder (smith_worker/ops/registration.py), a Lua type
-                    "token_quota", "quota_window_seconds"}  # a tenant's limits hash (smith_client/tenants.py)
+                    "token_quota", "quota_window_seconds",  # a tenant's limits hash (smith_client/tenants.py)
+                    # rate_limit.lua's modes, its hash's fields and its reasons (smith_worker/llm/rate_limit.py)
+                    "take", "pause", "requests", "tokens", "paused", "rate_limit", "retry_after"}
