@@ -89,7 +89,9 @@ class TurnRole(WorkerRole):
         )  # fmt: skip
         await subscription.start()
         self.subscription = subscription
-        self.services = TurnServices(model_http_client(), ToolJobWaiter(runtime.redis, keys, subscription))
+        self.services = TurnServices(
+            model_http_client(runtime.settings.llm_max_connections), ToolJobWaiter(runtime.redis, keys, subscription)
+        )
         # crash recovery: re-enqueue turns whose worker stopped renewing their lease
         runtime.run_in_background(sweep_forever(runtime.redis, keys))
 

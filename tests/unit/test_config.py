@@ -71,6 +71,8 @@ BAD_VALUES = {
     "SMITH_LLM_TOOL_CALLING": ["grammar"],
     "SMITH_LLM_TEMPERATURE": ["-0.1", "2.5", "hot"],
     "SMITH_TURN_MAX_JOBS": ["0", "-3", "abc", "1.5"],
+    "SMITH_LLM_MAX_CONNECTIONS": ["0", "many", "2.5"],
+    "SMITH_WORKER_REDIS_MAX_CONNECTIONS": ["1", "0", "many"],
     "SMITH_TOOL_MAX_JOBS": ["0"],
     "SMITH_TURN_JOB_TIMEOUT": ["0", "-1"],
     "SMITH_TOOL_JOB_TIMEOUT": ["0"],
