@@ -10,7 +10,9 @@ Prompts (``PROMPTS[name]``; the marker routes the request):
 * ``tool``: a call to ``add(1, 2)``, then ``RESULT: 3`` (two model requests);
 * ``noop``: a call to ``noop()``, then ``done``;
 * ``tokens``: 50 content deltas of 4 characters, 20 ms apart (token latency);
-* ``slow``: 100 deltas 30 ms apart, ~3 s (keeps turns in flight for the RSS figure).
+* ``slow``: 100 deltas 30 ms apart, ~3 s (keeps turns in flight for the RSS figure);
+* ``wait2s``: a short text whose four frames after the first (one content delta, the finish, the usage, ``[DONE]``)
+  come 0.5 s apart: a slow hosted model, 2 s per response (``bench/in_flight.py``).
 
 Usage: ``python -m bench.llm_server`` (the worker and anchor processes get the URL).
 """
@@ -32,6 +34,7 @@ SCENARIOS = {
     "noop": Script(Reply.tool_calls([("noop", {})]), Reply.text("done")),
     "tokens": Reply.text("tok " * TOKENS, chunk_size=4, delay=0.02),
     "slow": Reply.text("slow " * 100, chunk_size=5, delay=0.03),
+    "wait2s": Reply.text("a slow model's short answer", chunk_size=100, delay=0.5),
 }
 PROMPTS = {name: f"{scenario_marker(name)} hello there, how are you today" for name in SCENARIOS}
 

@@ -354,6 +354,7 @@ def main() -> None:
             print(run(["bench/worker_memory.py"], "turn worker memory (bench/worker_memory.py)") or "")
             print(run(["bench/paused_turns.py"], "turns paused for a person (bench/paused_turns.py)") or "")
             print(run(["bench/fairness.py"], "fair pickup across tenants (bench/fairness.py)") or "")
+            print(run(["bench/in_flight.py"], "10,000 slow turns in flight; Redis saturation (bench/in_flight.py)") or "")
             tracing_out = Path(tmp) / "tracing.json"
             tracing_text = run(["bench/tracing.py", "--json", str(tracing_out)], "tracing on vs off (bench/tracing.py)")
             if tracing_text is not None:

@@ -31,8 +31,9 @@ class PoolTimeoutError(RedisConnectionError):
 
     def __init__(self, max_connections: int, timeout: float) -> None:
         super().__init__(
-            f"no Redis connection came free in {timeout:g} s: all {max_connections} of the client's connections "
-            "were in use (max_connections, SMITH_REDIS_MAX_CONNECTIONS)"
+            f"no Redis connection came free in {timeout:g} s: all {max_connections} of the pool's connections "
+            "were in use (max_connections: SMITH_REDIS_MAX_CONNECTIONS for a client, "
+            "SMITH_WORKER_REDIS_MAX_CONNECTIONS for a worker)"
         )
         self.max_connections = max_connections
         self.timeout = timeout

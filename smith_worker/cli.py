@@ -117,8 +117,10 @@ def _worker_main(argv: list[str] | None) -> None:
     if not args.app or not args.queue:
         parser.error("the app and --queue are required to run a worker")
     configure_logging(args.log_level or settings.log_level, log_jobs=args.log_jobs or settings.log_jobs)
+    from smith_worker.ops.open_files import raise_open_files_limit
     from smith_worker.queue.worker import build_worker
 
+    raise_open_files_limit()  # a socket per model request in flight (SMITH_TURN_MAX_JOBS, SMITH_LLM_MAX_CONNECTIONS)
     worker = build_worker(load_app(args.app), args.queue)
     worker.run()
     runtime = worker.ctx["runtime"]

@@ -16,9 +16,19 @@ from redis.asyncio import Redis
 
 from smith_client.connection import connect_redis
 from smith_client.errors import ConfigurationError, InvalidRequestError
-from smith_client.settings import Accepts, ClientSettings, Count, OptionalId, OptionalText, Seconds, Secret, Text
+from smith_client.settings import (
+    Accepts,
+    ClientSettings,
+    ConnectionCap,
+    Count,
+    OptionalId,
+    OptionalText,
+    Seconds,
+    Secret,
+    Text,
+)
 from smith_client.validation import check_tenant
-from smith_worker.llm.types import LlmClientConfig, check_base_url
+from smith_worker.llm.types import DEFAULT_MAX_CONNECTIONS, LlmClientConfig, check_base_url
 from smith_worker.memory.history import DEFAULT_HISTORY_MAX_MESSAGES, DEFAULT_VIEW_MAX_BYTES
 from smith_worker.ops.metrics import DEFAULT_TENANT_LABELS_MAX
 from smith_worker.tools.function import DEFAULT_RESULT_MAX_BYTES, DEFAULT_TOOL_RETRIES, DEFAULT_TOOL_TIMEOUT
@@ -36,6 +46,11 @@ def log_level_name(value: str) -> str:
 
 #: The level names :func:`log_level_name` accepts, for messages (the standard ones; aliases such as WARN work too).
 LOG_LEVELS = "DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)"
+
+#: Default cap on one worker process's pooled Redis connections (``SMITH_WORKER_REDIS_MAX_CONNECTIONS``): a command
+#: holds a connection for one round trip, so a few dozen serve thousands of turns in flight (bench/in_flight.py,
+#: BENCHMARKS.md), where a pool without a cap opened one per command waiting at once.
+DEFAULT_WORKER_MAX_CONNECTIONS = 64
 
 HttpUrl = Annotated[
     str,
@@ -114,6 +129,13 @@ class Settings(ClientSettings):
         60.0, description="seconds' worth of SMITH_LLM_RPM / SMITH_LLM_TPM that may be spent at once"
     )
     turn_max_jobs: Count = Field(100, description="concurrent turns per turn worker")
+    worker_redis_max_connections: ConnectionCap = Field(
+        DEFAULT_WORKER_MAX_CONNECTIONS,
+        description="cap on one worker process's pooled Redis connections (its job slots share them)",
+    )
+    llm_max_connections: Count = Field(
+        DEFAULT_MAX_CONNECTIONS, description="connections a turn worker opens at once to one model endpoint (host:port)"
+    )
     tool_max_jobs: Count = Field(20, description="concurrent tool calls per tool worker")
     turn_job_timeout: Seconds = Field(600.0, description="hard cap on one turn job")
     tool_job_timeout: Seconds = Field(300.0, description="hard cap on one tool job")
@@ -150,7 +172,9 @@ class Settings(ClientSettings):
     )
 
     def connect_redis(self, socket_timeout: float | None = None) -> Redis:
-        """A Redis client for these settings (URL, or Sentinel when configured).
+        """A Redis client for these settings (URL, or Sentinel when configured), its pool capped at
+        ``SMITH_WORKER_REDIS_MAX_CONNECTIONS`` (a command finding them all in use waits for one up to the
+        socket timeout, then raises ``PoolTimeoutError``, a ``redis.exceptions.ConnectionError``).
 
         ``socket_timeout`` (seconds) overrides ``SMITH_REDIS_SOCKET_TIMEOUT``, for blocking commands.
         """
@@ -159,6 +183,7 @@ class Settings(ClientSettings):
             sentinels=self.redis_sentinels,
             sentinel_master=self.redis_sentinel_master,
             socket_timeout=self.redis_socket_timeout if socket_timeout is None else socket_timeout,
+            max_connections=self.worker_redis_max_connections,
         )
 
     def llm_config(self, override: dict[str, Any] | LlmClientConfig | None = None) -> LlmClientConfig:

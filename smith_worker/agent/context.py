@@ -48,16 +48,28 @@ class Cancellable(Protocol):
         ...
 
 
+#: Turn attempts of one worker process in their first round trip at once. A worker claims as many queued turns
+#: as it has free slots, thousands at once with a large ``SMITH_TURN_MAX_JOBS``; started together, their
+#: commands would all wait for the worker's Redis connections (``SMITH_WORKER_REDIS_MAX_CONNECTIONS``) and
+#: for its CPU, past the pool's wait and the running turns' lease renewals (bench/in_flight.py, BENCHMARKS.md).
+#: Admitted this many at a time, they start as fast as the worker can start them and the rest wait their
+#: turn, holding no connection.
+STARTING_AT_ONCE = 32
+
+
 @dataclass
 class TurnServices:
     """What a turn worker's turns share (:class:`smith_worker.turn.role.TurnRole` opens them): the LLM
     HTTP client, the tool-job waiter, the gates to the model endpoints' fleet-wide rate limits
-    (docs/architecture.md, Model rate limits), and the turns running in this process by turn id."""
+    (docs/architecture.md, Model rate limits), the turns running in this process by turn id, and ``starting``,
+    which admits :data:`STARTING_AT_ONCE` attempts at a time to their first round trip
+    (:meth:`smith_worker.turn.lifecycle.TurnExecution.run`)."""
 
     http: httpx.AsyncClient
     tool_waiter: ToolJobWaiter
     rate_limits: RateLimits
     running_turns: dict[str, Cancellable] = field(default_factory=dict)
+    starting: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(STARTING_AT_ONCE))
 
 
 class CancelRequested(Exception):

@@ -69,8 +69,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
 from httpx_aiohttp import AiohttpTransport
 
-#: Most connections open at once to model servers, per worker process (httpx's default too).
-MAX_CONNECTIONS = 100
+from smith_worker.llm.types import DEFAULT_MAX_CONNECTIONS
+
 #: Seconds an idle keep-alive connection is kept (httpx's default ``keepalive_expiry``).
 KEEPALIVE_EXPIRY = 5.0
 #: The longest response head (status line and headers, bytes) read: httpcore's bound for httpx's own transport.
@@ -84,15 +84,24 @@ MAX_KEPT_BYTES = MAX_HEAD_BYTES + 64 * 1024
 NETWORK_ERRORS = (httpx.TransportError, httpx.DecodingError, aiohttp.ClientError)
 
 
-def model_http_client() -> httpx.AsyncClient:
+def model_http_client(max_connections: int = DEFAULT_MAX_CONNECTIONS) -> httpx.AsyncClient:
     """A new ``httpx.AsyncClient`` for chat-completions requests (no client-wide timeout: each request
     passes its own). Its aiohttp session is made on the first request, inside the running event loop;
-    close the client with ``aclose()``."""
-    return httpx.AsyncClient(timeout=None, transport=_ModelTransport(client=_session))
+    close the client with ``aclose()``.
+
+    ``max_connections`` caps the connections open at once to each endpoint (aiohttp's ``limit_per_host``:
+    one scheme, host and port); the endpoints together are not capped. Idle connections are kept
+    :data:`KEEPALIVE_EXPIRY` seconds for the next requests. Raises ``ValueError`` below 1.
+    """
+    if max_connections < 1:
+        raise ValueError(f"max_connections must be at least 1, got {max_connections!r}")
+    return httpx.AsyncClient(
+        timeout=None, transport=_ModelTransport(client=functools.partial(_session, max_connections))
+    )
 
 
-def _session() -> aiohttp.ClientSession:
-    connector = _Connector(limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_EXPIRY)
+def _session(max_connections: int) -> aiohttp.ClientSession:
+    connector = _Connector(limit=0, limit_per_host=max_connections, keepalive_timeout=KEEPALIVE_EXPIRY)
     return aiohttp.ClientSession(
         connector=connector,
         trust_env=proxy_in_environment(),

@@ -18,6 +18,10 @@ from smith_client.jobs import Sampling
 from smith_client.messages import AssistantMessage, Message, TokenUsage
 from smith_worker.ops.redaction import register_secrets, url_credentials
 
+#: Most connections a worker process opens at once to one model endpoint (scheme, host and port), by default
+#: (``SMITH_LLM_MAX_CONNECTIONS``; httpx's default pool size too): a request finding them all busy waits for one.
+DEFAULT_MAX_CONNECTIONS = 100
+
 #: Default cap on one response body, in bytes (4 MiB).
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 #: A call that has no data yet ends this many ``request_timeout`` after it started (``silence_budget``): one

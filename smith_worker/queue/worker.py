@@ -94,6 +94,7 @@ class SmithWorker(Worker):
         self.keys = keys
         self.capset = capset
         self._ended: list[str] = []  # ids of this worker's jobs that ended since its last claim
+        self._finished: list[tuple[str, asyncio.Task[None]]] = []  # job tasks done since the last reap
         self._next_due: float | None = None  # the queue's next deferred job (epoch ms), as the last claim read it
         self._abort_check_at = 0.0  # loop time of the next abort check without an announced abort
         # each claim's marker names its claimer: this worker object and a counter (smith_worker/queue/claim.py)
@@ -192,17 +193,25 @@ class SmithWorker(Worker):
             self.health.ok()
 
     def _reap_finished_jobs(self) -> None:
-        """Drop finished job tasks, logging the error of one that failed.
+        """Drop the job tasks that finished since the last poll, logging the error of one that failed.
 
         arq re-raises such an error from its poll loop (``t.result()``); the error of a job that
-        could not record its end during an outage must not count as a failure of the poll now.
+        could not record its end during an outage must not count as a failure of the poll now. Only the
+        finished tasks are visited (each task's done callback lists it), never all of them: a worker with
+        thousands of turns in flight polls at every job end (bench/in_flight.py).
         """
-        for job_id, task in list(self.tasks.items()):
-            if task.done():
+        finished, self._finished = self._finished, []
+        for job_id, task in finished:
+            if self.tasks.get(job_id) is task:
                 del self.tasks[job_id]
-                self._ended.append(job_id)
-                if not task.cancelled() and task.exception() is not None:
-                    logger.warning("job %s could not record its end: %r", job_id, task.exception())
+            self._ended.append(job_id)
+            if not task.cancelled() and task.exception() is not None:
+                logger.warning("job %s could not record its end: %r", job_id, task.exception())
+
+    def _job_done(self, job_id: str, task: asyncio.Task[None]) -> None:
+        """A job task's done callback: list it for :meth:`_reap_finished_jobs`, free its slot."""
+        self._finished.append((job_id, task))
+        self._release_sem_dec_counter_on_complete()
 
     async def _claim_jobs(self) -> None:
         """Claim up to the free slots' worth of ready jobs and start each as arq's ``start_jobs`` does.
@@ -239,7 +248,7 @@ class SmithWorker(Worker):
             await self.sem.acquire()  # never blocks: job_counter < max_jobs leaves the semaphore >= 2
             self.job_counter += 1
             task = self.loop.create_task(self._run_claimed(job))
-            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+            task.add_done_callback(functools.partial(self._job_done, job.job_id))
             self.tasks[job.job_id] = task
 
     async def _run_claimed(self, job: ClaimedJob) -> None:

@@ -98,6 +98,10 @@ DONE_FRAME = b"data: [DONE]\n\n"
 KEEP_ALIVE = b": keep-alive\n\n"
 DEFAULT_USAGE = (10, 5)
 _MAX_HEAD = 64 * 1024
+#: Connections waiting to be accepted (listen(2)'s backlog; the kernel caps it at ``net.core.somaxconn``):
+#: thousands of clients connecting at once are queued, not refused or left to retry their SYN (asyncio's
+#: default is 100).
+BACKLOG = 4096
 
 
 def scenario_marker(key: str) -> str:
@@ -589,7 +593,7 @@ class ScriptedLlmServer:
         asyncio.set_event_loop(loop)
         try:
             server = loop.run_until_complete(
-                asyncio.start_server(self._serve_connection, self.host, self._requested_port)
+                asyncio.start_server(self._serve_connection, self.host, self._requested_port, backlog=BACKLOG)
             )
         except BaseException as exc:  # reported by start()
             self._startup_error = exc

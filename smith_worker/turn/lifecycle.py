@@ -170,8 +170,10 @@ class TurnExecution:
         return begun.value, tail, current
 
     async def run(self) -> None:
-        """Run the turn if this attempt gets it; end it with exactly one terminal event, or hand it off."""
-        outcome, tail, current = await self._begin()
+        """Run the turn if this attempt gets it; end it with exactly one terminal event, or hand it off.
+        The first round trip waits for the worker's admission (:data:`~smith_worker.agent.context.STARTING_AT_ONCE`)."""
+        async with self.services.starting:
+            outcome, tail, current = await self._begin()
         if outcome == "wait":
             await park(self.rt.redis, self.rt.keys, self.job.turn_id, self.job.conversation_id)
             return

@@ -91,7 +91,8 @@ class TurnRole(WorkerRole):
         await subscription.start()
         self.subscription = subscription
         waiter = ToolJobWaiter(runtime.redis, keys, subscription)
-        self.services = TurnServices(model_http_client(), waiter, RateLimits(runtime.redis, keys))
+        http = model_http_client(runtime.settings.llm_max_connections)
+        self.services = TurnServices(http, waiter, RateLimits(runtime.redis, keys))
         # crash recovery: re-enqueue turns whose worker stopped renewing their lease
         runtime.run_in_background(sweep_forever(runtime.redis, keys))
 

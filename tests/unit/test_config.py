@@ -74,6 +74,8 @@ BAD_VALUES = {
     "SMITH_LLM_TPM": ["0", "10k"],
     "SMITH_LLM_RATE_BURST": ["-1", "soon"],
     "SMITH_TURN_MAX_JOBS": ["0", "-3", "abc", "1.5"],
+    "SMITH_LLM_MAX_CONNECTIONS": ["0", "many", "2.5"],
+    "SMITH_WORKER_REDIS_MAX_CONNECTIONS": ["1", "0", "many"],
     "SMITH_TOOL_MAX_JOBS": ["0"],
     "SMITH_TURN_JOB_TIMEOUT": ["0", "-1"],
     "SMITH_TOOL_JOB_TIMEOUT": ["0"],

@@ -55,6 +55,18 @@ def test_every_connection_is_bounded(monkeypatch):
     assert (sync_kwargs["socket_timeout"], sync_kwargs["health_check_interval"]) == (7.0, HEALTH_CHECK_INTERVAL)
 
 
+def test_a_workers_pool_is_capped_by_its_own_setting(monkeypatch):
+    """Thousands of turns in flight share a few dozen connections (docs/capacity.md), never one each."""
+    from smith_worker.config import DEFAULT_WORKER_MAX_CONNECTIONS, Settings
+
+    monkeypatch.delenv("SMITH_WORKER_REDIS_MAX_CONNECTIONS", raising=False)
+    monkeypatch.setenv("SMITH_REDIS_SOCKET_TIMEOUT", "3")
+    pool = Settings.from_env().connect_redis().connection_pool
+    assert (type(pool), pool.max_connections, pool.timeout) == (BoundedPool, DEFAULT_WORKER_MAX_CONNECTIONS, 3.0)
+    monkeypatch.setenv("SMITH_WORKER_REDIS_MAX_CONNECTIONS", "9")
+    assert Settings.from_env().connect_redis().connection_pool.max_connections == 9
+
+
 def test_a_clients_pool_is_capped_and_its_wait_bounded_a_workers_is_not(monkeypatch):
     monkeypatch.delenv("SMITH_REDIS_MAX_CONNECTIONS", raising=False)
     pool = SmithClient.from_url("redis://127.0.0.1:1/0", socket_timeout=1.5).redis.connection_pool
