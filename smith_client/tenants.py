@@ -30,6 +30,9 @@ from smith_client.validation import check_tenant
 
 #: A quota window when a tenant's limits set none, seconds: a day.
 DEFAULT_QUOTA_WINDOW = 24 * 3600
+#: The smallest weight: a tenant's pass grows by 1 / weight per admitted turn, which must stay finite
+#: (docs/architecture.md, Fair pickup).
+MIN_WEIGHT = 0.001
 #: The shortest quota window, seconds.
 MIN_QUOTA_WINDOW = 60
 
@@ -39,7 +42,8 @@ class TenantLimits(BaseModel):
     stored). Invalid values raise pydantic's ``ValidationError`` (:func:`checked_limits` turns them into
     :class:`InvalidRequestError`).
 
-    * ``weight``: the tenant's share of turn pickup, relative to the others' (> 0, finite; default 1.0).
+    * ``weight``: the tenant's share of turn pickup, relative to the others' (>= :data:`MIN_WEIGHT`, finite;
+      default 1.0).
     * ``max_running``: the most turns of the tenant running at once (>= 1; None: no cap).
     * ``token_quota``: the most tokens (prompt + completion, as the model server reports them) the tenant's
       turns may use per window (>= 1; None: no quota).
@@ -48,7 +52,7 @@ class TenantLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    weight: float = Field(1.0, gt=0, allow_inf_nan=False)
+    weight: float = Field(1.0, ge=MIN_WEIGHT, allow_inf_nan=False)
     max_running: int | None = Field(None, ge=1)
     token_quota: int | None = Field(None, ge=1)
     quota_window_seconds: int = Field(DEFAULT_QUOTA_WINDOW, ge=MIN_QUOTA_WINDOW)

@@ -27,6 +27,7 @@ from smith_client.settings import (
     Secret,
     Text,
 )
+from smith_client.tenants import MIN_WEIGHT
 from smith_client.validation import check_tenant
 from smith_worker.llm.types import DEFAULT_MAX_CONNECTIONS, LlmClientConfig, check_base_url
 from smith_worker.memory.history import DEFAULT_HISTORY_MAX_MESSAGES, DEFAULT_VIEW_MAX_BYTES
@@ -75,7 +76,8 @@ RATE_FIELDS = ("rpm", "tpm", "rate_burst")
 def parse_tenant_weights(text: str) -> dict[str, float]:
     """``SMITH_TENANT_WEIGHTS``: ``"acme=2,beta=0.5"`` → ``{"acme": 2.0, "beta": 0.5}`` (each tenant's share of
     turn pickup, docs/architecture.md, Fair pickup; a tenant not named has 1). Raises ``ValueError`` for an
-    entry that is not ``tenant=number`` with a number > 0, or a tenant outside ``check_tenant``'s rule."""
+    entry that is not ``tenant=number`` with a number >= :data:`~smith_client.tenants.MIN_WEIGHT`, a tenant
+    outside ``check_tenant``'s rule, or a tenant named twice."""
     weights: dict[str, float] = {}
     for entry in filter(None, (part.strip() for part in text.split(","))):
         tenant, sep, number = entry.partition("=")
@@ -83,12 +85,14 @@ def parse_tenant_weights(text: str) -> dict[str, float]:
             weight = float(number) if sep else 0.0
         except ValueError:
             weight = 0.0
-        if not math.isfinite(weight) or weight <= 0:
-            raise ValueError(f"{entry!r} is not tenant=weight with a weight > 0")
+        if not math.isfinite(weight) or weight < MIN_WEIGHT:
+            raise ValueError(f"{entry!r} is not tenant=weight with a weight >= {MIN_WEIGHT}")
         try:
             check_tenant(tenant.strip())
         except InvalidRequestError as exc:
             raise ValueError(f"{entry!r}: {exc}") from None
+        if tenant.strip() in weights:
+            raise ValueError(f"tenant {tenant.strip()!r} is named twice")
         weights[tenant.strip()] = weight
     return weights
 
@@ -96,7 +100,7 @@ def parse_tenant_weights(text: str) -> dict[str, float]:
 TenantWeights = Annotated[
     str,
     AfterValidator(lambda text: parse_tenant_weights(text) and text),
-    Accepts("tenant=weight pairs separated by commas, each weight > 0, e.g. acme=2,beta=0.5"),
+    Accepts("tenant=weight pairs separated by commas, each weight >= 0.001, e.g. acme=2,beta=0.5"),
 ]
 
 

@@ -51,8 +51,8 @@ def test_limits_default_to_none_and_refuse_values_out_of_range():
                                   "quota_window_seconds": "3600"}  # fmt: skip
     assert TenantLimits.from_fields({k.encode(): v.encode() for k, v in limits.to_fields().items()}) == limits
     assert TenantLimits.from_fields({b"token_quota": b"5", b"later_field": b"x"}) == TenantLimits(token_quota=5)
-    for field, bad in (("weight", 0), ("weight", -1), ("weight", float("inf")), ("weight", float("nan")),
-                       ("max_running", 0), ("token_quota", 0), ("token_quota", True), ("token_quota", 1.5),
+    for field, bad in (("weight", 0), ("weight", -1), ("weight", 1e-320), ("weight", float("inf")),
+                       ("weight", float("nan")), ("max_running", 0), ("token_quota", 0), ("token_quota", True), ("token_quota", 1.5),
                        ("quota_window_seconds", 59), ("nope", 1)):  # fmt: skip
         with pytest.raises(InvalidRequestError) as err:
             checked_limits(**{field: bad})
