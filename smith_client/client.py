@@ -28,7 +28,7 @@ from smith_client import operations as ops
 from smith_client import turn_record as record
 from smith_client import usage as usage_ops
 from smith_client.approvals import REJECTED, Decision
-from smith_client.connection import client_max_connections, connect_redis
+from smith_client.connection import client_max_connections, connect_redis, refuse_cluster_runtime
 from smith_client.eventlog import EventLog
 from smith_client.events import Event, PendingItem
 from smith_client.inputs import InputResponse
@@ -120,11 +120,13 @@ class ClientBase:
         ``context_max_bytes`` caps a turn's caller context (bytes of JSON; None reads ``SMITH_CONTEXT_MAX_BYTES``,
         default 64 KiB). ``tenant`` is the tenant of the turns sent without one (``send(..., tenant=)``; 1-200
         of ``[A-Za-z0-9_.@-]``, else :class:`InvalidRequestError`; docs/architecture.md, Tenants).
-        The client closes these connections when it is closed.
+        The client closes these connections when it is closed. With ``SMITH_REDIS_CLUSTER`` set it raises
+        :class:`ConfigurationError`: the client does not run on Redis Cluster yet (docs/cluster.md).
         """
         given = {"redis_url": redis_url, "prefix": prefix, "redis_socket_timeout": socket_timeout,
                  "redis_max_connections": max_connections}  # fmt: skip
-        env = ClientSettings.from_env(only=[name for name, value in given.items() if value is None])
+        env = ClientSettings.from_env(only=[name for name, value in given.items() if value is None] + ["redis_cluster"])
+        refuse_cluster_runtime(env.redis_cluster)
         redis_url = redis_url or env.redis_url
         prefix = prefix or env.prefix
         socket_timeout = env.redis_socket_timeout if socket_timeout is None else socket_timeout

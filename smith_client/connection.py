@@ -18,9 +18,14 @@ Supported topologies:
   sentinels name the master. The Sentinels themselves are reached without
   TLS or password.
 
-Redis Cluster is not supported: arq, the job queue, has no cluster mode
-(https://github.com/python-arq/arq/issues/385), and redis-py's async cluster client lacks the pub/sub
-this runtime uses under arq's ``redis<6`` pin.
+Redis Cluster: ``cluster=True`` (``SMITH_REDIS_CLUSTER``) gives redis-py's cluster client
+(:class:`redis.asyncio.cluster.RedisCluster`, or :class:`redis.cluster.RedisCluster` from
+:func:`connect_sync_redis`); the URL names any one node, the client finds the others and follows
+``MOVED`` / ``ASK`` redirections and failovers, with bounded retries (:data:`CLUSTER_RETRIES`,
+:data:`CLUSTER_NODE_RETRIES`). The runtime does not run on it yet: its scripts touch keys of many hash
+slots at once and arq, the job queue, has no cluster mode (https://github.com/python-arq/arq/issues/385),
+so workers and clients refuse ``SMITH_REDIS_CLUSTER`` (:func:`refuse_cluster_runtime`); the key layout
+that would let them is designed in docs/cluster.md.
 
 Every connection is bounded (nothing waits forever: docs/architecture.md, Fault model): a
 connect or a command that gets no answer within ``socket_timeout`` seconds raises ``redis.exceptions.TimeoutError``
@@ -44,15 +49,17 @@ from __future__ import annotations
 import asyncio
 import queue
 from collections.abc import Sequence
-from typing import Any, TypedDict, Unpack, cast
+from typing import Any, Literal, TypedDict, Unpack, cast, overload
 
 import redis as sync_redis
 from arq.connections import ArqRedis
 from redis.asyncio import BlockingConnectionPool, ConnectionPool
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection, SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster as SyncRedisCluster
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -276,8 +283,16 @@ class ConnectOptions(TypedDict, total=False):
     pool_timeout: float | None
 
 
-def connect_redis(url: str, **options: Unpack[ConnectOptions]) -> ArqRedis:
-    """An :class:`ArqRedis` client using the project's JSON job serializer.
+@overload
+def connect_redis(url: str, *, cluster: Literal[False] = False, **options: Unpack[ConnectOptions]) -> ArqRedis: ...
+
+
+@overload
+def connect_redis(url: str, *, cluster: Literal[True], **options: Unpack[ConnectOptions]) -> RedisCluster: ...
+
+
+def connect_redis(url: str, *, cluster: bool = False, **options: Unpack[ConnectOptions]) -> ArqRedis | RedisCluster:
+    """An :class:`ArqRedis` client using the project's JSON job serializer, or with ``cluster`` a Redis Cluster client.
 
     ``url`` is ``redis://`` or ``rediss://`` (TLS) with optional ACL user and
     password. With ``sentinels`` (see :func:`parse_sentinels`) and
@@ -291,10 +306,17 @@ def connect_redis(url: str, **options: Unpack[ConnectOptions]) -> ArqRedis:
     finding every connection in use waits up to ``pool_timeout`` seconds
     (default ``socket_timeout``) for one, then raises :class:`PoolTimeoutError`.
 
+    With ``cluster`` (``SMITH_REDIS_CLUSTER``), ``url`` names any node of a Redis Cluster and the result
+    is redis-py's :class:`~redis.asyncio.cluster.RedisCluster` (no job serializer: the runtime does not
+    run on it yet, docs/cluster.md), built by :func:`_cluster_options`.
+
     Connects lazily: no command is sent until the first use. Raises
     :class:`ConfigurationError` for a malformed ``url`` (:func:`check_url`) or when only one of the
     two Sentinel options is given.
     """
+    if cluster:
+        retry = Retry(_CLUSTER_BACKOFF, CLUSTER_NODE_RETRIES)
+        return cast(RedisCluster, RedisCluster.from_url(url, **_cluster_options(url, options, retry)))
     addresses, sentinel_master, bounds, cap = _plan(url, options)
     if not addresses:
         pool = (BoundedPool if cap else ConnectOutsideLockPool).from_url(url, **bounds, **cap)
@@ -311,12 +333,29 @@ def connect_redis(url: str, **options: Unpack[ConnectOptions]) -> ArqRedis:
     return cast(ArqRedis, redis)
 
 
-def connect_sync_redis(url: str, **options: Unpack[ConnectOptions]) -> sync_redis.Redis:
-    """A blocking :class:`redis.Redis` for ``url``, for :class:`SyncSmithClient`; options as :func:`connect_redis`.
+@overload
+def connect_sync_redis(
+    url: str, *, cluster: Literal[False] = False, **options: Unpack[ConnectOptions]
+) -> sync_redis.Redis: ...
+
+
+@overload
+def connect_sync_redis(url: str, *, cluster: Literal[True], **options: Unpack[ConnectOptions]) -> SyncRedisCluster: ...
+
+
+def connect_sync_redis(
+    url: str, *, cluster: bool = False, **options: Unpack[ConnectOptions]
+) -> sync_redis.Redis | SyncRedisCluster:
+    """A blocking :class:`redis.Redis` for ``url``, for :class:`SyncSmithClient`; options as :func:`connect_redis`,
+    ``cluster`` too (then redis-py's blocking :class:`redis.cluster.RedisCluster`).
 
     Its connection pool is thread-safe (one connection per command in flight).
-    Connects lazily: no command is sent until the first use.
+    Connects lazily: no command is sent until the first use; but a cluster client reads the slot map at
+    once, raising redis-py's ``RedisClusterException`` when no node answers.
     """
+    if cluster:
+        sync_retry = SyncRetry(_CLUSTER_BACKOFF, CLUSTER_NODE_RETRIES)
+        return cast(SyncRedisCluster, SyncRedisCluster.from_url(url, **_cluster_options(url, options, sync_retry)))
     addresses, sentinel_master, bounds, cap = _plan(url, options)
     if not addresses:
         pool = (SyncBoundedPool if cap else sync_redis.ConnectionPool).from_url(url, **bounds, **cap)
@@ -326,6 +365,58 @@ def connect_sync_redis(url: str, **options: Unpack[ConnectOptions]) -> sync_redi
     sentinel = SyncSentinel(addresses, sentinel_kwargs=_sentinel_bounds(bounds))
     pool_class = SyncBoundedSentinelPool if cap else SyncSentinelConnectionPool
     return cast(sync_redis.Redis, sentinel.master_for(sentinel_master, connection_pool_class=pool_class, **master))
+
+
+#: Retries of a cluster command that failed on a node down, a timeout or ``CLUSTERDOWN`` (redis-py's
+#: ``cluster_error_retry_attempts``): each re-reads the slot map from a live node first, so one retry after a
+#: replica's promotion reaches the new master. ``MOVED`` / ``ASK`` are followed apart from these, up to
+#: redis-py's 16 redirections per command (``RedisClusterRequestTTL``).
+CLUSTER_RETRIES = 10
+#: Attempts to reach one node before the cluster client re-reads the slot map (redis-py's node ``retry``),
+#: waiting :data:`_CLUSTER_BACKOFF` between them: with :data:`CLUSTER_RETRIES`, a command rides out about
+#: 15 s of a master down (a failover with a ``cluster-node-timeout`` of a few seconds), then raises.
+CLUSTER_NODE_RETRIES = 3
+#: 0.2 s, 0.4 s, 0.8 s… up to 1 s between attempts at one node (redis-py's ``ExponentialBackoff``).
+_CLUSTER_BACKOFF = ExponentialBackoff(cap=1.0, base=0.1)
+
+
+def _cluster_options(url: str, options: ConnectOptions, retry: Retry | SyncRetry) -> dict[str, Any]:
+    """The options of redis-py's cluster clients (either kind) for a node's ``url`` and :class:`ConnectOptions`.
+
+    The timeouts of :func:`_bounds`; ``max_connections`` caps the connections to each node (redis-py's
+    cluster pools do not wait for one: a command finding all in use raises at once). Raises
+    :class:`ConfigurationError` (``SMITH_REDIS_CLUSTER``) for a ``url`` naming a socket or a database
+    other than 0 (a cluster has only database 0: redis.io, "Redis cluster specification"), with Sentinel
+    (the cluster promotes replicas itself) or with ``pool_timeout`` (no cluster pool waits).
+    """
+    parsed = dict(parse_url(check_url(url)))
+    if "path" in parsed or parsed.get("db", 0) != 0:
+        raise ConfigurationError(
+            "a Redis Cluster URL must name a node by host and port, database 0 (redis://host:port/0)",
+            setting="SMITH_REDIS_CLUSTER",
+        )
+    if options.get("sentinels") or options.get("sentinel_master") or options.get("pool_timeout") is not None:
+        raise ConfigurationError(
+            "Redis Cluster takes neither Sentinel (SMITH_REDIS_SENTINELS) nor a pool timeout: the cluster promotes "
+            "replicas itself and its pools do not wait",
+            setting="SMITH_REDIS_CLUSTER",
+        )
+    cluster = _bounds(options.get("socket_timeout"))
+    cluster.update(cluster_error_retry_attempts=CLUSTER_RETRIES, retry=retry)
+    if (cap := options.get("max_connections")) is not None:
+        cluster["max_connections"] = client_max_connections(cap)
+    return cluster
+
+
+def refuse_cluster_runtime(cluster: bool) -> None:
+    """Raise :class:`ConfigurationError` (``SMITH_REDIS_CLUSTER``) when ``cluster`` is set: the workers and
+    clients do not run on Redis Cluster yet (its scripts' keys span hash slots; docs/cluster.md)."""
+    if cluster:
+        raise ConfigurationError(
+            "SMITH_REDIS_CLUSTER is set, but Agent Smith does not run on Redis Cluster yet: its scripts touch keys "
+            "of many hash slots at once (docs/cluster.md designs the layout that will); use a single Redis or Sentinel",
+            setting="SMITH_REDIS_CLUSTER",
+        )
 
 
 #: What :func:`_plan` returns: Sentinel addresses, master name, timeouts, pool cap.

@@ -117,6 +117,7 @@ RedisUrl = Annotated[
 Prefix = Annotated[str, AfterValidator(_prefix), Accepts("1-200 characters from [A-Za-z0-9_.:@-]")]
 #: An id set by the operator (``SMITH_WORKER_ID``), or None when unset.
 OptionalId = Annotated[str | None, AfterValidator(_prefix), Accepts("1-200 characters from [A-Za-z0-9_.:@-]")]
+Flag = Annotated[bool, Accepts("a boolean: 1, 0, true, false, yes, no, on or off")]
 Sentinels = Annotated[
     str | None, AfterValidator(_sentinels), Accepts("a comma-separated list of host:port Sentinel addresses")
 ]
@@ -153,6 +154,10 @@ class ClientSettings(BaseModel):
     prefix: Prefix = Field("smith", description="prefix of every key, queue and channel name")
     redis_sentinels: Sentinels = Field(None, description="Sentinels to ask for the master (with the master's name)")
     redis_sentinel_master: OptionalText = Field(None, description="name of the Sentinel-monitored master")
+    redis_cluster: Flag = Field(
+        False,
+        description="the URL names a Redis Cluster node (connection only: the runtime refuses it, docs/cluster.md)",
+    )
     redis_socket_timeout: Seconds = Field(DEFAULT_SOCKET_TIMEOUT, description="bound on one Redis connect or command")
     redis_max_connections: ConnectionCap = Field(
         DEFAULT_MAX_CONNECTIONS, description="cap on one client's Redis connections (not the workers')"
@@ -191,8 +196,8 @@ class ClientSettings(BaseModel):
         return ConfigurationError(f"{name} must be {accepts}, got {value}", setting=name)
 
     @model_validator(mode="after")
-    def _sentinel_pair(self) -> Self:
-        """Sentinel needs both the addresses and the master's name."""
+    def _topology(self) -> Self:
+        """Sentinel needs both the addresses and the master's name, and is not for a cluster."""
         if bool(self.redis_sentinels) != bool(self.redis_sentinel_master):
             given, missing = (
                 ("SENTINELS", "SENTINEL_MASTER") if self.redis_sentinels else ("SENTINEL_MASTER", "SENTINELS")
@@ -200,6 +205,11 @@ class ClientSettings(BaseModel):
             raise ConfigurationError(
                 f"SMITH_REDIS_{given} needs SMITH_REDIS_{missing} too (Sentinel needs both)",
                 setting=f"SMITH_REDIS_{missing}",
+            )
+        if self.redis_cluster and self.redis_sentinels:
+            raise ConfigurationError(
+                "SMITH_REDIS_CLUSTER and SMITH_REDIS_SENTINELS exclude each other (a cluster promotes replicas itself)",
+                setting="SMITH_REDIS_CLUSTER",
             )
         return self
 

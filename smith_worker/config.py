@@ -9,18 +9,19 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, Field, ValidationError
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 from redis.asyncio import Redis
 
-from smith_client.connection import connect_redis
+from smith_client.connection import connect_redis, refuse_cluster_runtime
 from smith_client.errors import ConfigurationError, InvalidRequestError
 from smith_client.settings import (
     Accepts,
     ClientSettings,
     ConnectionCap,
     Count,
+    Flag,
     OptionalId,
     OptionalText,
     Seconds,
@@ -63,7 +64,6 @@ NonNegativeSeconds = Annotated[float, Field(ge=0), Accepts("a number of seconds 
 OptionalPort = Annotated[int | None, Field(ge=1, le=65535), Accepts("a TCP port number from 1 to 65535")]
 ToolCalling = Annotated[Literal["native", "json_schema"], Accepts("native or json_schema")]
 Temperature = Annotated[float | None, Field(ge=0, le=2), Accepts("a number from 0 to 2")]
-Flag = Annotated[bool, Accepts("a boolean: 1, 0, true, false, yes, no, on or off")]
 PerMinute = Annotated[int | None, Field(ge=1), Accepts("a whole number per minute of at least 1")]
 
 #: The fields of an endpoint's identity: an agent's ``llm`` override that changes one of them names another
@@ -174,6 +174,12 @@ class Settings(ClientSettings):
     worker_id: OptionalId = Field(
         None, description="this process's worker id, claimed in Redis (default <host>:<pid>:<queue>:<random>)"
     )
+
+    @model_validator(mode="after")
+    def _single_redis(self) -> Self:
+        """A worker refuses ``SMITH_REDIS_CLUSTER`` when its settings are read: it ends at start (docs/cluster.md)."""
+        refuse_cluster_runtime(self.redis_cluster)
+        return self
 
     def connect_redis(self, socket_timeout: float | None = None) -> Redis:
         """A Redis client for these settings (URL, or Sentinel when configured), its pool capped at

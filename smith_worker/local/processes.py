@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import redis as sync_redis
 
@@ -150,7 +151,12 @@ STARTUP_LOG_LINES = 10
 
 
 def start_redis_server(
-    port: int | None = None, log_path: Path | None = None, password: str | None = None, *, aof_dir: Path | None = None
+    port: int | None = None,
+    log_path: Path | None = None,
+    password: str | None = None,
+    *,
+    aof_dir: Path | None = None,
+    extra_args: Sequence[str] = (),
 ) -> tuple[ManagedProcess, str]:
     """Start a private ``redis-server`` on 127.0.0.1, diskless unless ``aof_dir`` is given; return it and its URL.
 
@@ -164,6 +170,8 @@ def start_redis_server(
     append-only file (``appendonly yes``, ``appendfsync always``: a write is on disk
     before Redis acknowledges it, so even a SIGKILL loses no acknowledged write); a
     server started again on the same directory loads it (redis.conf, "APPEND ONLY MODE").
+    ``extra_args`` are more ``--name value`` options, after these (a cluster node's:
+    :func:`start_redis_cluster`).
 
     Raises :class:`ConfigurationError` when ``redis-server`` is not installed or exits
     before it answers (the message quotes the last :data:`STARTUP_LOG_LINES` lines of
@@ -183,6 +191,7 @@ def start_redis_server(
     argv += ["--dir", workdir, "--loglevel", "warning", "--logfile", ""]
     if password:
         argv += ["--requirepass", password]
+    argv += extra_args
     cleanup = None if aof_dir else lambda: shutil.rmtree(workdir, ignore_errors=True)
     proc = ManagedProcess(argv, log_path=log_file, grace=5.0, cleanup=cleanup).start()
     url = f"redis://{f':{password}@' if password else ''}127.0.0.1:{port}/0"
@@ -210,6 +219,214 @@ def _log_tail(log_path: Path, start: int) -> str:
         log.seek(start)
         lines = log.read().decode(errors="replace").splitlines()
     return "\n".join(lines[-STARTUP_LOG_LINES:]) or "(nothing)"
+
+
+#: ``cluster-node-timeout`` of :func:`start_redis_cluster`'s nodes, ms: a master unreachable this long is failing,
+#: and its replica takes over about one to two timeouts later (redis.io, "Scale with Redis Cluster", Replica election).
+CLUSTER_NODE_TIMEOUT_MS = 2000
+#: Seconds :func:`start_redis_cluster` waits for the new cluster to agree it is up (every slot served).
+CLUSTER_START_TIMEOUT = 30.0
+#: Seconds :meth:`RedisClusterRig.kill_master` waits for the killed master's replica to take over.
+FAILOVER_TIMEOUT = 30.0
+#: Seconds one ``redis-cli --cluster`` command (create, reshard) may run.
+CLUSTER_CLI_TIMEOUT = 60.0
+
+
+class RedisClusterRig:
+    """A Redis Cluster of private ``redis-server`` processes on 127.0.0.1 (:func:`start_redis_cluster`).
+
+    ``ports`` lists every node's port, in start order (:meth:`masters` says which serve slots now); ``urls`` their
+    ``redis://127.0.0.1:PORT/0`` URLs (any one of them is enough for a cluster client to find the rest).
+    :meth:`stop` stops every node and removes their working directories; use as a context manager.
+    """
+
+    def __init__(self, nodes: dict[int, ManagedProcess]) -> None:
+        self.nodes = nodes
+
+    @property
+    def ports(self) -> list[int]:
+        """Every node's port, in start order."""
+        return list(self.nodes)
+
+    @property
+    def urls(self) -> list[str]:
+        """Every node's URL, in start order."""
+        return [f"redis://127.0.0.1:{port}/0" for port in self.nodes]
+
+    def live_ports(self) -> list[int]:
+        """The ports of the nodes still running."""
+        return [port for port, proc in self.nodes.items() if proc.alive()]
+
+    def ask(self, port: int, *command: str) -> Any:
+        """The reply of node ``port`` to ``command`` (strings decoded), within 2 s; redis-py's errors propagate."""
+        client = sync_redis.Redis(port=port, socket_timeout=2.0, socket_connect_timeout=2.0, decode_responses=True)
+        try:
+            return client.execute_command(*command)
+        finally:
+            client.close()
+
+    def topology(self, port: int) -> list[ClusterNodeView]:
+        """The cluster's nodes as node ``port`` sees them (``CLUSTER NODES``)."""
+        return [ClusterNodeView.parse(line) for line in self.ask(port, "CLUSTER", "NODES").splitlines() if line]
+
+    def masters(self) -> list[int]:
+        """The ports of the live masters serving slots, as the first live node sees them."""
+        live = self.live_ports()
+        return [node.port for node in self.topology(live[0]) if node.serving and node.port in live]
+
+    def node_id(self, port: int) -> str:
+        """The cluster node id of node ``port`` (``CLUSTER MYID``)."""
+        return str(self.ask(port, "CLUSTER", "MYID"))
+
+    def replica_of(self, master_port: int) -> int:
+        """The port of a live replica of the master on ``master_port``; :class:`ConfigurationError` if none."""
+        master_id = self.node_id(master_port)
+        for node in self.topology(master_port):
+            if node.master_id == master_id and node.port in self.live_ports():
+                return node.port
+        raise ConfigurationError(f"the master on port {master_port} has no live replica", setting="redis")
+
+    def healthy(self) -> bool:
+        """True when every live node says ``cluster_state:ok`` and every live replica's link to its master is up."""
+        try:
+            for port in self.live_ports():
+                if "cluster_state:ok" not in self.ask(port, "CLUSTER", "INFO"):
+                    return False
+                info = self.ask(port, "INFO", "replication")
+                if info["role"] == "slave" and info.get("master_link_status") != "up":
+                    return False
+        except (sync_redis.RedisError, OSError):
+            return False
+        return True
+
+    def kill_master(self, port: int, timeout: float = FAILOVER_TIMEOUT) -> int:
+        """SIGKILL the master on ``port`` and wait until its replica has taken over; return the new master's port.
+
+        Raises :class:`SmithTimeoutError` when the replica is not serving the slots, with every live node
+        back at ``cluster_state:ok``, within ``timeout`` seconds.
+        """
+        replica = self.replica_of(port)
+        self.nodes[port].signal(signal.SIGKILL)
+        wait_until(lambda: not self.nodes[port].alive(), 5.0, f"the SIGKILLed master on port {port}")
+
+        def promoted() -> bool:
+            try:
+                return self.ask(replica, "ROLE")[0] == "master" and self.healthy()
+            except (sync_redis.RedisError, OSError):
+                return False
+
+        wait_until(promoted, timeout, f"failover of the master on port {port}", interval=0.2)
+        return replica
+
+    def reshard(self, source: int, target: int, slots: int) -> None:
+        """Move ``slots`` hash slots from the master on port ``source`` to the master on port ``target``.
+
+        Runs ``redis-cli --cluster reshard`` non-interactively (keys move with their slots, by MIGRATE; clients
+        meet ``ASK`` then ``MOVED`` meanwhile: redis.io, "Redis cluster specification", Live resharding) and
+        waits for every live node to be back at ``cluster_state:ok``. Raises :class:`ConfigurationError`
+        when redis-cli fails (its output quoted), :class:`SmithTimeoutError` when it runs out of time.
+        """
+        _cluster_cli(
+            f"127.0.0.1:{source}",
+            "--cluster-from", self.node_id(source),
+            "--cluster-to", self.node_id(target),
+            "--cluster-slots", str(slots),
+            "--cluster-yes",
+            command="reshard",
+        )  # fmt: skip
+        wait_until(self.healthy, CLUSTER_START_TIMEOUT, "the cluster after a reshard", interval=0.2)
+
+    def stop(self) -> None:
+        """Stop every node (SIGTERM, then SIGKILL) and remove its working directory."""
+        for proc in self.nodes.values():
+            proc.stop()
+
+    def __enter__(self) -> RedisClusterRig:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class ClusterNodeView(NamedTuple):
+    """One line of ``CLUSTER NODES`` (redis.io, "CLUSTER NODES"): a node's id, port, flags, master and slots."""
+
+    node_id: str
+    port: int
+    flags: frozenset[str]
+    master_id: str | None
+    slot_ranges: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, line: str) -> ClusterNodeView:
+        """``<id> <ip:port@cport> <flags> <master> <ping> <pong> <epoch> <link> <slot> ...`` → a view."""
+        fields = line.split()
+        address = fields[1].split("@")[0]
+        master = None if fields[3] == "-" else fields[3]
+        return cls(
+            fields[0], int(address.rpartition(":")[2]), frozenset(fields[2].split(",")), master, tuple(fields[8:])
+        )
+
+    @property
+    def serving(self) -> bool:
+        """True for a master that is not failing and serves at least one slot."""
+        return "master" in self.flags and "fail" not in self.flags and bool(self.slot_ranges)
+
+
+def start_redis_cluster(masters: int = 3, log_dir: Path | None = None) -> RedisClusterRig:
+    """Start a Redis Cluster of ``masters`` masters, each with one replica, on 127.0.0.1; return it once it is up.
+
+    Each node is a :func:`start_redis_server` (diskless, its own temporary ``--dir``, a free port) with
+    ``cluster-enabled yes``, its ``nodes.conf`` in that directory, a free cluster bus port and a
+    ``cluster-node-timeout`` of :data:`CLUSTER_NODE_TIMEOUT_MS`; ``redis-cli --cluster create …
+    --cluster-replicas 1 --cluster-yes`` then assigns the 16384 slots evenly to the masters. Returns when
+    every node says ``cluster_state:ok`` and every replica is linked to its master. Each node logs to
+    ``log_dir/redis-cluster-PORT.log`` when ``log_dir`` is given (else into its directory).
+
+    Raises :class:`ConfigurationError` when ``masters`` < 3 (redis-cli's minimum), when a node exits at
+    start or when redis-cli fails, and :class:`SmithTimeoutError` when the cluster is not up within
+    :data:`CLUSTER_START_TIMEOUT` seconds; either way every node started is stopped.
+    """
+    if masters < 3:
+        raise ConfigurationError(f"a Redis Cluster needs at least 3 masters, got {masters}", setting="redis")
+    options = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+    options += ["--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS)]
+    rig = RedisClusterRig({})
+    try:
+        for _ in range(2 * masters):
+            port = free_port()
+            log = log_dir / f"redis-cluster-{port}.log" if log_dir else None
+            bus = ["--cluster-port", str(free_port())]  # else PORT + 10000, which may be taken or past 65535
+            rig.nodes[port] = start_redis_server(port, log, extra_args=[*options, *bus])[0]
+        addresses = [f"127.0.0.1:{port}" for port in rig.ports]
+        _cluster_cli(*addresses, "--cluster-replicas", "1", "--cluster-yes", command="create")
+        wait_until(rig.healthy, CLUSTER_START_TIMEOUT, "Redis Cluster", interval=0.2)
+    except BaseException:
+        rig.stop()
+        raise
+    return rig
+
+
+def _cluster_cli(*args: str, command: str) -> None:
+    """Run ``redis-cli --cluster COMMAND ARGS``; raise :class:`ConfigurationError` quoting its output if it fails."""
+    binary = shutil.which("redis-cli")
+    if binary is None:
+        raise ConfigurationError("redis-cli is not installed (apt-get install redis-tools)", setting="redis")
+    try:
+        done = subprocess.run(
+            [binary, "--cluster", command, *args], capture_output=True, timeout=CLUSTER_CLI_TIMEOUT, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise SmithTimeoutError(
+            f"redis-cli --cluster {command} still running after {CLUSTER_CLI_TIMEOUT:g} s",
+            operation=f"redis-cli --cluster {command}",
+            budget=CLUSTER_CLI_TIMEOUT,
+        ) from exc
+    if done.returncode != 0:
+        tail = "\n".join(done.stdout.decode(errors="replace").splitlines()[-STARTUP_LOG_LINES:])
+        raise ConfigurationError(
+            f"redis-cli --cluster {command} failed (exit code {done.returncode}):\n{tail}", setting="redis"
+        )
 
 
 def worker_argv(app: str, queue: str) -> list[str]:

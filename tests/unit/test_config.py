@@ -45,7 +45,9 @@ def test_tool_calling_and_temperature_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("SMITH_LLM_TEMPERATURE", "0")
     config = Settings.from_env().llm_config()
     assert config.tool_calling == "json_schema" and config.default_sampling.temperature == 0.0
-    assert Settings.from_env().llm_config({"tool_calling": "native"}).tool_calling == "native"  # an agent's override wins
+    assert (
+        Settings.from_env().llm_config({"tool_calling": "native"}).tool_calling == "native"
+    )  # an agent's override wins
     monkeypatch.delenv("SMITH_LLM_TEMPERATURE")
     assert Settings.from_env().llm_config().default_sampling.temperature is None
     monkeypatch.setenv("SMITH_LLM_TOOL_CALLING", "grammar")
@@ -59,6 +61,7 @@ BAD_VALUES = {
     "SMITH_PREFIX": ["a b", "tenant*", "x" * 201],
     "SMITH_REDIS_SENTINELS": ["nohost", "s1:port"],
     "SMITH_REDIS_SENTINEL_MASTER": [" ", "m\n"],
+    "SMITH_REDIS_CLUSTER": ["maybe", "2"],
     "SMITH_REDIS_SOCKET_TIMEOUT": ["0", "-1", "soon", "inf", "nan"],
     "SMITH_REDIS_MAX_CONNECTIONS": ["1", "0", "many", "2.5"],
     "SMITH_WORKER_ID": ["a b", "x" * 201],
@@ -124,9 +127,17 @@ def test_the_client_refuses_the_variables_it_reads_too(variable):
 
 def test_unset_or_empty_variables_keep_their_defaults_and_values_are_normalized():
     assert Settings.from_env({}) == Settings() == Settings.from_env(dict.fromkeys(BAD_VALUES, ""))
-    settings = Settings.from_env({"SMITH_LOG_LEVEL": "debug", "SMITH_LLM_BASE_URL": "https://h:8443/v1/",
-                                  "SMITH_LOG_JOBS": "1", "SMITH_METRICS_PORT": "9464", "SMITH_FALLBACK_POLL": "0.25",
-                                  "SMITH_REDIS_URL": "unix:///run/redis.sock", "SMITH_TOKEN_COALESCE": "0"})
+    settings = Settings.from_env(
+        {
+            "SMITH_LOG_LEVEL": "debug",
+            "SMITH_LLM_BASE_URL": "https://h:8443/v1/",
+            "SMITH_LOG_JOBS": "1",
+            "SMITH_METRICS_PORT": "9464",
+            "SMITH_FALLBACK_POLL": "0.25",
+            "SMITH_REDIS_URL": "unix:///run/redis.sock",
+            "SMITH_TOKEN_COALESCE": "0",
+        }
+    )
     assert (settings.log_level, settings.llm_base_url, settings.log_jobs) == ("DEBUG", "https://h:8443/v1", True)
     assert (settings.metrics_port, settings.fallback_poll, settings.token_coalesce) == (9464, 0.25, 0.0)
     with pytest.raises(ConfigurationError, match="SMITH_FALLBACK_POLL must be a number of seconds > 0, got 0$"):
