@@ -65,8 +65,11 @@ class TenantLimits(BaseModel):
         return value
 
     def to_fields(self) -> dict[str, str]:
-        """The hash fields of these limits: those not at their default, as strings."""
-        return {name: str(value) for name, value in self.model_dump(exclude_defaults=True).items()}
+        """The hash fields of these limits, as strings: ``weight`` always (a tenant's limits, once set, give its
+        weight, over the turn workers' ``SMITH_TENANT_WEIGHTS``: docs/architecture.md, Fair pickup), the others when
+        not at their default."""
+        fields = {name: str(value) for name, value in self.model_dump(exclude_defaults=True).items()}
+        return {"weight": str(self.weight), **fields}
 
     @classmethod
     def from_fields(cls, fields: dict[bytes, bytes]) -> TenantLimits:
@@ -98,14 +101,12 @@ def checked_limits(limits: Any = None, /, **values: Any) -> TenantLimits:
 
 
 def set_limits(keys: Keys, tenant: Any, limits: Any) -> Operation[None]:
-    """Operation: replace tenant ``tenant``'s limits with ``limits`` (the fields at their default are removed), in
-    one transaction. Raises :class:`InvalidRequestError` for a bad tenant or limits."""
+    """Operation: replace tenant ``tenant``'s limits with ``limits`` (:meth:`TenantLimits.to_fields`), in one
+    transaction. Raises :class:`InvalidRequestError` for a bad tenant or limits."""
     name, checked = checked_tenant(tenant), checked_limits(limits)
     rt = RoundTrip(transaction=True)  # a reader sees the old limits or the new ones, never none
     rt.call("delete", keys.tenant_limits(name))
-    fields = checked.to_fields()
-    if fields:
-        rt.call("hset", keys.tenant_limits(name), mapping=fields)
+    rt.call("hset", keys.tenant_limits(name), mapping=checked.to_fields())
     yield from run(rt)
 
 

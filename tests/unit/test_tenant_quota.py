@@ -45,7 +45,7 @@ async def client(redis_url):
 
 def test_limits_default_to_none_and_refuse_values_out_of_range():
     assert TenantLimits() == TenantLimits(weight=1.0, max_running=None, token_quota=None, quota_window_seconds=86400)
-    assert TenantLimits().to_fields() == {}
+    assert TenantLimits().to_fields() == {"weight": "1.0"}  # stored: it overrides SMITH_TENANT_WEIGHTS
     limits = TenantLimits(weight=2.5, max_running=3, token_quota=1_000_000, quota_window_seconds=3600)
     assert limits.to_fields() == {"weight": "2.5", "max_running": "3", "token_quota": "1000000",
                                   "quota_window_seconds": "3600"}  # fmt: skip
