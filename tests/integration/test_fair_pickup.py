@@ -16,8 +16,8 @@ from smith_client import SmithClient
 from smith_client.keys import Keys
 from smith_client.registry import fleet_status
 from smith_client.tenants import TenantLimits
-from smith_worker.testing import Reply, start_workers, wait_for_workers, worker_env
-from tests.conftest import LOGS
+from smith_worker.testing import Reply
+from tests.support.fleets import turn_workers
 
 pytestmark = pytest.mark.integration
 
@@ -30,15 +30,9 @@ WORKERS, SLOTS = 2, 8
 @pytest.fixture(scope="module")
 async def fleet(redis_url, scripted_llm):
     """Two turn workers (8 slots each) on a prefix of their own; yields the prefix."""
-    prefix = f"fair{uuid.uuid4().hex[:6]}"
-    env = worker_env(redis_url, prefix, scripted_llm.base_url, SMITH_TURN_MAX_JOBS=str(SLOTS))
-    procs = start_workers("tests.support.app:app", env, ["turns"] * WORKERS, f"{prefix}-t", log_dir=LOGS)
-    try:
-        await wait_for_workers(redis_url, prefix, WORKERS)
+    slots = {"SMITH_TURN_MAX_JOBS": str(SLOTS)}
+    async with turn_workers(redis_url, scripted_llm.base_url, WORKERS, "fair", **slots) as prefix:
         yield prefix
-    finally:
-        for proc in procs:
-            proc.stop()
 
 
 @pytest.fixture

@@ -22,11 +22,8 @@ from smith_worker.testing import (
     RequestLimit,
     ScriptedLlmServer,
     scenario_marker,
-    start_workers,
-    wait_for_workers,
-    worker_env,
 )
-from tests.conftest import LOGS
+from tests.support.fleets import turn_workers
 
 WORKERS = 4
 #: The scripted server's sliding window (seconds) and its requests: 60 a minute, as the fleet's limit.
@@ -47,15 +44,9 @@ def model():
 @pytest.fixture(scope="module")
 async def fleet(redis_url, model):
     """Four turn workers of a private prefix, limited to 60 requests a minute to the scripted model, evenly."""
-    prefix = f"rl{uuid.uuid4().hex[:6]}"
-    env = worker_env(redis_url, prefix, model.base_url, SMITH_LLM_RPM="60", SMITH_LLM_RATE_BURST="0")
-    procs = start_workers("tests.support.app:app", env, ["turns"] * WORKERS, prefix, log_dir=LOGS)
-    try:
-        await wait_for_workers(redis_url, prefix, WORKERS)
+    limits = {"SMITH_LLM_RPM": "60", "SMITH_LLM_RATE_BURST": "0"}
+    async with turn_workers(redis_url, model.base_url, WORKERS, "rl", **limits) as prefix:
         yield prefix
-    finally:
-        for proc in procs:
-            proc.stop()
 
 
 async def run_turns(client: SmithClient, key: str, count: int) -> list[list[Event]]:
