@@ -222,17 +222,20 @@ async def drained(worker: Worker, timeout: float, interval: float = 0.05) -> Non
         await asyncio.sleep(interval)
 
 
-async def statuses(client: SmithClient, turn_ids: list[str]) -> dict[str, int]:
-    """How many of ``turn_ids`` are in each status (their state hashes, read in pipelines)."""
+async def statuses(client: SmithClient, turn_ids: list[str]) -> tuple[dict[str, int], int]:
+    """How many of ``turn_ids`` are in each status, and how many ran more than one attempt (a re-run after
+    its lease was lost), from their state hashes read in pipelines."""
     counts: dict[str, int] = {}
+    reruns = 0
     for first in range(0, len(turn_ids), 1000):
         async with client.redis.pipeline(transaction=False) as pipe:
             for turn_id in turn_ids[first : first + 1000]:
-                pipe.hget(client.keys.turn_state(turn_id), record.STATUS)
-            for status in await pipe.execute():
+                pipe.hmget(client.keys.turn_state(turn_id), [record.STATUS, record.ATTEMPT])
+            for status, attempt in await pipe.execute():
                 name = status.decode() if status else "missing"
                 counts[name] = counts.get(name, 0) + 1
-    return counts
+                reruns += int(attempt or 1) > 1
+    return counts, reruns
 
 
 async def idle_rate(client: SmithClient, workers: list[Worker], seconds: float, *, scrape: bool) -> Rate:
@@ -303,13 +306,16 @@ async def in_flight(turns: int, sequential: int, idle_seconds: float) -> bool:
         await watcher
         many_commands, many_bytes = per_turn(before, after, turns, idle)
         info_calls = after.info_calls - before.info_calls
-        counts = await statuses(client, turn_ids)
+        counts, reruns = await statuses(client, turn_ids)
         claims = [e for e in await client.redis.slowlog_get(100_000) if e["command"].startswith(CLAIM_CALL)]
     completed = counts.get("completed", 0)
     growth = (peak_kib - idle_kib) / turns
     ok = completed == turns and growth <= RSS_TARGET_KIB
     print(f"in flight: {turns} text turns on one turn worker, the model answering in 2 s")
-    print(f"  completed: {completed} of {turns} (statuses: {counts}); submitted in {submitted:.1f} s")
+    print(
+        f"  completed: {completed} of {turns} (statuses: {counts}), {reruns} re-run after a lost lease; "
+        f"submitted in {submitted:.1f} s"
+    )
     print(f"  wall time, first submit to last end: {wall:.1f} s (a sequential turn: {seq_seconds:.2f} s)")
     print(
         f"  CPU over that span: Redis {after.cpu - before.cpu:.1f} s ({(after.cpu - before.cpu) / wall * 100:.0f} % of "

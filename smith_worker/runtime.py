@@ -58,7 +58,9 @@ class RoleJob:
     ``timeout`` is arq's bound on one job and ``keep_result`` how long arq keeps its result, both in
     seconds; ``max_jobs`` the jobs one process runs at once; ``completion_wait`` the seconds a stopping
     worker waits for its running jobs (0: it stops at once); ``aborts_channel`` the pub/sub channel
-    where aborts of its jobs are announced, or None when its jobs are never aborted (arq's abort check off).
+    where aborts of its jobs are announced, or None when its jobs are never aborted (arq's abort check off);
+    ``admitted`` whether its jobs due now wait for admission (docs/architecture.md, Fair pickup) rather than
+    join the queue, so the queue's own ready jobs need reading only now and then (``lua/claim.lua``).
     """
 
     name: str
@@ -69,6 +71,7 @@ class RoleJob:
     max_jobs: int
     completion_wait: int
     aborts_channel: str | None
+    admitted: bool = False
 
 
 class WorkerRole:

@@ -73,12 +73,14 @@ class ClaimedJob:
 @dataclass(frozen=True, slots=True)
 class Claim:
     """What one :func:`claim_jobs` call got: the ``jobs`` claimed (queue order), ``next_due``, the
-    epoch ms score of the queue's next deferred job (``None``: there is none), and ``marker``, the
-    value of the jobs' in-progress keys until :func:`confirm_claims` confirms them."""
+    epoch ms score of the queue's next deferred job (``None``: there is none), ``marker``, the
+    value of the jobs' in-progress keys until :func:`confirm_claims` confirms them, and ``more_ready``:
+    the queue's ready jobs were read and filled every free slot, so more may be ready."""
 
     jobs: list[ClaimedJob]
     next_due: float | None
     marker: str
+    more_ready: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,7 @@ async def claim_jobs(
     capset: str | None,
     ended: Sequence[str] = (),
     weights: Mapping[str, float] | None = None,
+    scan_queue: bool = True,
 ) -> Claim:
     """Claim up to ``free`` ready jobs of arq queue ``queue`` (score <= now) in one round trip.
 
@@ -127,6 +130,11 @@ async def claim_jobs(
     ready jobs leave, tenant by tenant in proportion to their weights (docs/architecture.md, Fair pickup):
     ``weights`` are the defaults (tenant → weight > 0; ``""`` is no tenant) for tenants whose limits hash
     sets none (``SMITH_TENANT_WEIGHTS``).
+
+    Without ``scan_queue`` the queue's own ready jobs are not read, only the waiting turn jobs are admitted
+    (and a job of ``ended`` still queued reads them anyway): reading them walks every job running on the
+    queue, one ``GET`` each (``lua/claim.lua``), so a turn worker does it only now and then
+    (:class:`~smith_worker.queue.worker.SmithWorker`).
     """
     now = now_ms()
     marker = f"claim:{now + CLAIM_LEASE_MS}:{claimer}"
@@ -140,13 +148,13 @@ async def claim_jobs(
     args = [now, free, read_limit, in_progress_ms, ARQ_RETRY_TTL, tokens_held.queue, tokens_held.own,
             int(take_aborts), int(capset is not None), marker, *Keys.arq_claim_prefixes(),
             *Keys.tenant_prefixes(queue), *keys.tenant_limits_affixes(), json.dumps(weights or {}), *LIMIT_FIELDS,
-            *ended]  # fmt: skip
+            int(scan_queue), *ended]  # fmt: skip
     reply = await CLAIM(redis, script_keys, args)
     jobs = [
         ClaimedJob(job_id.decode(), int(float(score)), record, int(job_try), bool(aborted))
-        for job_id, score, record, job_try, aborted in zip(*[iter(reply[1:])] * 5, strict=True)
+        for job_id, score, record, job_try, aborted in zip(*[iter(reply[2:])] * 5, strict=True)
     ]
-    return Claim(jobs, None if reply[0] is None else float(reply[0]), marker)
+    return Claim(jobs, None if reply[0] is None else float(reply[0]), marker, bool(reply[1]))
 
 
 async def confirm_claims(redis: Any, claim: Claim, in_progress_ms: int) -> list[ClaimedJob]:

@@ -31,6 +31,10 @@ instead of arq's six per job, and on tool workers runs arq's abort check
 only when an abort was announced or once per fallback poll, not every poll.
 It claims only the jobs its capability set serves (:mod:`smith_worker.routing`):
 a fleet in a rolling deploy runs workers of two app versions on one queue.
+On the turns queue, where a job due now waits for admission (docs/architecture.md, Fair pickup), it reads
+the queue's own ready jobs (re-runs, deferred jobs come due, lapsed claims) only once per fallback poll, when
+a deferred job is due, after a Redis failure, or while the last read filled its free slots: that read walks
+every turn running on the queue (bench/in_flight.py).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from typing import Any, cast
 from arq.connections import ArqRedis, log_redis_info
 from arq.worker import Worker, func
 
-from smith_client.keys import Keys
+from smith_client.keys import Keys, now_ms
 from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings, parse_tenant_weights
@@ -85,10 +89,12 @@ class SmithWorker(Worker):
         keys: Keys,
         capset: str,
         tenant_weights: dict[str, float] | None = None,
+        admitted: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.tenant_weights = tenant_weights or {}
+        self.admitted = admitted
         self.health = health
         self.pickup = pickup
         self.keys = keys
@@ -96,6 +102,7 @@ class SmithWorker(Worker):
         self._ended: list[str] = []  # ids of this worker's jobs that ended since its last claim
         self._finished: list[tuple[str, asyncio.Task[None]]] = []  # job tasks done since the last reap
         self._next_due: float | None = None  # the queue's next deferred job (epoch ms), as the last claim read it
+        self._read_queue_at = 0.0  # loop time from which a claim reads the queue's own ready jobs (admitted jobs)
         self._abort_check_at = 0.0  # loop time of the next abort check without an announced abort
         # each claim's marker names its claimer: this worker object and a counter (smith_worker/queue/claim.py)
         self._claimer = f"{uuid.uuid4().hex[:12]}:{{}}"
@@ -188,6 +195,7 @@ class SmithWorker(Worker):
                 self._abort_check_at = self.loop.time() + self.pickup.fallback
             await self.heart_beat()
         except REDIS_DOWN_ERRORS as exc:
+            self._read_queue_at = 0.0  # a claim whose reply was lost lapses: its jobs are claimable again
             await asyncio.sleep(self.health.failed("the job poll", exc))
         else:
             self.health.ok()
@@ -220,9 +228,11 @@ class SmithWorker(Worker):
         confirmed (:func:`~smith_worker.queue.claim.confirm_claims`), so a Redis failure can never leak one
         and a claim whose reply was lost is never run. ``_next_due`` is the next deferred job's score for
         the wait (``None`` when the worker is full and did not look). The claim is told which of the
-        worker's jobs ended since the last one, so it forgets their requirements.
+        worker's jobs ended since the last one, so it forgets their requirements. On a queue of admitted
+        jobs it reads the queue's own ready jobs only when :meth:`_reads_queue` says so.
         """
         free = self._free_slots()
+        read_queue = self._reads_queue()
         self._next_due = None
         if free <= 0:
             return
@@ -240,9 +250,12 @@ class SmithWorker(Worker):
             capset=self.capset,
             ended=self._ended,
             weights=self.tenant_weights,
+            scan_queue=read_queue,
         )
         self._ended = []
         self._next_due = claim.next_due
+        if read_queue:
+            self._read_queue_at = 0.0 if claim.more_ready else self.loop.time() + self.pickup.fallback
         # jobs only end meanwhile: the slots counted in `free` are still free
         for job in await confirm_claims(self.pool, claim, in_progress_ms):
             await self.sem.acquire()  # never blocks: job_counter < max_jobs leaves the semaphore >= 2
@@ -250,6 +263,14 @@ class SmithWorker(Worker):
             task = self.loop.create_task(self._run_claimed(job))
             task.add_done_callback(functools.partial(self._job_done, job.job_id))
             self.tasks[job.job_id] = task
+
+    def _reads_queue(self) -> bool:
+        """Whether the next claim reads the queue's own ready jobs: always on a queue whose jobs join it (tools);
+        on one whose jobs due now wait for admission (turns), once per fallback poll, when the deferred job
+        the last claim saw is due, or after a Redis failure or a read that filled every free slot."""
+        if not self.admitted or self.loop.time() >= self._read_queue_at:
+            return True
+        return self._next_due is not None and self._next_due <= now_ms()
 
     async def _run_claimed(self, job: ClaimedJob) -> None:
         """arq's ``run_job`` for a claimed job, its first transaction answered by the claim (in this task only)."""
@@ -319,6 +340,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         keys=runtime.keys,
         capset=runtime.capability_set.digest,
         tenant_weights=parse_tenant_weights(settings.tenant_weights),
+        admitted=job.admitted,
         **options,
     )
     # stop polling, let running jobs finish (job_completion_wait), then end run(): the drain before a restart

@@ -61,7 +61,8 @@ class TurnRole(WorkerRole):
     def job(self, settings: Settings, keys: Keys) -> RoleJob:
         """``run_turn``: up to 3 tries; the turn bounds itself by ``turn_job_timeout`` (a typed failure), so
         arq's timeout, :data:`TURN_TIMEOUT_GRACE` s later, is only a backstop. Turns are cancelled through
-        their own state, never aborted, and a stopping worker hands its turns off at once."""
+        their own state, never aborted, and a stopping worker hands its turns off at once. A turn job due now
+        waits for admission on its tenant's waiting list (docs/architecture.md, Fair pickup)."""
         return RoleJob(
             name=RUN_TURN,
             function=self.run_turn,
@@ -71,6 +72,7 @@ class TurnRole(WorkerRole):
             max_jobs=settings.turn_max_jobs,
             completion_wait=0,
             aborts_channel=None,
+            admitted=True,
         )
 
     def registration(self, app: SmithApp) -> dict[str, Any]:

@@ -611,3 +611,63 @@ def test_the_claim_reads_fields_the_tenant_limits_define():
     from smith_worker.queue.claim import LIMIT_FIELDS
 
     assert set(LIMIT_FIELDS) <= set(TenantLimits.model_fields)
+
+
+# Reading the queue's own ready jobs walks every job running on it: on a queue of admitted jobs (turns) a
+# claim does it only when asked (lua/claim.lua), and the worker asks now and then (SmithWorker._reads_queue).
+
+
+async def test_a_claim_not_reading_the_queue_admits_waiting_jobs_only(redis, keys):
+    await enqueue(redis, keys, "queued", score=now_ms() - 5)
+    await enqueue_fair(redis, keys, "t", "w0")
+    got = await claim_jobs(redis, keys, keys.tools_queue, free=5, read_limit=1000, in_progress_ms=IN_PROGRESS_MS,
+                           tokens_held=HeldTokens(), take_aborts=False, claimer="w:0", capset=None,
+                           scan_queue=False)  # fmt: skip
+    assert names(got, keys) == ["w0"] and not got.more_ready
+    assert names(await claim(redis, keys), keys) == ["queued"]  # read when asked
+
+
+async def test_a_job_of_the_worker_still_queued_after_its_end_makes_the_claim_read_the_queue(redis, keys):
+    """arq re-queues a job it re-runs: the claim that hears of its end reads the queue, asked or not."""
+    await enqueue(redis, keys, "rerun", score=now_ms() - 5)
+    got = await claim_jobs(redis, keys, keys.tools_queue, free=5, read_limit=1000, in_progress_ms=IN_PROGRESS_MS,
+                           tokens_held=HeldTokens(), take_aborts=False, claimer="w:0", capset=None,
+                           ended=[jid(keys, "rerun")], scan_queue=False)  # fmt: skip
+    assert names(got, keys) == ["rerun"]
+
+
+@pytest.mark.parametrize(("free", "more"), [(2, True), (3, False), (5, False)])
+async def test_a_claim_says_when_the_queue_s_ready_jobs_filled_its_slots(redis, keys, free, more):
+    for i in range(3):
+        await enqueue(redis, keys, f"j{i}", score=now_ms() - 10 + i)
+    got = await claim(redis, keys, free=free)
+    assert len(got.jobs) == min(free, 3) and got.more_ready is more
+
+
+async def test_a_worker_of_admitted_jobs_reads_the_queue_first_then_at_the_fallback_or_a_deferred_job(
+    redis_url, redis, keys
+):
+    worker = tool_worker(redis_url, keys, fallback_poll=0.4)
+    worker.admitted = True  # as on the turns queue (TurnRole.job)
+
+    async def queued(*names: str) -> set[str]:  # arq takes a job off the queue once it ran
+        return {name for name in names if await redis.zscore(keys.tools_queue, jid(keys, name)) is not None}
+
+    await enqueue(redis, keys, "first")
+    await poll_and_finish(worker)  # the first poll reads the queue
+    await enqueue(redis, keys, "rerun")  # a job joining the queue itself, as a re-run does
+    await enqueue_fair(redis, keys, "t", "admitted")
+    await poll_and_finish(worker)
+    assert await queued("first", "admitted", "rerun") == {"rerun"}  # the queue was not read
+    await asyncio.sleep(0.45)  # a fallback poll later
+    await poll_and_finish(worker)
+    assert not await queued("rerun")
+    await enqueue(redis, keys, "deferred", score=now_ms() + 150)
+    await poll_and_finish(worker)  # the queue is not read, but every claim sees the next deferred job's time
+    await enqueue(redis, keys, "unseen")
+    await poll_and_finish(worker)
+    assert await queued("deferred", "unseen") == {"deferred", "unseen"}
+    await asyncio.sleep(0.2)
+    await poll_and_finish(worker)  # the deferred job is due: the queue is read again, before the fallback
+    assert not await queued("deferred", "unseen")
+    await worker.pool.aclose()

@@ -20,6 +20,11 @@
 -- lease has ended the job is claimable again, and its try is not counted twice (it never started).
 -- The worker also names its jobs that ended since its last claim: those no longer queued (arq keeps a
 -- job it re-runs) leave the requirements hash, which goes whole once the queue is empty.
+-- Reading the queue's ready jobs walks the jobs running on it as well (arq keeps a job on its queue until
+-- it ends), one GET each: thousands at a time for turns in flight. On a queue whose jobs due now wait for
+-- admission (turns), its own ready jobs are only deferred jobs come due, arq's re-runs and lapsed claims,
+-- so the worker asks for that walk only now and then (smith_worker/queue/worker.py); a job of its own that
+-- ended but is still queued (arq re-runs it) asks for it too.
 -- Turn jobs wait for admission on their tenant's waiting ZSET (lib.lua's enqueue_job), not on the queue:
 -- once the jobs on the queue (re-runs, deferred jobs now due) are claimed, the free slots left go to the
 -- tenants of the ring (Keys.tenant_ring) by start-time fair queuing: the tenant with the lowest pass
@@ -38,10 +43,11 @@
 --       the queue, so their keys cannot be given in KEYS; then the prefixes of a tenant's waiting and
 --       running ZSETs (Keys.tenant_prefixes), the prefix and suffix of a tenant's limits hash
 --       (Keys.tenant_limits_affixes), the default weights as a JSON object (tenant -> weight; '' is no
---       tenant), the names of the hash's weight and max_running fields; then the ids of the worker's jobs
---       that ended.
--- Returns {next deferred score or nil, then for each job claimed: id, score, job record or nil
---          (expired), try, 1 if it had an abort request else 0}.
+--       tenant), the names of the hash's weight and max_running fields, whether to read the queue's ready
+--       jobs (1 or 0); then the ids of the worker's jobs that ended.
+-- Returns {next deferred score or nil, 1 if the queue's ready jobs were read and filled the free slots (more
+--          may be ready) else 0, then for each job claimed: id, score, job record or nil (expired), try,
+--          1 if it had an abort request else 0}.
 local queue, wake_list, set_wake_list, requirements, capabilities, aborts, ring = unpack(KEYS, 1, 7)
 local now, limit, in_progress_ttl, retry_ttl = ARGV[1], ARGV[3], ARGV[4], ARGV[5]
 local free, held, held_set = tonumber(ARGV[2]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -49,11 +55,12 @@ local take_aborts, check, marker = ARGV[8] == '1', ARGV[9] == '1', ARGV[10]
 local in_progress_prefix, job_prefix, retry_prefix = ARGV[11], ARGV[12], ARGV[13]
 local waiting_prefix, running_prefix, limits_prefix, limits_suffix = ARGV[14], ARGV[15], ARGV[16], ARGV[17]
 local default_weights, weight_field, cap_field = cjson.decode(ARGV[18]), ARGV[19], ARGV[20]
+local scan = ARGV[21] == '1'
 
-if #ARGV >= 21 then
-  local ended = {unpack(ARGV, 21)}
+if #ARGV >= 22 then
+  local ended = {unpack(ARGV, 22)}
   for i, score in ipairs(redis.call('ZMSCORE', queue, unpack(ended))) do
-    if not score then redis.call('HDEL', requirements, ended[i]) end
+    if score then scan = true else redis.call('HDEL', requirements, ended[i]) end
   end
 end
 
@@ -74,7 +81,7 @@ local function serves(id)
   return redis.call('SISMEMBER', capabilities, string.sub(need, 2)) == 1, string.sub(need, 1, 1) == '@'
 end
 
-local reply = {false}
+local reply = {false, 0}
 local claimed, claimed_set = 0, 0
 
 -- Claim job `id` (queue score `score`): its in-progress key holds this claim's marker, its try is counted
@@ -174,18 +181,21 @@ end
 if held + held_set > 0 then
   free = math.min(free, held + held_set + redis.call('LLEN', wake_list) + redis.call('LLEN', set_wake_list))
 end
-if free > 0 then
+if free > 0 and scan then
   local ready = redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
   for i = 1, #ready, 2 do
-    if claimed + claimed_set == free then break end
+    if claimed + claimed_set == free then
+      reply[2] = 1
+      break
+    end
     local id = ready[i]
     local take, count_try = claimable(redis.call('GET', in_progress_prefix .. id))
     local served, to_set = false, false
     if take then served, to_set = serves(id) end
     if served then claim(id, ready[i + 1], count_try, to_set) end
   end
-  if claimed + claimed_set < free then admit_fairly() end
 end
+if free > 0 and claimed + claimed_set < free then admit_fairly() end
 if claimed > held then redis.call('LPOP', wake_list, claimed - held) end
 if claimed_set > held_set then redis.call('LPOP', set_wake_list, claimed_set - held_set) end
 if redis.call('EXISTS', queue, ring) == 0 then redis.call('DEL', requirements) end
