@@ -13,7 +13,8 @@ then submits ``--turns`` text turns at once and waits until the turns queue is e
 * Redis commands and network bytes per turn (``INFO commandstats``: every command Redis ran, those
   scripts ran included; ``INFO stats`` bytes in and out), for the sequential turns and the 10,000,
   each less the idle background of the same span (the idle rate, measured with the same ``/metrics``
-  scrapes) and the bench's own ``INFO`` calls; the idle worker's commands and bytes per second;
+  scrapes) and the bench's own ``INFO`` calls, and their ratio against :data:`COMMANDS_RATIO_TARGET`
+  (PASS/FAIL); the idle worker's commands and bytes per second;
 * the worker's peak Redis connections and model connections (``INFO clients``, /proc).
 
 Part 2, saturation: a fresh redis-server, ``--workers`` turn workers (default 3) and the scripted
@@ -57,6 +58,9 @@ from smith_worker.queue.claim import CLAIM  # noqa: E402
 APP = "bench.app:app"
 #: The acceptance target: worker RSS growth per in-flight turn, KiB.
 RSS_TARGET_KIB = 60.0
+#: Most Redis commands per turn with ``--turns`` in flight, as a multiple of the sequential turns' ("unchanged":
+#: within the run-to-run spread of the count, a few commands of arq's bookkeeping and the periodic queue reads).
+COMMANDS_RATIO_TARGET = 1.10
 #: Microseconds above which a job claim's script is recorded (SLOWLOG), to measure its scan of the jobs in progress.
 SLOW_CLAIM_US = 200
 #: How a claim's call starts in SLOWLOG.
@@ -310,7 +314,7 @@ async def in_flight(turns: int, sequential: int, idle_seconds: float) -> bool:
         claims = [e for e in await client.redis.slowlog_get(100_000) if e["command"].startswith(CLAIM_CALL)]
     completed = counts.get("completed", 0)
     growth = (peak_kib - idle_kib) / turns
-    ok = completed == turns and growth <= RSS_TARGET_KIB
+    ok = completed == turns and growth <= RSS_TARGET_KIB and many_commands / seq_commands <= COMMANDS_RATIO_TARGET
     print(f"in flight: {turns} text turns on one turn worker, the model answering in 2 s")
     print(
         f"  completed: {completed} of {turns} (statuses: {counts}), {reruns} re-run after a lost lease; "
@@ -330,7 +334,8 @@ async def in_flight(turns: int, sequential: int, idle_seconds: float) -> bool:
     print(
         f"  Redis commands per turn (INFO commandstats, scripts' commands included, idle background less): "
         f"{many_commands:.1f} with {turns} in flight, {seq_commands:.1f} sequential ({sequential} turns); "
-        f"ratio {many_commands / seq_commands:.3f}"
+        f"ratio {many_commands / seq_commands:.3f} (target <= {COMMANDS_RATIO_TARGET:.2f}): "
+        f"{'PASS' if many_commands / seq_commands <= COMMANDS_RATIO_TARGET else 'FAIL'}"
     )
     print(f"  Redis bytes per turn (in + out): {many_bytes:.0f} with {turns} in flight, {seq_bytes:.0f} sequential")
     print(
