@@ -2,7 +2,8 @@
 
 * ``smith ask "question"`` runs one turn; ``smith chat`` is a REPL. Tokens go
   to stdout as they arrive; one status line per tool call and result goes to
-  stderr.
+  stderr. With ``--tenant NAME`` their turns are sent for that tenant, as ``send(..., tenant=)`` sends them
+  (docs/architecture.md, Tenants; a bad name is an ``InvalidRequestError`` line, exit code 1).
 * ``smith keys --conversation ID`` lists that conversation's Redis keys and TTLs.
 * ``smith status`` prints queue lengths, running and paused turns, and live workers per queue.
 * ``smith usage [--hours N | --day] [--agent NAME] [--tenant NAME] [--by-tenant]`` prints, per agent, the model
@@ -191,7 +192,7 @@ PAUSED_EXIT = 3
 
 
 async def _run_ask(args: argparse.Namespace) -> int:
-    async with _connect(args) as client:
+    async with _connect(args, tenant=args.tenant) as client:
         await _check_served(client, args.agent)
         options = CommandOptions(client.keys.prefix, args.given_redis_url)
         try:
@@ -211,7 +212,7 @@ async def _run_ask(args: argparse.Namespace) -> int:
 
 
 async def _run_chat(args: argparse.Namespace) -> int:
-    async with _connect(args) as client:
+    async with _connect(args, tenant=args.tenant) as client:
         await _check_served(client, args.agent)
         repl = ChatRepl(
             client,
@@ -239,7 +240,9 @@ async def _check_served(client: SmithClient, agent: str) -> None:
         )
 
 
-def _connect(args: argparse.Namespace) -> SmithClient:
+def _connect(args: argparse.Namespace, tenant: str | None = None) -> SmithClient:
+    """The client of the command's Redis and prefix; ``tenant``: the tenant of the turns it sends (None: none).
+    Raises :class:`~smith_client.errors.InvalidRequestError` for a bad tenant name."""
     settings: ClientSettings = args.settings
     return SmithClient.from_url(
         args.redis_url,
@@ -249,6 +252,7 @@ def _connect(args: argparse.Namespace) -> SmithClient:
         socket_timeout=settings.redis_socket_timeout,
         turn_ttl=settings.turn_ttl,
         history_ttl=settings.history_ttl,
+        tenant=tenant,
     )
 
 
@@ -480,6 +484,7 @@ _CONNECTION = {
 }
 _AGENT = "the agent to talk to (default: default)"
 _NEW_CONVERSATION = "conversation id (default: a new cli-PID)"
+_TENANT = "the tenant the turns are sent for, as send(..., tenant=) (default: none; docs/tenants.md)"
 #: Each command: its one-line help and the options it accepts, with their help.
 _COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
     "ask": (
@@ -488,6 +493,7 @@ _COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
             **_CONNECTION,
             "--agent": _AGENT,
             "--conversation": _NEW_CONVERSATION,
+            "--tenant": _TENANT,
             "--timeout": f"seconds to wait for the answer, then cancel the turn (default: {ASK_TIMEOUT:g})",
         },
     ),
@@ -497,6 +503,7 @@ _COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
             **_CONNECTION,
             "--agent": _AGENT,
             "--conversation": _NEW_CONVERSATION,
+            "--tenant": _TENANT,
             "--timeout": "seconds to wait for each answer, then cancel the turn (default: no limit)",
         },
     ),

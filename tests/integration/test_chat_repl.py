@@ -4,8 +4,10 @@ its approval-gated write_local_file."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
+import threading
 import uuid
 
 import pexpect
@@ -14,6 +16,7 @@ import pytest
 from smith_client.approvals import REJECTED
 from smith_worker.testing import Reply, Script
 from tests.conftest import ROOT
+from tests.integration.test_client_contract import tenant_of_its_turn
 from tests.integration.test_demo_run import demo_processes
 
 pytestmark = pytest.mark.integration
@@ -174,3 +177,17 @@ def test_smith_chat_leaves_on_exit(redis_url, prefix, workers):
     finally:
         child.close(force=True)
     assert child.exitstatus == 0, child.before
+
+
+async def test_smith_chat_sends_its_turns_for_the_tenant_given(redis_url, prefix, workers, client, scenario):
+    """``smith chat --tenant NAME``: each line's turn is sent as ``send(..., tenant=NAME)`` sends it."""
+    held = threading.Event()
+    _, marker = scenario(Reply.text("chatted for acme", gate=held))
+    conversation = f"chat-tenant-{uuid.uuid4().hex[:8]}"
+    child = pexpect.spawn(sys.executable, ["-c", "from smith_client.cli import smith_main; smith_main()", "chat",
+                                           "--redis-url", redis_url, "--prefix", prefix, "--tenant", "acme-chat",
+                                           "--conversation", conversation],
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), encoding="utf-8", timeout=60)
+    chatting = asyncio.create_task(asyncio.to_thread(chat_one_turn, child, f"{marker} hi", "chatted for acme"))
+    assert await tenant_of_its_turn(client, conversation, held) == "acme-chat"
+    await chatting

@@ -8,12 +8,14 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 
 import pytest
 from arq.constants import job_key_prefix
 
 from smith_client import InvalidRequestError, SmithClient, UnknownAgentError
+from smith_client.jobs import TurnJob
 from smith_client.registry import live_agents, live_workers
 from smith_worker.testing import Reply, Script
 from tests.support.queues import queued_turn_jobs, turn_queue_keys
@@ -171,6 +173,35 @@ def test_smith_ask_cli_streams_tokens_and_tool_status(redis_url, prefix, scenari
     assert proc.stdout.strip() == "It is 5."
     assert '[tool call] add({"a":2,"b":3})' in proc.stderr
     assert "[tool result] add -> 5 (worker " in proc.stderr and ":tools:" in proc.stderr
+
+
+async def tenant_of_its_turn(client: SmithClient, conversation: str, held: threading.Event) -> str | None:
+    """The tenant stored with the conversation's first turn (sent by a command), read while ``held`` (the scripted
+    reply's gate) holds the turn running; then the reply goes on."""
+    try:
+        async with asyncio.timeout(60):
+            while not (turn_id := await first_turn(client, conversation)):
+                await asyncio.sleep(0.05)
+        job = await client.redis.hget(client.keys.turn_state(turn_id), "job")
+        return TurnJob.model_validate_json(job).tenant
+    finally:
+        held.set()
+
+
+async def test_smith_ask_sends_its_turn_for_the_tenant_given(client, redis_url, prefix, scenario):
+    """``smith ask --tenant NAME`` sends its turn as ``send(..., tenant=NAME)`` does (docs/architecture.md,
+    Tenants)."""
+    held = threading.Event()
+    _, marker = scenario(Reply.text("For acme.", gate=held))
+    conversation = f"conv-tenant-{uuid.uuid4().hex[:8]}"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "from smith_client.cli import smith_main; smith_main()", "ask", "--redis-url", redis_url,
+        "--prefix", prefix, "--conversation", conversation, "--tenant", "acme-cli", "--timeout", "60", f"{marker} hi",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    assert await tenant_of_its_turn(client, conversation, held) == "acme-cli"
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0 and out == b"For acme.\n", err
 
 
 def test_smith_ask_prints_the_answer_of_an_agent_that_does_not_stream(redis_url, prefix, scenario, scripted_llm):

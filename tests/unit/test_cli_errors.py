@@ -125,8 +125,8 @@ def test_smith_takes_its_options_after_the_command_and_before_it(redis_url, opti
 
 
 @pytest.mark.parametrize(("command", "options"), [
-    ("ask", ["--redis-url", "--prefix", "--agent", "--conversation", "--timeout", "(default: 300)"]),
-    ("chat", ["--redis-url", "--prefix", "--agent", "--conversation", "--timeout"]),
+    ("ask", ["--redis-url", "--prefix", "--agent", "--conversation", "--tenant NAME", "--timeout", "(default: 300)"]),
+    ("chat", ["--redis-url", "--prefix", "--agent", "--conversation", "--tenant NAME", "--timeout"]),
     ("keys", ["--redis-url", "--prefix", "--conversation"]),
     ("status", ["--redis-url", "--prefix"]),
     ("pending", ["--redis-url", "--prefix", "TURN"]),
@@ -158,6 +158,14 @@ def test_smith_ask_waits_300_s_by_default_and_its_timeout_option_wins():
 def test_smith_ask_and_chat_under_a_prefix_no_worker_serves_say_so_at_once(redis_url, command):
     result = run(["-c", SMITH, *command, "--redis-url", redis_url, "--prefix", "noworkers"])
     assert_one_clean_line(result, "smith: UnknownAgentError: no turn worker is registered under prefix 'noworkers'")
+
+
+@pytest.mark.parametrize("command", [["ask", "hi"], ["chat"]])
+def test_smith_ask_and_chat_refuse_a_bad_tenant_in_one_line(command):
+    """``--tenant`` is checked as ``send(..., tenant=)`` checks it, before any Redis command (none answers here)."""
+    result = run(["-c", SMITH, *command, "--tenant", "no spaces"], SMITH_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    assert_one_clean_line(result, "smith: InvalidRequestError: ")
+    assert result.returncode == 1
 
 
 def test_a_client_takes_its_redis_url_and_prefix_from_the_environment(redis_url, monkeypatch):
