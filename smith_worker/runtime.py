@@ -31,6 +31,7 @@ from smith_client.keys import REGISTRATION_TTL, Keys
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.health import heartbeat_forever, heartbeat_path, live_heartbeats, remove_heartbeat
+from smith_worker.llm.rate_limit import RateLimits
 from smith_worker.llm.types import LlmClientConfig
 from smith_worker.ops import tracing
 from smith_worker.ops.auto_pipeline import AutoPipeline
@@ -163,6 +164,9 @@ class WorkerRuntime:
         self.keys = Keys(self.settings.prefix, self.settings.turn_ttl, self.settings.history_ttl)
         self.metrics.tenant_labels.limit = self.settings.tenant_labels_max  # docs/architecture.md, Tenants
         self.events = EventLog(self.redis, self.keys)
+        #: The process's gates to the model endpoints' fleet-wide rate limits, for its agent loops and its MCP
+        #: sampling alike (docs/architecture.md, Model rate limits).
+        self.rate_limits = RateLimits(self.redis, self.keys)
         self.pipeline = AutoPipeline(self.redis)
         self.worker_id = self.worker_id or self.settings.worker_id or new_worker_id(self.queue)
         served = self.role.capabilities(self.app)
@@ -190,6 +194,7 @@ class WorkerRuntime:
             {name: spec.hooks for name, spec in self.app.agents.items()},
             llm_config=self.agent_llm_config,
             metrics=self.metrics,
+            rate_limits=self.rate_limits,
         )
         return self.role.source_context(shared)
 

@@ -13,11 +13,13 @@ several turns) is refused (sampling) or declined (elicitation), and logged.
   defaults). The reply becomes the ``CreateMessageResult``; its reported tokens are added to the turn tree's
   counter (``Keys.tree_tokens``), which the tree's budget (``tree_max_total_tokens``) reads before every model
   call, and to the calling agent's count in ``Keys.tree_sampled``, which its loop reads with each step
-  (``max_total_tokens``, the turn's ``usage`` on ``turn.completed``). A failed model call answers with a
-  JSON-RPC error. Off, the capability is not declared and the SDK refuses the request. With
-  ``sampling_needs_approval`` a person is asked first, as for an elicitation (the item's ``method`` is
-  ``sampling/createMessage``, its schema an empty object); anything but ``accept`` answers the server with
-  an error (:data:`DECLINED`).
+  (``max_total_tokens``, the turn's ``usage`` on ``turn.completed``). The call goes through the endpoint's
+  fleet-wide rate limit as the agent loops' calls do (the process's gates, ``SourceContext.rate_limits``;
+  docs/architecture.md, Model rate limits): its waits are ``llm.waiting`` events on the turn, bounded by the tool
+  call's deadline. A failed model call answers with a JSON-RPC error. Off, the capability is not declared and
+  the SDK refuses the request. With ``sampling_needs_approval`` a person is asked first, as for an elicitation
+  (the item's ``method`` is ``sampling/createMessage``, its schema an empty object); anything but ``accept``
+  answers the server with an error (:data:`DECLINED`).
 * **Elicitation** (:meth:`ClientRequests.elicit`, form mode): the request becomes a pending item of kind
   ``input`` in ``Keys.turn_inputs`` (listed by ``client.pending``) and an ``input.requested`` event on the
   turn; the turn is not paused, its tool job waits here. The answer (``client.respond``,
@@ -48,7 +50,8 @@ from smith_client.keys import INPUT_GRACE
 from smith_client.messages import AssistantMessage, Message, SystemMessage, TokenUsage, UserMessage
 from smith_client.roundtrip import RoundTrip
 from smith_client.usage import AgentUsage
-from smith_worker.llm.types import LlmRequest, LlmResponse, SamplingParams
+from smith_worker.llm.rate_limit import RateGate
+from smith_worker.llm.types import LlmClientConfig, LlmRequest, LlmResponse, SamplingParams
 from smith_worker.mcp.config import ServerConfig
 from smith_worker.mcp.server import CallClock, block_text
 from smith_worker.ops.usage import queue_count
@@ -152,7 +155,7 @@ class ClientRequests:
             if answer.action != "accept":
                 return types.ErrorData(code=DECLINED[0], message=DECLINED[1])
         try:
-            async with LlmClient(config) as llm:
+            async with LlmClient(config, gate=self._gate(ctx, caller, config)) as llm:
                 response = await self._complete(ctx, caller, llm.complete(request))
         except SmithError as exc:
             return types.ErrorData(code=types.INTERNAL_ERROR, message=exc.message)
@@ -180,6 +183,14 @@ class ClientRequests:
                 method,
             )
         return caller, self._context()
+
+    def _gate(self, ctx: SourceContext, caller: Caller, config: LlmClientConfig) -> RateGate | None:
+        """The gate of ``config``'s endpoint for one sampling (None: the endpoint has no limit, or the process no
+        gates): its waits are announced on the calling agent's turn and may not pass the tool call's deadline."""
+        if ctx.rate_limits is None:
+            return None
+        call = caller.ctx
+        return ctx.rate_limits.gate(config, lambda data: self._publish(ctx, call, data), lambda: call.deadline or None)
 
     @staticmethod
     async def _complete(ctx: SourceContext, caller: Caller, call: Awaitable[LlmResponse]) -> LlmResponse:

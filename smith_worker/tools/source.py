@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from smith_client.eventlog import EventLog
 from smith_client.keys import Keys
 from smith_worker.hooks import Hooks
+from smith_worker.llm.rate_limit import RateLimits
 from smith_worker.llm.types import LlmClientConfig, ToolSchema
 from smith_worker.ops.metrics import WorkerMetrics
 from smith_worker.tools.function import Approval, ToolContext, ToolResult
@@ -60,8 +61,9 @@ class SourceContext:
     hooks by name), ``worker_id``, ``executors``, a tool worker's sync-tool
     pools (None on turn workers), and ``llm_config(agent)``, the model settings of
     agent ``agent`` (the environment's for an agent this app does not declare), for
-    a source that asks the calling agent's model (MCP sampling), and the process's ``metrics``, where such a
-    call is counted (None: not counted).
+    a source that asks the calling agent's model (MCP sampling), the process's ``metrics``, where such a
+    call is counted (None: not counted), and its ``rate_limits``, the gates such a call goes through as the
+    agent loops' calls do (docs/architecture.md, Model rate limits; None: none).
     """
 
     redis: Any
@@ -73,6 +75,7 @@ class SourceContext:
     executors: ToolExecutors | None = None
     llm_config: Callable[[str], LlmClientConfig] | None = None
     metrics: WorkerMetrics | None = None
+    rate_limits: RateLimits | None = None
 
 
 @runtime_checkable

@@ -83,7 +83,6 @@ class TurnRole(WorkerRole):
         """Open the model's HTTP client and subscribe to the worker's reply and control channels (waiting
         while Redis does not answer); start the crash-recovery sweeper."""
         from smith_worker.llm.http import model_http_client  # aiohttp: only a turn worker pays its import
-        from smith_worker.llm.rate_limit import RateLimits
 
         keys = runtime.keys
         subscription = WorkerSubscription(
@@ -94,7 +93,7 @@ class TurnRole(WorkerRole):
         self.subscription = subscription
         waiter = ToolJobWaiter(runtime.redis, keys, subscription)
         http = model_http_client(runtime.settings.llm_max_connections)
-        self.services = TurnServices(http, waiter, RateLimits(runtime.redis, keys))
+        self.services = TurnServices(http, waiter, runtime.rate_limits)
         # crash recovery: re-enqueue turns whose worker stopped renewing their lease
         runtime.run_in_background(sweep_forever(runtime.redis, keys))
 

@@ -1,6 +1,7 @@
 """Fleet-wide model rate limits (smith_worker/llm/rate_limit.py, lua/rate_limit.lua; docs/architecture.md, Model
 rate limits): the GCRA script on the session's real redis-server, the gate's waits and errors, the client's
-fleet-wide pause on a 429 with Retry-After, the settings, and the scripted server's enforced limit."""
+fleet-wide pause on a 429 with Retry-After, MCP sampling through the same gates, the settings, and the scripted
+server's enforced limit."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from redis.asyncio import Redis
 
 from smith_client.cli import StreamPrinter
+from smith_client.eventlog import EventLog
 from smith_client.errors import LlmApiError, SmithTimeoutError
 from smith_client.events import DATA_MODELS, LLM_WAITING, Event, LlmWaitingData
 from smith_client.keys import Keys
@@ -24,10 +26,15 @@ from smith_client.overrides import TurnOverrides
 from smith_worker.agent.overrides import for_turn
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
+from smith_worker.hooks import Hooks
 from smith_worker.llm.client import LlmClient
 from smith_worker.llm.rate_limit import RATE_LIMIT, WAIT_OPERATION, RateLimits, endpoint_id, estimate_tokens
 from smith_worker.llm.types import LlmClientConfig, LlmRequest
+from smith_worker.mcp.config import ServerConfig
+from smith_worker.mcp.requests import ClientRequests
 from smith_worker.testing import Reply, RequestLimit, ScriptedLlmServer, scenario_marker
+from smith_worker.tools.function import ToolContext
+from smith_worker.tools.source import SourceContext
 
 URL = "http://127.0.0.1:9/v1"
 
@@ -245,6 +252,90 @@ async def test_without_a_gate_the_retry_sleeps_on_its_own():
         async with LlmClient(config(base_url=server.base_url), sleep=sleep) as client:
             await client.complete(LlmRequest(messages=[UserMessage(content=f"{scenario_marker(key)} hi")]))
     assert sleeps == [3.0]
+
+
+# -- MCP sampling: a model call of the calling agent's endpoint, through the same gates ---------------------
+
+
+class Sampling:
+    """A tool call of turn ``turn_id`` in flight on MCP server ``lab`` (``sampling=True``) of a process whose gates
+    are ``shared``, its model ``settings``: :meth:`sample` answers the server's ``sampling/createMessage``
+    (smith_worker/mcp/requests.py) as the tool worker does."""
+
+    def __init__(self, redis: Redis, keys: Keys, shared: RateLimits, settings: LlmClientConfig, deadline: float):
+        self.events = EventLog(redis, keys)
+        context = SourceContext(redis, keys, self.events, "w1", Hooks(), {}, llm_config=lambda _: settings,
+                                rate_limits=shared)  # fmt: skip
+        self.requests = ClientRequests(ServerConfig("lab", command="lab-server", sampling=True), lambda: context)
+        self.turn_id = f"turn-{uuid.uuid4().hex[:8]}"
+        self.call = ToolContext(call_id="c1", tool_name="mcp_lab__write", turn_id=self.turn_id, agent="a",
+                                agent_path=["a"], deadline=deadline)  # fmt: skip
+
+    async def sample(self, text: str) -> Any:
+        import mcp_types as types
+
+        message = types.SamplingMessage(role="user", content=types.TextContent(type="text", text=text))
+        with self.requests.inflight.track(self.call, {}):
+            return await self.requests.sample(None, types.CreateMessageRequestParams(messages=[message], maxTokens=8))
+
+
+async def test_an_mcp_sampling_waits_for_its_endpoints_limit_as_a_loops_call_does(redis):
+    """The sampling takes its request from the endpoint's limit through the process's gates (``rate_limits`` of
+    its SourceContext): with the second's one request taken by an agent loop, it waits for the next, announced as
+    ``llm.waiting`` on the calling agent's turn, then asks the model."""
+    import mcp_types as types
+
+    keys = Keys(f"rl{uuid.uuid4().hex[:8]}")
+    shared = limits(redis, keys)
+    with ScriptedLlmServer() as server:
+        key = uuid.uuid4().hex[:12]
+        server.add_scenario(key, Reply.text("sampled"))
+        settings = config(base_url=server.base_url, rpm=60, rate_burst=0)  # one request a second
+        sampling = Sampling(redis, keys, shared, settings, time.monotonic() + 30)
+        await redis.hset(keys.turn_state(sampling.turn_id), "status", "running")  # its events' fence: it runs
+        loop_gate = shared.gate(settings, Recorder().publish, lambda: None)
+        assert loop_gate is not None
+        await loop_gate.admit(1, lambda _: None)  # an agent loop's model call
+        started = time.monotonic()
+        result = await sampling.sample(f"{scenario_marker(key)} hi")
+        waited = time.monotonic() - started
+        assert server.attempts(key) == 1
+    assert isinstance(result, types.CreateMessageResult) and result.content.text == "sampled"
+    assert 0.5 < waited < 10
+    events = await sampling.events.read(sampling.turn_id)
+    assert [(e.type, e.agent_path, e.data["reason"]) for e in events] == [(LLM_WAITING, ["a"], "rate_limit")]
+
+
+async def test_a_workers_tool_sources_get_the_processs_gates(redis):
+    """One set of gates per process (``WorkerRuntime.rate_limits``: the turn role's loops use it too), given to the
+    tool sources, whose MCP sampling goes through it."""
+    from smith_worker.runtime import WorkerRuntime
+    from smith_worker.tool_worker.role import ToolRole
+
+    runtime = WorkerRuntime(app=SmithApp(), role=ToolRole(), settings=Settings.from_env(), redis=redis)
+    assert isinstance(runtime.rate_limits, RateLimits) and runtime.source_context().rate_limits is runtime.rate_limits
+
+
+async def test_an_mcp_sampling_whose_wait_would_pass_its_tool_calls_deadline_fails_at_once(redis):
+    """A wait past the tool call's deadline is not slept: the server gets the gate's error at once, and the model
+    is not asked."""
+    import mcp_types as types
+
+    keys = Keys(f"rl{uuid.uuid4().hex[:8]}")
+    shared = limits(redis, keys)
+    with ScriptedLlmServer() as server:
+        key = uuid.uuid4().hex[:12]
+        server.add_scenario(key, Reply.text("never"))
+        settings = config(base_url=server.base_url, rpm=1)  # the minute's one request
+        gate = shared.gate(settings, Recorder().publish, lambda: None)
+        assert gate is not None
+        await gate.admit(1, lambda _: None)
+        sampling = Sampling(redis, keys, shared, settings, time.monotonic() + 5)
+        started = time.monotonic()
+        result = await sampling.sample(f"{scenario_marker(key)} hi")
+        assert server.attempts(key) == 0
+    assert isinstance(result, types.ErrorData) and "would wait" in result.message
+    assert time.monotonic() - started < 2
 
 
 # -- settings -----------------------------------------------------------------------------
