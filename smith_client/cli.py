@@ -5,7 +5,9 @@
   stderr. With ``--tenant NAME`` their turns are sent for that tenant, as ``send(..., tenant=)`` sends them
   (docs/architecture.md, Tenants; a bad name is an ``InvalidRequestError`` line, exit code 1).
 * ``smith keys --conversation ID`` lists that conversation's Redis keys and TTLs.
-* ``smith status`` prints queue lengths, running and paused turns, and live workers per queue.
+* ``smith status`` prints per queue its jobs queued (due now, or on the turns queue waiting for admission) and
+  deferred (due later: a parked turn's recheck, a retry's backoff) and its live workers, and the running and
+  paused turns (:func:`~smith_client.registry.fleet_status`).
 * ``smith usage [--hours N | --day] [--agent NAME] [--tenant NAME] [--by-tenant]`` prints, per agent, the model
   calls and server-reported tokens counted over the last hour (N hours, a day; to the minute), from the
   deployment's usage buckets (:mod:`smith_client.usage`; docs/architecture.md, Token usage): only one tenant's
@@ -259,9 +261,9 @@ def _connect(args: argparse.Namespace, tenant: str | None = None) -> SmithClient
 async def _run_status(args: argparse.Namespace) -> int:
     async with _connect(args) as client:
         status = await fleet_status(client.redis, client.keys)
-    print(f"{'queue':<24} {'length':>7} {'workers':>8}")
+    print(f"{'queue':<24} {'queued':>7} {'deferred':>8} {'workers':>8}")
     for name, queue in status.queues.items():
-        print(f"{name:<24} {queue.length:>7} {len(queue.workers):>8}")
+        print(f"{name:<24} {queue.queued:>7} {queue.deferred:>8} {len(queue.workers):>8}")
         for tenant, count in sorted(queue.waiting.items()):
             print(f"  waiting, tenant {tenant or '-'}: {count}")
     print(f"running turns: {status.running_turns}")
@@ -511,7 +513,7 @@ _COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
         "list the conversation's Redis keys and their TTLs (seconds)",
         {**_CONNECTION, "--conversation": "the conversation whose keys to list (required)"},
     ),
-    "status": ("queue lengths, running and paused turns, and live workers per queue", dict(_CONNECTION)),
+    "status": ("queued and deferred jobs and live workers per queue, running and paused turns", dict(_CONNECTION)),
     "pending": ("list the calls a paused turn waits on", dict(_CONNECTION)),
     "usage": (
         "model calls and tokens per agent over the last hour (or --hours N, --day)",

@@ -84,11 +84,14 @@ async def live_agents(redis: Redis, keys: Keys) -> set[str] | None:
 
 @dataclass
 class QueueStatus:
-    """One arq queue: its length (queued, running and deferred jobs: its ZCARD and the jobs waiting for admission),
-    the live workers serving it and, on the turns queue, the jobs waiting for admission per tenant (``""``: no
-    tenant; docs/architecture.md, Fair pickup)."""
+    """One arq queue: ``queued``, its jobs due now (score at or before now: ready, or running, which arq keeps in
+    its queue until they end) plus, on the turns queue, the jobs waiting for admission; ``deferred``, its jobs due
+    later (score in the future: a parked turn's recheck, a retry after its backoff), as the claim tells them apart
+    (``smith_worker/queue/lua/claim.lua``); the live workers serving it and, on the turns queue, the jobs waiting
+    for admission per tenant (``""``: no tenant; docs/architecture.md, Fair pickup)."""
 
-    length: int
+    queued: int
+    deferred: int = 0
     workers: list[dict[str, Any]] = field(default_factory=list)
     waiting: dict[str, int] = field(default_factory=dict)
 
@@ -105,12 +108,13 @@ class FleetStatus:
 
 
 async def fleet_status(redis: Redis, keys: Keys) -> FleetStatus:
-    """Queue lengths, running turns (``{p}:running``), paused turns (``{p}:paused``) and live workers per queue
-    of one prefix."""
+    """Queued and deferred jobs (:class:`QueueStatus`), running turns (``{p}:running``), paused turns
+    (``{p}:paused``) and live workers per queue of one prefix."""
+    now = now_ms()
     rt = RoundTrip()
-    turns_length = rt.call("zcard", keys.turns_queue, parse=int)
-    tools_length = rt.call("zcard", keys.tools_queue, parse=int)
-    running = rt.call("zcount", keys.running, now_ms(), "+inf", parse=int)
+    due = {queue: rt.call("zcount", queue, "-inf", now, parse=int) for queue in (keys.turns_queue, keys.tools_queue)}
+    later = {queue: rt.call("zcount", queue, f"({now}", "+inf", parse=int) for queue in due}
+    running = rt.call("zcount", keys.running, now, "+inf", parse=int)
     paused = rt.call("zcard", keys.paused, parse=int)
     tenants = rt.call(
         "zrange", Keys.tenant_ring(keys.turns_queue), 0, -1, parse=lambda names: [n.decode() for n in names]
@@ -119,9 +123,10 @@ async def fleet_status(redis: Redis, keys: Keys) -> FleetStatus:
     waiting = await _waiting_per_tenant(redis, keys, tenants.value)
     workers = await live_workers(redis, keys)
     turns_workers = [w for w in workers if w.get("queue") == "turns"]
+    turns, tools = keys.turns_queue, keys.tools_queue
     queues = {
-        keys.turns_queue: QueueStatus(turns_length.value + sum(waiting.values()), turns_workers, waiting),
-        keys.tools_queue: QueueStatus(tools_length.value, [w for w in workers if w.get("queue") == "tools"]),
+        turns: QueueStatus(due[turns].value + sum(waiting.values()), later[turns].value, turns_workers, waiting),
+        tools: QueueStatus(due[tools].value, later[tools].value, [w for w in workers if w.get("queue") == "tools"]),
     }
     return FleetStatus(queues, running.value, paused.value)
 

@@ -24,6 +24,7 @@ from smith_client import AgentUsage, ConflictError, SmithClient, TokenUsage, Tur
 from smith_client.connection import connect_redis
 from smith_client.jobs import TurnJob
 from smith_client.keys import Keys
+from smith_client.registry import fleet_status
 from smith_worker.local.processes import ManagedProcess, free_port, redis_answers, wait_until
 from smith_worker.ops.metrics import QueueCollector, WorkerMetrics
 from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
@@ -266,10 +267,41 @@ def smith_status(fleet: Fleet) -> str:
 async def test_smith_status_lists_queues_running_turns_and_workers(fleet):
     out = smith_status(fleet)
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("ops:")}
-    assert rows == {"ops:turns": ["0", "1"], "ops:tools": ["0", "1"]}
+    assert rows == {"ops:turns": ["0", "0", "1"], "ops:tools": ["0", "0", "1"]}  # queued, deferred, workers
     assert "running turns: 0" in out and "paused turns: 0" in out
     for queue in ("turns", "tools"):
         assert f"on ops:{queue} (host {socket.gethostname()}, pid {fleet.procs[queue].pid})" in out
+
+
+async def test_smith_status_counts_deferred_jobs_apart_from_queued_ones(redis_url):
+    """A job due later (a parked turn's recheck: attempt.py's ``park``) is deferred, not queued; the jobs due now
+    (ready or running) and those waiting for admission are queued (docs/architecture.md, Fair pickup)."""
+    keys = Keys(f"st{time.time_ns()}")
+    redis = connect_redis(redis_url)
+    now_ms = time.time() * 1000
+    waiting = Keys.tenant_waiting(keys.turns_queue, "acme")
+    written = [keys.turns_queue, keys.tools_queue, waiting, Keys.tenant_ring(keys.turns_queue)]
+    try:
+        await redis.zadd(keys.turns_queue, {"due-turn": now_ms - 1_000, "parked-recheck": now_ms + 5_000})
+        await redis.zadd(keys.tools_queue, {"due-call": now_ms - 1_000, "retry-later": now_ms + 60_000,
+                                            "retry-later-2": now_ms + 90_000})  # fmt: skip
+        await redis.zadd(waiting, {"admitted-later": now_ms - 2_000})
+        await redis.zadd(Keys.tenant_ring(keys.turns_queue), {"acme": 0})
+        status = await fleet_status(redis, keys)
+        turns, tools = status.queues[keys.turns_queue], status.queues[keys.tools_queue]
+        assert (turns.queued, turns.deferred, turns.waiting) == (2, 1, {"acme": 1})
+        assert (tools.queued, tools.deferred) == (1, 2)
+        out = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-c", "from smith_client.cli import smith_main; smith_main()", "status",
+                             "--redis-url", redis_url, "--prefix", keys.prefix],
+            capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+        lines = out.stdout.splitlines()
+        assert lines[0].split() == ["queue", "queued", "deferred", "workers"]
+        assert lines[1].split() == [keys.turns_queue, "2", "1", "0"] and lines[2] == "  waiting, tenant acme: 1"
+        assert lines[3].split() == [keys.tools_queue, "1", "2", "0"]
+    finally:
+        await redis.delete(*written)
+        await redis.aclose()
 
 
 async def test_a_paused_turn_counts_in_smith_turns_paused_and_smith_status(fleet, scenario):
