@@ -17,9 +17,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from smith_client import scripts
 from smith_client.errors import InvalidRequestError, QuotaExceededError
@@ -39,8 +47,9 @@ MIN_QUOTA_WINDOW = 60
 
 class TenantLimits(BaseModel):
     """One tenant's limits, stored field by field in :meth:`Keys.tenant_limits` (a field at its default is not
-    stored). Invalid values raise pydantic's ``ValidationError`` (:func:`checked_limits` turns them into
-    :class:`InvalidRequestError`).
+    stored). An invalid value (an unknown field too) raises :class:`InvalidRequestError` naming the first bad
+    field (``field``), however the limits are built: ``TenantLimits(...)``, ``model_validate``,
+    :func:`checked_limits` (docs/tenants.md).
 
     * ``weight``: the tenant's share of turn pickup, relative to the others' (>= :data:`MIN_WEIGHT`, finite;
       default 1.0).
@@ -56,6 +65,18 @@ class TenantLimits(BaseModel):
     max_running: int | None = Field(None, ge=1)
     token_quota: int | None = Field(None, ge=1)
     quota_window_seconds: int = Field(DEFAULT_QUOTA_WINDOW, ge=MIN_QUOTA_WINDOW)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _invalid_request(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        """pydantic's errors as one :class:`InvalidRequestError` about the first bad field (as the client's other
+        checks of a request raise)."""
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            name = str(first["loc"][0]) if first["loc"] else "limits"
+            raise InvalidRequestError(f"tenant limits: {name} {first['msg']}", field=name) from None
 
     @field_validator("max_running", "token_quota", "quota_window_seconds", mode="before")
     @classmethod
@@ -88,16 +109,11 @@ def checked_tenant(tenant: Any) -> str:
 
 
 def checked_limits(limits: Any = None, /, **values: Any) -> TenantLimits:
-    """``limits`` when it is a :class:`TenantLimits`, else limits built from ``values``; a bad value raises
-    :class:`InvalidRequestError` naming the field."""
+    """``limits`` when it is a :class:`TenantLimits`, else limits built from ``limits`` (a mapping) or ``values``;
+    a bad value raises :class:`InvalidRequestError` naming the field (:class:`TenantLimits`'s validation)."""
     if isinstance(limits, TenantLimits):
         return limits
-    try:
-        return TenantLimits.model_validate(values if limits is None else limits)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        name = str(first["loc"][0]) if first["loc"] else "limits"
-        raise InvalidRequestError(f"tenant limits: {name} {first['msg']}", field=name) from None
+    return TenantLimits.model_validate(values if limits is None else limits)
 
 
 def set_limits(keys: Keys, tenant: Any, limits: Any) -> Operation[None]:

@@ -54,9 +54,10 @@ def test_limits_default_to_none_and_refuse_values_out_of_range():
     for field, bad in (("weight", 0), ("weight", -1), ("weight", 1e-320), ("weight", float("inf")),
                        ("weight", float("nan")), ("max_running", 0), ("token_quota", 0), ("token_quota", True), ("token_quota", 1.5),
                        ("quota_window_seconds", 59), ("nope", 1)):  # fmt: skip
-        with pytest.raises(InvalidRequestError) as err:
-            checked_limits(**{field: bad})
-        assert err.value.fields["field"] == field
+        for build in (checked_limits, TenantLimits, lambda **given: TenantLimits.model_validate(given)):
+            with pytest.raises(InvalidRequestError) as err:  # built directly too: the client's error, not pydantic's
+                build(**{field: bad})
+            assert err.value.fields["field"] == field and err.value.message.startswith(f"tenant limits: {field} ")
 
 
 def test_the_limits_key_is_built_from_its_prefix_and_the_quota_counter_from_the_window():
