@@ -5,9 +5,11 @@
   stderr. With ``--tenant NAME`` their turns are sent for that tenant, as ``send(..., tenant=)`` sends them
   (docs/architecture.md, Tenants; a bad name is an ``InvalidRequestError`` line, exit code 1).
 * ``smith keys --conversation ID`` lists that conversation's Redis keys and TTLs.
-* ``smith status`` prints per queue its jobs queued (due now, or on the turns queue waiting for admission) and
-  deferred (due later: a parked turn's recheck, a retry's backoff) and its live workers, and the running and
-  paused turns (:func:`~smith_client.registry.fleet_status`).
+* ``smith status`` prints per queue its jobs queued (due now and not picked up, or on the turns queue waiting for
+  admission), running (picked up: arq's in-progress key is held) and deferred (due later: a parked turn's recheck,
+  a retry's backoff) and its live workers, and the running and paused turns
+  (:func:`~smith_client.registry.fleet_status`); only the oldest ``DUE_SCAN_LIMIT`` due jobs of a queue are told
+  queued or running, a line says how many more there are.
 * ``smith usage [--hours N | --day] [--agent NAME] [--tenant NAME] [--by-tenant]`` prints, per agent, the model
   calls and server-reported tokens counted over the last hour (N hours, a day; to the minute), from the
   deployment's usage buckets (:mod:`smith_client.usage`; docs/architecture.md, Token usage): only one tenant's
@@ -75,7 +77,7 @@ from smith_client.events import (
 from smith_client.hygiene import conversation_keys
 from smith_client.inputs import input_response
 from smith_client.redis_errors import smith_error
-from smith_client.registry import fleet_status
+from smith_client.registry import DUE_SCAN_LIMIT, fleet_status
 from smith_client.repl import (
     ChatRepl,
     CommandOptions,
@@ -261,11 +263,14 @@ def _connect(args: argparse.Namespace, tenant: str | None = None) -> SmithClient
 async def _run_status(args: argparse.Namespace) -> int:
     async with _connect(args) as client:
         status = await fleet_status(client.redis, client.keys)
-    print(f"{'queue':<24} {'queued':>7} {'deferred':>8} {'workers':>8}")
+    print(f"{'queue':<24} {'queued':>7} {'running':>8} {'deferred':>8} {'workers':>8}")
     for name, queue in status.queues.items():
-        print(f"{name:<24} {queue.queued:>7} {queue.deferred:>8} {len(queue.workers):>8}")
-        for tenant, count in sorted(queue.waiting.items()):
+        jobs = queue.counts
+        print(f"{name:<24} {jobs.queued:>7} {jobs.running:>8} {jobs.deferred:>8} {len(queue.workers):>8}")
+        for tenant, count in sorted(jobs.waiting.items()):
             print(f"  waiting, tenant {tenant or '-'}: {count}")
+        if jobs.unchecked:
+            print(f"  {jobs.unchecked} more due jobs, queued or running: only the oldest {DUE_SCAN_LIMIT} were checked")
     print(f"running turns: {status.running_turns}")
     print(f"paused turns: {status.paused_turns}")
     for name, queue in status.queues.items():
@@ -513,7 +518,10 @@ _COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
         "list the conversation's Redis keys and their TTLs (seconds)",
         {**_CONNECTION, "--conversation": "the conversation whose keys to list (required)"},
     ),
-    "status": ("queued and deferred jobs and live workers per queue, running and paused turns", dict(_CONNECTION)),
+    "status": (
+        "queued, running and deferred jobs and live workers per queue, running and paused turns",
+        dict(_CONNECTION),
+    ),
     "pending": ("list the calls a paused turn waits on", dict(_CONNECTION)),
     "usage": (
         "model calls and tokens per agent over the last hour (or --hours N, --day)",

@@ -11,10 +11,13 @@ metric                               type       meaning
 ``smith_turn_duration_seconds``      histogram  seconds from an attempt's start to the turn's end
 ``smith_tool_calls_total{tool,status}``  counter  tool calls run here; ``status`` ok | error
 ``smith_tool_duration_seconds``      histogram  seconds one tool call ran
-``smith_queue_length{queue}``        gauge      jobs in this worker's arq queue (ZCARD: queued, running,
-                                                deferred; what KEDA's ``redis`` scaler reads)
-``smith_queue_wait_seconds{queue}``  gauge      age of the oldest job that is due and not yet picked up
-                                                (0 when none); NaN when Redis does not answer
+``smith_queue_length{queue}``        gauge      jobs of this worker's arq queue (ready, running, deferred: its
+                                                ZCARD, all KEDA's ``redis`` scaler reads) and the turn jobs
+                                                waiting for admission to it (docs/architecture.md, Fair pickup)
+``smith_queue_wait_seconds{queue}``  gauge      age of the oldest job not picked up: due on the queue without
+                                                an in-progress key (among its oldest ``DUE_SCAN_LIMIT`` due
+                                                jobs), or waiting for admission (0 when none); NaN when Redis
+                                                does not answer
 ``smith_turns_running``              gauge      turns running in this process
 ``smith_turns_paused``               gauge      turns of the deployment paused for a person (ZCARD of
                                                 ``{p}:paused``; the same on every worker: take the max, not
@@ -38,7 +41,8 @@ sums over the other labels (``sum by (agent) (...)``) reads what it read before 
 
 The two queue gauges and ``smith_turns_paused`` are read from Redis at
 scrape time by :class:`QueueCollector` (on the worker's event loop, so no
-extra connection), in one round trip, so they exist from the first scrape. The turn and tool paths
+extra connection), in two round trips, so they exist from the first scrape; the queue's jobs are counted as
+``smith status`` counts them (``smith_client.registry.read_queue_counts``). The turn and tool paths
 call the narrow ``record_*`` hooks of :class:`WorkerMetrics`; every process
 has one (counting is cheap), the HTTP server starts only when a port is set.
 """
@@ -57,7 +61,8 @@ from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 
 from smith_client.keys import Keys, now_ms
-from smith_client.roundtrip import Pending, RoundTrip
+from smith_client.registry import read_queue_counts
+from smith_client.roundtrip import RoundTrip
 
 logger = logging.getLogger("agent_smith.worker")
 
@@ -87,13 +92,11 @@ Response = TypeVar("Response", bound=_Response)
 #: Seconds a scrape waits for the queue gauges before reporting NaN.
 SCRAPE_REDIS_TIMEOUT = 2.0
 
-#: The oldest due jobs looked at for ``smith_queue_wait_seconds``, so a queue full of running jobs stays cheap.
-OLDEST_SCAN_LIMIT = 1000
-
 
 class QueueCollector(Collector):
-    """``smith_queue_length`` and ``smith_queue_wait_seconds`` of one arq queue, and ``smith_turns_paused``
-    (the size of the ``paused`` ZSET, ``Keys.paused``), read at scrape time.
+    """``smith_queue_length`` and ``smith_queue_wait_seconds`` of one arq queue (its jobs and the turn jobs waiting
+    for admission to it, :func:`~smith_client.registry.read_queue_counts`, as ``smith status`` counts them), and
+    ``smith_turns_paused`` (the size of the ``paused`` ZSET, ``Keys.paused``), read at scrape time.
 
     ``collect`` runs in the HTTP server's thread and asks the worker's event
     loop for the figures, waiting at most :data:`SCRAPE_REDIS_TIMEOUT` seconds.
@@ -106,29 +109,13 @@ class QueueCollector(Collector):
         self.loop = loop
 
     async def read(self) -> tuple[float, float, float]:
-        """(length, wait seconds) of the queue, and the number of paused turns."""
+        """(length, wait seconds) of the queue (``QueueCounts.length``, ``QueueCounts.wait_seconds``), and
+        the number of paused turns; in two round trips. Raises redis-py's errors."""
         now = now_ms()
         rt = RoundTrip()
-        length = rt.call("zcard", self.queue, parse=float)
         paused = rt.call("zcard", self.paused, parse=float)
-        due: Pending[list[tuple[bytes, float]]] = rt.call(
-            "zrangebyscore", self.queue, "-inf", now, start=0, num=OLDEST_SCAN_LIMIT, withscores=True
-        )
-        await rt.run(self.redis)
-        oldest = await self._oldest_waiting(due.value)
-        wait = 0.0 if oldest is None else max(0.0, (now - oldest) / 1000)
-        return length.value, wait, paused.value
-
-    async def _oldest_waiting(self, due: list[tuple[bytes, float]]) -> float | None:
-        """The score (enqueue or defer time, epoch ms) of the oldest due job without an in-progress key."""
-        if not due:
-            return None
-        rt = RoundTrip()
-        running = [
-            (score, rt.call("exists", Keys.arq_in_progress(job_id.decode()), parse=bool)) for job_id, score in due
-        ]
-        await rt.run(self.redis)
-        return next((score for score, busy in running if not busy.value), None)
+        counts = (await read_queue_counts(self.redis, [self.queue], now, rt))[self.queue]
+        return float(counts.length), counts.wait_seconds(now), paused.value
 
     def collect(self) -> Iterator[Metric]:
         """The three gauges for this scrape; NaN values when Redis did not answer in time."""
@@ -141,8 +128,12 @@ class QueueCollector(Collector):
                 future.cancel()
             logger.warning("metrics: reading queue %s failed", self.queue, exc_info=True)
             length = wait = paused = math.nan
-        yield self._gauge("smith_queue_length", "Jobs in the arq queue (queued, running, deferred).", length)
-        yield self._gauge("smith_queue_wait_seconds", "Age of the oldest due job not yet picked up.", wait)
+        yield self._gauge(
+            "smith_queue_length", "Jobs of the arq queue (ready, running, deferred) and waiting for admission.", length
+        )
+        yield self._gauge(
+            "smith_queue_wait_seconds", "Age of the oldest job not picked up (ready, or waiting for admission).", wait
+        )
         yield GaugeMetricFamily("smith_turns_paused", "Turns paused for a person (the deployment's).", value=paused)
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -92,7 +92,7 @@ async def test_a_small_tenant_is_not_held_behind_a_big_burst(fair_client, scenar
     small = await submit_many(fair_client, marker, "beta", 10)
     enqueued = await redis_now(fair_client)
     queue = (await fleet_status(fair_client.redis, fair_client.keys)).queues[fair_client.keys.turns_queue]
-    assert queue.waiting["acme"] > 300 and queue.queued >= queue.waiting["acme"]  # what `smith status` prints
+    assert queue.counts.waiting["acme"] > 300 and queue.counts.queued >= queue.counts.waiting["acme"]  # `smith status`
     await finish(fair_client, small)
     small_started = max(start for start, _ in (await spans(fair_client, small)).values())
     waiting = Keys.tenant_waiting(fair_client.keys.turns_queue, "acme")

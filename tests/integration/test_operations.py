@@ -22,9 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from smith_client import AgentUsage, ConflictError, SmithClient, TokenUsage, TurnPausedError
 from smith_client.connection import connect_redis
-from smith_client.jobs import TurnJob
+from smith_client.enqueue import enqueue_job
+from smith_client.jobs import RUN_TURN, TurnJob
 from smith_client.keys import Keys
-from smith_client.registry import fleet_status
+from smith_client.registry import DUE_SCAN_LIMIT, fleet_status
 from smith_worker.local.processes import ManagedProcess, free_port, redis_answers, wait_until
 from smith_worker.ops.metrics import QueueCollector, WorkerMetrics
 from smith_worker.testing import Reply, Script, start_workers, wait_for_workers, worker_env
@@ -231,7 +232,7 @@ async def test_queue_gauges_are_read_from_redis_at_scrape_time(redis_url):
         await redis.zadd(keys.paused, {"turn-a": now_ms + 60_000, "turn-b": float("inf")})
         collector = QueueCollector(redis, queue, keys.paused, asyncio.get_running_loop())
         families = await asyncio.to_thread(lambda: {f.name: f.samples[0] for f in collector.collect()})
-        assert families["smith_queue_length"].value == 3  # ZCARD, what KEDA reads
+        assert families["smith_queue_length"].value == 3  # ZCARD (what KEDA reads): no turn waits for admission
         assert families["smith_queue_length"].labels == {"queue": queue}
         assert 3.5 < families["smith_queue_wait_seconds"].value < 30  # the oldest not-running due job
         assert families["smith_turns_paused"].value == 2  # ZCARD of {p}:paused, a deadline or none
@@ -245,6 +246,41 @@ async def test_queue_gauges_are_read_from_redis_at_scrape_time(redis_url):
     await down.aclose()
     assert set(values) == {"smith_queue_length", "smith_queue_wait_seconds", "smith_turns_paused"}  # NaN: no value
     assert all(v != v for v in values.values())
+
+
+async def forget(redis, prefix: str) -> None:
+    """Delete every key naming ``prefix`` (arq's job and in-progress keys name the job ids, which name it)."""
+    if found := [key async for key in redis.scan_iter(match=f"*{prefix}*", count=1000)]:
+        await redis.delete(*found)
+
+
+async def test_queue_gauges_count_the_turns_waiting_for_admission(redis_url):
+    """A turn job due now waits on its tenant's waiting ZSET, not on the queue, until a claim admits it
+    (docs/architecture.md, Fair pickup; no worker serves this prefix): both gauges count it, as ``smith status``
+    does."""
+    redis = connect_redis(redis_url)
+    keys = Keys(f"qw{time.time_ns()}")
+    queue = keys.turns_queue
+    running = f"{keys.prefix}:re-run"
+    collector = QueueCollector(redis, queue, keys.paused, asyncio.get_running_loop())
+    try:
+        await redis.zadd(queue, {running: time.time() * 1000 - 60_000})
+        await redis.set(Keys.arq_in_progress(running), b"1", ex=60)
+        assert await enqueue_job(redis, RUN_TURN, {}, job_id=keys.turn_job_id("a1"), queue=queue, fair=True,
+                                 tenant="acme")  # fmt: skip
+        await asyncio.sleep(1.5)
+        for turn, tenant in (("a2", "acme"), ("b1", "beta"), ("n1", None)):
+            assert await enqueue_job(redis, RUN_TURN, {}, job_id=keys.turn_job_id(turn), queue=queue, fair=True,
+                                     tenant=tenant)  # fmt: skip
+        assert await redis.zcard(queue) == 1  # only the running job is on the queue itself
+        families = await asyncio.to_thread(lambda: {f.name: f.samples[0].value for f in collector.collect()})
+        assert families["smith_queue_length"] == 5  # the running job and the 4 waiting ones
+        assert 1.5 <= families["smith_queue_wait_seconds"] < 30  # acme's first turn, not the running job
+        jobs = (await fleet_status(redis, keys)).queues[queue].counts
+        assert (jobs.length, jobs.queued, jobs.running, jobs.waiting) == (5, 4, 1, {"acme": 2, "beta": 1, "": 1})
+    finally:
+        await forget(redis, keys.prefix)
+        await redis.aclose()
 
 
 async def test_a_taken_metrics_port_warns_and_the_worker_goes_on(redis_url, caplog):
@@ -267,40 +303,74 @@ def smith_status(fleet: Fleet) -> str:
 async def test_smith_status_lists_queues_running_turns_and_workers(fleet):
     out = smith_status(fleet)
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("ops:")}
-    assert rows == {"ops:turns": ["0", "0", "1"], "ops:tools": ["0", "0", "1"]}  # queued, deferred, workers
+    # queued, running, deferred, workers
+    assert rows == {"ops:turns": ["0", "0", "0", "1"], "ops:tools": ["0", "0", "0", "1"]}
     assert "running turns: 0" in out and "paused turns: 0" in out
     for queue in ("turns", "tools"):
         assert f"on ops:{queue} (host {socket.gethostname()}, pid {fleet.procs[queue].pid})" in out
 
 
-async def test_smith_status_counts_deferred_jobs_apart_from_queued_ones(redis_url):
-    """A job due later (a parked turn's recheck: attempt.py's ``park``) is deferred, not queued; the jobs due now
-    (ready or running) and those waiting for admission are queued (docs/architecture.md, Fair pickup)."""
+def smith_status_of(redis_url: str, prefix: str) -> list[str]:
+    """The lines ``smith status`` prints for ``prefix``."""
+    return subprocess.run([sys.executable, "-c", "from smith_client.cli import smith_main; smith_main()", "status",
+                           "--redis-url", redis_url, "--prefix", prefix],
+                          capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
+
+
+async def test_smith_status_tells_queued_running_and_deferred_jobs_apart(redis_url):
+    """``queued``: the jobs due now that no worker picked up (no arq in-progress key) and the turn jobs waiting
+    for admission (docs/architecture.md, Fair pickup; no worker serves this prefix); ``running``: the due jobs
+    holding their in-progress key (arq keeps a running job on its queue until it ends); ``deferred``: the jobs
+    due later (a parked turn's recheck: attempt.py's ``park``; a retry's backoff)."""
     keys = Keys(f"st{time.time_ns()}")
     redis = connect_redis(redis_url)
     now_ms = time.time() * 1000
-    waiting = Keys.tenant_waiting(keys.turns_queue, "acme")
-    written = [keys.turns_queue, keys.tools_queue, waiting, Keys.tenant_ring(keys.turns_queue)]
+    job = {name: f"{keys.prefix}:{name}" for name in ("re-run", "running-turn", "recheck", "call", "running-call",
+                                                      "retry", "retry-2")}  # fmt: skip
     try:
-        await redis.zadd(keys.turns_queue, {"due-turn": now_ms - 1_000, "parked-recheck": now_ms + 5_000})
-        await redis.zadd(keys.tools_queue, {"due-call": now_ms - 1_000, "retry-later": now_ms + 60_000,
-                                            "retry-later-2": now_ms + 90_000})  # fmt: skip
-        await redis.zadd(waiting, {"admitted-later": now_ms - 2_000})
-        await redis.zadd(Keys.tenant_ring(keys.turns_queue), {"acme": 0})
+        for turn, tenant in (("a1", "acme"), ("a2", "acme"), ("n1", None)):
+            assert await enqueue_job(redis, RUN_TURN, {}, job_id=keys.turn_job_id(turn), queue=keys.turns_queue,
+                                     fair=True, tenant=tenant)  # fmt: skip
+        await redis.zadd(keys.turns_queue, {job["re-run"]: now_ms - 1_000, job["running-turn"]: now_ms - 9_000,
+                                            job["recheck"]: now_ms + 5_000})  # fmt: skip
+        await redis.zadd(keys.tools_queue, {job["call"]: now_ms - 1_000, job["running-call"]: now_ms - 2_000,
+                                            job["retry"]: now_ms + 60_000,
+                                            job["retry-2"]: now_ms + 90_000})  # fmt: skip
+        for running in ("running-turn", "running-call"):
+            await redis.set(Keys.arq_in_progress(job[running]), b"1", ex=60)
         status = await fleet_status(redis, keys)
-        turns, tools = status.queues[keys.turns_queue], status.queues[keys.tools_queue]
-        assert (turns.queued, turns.deferred, turns.waiting) == (2, 1, {"acme": 1})
-        assert (tools.queued, tools.deferred) == (1, 2)
-        out = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-c", "from smith_client.cli import smith_main; smith_main()", "status",
-                             "--redis-url", redis_url, "--prefix", keys.prefix],
-            capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
-        lines = out.stdout.splitlines()
-        assert lines[0].split() == ["queue", "queued", "deferred", "workers"]
-        assert lines[1].split() == [keys.turns_queue, "2", "1", "0"] and lines[2] == "  waiting, tenant acme: 1"
-        assert lines[3].split() == [keys.tools_queue, "1", "2", "0"]
+        turns, tools = status.queues[keys.turns_queue].counts, status.queues[keys.tools_queue].counts
+        assert (turns.queued, turns.running, turns.deferred, turns.waiting) == (4, 1, 1, {"acme": 2, "": 1})
+        assert (tools.queued, tools.running, tools.deferred, tools.waiting) == (1, 1, 2, {})
+        lines = await asyncio.to_thread(smith_status_of, redis_url, keys.prefix)
+        assert lines[0].split() == ["queue", "queued", "running", "deferred", "workers"]
+        assert lines[1].split() == [keys.turns_queue, "4", "1", "1", "0"]
+        assert lines[2:4] == ["  waiting, tenant -: 1", "  waiting, tenant acme: 2"]
+        assert lines[4].split() == [keys.tools_queue, "1", "1", "2", "0"]
+        assert lines[5] == "running turns: 0"
     finally:
-        await redis.delete(*written)
+        await forget(redis, keys.prefix)
+        await redis.aclose()
+
+
+async def test_smith_status_says_how_many_due_jobs_it_did_not_check(redis_url):
+    """Only the oldest ``DUE_SCAN_LIMIT`` due jobs are checked for an in-progress key (one ``EXISTS`` each): the
+    ones past them are told neither queued nor running, and ``smith status`` says how many there are."""
+    keys = Keys(f"sl{time.time_ns()}")
+    redis = connect_redis(redis_url)
+    now_ms = time.time() * 1000
+    calls = [f"{keys.prefix}:call-{i}" for i in range(DUE_SCAN_LIMIT + 3)]
+    try:
+        await redis.zadd(keys.tools_queue, {call: now_ms - 10_000 + i for i, call in enumerate(calls)})
+        for call in calls[:2]:
+            await redis.set(Keys.arq_in_progress(call), b"1", ex=60)
+        tools = (await fleet_status(redis, keys)).queues[keys.tools_queue].counts
+        assert (tools.queued, tools.running, tools.unchecked, tools.length) == (DUE_SCAN_LIMIT - 2, 2, 3, len(calls))
+        lines = await asyncio.to_thread(smith_status_of, redis_url, keys.prefix)
+        assert lines[2].split() == [keys.tools_queue, str(DUE_SCAN_LIMIT - 2), "2", "0", "0"]
+        assert lines[3] == f"  3 more due jobs, queued or running: only the oldest {DUE_SCAN_LIMIT} were checked"
+    finally:
+        await forget(redis, keys.prefix)
         await redis.aclose()
 
 
