@@ -69,8 +69,11 @@ format: install
 	$(BIN)/ruff check --fix $(LINTED)
 	$(BIN)/ruff format $(LINTED)
 
+# Test files run on TEST_PROCESSES pytest processes (pytest-xdist, one file per process at a time, so a file's
+# fixtures are shared): most of the suite waits on real processes, kills and timeouts, not on the CPU.
+TEST_PROCESSES ?= 3
 test: install redis-sentinel chromium
-	$(BIN)/python -m pytest --cov --cov-report=term --cov-fail-under=80
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile --cov --cov-report=term --cov-fail-under=80
 
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -q
