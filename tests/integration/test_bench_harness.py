@@ -73,3 +73,22 @@ def test_the_tracing_bench_runs_small(tmp_path):
     assert "PASS" in out or "MISS" in out
     result = json.loads(figures.read_text())
     assert result["spans"] >= 4 * 30 and result["off_p50_ms"] > 0 and result["off_path_us"] < 100
+
+
+def test_the_cluster_pubsub_bench_runs_small(tmp_path):
+    """bench/cluster_pubsub.py at 10 turns of 5 events on a real 3-master cluster: every mode and phase delivers
+    every event, with the connections its design needs, and only classic PUBLISH sends each event to every node."""
+    figures = tmp_path / "cluster_pubsub.json"
+    out = subprocess.run([sys.executable, "bench/cluster_pubsub.py", "--turns", "10", "--events", "5",
+                          "--interval", "0.01", "--flood-events", "5", "--repeat", "1", "--json", str(figures)],
+                         cwd=ROOT, check=True, timeout=240, capture_output=True, text=True).stdout
+    assert "| (b) spublish | paced |" in out and "cluster bus per 1,000 events" in out
+    runs = {(f["mode"], f["flood"]): f for f in json.loads(figures.read_text())}
+    assert set(runs) == {(mode, flood) for mode in ("publish", "spublish", "xread") for flood in (False, True)}
+    for f in runs.values():
+        assert f["delivered"] == f["published"] == 50 and f["publish_errors"] == 0
+        assert 0 < f["p50_ms"] <= f["p99_ms"] and f["cpu_ms_per_k_masters"] > 0
+    # one subscriber connection on one node, one per master, one per shard followed (10 turns: shards 0-9)
+    assert [runs[mode, False]["subscriber_connections"] for mode in ("publish", "spublish", "xread")] == [1, 3, 10]
+    # PUBLISH goes over the bus to the 5 other nodes, SPUBLISH to the slot's replica only
+    assert runs["publish", False]["bus_messages_per_k"] > runs["spublish", False]["bus_messages_per_k"]
