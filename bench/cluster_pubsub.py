@@ -422,7 +422,7 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
         shards_per_master = [len({t.shard for t in layout(SHARDS, masters[0]) if t.master == p}) for p in masters]
         print(
             f"cluster: {len(masters)} masters + {len(rig.ports) - len(masters)} replicas on 127.0.0.1 "
-            f"(Redis {redis.Redis(port=masters[0]).info('server')['redis_version']}); {SHARDS} shard tags, "
+            f"(Redis {rig.ask(masters[0], 'INFO', 'server')['redis_version']}); {SHARDS} shard tags, "
             f"{'/'.join(map(str, shards_per_master))} per master"
         )
         print(
@@ -434,7 +434,8 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
         await asyncio.sleep(IDLE_SECONDS)
         idle = rates(before, snapshot(rig))
         print(
-            f"idle cluster: {sum(r['cpu_s'] for r in idle.values()) * 100:.1f} % of a core over the 6 nodes, "
+            f"idle cluster: {sum(r['cpu_s'] for r in idle.values()) * 100:.1f} % of a core over the "
+            f"{len(rig.ports)} nodes, "
             f"{sum(r['bus_messages'] for r in idle.values()):.0f} bus messages/s, "
             f"{sum(r['bus_bytes'] for r in idle.values()) / 1024:.0f} KiB/s (subtracted below)"
         )
