@@ -362,11 +362,14 @@ class TurnAttempt:
 
 
 async def _enqueue_turn(redis: Any, keys: Keys, turn_id: str, job_id: str, defer: float | None = None) -> bool:
-    """Enqueue ``run_turn`` for a turn from its stored payload; False when arq already has that job id."""
-    payload = await redis.hget(keys.turn_state(turn_id), record.JOB)
+    """Enqueue ``run_turn`` for a turn from its stored payload; False when arq already has that job id.
+    Due now, it waits for admission in its tenant's line at the place of its submit (docs/architecture.md,
+    Fair pickup): a turn run again after its worker died or stopped does not go to the back of the line."""
+    payload, created_at = await redis.hmget(keys.turn_state(turn_id), [record.JOB, record.CREATED_AT])
     if payload is None:
         return False
     job = TurnJob.model_validate_json(payload)
+    since_ms = round(float(created_at) * 1000) if created_at else None
     return await enqueue_job(
         redis,
         RUN_TURN,
@@ -377,6 +380,7 @@ async def _enqueue_turn(redis: Any, keys: Keys, turn_id: str, job_id: str, defer
         requires=job.agent,  # on a worker serving its agent (smith_worker/routing.py)
         fair=True,  # a conversation's next turn waits its tenant's turn; a parked one (defer) was admitted
         tenant=job.tenant,
+        since_ms=since_ms,
     )
 
 

@@ -671,3 +671,33 @@ async def test_a_worker_of_admitted_jobs_reads_the_queue_first_then_at_the_fallb
     await poll_and_finish(worker)  # the deferred job is due: the queue is read again, before the fallback
     assert not await queued("deferred", "unseen")
     await worker.pool.aclose()
+
+
+async def test_a_fair_job_s_place_in_its_tenant_s_line_can_be_kept_from_an_earlier_time(redis, keys):
+    await enqueue_fair(redis, keys, "t", "w0", "w1")
+    early = now_ms() - 60_000
+    assert await enqueue_job(redis, "probe", {}, job_id=jid(keys, "rerun"), queue=keys.tools_queue, fair=True,
+                             tenant="t", since_ms=early)  # fmt: skip
+    assert await enqueue_job(redis, "probe", {}, job_id=jid(keys, "later"), queue=keys.tools_queue, fair=True,
+                             tenant="t", since_ms=now_ms() + 60_000)  # fmt: skip
+    assert await redis.zscore(Keys.tenant_waiting(keys.tools_queue, "t"), jid(keys, "rerun")) == early
+    assert await redis.pttl(keys.arq_job(jid(keys, "rerun"))) > 60_000  # an early place does not shorten its life
+    assert names(await claim_weighted(redis, keys, free=4), keys) == ["rerun", "w0", "w1", "later"]  # never ahead of now
+
+
+async def test_a_turn_enqueued_again_waits_at_the_place_of_its_submit(redis_url, redis, keys):
+    """A turn run again (its worker died, stopped or lost Redis) or kicked (its job was lost) keeps its place
+    in its tenant's line: it is not sent behind the turns submitted after it (docs/architecture.md, Fair pickup)."""
+    from smith_client import SmithClient
+    from smith_worker.turn.attempt import wake_head
+
+    async with SmithClient.from_url(redis_url, prefix=keys.prefix) as client:
+        first = await client.submit("first", conversation_id="c-first", tenant="t")
+        for i in range(3):
+            await client.submit(f"next {i}", conversation_id=f"c-{i}", tenant="t")
+    waiting = Keys.tenant_waiting(keys.turns_queue, "t")
+    assert await redis.zrem(waiting, keys.turn_job_id(first.turn_id))  # its job was lost
+    assert await wake_head(redis, keys, "c-first") == first.turn_id  # enqueued again, as a re-run is
+    got = await claim_jobs(redis, keys, keys.turns_queue, free=1, read_limit=1000, in_progress_ms=IN_PROGRESS_MS,
+                           tokens_held=HeldTokens(), take_aborts=False, claimer="w:0", capset=None)  # fmt: skip
+    assert [job.job_id for job in got.jobs] == [keys.turn_kick_job_id(first.turn_id)]
