@@ -59,6 +59,10 @@ from smith_client.turn_record import decode_state
 from smith_client.validation import check_multitask, check_served
 
 logger = logging.getLogger("agent_smith")
+#: Seconds between two "no turn worker is registered" warnings for one prefix in a process: a web app sending
+#: many turns while its workers are down logs it once a minute, not once per turn.
+NO_WORKER_WARNING_INTERVAL = 60.0
+_no_worker_warned: dict[str, float] = {}  # prefix -> monotonic time of its last warning
 
 #: ``SUBMIT`` calls before giving up when the conversation's unfinished turns keep changing under it.
 _SUBMIT_TRIES = 8
@@ -126,15 +130,25 @@ def submit_turn(keys: Keys, job: TurnJob, multitask: str, context: str | None = 
             conversation_id=job.conversation_id, active_turn_id=turn_id,
         )  # fmt: skip
     if reply[3] == b"1":
-        logger.warning(
-            "no turn worker is registered under prefix %r: the turn waits in the queue "
-            "(check SMITH_PREFIX and SMITH_REDIS_URL match the workers')",
-            keys.prefix,
-        )
+        _warn_no_worker(keys.prefix)
     for paused in reply[4:] if outcome == "new" else ():  # paused turns the interrupt asks to stop
         yield from cancel_turn(keys, paused.decode(), "interrupt")
     status = reply[2].decode() if outcome == "attach" and reply[2] else "queued"
     return Submission(cast(SubmitOutcome, outcome), turn_id, status)
+
+
+def _warn_no_worker(prefix: str) -> None:
+    """Warn that no turn worker is registered under ``prefix``, at most once per
+    :data:`NO_WORKER_WARNING_INTERVAL` seconds per prefix."""
+    now = time.monotonic()
+    if now - _no_worker_warned.get(prefix, -NO_WORKER_WARNING_INTERVAL) < NO_WORKER_WARNING_INTERVAL:
+        return
+    _no_worker_warned[prefix] = now
+    logger.warning(
+        "no turn worker is registered under prefix %r: the turn waits in the queue "
+        "(check SMITH_PREFIX and SMITH_REDIS_URL match the workers'; said once a minute at most)",
+        prefix,
+    )
 
 
 def _run_submit(keys: Keys, job: TurnJob, multitask: str, context: str | None) -> Operation[list[Any]]:
