@@ -283,7 +283,8 @@ def cancel_turn(keys: Keys, turn_id: str, reason: str = "cancel") -> Operation[s
         keys.paused,
         *enqueue_keys,
     )
-    args = (turn_id, reason, keys.control_channel, *enqueue_args)
+    waiting_jobs = (keys.turn_job_id(turn_id), keys.turn_kick_job_id(turn_id))  # a turn that never started
+    args = (turn_id, reason, keys.control_channel, *enqueue_args, *waiting_jobs)
     outcome = yield from run_script(scripts.CANCEL, script_keys, args, _decode)
     if outcome == "cancelled_queued":
         yield from publish(keys, turn_id, TurnCancelledData(reason=reason))

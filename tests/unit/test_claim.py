@@ -701,3 +701,15 @@ async def test_a_turn_enqueued_again_waits_at_the_place_of_its_submit(redis_url,
     got = await claim_jobs(redis, keys, keys.turns_queue, free=1, read_limit=1000, in_progress_ms=IN_PROGRESS_MS,
                            tokens_held=HeldTokens(), take_aborts=False, claimer="w:0", capset=None)  # fmt: skip
     assert [job.job_id for job in got.jobs] == [keys.turn_kick_job_id(first.turn_id)]
+
+
+async def test_a_turn_cancelled_before_it_started_leaves_its_tenant_s_line(redis_url, redis, keys):
+    from smith_client import SmithClient
+
+    async with SmithClient.from_url(redis_url, prefix=keys.prefix) as client:
+        gone = await client.submit("gone", conversation_id="c-gone", tenant="t")
+        kept = await client.submit("kept", conversation_id="c-kept", tenant="t")
+        assert await gone.cancel() == "cancelled_queued"
+    waiting = Keys.tenant_waiting(keys.turns_queue, "t")
+    assert await redis.zrange(waiting, 0, -1) == [keys.turn_job_id(kept.turn_id).encode()]
+    assert not await redis.hexists(Keys.job_requirements(keys.turns_queue), keys.turn_job_id(gone.turn_id))
