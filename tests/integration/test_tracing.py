@@ -224,10 +224,12 @@ async def test_a_turn_handed_off_at_sigterm_continues_the_same_trace(traced_clie
 
 async def test_a_tools_error_result_marks_its_span_failed(traced_client, receiver, scenario):
     key, marker = scenario(Script(Reply.tool_calls([("refuse", {"reason": "no way"})]), Reply.text("it refused")))
-    handle = await traced_client.submit(f"{marker} go", conversation_id=f"conv-{key}", agent="refuser")
+    handle = await traced_client.submit(f"{marker} go", conversation_id=f"conv-{key}", agent="refuser", tenant="acme")
     trace_id = await started_trace_id(traced_client, handle.turn_id)
     assert (await handle.result(timeout=60)).content == "it refused"
-    tool = one(receiver.wait_for(trace_id, {"execute_tool refuse"}), "execute_tool refuse")
+    spans = receiver.wait_for(trace_id, {"execute_tool refuse", "invoke_agent refuser"})
+    assert one(spans, "invoke_agent refuser").attributes["smith.tenant"] == "acme"  # the turn's tenant
+    tool = one(spans, "execute_tool refuse")
     assert tool.attributes["error.type"] == "ToolError" and tool.status_code == 2  # STATUS_CODE_ERROR
     assert tool.status_message == "refused: no way"
     assert ("exception", {"exception.type": "ToolError", "exception.message": "refused: no way"}) in tool.events
