@@ -11,8 +11,10 @@ allowance, and the pause a ``429`` with ``Retry-After`` started. Its clock is th
 :class:`RateGate` is what the model client (:class:`~smith_worker.llm.client.LlmClient`) sees, per agent loop:
 
 * :meth:`RateGate.admit` before each HTTP attempt: one request and the request's estimated tokens
-  (:func:`estimate_tokens`) are taken, or the script says how long to wait; the gate publishes ``llm.waiting``
-  (:class:`~smith_client.events.LlmWaitingData`), sleeps (no slot is held) and asks again. A wait that would
+  (:func:`estimate_tokens`) are taken now, or reserved for later; the gate then publishes ``llm.waiting``
+  (:class:`~smith_client.events.LlmWaitingData`, the real wait) and sleeps (no slot is held) until its
+  reservation, so waiting requests go in the order they asked. While a ``Retry-After`` pause lasts nothing is
+  reserved: the gate sleeps until it ends and asks again. A wait that would
   end past the turn's deadline (without one: ``response_timeout`` from the call's start) fails at once with
   ``SmithTimeoutError`` (operation ``llm.waiting``); a ``Retry-After`` pause longer than ``max_retry_after``
   with the 429's ``LlmApiError``, as the HTTP retry policy does for the worker that saw it.
@@ -124,7 +126,8 @@ class RateGate:
         self._sleep = sleep
 
     async def admit(self, tokens: int, postpone: Callable[[float], None]) -> None:
-        """Return once one request and ``tokens`` (the request's estimate) are taken from the endpoint's limit.
+        """Return once one request and ``tokens`` (the request's estimate) are taken from the endpoint's limit:
+        at once, or by a reservation for later, whose time has come (waiters go in the order they asked).
 
         Each wait is announced by an ``llm.waiting`` event (once per reason in a row), given to ``postpone``
         (seconds: the caller moves its own timeouts by as much) and slept. Raises ``SmithTimeoutError``
@@ -134,11 +137,16 @@ class RateGate:
         ``max_retry_after``. Redis errors propagate."""
         bound = self._bound()
         announced = ""
+        reserved = False
         while True:
-            wait, reason = await self._take(tokens)
+            if reserved:  # its time came: only a pause stored meanwhile holds it
+                wait, reason = await self._paused(), "retry_after"
+            else:
+                wait, reason, reserved = await self._take(tokens, max(bound - self._clock(), 0.0))
             if not wait:
                 return
-            self._check(wait, reason, bound)
+            if reason == "retry_after" or not reserved:  # a reservation's wait fits the bound already
+                self._check(wait, reason, bound)
             if reason != announced:
                 announced = reason
                 await self._on_wait(
@@ -163,8 +171,9 @@ class RateGate:
         pause already ends later. Redis errors propagate."""
         await RATE_LIMIT(self._redis, [self._endpoint.key], ["pause", math.ceil(seconds * 1000)])
 
-    async def _take(self, tokens: int) -> tuple[float, str]:
-        """One script call: (0, "") when taken, else (seconds to wait, reason)."""
+    async def _take(self, tokens: int, longest: float) -> tuple[float, str, bool]:
+        """One script call: (0, "", False) when taken; (seconds to wait, "rate_limit", True) when reserved for
+        then, which ``longest`` (seconds) bounds; else (seconds to wait, reason, False), nothing taken."""
         config, endpoint = self._config, self._endpoint
         correction, endpoint.correction = endpoint.correction, 0  # the script applies it either way
         args = [
@@ -174,9 +183,15 @@ class RateGate:
             math.ceil(config.rate_burst * 1000),
             tokens,
             correction,
+            math.floor(longest * 1000),
         ]
-        wait_ms, reason = await RATE_LIMIT(self._redis, [endpoint.key], args)
-        return int(wait_ms) / 1000, reason.decode() if isinstance(reason, bytes) else str(reason)
+        wait_ms, reason, *reserved = await RATE_LIMIT(self._redis, [endpoint.key], args)
+        return int(wait_ms) / 1000, reason.decode() if isinstance(reason, bytes) else str(reason), bool(reserved)
+
+    async def _paused(self) -> float:
+        """Seconds left of the endpoint's ``Retry-After`` pause (0: none), in one script call."""
+        wait_ms, _ = await RATE_LIMIT(self._redis, [self._endpoint.key], ["paused"])
+        return int(wait_ms) / 1000
 
     def _bound(self) -> float:
         """The instant (``clock``) no wait may pass: the turn's deadline, else ``response_timeout`` from now."""

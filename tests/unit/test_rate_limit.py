@@ -115,6 +115,17 @@ async def test_a_pause_holds_every_take_until_it_ends(redis, key):
     assert await take(redis, key, rpm=1000) == (0, "")
 
 
+async def test_a_wait_the_caller_accepts_is_reserved_and_the_next_caller_waits_behind_it(redis, key):
+    assert await take(redis, key, rpm=60, burst=0) == (0, "")
+    wait_ms, reason, reserved = await RATE_LIMIT(redis, [key], ["take", 60, 0, 0, 0, 0, 5000])
+    assert reason == b"rate_limit" and reserved == 1 and 500 < wait_ms <= 1000
+    wait_ms, _, reserved = await RATE_LIMIT(redis, [key], ["take", 60, 0, 0, 0, 0, 5000])
+    assert reserved == 1 and 1500 < wait_ms <= 2000  # behind the first reservation
+    refused = await RATE_LIMIT(redis, [key], ["take", 60, 0, 0, 0, 0, 1000])  # a wait over what it accepts
+    assert len(refused) == 2 and 2500 < refused[0] <= 3000  # not reserved: nothing taken
+    assert len(await RATE_LIMIT(redis, [key], ["take", 60, 0, 0, 0, 0, 5000])) == 3
+
+
 # -- the gate ----------------------------------------------------------------------------
 
 
@@ -153,6 +164,30 @@ async def test_the_gate_waits_announces_once_and_postpones(redis):
     assert [event.reason for event in seen.events] == ["rate_limit", "rate_limit"]  # one per admit that waited
     assert seen.events[0].endpoint == f"{URL}/chat/completions" and seen.events[0].model == "m"
     assert 0 < seen.events[0].wait_s <= 1.0 and len(seen.postponed) >= 2
+
+
+async def test_waiting_requests_go_in_the_order_they_asked_each_told_its_real_wait(redis):
+    shared, seen = limits(redis), Recorder()
+    gates = [shared.gate(config(rpm=60, rate_burst=0), seen.publish, lambda: None) for _ in range(4)]
+    waited: dict[int, float] = {}
+
+    async def ask(index: int) -> None:
+        gate = gates[index]
+        assert gate is not None
+        started = time.monotonic()
+        await gate.admit(1, lambda _: None)
+        waited[index] = time.monotonic() - started
+
+    tasks = []
+    for index in range(4):  # they ask in this order, 50 ms apart
+        tasks.append(asyncio.create_task(ask(index)))
+        await asyncio.sleep(0.05)
+    await asyncio.gather(*tasks)
+    assert sorted(waited, key=waited.__getitem__) == [0, 1, 2, 3]  # served in the order they asked
+    announced = [event.wait_s for event in seen.events]
+    assert len(announced) == 3  # the first went at once
+    for told, index in zip(announced, (1, 2, 3), strict=True):
+        assert told == pytest.approx(waited[index], abs=0.3)  # the wait announced is the wait there was
 
 
 async def test_a_wait_past_the_deadline_fails_at_once(redis):

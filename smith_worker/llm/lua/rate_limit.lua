@@ -7,10 +7,16 @@
 -- a TAT or a pause in the past says nothing more than an absent one.
 -- ARGV[1] = 'take': ARGV[2] requests per minute (0: no limit), ARGV[3] tokens per minute (0: no limit),
 --   ARGV[4] the burst (ms of the allowance spendable at once), ARGV[5] the request's estimated tokens,
---   ARGV[6] tokens to add for earlier requests of this worker (their usage minus their estimate; may be < 0).
---   Returns {0, ''} when one request and its tokens were taken, else {wait_ms, reason} and nothing is taken
---   (the correction is kept): reason 'retry_after' while paused, else 'rate_limit'.
+--   ARGV[6] tokens to add for earlier requests of this worker (their usage minus their estimate; may be < 0),
+--   ARGV[7] the longest wait (ms) the caller accepts for a reservation (0 or absent: none).
+--   Returns {0, ''} when one request and its tokens were taken; {wait_ms, 'rate_limit', 1} when they were
+--   reserved, to be used after wait_ms (at most ARGV[7]): the caller sleeps and sends without asking again, so
+--   waiters go in the order they asked, each told its real wait (a reservation, as Go's rate.Limiter's
+--   Reserve); else {wait_ms, reason} and nothing is taken (the correction is kept): reason 'retry_after'
+--   while paused (every waiter asks again when the pause ends), 'rate_limit' for a wait over ARGV[7].
 -- ARGV[1] = 'pause': ARGV[2] the pause (ms) from now; a pause that ends later stays. Returns {wait_ms, 'retry_after'}.
+-- ARGV[1] = 'paused': returns {ms left of the pause (0: none), 'retry_after'} (a reservation whose time came
+--   waits for a pause stored meanwhile).
 local key = KEYS[1]
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
@@ -42,8 +48,8 @@ if ARGV[1] == 'pause' then
   return {math.ceil(paused - now), 'retry_after'}
 end
 
-if paused > now then
-  return {math.ceil(paused - now), 'retry_after'}
+if paused > now or ARGV[1] == 'paused' then
+  return {math.max(math.ceil(paused - now), 0), 'retry_after'}
 end
 local rpm, tpm, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local tokens, correction = math.max(tonumber(ARGV[5]), 0), tonumber(ARGV[6])
@@ -72,6 +78,10 @@ if tpm > 0 then
   taken.tokens, wait = after, math.max(wait, needs)
 end
 if wait > 0 then
+  if wait <= (tonumber(ARGV[7]) or 0) then
+    store(taken)
+    return {math.ceil(wait), 'rate_limit', 1}
+  end
   if corrected then
     store({tokens = corrected})
   end
