@@ -15,6 +15,7 @@ current model step. The check and the count share ``lib.lua``'s ``quota_window``
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Self
@@ -41,8 +42,27 @@ DEFAULT_QUOTA_WINDOW = 24 * 3600
 #: The smallest weight: a tenant's pass grows by 1 / weight per admitted turn, which must stay finite
 #: (docs/architecture.md, Fair pickup).
 MIN_WEIGHT = 0.001
+#: The largest weight: with weights in [MIN_WEIGHT, MAX_WEIGHT] a pass step 1 / weight stays at least 1e-6, far above
+#: a double's resolution at any pass the ring reaches, so the claim's pass arithmetic stays exact enough to share
+#: pickup by weight (``smith_worker/queue/lua/claim.lua``, ``admit_fairly``).
+MAX_WEIGHT = 1_000_000.0
+#: The largest running cap: more than any fleet runs at once (a bigger cap is no cap).
+MAX_RUNNING = 1_000_000
+#: The largest token quota: 2**53, the largest whole number a Lua number (a double) holds exactly, so the scripts
+#: compare the count with it and reply it as a Redis integer unchanged (docs/tenants.md).
+MAX_TOKEN_QUOTA = 2**53
 #: The shortest quota window, seconds.
 MIN_QUOTA_WINDOW = 60
+#: The longest quota window, seconds: 366 days (a window's end must stay a date; a counter's TTL a valid EXPIRE).
+MAX_QUOTA_WINDOW = 366 * 24 * 3600
+#: Each limit's range (least, most), as :class:`TenantLimits` checks it and :meth:`TenantLimits.from_fields` and the
+#: scripts bound a stored value to it (docs/tenants.md, Values out of range).
+LIMIT_RANGES: dict[str, tuple[float, float]] = {
+    "weight": (MIN_WEIGHT, MAX_WEIGHT),
+    "max_running": (1, MAX_RUNNING),
+    "token_quota": (1, MAX_TOKEN_QUOTA),
+    "quota_window_seconds": (MIN_QUOTA_WINDOW, MAX_QUOTA_WINDOW),
+}
 
 
 class TenantLimits(BaseModel):
@@ -51,20 +71,21 @@ class TenantLimits(BaseModel):
     field (``field``), however the limits are built: ``TenantLimits(...)``, ``model_validate``,
     :func:`checked_limits` (docs/tenants.md).
 
-    * ``weight``: the tenant's share of turn pickup, relative to the others' (>= :data:`MIN_WEIGHT`, finite;
-      default 1.0).
-    * ``max_running``: the most turns of the tenant running at once (>= 1; None: no cap).
+    * ``weight``: the tenant's share of turn pickup, relative to the others' (:data:`MIN_WEIGHT` to
+      :data:`MAX_WEIGHT`; default 1.0).
+    * ``max_running``: the most turns of the tenant running at once (1 to :data:`MAX_RUNNING`; None: no cap).
     * ``token_quota``: the most tokens (prompt + completion, as the model server reports them) the tenant's
-      turns may use per window (>= 1; None: no quota).
-    * ``quota_window_seconds``: the length of the quota's fixed window, seconds (>= 60; default 86 400, a day).
+      turns may use per window (1 to :data:`MAX_TOKEN_QUOTA`; None: no quota).
+    * ``quota_window_seconds``: the length of the quota's fixed window, seconds (60 to :data:`MAX_QUOTA_WINDOW`;
+      default 86 400, a day).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    weight: float = Field(1.0, ge=MIN_WEIGHT, allow_inf_nan=False)
-    max_running: int | None = Field(None, ge=1)
-    token_quota: int | None = Field(None, ge=1)
-    quota_window_seconds: int = Field(DEFAULT_QUOTA_WINDOW, ge=MIN_QUOTA_WINDOW)
+    weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)
+    max_running: int | None = Field(None, ge=1, le=MAX_RUNNING)
+    token_quota: int | None = Field(None, ge=1, le=MAX_TOKEN_QUOTA)
+    quota_window_seconds: int = Field(DEFAULT_QUOTA_WINDOW, ge=MIN_QUOTA_WINDOW, le=MAX_QUOTA_WINDOW)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -94,9 +115,25 @@ class TenantLimits(BaseModel):
 
     @classmethod
     def from_fields(cls, fields: dict[bytes, bytes]) -> TenantLimits:
-        """The limits a hash holds (an ``HGETALL`` reply; unknown fields are skipped, absent ones default)."""
+        """The limits a hash holds (an ``HGETALL`` reply; unknown fields are skipped, absent ones default). A
+        number out of its field's range (written by hand or by an older version) is read as the nearest bound of
+        :data:`LIMIT_RANGES`, as the scripts that enforce it read it (docs/tenants.md, Values out of range); a
+        value that is no number of its field raises :class:`InvalidRequestError`."""
         known = {name.decode(): value.decode() for name, value in fields.items() if name.decode() in cls.model_fields}
-        return cls.model_validate(known)
+        return cls.model_validate({name: _bounded(name, raw) for name, raw in known.items()})
+
+
+def _bounded(name: str, raw: str) -> Any:
+    """Stored value ``raw`` of limit ``name``: the nearest bound of its :data:`LIMIT_RANGES` when it is a number
+    out of that range, else ``raw`` as stored."""
+    try:
+        value = float(raw)
+    except ValueError:
+        return raw
+    least, most = LIMIT_RANGES[name]
+    if math.isnan(value) or least <= value <= most:
+        return raw
+    return min(max(value, least), most)
 
 
 def checked_tenant(tenant: Any) -> str:
@@ -174,10 +211,12 @@ def quota_error(tenant: str, used: int, quota: int, reset_at: float) -> QuotaExc
     )  # fmt: skip
 
 
-def quota_arguments(keys: Keys, tenant: str) -> list[Any]:
+def quota_arguments(keys: Keys, tenant: str | None) -> list[Any]:
     """The arguments of ``lib.lua``'s ``quota_window`` for ``tenant`` ahead of the time: its quota counters'
-    prefix and the default window (seconds)."""
-    return [keys.tenant_quota_prefix(tenant), DEFAULT_QUOTA_WINDOW]
+    prefix (``""`` for None: no tenant, nothing to count or check), the default window and the range of a window
+    (seconds), and the largest quota (a stored limit out of range is read as the nearest bound: docs/tenants.md)."""
+    prefix = "" if tenant is None else keys.tenant_quota_prefix(tenant)
+    return [prefix, DEFAULT_QUOTA_WINDOW, MIN_QUOTA_WINDOW, MAX_QUOTA_WINDOW, MAX_TOKEN_QUOTA]
 
 
 def queue_quota(rt: RoundTrip, keys: Keys, tenant: str, now: float | None = None) -> Pending[QuotaStatus]:

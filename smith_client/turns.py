@@ -167,7 +167,7 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str, context: str | None) -
     )
     now = time.time()
     tenant_keys = (keys.tenant_limits(job.tenant),) if job.tenant else ()
-    quota_args = quota_arguments(keys, job.tenant) if job.tenant else ["", 0]
+    quota_args = quota_arguments(keys, job.tenant)
     base = (
         keys.turn_state(job.turn_id),
         keys.conversation_turns(job.conversation_id),

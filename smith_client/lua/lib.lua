@@ -236,18 +236,32 @@ local function registration(key, instance)
   return held, ok and type(holder) == 'table' and holder['instance'] == instance
 end
 
--- A tenant's quota window (docs/tenants.md; smith_client/tenants.py): from its limits hash `limits`, the counter
--- of the window holding `now` (epoch s) -- `counter_prefix` followed by the window's start (epoch s) -- the
--- window's length (s; `default_window` when the hash sets none), its start and the tenant's token quota (nil: none).
-local function quota_window(limits, counter_prefix, default_window, now)
+-- Stored limit `value` as a number in [`least`, `most`], the nearest bound when out of it (a value written by hand
+-- or by an older version: docs/tenants.md, Values out of range); nil when absent or no number (its default applies).
+local function bounded(value, least, most)
+  local number = tonumber(value)
+  if number == nil or number ~= number then return nil end
+  return math.min(math.max(number, tonumber(least)), tonumber(most))
+end
+
+-- The number of quota arguments (smith_client/tenants.py quota_arguments): the tenant's quota counters' prefix
+-- ('' for none), the default window (s), the least and the most window (s), the most quota (tokens).
+local QUOTA_ARGC = 5
+
+-- A tenant's quota window (docs/tenants.md; smith_client/tenants.py): from its limits hash `limits` and the
+-- QUOTA_ARGC arguments `args`, the counter of the window holding `now` (epoch s) -- the counters' prefix followed
+-- by the window's start (epoch s) -- the window's length (s; the default when the hash sets none), its start and
+-- the tenant's token quota (nil: none); stored values out of range are read as the nearest bound.
+local function quota_window(limits, args, now)
+  local counter_prefix, default_window, least_window, most_window, most_quota = unpack(args, 1, QUOTA_ARGC)
   local quota, window = unpack(redis.call('HMGET', limits, 'token_quota', 'quota_window_seconds'))
-  window = tonumber(window) or tonumber(default_window)
+  window = bounded(window, least_window, most_window) or tonumber(default_window)
   local start = math.floor(tonumber(now) / window) * window
-  return counter_prefix .. string.format('%d', start), window, start, tonumber(quota)
+  return counter_prefix .. string.format('%d', start), window, start, bounded(quota, 1, most_quota)
 end
 
 -- The tokens counted in that window, the quota (0: none) and the window's end (epoch s), then its length (s).
-local function tenant_quota(limits, counter_prefix, default_window, now)
-  local counter, window, start, quota = quota_window(limits, counter_prefix, default_window, now)
+local function tenant_quota(limits, args, now)
+  local counter, window, start, quota = quota_window(limits, args, now)
   return {tonumber(redis.call('GET', counter) or '0'), quota or 0, start + window, window}
 end

@@ -3,13 +3,13 @@
 -- a turn still queued (a first caller may have died before its enqueue; arq's rule makes it a no-op).
 -- KEYS: state, conversation FIFO, conversation statuses, the enqueue keys (arq job, arq result, turns
 --       queue, wake-up list, requirements hash, capability sets), the turn's context record, then for each
---       turn named in ARGV[CONTEXT + 3 ..] (CONTEXT = 12 + ENQUEUE_ARGC): its state, its inbox; last, for a turn of a
+--       turn named in ARGV[CONTEXT + QUOTA_ARGC + 1 ..] (CONTEXT = 12 + ENQUEUE_ARGC): its state, its inbox; last, for a turn of a
 --       tenant, the tenant's limits hash.
 -- ARGV: turn id, fingerprint, conversation, agent, policy, message JSON, now (epoch s),
 --       turn TTL s, conversation TTL s, job JSON, control channel, the ENQUEUE_ARGC enqueue arguments
 --       (lib.lua's enqueue_job; the job needs its agent), the caller context's JSON ('' for none: docs/architecture.md, Caller
---       context), the tenant's quota counters' prefix ('' for a turn without a tenant) and the default quota
---       window (s) (lib.lua's quota_window; docs/tenants.md), then the ids of the other turns this call may touch
+--       context), the QUOTA_ARGC quota arguments (lib.lua's quota_window; the counters' prefix '' for a turn
+--       without a tenant; docs/tenants.md), then the ids of the other turns this call may touch
 --       (merge: the last unfinished one; interrupt: all unfinished ones).
 -- Returns {'conflict', id} | {'attach', id, status, alone} | {'busy', id} | {'merged', id, '', alone}
 --       | {'quota', id, used, quota, window end (epoch s)}: the tenant's quota is used up (nothing written)
@@ -22,7 +22,7 @@
 local turn_id, fp, conv, agent, policy, msg, now, turn_ttl, conv_ttl, job, control = unpack(ARGV, 1, 11)
 local state, fifo, statuses = KEYS[1], KEYS[2], KEYS[3]
 local function enqueue() return enqueue_job({unpack(KEYS, 4, 9)}, {unpack(ARGV, 12, 11 + ENQUEUE_ARGC)}) end
-local CONTEXT = 12 + ENQUEUE_ARGC  -- the index of the caller context's JSON in ARGV; the quota's two and the turns follow
+local CONTEXT = 12 + ENQUEUE_ARGC  -- the index of the caller context's JSON in ARGV; the quota's arguments and the turns follow
 -- which live turn workers serve the agent, from their capability sets (ARGV[20] now ms, ARGV[21] set prefix)
 local serving, live = serving_sets(KEYS[9], ARGV[21], agent, ARGV[20])
 if #serving == 0 and live > 0 then
@@ -43,7 +43,7 @@ if existing then
   return {'attach', turn_id, status, alone}
 end
 if ARGV[CONTEXT + 1] ~= '' then  -- a new turn or message of a tenant: refused once its quota is used up
-  local used, quota, reset_at = unpack(tenant_quota(KEYS[#KEYS], ARGV[CONTEXT + 1], ARGV[CONTEXT + 2], now))
+  local used, quota, reset_at = unpack(tenant_quota(KEYS[#KEYS], {unpack(ARGV, CONTEXT + 1, CONTEXT + QUOTA_ARGC)}, now))
   if quota > 0 and used >= quota then return {'quota', turn_id, used, quota, reset_at} end
 end
 local active = unfinished_turns(fifo, statuses)
@@ -51,7 +51,7 @@ if #active > 0 then
   if policy == 'reject' then return {'busy', active[1]} end
   local wanted = {}
   if policy == 'merge' then wanted = {active[#active]} elseif policy == 'interrupt' then wanted = active end
-  local given = {unpack(ARGV, CONTEXT + 3)}
+  local given = {unpack(ARGV, CONTEXT + QUOTA_ARGC + 1)}
   local same = #given == #wanted
   for i, id in ipairs(wanted) do same = same and given[i] == id end
   if not same then return {'keys', unpack(wanted)} end

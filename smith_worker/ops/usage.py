@@ -35,7 +35,7 @@ def queue_count(
             pairs += [usage_field(agent, kind, tenant), getattr(used, kind)]
     if not pairs:
         return
-    quota: list[str | int | float] = [*quota_arguments(keys, tenant), at] if tenant else ["", 0, at]
+    quota: list[str | int | float] = [*quota_arguments(keys, tenant), at]
     args = [USAGE_TTL, *quota, used.prompt + used.completion, QUOTA_TTL_MARGIN, *pairs]
     tenant_keys = [keys.tenant_limits(tenant)] if tenant else []
     rt.script(USAGE_COUNT, [keys.usage_bucket(bucket_of(at)), *tenant_keys], args)

@@ -38,11 +38,13 @@ from typing import Any
 
 from smith_client.keys import ARQ_RETRY_TTL, Keys, now_ms
 from smith_client.scripts import LuaScript
+from smith_client.tenants import LIMIT_RANGES
 from smith_worker.queue.arq_internals import RUN_JOB_ABORT_COMMAND, RUN_JOB_FIRST_TRANSACTION
 
 #: The fields of a tenant's limits hash (:meth:`~smith_client.keys.Keys.tenant_limits`) the claim reads: its weight
-#: and its ``max_running`` cap.
+#: and its ``max_running`` cap, each passed with its range (a stored value out of it is read as the nearest bound).
 LIMIT_FIELDS = ("weight", "max_running")
+_LIMIT_ARGUMENTS = tuple(item for field in LIMIT_FIELDS for item in (field, *LIMIT_RANGES[field]))
 
 #: The scripts of this module, in ``lua/`` beside it.
 CLAIM = LuaScript("claim", __package__)
@@ -147,7 +149,7 @@ async def claim_jobs(
     script_keys = [queue, wake, own_wake, requirements, members, keys.arq_abort_set, Keys.tenant_ring(queue)]
     args = [now, free, read_limit, in_progress_ms, ARQ_RETRY_TTL, tokens_held.queue, tokens_held.own,
             int(take_aborts), int(capset is not None), marker, *Keys.arq_claim_prefixes(),
-            *Keys.tenant_prefixes(queue), *keys.tenant_limits_affixes(), json.dumps(weights or {}), *LIMIT_FIELDS,
+            *Keys.tenant_prefixes(queue), *keys.tenant_limits_affixes(), json.dumps(weights or {}), *_LIMIT_ARGUMENTS,
             int(scan_queue), *ended]  # fmt: skip
     reply = await CLAIM(redis, script_keys, args)
     jobs = [

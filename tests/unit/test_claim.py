@@ -566,6 +566,17 @@ async def test_weights_share_the_slots_and_the_limits_hash_overrides_the_default
     assert sum(name.startswith("b") for name in got) >= 4  # b catches up: its pass grows by 1/3 now
 
 
+async def test_a_stored_weight_out_of_range_is_read_as_its_bound(redis, keys):
+    await enqueue_fair(redis, keys, "a", *(f"a{i}" for i in range(4)))
+    await enqueue_fair(redis, keys, "b", *(f"b{i}" for i in range(4)))
+    await redis.hset(keys.tenant_limits("b"), "weight", "-1")  # by hand: its pass would shrink at each admission
+    try:
+        got = names(await claim_weighted(redis, keys, free=4), keys)
+    finally:
+        await redis.delete(keys.tenant_limits("b"))
+    assert got == ["a0", "b0", "a1", "a2"]  # read as MIN_WEIGHT: b's pass grows by 1000 per admission
+
+
 async def test_max_running_holds_a_tenant_until_its_jobs_end(redis, keys):
     await redis.hset(keys.tenant_limits("capped"), "max_running", "2")
     try:

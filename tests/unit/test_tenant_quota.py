@@ -17,7 +17,15 @@ from smith_client.jobs import TurnJob
 from smith_client.keys import QUOTA_TTL_MARGIN, TENANT_LIMITS_SUFFIX, Keys
 from smith_client.messages import UserMessage
 from smith_client.roundtrip import RoundTrip
-from smith_client.tenants import DEFAULT_QUOTA_WINDOW, checked_limits
+from smith_client.tenants import (
+    DEFAULT_QUOTA_WINDOW,
+    MAX_QUOTA_WINDOW,
+    MAX_RUNNING,
+    MAX_TOKEN_QUOTA,
+    MAX_WEIGHT,
+    MIN_WEIGHT,
+    checked_limits,
+)
 from smith_client.turns import submit_turn
 from smith_client.usage import AgentUsage
 from smith_worker.agent.quota import TurnQuota
@@ -53,7 +61,9 @@ def test_limits_default_to_none_and_refuse_values_out_of_range():
     assert TenantLimits.from_fields({b"token_quota": b"5", b"later_field": b"x"}) == TenantLimits(token_quota=5)
     for field, bad in (("weight", 0), ("weight", -1), ("weight", 1e-320), ("weight", float("inf")),
                        ("weight", float("nan")), ("max_running", 0), ("token_quota", 0), ("token_quota", True), ("token_quota", 1.5),
-                       ("quota_window_seconds", 59), ("nope", 1)):  # fmt: skip
+                       ("quota_window_seconds", 59), ("nope", 1), ("weight", 1e308), ("weight", MAX_WEIGHT * 2),
+                       ("max_running", MAX_RUNNING + 1), ("token_quota", MAX_TOKEN_QUOTA + 1),
+                       ("token_quota", 2**63 - 1), ("quota_window_seconds", MAX_QUOTA_WINDOW + 1)):  # fmt: skip
         for build in (checked_limits, TenantLimits, lambda **given: TenantLimits.model_validate(given)):
             with pytest.raises(InvalidRequestError) as err:  # built directly too: the client's error, not pydantic's
                 build(**{field: bad})
@@ -172,6 +182,58 @@ async def test_the_worker_reads_the_quota_only_for_a_tenant_with_one_and_raises_
     assert over.value.used == 10 and over.value.quota == 10
 
 
+def test_the_bounds_keep_a_quota_exact_in_a_lua_double():
+    assert float(MAX_TOKEN_QUOTA) == MAX_TOKEN_QUOTA and float(MAX_TOKEN_QUOTA + 1) == MAX_TOKEN_QUOTA  # 2**53
+    assert checked_limits(token_quota=MAX_TOKEN_QUOTA, quota_window_seconds=MAX_QUOTA_WINDOW, weight=MAX_WEIGHT,
+                          max_running=MAX_RUNNING).token_quota == MAX_TOKEN_QUOTA  # fmt: skip
+
+
+#: A tenant's limits as an older version, or a hand, may have stored them: each out of its range.
+OUT_OF_RANGE = {"token_quota": "9223372036854775807", "quota_window_seconds": "99999999999999999999",
+                "weight": "1e308", "max_running": "99999999999999999999999"}  # fmt: skip
+
+
+async def test_stored_limits_out_of_range_are_read_as_their_bounds_by_the_client_and_the_scripts(client):
+    keys = client.keys
+    await client.redis.hset(keys.tenant_limits("q2"), mapping=OUT_OF_RANGE)
+    bounded = TenantLimits(token_quota=MAX_TOKEN_QUOTA, quota_window_seconds=MAX_QUOTA_WINDOW, weight=MAX_WEIGHT,
+                           max_running=MAX_RUNNING)  # fmt: skip
+    assert await client.tenant_limits("q2") == bounded
+    status = await client.tenant_quota("q2")
+    assert (status.used, status.quota, status.window_seconds) == (0, MAX_TOKEN_QUOTA, MAX_QUOTA_WINDOW)
+    assert 0 < status.reset_at <= time.time() + MAX_QUOTA_WINDOW
+    rt = RoundTrip()
+    queue_count(rt, keys, "default", used(6, 4), tenant="q2")  # the count's EXPIRE: window + margin, a valid TTL
+    await rt.run(client.redis)
+    counter = keys.tenant_quota("q2", window_start(time.time(), MAX_QUOTA_WINDOW))
+    assert await client.redis.get(counter) == b"10"
+    assert MAX_QUOTA_WINDOW < await client.redis.ttl(counter) <= MAX_QUOTA_WINDOW + QUOTA_TTL_MARGIN
+    turn = TurnJob(turn_id="t-q2", conversation_id="c-q2", tenant="q2", message=UserMessage(content="hi"))
+    assert (await client.runner.run(submit_turn(keys, turn, "enqueue"))).outcome == "new"  # under its quota
+    quota = TurnQuota(keys, "q2")
+    rt = RoundTrip()
+    pending = quota.queue_read(rt)
+    await rt.run(client.redis)
+    quota.check(pending)  # the worker's check: under the quota, no error
+    await client.redis.hset(keys.tenant_limits("q2"), mapping={"quota_window_seconds": "0", "token_quota": "-5",
+                                                               "weight": "-1", "max_running": "0"})  # fmt: skip
+    low = TenantLimits(token_quota=1, quota_window_seconds=60, weight=MIN_WEIGHT, max_running=1)
+    assert await client.tenant_limits("q2") == low
+    status = await client.tenant_quota("q2")
+    assert (status.quota, status.window_seconds) == (1, 60)
+
+
+async def test_smith_tenant_and_usage_show_stored_limits_out_of_range_as_their_bounds(client, monkeypatch, capsys):
+    prefix = client.keys.prefix
+    monkeypatch.setattr(smith_cli, "_connect", lambda args: SmithClient(client.redis, prefix=args.prefix))
+    await client.redis.hset(client.keys.tenant_limits("q2"), mapping=OUT_OF_RANGE)
+    assert await smith_cli._run_tenant(smith_cli.parse_args(["tenant", "show", "q2", "--prefix", prefix])) == 0
+    out = capsys.readouterr().out
+    assert f"token_quota            {MAX_TOKEN_QUOTA}" in out and "quota_window_seconds   31622400" in out
+    assert await smith_cli._run_usage(smith_cli.parse_args(["usage", "--tenant", "q2", "--prefix", prefix])) == 0
+    assert f"token quota: 0 of {MAX_TOKEN_QUOTA} tokens used in the current 31622400 s window" in capsys.readouterr().out
+
+
 def test_smith_tenant_parses_its_action_and_limits():
     args = smith_cli.parse_args(["tenant", "set", "acme", "--token-quota", "1000", "--window", "3600"])
     assert (args.action, args.tenant, args.limits) == ("set", "acme", {"token_quota": 1000,
@@ -182,7 +244,9 @@ def test_smith_tenant_parses_its_action_and_limits():
     for argv in (["tenant", "set", "acme"], ["tenant", "show", "acme", "--weight", "2"],
                  ["tenant", "set", "acme", "--weight", "0"], ["tenant", "set", "acme", "--window", "59"],
                  ["tenant", "set", "a/b", "--weight", "1"], ["tenant", "set", "acme", "--token-quota", "x"],
-                 ["tenant", "drop", "acme"]):  # fmt: skip
+                 ["tenant", "drop", "acme"], ["tenant", "set", "q2", "--token-quota", "9223372036854775807"],
+                 ["tenant", "set", "q2", "--window", "99999999999999999999"], ["tenant", "set", "q2", "--weight", "1e308"],
+                 ["tenant", "set", "q2", "--max-running", "99999999999999999999999"]):  # fmt: skip
         with pytest.raises(SystemExit) as exit_:
             smith_cli.parse_args(argv)
         assert exit_.value.code == 2, argv

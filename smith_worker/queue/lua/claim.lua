@@ -43,8 +43,10 @@
 --       the queue, so their keys cannot be given in KEYS; then the prefixes of a tenant's waiting and
 --       running ZSETs (Keys.tenant_prefixes), the prefix and suffix of a tenant's limits hash
 --       (Keys.tenant_limits_affixes), the default weights as a JSON object (tenant -> weight; '' is no
---       tenant), the names of the hash's weight and max_running fields, whether to read the queue's ready
---       jobs (1 or 0); then the ids of the worker's jobs that ended.
+--       tenant), the names of the hash's weight and max_running fields, each followed by its least and most
+--       value (smith_client/tenants.py LIMIT_RANGES: a stored value out of range is read as the nearest bound,
+--       docs/tenants.md), whether to read the queue's ready jobs (1 or 0); then the ids of the worker's jobs
+--       that ended.
 -- Returns {next deferred score or nil, 1 if the queue's ready jobs were read and filled the free slots (more
 --          may be ready) else 0, then for each job claimed: id, score, job record or nil (expired), try,
 --          1 if it had an abort request else 0}.
@@ -54,11 +56,12 @@ local free, held, held_set = tonumber(ARGV[2]), tonumber(ARGV[6]), tonumber(ARGV
 local take_aborts, check, marker = ARGV[8] == '1', ARGV[9] == '1', ARGV[10]
 local in_progress_prefix, job_prefix, retry_prefix = ARGV[11], ARGV[12], ARGV[13]
 local waiting_prefix, running_prefix, limits_prefix, limits_suffix = ARGV[14], ARGV[15], ARGV[16], ARGV[17]
-local default_weights, weight_field, cap_field = cjson.decode(ARGV[18]), ARGV[19], ARGV[20]
-local scan = ARGV[21] == '1'
+local default_weights, weight_field, cap_field = cjson.decode(ARGV[18]), ARGV[19], ARGV[22]
+local least_weight, most_weight, least_cap, most_cap = ARGV[20], ARGV[21], ARGV[23], ARGV[24]
+local scan = ARGV[25] == '1'
 
-if #ARGV >= 22 then
-  local ended = {unpack(ARGV, 22)}
+if #ARGV >= 26 then
+  local ended = {unpack(ARGV, 26)}
   for i, score in ipairs(redis.call('ZMSCORE', queue, unpack(ended))) do
     if score then scan = true else redis.call('HDEL', requirements, ended[i]) end
   end
@@ -105,7 +108,7 @@ local function share(tenant)
   local weight, cap
   if tenant ~= '' then
     local limits = redis.call('HMGET', limits_prefix .. tenant .. limits_suffix, weight_field, cap_field)
-    weight, cap = tonumber(limits[1]), tonumber(limits[2])
+    weight, cap = bounded(limits[1], least_weight, most_weight), bounded(limits[2], least_cap, most_cap)
   end
   weight = weight or tonumber(default_weights[tenant]) or 1
   if not cap then return weight, nil end
