@@ -342,10 +342,9 @@ async def _run_tenant(args: argparse.Namespace) -> int:
             if not await client.clear_tenant_limits(args.tenant):
                 print(f"tenant {args.tenant!r} has no limits under prefix {args.prefix!r}", file=sys.stderr)
             return 0
+        if args.action == "set":  # only the fields given, atomically: a concurrent set of others stands
+            await client.update_tenant_limits(args.tenant, **args.limits)
         limits = await client.tenant_limits(args.tenant)
-        if args.action == "set":
-            limits = checked_limits(limits.model_copy(update=args.limits).model_dump())
-            await client.set_tenant_limits(args.tenant, limits)
         status = await client.tenant_quota(args.tenant)
     print(f"tenant {args.tenant!r}, prefix {args.prefix!r}:")
     for name, value in limits.model_dump().items():

@@ -216,6 +216,9 @@ class ClientBase:
     def _op_set_tenant_limits(self, tenant: str, limits: TenantLimits) -> Operation[None]:
         return tenants.set_limits(self.keys, tenant, limits)
 
+    def _op_update_tenant_limits(self, tenant: str, changes: dict[str, Any]) -> Operation[None]:
+        return tenants.update_limits(self.keys, tenant, changes)
+
     def _op_tenant_limits(self, tenant: str) -> Operation[TenantLimits]:
         return tenants.read_limits(self.keys, tenant)
 
@@ -496,6 +499,13 @@ class SmithClient(ClientBase):
         Raises :class:`InvalidRequestError` for a bad tenant name (None included: the turns without a tenant have no
         limits) or a value of ``limits`` out of its range."""
         await self.runner.run(self._op_set_tenant_limits(tenant, limits))
+
+    async def update_tenant_limits(self, tenant: str, **changes: Any) -> None:
+        """Change only the limits given (``weight=``, ``max_running=``, ``token_quota=``, ``quota_window_seconds=``;
+        a field's default, None for ``max_running`` and ``token_quota``, resets it), keeping the tenant's others,
+        in one transaction: concurrent updates of different fields all stand (docs/tenants.md).
+        :meth:`set_tenant_limits`'s errors, and :class:`InvalidRequestError` when no change is given."""
+        await self.runner.run(self._op_update_tenant_limits(tenant, changes))
 
     async def tenant_limits(self, tenant: str) -> TenantLimits:
         """Tenant ``tenant``'s limits (every default when none are set); :meth:`set_tenant_limits`'s errors."""

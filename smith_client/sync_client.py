@@ -167,6 +167,12 @@ class SyncSmithClient(ClientBase):
         replace a tenant's limits; the same rules and errors."""
         self.runner.run(self._op_set_tenant_limits(tenant, limits))
 
+    def update_tenant_limits(self, tenant: str, **changes: Any) -> None:
+        """Blocking :meth:`SmithClient.update_tenant_limits
+        <smith_client.client.SmithClient.update_tenant_limits>`: change only the limits given; the same rules and
+        errors."""
+        self.runner.run(self._op_update_tenant_limits(tenant, changes))
+
     def tenant_limits(self, tenant: str) -> TenantLimits:
         """Blocking :meth:`SmithClient.tenant_limits <smith_client.client.SmithClient.tenant_limits>`."""
         return self.runner.run(self._op_tenant_limits(tenant))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -160,6 +161,28 @@ def set_limits(keys: Keys, tenant: Any, limits: Any) -> Operation[None]:
     rt = RoundTrip(transaction=True)  # a reader sees the old limits or the new ones, never none
     rt.call("delete", keys.tenant_limits(name))
     rt.call("hset", keys.tenant_limits(name), mapping=checked.to_fields())
+    yield from run(rt)
+
+
+def update_limits(keys: Keys, tenant: Any, changes: Mapping[str, Any]) -> Operation[None]:
+    """Operation: change only the limits ``changes`` names (field → value; the field's default resets it)
+    in tenant ``tenant``'s hash, the others kept as they are, in one transaction: ``HSET`` of the values given,
+    ``HDEL`` of the fields reset, and ``weight`` stored when the hash had none (:meth:`TenantLimits.to_fields`), so
+    two updates of different fields at once both stand. Raises :class:`InvalidRequestError` for a bad tenant or
+    value, or no change."""
+    name = checked_tenant(tenant)
+    if not changes:
+        raise InvalidRequestError("tenant limits: no change given", field="limits")
+    checked = checked_limits(dict(changes))  # every value in range; the fields not given at their default
+    written = checked.to_fields()
+    stored = {field: written[field] for field in changes if field in written}
+    reset = [field for field in changes if field not in written]
+    rt = RoundTrip(transaction=True)
+    rt.call("hsetnx", keys.tenant_limits(name), "weight", written["weight"])
+    if stored:
+        rt.call("hset", keys.tenant_limits(name), mapping=stored)
+    if reset:
+        rt.call("hdel", keys.tenant_limits(name), *reset)
     yield from run(rt)
 
 

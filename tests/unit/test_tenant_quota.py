@@ -4,6 +4,7 @@ The scripts run on a real redis-server (the ``redis_url`` fixture)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 
@@ -232,6 +233,31 @@ async def test_smith_tenant_and_usage_show_stored_limits_out_of_range_as_their_b
     assert f"token_quota            {MAX_TOKEN_QUOTA}" in out and "quota_window_seconds   31622400" in out
     assert await smith_cli._run_usage(smith_cli.parse_args(["usage", "--tenant", "q2", "--prefix", prefix])) == 0
     assert f"token quota: 0 of {MAX_TOKEN_QUOTA} tokens used in the current 31622400 s window" in capsys.readouterr().out
+
+
+async def test_an_update_changes_only_the_fields_given_and_concurrent_ones_all_stand(client):
+    await client.update_tenant_limits("acme", token_quota=500)
+    assert await client.redis.hgetall(client.keys.tenant_limits("acme")) == {b"weight": b"1.0", b"token_quota": b"500"}
+    await client.set_tenant_limits("acme", TenantLimits(weight=2, token_quota=500, quota_window_seconds=600))
+    await client.update_tenant_limits("acme", token_quota=None, max_running=3)  # None: back to no quota
+    assert await client.tenant_limits("acme") == TenantLimits(weight=2, max_running=3, quota_window_seconds=600)
+    await client.update_tenant_limits("acme", quota_window_seconds=DEFAULT_QUOTA_WINDOW)  # its default: not stored
+    assert await client.redis.hgetall(client.keys.tenant_limits("acme")) == {b"weight": b"2.0", b"max_running": b"3"}
+    for bad in ({}, {"max_running": 0}, {"nope": 1}):
+        with pytest.raises(InvalidRequestError):
+            await client.update_tenant_limits("acme", **bad)
+    assert await client.tenant_limits("acme") == TenantLimits(weight=2, max_running=3)
+
+
+async def test_concurrent_smith_tenant_sets_of_different_fields_both_stand(client, monkeypatch, capsys):
+    prefix = client.keys.prefix
+    monkeypatch.setattr(smith_cli, "_connect", lambda args: SmithClient(client.redis, prefix=args.prefix))
+
+    async def smith(*argv: str) -> int:
+        return await smith_cli._run_tenant(smith_cli.parse_args(["tenant", "set", "acme", *argv, "--prefix", prefix]))
+
+    assert await asyncio.gather(smith("--token-quota", "1000"), smith("--max-running", "4")) == [0, 0]
+    assert await client.tenant_limits("acme") == TenantLimits(token_quota=1000, max_running=4)
 
 
 def test_smith_tenant_parses_its_action_and_limits():
