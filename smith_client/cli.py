@@ -268,7 +268,7 @@ async def _run_status(args: argparse.Namespace) -> int:
         jobs = queue.counts
         print(f"{name:<24} {jobs.queued:>7} {jobs.running:>8} {jobs.deferred:>8} {len(queue.workers):>8}")
         for tenant, count in sorted(jobs.waiting.items()):
-            print(f"  waiting, tenant {tenant or '-'}: {count}")
+            print(f"  waiting, tenant {_tenant_label(tenant)}: {count}")
         if jobs.unchecked:
             print(f"  {jobs.unchecked} more due jobs, queued or running: only the oldest {DUE_SCAN_LIMIT} were checked")
     print(f"running turns: {status.running_turns}")
@@ -279,17 +279,27 @@ async def _run_status(args: argparse.Namespace) -> int:
     return 0
 
 
+#: How ``smith status`` and ``smith usage --by-tenant`` name the turns with no tenant: not a tenant name (a tenant
+#: takes no parentheses, :func:`~smith_client.validation.check_tenant`), so no tenant's rows merge with theirs.
+NO_TENANT_LABEL = "(none)"
+
+
+def _tenant_label(tenant: str | None) -> str:
+    """``tenant`` as printed: :data:`NO_TENANT_LABEL` for none (``""`` or None), else the name itself."""
+    return tenant or NO_TENANT_LABEL
+
+
 async def _run_usage(args: argparse.Namespace) -> int:
     """``smith usage [--hours N | --day] [--agent NAME] [--tenant NAME] [--by-tenant]``: one row per agent (per
-    tenant and agent with ``--by-tenant``, ``-`` naming the turns with no tenant) with model calls and tokens over
-    the window (only ``--tenant``'s turns' when given), then the sum of the rows when there are several; one line
-    on stderr when nothing was counted."""
+    tenant and agent with ``--by-tenant``, :data:`NO_TENANT_LABEL` naming the turns with no tenant) with model calls
+    and tokens over the window (only ``--tenant``'s turns' when given), then the sum of the rows when there are
+    several; one line on stderr when nothing was counted."""
     found: dict[tuple[str, ...], AgentUsage]
     quota: QuotaStatus | None = None
     async with _connect(args) as client:
         if args.by_tenant:
             grouped = await client.usage_by_tenant(args.hours * 3600, args.agent, args.tenant)
-            found = {(tenant or "-", name): u for tenant, agents in grouped.items() for name, u in agents.items()}
+            found = {(tenant, name): u for tenant, agents in grouped.items() for name, u in agents.items()}
         else:
             per_agent = await client.usage(args.hours * 3600, args.agent, args.tenant)
             found = {(name,): u for name, u in per_agent.items()}
@@ -309,9 +319,10 @@ async def _run_usage(args: argparse.Namespace) -> int:
     of_tenant = f", tenant {args.tenant!r}" if args.tenant else ""
     print(f"model calls and tokens in {window} (to the minute), prefix {args.prefix!r}{of_tenant}:")
     header = (*names, "requests", "prompt", "completion", "total")
+    labels = {key: (_tenant_label(key[0]), *key[1:]) if args.by_tenant else key for key in found}
     cells = [
         header,
-        *((*key, *(str(n) for n in (u.requests, u.prompt, u.completion, u.total))) for key, u in found.items()),
+        *((*labels[key], *(str(n) for n in (u.requests, u.prompt, u.completion, u.total))) for key, u in found.items()),
     ]
     widths = [max(len(line[column]) for line in cells) for column in range(len(header))]
     for line in cells:
@@ -545,7 +556,7 @@ _ARGUMENTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "usage": [
         ("--hours", {"metavar": "N", "type": _hours, "help": "the window, hours up to 24 (default: 1)"}),
         ("--day", {"action": "store_true", "help": "the last 24 hours"}),
-        ("--by-tenant", {"action": "store_true", "help": "one row per tenant and agent (-: no tenant)"}),
+        ("--by-tenant", {"action": "store_true", "help": f"one row per tenant and agent ({NO_TENANT_LABEL}: none)"}),
     ],
     "tenant": [
         ("action", {"choices": ("set", "show", "clear"), "help": "what to do"}),

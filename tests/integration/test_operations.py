@@ -328,7 +328,7 @@ async def test_smith_status_tells_queued_running_and_deferred_jobs_apart(redis_u
     job = {name: f"{keys.prefix}:{name}" for name in ("re-run", "running-turn", "recheck", "call", "running-call",
                                                       "retry", "retry-2")}  # fmt: skip
     try:
-        for turn, tenant in (("a1", "acme"), ("a2", "acme"), ("n1", None)):
+        for turn, tenant in (("a1", "acme"), ("a2", "acme"), ("n1", None), ("d1", "-")):
             assert await enqueue_job(redis, RUN_TURN, {}, job_id=keys.turn_job_id(turn), queue=keys.turns_queue,
                                      fair=True, tenant=tenant)  # fmt: skip
         await redis.zadd(keys.turns_queue, {job["re-run"]: now_ms - 1_000, job["running-turn"]: now_ms - 9_000,
@@ -340,14 +340,14 @@ async def test_smith_status_tells_queued_running_and_deferred_jobs_apart(redis_u
             await redis.set(Keys.arq_in_progress(job[running]), b"1", ex=60)
         status = await fleet_status(redis, keys)
         turns, tools = status.queues[keys.turns_queue].counts, status.queues[keys.tools_queue].counts
-        assert (turns.queued, turns.running, turns.deferred, turns.waiting) == (4, 1, 1, {"acme": 2, "": 1})
+        assert (turns.queued, turns.running, turns.deferred, turns.waiting) == (5, 1, 1, {"acme": 2, "": 1, "-": 1})
         assert (tools.queued, tools.running, tools.deferred, tools.waiting) == (1, 1, 2, {})
         lines = await asyncio.to_thread(smith_status_of, redis_url, keys.prefix)
         assert lines[0].split() == ["queue", "queued", "running", "deferred", "workers"]
-        assert lines[1].split() == [keys.turns_queue, "4", "1", "1", "0"]
-        assert lines[2:4] == ["  waiting, tenant -: 1", "  waiting, tenant acme: 2"]
-        assert lines[4].split() == [keys.tools_queue, "1", "1", "2", "0"]
-        assert lines[5] == "running turns: 0"
+        assert lines[1].split() == [keys.turns_queue, "5", "1", "1", "0"]
+        assert lines[2:5] == ["  waiting, tenant (none): 1", "  waiting, tenant -: 1", "  waiting, tenant acme: 2"]
+        assert lines[5].split() == [keys.tools_queue, "1", "1", "2", "0"]
+        assert lines[6] == "running turns: 0"
     finally:
         await forget(redis, keys.prefix)
         await redis.aclose()

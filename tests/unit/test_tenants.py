@@ -145,7 +145,7 @@ async def test_smith_usage_filters_by_tenant_and_groups_by_tenant(monkeypatch, c
     redis, prefix = connect_redis(redis_url), f"u{time.time_ns()}"
     monkeypatch.setattr(smith_cli, "_connect", lambda args: SmithClient(redis, prefix=args.prefix))
     rt = RoundTrip()
-    for tenant, used in (("acme", calls(1, 10, 5)), (None, calls(2, 20, 10))):
+    for tenant, used in (("acme", calls(1, 10, 5)), (None, calls(2, 20, 10)), ("-", calls(4, 1, 1))):
         queue_count(rt, Keys(prefix), "default", used, tenant=tenant)
     await rt.run(redis)
     try:
@@ -162,9 +162,10 @@ async def test_smith_usage_filters_by_tenant_and_groups_by_tenant(monkeypatch, c
         assert await smith_cli._run_usage(smith_cli.parse_args(["usage", "--prefix", prefix, "--by-tenant"])) == 0
         assert [line.split() for line in capsys.readouterr().out.splitlines()[1:]] == [
             ["tenant", "agent", "requests", "prompt", "completion", "total"],
-            ["-", "default", "2", "20", "10", "30"],
+            ["(none)", "default", "2", "20", "10", "30"],
+            ["-", "default", "4", "1", "1", "2"],  # a tenant named "-": its own row, not the turns with none
             ["acme", "default", "1", "10", "5", "15"],
-            ["(all)", "3", "30", "15", "45"],
+            ["(all)", "7", "31", "16", "47"],
         ]
         zed = ["usage", "--prefix", prefix, "--tenant", "zed"]
         assert await smith_cli._run_usage(smith_cli.parse_args(zed)) == 0
