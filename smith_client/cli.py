@@ -3,7 +3,9 @@
 * ``smith ask "question"`` runs one turn; ``smith chat`` is a REPL. Tokens go
   to stdout as they arrive; one status line per tool call and result goes to
   stderr. With ``--tenant NAME`` their turns are sent for that tenant, as ``send(..., tenant=)`` sends them
-  (docs/architecture.md, Tenants; a bad name is an ``InvalidRequestError`` line, exit code 1).
+  (docs/architecture.md, Tenants; a bad name is an ``InvalidRequestError`` line, exit code 1, as for every value
+  checked by the client's rules, ``smith tenant``'s name and limits included; a malformed argument is argparse's
+  usage error, exit code 2).
 * ``smith keys --conversation ID`` lists that conversation's Redis keys and TTLs.
 * ``smith status`` prints per queue its jobs queued (due now and not picked up, or on the turns queue waiting for
   admission), running (picked up: arq's in-progress key is held) and deferred (due later: a parked turn's recheck,
@@ -347,7 +349,10 @@ def _quota_line(status: QuotaStatus) -> str:
 async def _run_tenant(args: argparse.Namespace) -> int:
     """``smith tenant set|show|clear TENANT``: ``set`` changes the limits given (the others keep their values) and
     prints the tenant's limits, as ``show`` does, then the tokens used in its current quota window and the window's
-    end; ``clear`` deletes its limits (one line on stderr when it had none)."""
+    end; ``clear`` deletes its limits (one line on stderr when it had none). A bad name or limit raises
+    :class:`~smith_client.errors.InvalidRequestError` before any connection."""
+    checked_tenant(args.tenant)
+    checked_limits(**args.limits)
     async with _connect(args) as client:
         if args.action == "clear":
             if not await client.clear_tenant_limits(args.tenant):
@@ -663,16 +668,12 @@ _LIMIT_OPTIONS = {"weight": "weight", "max_running": "max_running", "token_quota
 
 
 def _check_tenant_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """``smith tenant``'s arguments: a tenant name, and for ``set`` at least one limit, each in its range (put in
-    ``args.limits``, field → value); ``show`` and ``clear`` take none. Else a usage error (exit code 2)."""
+    """``smith tenant``'s arguments: for ``set`` at least one limit (put in ``args.limits``, field → value);
+    ``show`` and ``clear`` take none. Else a usage error (exit code 2). The name and the values are checked by the
+    client's rules when the command runs, as ``--tenant``'s are (an ``InvalidRequestError`` line, exit code 1)."""
     given = {
         field: getattr(args, option) for option, field in _LIMIT_OPTIONS.items() if getattr(args, option) is not None
     }
-    try:
-        checked_tenant(args.tenant)
-        checked_limits(**given)
-    except SmithError as exc:
-        parser.error(f"tenant {args.action}: {exc.message}")
     if args.action == "set" and not given:
         parser.error("tenant set needs at least one of --weight, --max-running, --token-quota, --window")
     if args.action != "set" and given:

@@ -268,14 +268,25 @@ def test_smith_tenant_parses_its_action_and_limits():
         "weight": 0.5, "max_running": 4}  # fmt: skip
     assert smith_cli.parse_args(["tenant", "show", "acme"]).limits == {}
     for argv in (["tenant", "set", "acme"], ["tenant", "show", "acme", "--weight", "2"],
-                 ["tenant", "set", "acme", "--weight", "0"], ["tenant", "set", "acme", "--window", "59"],
-                 ["tenant", "set", "a/b", "--weight", "1"], ["tenant", "set", "acme", "--token-quota", "x"],
-                 ["tenant", "drop", "acme"], ["tenant", "set", "q2", "--token-quota", "9223372036854775807"],
-                 ["tenant", "set", "q2", "--window", "99999999999999999999"], ["tenant", "set", "q2", "--weight", "1e308"],
-                 ["tenant", "set", "q2", "--max-running", "99999999999999999999999"]):  # fmt: skip
-        with pytest.raises(SystemExit) as exit_:
+                 ["tenant", "set", "acme", "--token-quota", "x"], ["tenant", "drop", "acme"]):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_:  # malformed: argparse's usage error
             smith_cli.parse_args(argv)
         assert exit_.value.code == 2, argv
+
+
+@pytest.mark.parametrize("argv", [
+    ["set", "acme", "--weight", "0"], ["set", "acme", "--window", "59"], ["set", "a/b", "--weight", "1"],
+    ["set", "a:b", "--weight", "1"], ["show", "a:b"], ["clear", "a:b"],
+    ["set", "q2", "--token-quota", "9223372036854775807"], ["set", "q2", "--window", "99999999999999999999"],
+    ["set", "q2", "--weight", "1e308"], ["set", "q2", "--max-running", "99999999999999999999999"],
+])  # fmt: skip
+def test_smith_tenant_refuses_a_bad_name_or_limit_as_ask_refuses_a_bad_tenant(argv, monkeypatch, capsys):
+    """Checked by the client's rules before any connection: one InvalidRequestError line, exit code 1."""
+    monkeypatch.setenv("SMITH_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing answers: refused before connecting
+    with pytest.raises(SystemExit) as exit_:
+        smith_cli.smith_main(["tenant", *argv])
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err.startswith("smith: InvalidRequestError: ")
 
 
 async def test_smith_tenant_sets_shows_and_clears(client, monkeypatch, capsys):
