@@ -42,6 +42,7 @@ TENANT_COMMANDS = (
     "setex",
     "hget",
     "hset",
+    "hsetnx",
     "hgetall",
     "hincrby",
     "hdel",

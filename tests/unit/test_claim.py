@@ -689,6 +689,7 @@ async def test_a_fair_job_s_place_in_its_tenant_s_line_can_be_kept_from_an_earli
     early = now_ms() - 60_000
     assert await enqueue_job(redis, "probe", {}, job_id=jid(keys, "rerun"), queue=keys.tools_queue, fair=True,
                              tenant="t", since_ms=early)  # fmt: skip
+    await asyncio.sleep(0.005)  # "later" (now) scores after "w1", not in the same millisecond
     assert await enqueue_job(redis, "probe", {}, job_id=jid(keys, "later"), queue=keys.tools_queue, fair=True,
                              tenant="t", since_ms=now_ms() + 60_000)  # fmt: skip
     assert await redis.zscore(Keys.tenant_waiting(keys.tools_queue, "t"), jid(keys, "rerun")) == early
