@@ -56,7 +56,7 @@ def enqueue_call(
     refuse_unserved: bool = False,
     fair: bool = False,
     tenant: str | None = None,
-    since_ms: int | None = None,
+    since_ms: float | None = None,
 ) -> tuple[list[str], list[Any]]:
     """The ``KEYS`` and ``ARGV`` of the ``enqueue`` script for one job.
 
@@ -68,21 +68,23 @@ def enqueue_call(
     ``refuse_unserved``, nothing is enqueued when live workers exist but none serves it.
     With ``fair`` (a turn job due now), the job waits on ``tenant``'s waiting list until the claim admits it
     in its tenant's turn (:meth:`Keys.tenant_ring`; docs/architecture.md, Fair pickup); a deferred job
-    (``defer``) is never: it was admitted once already (a parked turn's recheck). ``since_ms`` (epoch ms, at
-    most now) is a fair job's place in its tenant's line, oldest first: a turn run again (its worker died or
-    stopped, docs/architecture.md, Fair pickup) keeps the place of its first run; default now.
+    (``defer``) is never: it was admitted once already (a parked turn's recheck). ``since_ms`` (epoch ms with
+    its fraction, within the current millisecond at most: else now) is a fair job's place in its tenant's line,
+    oldest first: a turn's submit passes its ``created_at`` to the microsecond, so turns sent within one
+    millisecond keep their order, and a turn run again (its worker died or stopped, docs/architecture.md, Fair
+    pickup) passes the same time, keeping its place; default now.
     """
     now = now_ms()
-    score = now + round(defer * 1000) if defer else now
+    score: float = now + round(defer * 1000) if defer else now
     fair = fair and not defer
-    if fair and since_ms is not None:
-        score = min(since_ms, now)
+    if fair and since_ms is not None and since_ms < now + 1:
+        score = since_ms
     job = serialize_job(function, (payload,), {}, None, now, serializer=job_serializer)
     keys = [Keys.arq_job(job_id), Keys.arq_result(job_id), queue, Keys.wake_list(queue),
             Keys.job_requirements(queue), Keys.capability_sets(queue)]  # fmt: skip
     if skip_key is not None:
         keys.append(skip_key)
-    expiry_ms = max(score, now) - now + expires_extra_ms  # a line's place in the past does not shorten it
+    expiry_ms = round(max(score - now, 0)) + expires_extra_ms  # a line's place in the past does not shorten it
     args = [expiry_ms, job, score, job_id, WAKE_TTL, WAKE_CAP, requires, int(refuse_unserved), now,
             *Keys.capability_prefixes(queue), int(fair), tenant or "", Keys.tenant_prefixes(queue)[0],
             Keys.tenant_ring(queue)]  # fmt: skip
@@ -100,7 +102,7 @@ async def enqueue_job(
     requires: str = "",
     fair: bool = False,
     tenant: str | None = None,
-    since_ms: int | None = None,
+    since_ms: float | None = None,
 ) -> bool:
     """Enqueue ``function(payload)`` as arq job ``job_id`` on ``queue`` (asyncio redis-py client), for a
     worker that serves ``requires`` ("" for any worker); ``fair``, ``tenant`` and ``since_ms`` as

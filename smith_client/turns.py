@@ -156,6 +156,7 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str, context: str | None) -
     the conversation; the script names them (a ``keys`` reply) and is called again with their keys.
     The script enqueues the turn's arq job itself (a new turn, or one still queued), so submitting
     is one round trip."""
+    now = time.time()  # the turn's created_at, and its place in its tenant's line (to the microsecond)
     enqueue_keys, enqueue_args = enqueue_call(
         RUN_TURN,
         job.model_dump(mode="json"),
@@ -164,8 +165,8 @@ def _run_submit(keys: Keys, job: TurnJob, multitask: str, context: str | None) -
         requires=job.agent,  # a turn runs on a worker serving its agent
         fair=True,
         tenant=job.tenant,
+        since_ms=now * 1000,
     )
-    now = time.time()
     tenant_keys = (keys.tenant_limits(job.tenant),) if job.tenant else ()
     quota_args = quota_arguments(keys, job.tenant)
     base = (

@@ -369,7 +369,7 @@ async def _enqueue_turn(redis: Any, keys: Keys, turn_id: str, job_id: str, defer
     if payload is None:
         return False
     job = TurnJob.model_validate_json(payload)
-    since_ms = round(float(created_at) * 1000) if created_at else None
+    since_ms = float(created_at) * 1000 if created_at else None  # to the microsecond, as its submit placed it
     return await enqueue_job(
         redis,
         RUN_TURN,

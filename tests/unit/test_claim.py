@@ -705,14 +705,15 @@ async def test_a_turn_enqueued_again_waits_at_the_place_of_its_submit(redis_url,
 
     async with SmithClient.from_url(redis_url, prefix=keys.prefix) as client:
         first = await client.submit("first", conversation_id="c-first", tenant="t")
-        for i in range(3):
-            await client.submit(f"next {i}", conversation_id=f"c-{i}", tenant="t")
+        # sent one after the other, several within one millisecond: their order is kept to the microsecond
+        after = [await client.submit(f"next {i}", conversation_id=f"c-{i}", tenant="t") for i in range(12)]
     waiting = Keys.tenant_waiting(keys.turns_queue, "t")
     assert await redis.zrem(waiting, keys.turn_job_id(first.turn_id))  # its job was lost
     assert await wake_head(redis, keys, "c-first") == first.turn_id  # enqueued again, as a re-run is
-    got = await claim_jobs(redis, keys, keys.turns_queue, free=1, read_limit=1000, in_progress_ms=IN_PROGRESS_MS,
+    got = await claim_jobs(redis, keys, keys.turns_queue, free=13, read_limit=1000, in_progress_ms=IN_PROGRESS_MS,
                            tokens_held=HeldTokens(), take_aborts=False, claimer="w:0", capset=None)  # fmt: skip
-    assert [job.job_id for job in got.jobs] == [keys.turn_kick_job_id(first.turn_id)]
+    expected = [keys.turn_kick_job_id(first.turn_id), *(keys.turn_job_id(handle.turn_id) for handle in after)]
+    assert [job.job_id for job in got.jobs] == expected
 
 
 async def test_a_turn_cancelled_before_it_started_leaves_its_tenant_s_line(redis_url, redis, keys):
