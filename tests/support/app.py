@@ -19,11 +19,13 @@ def _marker_key(name: str) -> str:
 
 
 async def _record(name: str, value: str) -> None:
-    """Write a marker the test process can read (with a TTL, like every key)."""
+    """Write a marker the test process can read (with a TTL, like every key).
+
+    RPUSH and EXPIRE go in one MULTI: a tool cancelled between two separate commands left a key with no TTL.
+    """
     client = aioredis.Redis.from_url(os.environ["SMITH_REDIS_URL"])
     try:
-        await client.rpush(_marker_key(name), value)
-        await client.expire(_marker_key(name), 3600)
+        await client.pipeline(transaction=True).rpush(_marker_key(name), value).expire(_marker_key(name), 3600).execute()
     finally:
         await client.aclose()
 
@@ -101,8 +103,7 @@ def _record_sync(name: str, value: str) -> None:
     """:func:`_record` for sync hooks, which run on the worker's event loop and cannot await."""
     client = redis.Redis.from_url(os.environ["SMITH_REDIS_URL"])
     try:
-        client.rpush(_marker_key(name), value)
-        client.expire(_marker_key(name), 3600)
+        client.pipeline(transaction=True).rpush(_marker_key(name), value).expire(_marker_key(name), 3600).execute()
     finally:
         client.close()
 
@@ -424,9 +425,9 @@ def _attempt(label: str) -> int:
     """Count one attempt under `attempts:<label>` and return how many there were (works in any process)."""
     client = redis.Redis.from_url(os.environ["SMITH_REDIS_URL"])
     try:
-        count = int(client.rpush(_marker_key(f"attempts:{label}"), "run"))
-        client.expire(_marker_key(f"attempts:{label}"), 3600)
-        return count
+        key = _marker_key(f"attempts:{label}")
+        count, _ = client.pipeline(transaction=True).rpush(key, "run").expire(key, 3600).execute()
+        return int(count)
     finally:
         client.close()
 
