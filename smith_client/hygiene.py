@@ -104,8 +104,8 @@ async def conversation_keys(redis: Redis, keys: Keys, conversation_id: str) -> l
 
 
 async def keys_without_ttl(redis: Redis, keys: Keys) -> list[str]:
-    """Keys of this prefix (arq's keys of its jobs and arq's abort set included) with no TTL and no documented owner."""
-    found = [keys.arq_abort_set] if await redis.ttl(keys.arq_abort_set) == -1 else []
+    """Keys of this prefix (arq's keys of its jobs included) with no TTL and no documented owner."""
+    found: list[str] = []
     for pattern in (keys.all_pattern, keys.arq_pattern):
         async for raw in redis.scan_iter(match=pattern, count=1000):
             name = raw.decode()

@@ -3,7 +3,9 @@
 Every name starts with the deployment's prefix (``SMITH_PREFIX``, default
 ``smith``) so several deployments or test runs can share one Redis database.
 arq's own keys (``arq:job:<id>``, ``arq:result:<id>``, ``arq:in-progress:<id>``)
-are global per database, so queue names and job ids carry the prefix too.
+are global per database, so queue names and job ids carry the prefix too. arq's one
+key that no job id names, its abort set ``arq:abort``, is replaced by the prefix's
+own (:attr:`Keys.abort_set`): no process of this project touches ``arq:abort``.
 
 Lifetimes (docs/architecture.md, Keys and Lifetimes; every key has a TTL or an owner). ``turn_ttl`` and
 ``history_ttl`` are the two configurable ones (:attr:`Keys.turn_ttl`,
@@ -76,8 +78,11 @@ key                                      what                            lifetim
 ``{p}:llm-rate:{e}``                     model endpoint e's fleet-wide   until its state says nothing more: the
                                          rate limit and pause (hash)     later of its theoretical arrival times
                                                                          and its pause (set by each change)
+``{p}:abort-requests``                   abort requests of tool jobs     :data:`ABORT_ENTRY_TTL` after the last
+                                         (ZSET job id → request ms), in  abort; each abort prunes entries older
+                                         place of arq's ``arq:abort``    than that; a job's entry goes when its
+                                                                         worker takes it or the job ends
 ``arq:job:{id}``, ``arq:in-progress:…``  arq's per-job keys              owned by arq
-``arq:abort``                            arq's abort requests (ZSET)     :data:`ABORT_ENTRY_TTL`
 =======================================  ==============================  =========================================
 
 (*) No TTL, by design (a tenant's limits are configuration, kept until ``clear_tenant_limits``): a worker
@@ -113,7 +118,8 @@ RUNNING_TTL = 24 * 3600
 WORKERS_TTL = 24 * 3600
 #: A worker registration's lifetime without a heartbeat, seconds (renewed every third of it).
 REGISTRATION_TTL = 15
-#: How long an abort request stays in arq's abort set, seconds. arq never prunes it (https://github.com/python-arq/arq/issues/485).
+#: How long an abort request stays in the abort set (:attr:`Keys.abort_set`), seconds: ``abort.lua`` prunes older
+#: entries, since arq's own pruning removes nothing (https://github.com/python-arq/arq/issues/485).
 ABORT_ENTRY_TTL = 60
 
 #: Lifetime of a queue's wake-up list after its last push, seconds: a token only says "poll now", so an
@@ -476,6 +482,18 @@ class Keys:
         return f"{self.tool_result(turn_id, step, index, position)}:reruns"
 
     @property
+    def abort_set(self) -> str:
+        """ZSET of the abort requests of this prefix's tool jobs: job id → request epoch ms. ``abort.lua`` adds
+        them (smith_worker/tools/waiter.py ``abort_job``), pruning entries older than :data:`ABORT_ENTRY_TTL`, and
+        the key expires that long after the last abort; a tool worker takes a job's request when it claims the job
+        (``lua/claim.lua``) or cancels it (its abort check), and a job's end removes it
+        (:class:`~smith_worker.queue.worker.SmithWorker`). It stands in for arq's global :meth:`arq_abort_set`,
+        which every prefix of a database would share (one tenant reading and writing another's requests, a key
+        outside the prefix's hash slot on a cluster). Not :attr:`tool_aborts_channel`, the pub/sub channel
+        announcing them."""
+        return f"{self.prefix}:abort-requests"
+
+    @property
     def tool_aborts_channel(self) -> str:
         """Pub/sub channel of the ids of running tool jobs just aborted: every tool worker follows it and
         runs arq's abort check at once (a wake-up token would reach one worker, maybe not the job's)."""
@@ -543,9 +561,11 @@ class Keys:
         """arq's counter of a job's tries."""
         return retry_key_prefix + job_id
 
-    @property
-    def arq_abort_set(self) -> str:
-        """arq's ZSET of abort requests (job id → request epoch ms)."""
+    @staticmethod
+    def arq_abort_set() -> str:
+        """arq's own ZSET of abort requests, global per database (``arq:abort``), which no process of this project
+        reads or writes: :attr:`abort_set` takes its place. Named here only so that the claim's stand-in for
+        ``run_job``'s first transaction recognises arq's command for it (smith_worker/queue/claim.py)."""
         return abort_jobs_ss
 
     @staticmethod
@@ -582,19 +602,16 @@ class Keys:
     def acl_patterns(self) -> list[str]:
         """Redis ACL key (``~``) and channel (``&``) patterns covering everything this prefix uses.
 
-        Its own keys and channels, plus arq's per-job keys of its job ids (which
-        all start with the prefix) and arq's abort set, which arq shares per
-        database. A plain ``~arq:*`` would also let a tenant read another
+        Its own keys and channels (its :attr:`abort_set` included), plus arq's per-job keys of its job ids
+        (which all start with the prefix). A plain ``~arq:*`` would also let a tenant read another
         tenant's queued job payloads. See :mod:`smith_client.acl`.
         """
-        return [*(f"~{pattern}" for pattern in self.key_patterns), f"~{abort_jobs_ss}", f"&{self.prefix}:*"]
+        return [*(f"~{pattern}" for pattern in self.key_patterns), f"&{self.prefix}:*"]
 
     @property
     def key_patterns(self) -> list[str]:
-        """Glob patterns (``SCAN MATCH``) of every key of this prefix: its own and arq's per-job keys.
-
-        Not arq's abort set, which all prefixes of the database share.
-        """
+        """Glob patterns (``SCAN MATCH``) of every key of this prefix: its own (its :attr:`abort_set` included)
+        and arq's per-job keys."""
         p = self.prefix
         arq_keys = [
             f"{kind}{p}:*" for kind in (job_key_prefix, in_progress_key_prefix, result_key_prefix, retry_key_prefix)

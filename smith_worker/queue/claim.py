@@ -18,14 +18,16 @@ The hand-over relies on arq 0.28.0's ``run_job`` (pinned in pyproject.toml; the 
 :mod:`smith_worker.queue.arq_internals`):
 its first use of ``self.pool`` is ``pipeline(transaction=True)``, into which it
 queues exactly ``get(job key)``, ``incr(retry key)``, ``expire(retry key,
-88400)`` and, with ``allow_abort_jobs``, ``zrem(abort set, job id)``, then
-``execute()``. :class:`~smith_worker.queue.worker.SmithWorker` starts a claimed job's
-``run_job`` with :func:`hand_over` in the job's own task, and its ``pool``
-gives that first use :func:`take_handed_over`'s stand-in, whose ``execute()``
-returns what the script read, so that transaction is never sent. A stand-in
-used any other way raises :class:`ClaimHandOverError` (the job fails, its try
-is never counted twice); ``tests/unit/test_claim.py`` runs a job through
-arq's ``run_job`` so an arq upgrade that breaks this fails a test.
+88400)`` and, with ``allow_abort_jobs``, ``zrem(arq's abort set, job id)``, then
+``execute()`` (the claim took that abort request from the prefix's own abort set,
+:attr:`~smith_client.keys.Keys.abort_set`, which stands in for arq's).
+:class:`~smith_worker.queue.worker.SmithWorker` starts a claimed job's ``run_job`` with
+:func:`hand_over` in the job's own task, and its ``pool`` gives that first use
+:func:`take_handed_over`'s stand-in, whose ``execute()`` returns what the script read, so
+that transaction is never sent. A stand-in used any other way raises
+:class:`ClaimHandOverError` (the job fails, its try is never counted twice);
+``tests/unit/test_claim.py`` runs a job through arq's ``run_job`` so an arq upgrade
+that breaks this fails a test.
 """
 
 from __future__ import annotations
@@ -114,9 +116,9 @@ async def claim_jobs(
 
     As arq's ``start_jobs``: a job whose in-progress key exists is skipped, a claimed one gets that
     key for ``in_progress_ms``; as the start of arq's ``run_job``: its record is read, its try
-    counted, and with ``take_aborts`` its abort request removed and reported. ``read_limit`` is how
-    many ready jobs are looked at (arq's ``queue_read_limit``). A job that requires something
-    (:mod:`smith_worker.routing`) is claimed only when capability set ``capset`` (a digest) holds it;
+    counted, and with ``take_aborts`` its abort request removed from :attr:`~smith_client.keys.Keys.abort_set`
+    and reported. ``read_limit`` is how many ready jobs are looked at (arq's ``queue_read_limit``). A job that
+    requires something (:mod:`smith_worker.routing`) is claimed only when capability set ``capset`` (a digest) holds it;
     ``None`` claims any job (a claimer outside the fleet, e.g. a test). ``tokens_held`` are the wake-up
     tokens the worker's wait has popped already: one more is popped for each job claimed beyond those,
     from the list its token went to. A worker holding tokens claims no more jobs than those plus the
@@ -146,7 +148,7 @@ async def claim_jobs(
         own_wake, members = wake, requirements
     else:
         own_wake, members = Keys.wake_list(queue, capset), Keys.capability_set(queue, capset)
-    script_keys = [queue, wake, own_wake, requirements, members, keys.arq_abort_set, Keys.tenant_ring(queue)]
+    script_keys = [queue, wake, own_wake, requirements, members, keys.abort_set, Keys.tenant_ring(queue)]
     args = [now, free, read_limit, in_progress_ms, ARQ_RETRY_TTL, tokens_held.queue, tokens_held.own,
             int(take_aborts), int(capset is not None), marker, *Keys.arq_claim_prefixes(),
             *Keys.tenant_prefixes(queue), *keys.tenant_limits_affixes(), json.dumps(weights or {}), *_LIMIT_ARGUMENTS,
@@ -226,7 +228,8 @@ class PrefetchedPipeline:
             *((command, *args) for command, args in zip(RUN_JOB_FIRST_TRANSACTION, arguments, strict=True)),
         ]
         if take_aborts:
-            self._expected.append((RUN_JOB_ABORT_COMMAND, keys.arq_abort_set, job.job_id))
+            # arq names its global abort set; the claim took the request from the prefix's (Keys.abort_set)
+            self._expected.append((RUN_JOB_ABORT_COMMAND, Keys.arq_abort_set(), job.job_id))
 
     async def __aenter__(self) -> PrefetchedPipeline:
         return self

@@ -11,8 +11,8 @@ Process roles). arq settings are chosen deliberately:
 * ``queue_read_limit`` well above the fleet's concurrency, so idle workers are
   not blinded by running jobs at the head of the queue;
 * ``allow_abort_jobs`` on tool workers only, so timed-out or cancelled tool jobs can be
-  aborted; turns are cancelled through their own state, and arq's abort check costs
-  a transaction each time it runs;
+  aborted; turns are cancelled through their own state, and the abort check costs
+  a read each time it runs;
 * ``health_check_interval`` 10 s instead of an hour;
 * ``max_tries`` 1 for tools: a tool call is never silently re-run after a
   crash; 3 for turns.
@@ -29,6 +29,10 @@ and polls again; the process exits only on a signal or a configuration error.
 Its poll claims jobs in one round trip (:mod:`smith_worker.queue.claim`)
 instead of arq's six per job, and on tool workers runs arq's abort check
 only when an abort was announced or once per fallback poll, not every poll.
+Its abort requests are the prefix's (:attr:`~smith_client.keys.Keys.abort_set`), not arq's global
+``arq:abort``, which every prefix of a database would share: it overrides the arq methods that name that set
+(the abort check, ``finish_job``, ``finish_failed_job``; the claim answers ``run_job``'s use of it), so no
+process of this project touches it.
 It claims only the jobs its capability set serves (:mod:`smith_worker.routing`):
 a fleet in a rolling deploy runs workers of two app versions on one queue.
 On the turns queue, where a job due now waits for admission (docs/architecture.md, Fair pickup), it reads
@@ -49,9 +53,11 @@ import uuid
 from typing import Any, cast
 
 from arq.connections import ArqRedis, log_redis_info
+from arq.utils import to_ms
 from arq.worker import Worker, func
 
 from smith_client.keys import Keys, now_ms
+from smith_client.roundtrip import RoundTrip
 from smith_client.serialization import job_deserializer, job_serializer
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings, parse_tenant_weights
@@ -276,6 +282,66 @@ class SmithWorker(Worker):
         """arq's ``run_job`` for a claimed job, its first transaction answered by the claim (in this task only)."""
         hand_over(job, self.keys, self.allow_abort_jobs)
         await self.run_job(job.job_id, job.score)
+
+    # arq 0.28's methods that name its global abort set, on the prefix's (Keys.abort_set) instead.
+
+    async def _cancel_aborted_jobs(self) -> None:
+        """arq's abort check: cancel this worker's running jobs that have an abort request and take those
+        requests (arq's ``run_job`` then ends each as aborted, not to be retried: ``aborting_tasks``). One read
+        instead of arq's transaction, whose pruning removes nothing (#485): ``abort.lua`` prunes the set."""
+        requested = {raw.decode() for raw in await self.pool.zrange(self.keys.abort_set, 0, -1)}
+        aborted = requested & self.job_tasks.keys()
+        for job_id in aborted:
+            self.job_tasks[job_id].cancel()
+        if aborted:
+            self.aborting_tasks.update(aborted)
+            await self.pool.zrem(self.keys.abort_set, *aborted)
+
+    async def finish_job(
+        self,
+        job_id: str,
+        finish: bool,
+        result_data: bytes | None,
+        result_timeout_s: float | None,
+        keep_result_forever: bool,
+        incr_score: int | None,
+        keep_in_progress: float | None,
+    ) -> None:
+        """arq's ``finish_job``, the same commands in one transaction: a finished job's result is stored and its
+        keys, queue entry and abort request go; a job to run again stays queued (``incr_score`` defers it)."""
+        rt = RoundTrip(transaction=True)
+        in_progress = Keys.arq_in_progress(job_id)
+        delete = [in_progress] if keep_in_progress is None else []
+        if keep_in_progress is not None:
+            rt.call("pexpire", in_progress, to_ms(keep_in_progress))
+        if finish:
+            if result_data:
+                expire = None if keep_result_forever else result_timeout_s
+                rt.call("set", Keys.arq_result(job_id), result_data, px=to_ms(expire))
+            delete += [Keys.arq_retry(job_id), Keys.arq_job(job_id)]
+            self._leave_queue(rt, job_id)
+        elif incr_score:
+            rt.call("zincrby", self.queue_name, incr_score, job_id)
+        if delete:
+            rt.call("delete", *delete)
+        await rt.run(self.pool)
+
+    async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
+        """arq's ``finish_failed_job`` (a job that failed before it ran: expired, aborted, out of tries), the same
+        commands in one transaction: its keys, queue entry and abort request go, its result is stored."""
+        rt = RoundTrip(transaction=True)
+        rt.call("delete", Keys.arq_retry(job_id), Keys.arq_in_progress(job_id), Keys.arq_job(job_id))
+        self._leave_queue(rt, job_id)
+        if result_data is not None and (self.keep_result_forever or self.keep_result_s > 0):
+            # as arq: "forever" would send PX 0, which Redis refuses (build_worker never keeps results forever)
+            expire = 0 if self.keep_result_forever else self.keep_result_s
+            rt.call("set", Keys.arq_result(job_id), result_data, px=to_ms(expire))
+        await rt.run(self.pool)
+
+    def _leave_queue(self, rt: RoundTrip, job_id: str) -> None:
+        """Add to ``rt`` the removal of a job that ended: its abort request, then its queue entry (arq's order)."""
+        rt.call("zrem", self.keys.abort_set, job_id)
+        rt.call("zrem", self.queue_name, job_id)
 
 
 def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, **overrides: Any) -> SmithWorker:

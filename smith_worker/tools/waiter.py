@@ -165,13 +165,14 @@ async def abort_job(redis: Redis, keys: Keys, job_id: str) -> None:
 
     A running job is cancelled by its worker at its next poll (worker
     ``allow_abort_jobs``), so the tool workers are told to poll now (:attr:`Keys.tool_aborts_channel`);
-    a queued one is removed from the queue so it never starts. Old abort entries
+    a queued one is removed from the queue so it never starts. The request goes in the prefix's
+    :attr:`~smith_client.keys.Keys.abort_set`, not arq's global one. Old abort entries
     are pruned, since arq never does (#485) and a stale entry would cancel a later
     job with the same id; the set itself expires
     :data:`~smith_client.keys.ABORT_ENTRY_TTL` seconds after the last abort.
     """
     script_keys = [
-        keys.arq_abort_set,
+        keys.abort_set,
         keys.arq_in_progress(job_id),
         keys.tools_queue,
         keys.arq_job(job_id),

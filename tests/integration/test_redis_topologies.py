@@ -184,10 +184,14 @@ async def test_a_tenant_cannot_read_another_prefixs_history_jobs_or_channels(tls
             await intruder.history("secret")
     raw = aioredis.Redis.from_url(tls_server.url("tenant-a"))
     try:
+        # abort requests are per prefix: no tenant reads or writes another's, nor arq's global set
         for command in (("LRANGE", b.history("secret"), 0, -1), ("GET", f"arq:job:{b.turn_job_id('t1')}"),
-                        ("SUBSCRIBE", b.control_channel), ("KEYS", "*"), ("SCAN", 0), ("FLUSHDB",)):
+                        ("SUBSCRIBE", b.control_channel), ("KEYS", "*"), ("SCAN", 0), ("FLUSHDB",),
+                        ("ZRANGE", b.abort_set, 0, -1), ("ZADD", b.abort_set, 1, b.tool_job_id("t1", 1, 0)),
+                        ("ZRANGE", Keys.arq_abort_set(), 0, -1)):
             with pytest.raises(sync_redis.exceptions.NoPermissionError):
                 await raw.execute_command(*command)
+        assert await raw.zrange(Keys("tenant-a").abort_set, 0, -1) == []  # control: its own
     finally:
         await raw.aclose()
     async with SmithClient.from_url(tls_server.url("tenant-b"), prefix="tenant-b") as owner:  # control: b can

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 import orjson
 import pytest
+from redis.asyncio import Redis
 
 from smith_client import SmithClient, TurnCancelledError
 from smith_client.errors import ConflictError, ConversationBusyError, EventsTrimmedError
+from smith_client.keys import Keys
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
 from smith_worker.testing import Reply, Script
 from tests.support.queues import turn_queue_keys
@@ -158,7 +162,30 @@ async def test_cancel_mid_stream_closes_the_model_connection(client, scenario, s
         await handle.result()
 
 
-async def test_cancel_mid_tool_aborts_the_tool_job(client, scenario, prefix):
+@contextlib.asynccontextmanager
+async def monitored(redis_url: str) -> AsyncIterator[list[str]]:
+    """The commands every client and script sends the server meanwhile (MONITOR), as ``NAME arg …`` strings,
+    complete once the block has ended."""
+    seen: list[str] = []
+    end = uid("end-of-monitor")
+    redis = Redis.from_url(redis_url)
+    try:
+        async with redis.monitor() as monitor:
+
+            async def collect() -> None:
+                while end not in (command := (await monitor.next_command())["command"]):
+                    name, _, rest = command.partition(" ")
+                    seen.append(f"{name.upper()} {rest}")
+
+            collecting = asyncio.create_task(collect())
+            yield seen
+            await redis.echo(end)  # the last command the monitor collects
+            await asyncio.wait_for(collecting, 30)
+    finally:
+        await redis.aclose()
+
+
+async def test_cancel_mid_tool_aborts_the_tool_job(client, scenario, prefix, redis_url):
     _, marker = scenario(Script(Reply.tool_calls([("slow_tool", {"seconds": 20})]), Reply.text("never")))
     conv = uid("conv")
     handle = await client.submit(f"{marker} wait", conversation_id=conv, agent="durable")
@@ -167,18 +194,25 @@ async def test_cancel_mid_tool_aborts_the_tool_job(client, scenario, prefix):
         if await client.redis.lrange(marker_key, 0, -1):
             break
         await asyncio.sleep(0.05)
-    started = time.monotonic()
-    await handle.cancel()
-    events = [e async for e in handle.events(timeout=10)]
-    assert events[-1].type == "turn.cancelled"
-    assert time.monotonic() - started < 5
-    for _ in range(100):  # the tool worker cancels the job's task at its next poll
-        if await client.redis.lrange(marker_key, 0, -1) == [b"started", b"cancelled"]:
-            break
-        await asyncio.sleep(0.05)
+    async with monitored(redis_url) as seen:
+        started = time.monotonic()
+        await handle.cancel()
+        events = [e async for e in handle.events(timeout=10)]
+        assert events[-1].type == "turn.cancelled"
+        assert time.monotonic() - started < 5
+        for _ in range(100):  # the tool worker cancels the job's task at its next poll
+            if await client.redis.lrange(marker_key, 0, -1) == [b"started", b"cancelled"]:
+                break
+            await asyncio.sleep(0.05)
     assert await client.redis.lrange(marker_key, 0, -1) == [b"started", b"cancelled"]
     history = await client.history(conv)
     assert [m.role for m in history] == ["user", "assistant", "tool"]  # no half-written step
+    # the abort went through the prefix's abort set (abort.lua's ZADD, the tool worker's check reading it);
+    # arq's global one, which every prefix of the database would share, was never named
+    requests = {command.split(" ")[0] for command in seen if command.split(" ")[1:2] == [client.keys.abort_set]}
+    assert {"ZADD", "ZRANGE", "ZREM"} <= requests, requests
+    assert [command for command in seen if Keys.arq_abort_set() in command] == []
+    assert not await client.redis.exists(Keys.arq_abort_set())
 
 
 async def test_cancelling_a_queued_turn_never_runs_it(redis_url):

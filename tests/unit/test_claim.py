@@ -12,6 +12,7 @@ import asyncio
 import uuid
 
 import pytest
+from arq.constants import abort_jobs_ss
 from arq.jobs import Job, serialize_job
 from arq.worker import Retry, func
 from redis.asyncio import Redis
@@ -170,20 +171,23 @@ async def test_an_expired_job_record_is_claimed_without_one(redis, keys):
 async def test_a_claim_on_an_aborting_worker_takes_the_abort_request(redis, keys):
     await enqueue(redis, keys, "aborted")
     await enqueue(redis, keys, "kept")
-    await redis.zadd(keys.arq_abort_set, {jid(keys, "aborted"): now_ms(), jid(keys, "other"): now_ms()})
+    await redis.zadd(keys.abort_set, {jid(keys, "aborted"): now_ms(), jid(keys, "other"): now_ms()})
+    await redis.zadd(abort_jobs_ss, {jid(keys, "kept"): now_ms()})  # arq's global set: not the prefix's
     got = await claim(redis, keys, take_aborts=True)
     assert names(got, keys) == ["aborted", "kept"] and [job.aborted for job in got.jobs] == [True, False]
-    assert await redis.zscore(keys.arq_abort_set, jid(keys, "aborted")) is None
-    assert await redis.zscore(keys.arq_abort_set, jid(keys, "other")) is not None  # not this claim's job
-    await redis.zrem(keys.arq_abort_set, jid(keys, "other"))
+    assert await redis.zscore(keys.abort_set, jid(keys, "aborted")) is None
+    assert await redis.zscore(keys.abort_set, jid(keys, "other")) is not None  # not this claim's job
+    assert await redis.zscore(abort_jobs_ss, jid(keys, "kept")) is not None  # never read
+    await redis.zrem(keys.abort_set, jid(keys, "other"))
+    await redis.zrem(abort_jobs_ss, jid(keys, "kept"))
 
 
 async def test_a_turn_worker_claim_leaves_the_abort_set_alone(redis, keys):
     await enqueue(redis, keys, "job")
-    await redis.zadd(keys.arq_abort_set, {jid(keys, "job"): now_ms()})
+    await redis.zadd(keys.abort_set, {jid(keys, "job"): now_ms()})
     (job,) = (await claim(redis, keys, take_aborts=False)).jobs
-    assert not job.aborted and await redis.zscore(keys.arq_abort_set, jid(keys, "job")) is not None
-    await redis.zrem(keys.arq_abort_set, jid(keys, "job"))
+    assert not job.aborted and await redis.zscore(keys.abort_set, jid(keys, "job")) is not None
+    await redis.zrem(keys.abort_set, jid(keys, "job"))
 
 
 @pytest.mark.parametrize("held", [0, 1])
@@ -341,7 +345,7 @@ async def test_an_aborted_queued_job_takes_its_requirement_with_it(redis, keys):
     await enqueue_requiring(redis, keys, "kept", "tool:add")
     await abort_job(redis, keys, jid(keys, "dropped"))
     assert await redis.hkeys(Keys.job_requirements(keys.tools_queue)) == [jid(keys, "kept").encode()]
-    await redis.zrem(keys.arq_abort_set, jid(keys, "dropped"))
+    await redis.zrem(keys.abort_set, jid(keys, "dropped"))
 
 
 async def test_racing_claimers_never_both_claim_a_job(redis_url, keys):
@@ -391,9 +395,16 @@ async def retried(ctx: dict) -> str:
     return "second try"
 
 
+async def sleepy(ctx: dict) -> str:
+    """Runs until cancelled (an abort)."""
+    await asyncio.sleep(3600)
+    return "woke"
+
+
 def tool_worker(redis_url: str, keys: Keys, **settings) -> SmithWorker:
     worker = build_worker(SmithApp(), "tools", Settings(redis_url=redis_url, prefix=keys.prefix, **settings),
-                          functions=[func(probe, name="probe", max_tries=2), func(retried, name="retried")],
+                          functions=[func(probe, name="probe", max_tries=2), func(retried, name="retried"),
+                                     func(sleepy, name="sleepy")],
                           keep_result=60)  # fmt: skip
     worker.ctx.update(keys=keys, redis=worker.pool)
     return worker
@@ -472,12 +483,39 @@ async def test_a_job_aborted_before_it_started_fails_without_running(redis_url, 
     RAN.clear()
     worker = tool_worker(redis_url, keys)
     await enqueue(redis, keys, "aborted-early")
-    await redis.zadd(keys.arq_abort_set, {jid(keys, "aborted-early"): now_ms()})
+    await redis.zadd(keys.abort_set, {jid(keys, "aborted-early"): now_ms()})
     await poll_and_finish(worker)
     assert RAN == []
     info = await result(redis, jid(keys, "aborted-early"))
     assert not info.success and "CancelledError" in str(info.result)  # arq's "aborted before start"
-    assert await redis.zscore(keys.arq_abort_set, jid(keys, "aborted-early")) is None
+    assert await redis.zscore(keys.abort_set, jid(keys, "aborted-early")) is None
+    await worker.pool.aclose()
+
+
+async def test_a_running_job_is_aborted_only_through_its_prefixs_abort_set(redis_url, redis, keys):
+    """The abort check and the job's end use the prefix's set: a request in another prefix's set (another tenant
+    naming this job) or in arq's global ``arq:abort`` neither cancels the job nor is touched."""
+    worker = tool_worker(redis_url, keys)
+    job_id, other = jid(keys, "long"), Keys(f"{keys.prefix}-other")
+    await enqueue(redis, keys, "long", function="sleepy")
+    await worker._poll_iteration()
+    async with asyncio.timeout(10):
+        while job_id not in worker.job_tasks:  # arq's run_job starts the function's task
+            await asyncio.sleep(0.01)
+    await abort_job(redis, other, job_id)
+    await redis.zadd(abort_jobs_ss, {job_id: now_ms()})
+    await worker._cancel_aborted_jobs()
+    assert not worker.aborting_tasks and not worker.job_tasks[job_id].cancelling()
+    await abort_job(redis, keys, job_id)
+    await worker._cancel_aborted_jobs()
+    await asyncio.wait_for(asyncio.gather(*worker.tasks.values()), 10)
+    info = await result(redis, job_id)
+    assert not info.success and "CancelledError" in str(info.result)  # arq's "aborted", not run again:
+    assert await redis.zscore(keys.tools_queue, job_id) is None  # off the queue
+    assert not await redis.exists(keys.abort_set)  # taken by the check (the job's end removes it too)
+    assert await redis.zscore(other.abort_set, job_id) is not None  # the other prefix's, untouched
+    assert await redis.zscore(abort_jobs_ss, job_id) is not None  # arq's finish_job would have removed it
+    await redis.delete(other.abort_set, abort_jobs_ss)
     await worker.pool.aclose()
 
 

@@ -141,12 +141,12 @@ async def test_abort_set_expires_and_the_hygiene_report_covers_it(redis_url):
     keys = Keys(f"hyg-{uuid.uuid4().hex[:8]}")
     try:
         await abort_job(redis, keys, keys.tool_job_id("t", 1, 0))
-        assert 0 < await redis.ttl(keys.arq_abort_set) <= ABORT_ENTRY_TTL
+        assert 0 < await redis.ttl(keys.abort_set) <= ABORT_ENTRY_TTL
         assert await keys_without_ttl(redis, keys) == []
-        await redis.persist(keys.arq_abort_set)
-        assert await keys_without_ttl(redis, keys) == [keys.arq_abort_set]
+        await redis.persist(keys.abort_set)
+        assert await keys_without_ttl(redis, keys) == [keys.abort_set]
     finally:
-        await redis.expire(keys.arq_abort_set, ABORT_ENTRY_TTL)  # the set is shared by the session's workers
+        await redis.delete(keys.abort_set)
         await redis.aclose()
 
 

@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 import time
+from fnmatch import fnmatchcase
 
 import pytest
 
 from smith_client.acl import tenant_acl_rules
+from smith_client.keys import Keys
 from smith_client.connection import connect_redis, parse_sentinels
 from smith_client.errors import ConfigurationError
 from smith_worker.config import Settings
@@ -115,5 +117,14 @@ def test_tenant_acl_rules_confine_keys_and_channels_to_the_prefix():
     assert rules[:3] == ["reset", "on", ">pw"]
     patterns = [r for r in rules if r[0] in "~&"]
     assert patterns == ["~acme:*", "~arq:job:acme:*", "~arq:in-progress:acme:*", "~arq:result:acme:*",
-                        "~arq:retry:acme:*", "~arq:abort", "&acme:*"]
+                        "~arq:retry:acme:*", "&acme:*"]  # the abort set is acme:abort-requests
     assert "-@all" in rules and "+keys" not in rules and "+scan" not in rules
+
+
+def test_the_abort_set_is_a_key_of_the_prefix_apart_from_its_aborts_channel():
+    acme = Keys("acme")
+    assert acme.abort_set == "acme:abort-requests" != acme.tool_aborts_channel
+    assert acme.abort_set != Keys("acme2").abort_set and acme.abort_set != Keys.arq_abort_set()
+    # its ACL and SCAN patterns cover it (the hygiene report and the demo's clean-up find it), arq's set they do not
+    assert any(fnmatchcase(acme.abort_set, pattern) for pattern in acme.key_patterns)
+    assert not any(fnmatchcase(Keys.arq_abort_set(), pattern[1:]) for pattern in acme.acl_patterns)

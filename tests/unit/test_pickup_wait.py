@@ -172,7 +172,7 @@ async def test_a_frozen_pop_is_given_up_after_its_timeout(server):
 
 @pytest.mark.parametrize(("queue", "checks_aborts"), [("turns", False), ("tools", True)])
 async def test_only_tool_workers_run_arqs_abort_check(queue, checks_aborts):
-    """Only tool jobs are aborted through arq; its check costs a turn worker 4 commands per poll."""
+    """Only tool jobs are aborted through arq; its check would cost a turn worker a read per poll."""
     worker = build_worker(SmithApp(), queue, Settings(redis_url="redis://127.0.0.1:1/0"))
     assert worker.allow_abort_jobs is checks_aborts
     await worker.pool.aclose()

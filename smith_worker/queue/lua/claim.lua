@@ -3,7 +3,8 @@
 -- first transaction of run_job: GET the job, INCRBY and EXPIRE its try counter, ZREM its abort request),
 -- atomic, so two workers never both claim a job and nothing needs WATCH. As arq: a job whose in-progress
 -- key exists runs elsewhere and is skipped; a claimed one gets its in-progress key, its try counted and,
--- on workers that abort jobs, its abort request taken (an aborted job fails before it starts).
+-- on workers that abort jobs, its abort request taken (an aborted job fails before it starts) from the
+-- prefix's abort set (Keys.abort_set), which stands in for arq's global one.
 -- A job listed in the queue's requirements hash (lib.lua's enqueue_job) is claimed only by a worker whose
 -- capability set holds what it requires (smith_worker/routing.py); the others leave it queued, untouched,
 -- for the workers that serve it, which its wake-up token went to.
@@ -35,7 +36,7 @@
 -- else weight 1 and no cap; a capped tenant's admitted jobs are kept in its running ZSET (Keys.tenant_running)
 -- until their arq in-progress key is gone.
 -- KEYS: queue, its wake-up list, the wake-up list of the worker's capability set, the queue's
---       requirements hash, the worker's capability set, arq abort set, the queue's tenant ring.
+--       requirements hash, the worker's capability set, the prefix's abort set, the queue's tenant ring.
 -- ARGV: now ms, free slots, read limit, in-progress TTL ms, try counter TTL s, tokens held from the
 --       queue's list, tokens held from the set's list, take aborts (1 or 0), check requirements (1 or 0:
 --       a claimer outside the fleet, which has no set, takes any job), this claim's marker, then arq's
