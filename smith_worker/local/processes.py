@@ -230,6 +230,10 @@ CLUSTER_START_TIMEOUT = 30.0
 FAILOVER_TIMEOUT = 30.0
 #: Seconds one ``redis-cli --cluster`` command (create, reshard) may run.
 CLUSTER_CLI_TIMEOUT = 60.0
+#: Keys :meth:`RedisClusterRig.move_slot` moves per ``MIGRATE``, and ms that ``MIGRATE`` may take (well within the
+#: 2 s of :meth:`RedisClusterRig.ask`).
+MIGRATE_BATCH = 100
+MIGRATE_TIMEOUT_MS = 1500
 
 
 class RedisClusterRig:
@@ -336,6 +340,47 @@ class RedisClusterRig:
         )  # fmt: skip
         wait_until(self.healthy, CLUSTER_START_TIMEOUT, "the cluster after a reshard", interval=0.2)
 
+    def slot_owner(self, slot: int, seen_from: int | None = None) -> int:
+        """The port of the master serving hash ``slot``, as node ``seen_from`` (default: the first live node) sees it.
+
+        Raises :class:`ConfigurationError` when that node knows no master serving it.
+        """
+        for node in self.topology(seen_from or self.live_ports()[0]):
+            if "master" in node.flags and slot in node.slots():
+                return node.port
+        raise ConfigurationError(f"no master serves hash slot {slot}", setting="redis")
+
+    def move_slot(self, slot: int, target: int) -> None:
+        """Move hash ``slot``, keys and all, to the master on port ``target``, while clients may go on using it.
+
+        The procedure of redis.io, "CLUSTER SETSLOT" (Redis cluster live resharding): ``IMPORTING`` on the target,
+        ``MIGRATING`` on the source, then ``CLUSTER GETKEYSINSLOT`` and ``MIGRATE … KEYS`` from the source in
+        batches of :data:`MIGRATE_BATCH` until no key is left, then ``NODE`` on the target, the source and the
+        other masters. Meanwhile the source answers ``ASK`` (or ``TRYAGAIN``) for keys already moved, then ``MOVED``.
+        The rig's nodes have no password, so ``MIGRATE`` takes no ``AUTH``. Returns once every live node sees
+        ``target`` serving the slot and the cluster is ok; raises redis-py's errors, and
+        :class:`SmithTimeoutError` when the nodes do not agree within :data:`CLUSTER_START_TIMEOUT` seconds.
+        """
+        source = self.slot_owner(slot)
+        if source == target:
+            return
+        number, source_id, target_id = str(slot), self.node_id(source), self.node_id(target)
+        self.ask(target, "CLUSTER", "SETSLOT", number, "IMPORTING", source_id)
+        self.ask(source, "CLUSTER", "SETSLOT", number, "MIGRATING", target_id)
+        while keys := self.ask(source, "CLUSTER", "GETKEYSINSLOT", number, str(MIGRATE_BATCH)):
+            self.ask(source, "MIGRATE", "127.0.0.1", str(target), "", "0", str(MIGRATE_TIMEOUT_MS), "KEYS", *keys)
+        others = [port for port in self.masters() if port not in (source, target)]
+        for port in (target, source, *others):
+            self.ask(port, "CLUSTER", "SETSLOT", number, "NODE", target_id)
+
+        def moved() -> bool:
+            try:
+                return all(self.slot_owner(slot, port) == target for port in self.live_ports()) and self.healthy()
+            except (sync_redis.RedisError, OSError, ConfigurationError):
+                return False
+
+        wait_until(moved, CLUSTER_START_TIMEOUT, f"hash slot {slot} on the master on port {target}", interval=0.1)
+
     def stop(self) -> None:
         """Stop every node (SIGTERM, then SIGKILL) and remove its working directory."""
         for proc in self.nodes.values():
@@ -366,6 +411,15 @@ class ClusterNodeView(NamedTuple):
         return cls(
             fields[0], int(address.rpartition(":")[2]), frozenset(fields[2].split(",")), master, tuple(fields[8:])
         )
+
+    def slots(self) -> set[int]:
+        """The hash slots this node serves (its ranges, not the ``[slot->-id]`` / ``[slot-<-id]`` of a migration)."""
+        served: set[int] = set()
+        for part in self.slot_ranges:
+            if not part.startswith("["):
+                first, _, last = part.partition("-")
+                served.update(range(int(first), int(last or first) + 1))
+        return served
 
     @property
     def serving(self) -> bool:

@@ -1,10 +1,11 @@
-"""Redis Cluster through the connection option ``cluster=True`` (``SMITH_REDIS_CLUSTER``), against a real cluster.
+"""redis-py's Redis Cluster client (``connect_redis_cluster`` / ``connect_sync_redis_cluster``) on a real cluster.
 
 Three masters and three replicas (``start_redis_cluster``, real ``redis-server`` processes): keys land on every
 master and read back, from the asyncio and the blocking cluster clients; a Lua script runs over keys sharing one
 hash tag (the layout docs/cluster.md proposes) and is refused over keys of two slots; slots move with ``redis-cli
 --cluster reshard`` under a write load with no acknowledged write lost; a master is SIGKILLed and the client
-reaches its keys again once the replica has taken over. The runtime itself refuses cluster mode (unit tests).
+reaches its keys again once the replica has taken over. The runtime itself refuses cluster mode (unit tests); the
+slot-pinned clients it is to run on: test_redis_slot_pool.py.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from redis.cluster import key_slot
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from smith_client.connection import connect_redis, connect_sync_redis
+from smith_client.connection import connect_redis_cluster, connect_sync_redis_cluster
 from smith_worker.local.processes import RedisClusterRig, start_redis_cluster
 from tests.conftest import LOGS
 
@@ -40,21 +41,14 @@ def cluster():
 
 @pytest.fixture
 async def client(cluster: RedisClusterRig):
-    redis = connect_redis(cluster.urls[0], cluster=True)
+    redis = connect_redis_cluster(cluster.urls[0])
     yield redis
     await redis.aclose()
 
 
 def owned_slots(cluster: RedisClusterRig, port: int) -> set[int]:
     """The hash slots the master on ``port`` serves, as it says."""
-    node = next(n for n in cluster.topology(port) if n.port == port)
-    slots: set[int] = set()
-    for part in node.slot_ranges:
-        if part.startswith("["):  # a slot being imported or migrated
-            continue
-        first, _, last = part.partition("-")
-        slots.update(range(int(first), int(last or first) + 1))
-    return slots
+    return next(node for node in cluster.topology(port) if node.port == port).slots()
 
 
 async def test_keys_land_on_every_master_and_read_back(cluster, client):
@@ -68,7 +62,7 @@ async def test_keys_land_on_every_master_and_read_back(cluster, client):
         assert any(key_slot(key.encode()) in owned_slots(cluster, port) for key in keys), port
         assert cluster.ask(port, "DBSIZE") > 0
 
-    sync = connect_sync_redis(cluster.urls[-1], cluster=True)  # any node will do, a replica too
+    sync = connect_sync_redis_cluster(cluster.urls[-1])  # any node will do, a replica too
     try:
         assert [sync.get(key) for key in keys] == [key.upper().encode() for key in keys]
         sync.set("spread:sync", "blocking")

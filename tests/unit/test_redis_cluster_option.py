@@ -1,7 +1,9 @@
-"""The Redis Cluster connection option (``cluster=True``, ``SMITH_REDIS_CLUSTER``): the clients it builds, the
-options it refuses, and the runtime refusing it at start (docs/cluster.md). Against a real cluster:
-tests/integration/test_redis_cluster.py."""
+"""The Redis Cluster connections: redis-py's cluster client (``connect_redis_cluster``) and the slot-pinned clients
+(``connect_redis`` / ``connect_sync_redis`` with ``cluster_key``), the options they refuse, and the runtime refusing
+``SMITH_REDIS_CLUSTER`` at start (docs/cluster.md). Against a real cluster: tests/integration/test_redis_cluster.py
+and tests/integration/test_redis_slot_pool.py."""
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -10,16 +12,30 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from smith_client import SmithClient, SyncSmithClient
-from smith_client.connection import CLUSTER_NODE_RETRIES, CLUSTER_RETRIES, connect_redis, connect_sync_redis
+from smith_client.connection import (
+    CLUSTER_NODE_RETRIES,
+    CLUSTER_RETRIES,
+    connect_redis,
+    connect_redis_cluster,
+    connect_sync_redis,
+    connect_sync_redis_cluster,
+)
 from smith_client.errors import ConfigurationError
 from smith_client.settings import ClientSettings
 from smith_worker.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Every way to connect to a Redis Cluster: redis-py's cluster clients, and the slot-pinned ones.
+CLUSTER_CONNECTS = [
+    connect_redis_cluster,
+    connect_sync_redis_cluster,
+    functools.partial(connect_redis, cluster_key="{smith}"),
+    functools.partial(connect_sync_redis, cluster_key="{smith}"),
+]
 
 
-def test_cluster_true_gives_redis_pys_cluster_client_bounded_and_lazy():
-    redis = connect_redis("redis://127.0.0.1:1/0", cluster=True, socket_timeout=2.5, max_connections=7)  # no server
+def test_redis_pys_cluster_client_is_bounded_and_lazy():
+    redis = connect_redis_cluster("redis://127.0.0.1:1/0", socket_timeout=2.5, max_connections=7)  # no server
     assert isinstance(redis, RedisCluster)
     assert redis.cluster_error_retry_attempts == CLUSTER_RETRIES
     assert redis.retry is not None and redis.retry._retries == CLUSTER_NODE_RETRIES
@@ -27,21 +43,37 @@ def test_cluster_true_gives_redis_pys_cluster_client_bounded_and_lazy():
     assert (node["socket_timeout"], node["socket_connect_timeout"], node["max_connections"]) == (2.5, 2.5, 7)
 
 
-@pytest.mark.parametrize("connect", [connect_redis, connect_sync_redis])
+@pytest.mark.parametrize("connect", CLUSTER_CONNECTS)
 @pytest.mark.parametrize(
     ("url", "options"),
     [
         ("unix:///run/redis.sock", {}),
         ("redis://127.0.0.1:7000/1", {}),
         ("redis://127.0.0.1:7000/0", {"sentinels": "s:26379", "sentinel_master": "m"}),
-        ("redis://127.0.0.1:7000/0", {"pool_timeout": 1.0}),
+        ("redis://127.0.0.1:7000/0", {"sentinel_master": "m"}),
         ("redis://127.0.0.1:7000/0", {"max_connections": 1}),
+        ("redis://127.0.0.1:7000/0", {"max_connections": 5, "pool_timeout": 0}),
+        ("http://127.0.0.1:7000/0", {}),
     ],
 )
 def test_cluster_refuses_what_a_cluster_cannot_take(connect, url, options):
     with pytest.raises(ConfigurationError) as info:
-        connect(url, cluster=True, **options)
-    assert info.value.setting in ("SMITH_REDIS_CLUSTER", "SMITH_REDIS_MAX_CONNECTIONS")
+        connect(url, **options)
+    assert info.value.setting in ("SMITH_REDIS_CLUSTER", "SMITH_REDIS_MAX_CONNECTIONS", "SMITH_REDIS_URL", "")
+
+
+@pytest.mark.parametrize("connect", [connect_redis_cluster, connect_sync_redis_cluster])
+def test_redis_pys_cluster_client_takes_no_pool_timeout(connect):
+    with pytest.raises(ConfigurationError, match="no pool timeout") as info:
+        connect("redis://127.0.0.1:7000/0", max_connections=5, pool_timeout=1.0)
+    assert info.value.setting == "SMITH_REDIS_CLUSTER"
+
+
+@pytest.mark.parametrize("connect", [connect_redis, connect_sync_redis])
+def test_a_slot_pinned_client_needs_a_key(connect):
+    with pytest.raises(ConfigurationError, match="cluster_key") as info:
+        connect("redis://127.0.0.1:7000/0", cluster_key="")
+    assert info.value.setting == "SMITH_REDIS_CLUSTER"
 
 
 def test_the_setting_is_a_flag_the_client_settings_read_and_sentinel_excludes():
