@@ -28,7 +28,7 @@ from smith_client import operations as ops
 from smith_client import turn_record as record
 from smith_client import usage as usage_ops
 from smith_client.approvals import REJECTED, Decision
-from smith_client.connection import client_max_connections, connect_redis, refuse_cluster_runtime
+from smith_client.connection import client_max_connections, connect_redis
 from smith_client.eventlog import EventLog
 from smith_client.events import Event, PendingItem
 from smith_client.inputs import InputResponse
@@ -72,12 +72,13 @@ class ClientBase:
         history_ttl: int | None = None,
         context_max_bytes: int | None = None,
         tenant: str | None = None,
+        cluster: bool = False,
     ) -> None:
         self.redis = redis
         #: The tenant of the turns this client sends without one (docs/architecture.md, Tenants; None: none).
         self.tenant = check_tenant(tenant)
         env = ClientSettings.from_env(only=("turn_ttl", "history_ttl", "context_max_bytes"))
-        self.keys = Keys(prefix, turn_ttl or env.turn_ttl, history_ttl or env.history_ttl)
+        self.keys = Keys(prefix, turn_ttl or env.turn_ttl, history_ttl or env.history_ttl, cluster)
         #: Cap on a turn's caller context, bytes of compact JSON (``SMITH_CONTEXT_MAX_BYTES``, 64 KiB).
         self.context_max_bytes = context_max_bytes or env.context_max_bytes
         self.runner = self._runner(redis)
@@ -99,6 +100,7 @@ class ClientBase:
         pool_timeout: float | None = None,
         context_max_bytes: int | None = None,
         tenant: str | None = None,
+        cluster: bool | None = None,
     ) -> Self:
         """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``, ``rediss://user:pw@host:6380/0``;
         default ``SMITH_REDIS_URL``, else ``redis://127.0.0.1:6379/0``), the workers' keys under ``prefix`` (default
@@ -120,13 +122,15 @@ class ClientBase:
         ``context_max_bytes`` caps a turn's caller context (bytes of JSON; None reads ``SMITH_CONTEXT_MAX_BYTES``,
         default 64 KiB). ``tenant`` is the tenant of the turns sent without one (``send(..., tenant=)``; 1-200
         of ``[A-Za-z0-9_.@-]``, else :class:`InvalidRequestError`; docs/architecture.md, Tenants).
-        The client closes these connections when it is closed. With ``SMITH_REDIS_CLUSTER`` set it raises
-        :class:`ConfigurationError`: the client does not run on Redis Cluster yet (docs/cluster.md).
+        With ``cluster`` (default ``SMITH_REDIS_CLUSTER``) ``redis_url`` names any node of a Redis Cluster: every
+        key the client uses carries the prefix as a hash tag (:attr:`Keys.cluster`) and its connections go to
+        the master holding that slot, following failovers and slot moves (docs/cluster.md, One hash slot).
+        The client closes these connections when it is closed.
         """
         given = {"redis_url": redis_url, "prefix": prefix, "redis_socket_timeout": socket_timeout,
-                 "redis_max_connections": max_connections}  # fmt: skip
-        env = ClientSettings.from_env(only=[name for name, value in given.items() if value is None] + ["redis_cluster"])
-        refuse_cluster_runtime(env.redis_cluster)
+                 "redis_max_connections": max_connections, "redis_cluster": cluster}  # fmt: skip
+        env = ClientSettings.from_env(only=[name for name, value in given.items() if value is None])
+        cluster = env.redis_cluster if cluster is None else cluster
         redis_url = redis_url or env.redis_url
         prefix = prefix or env.prefix
         socket_timeout = env.redis_socket_timeout if socket_timeout is None else socket_timeout
@@ -138,6 +142,7 @@ class ClientBase:
             socket_timeout=socket_timeout,
             max_connections=client_max_connections(max_connections),
             pool_timeout=pool_timeout,
+            cluster_key=Keys(prefix, cluster=True).cluster_slot_key if cluster else None,
         )
         return cls(
             redis,
@@ -147,6 +152,7 @@ class ClientBase:
             history_ttl=history_ttl,
             context_max_bytes=context_max_bytes,
             tenant=tenant,
+            cluster=cluster,
         )
 
     def _options(self, options: TurnOptions) -> dict[str, Any]:

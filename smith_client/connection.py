@@ -34,8 +34,8 @@ Redis Cluster, two ways, the URL naming any one node (``redis://host:port/0``):
   slot, ``MOVED`` / ``ASK`` followed, bounded retries (:data:`CLUSTER_RETRIES`, :data:`CLUSTER_NODE_RETRIES`);
   no pub/sub and no ``MULTI`` in redis-py 5's asyncio client.
 
-The runtime does not run on either yet: workers and clients refuse ``SMITH_REDIS_CLUSTER``
-(:func:`refuse_cluster_runtime`); docs/cluster.md says what is missing.
+The runtime runs on the slot-pinned clients with ``SMITH_REDIS_CLUSTER`` (its keys all carry the prefix as a
+hash tag: :attr:`smith_client.keys.Keys.cluster`; docs/cluster.md, One hash slot).
 
 Every connection is bounded (nothing waits forever: docs/architecture.md, Fault model): a
 connect or a command that gets no answer within ``socket_timeout`` seconds raises ``redis.exceptions.TimeoutError``
@@ -848,17 +848,6 @@ def _check_cluster_url(url: str, options: ConnectOptions) -> None:
     if options.get("sentinels") or options.get("sentinel_master"):
         raise ConfigurationError(
             "Redis Cluster takes no Sentinel (SMITH_REDIS_SENTINELS): the cluster promotes replicas itself",
-            setting="SMITH_REDIS_CLUSTER",
-        )
-
-
-def refuse_cluster_runtime(cluster: bool) -> None:
-    """Raise :class:`ConfigurationError` (``SMITH_REDIS_CLUSTER``) when ``cluster`` is set: the workers and
-    clients do not run on Redis Cluster yet (its scripts' keys span hash slots; docs/cluster.md)."""
-    if cluster:
-        raise ConfigurationError(
-            "SMITH_REDIS_CLUSTER is set, but Agent Smith does not run on Redis Cluster yet: its scripts touch keys "
-            "of many hash slots at once (docs/cluster.md designs the layout that will); use a single Redis or Sentinel",
             setting="SMITH_REDIS_CLUSTER",
         )
 

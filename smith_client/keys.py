@@ -5,7 +5,9 @@ Every name starts with the deployment's prefix (``SMITH_PREFIX``, default
 arq's own keys (``arq:job:<id>``, ``arq:result:<id>``, ``arq:in-progress:<id>``)
 are global per database, so queue names and job ids carry the prefix too. arq's one
 key that no job id names, its abort set ``arq:abort``, is replaced by the prefix's
-own (:attr:`Keys.abort_set`): no process of this project touches ``arq:abort``.
+own (:attr:`Keys.abort_set`): no process of this project touches ``arq:abort``. On Redis
+Cluster the prefix is a hash tag, ``{smith}`` (:attr:`Keys.key_prefix`), and every
+name below starts with it: the whole deployment lives in one hash slot.
 
 Lifetimes (docs/architecture.md, Keys and Lifetimes; every key has a TTL or an owner). ``turn_ttl`` and
 ``history_ttl`` are the two configurable ones (:attr:`Keys.turn_ttl`,
@@ -181,16 +183,33 @@ class Keys:
     prefix: str = "smith"
     turn_ttl: int = DEFAULT_TURN_TTL
     history_ttl: int = DEFAULT_HISTORY_TTL
+    #: The deployment runs on Redis Cluster (``SMITH_REDIS_CLUSTER``): every name then starts with the prefix as a
+    #: hash tag, ``{smith}``, so all of them hash to one slot (docs/cluster.md, One hash slot).
+    cluster: bool = False
+
+    @property
+    def key_prefix(self) -> str:
+        """The start of every key, channel and job id name: the prefix (``smith``), or with :attr:`cluster` the
+        prefix as a Redis Cluster hash tag (``{smith}``: redis.io, "Redis cluster specification", Hash tags; the
+        first ``{…}`` of a name decides its slot, so arq's ``arq:job:{smith}:…`` keys land there too). Prefixes
+        cannot contain ``{`` or ``}`` (:data:`ID_PATTERN`), so no other braces come before the tag."""
+        return f"{{{self.prefix}}}" if self.cluster else self.prefix
+
+    @property
+    def cluster_slot_key(self) -> str | None:
+        """A name whose hash slot every name of these keys shares (the tag alone), for the slot-pinned connection
+        of :func:`smith_client.connection.connect_redis`; ``None`` without :attr:`cluster`."""
+        return self.key_prefix if self.cluster else None
 
     @property
     def turns_queue(self) -> str:
         """The arq queue that turn workers serve."""
-        return f"{self.prefix}:turns"
+        return f"{self.key_prefix}:turns"
 
     @property
     def tools_queue(self) -> str:
         """The arq queue that tool workers serve."""
-        return f"{self.prefix}:tools"
+        return f"{self.key_prefix}:tools"
 
     @staticmethod
     def wake_list(queue_name: str, capset: str = "") -> str:
@@ -263,7 +282,7 @@ class Keys:
 
     def turn_job_id(self, turn_id: str) -> str:
         """arq job id of a turn: one job per turn id, so enqueue is idempotent."""
-        return f"{self.prefix}:turn:{turn_id}"
+        return f"{self.key_prefix}:turn:{turn_id}"
 
     def tool_job_id(self, turn_id: str, step: int, index: int, position: str = "") -> str:
         """arq job id of a tool call: turn id (+ the calling sub-agent's tree ``position``) + step +
@@ -272,49 +291,49 @@ class Keys:
         Built from the position, not the server's call id, because servers may
         send empty or repeated ids (docs/architecture.md, Tool calls).
         """
-        return f"{self.prefix}:tool:{_scoped(turn_id, position)}:{step}:{index}"
+        return f"{self.key_prefix}:tool:{_scoped(turn_id, position)}:{step}:{index}"
 
     def turn_events_channel(self, turn_id: str) -> str:
         """Pub/sub channel of a turn's live events."""
-        return f"{self.prefix}:turn:{turn_id}:events"
+        return f"{self.key_prefix}:turn:{turn_id}:events"
 
     def turn_log(self, turn_id: str) -> str:
         """Redis Stream holding a turn's events (entry id ``0-<seq>``), for replay."""
-        return f"{self.prefix}:turn:{turn_id}:log"
+        return f"{self.key_prefix}:turn:{turn_id}:log"
 
     def turn_seq(self, turn_id: str) -> str:
         """Counter assigning a turn's event sequence numbers."""
-        return f"{self.prefix}:turn:{turn_id}:seq"
+        return f"{self.key_prefix}:turn:{turn_id}:seq"
 
     def turn_state(self, turn_id: str) -> str:
         """Hash of a turn's state (see :mod:`smith_client.turns`)."""
-        return f"{self.prefix}:turn:{turn_id}:state"
+        return f"{self.key_prefix}:turn:{turn_id}:state"
 
     def tree_iterations(self, root_turn_id: str) -> str:
         """Counter of model calls made by a root turn and all its sub-agents (docs/architecture.md, Sub-agents)."""
-        return f"{self.prefix}:tree:{root_turn_id}:iterations"
+        return f"{self.key_prefix}:tree:{root_turn_id}:iterations"
 
     def tree_tokens(self, root_turn_id: str) -> str:
         """Counter of the tokens the server reported for every model call of a root turn's agent tree."""
-        return f"{self.prefix}:tree:{root_turn_id}:tokens"
+        return f"{self.key_prefix}:tree:{root_turn_id}:tokens"
 
     def tree_sampled(self, root_turn_id: str) -> str:
         """Hash of the tokens MCP servers' sampling used for each agent of a root turn's tree (docs/architecture.md,
         MCP): fields ``prompt:<position>``, ``completion:<position>``, ``total:<position>`` (position ``""`` for
         the root agent; :func:`tree_position`)."""
-        return f"{self.prefix}:tree:{root_turn_id}:sampled"
+        return f"{self.key_prefix}:tree:{root_turn_id}:sampled"
 
     def usage_bucket(self, minute: int) -> str:
         """Hash of the model calls and reported tokens counted in epoch minute ``minute`` (Unix seconds // 60) by
         the deployment's workers: fields ``<agent>:<kind>`` (:mod:`smith_client.usage`; docs/architecture.md,
         Token usage). Lives :data:`USAGE_TTL` after its last count."""
-        return f"{self.prefix}:usage:{minute}"
+        return f"{self.key_prefix}:usage:{minute}"
 
     @property
     def tenant_limits_prefix(self) -> str:
         """The start of every tenant's limits key: ``{p}:tenant:``; the key of tenant ``t`` is this + ``t`` +
         :data:`TENANT_LIMITS_SUFFIX` (:meth:`tenant_limits`), for a script that reads tenants from data."""
-        return f"{self.prefix}:tenant:"
+        return f"{self.key_prefix}:tenant:"
 
     def tenant_limits(self, tenant: str) -> str:
         """Hash of tenant ``tenant``'s limits (:class:`~smith_client.tenants.TenantLimits`; docs/tenants.md):
@@ -338,11 +357,11 @@ class Keys:
         ``tokens`` (GCRA theoretical arrival times) and ``paused`` (the end of a ``Retry-After`` pause), epoch
         milliseconds of the Redis server's clock (docs/architecture.md, Model rate limits). Its TTL, set by
         each change, ends when the last of them has passed."""
-        return f"{self.prefix}:llm-rate:{endpoint}"
+        return f"{self.key_prefix}:llm-rate:{endpoint}"
 
     def subagent_history(self, root_turn_id: str, position: str) -> str:
         """List of the messages of the sub-agent at tree ``position`` of a root turn (its checkpoint)."""
-        return f"{self.prefix}:turn:{root_turn_id}:agent{JOB_SUFFIX}{position}:history"
+        return f"{self.key_prefix}:turn:{root_turn_id}:agent{JOB_SUFFIX}{position}:history"
 
     def subagent_memory_scope(self, conversation_id: str, root_turn_id: str, position: str) -> str:
         """The conversation id a sub-agent's memory strategy keeps its state under (e.g.
@@ -351,18 +370,18 @@ class Keys:
 
     def subagent_history_trimmed(self, root_turn_id: str, position: str) -> str:
         """Counter of the messages trimmed from the head of that sub-agent's history (as :meth:`history_trimmed`)."""
-        return f"{self.prefix}:turn:{root_turn_id}:agent{JOB_SUFFIX}{position}:trimmed"
+        return f"{self.key_prefix}:turn:{root_turn_id}:agent{JOB_SUFFIX}{position}:trimmed"
 
     def history(self, conversation_id: str) -> str:
         """List of a conversation's messages (stored form)."""
-        return f"{self.prefix}:conv:{conversation_id}:history"
+        return f"{self.key_prefix}:conv:{conversation_id}:history"
 
     def conversation_skills(self, conversation_id: str) -> str:
         """List of the skill names active in a conversation, in activation order (see :mod:`smith_client.skills`).
 
         Part of the conversation's state: a conversation clear deletes it with the history.
         """
-        return f"{self.prefix}:conv:{conversation_id}:skills"
+        return f"{self.key_prefix}:conv:{conversation_id}:skills"
 
     def conversation_agent(self, conversation_id: str) -> str:
         """String: the name of the agent that answers a conversation's turns sent without ``agent=``, set by
@@ -370,15 +389,15 @@ class Keys:
 
         Part of the conversation's state: a conversation clear deletes it with the history.
         """
-        return f"{self.prefix}:conv:{conversation_id}:agent"
+        return f"{self.key_prefix}:conv:{conversation_id}:agent"
 
     def history_trimmed(self, conversation_id: str) -> str:
         """Counter of messages trimmed from the head of the history: list index + this = absolute position."""
-        return f"{self.prefix}:conv:{conversation_id}:trimmed"
+        return f"{self.key_prefix}:conv:{conversation_id}:trimmed"
 
     def conversation_summary(self, conversation_id: str) -> str:
         """Hash of ``SummaryMemory``'s state: ``text`` and ``covers`` (absolute position it summarises up to)."""
-        return f"{self.prefix}:conv:{conversation_id}:summary"
+        return f"{self.key_prefix}:conv:{conversation_id}:summary"
 
     def conversation_state(self, conversation_id: str) -> list[str]:
         """Every key of a conversation's own state: messages, memory state, active skills (what
@@ -395,83 +414,83 @@ class Keys:
         """A tool call's outcome (:class:`~smith_client.jobs.ToolOutcome` JSON); first writer wins.
 
         ``position`` is the calling sub-agent's tree position (``""`` for the root agent)."""
-        return f"{self.prefix}:toolres:{_scoped(turn_id, position)}:{step}:{index}"
+        return f"{self.key_prefix}:toolres:{_scoped(turn_id, position)}:{step}:{index}"
 
     @property
     def workers(self) -> str:
         """ZSET of live workers: worker id → registration expiry (epoch ms)."""
-        return f"{self.prefix}:workers"
+        return f"{self.key_prefix}:workers"
 
     def worker_turns(self, worker_id: str) -> str:
         """The turns turn worker ``worker_id`` runs (SET of turn ids): an attempt's start adds its turn, its end
         or hand-off removes it; it lives three turn leases past the last start or renewal, so the sweeper still
         reads it after the worker died (whether it ran a turn alone: smith_worker/turn/lifecycle.py, the attempt
         limit)."""
-        return f"{self.prefix}:worker-turns:{worker_id}"
+        return f"{self.key_prefix}:worker-turns:{worker_id}"
 
     def worker(self, worker_id: str) -> str:
         """One worker's registration (JSON: queue, agents, skills, tools, capability set digest, pid, host)."""
-        return f"{self.prefix}:worker:{worker_id}"
+        return f"{self.key_prefix}:worker:{worker_id}"
 
     def mcp_tools(self, alias: str) -> str:
         """Cached tool schemas of MCP server ``alias``, for turn workers (written with a TTL)."""
-        return f"{self.prefix}:mcp:{alias}:tools"
+        return f"{self.key_prefix}:mcp:{alias}:tools"
 
     def worker_replies_channel(self, worker_id: str) -> str:
         """Pub/sub channel on which tool workers notify a turn worker of finished tool jobs."""
-        return f"{self.prefix}:worker:{worker_id}:replies"
+        return f"{self.key_prefix}:worker:{worker_id}:replies"
 
     @property
     def running(self) -> str:
         """ZSET of running turns: turn id → lease expiry (epoch ms); the sweeper re-enqueues expired ones."""
-        return f"{self.prefix}:running"
+        return f"{self.key_prefix}:running"
 
     def conversation_turns(self, conversation_id: str) -> str:
         """List of the conversation's unfinished turn ids, oldest first: the FIFO of ``multitask="enqueue"``."""
-        return f"{self.prefix}:conv:{conversation_id}:turns"
+        return f"{self.key_prefix}:conv:{conversation_id}:turns"
 
     def conversation_statuses(self, conversation_id: str) -> str:
         """Hash of the conversation's unfinished turns: turn id → status, kept by the turn scripts.
 
         A turn leaves it when it ends, so walking the FIFO needs no other turn's key.
         """
-        return f"{self.prefix}:conv:{conversation_id}:statuses"
+        return f"{self.key_prefix}:conv:{conversation_id}:statuses"
 
     def turn_inbox(self, turn_id: str) -> str:
         """User messages merged into a running turn (``multitask="merge"``)."""
-        return f"{self.prefix}:turn:{turn_id}:inbox"
+        return f"{self.key_prefix}:turn:{turn_id}:inbox"
 
     def turn_context(self, turn_id: str) -> str:
         """A turn's caller context: the JSON object given to ``send(..., context=...)``, written with the turn
         by the submit script, read by the workers that run its tools (docs/architecture.md, Caller context).
         The only Redis value that holds the context's secrets; sub-agents read their root turn's."""
-        return f"{self.prefix}:turn:{turn_id}:context"
+        return f"{self.key_prefix}:turn:{turn_id}:context"
 
     def turn_pending(self, turn_id: str) -> str:
         """Hash of a paused turn's calls waiting for a person: call id → :class:`~smith_client.events.PendingItem`
         JSON (docs/architecture.md, Pausing for a person)."""
-        return f"{self.prefix}:turn:{turn_id}:pending"
+        return f"{self.key_prefix}:turn:{turn_id}:pending"
 
     def turn_decisions(self, turn_id: str) -> str:
         """Hash of the decisions on a paused turn's pending calls: call id → :class:`~smith_client.approvals.Decision`
         JSON; the first decision on a call stays."""
-        return f"{self.prefix}:turn:{turn_id}:decisions"
+        return f"{self.key_prefix}:turn:{turn_id}:decisions"
 
     def turn_inputs(self, turn_id: str) -> str:
         """Hash of the open MCP elicitations of a turn's tool calls: request id →
         :class:`~smith_client.events.PendingItem` JSON (kind ``input``; docs/architecture.md, Pausing for a person)."""
-        return f"{self.prefix}:turn:{turn_id}:inputs"
+        return f"{self.key_prefix}:turn:{turn_id}:inputs"
 
     def turn_input_reply(self, turn_id: str, request_id: str) -> str:
         """List holding the answer to elicitation ``request_id`` (:class:`~smith_client.inputs.InputResponse`
         JSON), which the tool worker holding the MCP request pops (``BLPOP``)."""
-        return f"{self.prefix}:turn:{turn_id}:input:{request_id}"
+        return f"{self.key_prefix}:turn:{turn_id}:input:{request_id}"
 
     @property
     def paused(self) -> str:
         """ZSET of paused turns: turn id → deadline of their undecided calls (epoch ms; ``+inf`` for none); the
         sweeper rejects the calls of a turn past its deadline."""
-        return f"{self.prefix}:paused"
+        return f"{self.key_prefix}:paused"
 
     def tool_started(self, turn_id: str, step: int, index: int, position: str = "") -> str:
         """Marker: which tool worker started a call (tells a live runner from a dead one on resume)."""
@@ -491,18 +510,18 @@ class Keys:
         which every prefix of a database would share (one tenant reading and writing another's requests, a key
         outside the prefix's hash slot on a cluster). Not :attr:`tool_aborts_channel`, the pub/sub channel
         announcing them."""
-        return f"{self.prefix}:abort-requests"
+        return f"{self.key_prefix}:abort-requests"
 
     @property
     def tool_aborts_channel(self) -> str:
         """Pub/sub channel of the ids of running tool jobs just aborted: every tool worker follows it and
         runs arq's abort check at once (a wake-up token would reach one worker, maybe not the job's)."""
-        return f"{self.prefix}:tools:aborts"
+        return f"{self.key_prefix}:tools:aborts"
 
     @property
     def control_channel(self) -> str:
         """Pub/sub channel of control messages to turn workers (a turn id to cancel)."""
-        return f"{self.prefix}:control"
+        return f"{self.key_prefix}:control"
 
     def turn_rerun_job_id(self, turn_id: str, attempt: int) -> str:
         """arq job id of a re-enqueued turn (a crash or a handed-off turn); unique per re-enqueue.
@@ -581,17 +600,17 @@ class Keys:
     @property
     def all_pattern(self) -> str:
         """Matches every key of this prefix."""
-        return f"{self.prefix}:*"
+        return f"{self.key_prefix}:*"
 
     @property
     def arq_pattern(self) -> str:
         """Matches arq's keys of this prefix's jobs (``arq:job:{p}:…``, ``arq:in-progress:{p}:…``, …)."""
-        return f"arq:*:{self.prefix}:*"
+        return f"arq:*:{self.key_prefix}:*"
 
     def turn_patterns(self, turn_id: str) -> tuple[str, str]:
         """Match every key of one turn: its ``turn:`` keys (sub-agent histories included) and its tool calls'
         ``toolres:`` keys (its sub-agents' too)."""
-        return f"{self.prefix}:turn:{turn_id}:*", f"{self.prefix}:toolres:{turn_id}[:#]*"
+        return f"{self.key_prefix}:turn:{turn_id}:*", f"{self.key_prefix}:toolres:{turn_id}[:#]*"
 
     def turn_id_of_state(self, state_key: str) -> str:
         """The turn id in a :meth:`turn_state` key name (the inverse of that method)."""
@@ -606,13 +625,13 @@ class Keys:
         (which all start with the prefix). A plain ``~arq:*`` would also let a tenant read another
         tenant's queued job payloads. See :mod:`smith_client.acl`.
         """
-        return [*(f"~{pattern}" for pattern in self.key_patterns), f"&{self.prefix}:*"]
+        return [*(f"~{pattern}" for pattern in self.key_patterns), f"&{self.key_prefix}:*"]
 
     @property
     def key_patterns(self) -> list[str]:
         """Glob patterns (``SCAN MATCH``) of every key of this prefix: its own (its :attr:`abort_set` included)
         and arq's per-job keys."""
-        p = self.prefix
+        p = self.key_prefix
         arq_keys = [
             f"{kind}{p}:*" for kind in (job_key_prefix, in_progress_key_prefix, result_key_prefix, retry_key_prefix)
         ]

@@ -156,7 +156,7 @@ class ClientSettings(BaseModel):
     redis_sentinel_master: OptionalText = Field(None, description="name of the Sentinel-monitored master")
     redis_cluster: Flag = Field(
         False,
-        description="the URL names a Redis Cluster node (connection only: the runtime refuses it, docs/cluster.md)",
+        description="the URL names a Redis Cluster node; every key shares the prefix's hash slot (docs/cluster.md)",
     )
     redis_socket_timeout: Seconds = Field(DEFAULT_SOCKET_TIMEOUT, description="bound on one Redis connect or command")
     redis_max_connections: ConnectionCap = Field(

@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError
 from redis.asyncio import Redis
 
-from smith_client.connection import connect_redis, refuse_cluster_runtime
+from smith_client.connection import connect_redis
 from smith_client.errors import ConfigurationError, InvalidRequestError
+from smith_client.keys import Keys
 from smith_client.settings import (
     Accepts,
     ClientSettings,
@@ -175,14 +176,8 @@ class Settings(ClientSettings):
         None, description="this process's worker id, claimed in Redis (default <host>:<pid>:<queue>:<random>)"
     )
 
-    @model_validator(mode="after")
-    def _single_redis(self) -> Self:
-        """A worker refuses ``SMITH_REDIS_CLUSTER`` when its settings are read: it ends at start (docs/cluster.md)."""
-        refuse_cluster_runtime(self.redis_cluster)
-        return self
-
     def connect_redis(self, socket_timeout: float | None = None) -> Redis:
-        """A Redis client for these settings (URL, or Sentinel when configured), its pool capped at
+        """A Redis client for these settings (URL, Sentinel or Redis Cluster when configured), its pool capped at
         ``SMITH_WORKER_REDIS_MAX_CONNECTIONS`` (a command finding them all in use waits for one up to the
         socket timeout, then raises ``PoolTimeoutError``, a ``redis.exceptions.ConnectionError``).
 
@@ -194,7 +189,12 @@ class Settings(ClientSettings):
             sentinel_master=self.redis_sentinel_master,
             socket_timeout=self.redis_socket_timeout if socket_timeout is None else socket_timeout,
             max_connections=self.worker_redis_max_connections,
+            cluster_key=self.keys().cluster_slot_key,
         )
+
+    def keys(self) -> Keys:
+        """The key names of these settings: ``SMITH_PREFIX``, the two lifetimes and ``SMITH_REDIS_CLUSTER``."""
+        return Keys(self.prefix, self.turn_ttl, self.history_ttl, self.redis_cluster)
 
     def llm_config(self, override: dict[str, Any] | LlmClientConfig | None = None) -> LlmClientConfig:
         """The LLM settings of the environment, with an agent's ``llm`` override applied on top.

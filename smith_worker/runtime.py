@@ -161,7 +161,7 @@ class WorkerRuntime:
     _background: list[asyncio.Task[None]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
-        self.keys = Keys(self.settings.prefix, self.settings.turn_ttl, self.settings.history_ttl)
+        self.keys = self.settings.keys()
         self.metrics.tenant_labels.limit = self.settings.tenant_labels_max  # docs/architecture.md, Tenants
         self.events = EventLog(self.redis, self.keys)
         #: The process's gates to the model endpoints' fleet-wide rate limits, for its agent loops and its MCP

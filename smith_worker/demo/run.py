@@ -29,7 +29,6 @@ from smith_client import SmithClient
 from smith_client.cli import StreamPrinter, fail
 from smith_client.errors import SmithError
 from smith_client.events import TokenData, ToolResultData, TurnCompletedData
-from smith_client.keys import Keys
 from smith_client.registry import live_agents
 from smith_worker.config import Settings
 from smith_worker.local.llm_server import LocalModelServer
@@ -70,7 +69,7 @@ async def _delete_keys(redis_url: str, prefix: str) -> None:
 async def _agents_ready(redis_url: str, prefix: str) -> bool:
     client = SmithClient.from_url(redis_url, prefix=prefix)
     async with client:
-        return "default" in (await live_agents(client.redis, Keys(prefix)) or set())
+        return "default" in (await live_agents(client.redis, client.keys) or set())
 
 
 def smith_hint(redis_url: str, prefix: str) -> str:

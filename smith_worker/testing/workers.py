@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from smith_client import SmithClient
-from smith_client.keys import Keys
 from smith_client.registry import live_workers
+from smith_client.settings import ClientSettings
 from smith_worker.local.processes import ManagedProcess, worker_argv
 
 #: The model name the workers ask for (``SMITH_LLM_MODEL``); the scripted server answers any.
@@ -75,18 +75,21 @@ def start_workers(
     return procs
 
 
-async def wait_for_workers(redis_url: str, prefix: str, count: int, timeout: float = 60.0) -> None:
-    """Return once at least ``count`` workers are registered under ``prefix``.
+async def wait_for_workers(
+    redis_url: str, prefix: str, count: int, timeout: float = 60.0, *, cluster: bool = False
+) -> None:
+    """Return once at least ``count`` workers are registered under ``prefix`` (``cluster``: ``redis_url`` names
+    a Redis Cluster node, as ``SMITH_REDIS_CLUSTER``).
 
     Raises ``TimeoutError`` after ``timeout`` seconds (a worker that failed to
     start says why in its log).
     """
-    client = SmithClient.from_url(redis_url, prefix=prefix)
+    client = SmithClient.from_url(redis_url, prefix=prefix, cluster=cluster)
     try:
         async with asyncio.timeout(timeout):
             # A registration is a Redis key with no notification to wait on: poll.
             while True:
-                if len(await live_workers(client.redis, Keys(prefix))) >= count:
+                if len(await live_workers(client.redis, client.keys)) >= count:
                     return
                 await asyncio.sleep(0.1)
     finally:
@@ -105,7 +108,8 @@ async def worker_pair(
     """
     procs = start_workers(app, env, ["turns", "tools"], prefix, log_dir=log_dir)
     try:
-        await wait_for_workers(redis_url, prefix, len(procs))
+        cluster = ClientSettings.from_env(env, only=("redis_cluster",)).redis_cluster
+        await wait_for_workers(redis_url, prefix, len(procs), cluster=cluster)
         yield procs
     finally:
         for proc in procs:

@@ -28,10 +28,13 @@ pytestmark = [pytest.mark.integration]
 class Fleet:
     """Worker processes of one prefix; `ensure` tops the turn workers back up after a kill."""
 
-    def __init__(self, redis_url: str, llm_url: str) -> None:
+    def __init__(self, redis_url: str, llm_url: str, *, cluster: bool = False, app: str = "tests.support.app:app",
+                 **extra: str) -> None:
         self.redis_url = redis_url
+        self.app = app
         self.prefix = f"crash{uuid.uuid4().hex[:6]}"
-        self.env = worker_env(redis_url, self.prefix, llm_url)
+        self.cluster = cluster  # redis_url names a Redis Cluster node (SMITH_REDIS_CLUSTER)
+        self.env = worker_env(redis_url, self.prefix, llm_url, SMITH_REDIS_CLUSTER="1" if cluster else "", **extra)
         self.procs: dict[str, list[ManagedProcess]] = {"turns": [], "tools": []}
 
     async def ensure(self, turns: int = 2, tools: int = 1) -> None:
@@ -39,9 +42,13 @@ class Fleet:
             self.procs[queue] = [p for p in self.procs[queue] if p.alive()]
             missing = wanted - len(self.procs[queue])
             if missing > 0:
-                self.procs[queue] += start_workers("tests.support.app:app", self.env, [queue] * missing, self.prefix,
+                self.procs[queue] += start_workers(self.app, self.env, [queue] * missing, self.prefix,
                                                    log_dir=LOGS)
-        await wait_for_workers(self.redis_url, self.prefix, turns + tools)
+        await wait_for_workers(self.redis_url, self.prefix, turns + tools, cluster=self.cluster)
+
+    def client(self) -> SmithClient:
+        """A client of this fleet's prefix and Redis."""
+        return SmithClient.from_url(self.redis_url, prefix=self.prefix, cluster=self.cluster)
 
     def stop(self) -> None:
         for proc in self.procs["turns"] + self.procs["tools"]:

@@ -4,18 +4,35 @@ from __future__ import annotations
 
 import asyncio
 import os
-
-import redis
-import redis.asyncio as aioredis
+from typing import Any
 
 from smith_client import ToolError
+from smith_client.connection import connect_redis, connect_sync_redis
+from smith_client.keys import Keys
+from smith_client.settings import ClientSettings
 from smith_worker import AgentConfig, Hooks, SmithApp, ToolContext
 
 app = SmithApp()
 
 
+def _keys() -> tuple[str, Keys]:
+    """The workers' Redis URL and key names (the markers share the deployment's hash slot on a cluster)."""
+    settings = ClientSettings.from_env(only=("redis_url", "prefix", "redis_cluster"))
+    return settings.redis_url, Keys(settings.prefix, cluster=settings.redis_cluster)
+
+
 def _marker_key(name: str) -> str:
-    return f"{os.environ.get('SMITH_PREFIX', 'smith')}:test:{name}"
+    return f"{_keys()[1].key_prefix}:test:{name}"
+
+
+def _async_client() -> Any:
+    url, keys = _keys()
+    return connect_redis(url, cluster_key=keys.cluster_slot_key)
+
+
+def _sync_client() -> Any:
+    url, keys = _keys()
+    return connect_sync_redis(url, cluster_key=keys.cluster_slot_key)
 
 
 async def _record(name: str, value: str) -> None:
@@ -23,7 +40,7 @@ async def _record(name: str, value: str) -> None:
 
     RPUSH and EXPIRE go in one MULTI: a tool cancelled between two separate commands left a key with no TTL.
     """
-    client = aioredis.Redis.from_url(os.environ["SMITH_REDIS_URL"])
+    client = _async_client()
     try:
         await client.pipeline(transaction=True).rpush(_marker_key(name), value).expire(_marker_key(name), 3600).execute()
     finally:
@@ -101,7 +118,7 @@ app.agent("json_tools", system_prompt="You are a test agent.", tools=[add, whoam
 
 def _record_sync(name: str, value: str) -> None:
     """:func:`_record` for sync hooks, which run on the worker's event loop and cannot await."""
-    client = redis.Redis.from_url(os.environ["SMITH_REDIS_URL"])
+    client = _sync_client()
     try:
         client.pipeline(transaction=True).rpush(_marker_key(name), value).expire(_marker_key(name), 3600).execute()
     finally:
@@ -238,9 +255,9 @@ def big_done(kib: int) -> dict:
 async def corrupt_result(ctx: ToolContext) -> str:
     """Stores an unreadable outcome under its own result key first (a tool worker of another version):
     the turn fails when it reads it. Must be the first call of the turn's first tool round."""
-    client = aioredis.Redis.from_url(os.environ["SMITH_REDIS_URL"])
+    client = _async_client()
     try:
-        await client.set(f"{os.environ.get('SMITH_PREFIX', 'smith')}:toolres:{ctx.turn_id}:1:0", "{not json", ex=3600)
+        await client.set(_keys()[1].tool_result(ctx.turn_id, 1, 0), "{not json", ex=3600)
     finally:
         await client.aclose()
     return "written"
@@ -423,7 +440,7 @@ from smith_worker import RetryWithMessage  # noqa: E402
 
 def _attempt(label: str) -> int:
     """Count one attempt under `attempts:<label>` and return how many there were (works in any process)."""
-    client = redis.Redis.from_url(os.environ["SMITH_REDIS_URL"])
+    client = _sync_client()
     try:
         key = _marker_key(f"attempts:{label}")
         count, _ = client.pipeline(transaction=True).rpush(key, "run").expire(key, 3600).execute()

@@ -1,20 +1,19 @@
 """The Redis Cluster connections: redis-py's cluster client (``connect_redis_cluster``) and the slot-pinned clients
-(``connect_redis`` / ``connect_sync_redis`` with ``cluster_key``), the options they refuse, and the runtime refusing
-``SMITH_REDIS_CLUSTER`` at start (docs/cluster.md). Against a real cluster: tests/integration/test_redis_cluster.py
+(``connect_redis`` / ``connect_sync_redis`` with ``cluster_key``), the options they refuse, and the settings and clients
+of ``SMITH_REDIS_CLUSTER`` (docs/cluster.md). Against a real cluster: tests/integration/test_redis_cluster.py
 and tests/integration/test_redis_slot_pool.py."""
 
 import functools
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from redis.asyncio.cluster import RedisCluster
+from redis.cluster import key_slot
 
 from smith_client import SmithClient, SyncSmithClient
 from smith_client.connection import (
     CLUSTER_NODE_RETRIES,
     CLUSTER_RETRIES,
+    BoundedSlotPool,
     connect_redis,
     connect_redis_cluster,
     connect_sync_redis,
@@ -24,7 +23,6 @@ from smith_client.errors import ConfigurationError
 from smith_client.settings import ClientSettings
 from smith_worker.config import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
 #: Every way to connect to a Redis Cluster: redis-py's cluster clients, and the slot-pinned ones.
 CLUSTER_CONNECTS = [
     connect_redis_cluster,
@@ -85,21 +83,21 @@ def test_the_setting_is_a_flag_the_client_settings_read_and_sentinel_excludes():
     assert info.value.setting == "SMITH_REDIS_CLUSTER"
 
 
-def test_worker_settings_and_clients_refuse_cluster_mode(monkeypatch):
-    with pytest.raises(ConfigurationError, match="does not run on Redis Cluster yet.*docs/cluster.md") as info:
-        Settings.from_env({"SMITH_REDIS_CLUSTER": "true"})
-    assert info.value.setting == "SMITH_REDIS_CLUSTER"
+async def test_cluster_mode_tags_the_keys_and_pins_the_pools_to_their_slot(monkeypatch):
+    slot = key_slot(b"acme")
+    settings = Settings.from_env({"SMITH_REDIS_CLUSTER": "true", "SMITH_PREFIX": "acme"})
+    assert settings.keys().key_prefix == "{acme}" and settings.keys().turn_state("t") == "{acme}:turn:t:state"
+    worker_redis = settings.connect_redis()  # lazy: no server needed
+    assert isinstance(worker_redis.connection_pool, BoundedSlotPool)  # SMITH_WORKER_REDIS_MAX_CONNECTIONS
+    assert worker_redis.connection_pool.slot_master.slot == slot
+    await worker_redis.aclose()
     monkeypatch.setenv("SMITH_REDIS_CLUSTER", "1")
-    for client in (SmithClient, SyncSmithClient):
-        with pytest.raises(ConfigurationError, match="does not run on Redis Cluster yet"):
-            client.from_url("redis://127.0.0.1:1/0")
-
-
-def test_a_worker_configured_for_cluster_mode_exits_at_start_saying_so():
-    env = {"SMITH_REDIS_CLUSTER": "1", "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-m", "smith_worker", "tests.support.app:app", "--queue", "turns"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-    assert done.returncode == 1
-    assert (
-        "ConfigurationError: SMITH_REDIS_CLUSTER is set, but Agent Smith does not run on Redis Cluster" in done.stderr
-    )
+    async with SmithClient.from_url("redis://127.0.0.1:1/0", prefix="acme") as client:
+        assert client.keys.key_prefix == "{acme}"
+        assert isinstance(client.redis.connection_pool, BoundedSlotPool)
+        assert client.redis.connection_pool.slot_master.slot == slot
+    with SyncSmithClient.from_url("redis://127.0.0.1:1/0", prefix="acme") as sync_client:
+        assert sync_client.keys.key_prefix == "{acme}"
+        assert sync_client.redis.connection_pool.slot_master.slot == slot
+    async with SmithClient.from_url("redis://127.0.0.1:1/0", prefix="acme", cluster=False) as plain:
+        assert plain.keys.key_prefix == "acme" and not isinstance(plain.redis.connection_pool, BoundedSlotPool)
