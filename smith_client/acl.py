@@ -11,7 +11,7 @@ are not granted, so ``smith keys`` needs an administrator's credentials.
 
 Rules: https://redis.io/docs/latest/operate/oss_and_stack/management/security/acl/
 
-Run ``python -m smith_client.acl PREFIX`` to print the ``ACL SETUSER`` line.
+Run ``python -m smith_client.acl PREFIX [--cluster]`` to print the ``ACL SETUSER`` line.
 """
 
 from __future__ import annotations
@@ -93,14 +93,24 @@ TENANT_COMMANDS = (
 )
 
 
-def tenant_acl_rules(prefix: str, password: str) -> list[str]:
+#: What a Redis Cluster client sends besides: the slot-pinned pools ask a node where the slot's master is
+#: (smith_client/connection.py, ``SlotMaster``).
+CLUSTER_COMMANDS = ("cluster|slots",)
+
+
+def tenant_acl_rules(prefix: str, password: str, cluster: bool = False) -> list[str]:
     """The arguments after ``ACL SETUSER <user>`` for a tenant confined to ``prefix``.
 
-    ``password`` is the user's password (sent as ``>password``).
+    ``password`` is the user's password (sent as ``>password``). With ``cluster`` (the deployment runs on Redis
+    Cluster, ``SMITH_REDIS_CLUSTER``) the patterns are those of its tagged names (``{prefix}:…``) and
+    :data:`CLUSTER_COMMANDS` are granted too; ``ACL SETUSER`` is per node, so run it on every node of the
+    cluster (docs/cluster.md, ACL users).
     """
-    return ["reset", "on", f">{password}", *Keys(prefix).acl_patterns, "-@all", *(f"+{c}" for c in TENANT_COMMANDS)]
+    commands = TENANT_COMMANDS + (CLUSTER_COMMANDS if cluster else ())
+    patterns = Keys(prefix, cluster=cluster).acl_patterns
+    return ["reset", "on", f">{password}", *patterns, "-@all", *(f"+{c}" for c in commands)]
 
 
 if __name__ == "__main__":  # pragma: no cover - a printing helper for operators
-    name = sys.argv[1] if len(sys.argv) > 1 else "smith"
-    print("ACL SETUSER", name, " ".join(tenant_acl_rules(name, "PASSWORD")))
+    name = next((arg for arg in sys.argv[1:] if arg != "--cluster"), "smith")
+    print("ACL SETUSER", name, " ".join(tenant_acl_rules(name, "PASSWORD", "--cluster" in sys.argv[1:])))

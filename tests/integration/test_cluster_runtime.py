@@ -17,8 +17,10 @@ import uuid
 
 import pytest
 from redis.cluster import key_slot
+from redis.exceptions import NoPermissionError
 
 from smith_client import SmithClient, SmithError, TransportError
+from smith_client.acl import tenant_acl_rules
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
 from smith_worker.local.processes import RedisClusterRig, start_redis_cluster
 from smith_worker.testing import Reply, Script
@@ -133,6 +135,19 @@ async def test_cancel_aborts_a_running_tool(client, scenario):
     async with asyncio.timeout(30):  # the tool job was aborted on the tool worker
         while b"cancelled" not in await client.redis.lrange(marks, 0, -1):
             await asyncio.sleep(0.05)
+
+
+async def test_a_tenant_acl_user_sends_turns_and_reads_nothing_else(fleet, client, scenario, cluster):
+    password = uuid.uuid4().hex
+    for port in cluster.live_ports():  # ACL SETUSER is per node
+        cluster.ask(port, "ACL", "SETUSER", "tenant", *tenant_acl_rules(fleet.prefix, password, cluster=True))
+    url = fleet.redis_url.replace("redis://", f"redis://tenant:{password}@")
+    _, marker = scenario(Script(Reply.text("hello tenant")))
+    async with SmithClient.from_url(url, prefix=fleet.prefix, cluster=True) as tenant:
+        assert (await tenant.send(f"{marker} hi", conversation_id=f"acl-{uuid.uuid4().hex[:6]}")).content \
+            == "hello tenant"
+        with pytest.raises(NoPermissionError):
+            await tenant.redis.get("{other}:conv:c:history")
 
 
 async def test_kill_9_of_the_turn_worker_resumes_the_turn(client, scenario):

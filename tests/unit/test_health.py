@@ -121,6 +121,14 @@ def test_tenant_acl_rules_confine_keys_and_channels_to_the_prefix():
     assert "-@all" in rules and "+keys" not in rules and "+scan" not in rules
 
 
+def test_tenant_acl_rules_on_a_cluster_cover_the_tagged_names_and_cluster_slots():
+    rules = tenant_acl_rules("acme", "pw", cluster=True)
+    patterns = [r for r in rules if r[0] in "~&"]
+    assert patterns == ["~{acme}:*", "~arq:job:{acme}:*", "~arq:in-progress:{acme}:*", "~arq:result:{acme}:*",
+                        "~arq:retry:{acme}:*", "&{acme}:*"]
+    assert "+cluster|slots" in rules and "+cluster|slots" not in tenant_acl_rules("acme", "pw")
+
+
 def test_the_abort_set_is_a_key_of_the_prefix_apart_from_its_aborts_channel():
     acme = Keys("acme")
     assert acme.abort_set == "acme:abort-requests" != acme.tool_aborts_channel
