@@ -7,7 +7,8 @@ touch only the keys and channels of :attr:`Keys.acl_patterns` and run only
 :data:`TENANT_COMMANDS`, the commands the runtime (and arq) send; everything
 else, another prefix's history included, answers ``NOPERM``. Keyless
 commands that list or wipe the database (``KEYS``, ``SCAN``, ``FLUSHDB``…)
-are not granted, so ``smith keys`` needs an administrator's credentials.
+are not granted, so ``smith keys`` needs an administrator's credentials, as
+``smith migrate-to-cluster`` does (it also sends :data:`OPERATOR_COMMANDS`).
 
 Rules: https://redis.io/docs/latest/operate/oss_and_stack/management/security/acl/
 
@@ -91,6 +92,11 @@ TENANT_COMMANDS = (
     "watch",
     "unwatch",
 )
+
+#: Commands only an operator's tools send, never granted to a tenant: ``smith migrate-to-cluster`` copies a deployment
+#: with them (smith_client/migration.py), with the ``SCAN`` a tenant has not either; ``RESTORE`` writes a value from a
+#: serialized payload, which Redis checks in depth only with ``sanitize-dump-payload``.
+OPERATOR_COMMANDS = ("dump", "restore")
 
 
 #: What a Redis Cluster client sends besides: the slot-pinned pools ask a node where the slot's master is

@@ -33,6 +33,13 @@
   open requests too, each with the command that answers it, ``smith respond TURN REQUEST accept|decline|cancel
   [--content JSON]`` (content checked as the client's ``respond`` checks it); ``smith ask`` prints those commands
   on stderr when its turn asks and follows the turn on; ``smith chat`` asks for each field instead.
+* ``smith migrate-to-cluster --to-url redis://NODE:PORT/0 [--dry-run] [--replace]`` copies a stopped and drained
+  deployment's keys from its single Redis (``--redis-url``, ``--prefix``) to a Redis Cluster under the names of
+  ``SMITH_REDIS_CLUSTER`` (the prefix as a hash tag), with their TTLs (:mod:`smith_client.migration`; docs/cluster.md,
+  Moving a deployment from a single Redis to a cluster). It refuses, exit code 1, while a worker is registered or a
+  turn is queued, running or paused (on either side), and when a key to copy exists on the target (unless
+  ``--replace``), saying what is there, before copying anything; ``--dry-run`` prints what it would copy and copies
+  nothing (exit code 1 when the copy would be refused). The source is left as it was.
 * It reads the variables of :class:`~smith_client.settings.ClientSettings` (``SMITH_REDIS_URL``,
   ``SMITH_PREFIX``, …), checked before any command: a bad one is one line on stderr and exit code 1.
 * ``smith COMMAND -h`` lists a command's options, which go after it (or, as before, ahead of it);
@@ -78,6 +85,7 @@ from smith_client.events import (
 )
 from smith_client.hygiene import conversation_keys
 from smith_client.inputs import input_response
+from smith_client.migration import conflict_line, copy_keys, drain_blockers, plan_copy, plan_lines, report_lines
 from smith_client.redis_errors import smith_error
 from smith_client.registry import DUE_SCAN_LIMIT, fleet_status
 from smith_client.repl import (
@@ -90,7 +98,7 @@ from smith_client.repl import (
     paused_report,
     run_turn,
 )
-from smith_client.settings import DEFAULT_REDIS_URL, ClientSettings, env_name
+from smith_client.settings import DEFAULT_REDIS_URL, ClientSettings, env_name, masked_url
 from smith_client.tenants import QuotaStatus, checked_limits, checked_tenant
 from smith_client.usage import USAGE_MAX_WINDOW, AgentUsage
 from smith_client.validation import check_served
@@ -246,9 +254,10 @@ async def _check_served(client: SmithClient, agent: str) -> None:
         )
 
 
-def _connect(args: argparse.Namespace, tenant: str | None = None) -> SmithClient:
-    """The client of the command's Redis and prefix; ``tenant``: the tenant of the turns it sends (None: none).
-    Raises :class:`~smith_client.errors.InvalidRequestError` for a bad tenant name."""
+def _connect(args: argparse.Namespace, tenant: str | None = None, cluster: bool | None = None) -> SmithClient:
+    """The client of the command's Redis and prefix; ``tenant``: the tenant of the turns it sends (None: none);
+    ``cluster``: whether the Redis is a cluster node (None: ``SMITH_REDIS_CLUSTER``). Raises
+    :class:`~smith_client.errors.InvalidRequestError` for a bad tenant name."""
     settings: ClientSettings = args.settings
     return SmithClient.from_url(
         args.redis_url,
@@ -259,6 +268,7 @@ def _connect(args: argparse.Namespace, tenant: str | None = None) -> SmithClient
         turn_ttl=settings.turn_ttl,
         history_ttl=settings.history_ttl,
         tenant=tenant,
+        cluster=cluster,
     )
 
 
@@ -441,6 +451,63 @@ async def _run_respond(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _run_migrate(args: argparse.Namespace) -> int:
+    """``smith migrate-to-cluster --to-url URL [--dry-run] [--replace]``: checks that the deployment is stopped and
+    drained on its single Redis and on the cluster (:func:`~smith_client.migration.drain_blockers`), plans the copy
+    and checks its names on the cluster (:func:`~smith_client.migration.plan_copy`), then copies
+    (:func:`~smith_client.migration.copy_keys`) and prints what it copied. Refuses with exit code 1, before copying
+    anything, when something is still there or a key to copy exists on the cluster (unless ``--replace``).
+    ``--dry-run`` prints the plan and the refusals and copies nothing; its exit code is the copy's (1: refused).
+    Raises :class:`ConfigurationError` for a malformed ``--to-url``, redis-py's errors (a target that is no cluster
+    node: ``cluster support disabled``)."""
+    async with _connect(args, cluster=False) as source, _connect_cluster(args) as target:
+        blockers = await drain_blockers(source.redis, source.keys)
+        blockers += [f"on the cluster: {line}" for line in await drain_blockers(target.redis, target.keys)]
+        if blockers:
+            print(_undrained(args.prefix, blockers), file=sys.stderr)
+            if not args.dry_run:
+                return 1
+        plan = await plan_copy(source.redis, source.keys, target.redis, target.keys)
+        print(f"from {masked_url(args.redis_url)}, prefix {args.prefix!r}, to the cluster of {masked_url(args.to_url)} "
+              f"under the hash tag {target.keys.cluster_slot_key}")  # fmt: skip
+        print("\n".join(plan_lines(plan)))
+        refused = bool(blockers)
+        if plan.conflicts and not args.replace:
+            print(f"smith: nothing copied: {conflict_line(plan)}\n{_REPLACE_HINT}", file=sys.stderr)
+            refused = True
+        if args.dry_run or refused:
+            print("dry run: nothing copied" if args.dry_run else "nothing copied")
+            return 1 if refused else 0
+        report = await copy_keys(source.redis, source.keys, target.redis, target.keys, plan, replace=args.replace)
+    print("\n".join(report_lines(report)))
+    print(f"the keys of prefix {args.prefix!r} on {masked_url(args.redis_url)} are left as they were: delete them once "
+          "the fleet runs on the cluster (docs/cluster.md)")  # fmt: skip
+    return 0
+
+
+def _connect_cluster(args: argparse.Namespace) -> SmithClient:
+    """The client of ``--to-url``, a Redis Cluster node, under the command's prefix as a hash tag."""
+    settings: ClientSettings = args.settings
+    return SmithClient.from_url(
+        args.to_url, prefix=args.prefix, socket_timeout=settings.redis_socket_timeout, cluster=True
+    )
+
+
+#: What ``smith migrate-to-cluster`` suggests when keys to copy exist on the cluster.
+_REPLACE_HINT = "(a copy of this deployment made before? --replace overwrites them)"
+
+
+def _undrained(prefix: str, blockers: list[str]) -> str:
+    """``smith migrate-to-cluster``'s refusal of a deployment not stopped and drained: what is still there, and what
+    to do."""
+    return "\n".join([
+        f"smith: the fleet of prefix {prefix!r} is not stopped and drained; still there:",
+        *(f"  {line}" for line in blockers),
+        "let the workers finish the queued, running and paused turns (smith status), stop every worker, then run "
+        "this again",
+    ])  # fmt: skip
+
+
 async def _run_keys(args: argparse.Namespace) -> int:
     async with _connect(args) as client:
         found = await conversation_keys(client.redis, client.keys, args.conversation)
@@ -551,6 +618,27 @@ _COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
     "reject": ("reject a paused turn's call: the model gets an error tool message", dict(_CONNECTION)),
     "result": ("give the result of a paused turn's external tool call", dict(_CONNECTION)),
     "respond": ("answer an MCP server's request for input during a running tool call", dict(_CONNECTION)),
+    "migrate-to-cluster": (
+        "copy a stopped and drained deployment from its single Redis to a Redis Cluster",
+        {
+            "--redis-url": f"the single Redis to copy from (default: $SMITH_REDIS_URL, else {DEFAULT_REDIS_URL})",
+            "--prefix": _CONNECTION["--prefix"],
+        },
+    ),
+}
+#: The longer description of a command, after its options in ``smith COMMAND -h`` (none: its one-line help only).
+_EPILOGS = {
+    "migrate-to-cluster": (
+        "The deployment's keys (conversations, finished turns' records and tool results, tenant limits and quota "
+        "counters, usage buckets, model rate limits...) are copied under the names the fleet uses with "
+        "SMITH_REDIS_CLUSTER=1: the prefix as a hash tag ({smith}:conv:c1:history), each with its remaining TTL. "
+        "Worker registrations, worker-turns sets, capability sets, wake-up lists, MCP tool-schema caches, the queues "
+        "and their routing keys and the abort requests are left out: the fleet writes them again. Refused (exit code "
+        "1, nothing copied) while a worker is registered or a turn is queued, running, paused or waiting for "
+        "admission, on the single Redis or on the cluster, and when a key to copy exists on the cluster already "
+        "(unless --replace). The source is left as it was: delete its keys once the fleet runs on the cluster. "
+        "Steps: docs/cluster.md, Moving a deployment from a single Redis to a cluster."
+    ),
 }
 _TURN = ("turn", {"metavar": "TURN", "help": "the paused turn's id"})
 _CALL = ("call", {"metavar": "CALL", "help": "the call's id (smith pending TURN lists them)"})
@@ -610,6 +698,18 @@ _ARGUMENTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
             },
         ),
     ],
+    "migrate-to-cluster": [
+        (
+            "--to-url",
+            {
+                "metavar": "URL",
+                "required": True,
+                "help": "any node of the cluster, the target: redis://host:port/0 (rediss:// for TLS)",
+            },
+        ),
+        ("--dry-run", {"action": "store_true", "help": "print what would be copied; copy nothing"}),
+        ("--replace", {"action": "store_true", "help": "overwrite the keys that exist on the cluster already"}),
+    ],
 }
 
 
@@ -630,7 +730,7 @@ def _parser() -> argparse.ArgumentParser:
         parser.add_argument(option, **how, default=None, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     for command, (summary, options) in _COMMANDS.items():
-        command_parser = sub.add_parser(command, help=summary, description=summary)
+        command_parser = sub.add_parser(command, help=summary, description=summary, epilog=_EPILOGS.get(command))
         for option, help_text in options.items():
             command_parser.add_argument(option, **_OPTIONS[option], default=argparse.SUPPRESS, help=help_text)
         for name, how in _ARGUMENTS.get(command, []):
@@ -730,12 +830,13 @@ def smith_main(argv: list[str] | None = None) -> None:
     """Entry point of ``smith``: ``smith ask "question"``, ``smith chat``, ``smith keys --conversation ID``,
     ``smith status``, ``smith pending TURN``, ``smith approve|reject TURN CALL``, ``smith result TURN CALL VALUE``,
     ``smith respond TURN REQUEST accept|decline|cancel``, ``smith usage [--hours N | --day] [--agent NAME]``,
-    ``smith tenant set|show|clear TENANT``."""
+    ``smith tenant set|show|clear TENANT``, ``smith migrate-to-cluster --to-url URL [--dry-run] [--replace]``."""
     args = parse_args(argv)
     commands = {"ask": _run_ask, "chat": _run_chat, "keys": _run_keys, "status": _run_status, "pending": _run_pending}
     commands["respond"] = _run_respond
     commands["usage"] = _run_usage
     commands["tenant"] = _run_tenant
+    commands["migrate-to-cluster"] = _run_migrate
     commands |= dict.fromkeys(("approve", "reject", "result"), _run_decide)
     try:
         args.settings = settings = _with_options(ClientSettings.from_env(), args)  # all checked first

@@ -595,6 +595,56 @@ class Keys:
         :meth:`arq_retry` of the id."""
         return [in_progress_key_prefix, job_key_prefix, retry_key_prefix]
 
+    # A deployment's data under other names (smith migrate-to-cluster: smith_client.migration).
+
+    def moved(self, name: str, to: Keys) -> str:
+        """``name``, a key name or job id of this prefix (it starts with :attr:`key_prefix` and ``:``), as ``to``
+        names it: the same name after ``to``'s :attr:`key_prefix` (with ``Keys("smith")`` and
+        ``Keys("smith", cluster=True)``: ``smith:conv:c1:history`` → ``{smith}:conv:c1:history``). Raises
+        :class:`ValueError` for a name that does not start with this prefix."""
+        head = f"{self.key_prefix}:"
+        if not name.startswith(head):
+            raise ValueError(f"{name!r} is no name of prefix {self.key_prefix!r}")
+        return f"{to.key_prefix}:{name[len(head) :]}"
+
+    @property
+    def fleet_key_patterns(self) -> dict[str, list[str]]:
+        """The keys of this prefix that only concern live processes or that the fleet writes again by itself, by
+        kind → their glob patterns (``SCAN MATCH``): worker registrations and the live workers ZSET (a worker writes
+        its own at start), the worker-turns sets (of running turns), the MCP tool-schema caches (read again from the
+        servers), the abort requests (of running tool jobs), and each queue with every key named after it (wake-up
+        lists, requirements hash, capability sets, tenant ring, waiting and admitted ZSETs: of queued and running
+        jobs, or rewritten by each worker's heartbeat). A copy of a stopped and drained deployment leaves them out."""
+        queues = (self.turns_queue, self.tools_queue)
+        return {
+            "worker registrations": [self.worker("*"), self.workers],
+            "worker turn sets": [self.worker_turns("*")],
+            "MCP tool schemas": [self.mcp_tools("*")],
+            "abort requests": [self.abort_set],
+            "queues and their routing": [name for queue in queues for name in (queue, f"{queue}:*")],
+        }
+
+    @property
+    def data_key_patterns(self) -> dict[str, list[str]]:
+        """The kinds of the keys of this prefix that hold the deployment's data → their glob patterns (``SCAN
+        MATCH``), for reports: a key is of the first kind one of whose patterns matches it (so a conversation's
+        history is not among its other keys: trimmed counter, summary, skills, agent, unfinished turns). The turn
+        records are a turn's ``turn:`` keys (state, log, sequence counter, context, inbox, sub-agent checkpoints),
+        the tool results its calls' ``toolres:`` keys (results and their markers)."""
+        turn_records, tool_results = self.turn_patterns("*")
+        return {
+            "conversation histories": [self.history("*")],
+            "other conversation keys": [f"{self.key_prefix}:conv:*"],
+            "turn records": [turn_records],
+            "tool results": [tool_results],
+            "agent tree counters": [f"{self.key_prefix}:tree:*"],
+            "usage buckets": [f"{self.key_prefix}:usage:*"],
+            "tenant quota counters": [f"{self.tenant_quota_prefix('*')}*"],
+            "tenant limits": [self.tenant_limits("*")],
+            "model rate limits": [self.llm_rate_limit("*")],
+            "running and paused turns": [self.running, self.paused],
+        }
+
     # SCAN patterns (diagnostics and clean-up: smith_client.hygiene, the demo).
 
     @property

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from smith_client.acl import TENANT_COMMANDS
+from smith_client.acl import OPERATOR_COMMANDS, TENANT_COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON_CALL = re.compile(r"""\.call\(\s*["']([a-z]+)["']""")
@@ -36,5 +36,12 @@ def test_the_scan_finds_the_commands_of_both_forms():
 
 def test_every_command_sent_is_granted_to_a_tenant():
     granted = {command.split("|")[0] for command in TENANT_COMMANDS}
-    missing = {command: path for command, path in sent_commands().items() if command not in granted}
+    missing = {command: path for command, path in sent_commands().items()
+               if command not in granted and command not in OPERATOR_COMMANDS}  # fmt: skip
     assert missing == {}
+
+
+def test_the_operators_commands_are_sent_by_an_operators_tool_only_and_never_granted():
+    sent = sent_commands()
+    assert {sent[command] for command in OPERATOR_COMMANDS} == {"smith_client/migration.py"}
+    assert not set(OPERATOR_COMMANDS) & {command.split("|")[0] for command in TENANT_COMMANDS}

@@ -30,7 +30,7 @@ SAMPLES = {
 }
 #: Methods that return something other than key or channel names (arq_abort_set: arq's name, which the runtime
 #: never uses).
-NOT_NAMES = {"turn_id_of_state", "subagent_memory_scope", "turn_patterns", "arq_abort_set"}
+NOT_NAMES = {"turn_id_of_state", "subagent_memory_scope", "turn_patterns", "arq_abort_set", "moved"}
 
 
 def every_name(keys: Keys) -> dict[str, list[str]]:
@@ -51,6 +51,8 @@ def every_name(keys: Keys) -> dict[str, list[str]]:
             continue
         if member == "tenant_limits_affixes":  # a prefix and a suffix, with a tenant between them
             built = "acme".join(built)
+        if isinstance(built, dict):  # kinds of keys → their patterns (smith_client.migration)
+            built = [pattern for patterns in built.values() for pattern in patterns]
         names[member] = built if isinstance(built, list) else [built]
     return names
 
