@@ -68,7 +68,8 @@ CLAIM_CALL = f"EVALSHA {CLAIM.sha}".encode()
 #: Turns submitted at once (one client, ``asyncio.gather``).
 BATCH = 500
 _TURNS_ENDED = re.compile(r'^smith_turns_total\{[^}]*status="([a-z_]+)"[^}]*\} ([0-9.e+]+)$', re.M)
-_QUEUE_LENGTH = re.compile(r"^smith_queue_length\{[^}]*\} ([0-9.e+]+)$", re.M)
+# the labels as a whole: a Redis Cluster deployment's queue name has braces, {smith}:turns
+_QUEUE_LENGTH = re.compile(r"^smith_queue_length\{.*\} ([0-9.e+]+)$", re.M)
 
 
 @dataclass

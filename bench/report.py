@@ -8,9 +8,10 @@ recorded before the speed work), ``bench/worker_memory.py`` (a turn worker's RSS
 under long histories and Redis restarts, printed as it prints itself), ``bench/paused_turns.py``,
 ``bench/fairness.py`` (a small tenant's wait behind another's burst, fair pickup vs one FIFO line), ``bench/in_flight.py``,
 ``bench/cluster_pubsub.py`` (a turn's live events on a 6-node Redis Cluster: PUBLISH, SPUBLISH or XREAD BLOCK on
-the replay log; skipped with ``--no-cluster``) and ``bench/tracing.py`` (a one-tool
-turn with tracing on, exporting, vs off: its own PASS/MISS line), then prints a Markdown table ready to paste into
-BENCHMARKS.md. A part that fails prints its output and ``FAILED``; the others still report.
+the replay log), ``bench/cluster_turns.py`` (turns/s, Redis commands and each node's CPU per turn on clusters of 1, 2
+and 3 masters in one-slot mode beside a single Redis; both skipped with ``--no-cluster``) and ``bench/tracing.py``
+(a one-tool turn with tracing on, exporting, vs off: its own PASS/MISS line), then prints a Markdown table ready to
+paste into BENCHMARKS.md. A part that fails prints its output and ``FAILED``; the others still report.
 
 ``--runs N`` (default 3) runs ``bench/distributed.py`` N times and reports the
 median of each figure over the runs (ratios are taken between medians), so one
@@ -337,7 +338,7 @@ def main() -> None:
     parser.add_argument(
         "--only-distributed", action="store_true", help="skip sse_parser.py, durability.py, worker_memory.py and paused_turns.py"
     )
-    parser.add_argument("--no-cluster", action="store_true", help="skip cluster_pubsub.py (a 6-node Redis Cluster)")
+    parser.add_argument("--no-cluster", action="store_true", help="skip the Redis Cluster benches")
     parser.add_argument("--runs", type=int, default=3, help="runs of bench/distributed.py; figures are medians")
     args = parser.parse_args()
     started = time.monotonic()
@@ -360,6 +361,7 @@ def main() -> None:
             print(run(["bench/in_flight.py"], "10,000 slow turns in flight; Redis saturation (bench/in_flight.py)") or "")
             if not args.no_cluster:
                 print(run(["bench/cluster_pubsub.py"], "live delivery on Redis Cluster (bench/cluster_pubsub.py)") or "")
+                print(run(["bench/cluster_turns.py"], "turns on Redis Cluster (bench/cluster_turns.py)") or "")
             tracing_out = Path(tmp) / "tracing.json"
             tracing_text = run(["bench/tracing.py", "--json", str(tracing_out)], "tracing on vs off (bench/tracing.py)")
             if tracing_text is not None:

@@ -437,28 +437,62 @@ def start_redis_cluster(masters: int = 3, log_dir: Path | None = None) -> RedisC
     every node says ``cluster_state:ok`` and every replica is linked to its master. Each node logs to
     ``log_dir/redis-cluster-PORT.log`` when ``log_dir`` is given (else into its directory).
 
-    Raises :class:`ConfigurationError` when ``masters`` < 3 (redis-cli's minimum), when a node exits at
-    start or when redis-cli fails, and :class:`SmithTimeoutError` when the cluster is not up within
-    :data:`CLUSTER_START_TIMEOUT` seconds; either way every node started is stopped.
+    redis-cli refuses fewer than 3 masters, so 1 or 2 are joined by hand (:func:`_join_small_cluster`), for
+    benchmarks: such a cluster cannot fail over, a replica's promotion needing the votes of a majority of the
+    masters (redis.io, "Redis cluster specification", Replica election and promotion).
+
+    Raises :class:`ConfigurationError` when ``masters`` < 1, when a node exits at start or when redis-cli
+    fails, and :class:`SmithTimeoutError` when the cluster is not up within :data:`CLUSTER_START_TIMEOUT`
+    seconds; either way every node started is stopped.
     """
-    if masters < 3:
-        raise ConfigurationError(f"a Redis Cluster needs at least 3 masters, got {masters}", setting="redis")
+    if masters < 1:
+        raise ConfigurationError(f"a Redis Cluster needs at least 1 master, got {masters}", setting="redis")
     options = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
     options += ["--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS)]
     rig = RedisClusterRig({})
+    buses: dict[int, int] = {}
     try:
         for _ in range(2 * masters):
-            port = free_port()
+            port, buses[port] = free_port(), free_port()  # the bus port: else PORT + 10000, maybe taken or past 65535
             log = log_dir / f"redis-cluster-{port}.log" if log_dir else None
-            bus = ["--cluster-port", str(free_port())]  # else PORT + 10000, which may be taken or past 65535
-            rig.nodes[port] = start_redis_server(port, log, extra_args=[*options, *bus])[0]
-        addresses = [f"127.0.0.1:{port}" for port in rig.ports]
-        _cluster_cli(*addresses, "--cluster-replicas", "1", "--cluster-yes", command="create")
+            rig.nodes[port] = start_redis_server(port, log, extra_args=[*options, "--cluster-port", str(buses[port])])[
+                0
+            ]
+        if masters < 3:
+            _join_small_cluster(rig, masters, buses)
+        else:
+            addresses = [f"127.0.0.1:{port}" for port in rig.ports]
+            _cluster_cli(*addresses, "--cluster-replicas", "1", "--cluster-yes", command="create")
         wait_until(rig.healthy, CLUSTER_START_TIMEOUT, "Redis Cluster", interval=0.2)
     except BaseException:
         rig.stop()
         raise
     return rig
+
+
+def _join_small_cluster(rig: RedisClusterRig, masters: int, buses: dict[int, int]) -> None:
+    """Make the rig's first ``masters`` nodes masters sharing the 16384 slots evenly, the others their replicas.
+
+    What ``redis-cli --cluster create`` does, by hand (redis.io, "CLUSTER ADDSLOTSRANGE", "CLUSTER MEET",
+    "CLUSTER REPLICATE"; Redis 7.0 for the first and for MEET's bus port, ``buses``: node port → bus port):
+    each master takes its slot range, the first node meets every other, and once every node knows all of them
+    (gossip) each replica follows its master. Raises redis-py's errors, and :class:`SmithTimeoutError` when the
+    nodes do not all know each other within :data:`CLUSTER_START_TIMEOUT` seconds.
+    """
+    ports = rig.ports
+    for index, port in enumerate(ports[:masters]):
+        first, end = index * 16384 // masters, (index + 1) * 16384 // masters
+        rig.ask(port, "CLUSTER", "ADDSLOTSRANGE", str(first), str(end - 1))
+    for port in ports[1:]:
+        rig.ask(ports[0], "CLUSTER", "MEET", "127.0.0.1", str(port), str(buses[port]))
+
+    def met() -> bool:
+        known = [[node for node in rig.topology(port) if "handshake" not in node.flags] for port in ports]
+        return all(len(nodes) == len(ports) for nodes in known)
+
+    wait_until(met, CLUSTER_START_TIMEOUT, "Redis Cluster nodes meeting", interval=0.1)
+    for replica, master in zip(ports[masters:], ports[:masters], strict=True):
+        rig.ask(replica, "CLUSTER", "REPLICATE", rig.node_id(master))
 
 
 def _cluster_cli(*args: str, command: str) -> None:

@@ -92,3 +92,28 @@ def test_the_cluster_pubsub_bench_runs_small(tmp_path):
     assert [runs[mode, False]["subscriber_connections"] for mode in ("publish", "spublish", "xread")] == [1, 3, 10]
     # PUBLISH goes over the bus to the 5 other nodes, SPUBLISH to the slot's replica only
     assert runs["publish", False]["bus_messages_per_k"] > runs["spublish", False]["bus_messages_per_k"]
+
+
+def test_the_cluster_turns_bench_runs_small(tmp_path):
+    """bench/cluster_turns.py at 40 turns: the single Redis (with and without a replica) and clusters of 1, 2 and 3
+    masters each run every turn, with commands and CPU per turn of every node, and all of a cluster's turns land
+    on the master holding its slot."""
+    figures = tmp_path / "cluster_turns.json"
+    out = subprocess.run([sys.executable, "bench/cluster_turns.py", "--turns", "40", "--warm", "10", "--repeat", "1",
+                          "--idle", "0.5", "--monitored", "10", "--json", str(figures)],
+                         cwd=ROOT, check=True, timeout=240, capture_output=True, text=True).stdout
+    assert "| cluster, 3 masters |" in out and "One-slot mode, turns/s with 1, 2, 3 masters" in out
+    results = {r["name"]: r for r in json.loads(figures.read_text())}
+    assert list(results) == ["single redis-server", "single + 1 replica", "cluster, 1 master", "cluster, 2 masters",
+                             "cluster, 3 masters"]
+    for r in results.values():
+        assert r["completed"] == r["turns"] == 40 and r["turns_per_s"] > 0
+        assert r["commands_per_turn"] > 50 and all(r["monitor"][kind] > 0 for kind in ("top", "multi_exec", "lua"))
+        assert all(set(node) == {"commands_per_turn", "cpu_ms_per_turn", "cpu_pct"} for node in r["nodes"].values())
+        assert r["busiest_cpu_ms_per_turn"] > 0 and len(r["runs"]) == 1
+    for masters in (1, 2, 3):
+        nodes = results[f"cluster, {masters} master{'s' * (masters > 1)}"]["nodes"]
+        assert sorted(nodes) == sorted(f"{role} {chr(65 + i)}" for i in range(masters) for role in ("master", "replica"))
+        # one slot: master A runs the turns' commands, the other masters only their idle background
+        assert all(nodes[f"master {chr(65 + i)}"]["commands_per_turn"] < 5 for i in range(1, masters))
+        assert nodes["master A"]["commands_per_turn"] > 50
