@@ -19,9 +19,10 @@ waits until the turns queue is empty (a turn worker's ``/metrics``, ``smith_queu
   more than one attempt (a re-run after a lost lease, on an overloaded machine);
 * Redis commands per turn: ``INFO commandstats`` calls (the commands Lua scripts run included, the bench's own
   ``INFO`` left out) summed over the masters, less their idle rate over the run's span;
-* each node's CPU ms per turn (``INFO cpu``, ``used_cpu_sys + used_cpu_user``, less its idle rate) and its CPU
-  over the run as a share of one core (not less anything); the busiest node's ms per turn give the turns/s it
-  would allow at 100 % of its core.
+* each node's commands, CPU ms (``INFO cpu``, ``used_cpu_sys + used_cpu_user``) and ``PUBLISH`` messages sent
+  and received over the cluster bus (``CLUSTER INFO``: a cluster broadcasts a ``PUBLISH`` to every node) per turn,
+  each less its idle rate, and its CPU over the run as a share of one core (not less anything); the busiest node's
+  ms per turn give the turns/s it would allow at 100 % of its core.
 
 Last, each deployment runs ``--monitored`` turns of the same mix with ``redis-cli monitor`` on the node holding
 its keys (bench/distributed.py's ``Monitor``): the commands the processes sent (top level, ``MULTI``/``EXEC``
@@ -108,16 +109,20 @@ class Deployment:
 
 
 def counters(port: int) -> dict[str, float]:
-    """Node ``port``'s counters now: commands run (``INFO`` left out), CPU seconds, and the time (monotonic)."""
-    client = redis.Redis(port=port)
+    """Node ``port``'s counters now: commands run (``INFO`` left out), CPU seconds, ``PUBLISH`` messages sent and
+    received over the cluster bus (0 off a cluster; ``CLUSTER INFO``), and the time (monotonic)."""
+    client = redis.Redis(port=port, decode_responses=True)
     try:
         info = client.info("all")
+        bus = client.execute_command("CLUSTER", "INFO") if info["cluster_enabled"] else ""
     finally:
         client.close()
     calls = {k: int(v["calls"]) for k, v in info.items() if k.startswith("cmdstat_") and isinstance(v, dict)}
+    stats = dict(line.split(":", 1) for line in bus.splitlines() if ":" in line)
     return {
-        "commands": sum(calls.values()) - calls.get("cmdstat_info", 0),
+        "commands": sum(calls.values()) - calls.get("cmdstat_info", 0) - calls.get("cmdstat_cluster|info", 0),
         "cpu": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
+        "bus_publish": sum(int(stats.get(f"cluster_stats_messages_publish_{way}", 0)) for way in ("sent", "received")),
         "at": time.monotonic(),
     }
 
@@ -280,6 +285,7 @@ async def run(dep: Deployment, turns: int) -> dict[str, Any]:
         node.label: {
             "commands_per_turn": used(node.port, "commands") / turns,
             "cpu_ms_per_turn": 1000 * used(node.port, "cpu") / turns,
+            "bus_publish_per_turn": used(node.port, "bus_publish") / turns,
             "cpu_pct": 100
             * (after[node.port]["cpu"] - before[node.port]["cpu"])
             / (after[node.port]["at"] - before[node.port]["at"]),
@@ -316,6 +322,11 @@ async def monitored(dep: Deployment, turns: int, idle_seconds: float) -> dict[st
     }
 
 
+def received(result: dict[str, Any]) -> float:
+    """Bus ``PUBLISH`` messages per turn that the nodes other than the one holding the keys received."""
+    return sum(node["bus_publish_per_turn"] for node in list(result["nodes"].values())[1:])
+
+
 def report(results: list[dict[str, Any]], runs: int) -> str:
     """The figures as text: a line per node, the Markdown table, and what they say about masters."""
     single = next(r for r in results if r["masters"] == 0)
@@ -330,17 +341,18 @@ def report(results: list[dict[str, Any]], runs: int) -> str:
         )
         for label, node in r["nodes"].items():
             out.append(
-                f"  {label:9} {node['commands_per_turn']:6.1f} commands and {node['cpu_ms_per_turn']:.3f} ms CPU "
-                f"per turn (idle less); {node['cpu_pct']:4.1f} % of a core over the run"
+                f"  {label:9} {node['commands_per_turn']:6.1f} commands, {node['cpu_ms_per_turn']:.3f} ms CPU and "
+                f"{node['bus_publish_per_turn']:4.1f} bus PUBLISH messages (sent + received) per turn, idle less; "
+                f"{node['cpu_pct']:4.1f} % of a core over the run"
             )
     out += [
         "",
         f"medians of {runs} run(s); the clusters beside the single redis-server:",
         "",
         "| Redis | turns/s (× single) | commands / turn, masters (× single) | sent + MULTI/EXEC + in scripts "
-        "(MONITOR) | CPU ms / turn: master A (× single) | other masters | replicas | busiest node at 100 % "
-        "→ turns/s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "(MONITOR) | CPU ms / turn: master A (× single) | other masters | replicas | bus PUBLISH messages / turn "
+        "received | busiest node at 100 % → turns/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         nodes, m = r["nodes"], r["monitor"]
@@ -353,6 +365,7 @@ def report(results: list[dict[str, Any]], runs: int) -> str:
             f"| {m['top']:.1f} + {m['multi_exec']:.1f} + {m['lua']:.1f} "
             f"| {first:.3f} ({ratio(first, single['nodes']['redis']['cpu_ms_per_turn'])}) "
             f"| {' / '.join(f'{x:.3f}' for x in others) or '—'} | {' / '.join(f'{x:.3f}' for x in replicas) or '—'} "
+            f"| {received(r):.1f} "
             f"| {r['busiest_cpu_ms_per_turn']:.3f} ms → {r['turns_per_s_at_busiest_core']:,.0f} |"
         )
     return "\n".join(out + ["", verdict(results)])
@@ -370,29 +383,33 @@ def verdict(results: list[dict[str, Any]]) -> str:
         / (sum(n["cpu_ms_per_turn"] for label, n in r["nodes"].items() if label.startswith("master")) or 1)
         for r in clusters
     )
+    largest = [node for label, node in clusters[-1]["nodes"].items() if label != "master A"]
     busy = max(r["nodes"]["master A"]["cpu_pct"] for r in clusters)
     cpu = statistics.median(r["nodes"]["master A"]["cpu_ms_per_turn"] for r in clusters)
     anchors = {r["name"]: r["nodes"]["redis"]["cpu_ms_per_turn"] for r in results if not r["masters"]}
+    growth = (
+        f"within {(spread - 1) * 100:.0f} % of each other: turns/s does not grow with the masters"
+        if spread <= SAME_RATE
+        else f"{(spread - 1) * 100:.0f} % apart (more than this machine's noise? see the runs above)"
+    )
     limit = (
         f"Here the fleet on this machine's cores, not Redis, bounded turns/s: master A used at most {busy:.0f} % of a "
         f"core."
         if busy < 80
         else f"Here master A reached {busy:.0f} % of a core: Redis bounded turns/s."
     )
-    growth = (
-        f"within {(spread - 1) * 100:.0f} % of each other: turns/s does not grow with the masters"
-        if spread <= SAME_RATE
-        else f"{(spread - 1) * 100:.0f} % apart (more than this machine's noise? see the runs above)"
-    )
     return (
         f"One-slot mode, turns/s with {', '.join(str(r['masters']) for r in clusters)} masters: "
         f"{', '.join(f'{x:.0f}' for x in rates)}, {growth}. Every key of a deployment carries its prefix as a hash "
         f"tag, so all of them hash to one slot, served by one master (A): A did at least {share * 100:.0f} % of "
-        f"the masters' CPU per turn in every cluster, the other masters nothing but their idle background. A "
-        f"cluster serves what its one master serves, whatever the count of masters; using more of them needs the "
-        f"sharded layout of docs/cluster.md. {limit} Master A's CPU per turn (median over the clusters) is "
-        + ", ".join(f"{ratio(cpu, anchor)} that of the {name}" for name, anchor in anchors.items())
-        + "."
+        f"the masters' CPU per turn in every cluster. The other nodes ran none of the turns' commands (at most "
+        f"{max(n['commands_per_turn'] for n in largest):.1f} per turn with {clusters[-1]['masters']} masters); "
+        f"their one per-turn work is the turns' events, which the runtime PUBLISHes and a cluster broadcasts over "
+        f"its bus to every node: {statistics.median(n['bus_publish_per_turn'] for n in largest):.1f} messages and "
+        f"{statistics.median(n['cpu_ms_per_turn'] for n in largest):.3f} ms of CPU per turn on each (the median "
+        f"node). A cluster serves what its one master serves, whatever the count of masters; using more of them "
+        f"needs the sharded layout of docs/cluster.md. {limit} Master A's CPU per turn (median over the clusters) "
+        f"is " + ", ".join(f"{ratio(cpu, anchor)} that of the {name}" for name, anchor in anchors.items()) + "."
     )
 
 
