@@ -83,7 +83,7 @@ BATCH = 500
 RUN_TIMEOUT = 300.0
 #: The turn mix, in order: prompts of bench/llm_server.py.
 MIX = ("text", "tool")
-#: turns/s of the largest cluster over the smallest's below which they are taken as equal on this noisy machine.
+#: The highest turns/s of the clusters over the lowest, at or below which they count as equal on this noisy machine.
 SAME_RATE = 1.25
 
 
@@ -383,7 +383,8 @@ def verdict(results: list[dict[str, Any]]) -> str:
         / (sum(n["cpu_ms_per_turn"] for label, n in r["nodes"].items() if label.startswith("master")) or 1)
         for r in clusters
     )
-    largest = [node for label, node in clusters[-1]["nodes"].items() if label != "master A"]
+    # in the largest cluster, the nodes that do not hold the keys (replica A applies A's writes)
+    others = [node for label, node in clusters[-1]["nodes"].items() if not label.endswith("A")]
     busy = max(r["nodes"]["master A"]["cpu_pct"] for r in clusters)
     cpu = statistics.median(r["nodes"]["master A"]["cpu_ms_per_turn"] for r in clusters)
     anchors = {r["name"]: r["nodes"]["redis"]["cpu_ms_per_turn"] for r in results if not r["masters"]}
@@ -391,6 +392,15 @@ def verdict(results: list[dict[str, Any]]) -> str:
         f"within {(spread - 1) * 100:.0f} % of each other: turns/s does not grow with the masters"
         if spread <= SAME_RATE
         else f"{(spread - 1) * 100:.0f} % apart (more than this machine's noise? see the runs above)"
+    )
+    bystanders = (
+        f" The other masters and their replicas ran none of the turns' commands (at most "
+        f"{max(n['commands_per_turn'] for n in others):.1f} per turn with {clusters[-1]['masters']} masters); their "
+        f"one per-turn work is the turns' events, which the runtime PUBLISHes and a cluster broadcasts over its bus "
+        f"to every node: {statistics.median(n['bus_publish_per_turn'] for n in others):.1f} messages and "
+        f"{statistics.median(n['cpu_ms_per_turn'] for n in others):.3f} ms of CPU per turn on each (the median)."
+        if others
+        else ""
     )
     limit = (
         f"Here the fleet on this machine's cores, not Redis, bounded turns/s: master A used at most {busy:.0f} % of a "
@@ -402,14 +412,11 @@ def verdict(results: list[dict[str, Any]]) -> str:
         f"One-slot mode, turns/s with {', '.join(str(r['masters']) for r in clusters)} masters: "
         f"{', '.join(f'{x:.0f}' for x in rates)}, {growth}. Every key of a deployment carries its prefix as a hash "
         f"tag, so all of them hash to one slot, served by one master (A): A did at least {share * 100:.0f} % of "
-        f"the masters' CPU per turn in every cluster. The other nodes ran none of the turns' commands (at most "
-        f"{max(n['commands_per_turn'] for n in largest):.1f} per turn with {clusters[-1]['masters']} masters); "
-        f"their one per-turn work is the turns' events, which the runtime PUBLISHes and a cluster broadcasts over "
-        f"its bus to every node: {statistics.median(n['bus_publish_per_turn'] for n in largest):.1f} messages and "
-        f"{statistics.median(n['cpu_ms_per_turn'] for n in largest):.3f} ms of CPU per turn on each (the median "
-        f"node). A cluster serves what its one master serves, whatever the count of masters; using more of them "
-        f"needs the sharded layout of docs/cluster.md. {limit} Master A's CPU per turn (median over the clusters) "
-        f"is " + ", ".join(f"{ratio(cpu, anchor)} that of the {name}" for name, anchor in anchors.items()) + "."
+        f"the masters' CPU per turn in every cluster.{bystanders} A cluster serves what its one master serves, "
+        f"whatever the count of masters; using more of them needs the sharded layout of docs/cluster.md. {limit} "
+        f"Master A's CPU per turn (median over the clusters) is "
+        + ", ".join(f"{ratio(cpu, anchor)} that of the {name}" for name, anchor in anchors.items())
+        + "."
     )
 
 
