@@ -19,10 +19,10 @@ waits until the turns queue is empty (a turn worker's ``/metrics``, ``smith_queu
   more than one attempt (a re-run after a lost lease, on an overloaded machine);
 * Redis commands per turn: ``INFO commandstats`` calls (the commands Lua scripts run included, the bench's own
   ``INFO`` left out) summed over the masters, less their idle rate over the run's span;
-* each node's commands, CPU ms (``INFO cpu``, ``used_cpu_sys + used_cpu_user``) and ``PUBLISH`` messages sent
-  and received over the cluster bus (``CLUSTER INFO``: a cluster broadcasts a ``PUBLISH`` to every node) per turn,
-  each less its idle rate, and its CPU over the run as a share of one core (not less anything); the busiest node's
-  ms per turn give the turns/s it would allow at 100 % of its core.
+* each node's commands, CPU ms (``INFO cpu``, ``used_cpu_sys + used_cpu_user``), ``PUBLISH`` messages sent and
+  received over the cluster bus (``CLUSTER INFO``: a cluster broadcasts a ``PUBLISH`` to every node) and KiB
+  written to the bus (:func:`counters`) per turn, each less its idle rate, and its CPU over the run as a share of
+  one core (not less anything); the busiest node's ms per turn give the turns/s it would allow at 100 % of its core.
 
 Last, each deployment runs ``--monitored`` turns of the same mix with ``redis-cli monitor`` on the node holding
 its keys (bench/distributed.py's ``Monitor``): the commands the processes sent (top level, ``MULTI``/``EXEC``
@@ -89,11 +89,12 @@ SAME_RATE = 1.25
 
 @dataclass
 class Node:
-    """A Redis node of a deployment: its port and its role, ``label`` (``redis``; ``master A`` holds the slot)."""
+    """A Redis node of a deployment: its port, its role, ``label`` (``redis``; ``master A`` holds the slot), its pid."""
 
     port: int
     label: str
     master: bool
+    pid: int
 
 
 @dataclass
@@ -108,10 +109,12 @@ class Deployment:
     idle: dict[int, dict[str, float]]  # node port → its idle counters' rates per second
 
 
-def counters(port: int) -> dict[str, float]:
-    """Node ``port``'s counters now: commands run (``INFO`` left out), CPU seconds, ``PUBLISH`` messages sent and
-    received over the cluster bus (0 off a cluster; ``CLUSTER INFO``), and the time (monotonic)."""
-    client = redis.Redis(port=port, decode_responses=True)
+def counters(node: Node) -> dict[str, float]:
+    """The node's counters now: commands run (``INFO`` left out), CPU seconds, ``PUBLISH`` messages sent and received
+    over the cluster bus (0 off a cluster; ``CLUSTER INFO``), bytes written to the bus (``/proc/PID/io`` ``wchar``
+    less ``INFO stats`` ``total_net_output_bytes``, the replies and the replication stream, as bench/cluster_pubsub.py
+    counts them; 0 off a cluster), and the time (monotonic)."""
+    client = redis.Redis(port=node.port, decode_responses=True)
     try:
         info = client.info("all")
         bus = client.execute_command("CLUSTER", "INFO") if info["cluster_enabled"] else ""
@@ -119,17 +122,19 @@ def counters(port: int) -> dict[str, float]:
         client.close()
     calls = {k: int(v["calls"]) for k, v in info.items() if k.startswith("cmdstat_") and isinstance(v, dict)}
     stats = dict(line.split(":", 1) for line in bus.splitlines() if ":" in line)
+    io = dict(line.split(": ") for line in Path(f"/proc/{node.pid}/io").read_text().splitlines())
     return {
         "commands": sum(calls.values()) - calls.get("cmdstat_info", 0) - calls.get("cmdstat_cluster|info", 0),
         "cpu": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
         "bus_publish": sum(int(stats.get(f"cluster_stats_messages_publish_{way}", 0)) for way in ("sent", "received")),
+        "bus_bytes": int(io["wchar"]) - int(info["total_net_output_bytes"]) if bus else 0,
         "at": time.monotonic(),
     }
 
 
 def snapshot(nodes: list[Node]) -> dict[int, dict[str, float]]:
     """:func:`counters` of every node."""
-    return {node.port: counters(node.port) for node in nodes}
+    return {node.port: counters(node) for node in nodes}
 
 
 def cluster_nodes(rig: RedisClusterRig, slot: int) -> list[Node]:
@@ -137,11 +142,11 @@ def cluster_nodes(rig: RedisClusterRig, slot: int) -> list[Node]:
     owner = rig.slot_owner(slot)
     masters = [owner, *sorted(port for port in rig.masters() if port != owner)]
     ids = {rig.node_id(port): port for port in masters}
-    nodes = [Node(port, f"master {chr(65 + i)}", True) for i, port in enumerate(masters)]
+    nodes = [Node(port, f"master {chr(65 + i)}", True, rig.nodes[port].pid) for i, port in enumerate(masters)]
     for view in rig.topology(owner):
         if view.master_id in ids:
             letter = chr(65 + masters.index(ids[view.master_id]))
-            nodes.append(Node(view.port, f"replica {letter}", False))
+            nodes.append(Node(view.port, f"replica {letter}", False, rig.nodes[view.port].pid))
     return sorted(nodes, key=lambda node: (node.label[-1], not node.master))
 
 
@@ -178,12 +183,12 @@ def single(replica: bool) -> Iterator[tuple[str, list[Node]]]:
     """A private redis-server, and with ``replica`` another replicating it (``replicaof``, linked): (its URL, its
     nodes labelled ``redis`` and ``replica``)."""
     proc, url = start_redis_server()
-    procs, nodes = [proc], [Node(port_of(url), "redis", True)]
+    procs, nodes = [proc], [Node(port_of(url), "redis", True, proc.pid)]
     try:
         if replica:
             copy, copy_url = start_redis_server(extra_args=["--replicaof", "127.0.0.1", str(port_of(url))])
             procs.append(copy)
-            nodes.append(Node(port_of(copy_url), "replica", False))
+            nodes.append(Node(port_of(copy_url), "replica", False, copy.pid))
             wait_until(lambda: replica_linked(port_of(copy_url)), 30.0, "the replica of the single redis-server")
         yield url, nodes
     finally:
@@ -286,6 +291,7 @@ async def run(dep: Deployment, turns: int) -> dict[str, Any]:
             "commands_per_turn": used(node.port, "commands") / turns,
             "cpu_ms_per_turn": 1000 * used(node.port, "cpu") / turns,
             "bus_publish_per_turn": used(node.port, "bus_publish") / turns,
+            "bus_kib_per_turn": used(node.port, "bus_bytes") / turns / 1024,
             "cpu_pct": 100
             * (after[node.port]["cpu"] - before[node.port]["cpu"])
             / (after[node.port]["at"] - before[node.port]["at"]),
@@ -342,7 +348,8 @@ def report(results: list[dict[str, Any]], runs: int) -> str:
         for label, node in r["nodes"].items():
             out.append(
                 f"  {label:9} {node['commands_per_turn']:6.1f} commands, {node['cpu_ms_per_turn']:.3f} ms CPU and "
-                f"{node['bus_publish_per_turn']:4.1f} bus PUBLISH messages (sent + received) per turn, idle less; "
+                f"{node['bus_publish_per_turn']:4.1f} bus PUBLISH messages (sent + received), "
+                f"{node['bus_kib_per_turn']:5.1f} KiB written to the bus per turn, idle less; "
                 f"{node['cpu_pct']:4.1f} % of a core over the run"
             )
     out += [
@@ -351,8 +358,8 @@ def report(results: list[dict[str, Any]], runs: int) -> str:
         "",
         "| Redis | turns/s (× single) | commands / turn, masters (× single) | sent + MULTI/EXEC + in scripts "
         "(MONITOR) | CPU ms / turn: master A (× single) | other masters | replicas | bus PUBLISH messages / turn "
-        "received | busiest node at 100 % → turns/s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "received | bus KiB / turn | busiest node at 100 % → turns/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         nodes, m = r["nodes"], r["monitor"]
@@ -365,7 +372,7 @@ def report(results: list[dict[str, Any]], runs: int) -> str:
             f"| {m['top']:.1f} + {m['multi_exec']:.1f} + {m['lua']:.1f} "
             f"| {first:.3f} ({ratio(first, single['nodes']['redis']['cpu_ms_per_turn'])}) "
             f"| {' / '.join(f'{x:.3f}' for x in others) or '—'} | {' / '.join(f'{x:.3f}' for x in replicas) or '—'} "
-            f"| {received(r):.1f} "
+            f"| {received(r):.1f} | {sum(n['bus_kib_per_turn'] for n in nodes.values()):.1f} "
             f"| {r['busiest_cpu_ms_per_turn']:.3f} ms → {r['turns_per_s_at_busiest_core']:,.0f} |"
         )
     return "\n".join(out + ["", verdict(results)])
