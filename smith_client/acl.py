@@ -118,5 +118,7 @@ def tenant_acl_rules(prefix: str, password: str, cluster: bool = False) -> list[
 
 
 if __name__ == "__main__":  # pragma: no cover - a printing helper for operators
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        sys.exit("usage: python -m smith_client.acl [PREFIX] [--cluster]: print the ACL SETUSER line of a tenant user")
     name = next((arg for arg in sys.argv[1:] if arg != "--cluster"), "smith")
     print("ACL SETUSER", name, " ".join(tenant_acl_rules(name, "PASSWORD", "--cluster" in sys.argv[1:])))

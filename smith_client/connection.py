@@ -74,8 +74,8 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster as SyncRedisCluster
 from redis.connection import HiredisRespSerializer
 from redis.crc import key_slot
+from redis.exceptions import AuthenticationError, AuthorizationError, ReadOnlyError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry as SyncRetry
 from redis.sentinel import Sentinel as SyncSentinel
@@ -263,6 +263,12 @@ SLOT_RETRIES = 17
 #: replica cut from its master). ``LOADING`` (a node loading its data) is redis-py's ``BusyLoadingError``, a
 #: ``ConnectionError`` already.
 _RETRIED_REPLIES = frozenset({"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "READONLY", "MASTERDOWN"})
+#: The nodes this process last learned of a cluster, by the node it was first reached through (a URL's): a slot
+#: pool built later for the same URL starts from them, so one built after the URL's node died (a worker's new
+#: wake-up or abort connection, a new client) still finds the cluster. Lists are replaced, never changed in place.
+_KNOWN_CONTACTS: dict[Address, list[Address]] = {}
+#: Refusals of a node that answered: asking it again changes nothing (credentials, permissions, not a cluster).
+_REFUSALS = (ResponseError, AuthenticationError, AuthorizationError)
 
 
 class SlotMaster:
@@ -279,7 +285,7 @@ class SlotMaster:
     def __init__(self, cluster_key: str, origin: Address) -> None:
         self.slot = key_slot(cluster_key.encode())
         self.origin = origin
-        self.contacts: list[Address] = [origin]
+        self.contacts: list[Address] = _KNOWN_CONTACTS.get(origin, [origin])
         self.address: Address | None = None
 
     def learn(self, reply: Any, asked: Address) -> Address:
@@ -296,7 +302,7 @@ class SlotMaster:
             nodes += [address for address in addresses if address is not None]
             if int(first) <= self.slot <= int(last):
                 master = addresses[0]
-        self.contacts = list(dict.fromkeys([asked, *nodes, self.origin]))
+        self.contacts = _KNOWN_CONTACTS[self.origin] = list(dict.fromkeys([asked, *nodes, self.origin]))
         if master is None:
             raise RedisConnectionError(f"{_node(asked)} knows no master serving hash slot {self.slot}")
         self.address = master
@@ -305,14 +311,26 @@ class SlotMaster:
     def failed(self, contact: Address) -> None:
         """``contact`` did not answer: ask it last from now on."""
         if contact in self.contacts:
-            self.contacts.remove(contact)
-            self.contacts.append(contact)
+            self.contacts = [*(known for known in self.contacts if known != contact), contact]
 
-    def none_answered(self, errors: list[str]) -> RedisConnectionError:
-        """The error when no contact said where the slot's master is (``errors``: one line per contact asked)."""
-        return RedisConnectionError(
-            f"no Redis Cluster node said which master serves hash slot {self.slot}: {'; '.join(errors)}"
-        )
+    def none_answered(self, errors: list[tuple[Address, RedisError]]) -> Exception:
+        """The error when no contact said where the slot's master is (``errors``: each contact asked and its error).
+
+        When every contact answered with a refusal (:data:`_REFUSALS`), asking again cannot help: a node that is
+        not a cluster node gives :class:`ConfigurationError` (``SMITH_REDIS_CLUSTER``), refused credentials or
+        permissions the first refusal itself (a worker exits on those: smith_worker/ops/redis_health.py). Otherwise
+        a ``ConnectionError`` listing them, which the pool's ``Retry`` retries.
+        """
+        if errors and all(isinstance(error, _REFUSALS) for _, error in errors):
+            contact, refusal = errors[0]
+            if "cluster support disabled" in str(refusal):
+                return ConfigurationError(
+                    f"SMITH_REDIS_CLUSTER is set, but {_node(contact)} is not a Redis Cluster node ({refusal})",
+                    setting="SMITH_REDIS_CLUSTER",
+                )
+            return type(refusal)(f"{_node(contact)}: {refusal}")
+        lines = "; ".join(f"{_node(contact)}: {error}" for contact, error in errors)
+        return RedisConnectionError(f"no Redis Cluster node said which master serves hash slot {self.slot}: {lines}")
 
     def forget(self, address: Address) -> None:
         """Ask the nodes again before the next connect, unless the master was learned elsewhere than ``address``."""
@@ -482,13 +500,13 @@ class _SlotPinning(ConnectionPool):
             return self.slot_master.address or await self._ask_contacts()
 
     async def _ask_contacts(self) -> Address:
-        errors = []
+        errors: list[tuple[Address, RedisError]] = []
         for contact in list(self.slot_master.contacts):
             try:
                 return self.slot_master.learn(await self._cluster_slots(contact), contact)
             except RedisError as exc:
                 self.slot_master.failed(contact)
-                errors.append(f"{_node(contact)}: {exc}")
+                errors.append((contact, exc))
         raise self.slot_master.none_answered(errors)
 
     async def _cluster_slots(self, node: Address) -> Any:
@@ -614,13 +632,13 @@ class SyncSlotPool(sync_redis.ConnectionPool):
             return self.slot_master.address or self._ask_contacts()
 
     def _ask_contacts(self) -> Address:
-        errors = []
+        errors: list[tuple[Address, RedisError]] = []
         for contact in list(self.slot_master.contacts):
             try:
                 return self.slot_master.learn(self._cluster_slots(contact), contact)
             except RedisError as exc:
                 self.slot_master.failed(contact)
-                errors.append(f"{_node(contact)}: {exc}")
+                errors.append((contact, exc))
         raise self.slot_master.none_answered(errors)
 
     def _cluster_slots(self, node: Address) -> Any:

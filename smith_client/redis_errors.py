@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
-from smith_client.errors import SmithError, SmithTimeoutError, error_from_redis
+from smith_client.errors import ConfigurationError, SmithError, SmithTimeoutError, error_from_redis
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: A cluster node's redirection or cross-slot refusal, alone or quoted in a pipeline's error: a client without
+#: SMITH_REDIS_CLUSTER talking to a cluster (the slot-pinned pools follow these themselves; redis.io, "Redis
+#: cluster specification").
+_CLUSTER_REDIRECTION = re.compile(r"(?:^|\(')(?:(?:MOVED|ASK) \d+ \S+:\d+(?:'|$)|CROSSSLOT )")
 
 
 class PoolTimeoutError(RedisConnectionError):
@@ -39,11 +45,23 @@ class PoolTimeoutError(RedisConnectionError):
         self.timeout = timeout
 
 
+def is_cluster_redirection(exc: BaseException) -> bool:
+    """True for a Redis Cluster node's ``MOVED`` / ``ASK`` reply reaching a client that is not in cluster mode."""
+    return isinstance(exc, ResponseError) and _CLUSTER_REDIRECTION.search(str(exc)) is not None
+
+
 def smith_error(exc: BaseException) -> SmithError:
     """The typed error a Redis failure means: :class:`SmithTimeoutError` (operation ``redis.pool``,
-    ``budget`` the pool's wait) for :class:`PoolTimeoutError`, else :func:`error_from_redis`'s ``TransportError``."""
+    ``budget`` the pool's wait) for :class:`PoolTimeoutError`, :class:`ConfigurationError` (``SMITH_REDIS_CLUSTER``)
+    for a cluster's redirection, else :func:`error_from_redis`'s ``TransportError``."""
     if isinstance(exc, PoolTimeoutError):
         return SmithTimeoutError(str(exc), operation="redis.pool", budget=exc.timeout)
+    if is_cluster_redirection(exc):
+        return ConfigurationError(
+            f"{exc}: this Redis is a Redis Cluster node; set SMITH_REDIS_CLUSTER=1 (or cluster=True) on every "
+            "worker and client (docs/cluster.md)",
+            setting="SMITH_REDIS_CLUSTER",
+        )
     return error_from_redis(exc)
 
 

@@ -72,10 +72,12 @@ async def _agents_ready(redis_url: str, prefix: str) -> bool:
         return "default" in (await live_agents(client.redis, client.keys) or set())
 
 
-def smith_hint(redis_url: str, prefix: str) -> str:
-    """A ``smith status`` command line for another terminal, talking to ``redis_url`` under ``prefix``.
+def smith_hint(redis_url: str, prefix: str, cluster: bool = False) -> str:
+    """A ``smith status`` command line for another terminal, talking to ``redis_url`` under ``prefix`` (with
+    ``cluster``, a Redis Cluster node: ``SMITH_REDIS_CLUSTER=1`` leads the line).
 
-    ``smith`` reads both from ``SMITH_REDIS_URL`` and ``SMITH_PREFIX`` (:func:`smith_client.cli.smith_main`);
+    ``smith`` reads them from ``SMITH_REDIS_URL``, ``SMITH_PREFIX`` and ``SMITH_REDIS_CLUSTER``
+    (:func:`smith_client.cli.smith_main`);
     the URL's credentials are shown redacted. The ``smith`` beside this interpreter is named
     (relative to the cwd when under it: ``.venv/bin/smith`` for ``make demo``), else ``smith``.
     """
@@ -83,7 +85,9 @@ def smith_hint(redis_url: str, prefix: str) -> str:
     command = "smith"
     if smith.exists():
         command = os.path.relpath(smith) if smith.is_relative_to(Path.cwd()) else str(smith)
-    return shlex.join([f"SMITH_REDIS_URL={redact_text(redis_url)}", f"SMITH_PREFIX={prefix}", command, "status"])
+    variables = ["SMITH_REDIS_CLUSTER=1"] if cluster else []
+    variables += [f"SMITH_REDIS_URL={redact_text(redis_url)}", f"SMITH_PREFIX={prefix}"]
+    return shlex.join([*variables, command, "status"])
 
 
 #: A started child process and its log file.
@@ -108,7 +112,7 @@ def start_services(stack: contextlib.ExitStack, logs: Path, status: Callable[[st
     and key prefix among them (with :func:`smith_hint`). Raises ``ConfigurationError``
     / ``SmithTimeoutError``.
     """
-    Settings.from_env()  # a bad SMITH_* value fails here, in one line, not in the workers' logs
+    settings = Settings.from_env()  # a bad SMITH_* value fails here, in one line, not in the workers' logs
     logs.mkdir(exist_ok=True)
     prefix = f"smith-demo-{uuid.uuid4().hex[:6]}"  # never touches a developer's own keys
     redis_url = os.environ.get("SMITH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -120,7 +124,7 @@ def start_services(stack: contextlib.ExitStack, logs: Path, status: Callable[[st
         redis_proc, redis_url = start_redis_server(log_path=logs / "redis.log")
         stack.callback(redis_proc.stop)
         children["redis-server"] = (redis_proc, logs / "redis.log")
-    hint = smith_hint(redis_url, prefix)
+    hint = smith_hint(redis_url, prefix, settings.redis_cluster)
     status(f"Redis {redact_text(redis_url)}, key prefix {prefix}; from another terminal: {hint}")
     env = dict(os.environ, SMITH_REDIS_URL=redis_url, SMITH_PREFIX=prefix)
     if not os.environ.get("SMITH_LLM_BASE_URL"):

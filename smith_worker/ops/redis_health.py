@@ -21,9 +21,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from redis.exceptions import AuthenticationError, AuthorizationError, RedisError
+from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissionError, RedisError
 
 from smith_client.errors import ConfigurationError
+from smith_client.redis_errors import is_cluster_redirection, smith_error
 
 logger = logging.getLogger("agent_smith.worker")
 
@@ -34,7 +35,7 @@ BACKOFF_CAP = 3.0
 #: Failures that mean "Redis is not answering" (a restart, a freeze, a network cut), not a bug.
 REDIS_DOWN_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError)
 #: Redis answers but refuses these credentials: a configuration error, never retried.
-REDIS_REFUSED_ERRORS: tuple[type[BaseException], ...] = (AuthenticationError, AuthorizationError)
+REDIS_REFUSED_ERRORS: tuple[type[BaseException], ...] = (AuthenticationError, AuthorizationError, NoPermissionError)
 
 _T = TypeVar("_T")
 
@@ -83,7 +84,8 @@ class RedisHealth:
         """Await ``call()`` until it succeeds, backing off between Redis failures; return its result.
 
         Raises ``asyncio.CancelledError`` once :attr:`stopping` is set (the process shuts down) and
-        :class:`ConfigurationError` when Redis refuses the credentials (a worker exits on it).
+        :class:`ConfigurationError` when Redis refuses the credentials or permissions, or answers as a Redis Cluster
+        node without ``SMITH_REDIS_CLUSTER`` (a worker exits on it).
         """
         while True:
             try:
@@ -93,6 +95,8 @@ class RedisHealth:
                     f"Redis refused the credentials in {where}: {exc}", setting="SMITH_REDIS_URL"
                 ) from exc
             except REDIS_DOWN_ERRORS as exc:
+                if is_cluster_redirection(exc):  # a cluster, and SMITH_REDIS_CLUSTER unset: never answers otherwise
+                    raise smith_error(exc) from exc
                 if self.stopping:
                     raise asyncio.CancelledError(f"shutting down while Redis is unavailable in {where}") from exc
                 await asyncio.sleep(self.failed(where, exc))

@@ -87,7 +87,8 @@ def test_the_cluster_pubsub_bench_runs_small(tmp_path):
     assert set(runs) == {(mode, flood) for mode in ("publish", "spublish", "xread") for flood in (False, True)}
     for f in runs.values():
         assert f["delivered"] == f["published"] == 50 and f["publish_errors"] == 0
-        assert 0 < f["p50_ms"] <= f["p99_ms"] and f["cpu_ms_per_k_masters"] > 0
+        # 50 events may cost the masters less than one tick of their CPU counters: measured, possibly 0
+        assert 0 < f["p50_ms"] <= f["p99_ms"] and f["cpu_ms_per_k_masters"] >= 0
     # one subscriber connection on one node, one per master, one per shard followed (10 turns: shards 0-9)
     assert [runs[mode, False]["subscriber_connections"] for mode in ("publish", "spublish", "xread")] == [1, 3, 10]
     # PUBLISH goes over the bus to the 5 other nodes, SPUBLISH to the slot's replica only

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import threading
 import uuid
 
@@ -149,6 +151,25 @@ async def test_a_tenant_acl_user_sends_turns_and_reads_nothing_else(fleet, clien
             == "hello tenant"
         with pytest.raises(NoPermissionError):
             await tenant.redis.get("{other}:conv:c:history")
+
+
+def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+async def test_a_mismatched_cluster_setting_fails_fast_and_says_so(fleet, redis_url):
+    """The cluster's URL without SMITH_REDIS_CLUSTER, and SMITH_REDIS_CLUSTER with a single Redis's URL: the CLI and
+    a worker end at once (never the retries of a Redis down), naming the setting."""
+    without = {**fleet.env, "SMITH_REDIS_CLUSTER": ""}
+    status = run(["-c", "from smith_client.cli import smith_main; smith_main()", "status"], without)
+    assert status.returncode != 0 and "set SMITH_REDIS_CLUSTER=1" in status.stderr, status.stderr
+    worker = run(["-m", "smith_worker", APP, "--queue", "turns"], without)
+    assert worker.returncode == 1 and "set SMITH_REDIS_CLUSTER=1" in worker.stderr, worker.stderr[-2000:]
+    single = {**fleet.env, "SMITH_REDIS_URL": redis_url}
+    status = run(["-c", "from smith_client.cli import smith_main; smith_main()", "status"], single)
+    assert status.returncode != 0 and "is not a Redis Cluster node" in status.stderr, status.stderr
+    worker = run(["-m", "smith_worker", APP, "--queue", "turns"], single)
+    assert worker.returncode == 1 and "is not a Redis Cluster node" in worker.stderr, worker.stderr[-2000:]
 
 
 async def test_kill_9_of_the_turn_worker_resumes_the_turn(client, scenario):

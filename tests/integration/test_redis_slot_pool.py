@@ -303,6 +303,12 @@ async def test_the_slots_master_dies_under_writes_and_they_carry_on_on_the_promo
         finally:
             sender.close()
         assert pubsub.connection.port == promoted[0]
+        # a client built now for the dead node's URL starts from the nodes this process learned, and finds the slot
+        fresh = connect_redis(url(master), cluster_key=TAG)
+        try:
+            assert await fresh.ping()
+        finally:
+            await fresh.aclose()
     finally:
         await pubsub.aclose()
         await subscriber.aclose()

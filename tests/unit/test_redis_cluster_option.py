@@ -8,6 +8,7 @@ import functools
 import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.cluster import key_slot
+from redis.exceptions import ResponseError
 
 from smith_client import SmithClient, SyncSmithClient
 from smith_client.connection import (
@@ -19,7 +20,9 @@ from smith_client.connection import (
     connect_sync_redis,
     connect_sync_redis_cluster,
 )
-from smith_client.errors import ConfigurationError
+from smith_client.errors import ConfigurationError, TransportError
+from smith_client.redis_errors import smith_error
+from smith_worker.demo.run import smith_hint
 from smith_client.settings import ClientSettings
 from smith_worker.config import Settings
 
@@ -101,3 +104,31 @@ async def test_cluster_mode_tags_the_keys_and_pins_the_pools_to_their_slot(monke
         assert sync_client.redis.connection_pool.slot_master.slot == slot
     async with SmithClient.from_url("redis://127.0.0.1:1/0", prefix="acme", cluster=False) as plain:
         assert plain.keys.key_prefix == "acme" and not isinstance(plain.redis.connection_pool, BoundedSlotPool)
+
+
+@pytest.mark.parametrize(
+    ("reply", "hinted"),
+    [
+        ("MOVED 9666 127.0.0.1:55001", True),
+        ("ASK 9666 127.0.0.1:55001", True),
+        ("Command # 1 (ZRANGEBYSCORE ct1:workers 1 +inf) of pipeline caused error: ('MOVED 9666 127.0.0.1:55001',)",
+         True),
+        ("CROSSSLOT Keys in request don't hash to the same slot", True),
+        # the slot-pinned pool's own error for a key without the deployment's tag: not a missing setting
+        ("MOVED 9666 127.0.0.1:55001: a key outside hash slot 3, the one the connection is pinned to", False),
+        ("ERR unknown command", False),
+    ],
+)
+def test_a_cluster_reply_to_a_client_not_in_cluster_mode_names_the_setting(reply, hinted):
+    error = smith_error(ResponseError(reply))
+    if hinted:
+        assert isinstance(error, ConfigurationError) and error.setting == "SMITH_REDIS_CLUSTER"
+        assert "set SMITH_REDIS_CLUSTER=1" in str(error)
+    else:
+        assert isinstance(error, TransportError)
+
+
+def test_the_demos_smith_status_line_carries_the_cluster_setting():
+    assert smith_hint("redis://127.0.0.1:7000/0", "p", cluster=True).startswith(
+        "SMITH_REDIS_CLUSTER=1 SMITH_REDIS_URL=redis://127.0.0.1:7000/0 SMITH_PREFIX=p ")
+    assert smith_hint("redis://127.0.0.1:7000/0", "p").startswith("SMITH_REDIS_URL=")

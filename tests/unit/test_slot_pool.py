@@ -10,7 +10,7 @@ import redis as sync_redis
 from arq.connections import ArqRedis
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError, ResponseError
+from redis.exceptions import AuthenticationError, NoPermissionError, ReadOnlyError, ResponseError
 from redis.utils import HIREDIS_AVAILABLE
 
 from smith_client import connection
@@ -28,6 +28,7 @@ from smith_client.connection import (
     connect_redis,
     connect_sync_redis,
 )
+from smith_client.errors import ConfigurationError
 from smith_client.serialization import job_serializer
 
 KEY = "{smith}"
@@ -49,6 +50,34 @@ REPLY = slots_reply(
     (5461, 10922, node(b"10.0.0.2", 7000), [node(b"10.0.0.5", 7000)]),
     (10923, 16383, node(b"10.0.0.3", 7000), [node(b"10.0.0.6", 7000)]),
 )
+
+
+@pytest.fixture(autouse=True)
+def no_known_contacts(monkeypatch):
+    """Each test starts with no node learned by earlier ones (the process-wide memory of pools)."""
+    monkeypatch.setattr(connection, "_KNOWN_CONTACTS", {})
+
+
+def test_a_pool_built_later_for_the_same_url_starts_from_the_nodes_learned():
+    SlotMaster(KEY, ORIGIN).learn(REPLY, ORIGIN)
+    later = SlotMaster(KEY, ORIGIN)  # e.g. a worker's new wake-up connection, once the URL's node is dead
+    assert later.contacts[:2] == [ORIGIN, ("10.0.0.1", 7000)] and len(later.contacts) == 7
+    later.failed(ORIGIN)
+    assert later.contacts[-1] == ORIGIN and SlotMaster(KEY, ORIGIN).contacts[0] == ORIGIN  # not changed in place
+    assert SlotMaster(KEY, ("10.0.0.99", 7000)).contacts == [("10.0.0.99", 7000)]  # another URL: its own
+
+
+def test_refusals_from_every_node_asked_are_not_retried():
+    master = SlotMaster(KEY, ORIGIN)
+    disabled = master.none_answered([(ORIGIN, ResponseError("This instance has cluster support disabled"))])
+    assert isinstance(disabled, ConfigurationError) and disabled.setting == "SMITH_REDIS_CLUSTER"
+    assert "10.0.0.9:7000 is not a Redis Cluster node" in str(disabled)
+    refused = master.none_answered([(ORIGIN, AuthenticationError("invalid username-password pair"))])
+    assert type(refused) is AuthenticationError and "10.0.0.9:7000" in str(refused)
+    noperm = master.none_answered([(ORIGIN, NoPermissionError("no permissions to run the 'cluster|slots' command"))])
+    assert type(noperm) is NoPermissionError
+    mixed = master.none_answered([(ORIGIN, ResponseError("x")), (("10.0.0.1", 7000), RedisConnectionError("down"))])
+    assert type(mixed) is RedisConnectionError and "10.0.0.1:7000: down" in str(mixed)
 
 
 def test_the_reply_names_the_slots_master_and_every_node_becomes_a_contact():
