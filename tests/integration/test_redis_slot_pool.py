@@ -149,9 +149,13 @@ class Writes:
 
 
 def writes_to_make(done: threading.Event, writes: Writes) -> Callable[[int], bool]:
-    """Whether write ``i`` is still to be made: until the event is done and :data:`WRITES_AFTER` writes followed."""
+    """Whether write ``i`` is still to be made: until the event is done and :data:`WRITES_AFTER` writes followed.
+    Raises ``TimeoutError`` past two :data:`LOOP_CEILING` (the writer reports it: a loop never spins on forever)."""
+    deadline = time.monotonic() + 2 * LOOP_CEILING
 
     def more(_: int) -> bool:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"writer {writes.name} still writing after {2 * LOOP_CEILING:g} s")
         return not done.is_set() or len(writes.after) < WRITES_AFTER
 
     return more
