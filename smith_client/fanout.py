@@ -29,6 +29,8 @@ from typing import Any
 
 import redis
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 logger = logging.getLogger("agent_smith")
@@ -69,8 +71,26 @@ class Subscription:
         self.channels.clear()
 
 
+class _FanoutPubSub(PubSub):
+    """redis-py's ``PubSub``, except that a failed read or write does not reconnect on the spot.
+
+    redis-py reconnects inside the failing call, so the reader's read and a follower's
+    (un)subscribe could each reconnect the one connection at once and read its socket together
+    (asyncio's "read() called while another coroutine is already waiting for incoming data"), or
+    one write to the connection the other just closed. The fan-out reconnects instead, under its
+    lock (:meth:`AsyncFanout._resubscribe`).
+    """
+
+    async def _disconnect_raise_connect(self, conn: Any, error: Exception) -> None:
+        raise error
+
+
 class AsyncFanout:
-    """The shared pub/sub connection of one asyncio client (see the module docstring)."""
+    """The shared pub/sub connection of one asyncio client (see the module docstring).
+
+    Only the reader reconnects, and only under the lock the (un)subscribes hold; they send
+    nothing on a connection that is down (the reader subscribes every followed channel again).
+    """
 
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
@@ -99,8 +119,9 @@ class AsyncFanout:
         try:
             async with self._lock:
                 if self._pubsub is None:
-                    self._pubsub = self._redis.pubsub()
-                await self._pubsub.subscribe(channel)
+                    self._pubsub = self._open_pubsub()
+                if self._pubsub.connection is None or self._pubsub.connection.is_connected:
+                    await self._pubsub.subscribe(channel)  # else down: the reader subscribes it again
         except BaseException:
             followers.discard(follower)
             if not followers:
@@ -111,16 +132,22 @@ class AsyncFanout:
 
     async def remove(self, channel: str, follower: Subscription) -> None:
         """Stop routing ``channel`` to ``follower``; unsubscribe it when nobody follows it."""
-        if not unfollow(self._followers, channel, follower) or not self._connected():
+        if not unfollow(self._followers, channel, follower):
             return
         async with self._lock:
-            with contextlib.suppress(RedisError, OSError):  # a broken connection is not resubscribed to it anyway
-                await self._pubsub.unsubscribe(channel)
+            if self._connected():
+                with contextlib.suppress(RedisError, OSError):  # a broken connection is not resubscribed to it
+                    await self._pubsub.unsubscribe(channel)
 
     def _connected(self) -> bool:
-        """Whether the connection is open: redis-py would open a new one only to unsubscribe (and leave it
-        open), and a closed client (its follower let go after ``aclose``) has none to use."""
-        return not self._closing and self.connections == 1
+        """Whether the connection is open: redis-py would open one only to unsubscribe (and leave it
+        open), a closed client (its follower let go after ``aclose``) has none to use, and one that is
+        down is the reader's to reconnect."""
+        return not self._closing and self.connections == 1 and self._pubsub.connection.is_connected
+
+    def _open_pubsub(self) -> Any:
+        """The pub/sub object, on the client's connection pool (not connected until its first subscribe)."""
+        return _FanoutPubSub(self._redis.connection_pool)
 
     async def aclose(self) -> None:
         """Stop the reader and close the connection."""
@@ -139,7 +166,7 @@ class AsyncFanout:
         # no connection: closed with nobody to follow (add() restarts it)
         while not self._closing and self._pubsub.connection is not None:
             try:
-                message = await self._pubsub.get_message(timeout=_LISTEN)
+                message = await self._next_message()
             except (RedisError, OSError) as exc:
                 logger.warning("pub/sub connection lost (%s: %s); subscribing again", type(exc).__name__, exc)
                 self._gap(set(self._followers))
@@ -153,6 +180,14 @@ class AsyncFanout:
                     # latency); one stream's follower takes them in order anyway, so it is spared the pass
                     await asyncio.sleep(0)
 
+    async def _next_message(self) -> dict[str, Any] | None:
+        """The next message, None after ``_LISTEN`` seconds; ``ConnectionError`` when the connection is down
+        (a failed subscribe closed it): redis-py would reconnect it here, outside the lock."""
+        if not self._pubsub.connection.is_connected:
+            raise RedisConnectionError("the connection was closed by a failed write")
+        message: dict[str, Any] | None = await self._pubsub.get_message(timeout=_LISTEN)
+        return message
+
     def _route(self, message: dict[str, Any]) -> None:
         route(message, self._followers, self._confirmed)
 
@@ -160,7 +195,8 @@ class AsyncFanout:
         gap(channels, self._followers)
 
     async def _resubscribe(self) -> None:
-        """A fresh connection subscribed to every followed channel, retried until Redis answers."""
+        """A fresh connection subscribed to every followed channel, retried until Redis answers; then every
+        follower gets a gap again, for the events sent between its last read of the log and this."""
         self._confirmed.clear()
         while not self._closing:
             async with self._lock:
@@ -170,6 +206,7 @@ class AsyncFanout:
                     return
                 try:
                     await self._pubsub.subscribe(*self._followers)
+                    self._gap(set(self._followers))
                     return
                 except (RedisError, OSError):
                     pass

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
 
 import pytest
+from redis.exceptions import RedisError
 
 from smith_client import SmithClient, SyncSmithClient
 from smith_client.events import TokenData, TurnCompletedData
 from smith_client.fanout import AsyncFanout
+from smith_worker.local.processes import start_redis_server
 
 pytestmark = pytest.mark.integration
 
@@ -157,3 +160,57 @@ async def test_a_burst_is_handed_to_followers_message_by_message(client):
         await subscription.close()
         await other.close()
         await fanout.aclose()
+
+
+
+
+async def test_followers_come_and_go_while_redis_is_killed_and_restarted(tmp_path):
+    """Followers subscribing and closing while the shared connection's Redis is SIGKILLed and started
+    again on its port never fail with another error than Redis's own: only the fan-out reconnects (two
+    tasks reconnecting one connection read its socket at once, and asyncio raises RuntimeError), and a
+    channel followed throughout is subscribed again and gets its messages."""
+    server, url = start_redis_server(log_path=tmp_path / "redis.log")
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    async with SmithClient.from_url(url, prefix="churn") as client:
+        fanout = client.runner.fanout
+        keeper = fanout.open()  # one follower throughout: the reader keeps running and reconnecting
+        await keeper.subscribe("churn:keeper")
+        stop = asyncio.Event()
+
+        async def churn(n: int) -> int:
+            rounds = 0
+            while not stop.is_set():
+                subscription = fanout.open()
+                with contextlib.suppress(RedisError):  # Redis's own: it is down
+                    await subscription.subscribe(f"churn:{n}-{rounds % 3}")
+                await asyncio.sleep(0.002 * (n % 5))
+                await subscription.close()
+                rounds += 1
+            return rounds
+
+        churners = [asyncio.create_task(churn(n)) for n in range(20)]
+        try:
+            for _ in range(3):
+                await asyncio.sleep(0.3)
+                server.proc.kill()
+                server.proc.wait()
+                await asyncio.sleep(0.5)
+                server, _ = start_redis_server(port, log_path=tmp_path / "redis.log")
+        finally:
+            stop.set()
+            rounds = await asyncio.gather(*churners)
+        try:
+            assert min(rounds) > 3
+            await _until(lambda: _numsub(client, "churn:keeper"), "the kept channel subscribed again")
+            assert await client.redis.publish("churn:keeper", "after") == 1
+            while (message := await keeper.receive(5)) is None:
+                pass  # gaps from the restarts
+            assert message["data"] == b"after"
+            assert fanout.connections == 1
+        finally:
+            await keeper.close()
+            server.stop()
+
+
+async def _numsub(client: SmithClient, channel: str) -> bool:
+    return dict(await client.redis.pubsub_numsub(channel)).get(channel.encode(), 0) == 1
