@@ -100,6 +100,7 @@ class AsyncFanout:
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
         self._lock = asyncio.Lock()  # one (un)subscribe at a time: the first one also opens the connection
+        self._connect_failure: tuple[float, Exception] | None = None  # when the last connect failed, and why
 
     def open(self) -> Subscription:
         """A new follower's subscription (subscribe it to channels, close it when done)."""
@@ -116,11 +117,15 @@ class AsyncFanout:
         followers.add(follower)
         if len(followers) > 1:
             return
+        asked = time.monotonic()
         try:
             async with self._lock:
+                self._raise_connect_failure_since(asked)
                 if self._pubsub is None:
                     self._pubsub = self._open_pubsub()
-                if self._pubsub.connection is None or self._pubsub.connection.is_connected:
+                if self._pubsub.connection is None:
+                    await self._connect(channel)
+                elif self._pubsub.connection.is_connected:
                     await self._pubsub.subscribe(channel)  # else down: the reader subscribes it again
         except BaseException:
             followers.discard(follower)
@@ -138,6 +143,22 @@ class AsyncFanout:
             if self._connected():
                 with contextlib.suppress(RedisError, OSError):  # a broken connection is not resubscribed to it
                     await self._pubsub.unsubscribe(channel)
+
+    async def _connect(self, channel: str) -> None:
+        """Open the connection with ``channel``'s subscribe; a failure is kept for the followers waiting."""
+        try:
+            await self._pubsub.subscribe(channel)
+        except (RedisError, OSError) as exc:
+            self._connect_failure = (time.monotonic(), exc)
+            raise
+
+    def _raise_connect_failure_since(self, asked: float) -> None:
+        """Raise (a copy of) the error of a connect that failed since ``asked`` (``time.monotonic()``): the
+        followers that waited for the lock meanwhile share its outcome instead of each retrying in turn
+        (with Redis unreachable, N concurrent sends would fail one connect-with-retries apart)."""
+        if self._connect_failure is not None and self._connect_failure[0] >= asked:
+            error = self._connect_failure[1]
+            raise type(error)(*error.args) from error
 
     def _connected(self) -> bool:
         """Whether the connection is open: redis-py would open one only to unsubscribe (and leave it

@@ -234,6 +234,8 @@ CLUSTER_CLI_TIMEOUT = 60.0
 #: 2 s of :meth:`RedisClusterRig.ask`).
 MIGRATE_BATCH = 100
 MIGRATE_TIMEOUT_MS = 1500
+#: Seconds a slot's keys may take to move (a generous ceiling: 3 minutes were seen under the whole suite's load).
+MIGRATE_CEILING = 300.0
 
 
 class RedisClusterRig:
@@ -367,8 +369,7 @@ class RedisClusterRig:
         number, source_id, target_id = str(slot), self.node_id(source), self.node_id(target)
         self.ask(target, "CLUSTER", "SETSLOT", number, "IMPORTING", source_id)
         self.ask(source, "CLUSTER", "SETSLOT", number, "MIGRATING", target_id)
-        while keys := self.ask(source, "CLUSTER", "GETKEYSINSLOT", number, str(MIGRATE_BATCH)):
-            self.ask(source, "MIGRATE", "127.0.0.1", str(target), "", "0", str(MIGRATE_TIMEOUT_MS), "KEYS", *keys)
+        self._migrate_keys(slot, source, target)
         others = [port for port in self.masters() if port not in (source, target)]
         for port in (target, source, *others):
             self.ask(port, "CLUSTER", "SETSLOT", number, "NODE", target_id)
@@ -380,6 +381,23 @@ class RedisClusterRig:
                 return False
 
         wait_until(moved, CLUSTER_START_TIMEOUT, f"hash slot {slot} on the master on port {target}", interval=0.1)
+
+    def _migrate_keys(self, slot: int, source: int, target: int) -> None:
+        """``MIGRATE`` the keys of ``slot`` from node ``source`` to ``target`` in batches until none is left; raises
+        :class:`SmithTimeoutError` saying how far it got past :data:`MIGRATE_CEILING` seconds."""
+        number, started, batches, moved = str(slot), time.monotonic(), 0, 0
+        while keys := self.ask(source, "CLUSTER", "GETKEYSINSLOT", number, str(MIGRATE_BATCH)):
+            if time.monotonic() - started > MIGRATE_CEILING:
+                left = self.ask(source, "CLUSTER", "COUNTKEYSINSLOT", number)
+                raise SmithTimeoutError(
+                    f"hash slot {slot}: {left} keys still on port {source} after {batches} MIGRATE batches "
+                    f"({moved} keys moved) in {time.monotonic() - started:.0f} s; keys still listed: {keys[:5]}",
+                    operation="MIGRATE",
+                    budget=MIGRATE_CEILING,
+                )
+            timeout = str(MIGRATE_TIMEOUT_MS)
+            reply = self.ask(source, "MIGRATE", "127.0.0.1", str(target), "", "0", timeout, "KEYS", *keys)
+            batches, moved = batches + 1, moved + (len(keys) if reply == "OK" else 0)
 
     def stop(self) -> None:
         """Stop every node (SIGTERM, then SIGKILL) and remove its working directory."""

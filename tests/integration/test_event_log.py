@@ -58,13 +58,14 @@ async def test_follow_fills_gaps_from_the_log(log_client, monkeypatch):
     await log_client.redis.hset(log_client.keys.turn_state(turn), "status", "running")  # a known turn
     await log_client.redis.expire(log_client.keys.turn_state(turn), 60)
     lossy = []
-    plain_pubsub = log_client.redis.pubsub
+    fanout = log_client.runner.fanout
+    plain_pubsub = fanout._open_pubsub
 
     def lossy_pubsub():
         lossy.append(LossyPubSub(plain_pubsub()))
         return lossy[-1]
 
-    monkeypatch.setattr(log_client.redis, "pubsub", lossy_pubsub)  # what the client's shared connection reads
+    monkeypatch.setattr(fanout, "_open_pubsub", lossy_pubsub)  # what the client's shared connection reads
     # the log is re-read after this long a silence: longer than the test, so only a gap in seq can fill one
     monkeypatch.setattr(operations, "POLL_INTERVAL", 30.0)
 

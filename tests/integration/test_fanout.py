@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from smith_client import SmithClient, SyncSmithClient
 from smith_client.events import TokenData, TurnCompletedData
@@ -210,6 +211,29 @@ async def test_followers_come_and_go_while_redis_is_killed_and_restarted(tmp_pat
         finally:
             await keeper.close()
             server.stop()
+
+
+
+async def test_followers_waiting_on_a_failing_connect_share_its_error():
+    """Five streams opened at once while Redis does not answer make one connect attempt, not five in turn:
+    the followers that waited for it get its error (with Redis unreachable, each waiter retrying after the
+    one before would fail one connect-with-retries apart). The server here accepts and never answers."""
+    accepted: list[asyncio.StreamWriter] = []
+    server = await asyncio.start_server(lambda _reader, writer: accepted.append(writer), "127.0.0.1", 0)
+    url = f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
+    try:
+        async with SmithClient.from_url(url, prefix="silent", socket_timeout=0.3) as client:
+            fanout = client.runner.fanout
+            errors = await asyncio.gather(*(fanout.open().subscribe(f"c{i}") for i in range(5)),
+                                          return_exceptions=True)
+            assert [type(error) for error in errors] == [RedisTimeoutError] * 5, errors
+            assert len(accepted) == 1  # (retries of the one attempt would add to it, each waiter's to five)
+            await asyncio.sleep(0.01)
+            with pytest.raises(RedisTimeoutError):  # a later follower tries again
+                await fanout.open().subscribe("later")
+            assert len(accepted) == 2
+    finally:
+        server.close()
 
 
 async def _numsub(client: SmithClient, channel: str) -> bool:

@@ -35,6 +35,8 @@ FILLER_KEYS = 250
 WRITES_AFTER = 10
 #: Generous ceiling on a whole write loop, seconds (a failover on the rig takes ~2-5 s).
 LOOP_CEILING = 90.0
+#: Generous ceiling on the event the writers run through (a slot move, a failover), seconds.
+EVENT_CEILING = 360.0
 #: ``WAIT 1 <ms>`` after each write: the write reached the replica (or the master has none any more).
 WAIT_MS = 100
 #: Seconds between one loop's writes: unpaced, on a loaded machine the log list grew faster than MIGRATE could move
@@ -153,12 +155,18 @@ class Writes:
 
 def writes_to_make(done: threading.Event, writes: Writes) -> Callable[[int], bool]:
     """Whether write ``i`` is still to be made: until the event is done and :data:`WRITES_AFTER` writes followed.
-    Raises ``TimeoutError`` past two :data:`LOOP_CEILING` (the writer reports it: a loop never spins on forever)."""
-    deadline = time.monotonic() + 2 * LOOP_CEILING
+    Raises ``TimeoutError`` (the writer reports it: a loop never spins on forever) when the event is not done
+    within :data:`EVENT_CEILING` seconds, or the writes after it are not made within :data:`LOOP_CEILING`: the
+    event's own time (a slot move under the whole suite's load took 3 minutes once) is not the writes'."""
+    deadline = time.monotonic() + EVENT_CEILING
+    after_done: list[float] = []
 
     def more(_: int) -> bool:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"writer {writes.name} still writing after {2 * LOOP_CEILING:g} s")
+        if done.is_set() and not after_done:
+            after_done.append(time.monotonic() + LOOP_CEILING)
+        if time.monotonic() > (after_done[0] if after_done else deadline):
+            since = f"{LOOP_CEILING:g} s after the event" if after_done else f"{EVENT_CEILING:g} s, the event not done"
+            raise TimeoutError(f"writer {writes.name} still writing after {since}")
         return not done.is_set() or len(writes.after) < WRITES_AFTER
 
     return more
@@ -234,7 +242,7 @@ async def run_writers(
         tasks.append(asyncio.create_task(asyncio.to_thread(sync_writer, blocking, loops[2], done, wait)))
         deadline = time.monotonic() + LOOP_CEILING
         while any(len(writes.acknowledged) < 20 and not writes.error for writes in loops):  # all write first
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, [(w.name, len(w.acknowledged), w.error) for w in loops]
             await asyncio.sleep(0.05)
         await asyncio.to_thread(event)
         done.set()
