@@ -268,14 +268,16 @@ class WorkerRuntime:
         """Run ``work`` until :meth:`stop` cancels it (e.g. the crash-recovery sweeper, started by the worker)."""
         self._background.append(asyncio.create_task(work))
 
-    async def stop(self) -> None:
-        """Unregister and close what :meth:`start` opened."""
+    async def stop(self, deadline: float | None = None) -> None:
+        """Unregister and close what :meth:`start` opened; the unregistration gives up at ``deadline`` (event loop
+        time; None: no limit), as a registration ends by its TTL anyway."""
         for task in self._background:
             await cancel_and_wait(task)
         remove_heartbeat(heartbeat_path(self.settings, self.queue))
         self.metrics.close()
         with contextlib.suppress(Exception):
-            await unregister_worker(self.redis, self.keys, self.worker_id, self.instance)
+            async with asyncio.timeout_at(deadline):
+                await unregister_worker(self.redis, self.keys, self.worker_id, self.instance)
         for source in self.app.all_sources():
             try:
                 await source.close()

@@ -74,6 +74,11 @@ logger = logging.getLogger("agent_smith.worker")
 #: Minimum ``queue_read_limit``: at least twice the fleet's concurrency on the queue
 #: (docs/architecture.md, Process roles).
 MIN_QUEUE_READ_LIMIT = 1000
+#: Seconds the shutdown's Redis work may take in all (:meth:`SmithWorker.close`): well inside a 30 s grace period
+#: with a tool worker's 10 s wait for its running tool calls before it.
+SHUTDOWN_REDIS_SECONDS = 10.0
+#: Seconds :meth:`SmithWorker.close` gives a job task past the deadline to end after a cancel, before the next.
+CANCEL_WAIT = 0.5
 #: The role of a worker on each queue.
 ROLES: dict[Queue, type[WorkerRole]] = {"turns": TurnRole, "tools": ToolRole}
 
@@ -168,18 +173,36 @@ class SmithWorker(Worker):
         self.pickup.job_finished()  # a slot is free: take the next queued job now, not at the next poll
 
     async def close(self) -> None:
-        """arq's ``close``, but a Redis that is down at shutdown does not skip ``on_shutdown``."""
+        """arq's ``close``, but a Redis that is down at shutdown does not skip ``on_shutdown``, and the shutdown's
+        Redis work (the running jobs' hand-off, the health key, the registration: ``ctx["shutdown_deadline"]``)
+        ends within :data:`SHUTDOWN_REDIS_SECONDS`, so a worker stops within its grace period (deploy/README.md,
+        Shutdown) even when Redis does not answer; a turn not handed off is run again once its lease ends."""
         if not self._handle_signals:
             self.handle_sig(signal.SIGUSR1)
         if not self._pool:
             return
-        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
-        with contextlib.suppress(*REDIS_DOWN_ERRORS):
-            await self.pool.delete(self.health_check_key)
+        deadline = self.ctx["shutdown_deadline"] = asyncio.get_running_loop().time() + SHUTDOWN_REDIS_SECONDS
+        await self._end_jobs(deadline)
+        with contextlib.suppress(*REDIS_DOWN_ERRORS, TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                await self.pool.delete(self.health_check_key)
         if self.on_shutdown:
             await self.on_shutdown(self.ctx)
         await self.pool.close(close_connection_pool=True)
         self._pool = None
+
+    async def _end_jobs(self, deadline: float) -> None:
+        """Wait for the job tasks (cancelled by now: handing off or ending) until ``deadline`` (loop time), then
+        cancel those still waiting on Redis until they end: a cancel ends one wait (the hand-off's), and arq then
+        finishes the job in ``asyncio.shield`` (another Redis round trip), which a further cancel leaves behind."""
+        tasks = list(self.tasks.values())
+        if not tasks:
+            return
+        _, late = await asyncio.wait(tasks, timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
+        while late:
+            for task in late:
+                task.cancel()
+            _, late = await asyncio.wait(late, timeout=CANCEL_WAIT)
 
     @property
     def pool(self) -> ArqRedis:
@@ -368,7 +391,7 @@ def build_worker(app: SmithApp, queue: Queue, settings: Settings | None = None, 
         await runtime.start()
 
     async def on_shutdown(ctx: dict[str, Any]) -> None:
-        await runtime.stop()
+        await runtime.stop(ctx.get("shutdown_deadline"))
 
     # the blocking pop's own connection: its socket timeout outlasts the longest pop
     pickup = Pickup(
