@@ -7,7 +7,6 @@ All durations are seconds (floats).
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -29,7 +28,7 @@ from smith_client.settings import (
     Secret,
     Text,
 )
-from smith_client.tenants import MIN_WEIGHT
+from smith_client.tenants import MAX_WEIGHT, MIN_WEIGHT
 from smith_client.validation import check_tenant
 from smith_worker.llm.types import DEFAULT_MAX_CONNECTIONS, LlmClientConfig, check_base_url
 from smith_worker.memory.history import DEFAULT_HISTORY_MAX_MESSAGES, DEFAULT_VIEW_MAX_BYTES
@@ -77,7 +76,8 @@ RATE_FIELDS = ("rpm", "tpm", "rate_burst")
 def parse_tenant_weights(text: str) -> dict[str, float]:
     """``SMITH_TENANT_WEIGHTS``: ``"acme=2,beta=0.5"`` → ``{"acme": 2.0, "beta": 0.5}`` (each tenant's share of
     turn pickup, docs/architecture.md, Fair pickup; a tenant not named has 1). Raises ``ValueError`` for an
-    entry that is not ``tenant=number`` with a number >= :data:`~smith_client.tenants.MIN_WEIGHT`, a tenant
+    entry that is not ``tenant=number`` with a number from :data:`~smith_client.tenants.MIN_WEIGHT` to
+    :data:`~smith_client.tenants.MAX_WEIGHT` (the bounds of a weight set with ``smith tenant``), a tenant
     outside ``check_tenant``'s rule, or a tenant named twice."""
     weights: dict[str, float] = {}
     for entry in filter(None, (part.strip() for part in text.split(","))):
@@ -86,8 +86,8 @@ def parse_tenant_weights(text: str) -> dict[str, float]:
             weight = float(number) if sep else 0.0
         except ValueError:
             weight = 0.0
-        if not math.isfinite(weight) or weight < MIN_WEIGHT:
-            raise ValueError(f"{entry!r} is not tenant=weight with a weight >= {MIN_WEIGHT}")
+        if not MIN_WEIGHT <= weight <= MAX_WEIGHT:  # NaN compares false
+            raise ValueError(f"{entry!r} is not tenant=weight with a weight from {MIN_WEIGHT} to {MAX_WEIGHT:g}")
         try:
             check_tenant(tenant.strip())
         except InvalidRequestError as exc:

@@ -632,6 +632,23 @@ async def test_max_running_holds_a_tenant_until_its_jobs_end(redis, keys):
         await redis.delete(keys.tenant_limits("capped"))
 
 
+async def test_tenants_at_their_cap_ahead_in_the_ring_do_not_keep_the_others_from_free_slots(redis, keys):
+    """The claim reads the ring 1000 tenants at a time: past a full page of capped tenants it reads the next."""
+    capped = [f"c{i:04d}" for i in range(1000)]
+    async with redis.pipeline(transaction=False) as pipe:
+        for tenant in capped:
+            pipe.hset(keys.tenant_limits(tenant), "max_running", "1")
+        await pipe.execute()
+    try:
+        for tenant in capped:
+            await enqueue_fair(redis, keys, tenant, f"{tenant}-a", f"{tenant}-b")
+        assert len(names(await claim_weighted(redis, keys, free=1000), keys)) == 1000  # each runs one: capped
+        await enqueue_fair(redis, keys, "zzz", "z0")  # joins at the lowest pass, ranked after the 1000 ("c" < "z")
+        assert names(await claim_weighted(redis, keys, free=5), keys) == ["z0"]
+    finally:
+        await redis.delete(*(keys.tenant_limits(tenant) for tenant in capped))
+
+
 async def test_jobs_back_on_the_queue_go_before_waiting_ones(redis, keys):
     await enqueue_fair(redis, keys, "t", "w0")
     await enqueue(redis, keys, "rerun", score=now_ms() - 5)  # a re-run of a job admitted once (arq's queue)

@@ -88,7 +88,7 @@ BAD_VALUES = {
     "SMITH_TOOL_MAX_OVERRUNS": ["0"],
     "SMITH_TENANT_LABELS_MAX": ["0", "-1", "many", "1.5"],
     "SMITH_TENANT_WEIGHTS": ["acme", "acme=0", "acme=-1", "acme=many", "acme=nan", "a:b=1", "=2", "acme=1e-300",
-                             "acme=2,acme=3"],
+                             "acme=2,acme=3", "acme=5000000", "acme=inf"],
     "SMITH_TOOL_PROCESSES": ["0"],
     "SMITH_METRICS_PORT": ["0", "70000", "http"],
     "SMITH_HEARTBEAT_FILE": [" ", "hb\n"],

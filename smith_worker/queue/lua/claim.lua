@@ -149,32 +149,55 @@ local function admit(tenant, capped)
   return false
 end
 
--- The free slots left go to the ring's tenants, lowest pass first (see the header). `tenants` holds the
--- lowest-pass tenants read once (1000 at most), each with its pass, weight and room; one that cannot give a
--- job now (capped, or nothing this worker serves) is left out of this claim.
-local function admit_fairly()
-  local entries = redis.call('ZRANGE', ring, 0, 999, 'WITHSCORES')
-  local tenants = {}
+-- Read the ring from rank `start`, `RING_PAGE` entries, into `tenants` (each with its pass, weight and room),
+-- leaving out those already read (`seen`); returns how many were new.
+local RING_PAGE, RING_PAGES = 1000, 10
+local function read_ring(tenants, seen, start)
+  local entries = redis.call('ZRANGE', ring, start, start + RING_PAGE - 1, 'WITHSCORES')
+  local added = 0
   for i = 1, #entries, 2 do
-    local weight, room = share(entries[i])
-    tenants[#tenants + 1] = {name = entries[i], pass = tonumber(entries[i + 1]), weight = weight, room = room}
+    if not seen[entries[i]] then
+      seen[entries[i]] = true
+      local weight, room = share(entries[i])
+      tenants[#tenants + 1] = {name = entries[i], pass = tonumber(entries[i + 1]), weight = weight, room = room}
+      added = added + 1
+    end
   end
+  return added
+end
+
+-- The free slots left go to the ring's tenants, lowest pass first (see the header). `tenants` holds the
+-- lowest-pass tenants read so far, a page of 1000 at a time; one that cannot give a job now (capped, or nothing
+-- this worker serves) is left out of this claim. Once every tenant read is out, the next page is read (10 at
+-- most), so tenants at their cap ahead in the ring do not keep the others from free slots. The tenants read and
+-- neither admitted nor removed hold the ring's lowest ranks (their passes are unchanged and were the lowest),
+-- so the next page starts past them; an admitted tenant, moved on, may come again and is skipped (`seen`).
+local function admit_fairly()
+  local tenants, seen, pages, moved, removed = {}, {}, 1, 0, 0
+  read_ring(tenants, seen, 0)
   while claimed + claimed_set < free do
     local best
     for _, t in ipairs(tenants) do
       if not t.out and (not best or t.pass < best.pass) then best = t end
     end
-    if not best then return end
-    if best.room == 0 or not admit(best.name, best.room ~= nil) then
+    if not best then
+      if pages == RING_PAGES or read_ring(tenants, seen, #tenants - moved - removed) == 0 then return end
+      pages = pages + 1
+    elseif best.room == 0 or not admit(best.name, best.room ~= nil) then
       best.out = true
       -- its jobs' records (and so its waiting ZSET) expired: it has nothing to wait for
-      if redis.call('EXISTS', waiting_prefix .. best.name) == 0 then redis.call('ZREM', ring, best.name) end
+      if redis.call('EXISTS', waiting_prefix .. best.name) == 0 then
+        redis.call('ZREM', ring, best.name)
+        removed = removed + 1
+      end
     else
+      if not best.moved then best.moved, moved = true, moved + 1 end
       best.pass = best.pass + 1 / best.weight
       if best.room then best.room = best.room - 1 end
       if redis.call('EXISTS', waiting_prefix .. best.name) == 0 then
         redis.call('ZREM', ring, best.name)
         best.out = true
+        moved, removed = moved - 1, removed + 1
       else
         redis.call('ZADD', ring, 'XX', best.pass, best.name)
       end
