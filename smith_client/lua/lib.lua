@@ -244,6 +244,21 @@ local function bounded(value, least, most)
   return math.min(math.max(number, tonumber(least)), tonumber(most))
 end
 
+-- The fields of hash `key` (HMGET), or none when the key holds another type (a hand edit): the defaults apply,
+-- instead of every claim or submit failing on WRONGTYPE (docs/tenants.md, Values out of range).
+local function hash_fields(key, ...)
+  local reply = redis.pcall('HMGET', key, ...)
+  if reply.err then return {} end
+  return reply
+end
+
+-- The integer stored at `key`, 0 when absent, or not a number or not a string (a hand edit).
+local function stored_count(key)
+  local reply = redis.pcall('GET', key)
+  if type(reply) ~= 'string' then return 0 end
+  return tonumber(reply) or 0
+end
+
 -- The number of quota arguments (smith_client/tenants.py quota_arguments): the tenant's quota counters' prefix
 -- ('' for none), the default window (s), the least and the most window (s), the most quota (tokens).
 local QUOTA_ARGC = 5
@@ -254,7 +269,8 @@ local QUOTA_ARGC = 5
 -- the tenant's token quota (nil: none); stored values out of range are read as the nearest bound.
 local function quota_window(limits, args, now)
   local counter_prefix, default_window, least_window, most_window, most_quota = unpack(args, 1, QUOTA_ARGC)
-  local quota, window = unpack(redis.call('HMGET', limits, 'token_quota', 'quota_window_seconds'))
+  local fields = hash_fields(limits, 'token_quota', 'quota_window_seconds')
+  local quota, window = fields[1], fields[2]
   window = bounded(window, least_window, most_window) or tonumber(default_window)
   local start = math.floor(tonumber(now) / window) * window
   return counter_prefix .. string.format('%d', start), window, start, bounded(quota, 1, most_quota)
@@ -263,5 +279,5 @@ end
 -- The tokens counted in that window, the quota (0: none) and the window's end (epoch s), then its length (s).
 local function tenant_quota(limits, args, now)
   local counter, window, start, quota = quota_window(limits, args, now)
-  return {tonumber(redis.call('GET', counter) or '0'), quota or 0, start + window, window}
+  return {stored_count(counter), quota or 0, start + window, window}
 end

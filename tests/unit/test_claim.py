@@ -649,6 +649,17 @@ async def test_tenants_at_their_cap_ahead_in_the_ring_do_not_keep_the_others_fro
         await redis.delete(*(keys.tenant_limits(tenant) for tenant in capped))
 
 
+async def test_a_limits_key_of_another_type_reads_as_no_limits(redis, keys):
+    """A hand-edited limits key that is no hash does not make every claim fail (WRONGTYPE) for every tenant."""
+    await redis.set(keys.tenant_limits("odd"), "oops")
+    try:
+        await enqueue_fair(redis, keys, "odd", "d0")
+        await enqueue_fair(redis, keys, "fine", "f0")
+        assert sorted(names(await claim_weighted(redis, keys, free=5), keys)) == ["d0", "f0"]
+    finally:
+        await redis.delete(keys.tenant_limits("odd"))
+
+
 async def test_jobs_back_on_the_queue_go_before_waiting_ones(redis, keys):
     await enqueue_fair(redis, keys, "t", "w0")
     await enqueue(redis, keys, "rerun", score=now_ms() - 5)  # a re-run of a job admitted once (arq's queue)

@@ -224,6 +224,28 @@ async def test_stored_limits_out_of_range_are_read_as_their_bounds_by_the_client
     assert (status.quota, status.window_seconds) == (1, 60)
 
 
+async def test_a_hand_edited_counter_or_limits_key_of_another_type_reads_as_none(client):
+    """A quota counter that holds no integer reads as 0 and is counted afresh; a limits key that is no hash reads
+    as no limits: the tenant's turns are sent and started, not refused with a script error (nor, for a counter
+    the worker could not parse, run again and again)."""
+    keys, now = client.keys, time.time()
+    counter = keys.tenant_quota("hand", window_start(now, DEFAULT_QUOTA_WINDOW))
+    await client.redis.set(counter, "abc")
+    await client.set_tenant_limits("hand", TenantLimits(token_quota=100))
+    status = await client.tenant_quota("hand")
+    assert (status.used, status.quota) == (0, 100)
+    rt = RoundTrip()
+    queue_count(rt, keys, "default", used(6, 4), now=now, tenant="hand")
+    await rt.run(client.redis)
+    assert await client.redis.get(counter) == b"10"
+    await client.redis.delete(keys.tenant_limits("odd"))
+    await client.redis.set(keys.tenant_limits("odd"), "oops")
+    status = await client.tenant_quota("odd")
+    assert (status.used, status.quota, status.window_seconds) == (0, None, DEFAULT_QUOTA_WINDOW)
+    turn = TurnJob(turn_id="t-odd", conversation_id="c-odd", tenant="odd", message=UserMessage(content="hi"))
+    assert (await client.runner.run(submit_turn(keys, turn, "enqueue"))).outcome == "new"
+
+
 async def test_smith_tenant_and_usage_show_stored_limits_out_of_range_as_their_bounds(client, monkeypatch, capsys):
     prefix = client.keys.prefix
     monkeypatch.setattr(smith_cli, "_connect", lambda args: SmithClient(client.redis, prefix=args.prefix))

@@ -108,7 +108,7 @@ end
 local function share(tenant)
   local weight, cap
   if tenant ~= '' then
-    local limits = redis.call('HMGET', limits_prefix .. tenant .. limits_suffix, weight_field, cap_field)
+    local limits = hash_fields(limits_prefix .. tenant .. limits_suffix, weight_field, cap_field)
     weight, cap = bounded(limits[1], least_weight, most_weight), bounded(limits[2], least_cap, most_cap)
   end
   weight = weight or tonumber(default_weights[tenant]) or 1
