@@ -252,11 +252,9 @@ local function hash_fields(key, ...)
   return reply
 end
 
--- The integer stored at `key`, 0 when absent, or not a number or not a string (a hand edit).
+-- The integer stored at `key`; 0 when absent, or no number or no string (a hand edit: GET's error reply is a table).
 local function stored_count(key)
-  local reply = redis.pcall('GET', key)
-  if type(reply) ~= 'string' then return 0 end
-  return tonumber(reply) or 0
+  return tonumber(redis.pcall('GET', key)) or 0
 end
 
 -- The number of quota arguments (smith_client/tenants.py quota_arguments): the tenant's quota counters' prefix

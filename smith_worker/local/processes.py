@@ -234,7 +234,7 @@ CLUSTER_CLI_TIMEOUT = 60.0
 #: 2 s of :meth:`RedisClusterRig.ask`).
 MIGRATE_BATCH = 100
 MIGRATE_TIMEOUT_MS = 1500
-#: Seconds a slot's keys may take to move (a generous ceiling: 3 minutes were seen under the whole suite's load).
+#: Seconds a slot's keys may take to move (a generous ceiling: a test's slot holds a few hundred keys).
 MIGRATE_CEILING = 300.0
 
 

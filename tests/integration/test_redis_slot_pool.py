@@ -157,7 +157,7 @@ def writes_to_make(done: threading.Event, writes: Writes) -> Callable[[int], boo
     """Whether write ``i`` is still to be made: until the event is done and :data:`WRITES_AFTER` writes followed.
     Raises ``TimeoutError`` (the writer reports it: a loop never spins on forever) when the event is not done
     within :data:`EVENT_CEILING` seconds, or the writes after it are not made within :data:`LOOP_CEILING`: the
-    event's own time (a slot move under the whole suite's load took 3 minutes once) is not the writes'."""
+    event's own time is not the writes'."""
     deadline = time.monotonic() + EVENT_CEILING
     after_done: list[float] = []
 

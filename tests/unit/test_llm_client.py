@@ -283,11 +283,16 @@ async def test_requests_use_no_thread_without_a_proxy_in_the_environment(harness
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NO_PROXY", "example.com")  # names no proxy
     executor = CountingExecutor()
-    asyncio.get_running_loop().set_default_executor(executor)
-    key = harness.scenario(Reply.text("no threads"))
-    async with harness.client() as client:
-        for stream in (False, True):
-            assert (await call(client, request_for(key), stream)).message.content == "no threads"
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(executor)
+    try:
+        key = harness.scenario(Reply.text("no threads"))
+        async with harness.client() as client:
+            for stream in (False, True):
+                assert (await call(client, request_for(key), stream)).message.content == "no threads"
+    finally:  # the loop is the session's: later tests' asyncio.to_thread must not share one thread
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(thread_name_prefix="asyncio"))
+        executor.shutdown(wait=False)
     assert executor.submitted == 0
 
 

@@ -12,7 +12,7 @@ end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 if ARGV[2] ~= '' and tonumber(tokens) > 0 then
   local counter, window = quota_window(KEYS[2], {unpack(ARGV, 2, QUOTA_ARGC + 1)}, now)
-  if type(redis.pcall('INCRBY', counter, tokens)) == 'table' then  -- a hand-edited counter, no integer: count afresh
+  if not tonumber(redis.pcall('INCRBY', counter, tokens)) then  -- a hand-edited counter, no integer: count afresh
     redis.call('SET', counter, tokens)
   end
   redis.call('EXPIRE', counter, window + tonumber(margin))
