@@ -46,6 +46,7 @@ from smith_client.messages import (
     UserMessage,
 )
 from smith_client.output import OutputMessage
+from smith_client.sharding import ShardedSmithClient
 from smith_client.sync_client import SyncSmithClient, SyncTurnHandle
 from smith_client.tenants import TenantLimits
 from smith_client.usage import AgentUsage
@@ -74,6 +75,7 @@ __all__ = [
     "ParseError",
     "PendingItem",
     "QuotaExceededError",
+    "ShardedSmithClient",
     "SkillError",
     "SmithClient",
     "SmithError",

@@ -29,6 +29,7 @@ from smith_client import turn_record as record
 from smith_client import usage as usage_ops
 from smith_client.approvals import REJECTED, Decision
 from smith_client.connection import client_max_connections, connect_redis
+from smith_client.errors import ConfigurationError
 from smith_client.eventlog import EventLog
 from smith_client.events import Event, PendingItem
 from smith_client.inputs import InputResponse
@@ -101,6 +102,7 @@ class ClientBase:
         context_max_bytes: int | None = None,
         tenant: str | None = None,
         cluster: bool | None = None,
+        shards: int | None = None,
     ) -> Self:
         """Connect lazily to ``redis_url`` (e.g. ``redis://127.0.0.1:6379/0``, ``rediss://user:pw@host:6380/0``;
         default ``SMITH_REDIS_URL``, else ``redis://127.0.0.1:6379/0``), the workers' keys under ``prefix`` (default
@@ -126,10 +128,20 @@ class ClientBase:
         key the client uses carries the prefix as a hash tag (:attr:`Keys.cluster`) and its connections go to
         the master holding that slot, following failovers and slot moves (docs/cluster.md, One hash slot).
         The client closes these connections when it is closed.
+        ``shards`` (default ``SMITH_SHARDS``, else 1) is the deployment's count of shards: a client serves one
+        (``prefix`` being the deployment's, or one shard's :func:`~smith_client.keys.shard_prefix`), so more
+        than 1 raises :class:`ConfigurationError`: a sharded deployment's client is
+        :class:`~smith_client.sharding.ShardedSmithClient` (docs/cluster.md, Shards).
         """
         given = {"redis_url": redis_url, "prefix": prefix, "redis_socket_timeout": socket_timeout,
-                 "redis_max_connections": max_connections, "redis_cluster": cluster}  # fmt: skip
+                 "redis_max_connections": max_connections, "redis_cluster": cluster, "shards": shards}  # fmt: skip
         env = ClientSettings.from_env(only=[name for name, value in given.items() if value is None])
+        if (env.shards if shards is None else shards) != 1:
+            raise ConfigurationError(
+                f"SMITH_SHARDS={env.shards if shards is None else shards}: the deployment is sharded; its client "
+                "is ShardedSmithClient.from_url (one SmithClient serves one shard's prefix, with shards=1)",
+                setting="SMITH_SHARDS",
+            )
         cluster = env.redis_cluster if cluster is None else cluster
         redis_url = redis_url or env.redis_url
         prefix = prefix or env.prefix

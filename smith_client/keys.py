@@ -105,6 +105,7 @@ caller ids cannot contain, so no caller turn id names a sub-agent's call.
 
 from __future__ import annotations
 
+import binascii
 import re
 import time
 from dataclasses import dataclass
@@ -155,6 +156,30 @@ TENANT_LIMITS_SUFFIX = ":limits"
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:@-]{1,200}\Z")
 #: Separator of the runtime's own job-id suffixes; never allowed in caller ids (:data:`ID_PATTERN`).
 JOB_SUFFIX = "#"
+
+
+#: Most shards a deployment may have (``SMITH_SHARDS``; docs/cluster.md, Shards): beyond a few per master they only
+#: add connections (each client holds one pub/sub connection per shard).
+MAX_SHARDS = 256
+
+
+def shard_of(conversation_id: str, shards: int) -> int:
+    """The shard (0 … ``shards`` - 1) of a conversation: CRC16-CCITT (XMODEM) of its UTF-8 id mod ``shards``.
+
+    The CRC is the one Redis Cluster hashes key names with (redis.io, "Redis cluster specification", Key
+    distribution model), so a client in any language computes the same shard; unlike Python's ``hash`` it is
+    the same in every process. Every turn of a conversation is in its shard (docs/cluster.md, Shards)."""
+    return binascii.crc_hqx(conversation_id.encode(), 0) % shards
+
+
+def shard_prefix(prefix: str, shard: int, shards: int) -> str:
+    """The key prefix of shard ``shard`` of a deployment of ``shards`` shards under ``prefix``: ``prefix`` itself
+    when there is one shard (the layout of an unsharded deployment), else ``<prefix>:s<shard>`` (``smith:s3``;
+    on Redis Cluster the hash tag ``{smith:s3}``, a slot of its own). Raises ``ValueError`` for a shard out of
+    range."""
+    if not 0 <= shard < shards:
+        raise ValueError(f"shard {shard} is not one of 0-{shards - 1}")
+    return prefix if shards == 1 else f"{prefix}:s{shard}"
 
 
 def tree_position(parent: str, step: int, index: int) -> str:

@@ -34,7 +34,7 @@ from smith_client.connection import (
     parse_sentinels,
 )
 from smith_client.errors import ConfigurationError
-from smith_client.keys import DEFAULT_HISTORY_TTL, DEFAULT_TURN_TTL, ID_PATTERN
+from smith_client.keys import DEFAULT_HISTORY_TTL, DEFAULT_TURN_TTL, ID_PATTERN, MAX_SHARDS
 from smith_client.validation import DEFAULT_CONTEXT_MAX_BYTES, shown
 
 #: The Redis a client or worker uses when ``SMITH_REDIS_URL`` is unset.
@@ -117,6 +117,7 @@ RedisUrl = Annotated[
 Prefix = Annotated[str, AfterValidator(_prefix), Accepts("1-200 characters from [A-Za-z0-9_.:@-]")]
 #: An id set by the operator (``SMITH_WORKER_ID``), or None when unset.
 OptionalId = Annotated[str | None, AfterValidator(_prefix), Accepts("1-200 characters from [A-Za-z0-9_.:@-]")]
+ShardCount = Annotated[int, Field(ge=1, le=MAX_SHARDS), Accepts(f"a whole number of shards from 1 to {MAX_SHARDS}")]
 Flag = Annotated[bool, Accepts("a boolean: 1, 0, true, false, yes, no, on or off")]
 Sentinels = Annotated[
     str | None, AfterValidator(_sentinels), Accepts("a comma-separated list of host:port Sentinel addresses")
@@ -157,6 +158,9 @@ class ClientSettings(BaseModel):
     redis_cluster: Flag = Field(
         False,
         description="the URL names a Redis Cluster node; every key shares the prefix's hash slot (docs/cluster.md)",
+    )
+    shards: ShardCount = Field(
+        1, description="shards of the deployment, a conversation in one (docs/cluster.md, Shards); fixed per deployment"
     )
     redis_socket_timeout: Seconds = Field(DEFAULT_SOCKET_TIMEOUT, description="bound on one Redis connect or command")
     redis_max_connections: ConnectionCap = Field(

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, Field, ValidationError
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 from redis.asyncio import Redis
 
 from smith_client.connection import connect_redis
 from smith_client.errors import ConfigurationError, InvalidRequestError
-from smith_client.keys import Keys
+from smith_client.keys import MAX_SHARDS, Keys, shard_prefix
 from smith_client.settings import (
     Accepts,
     ClientSettings,
@@ -61,6 +61,7 @@ HttpUrl = Annotated[
 ]
 LogLevel = Annotated[str, AfterValidator(log_level_name), Accepts(f"a log level: {LOG_LEVELS}")]
 NonNegativeSeconds = Annotated[float, Field(ge=0), Accepts("a number of seconds >= 0")]
+Shard = Annotated[int, Field(ge=0, lt=MAX_SHARDS), Accepts(f"a shard number from 0 to {MAX_SHARDS - 1}")]
 OptionalPort = Annotated[int | None, Field(ge=1, le=65535), Accepts("a TCP port number from 1 to 65535")]
 ToolCalling = Annotated[Literal["native", "json_schema"], Accepts("native or json_schema")]
 Temperature = Annotated[float | None, Field(ge=0, le=2), Accepts("a number from 0 to 2")]
@@ -175,13 +176,27 @@ class Settings(ClientSettings):
     worker_id: OptionalId = Field(
         None, description="this process's worker id, claimed in Redis (default <host>:<pid>:<queue>:<random>)"
     )
+    shard: Shard = Field(0, description="the shard this worker serves, 0 to SMITH_SHARDS - 1 (docs/cluster.md, Shards)")
 
-    def connect_redis(self, socket_timeout: float | None = None) -> Redis:
+    @model_validator(mode="after")
+    def _shard_in_range(self) -> Self:
+        """A worker serves one of the deployment's shards."""
+        if self.shard >= self.shards:
+            raise ConfigurationError(
+                f"SMITH_SHARD must be one of the {self.shards} shard(s) of SMITH_SHARDS, 0 to {self.shards - 1}, "
+                f"got {self.shard}",
+                setting="SMITH_SHARD",
+            )
+        return self
+
+    def connect_redis(self, socket_timeout: float | None = None, *, fleet: bool = False) -> Redis:
         """A Redis client for these settings (URL, Sentinel or Redis Cluster when configured), its pool capped at
         ``SMITH_WORKER_REDIS_MAX_CONNECTIONS`` (a command finding them all in use waits for one up to the
         socket timeout, then raises ``PoolTimeoutError``, a ``redis.exceptions.ConnectionError``).
 
-        ``socket_timeout`` (seconds) overrides ``SMITH_REDIS_SOCKET_TIMEOUT``, for blocking commands.
+        ``socket_timeout`` (seconds) overrides ``SMITH_REDIS_SOCKET_TIMEOUT``, for blocking commands. On Redis
+        Cluster the client's connections go to the master of the worker's shard's slot (:meth:`keys`), or with
+        ``fleet`` to that of the keys every shard shares (:meth:`fleet_keys`).
         """
         return connect_redis(
             self.redis_url,
@@ -189,11 +204,19 @@ class Settings(ClientSettings):
             sentinel_master=self.redis_sentinel_master,
             socket_timeout=self.redis_socket_timeout if socket_timeout is None else socket_timeout,
             max_connections=self.worker_redis_max_connections,
-            cluster_key=self.keys().cluster_slot_key,
+            cluster_key=(self.fleet_keys() if fleet else self.keys()).cluster_slot_key,
         )
 
     def keys(self) -> Keys:
-        """The key names of these settings: ``SMITH_PREFIX``, the two lifetimes and ``SMITH_REDIS_CLUSTER``."""
+        """The key names of these settings: those of shard ``SMITH_SHARD`` of ``SMITH_PREFIX``'s ``SMITH_SHARDS``
+        (:func:`~smith_client.keys.shard_prefix`: the prefix itself when there is one shard), the two lifetimes
+        and ``SMITH_REDIS_CLUSTER``."""
+        prefix = shard_prefix(self.prefix, self.shard, self.shards)
+        return Keys(prefix, self.turn_ttl, self.history_ttl, self.redis_cluster)
+
+    def fleet_keys(self) -> Keys:
+        """The key names every shard of the deployment shares (``SMITH_PREFIX`` itself): the model endpoints' rate
+        limits, fleet-wide whatever the shards (docs/cluster.md, Shards). :meth:`keys` when there is one shard."""
         return Keys(self.prefix, self.turn_ttl, self.history_ttl, self.redis_cluster)
 
     def llm_config(self, override: dict[str, Any] | LlmClientConfig | None = None) -> LlmClientConfig:

@@ -46,7 +46,7 @@ def heartbeat_path(settings: Settings, queue: str, pid: int | None = None) -> Pa
     """The heartbeat file of the worker ``pid`` (default: this process) on ``queue``."""
     if settings.heartbeat_file:
         return Path(settings.heartbeat_file)
-    return Path(tempfile.gettempdir()) / f"smith-{settings.prefix}-{queue}-{pid or os.getpid()}.heartbeat"
+    return Path(tempfile.gettempdir()) / f"smith-{settings.keys().prefix}-{queue}-{pid or os.getpid()}.heartbeat"
 
 
 async def heartbeat_forever(path: Path, interval: float = HEARTBEAT_INTERVAL) -> None:
@@ -93,7 +93,7 @@ def candidate_files(settings: Settings, queue: str | None) -> list[Path]:
 def live_heartbeats(settings: Settings, queue: str) -> list[Path]:
     """The default-named heartbeat files of ``queue``'s workers whose process runs; those of processes that
     are gone (a worker killed with SIGKILL never removes its own) are deleted on the way."""
-    pattern = f"smith-{settings.prefix}-{queue}-*.heartbeat"
+    pattern = f"smith-{settings.keys().prefix}-{queue}-*.heartbeat"
     files = []
     for path in Path(tempfile.gettempdir()).glob(pattern):
         pid = path.stem.rsplit("-", 1)[-1]

@@ -164,9 +164,17 @@ class WorkerRuntime:
         self.keys = self.settings.keys()
         self.metrics.tenant_labels.limit = self.settings.tenant_labels_max  # docs/architecture.md, Tenants
         self.events = EventLog(self.redis, self.keys)
+        fleet_keys = self.settings.fleet_keys()
+        #: The connection to the keys every shard shares: this worker's own unless its shard's are in another
+        #: hash slot of a Redis Cluster (docs/cluster.md, Shards).
+        self.fleet_redis = (
+            self.redis
+            if fleet_keys.cluster_slot_key == self.keys.cluster_slot_key
+            else self.settings.connect_redis(fleet=True)
+        )
         #: The process's gates to the model endpoints' fleet-wide rate limits, for its agent loops and its MCP
-        #: sampling alike (docs/architecture.md, Model rate limits).
-        self.rate_limits = RateLimits(self.redis, self.keys)
+        #: sampling alike (docs/architecture.md, Model rate limits), shared by every shard's workers.
+        self.rate_limits = RateLimits(self.fleet_redis, fleet_keys)
         self.pipeline = AutoPipeline(self.redis)
         self.worker_id = self.worker_id or self.settings.worker_id or new_worker_id(self.queue)
         served = self.role.capabilities(self.app)
@@ -284,6 +292,8 @@ class WorkerRuntime:
             except Exception:  # one failing source must not keep the others open
                 logger.warning("closing tool source %s failed", source.name, exc_info=True)
         await self.role.close()
+        if self.fleet_redis is not self.redis:
+            await self.fleet_redis.aclose()
         logger.info("worker %s stopped", self.worker_id)
         await asyncio.to_thread(tracing.shutdown)  # exports the spans still buffered
 

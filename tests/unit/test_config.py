@@ -65,6 +65,8 @@ BAD_VALUES = {
     "SMITH_REDIS_SOCKET_TIMEOUT": ["0", "-1", "soon", "inf", "nan"],
     "SMITH_REDIS_MAX_CONNECTIONS": ["1", "0", "many", "2.5"],
     "SMITH_WORKER_ID": ["a b", "x" * 201],
+    "SMITH_SHARDS": ["0", "257", "two"],
+    "SMITH_SHARD": ["-1", "256", "one"],
     "SMITH_TURN_TTL": ["0", "-5", "1.5", "day"],
     "SMITH_HISTORY_TTL": ["0", "-1"],
     "SMITH_CONTEXT_MAX_BYTES": ["0", "-1", "64KiB", "1.5"],
@@ -142,6 +144,17 @@ def test_unset_or_empty_variables_keep_their_defaults_and_values_are_normalized(
     assert (settings.metrics_port, settings.fallback_poll, settings.token_coalesce) == (9464, 0.25, 0.0)
     with pytest.raises(ConfigurationError, match="SMITH_FALLBACK_POLL must be a number of seconds > 0, got 0$"):
         Settings(fallback_poll=0)  # keyword arguments are checked as the environment is
+
+
+def test_a_worker_serves_one_of_the_shards_and_names_its_keys_after_it():
+    with pytest.raises(ConfigurationError, match="SMITH_SHARD must be one of the 3 shard") as info:
+        Settings.from_env({"SMITH_SHARDS": "3", "SMITH_SHARD": "3"})
+    assert info.value.setting == "SMITH_SHARD"
+    with pytest.raises(ConfigurationError, match="SMITH_SHARD must be one of the 1 shard"):
+        Settings.from_env({"SMITH_SHARD": "1"})
+    sharded = Settings.from_env({"SMITH_PREFIX": "acme", "SMITH_SHARDS": "3", "SMITH_SHARD": "2"})
+    assert (sharded.keys().prefix, sharded.fleet_keys().prefix) == ("acme:s2", "acme")
+    assert Settings.from_env({"SMITH_PREFIX": "acme"}).keys().prefix == "acme"  # one shard: today's names
 
 
 def test_an_agents_llm_base_url_is_checked_at_start_too():

@@ -1,0 +1,254 @@
+"""``ShardedSmithClient``: the asyncio client of a deployment sharded by conversation (docs/cluster.md, Shards).
+
+A deployment of ``SMITH_SHARDS`` = S > 1 shards is S deployments of one shard each, under the prefixes
+``<prefix>:s0`` … ``<prefix>:s<S-1>`` (:func:`~smith_client.keys.shard_prefix`): each has its own queues,
+workers (``SMITH_SHARD``), conversations and turns, and on Redis Cluster its own hash slot (the hash tag
+``{smith:s3}``), so the shards spread over the masters. A conversation lives in shard
+:func:`~smith_client.keys.shard_of` (CRC16 of its id mod S), with every one of its turns, their tool calls,
+sub-agents and events: every script still touches one slot.
+
+This client holds one :class:`~smith_client.client.SmithClient` per shard and sends each call where its keys
+are: by ``conversation_id`` (``send``, ``stream``, ``submit``, ``history``, skills…), by turn (``turn``,
+``follow``, ``pending``, ``approve``…: the shard that sent it, remembered for the last :data:`REMEMBERED_TURNS`
+turns this client sent, else asked of every shard at once), to every shard (tenant limits: each shard's workers
+read their own copy) or summed over them (``usage``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Any, Self, TypeVar, Unpack, cast
+
+from smith_client import turn_record as record
+from smith_client.approvals import REJECTED, Decision
+from smith_client.client import SmithClient, TurnHandle
+from smith_client.errors import ConfigurationError
+from smith_client.events import Event, PendingItem
+from smith_client.inputs import InputResponse
+from smith_client.keys import shard_of, shard_prefix
+from smith_client.messages import Message
+from smith_client.settings import ClientSettings
+from smith_client.tenants import QuotaStatus, TenantLimits
+from smith_client.usage import AgentUsage
+from smith_client.validation import TurnOptions, check_id
+
+T = TypeVar("T")
+
+#: How many turn ids a client remembers the shard of (those it sent), so their calls go to one shard.
+REMEMBERED_TURNS = 10_000
+
+
+class ShardedSmithClient:
+    """Asyncio client of a deployment sharded by conversation: :class:`~smith_client.client.SmithClient`'s
+    methods, arguments, events and errors, each call sent to the shard holding its keys (module docstring).
+
+    ``clients`` is one client per shard, shard ``k``'s at index ``k`` (:meth:`from_url` builds them). What
+    differs from one deployment: tenant limits are written to every shard and enforced by each shard's workers
+    on the turns of that shard (a tenant's ``max_running`` and ``token_quota`` hold per shard), so
+    :meth:`tenant_quota` gives each shard's :class:`~smith_client.tenants.QuotaStatus`.
+    """
+
+    def __init__(self, clients: Sequence[SmithClient]) -> None:
+        if not clients:
+            raise ConfigurationError("a sharded client needs at least one shard", setting="SMITH_SHARDS")
+        self.clients = list(clients)
+        self._turn_shards: OrderedDict[str, int] = OrderedDict()
+
+    @classmethod
+    def from_url(
+        cls, redis_url: str | None = None, *, shards: int | None = None, prefix: str | None = None, **options: Any
+    ) -> Self:
+        """Connect lazily to the ``shards`` shards (default ``SMITH_SHARDS``) of the deployment under ``prefix``
+        (default ``SMITH_PREFIX``, else ``smith``) at ``redis_url``: one :meth:`SmithClient.from_url` per shard,
+        with ``options`` (``cluster``, ``max_connections``, ``tenant``… as there; on Redis Cluster each shard's
+        connections go to its slot's master). Raises :class:`ConfigurationError` for a bad count."""
+        env = ClientSettings.from_env(only=[name for name, v in (("shards", shards), ("prefix", prefix)) if v is None])
+        settings = ClientSettings.model_validate(
+            {"shards": env.shards if shards is None else shards, "prefix": prefix or env.prefix}
+        )
+        return cls(
+            [
+                SmithClient.from_url(
+                    redis_url, prefix=shard_prefix(settings.prefix, k, settings.shards), shards=1, **options
+                )
+                for k in range(settings.shards)
+            ]
+        )
+
+    @property
+    def shards(self) -> int:
+        """How many shards the deployment has."""
+        return len(self.clients)
+
+    def for_conversation(self, conversation_id: str) -> SmithClient:
+        """The client of the shard holding ``conversation_id`` (:func:`~smith_client.keys.shard_of`)."""
+        return self.clients[shard_of(conversation_id, self.shards)]
+
+    def _sending(self, options: TurnOptions) -> SmithClient:
+        """The shard a new turn goes to; gives the turn an id (as the client would) so its shard is remembered."""
+        turn_id = options["turn_id"] = options.get("turn_id") or uuid.uuid4().hex
+        conversation = options.get("conversation_id")
+        # without a conversation the shard's client raises the usual InvalidRequestError
+        client = self.for_conversation(conversation) if isinstance(conversation, str) else self.clients[0]
+        self._remember(turn_id, self.clients.index(client))
+        return client
+
+    def _remember(self, turn_id: str, shard: int) -> None:
+        self._turn_shards[turn_id] = shard
+        self._turn_shards.move_to_end(turn_id)
+        while len(self._turn_shards) > REMEMBERED_TURNS:
+            self._turn_shards.popitem(last=False)
+
+    async def for_turn(self, turn_id: str) -> SmithClient:
+        """The client of the shard holding turn ``turn_id``: the remembered one, else the shard whose state of it
+        is not ``missing`` (every shard asked at once); shard 0 when none has it (its calls then answer as for
+        an unknown turn). Raises :class:`InvalidRequestError` for a malformed id."""
+        check_id(turn_id, "turn_id")
+        shard = self._turn_shards.get(turn_id)
+        if shard is None:
+            statuses = await asyncio.gather(*(client.turn(turn_id).status() for client in self.clients))
+            shard = next((k for k, status in enumerate(statuses) if status != record.MISSING), 0)
+            if shard or statuses[0] != record.MISSING:
+                self._remember(turn_id, shard)
+        return self.clients[shard]
+
+    async def _on_turn(self, turn_id: str, call: Callable[[SmithClient], Awaitable[T]]) -> T:
+        return await call(await self.for_turn(turn_id))
+
+    async def send(self, text: str, *, timeout: float | None = None, **options: Any) -> Any:
+        """:meth:`SmithClient.send` on the conversation's shard."""
+        return await self._sending(cast(TurnOptions, options)).send(text, timeout=timeout, **options)
+
+    async def stream(
+        self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
+    ) -> AsyncGenerator[Event, None]:
+        """:meth:`SmithClient.stream` on the conversation's shard (``async for``)."""
+        async for event in self._sending(options).stream(text, timeout=timeout, **options):
+            yield event
+
+    async def submit(self, text: str, **options: Unpack[TurnOptions]) -> TurnHandle:
+        """:meth:`SmithClient.submit` on the conversation's shard."""
+        return await self._sending(options).submit(text, **options)
+
+    async def turn(self, turn_id: str) -> TurnHandle:
+        """A handle on turn ``turn_id`` from its shard (:meth:`for_turn`; unlike :meth:`SmithClient.turn`, a
+        coroutine: finding the shard of a turn this client did not send asks Redis)."""
+        return (await self.for_turn(turn_id)).turn(turn_id)
+
+    async def follow(
+        self, turn_id: str, after_seq: int = 0, timeout: float | None = None
+    ) -> AsyncGenerator[Event, None]:
+        """:meth:`SmithClient.follow` on the turn's shard (``async for``)."""
+        async for event in (await self.for_turn(turn_id)).follow(turn_id, after_seq, timeout):
+            yield event
+
+    async def clear(self, conversation_id: str) -> None:
+        """:meth:`SmithClient.clear` on the conversation's shard."""
+        await self.for_conversation(conversation_id).clear(conversation_id)
+
+    async def history(self, conversation_id: str) -> list[Message]:
+        """:meth:`SmithClient.history` on the conversation's shard."""
+        return await self.for_conversation(conversation_id).history(conversation_id)
+
+    async def conversation_agent(self, conversation_id: str) -> str | None:
+        """:meth:`SmithClient.conversation_agent` on the conversation's shard."""
+        return await self.for_conversation(conversation_id).conversation_agent(conversation_id)
+
+    async def activate_skill(self, conversation_id: str, name: str) -> None:
+        """:meth:`SmithClient.activate_skill` on the conversation's shard."""
+        await self.for_conversation(conversation_id).activate_skill(conversation_id, name)
+
+    async def deactivate_skill(self, conversation_id: str, name: str) -> None:
+        """:meth:`SmithClient.deactivate_skill` on the conversation's shard."""
+        await self.for_conversation(conversation_id).deactivate_skill(conversation_id, name)
+
+    async def active_skills(self, conversation_id: str) -> list[str]:
+        """:meth:`SmithClient.active_skills` on the conversation's shard."""
+        return await self.for_conversation(conversation_id).active_skills(conversation_id)
+
+    async def pending(self, turn_id: str) -> list[PendingItem]:
+        """:meth:`SmithClient.pending` on the turn's shard."""
+        return await self._on_turn(turn_id, lambda client: client.pending(turn_id))
+
+    async def approve(self, turn_id: str, call_id: str, arguments: dict[str, Any] | None = None) -> Decision:
+        """:meth:`SmithClient.approve` on the turn's shard."""
+        return await self._on_turn(turn_id, lambda client: client.approve(turn_id, call_id, arguments))
+
+    async def reject(self, turn_id: str, call_id: str, message: str = REJECTED) -> Decision:
+        """:meth:`SmithClient.reject` on the turn's shard."""
+        return await self._on_turn(turn_id, lambda client: client.reject(turn_id, call_id, message))
+
+    async def submit_tool_result(self, turn_id: str, call_id: str, result: Any, is_error: bool = False) -> Decision:
+        """:meth:`SmithClient.submit_tool_result` on the turn's shard."""
+        return await self._on_turn(
+            turn_id, lambda client: client.submit_tool_result(turn_id, call_id, result, is_error)
+        )
+
+    async def respond(
+        self, turn_id: str, request_id: str, action: str, content: dict[str, Any] | None = None
+    ) -> InputResponse:
+        """:meth:`SmithClient.respond` on the turn's shard."""
+        return await self._on_turn(turn_id, lambda client: client.respond(turn_id, request_id, action, content))
+
+    async def usage(
+        self, window_seconds: float = 3600, agent: str | None = None, tenant: str | None = None
+    ) -> dict[str, AgentUsage]:
+        """:meth:`SmithClient.usage` summed over the shards (one round trip per shard, at once)."""
+        shards = await asyncio.gather(*(client.usage(window_seconds, agent, tenant) for client in self.clients))
+        return _summed(shards)
+
+    async def usage_by_tenant(
+        self, window_seconds: float = 3600, agent: str | None = None, tenant: str | None = None
+    ) -> dict[str, dict[str, AgentUsage]]:
+        """:meth:`SmithClient.usage_by_tenant` summed over the shards."""
+        shards = await asyncio.gather(
+            *(client.usage_by_tenant(window_seconds, agent, tenant) for client in self.clients)
+        )
+        tenants = sorted({name for shard in shards for name in shard})
+        return {name: _summed([shard.get(name, {}) for shard in shards]) for name in tenants}
+
+    async def set_tenant_limits(self, tenant: str, limits: TenantLimits) -> None:
+        """:meth:`SmithClient.set_tenant_limits` on every shard (each shard's workers enforce them on its turns)."""
+        await asyncio.gather(*(client.set_tenant_limits(tenant, limits) for client in self.clients))
+
+    async def update_tenant_limits(self, tenant: str, **changes: Any) -> None:
+        """:meth:`SmithClient.update_tenant_limits` on every shard."""
+        await asyncio.gather(*(client.update_tenant_limits(tenant, **changes) for client in self.clients))
+
+    async def tenant_limits(self, tenant: str) -> TenantLimits:
+        """:meth:`SmithClient.tenant_limits` as shard 0 has them (every shard gets the same writes)."""
+        return await self.clients[0].tenant_limits(tenant)
+
+    async def clear_tenant_limits(self, tenant: str) -> bool:
+        """:meth:`SmithClient.clear_tenant_limits` on every shard; True when one had some."""
+        return any(await asyncio.gather(*(client.clear_tenant_limits(tenant) for client in self.clients)))
+
+    async def tenant_quota(self, tenant: str) -> list[QuotaStatus]:
+        """Each shard's :meth:`SmithClient.tenant_quota`, shard 0 first: a tenant's quota holds per shard."""
+        return list(await asyncio.gather(*(client.tenant_quota(tenant) for client in self.clients)))
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every shard's client (:meth:`SmithClient.aclose`)."""
+        await asyncio.gather(*(client.aclose() for client in self.clients))
+
+
+def _summed(shards: Sequence[dict[str, AgentUsage]]) -> dict[str, AgentUsage]:
+    """Agent → use, added up over ``shards``' readings, agents in name order."""
+    names = sorted({name for shard in shards for name in shard})
+    total: dict[str, AgentUsage] = {}
+    for name in names:
+        use = AgentUsage()
+        for shard in shards:
+            if name in shard:
+                use = use.plus(shard[name])
+        total[name] = use
+    return total

@@ -1,0 +1,146 @@
+"""A deployment sharded by conversation on a real Redis Cluster (docs/cluster.md, Shards): 3 masters and 3
+replicas, ``SMITH_SHARDS=3`` with each shard's slot on its own master, a turn worker and a tool worker per shard
+(``SMITH_SHARD``), and a :class:`ShardedSmithClient`.
+
+Turns of many conversations run on all three masters at once, each conversation's keys on its shard's master
+only; a client that did not send a turn finds its shard to follow it; tenant limits reach every shard; the model
+endpoint's rate limit stays one fleet-wide key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from redis.cluster import key_slot
+
+from smith_client import ShardedSmithClient, TenantLimits
+from smith_client.keys import Keys, shard_of, shard_prefix
+from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
+from smith_worker.local.processes import RedisClusterRig, start_redis_cluster
+from smith_worker.testing import Reply, Script
+from smith_worker.testing.workers import start_workers, wait_for_workers, worker_env
+from tests.conftest import LOGS
+from tests.integration.test_crash_recovery import assert_clean_stream
+
+pytestmark = [pytest.mark.integration]
+
+APP = "tests.support.cluster_app:app"
+SHARDS = 3
+#: The model endpoint's fleet-wide rate (requests per minute): its 60 s burst allows the module's ~50 model calls at
+#: once, and each call's half second keeps the endpoint's rate-limit key for as long as the calls take.
+RPM = 120
+#: Ceiling on the whole batch of turns, seconds (they take a few on an idle machine).
+BATCH_CEILING = 180.0
+
+
+def shard_slot(prefix: str, shard: int) -> int:
+    return key_slot(Keys(shard_prefix(prefix, shard, SHARDS), cluster=True).key_prefix.encode())
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    LOGS.mkdir(parents=True, exist_ok=True)
+    with start_redis_cluster(3, log_dir=LOGS) as rig:
+        yield rig
+
+
+@pytest.fixture(scope="module")
+async def deployment(cluster: RedisClusterRig, scripted_llm):
+    """The prefix of a 3-shard deployment whose shards' slots are on the 3 masters, one each, with its workers."""
+    prefix = f"sharded{uuid.uuid4().hex[:6]}"
+    for shard, master in enumerate(cluster.masters()):
+        if cluster.slot_owner(shard_slot(prefix, shard)) != master:
+            cluster.move_slot(shard_slot(prefix, shard), master)  # the slot is empty: a move of its ownership
+    url = cluster.urls[0]
+    procs = []
+    try:
+        for shard in range(SHARDS):
+            env = worker_env(url, prefix, scripted_llm.base_url, SMITH_REDIS_CLUSTER="1", SMITH_SHARDS=str(SHARDS),
+                             SMITH_SHARD=str(shard), SMITH_LLM_RPM=str(RPM))
+            procs += start_workers(APP, env, ["turns", "tools"], f"{prefix}-s{shard}", log_dir=LOGS)
+        for shard in range(SHARDS):
+            await wait_for_workers(url, shard_prefix(prefix, shard, SHARDS), 2, cluster=True)
+        yield prefix
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+@pytest.fixture
+async def client(cluster, deployment):
+    async with ShardedSmithClient.from_url(cluster.urls[0], shards=SHARDS, prefix=deployment, cluster=True) as client:
+        yield client
+
+
+def commands_processed(cluster: RedisClusterRig, port: int) -> int:
+    return int(cluster.ask(port, "INFO", "stats")["total_commands_processed"])
+
+
+async def test_conversations_spread_over_every_master(client, cluster, deployment, scenario):
+    conversations = [f"conv-{uuid.uuid4().hex[:8]}" for _ in range(30)]
+    assert {shard_of(conv, SHARDS) for conv in conversations} == set(range(SHARDS))  # 30 ids reach every shard
+    masters = cluster.masters()
+    before = {port: commands_processed(cluster, port) for port in masters}
+    scripts = []
+    for i, _ in enumerate(conversations):
+        if i % 2:
+            scripts.append(scenario(Script(Reply.tool_calls([("add", {"a": i, "b": 1})]), Reply.text(f"sum {i + 1}"))))
+        else:
+            scripts.append(scenario(Script(Reply.text(f"answer {i}", chunk_size=3))))
+    async with asyncio.timeout(BATCH_CEILING):
+        replies = await asyncio.gather(*(
+            client.send(f"{marker} go", conversation_id=conv, timeout=BATCH_CEILING)
+            for conv, (_, marker) in zip(conversations, scripts, strict=True)))
+    assert [r.content for r in replies] == [f"sum {i + 1}" if i % 2 else f"answer {i}" for i in range(30)]
+
+    # every master ran turns; each conversation's keys are on its shard's master and nowhere else
+    for port in masters:
+        assert commands_processed(cluster, port) - before[port] > 10 * 30 // SHARDS, port
+    for i, conv in enumerate(conversations):
+        shard = shard_of(conv, SHARDS)
+        history = await client.for_conversation(conv).history(conv)
+        kinds = [UserMessage, AssistantMessage, ToolMessage, AssistantMessage] if i % 2 else [UserMessage, AssistantMessage]
+        assert [type(m) for m in history] == kinds
+        key = client.for_conversation(conv).keys.history(conv)
+        owner = cluster.slot_owner(shard_slot(deployment, shard))
+        assert masters[shard] == owner
+        for port in masters:
+            held = cluster.ask(port, "KEYS", f"*:conv:{conv}:*")
+            assert (key in held) if port == owner else held == [], (conv, port, held)
+
+
+async def test_a_client_that_did_not_send_a_turn_follows_it_on_its_shard(client, cluster, deployment, scenario):
+    conv = next(c for c in (f"conv-{uuid.uuid4().hex[:8]}" for _ in range(100)) if shard_of(c, SHARDS) == 2)
+    _, marker = scenario(Script(Reply.text("found on shard two", chunk_size=4)))
+    handle = await client.submit(f"{marker} hi", conversation_id=conv)
+    await handle.result(timeout=60)
+    async with ShardedSmithClient.from_url(cluster.urls[1], shards=SHARDS, prefix=deployment, cluster=True) as other:
+        events = [e async for e in other.follow(handle.turn_id, timeout=60)]
+        assert_clean_stream(events)
+        assert (await (await other.turn(handle.turn_id)).status()) == "completed"
+        assert (await other.for_turn(handle.turn_id)) is other.clients[2]
+        # a turn no shard has answers as an unknown turn does
+        assert (await (await other.turn("no-such-turn")).status()) == "missing"
+
+
+async def test_tenant_limits_reach_every_shard_and_the_rate_limit_is_fleet_wide(client, cluster, deployment, scenario):
+    tenant = f"acme{uuid.uuid4().hex[:4]}"
+    await client.set_tenant_limits(tenant, TenantLimits(weight=3, max_running=4))
+    assert [await shard.tenant_limits(tenant) for shard in client.clients] == [
+        TenantLimits(weight=3, max_running=4)] * SHARDS
+    assert (await client.tenant_limits(tenant)).max_running == 4
+    assert len(await client.tenant_quota(tenant)) == SHARDS
+    assert await client.clear_tenant_limits(tenant)
+    assert not await client.clear_tenant_limits(tenant)
+
+    # the workers of every shard count their model calls in one rate-limit key, the prefix's own
+    conversations = {shard_of(c, SHARDS): c for c in (f"conv-{uuid.uuid4().hex[:8]}" for _ in range(100))}
+    for shard in range(SHARDS):
+        _, marker = scenario(Script(Reply.text("counted")))
+        await client.send(f"{marker} hi", conversation_id=conversations[shard], timeout=60)
+    rate_keys = [key for port in cluster.masters()
+                 for key in cluster.ask(port, "KEYS", f"*{deployment}*llm-rate*")]
+    assert rate_keys and all(key.startswith(f"{{{deployment}}}:llm-rate:") for key in rate_keys), rate_keys
+    assert len(set(rate_keys)) == 1
