@@ -101,8 +101,8 @@ async def test_conversations_spread_over_every_master(client, cluster, deploymen
     for i, conv in enumerate(conversations):
         shard = shard_of(conv, SHARDS)
         history = await client.for_conversation(conv).history(conv)
-        kinds = [UserMessage, AssistantMessage, ToolMessage, AssistantMessage] if i % 2 else [UserMessage, AssistantMessage]
-        assert [type(m) for m in history] == kinds
+        tool_turn = [UserMessage, AssistantMessage, ToolMessage, AssistantMessage]
+        assert [type(m) for m in history] == (tool_turn if i % 2 else [UserMessage, AssistantMessage])
         key = client.for_conversation(conv).keys.history(conv)
         owner = cluster.slot_owner(shard_slot(deployment, shard))
         assert masters[shard] == owner

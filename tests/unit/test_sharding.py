@@ -1,0 +1,114 @@
+"""Shards by conversation (docs/cluster.md, Shards): the shard of a conversation, the shards' prefixes, and how
+ShardedSmithClient routes calls; the real cluster run is tests/integration/test_sharded_cluster.py."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+
+import fakeredis
+import pytest
+from redis.cluster import key_slot
+
+from smith_client import ConfigurationError, ShardedSmithClient, SmithClient, TenantLimits, sharding
+from smith_client.keys import shard_of, shard_prefix
+from smith_client.usage import AgentUsage
+
+
+def test_a_conversations_shard_is_redis_clusters_crc16_of_its_id():
+    for conversation in ("conv-1", "user:42", "é-unicode", "x" * 200):
+        assert shard_of(conversation, 16384) == key_slot(conversation.encode())
+    assert shard_of("conv-1", 1) == 0
+    spread = Counter(shard_of(uuid.uuid4().hex, 4) for _ in range(4000))
+    assert set(spread) == {0, 1, 2, 3} and min(spread.values()) > 800
+
+
+def test_the_shards_prefixes():
+    assert shard_prefix("smith", 0, 1) == "smith"  # one shard: the unsharded layout's names
+    assert [shard_prefix("smith", k, 3) for k in range(3)] == ["smith:s0", "smith:s1", "smith:s2"]
+    with pytest.raises(ValueError, match="shard 3 is not one of 0-2"):
+        shard_prefix("smith", 3, 3)
+
+
+def test_a_single_deployments_client_refuses_a_sharded_deployment(monkeypatch):
+    with pytest.raises(ConfigurationError, match="ShardedSmithClient") as info:
+        SmithClient.from_url("redis://127.0.0.1:1/0", shards=3)
+    assert info.value.setting == "SMITH_SHARDS"
+    monkeypatch.setenv("SMITH_SHARDS", "2")
+    with pytest.raises(ConfigurationError, match="SMITH_SHARDS=2"):
+        SmithClient.from_url("redis://127.0.0.1:1/0")
+
+
+async def test_from_url_builds_a_client_per_shard_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SMITH_SHARDS", "4")
+    monkeypatch.setenv("SMITH_PREFIX", "acme")
+    client = ShardedSmithClient.from_url("redis://127.0.0.1:1/0")
+    try:
+        assert client.shards == 4
+        assert [c.keys.prefix for c in client.clients] == ["acme:s0", "acme:s1", "acme:s2", "acme:s3"]
+    finally:
+        await client.aclose()
+    with pytest.raises(ConfigurationError, match="SMITH_SHARDS must be a whole number of shards from 1 to 256"):
+        ShardedSmithClient.from_url("redis://127.0.0.1:1/0", shards=0)
+    with pytest.raises(ConfigurationError):
+        ShardedSmithClient([])
+
+
+@pytest.fixture
+async def sharded():
+    server = fakeredis.FakeServer()
+    clients = [SmithClient(fakeredis.FakeAsyncRedis(server=server), prefix=shard_prefix("p", k, 3)) for k in range(3)]
+    client = ShardedSmithClient(clients)
+    yield client
+    await client.aclose()
+
+
+async def test_calls_by_conversation_go_to_its_shard(sharded):
+    conversation = next(c for c in (uuid.uuid4().hex for _ in range(100)) if shard_of(c, 3) == 1)
+    assert sharded.for_conversation(conversation) is sharded.clients[1]
+    shard = sharded.clients[1]
+    await shard.redis.set(shard.keys.conversation_agent(conversation), "billing")
+    assert await sharded.conversation_agent(conversation) == "billing"
+    assert await sharded.clients[0].conversation_agent(conversation) is None
+
+
+async def test_a_turn_is_found_in_the_shard_that_has_it(sharded):
+    keys = sharded.clients[2].keys
+    await sharded.clients[2].redis.hset(keys.turn_state("t-1"), mapping={"status": "completed"})
+    assert await sharded.for_turn("t-1") is sharded.clients[2]
+    assert sharded._turn_shards["t-1"] == 2  # remembered: the next call asks no shard
+    await sharded.clients[2].redis.delete(keys.turn_state("t-1"))
+    assert await (await sharded.turn("t-1")).status() == "missing"
+    assert await (await sharded.turn("unknown")).status() == "missing"  # shard 0 answers for an unknown turn
+    assert "unknown" not in sharded._turn_shards
+
+
+async def test_a_turn_sent_through_it_is_remembered_with_the_id_it_was_given(sharded, monkeypatch):
+    monkeypatch.setattr(sharding, "REMEMBERED_TURNS", 2)
+    for i in range(3):
+        options = {"conversation_id": f"c{i}"}
+        assert sharded._sending(options) is sharded.for_conversation(f"c{i}")
+        assert sharded._turn_shards[options["turn_id"]] == shard_of(f"c{i}", 3)
+    assert len(sharded._turn_shards) == 2  # the oldest forgotten
+
+
+async def test_tenant_limits_go_to_every_shard(sharded):
+    await sharded.set_tenant_limits("acme", TenantLimits(max_running=2))
+    await sharded.update_tenant_limits("acme", weight=5)
+    for client in sharded.clients:
+        assert await client.tenant_limits("acme") == TenantLimits(max_running=2, weight=5)
+    assert await sharded.tenant_limits("acme") == TenantLimits(max_running=2, weight=5)
+    assert await sharded.clear_tenant_limits("acme")
+    assert await sharded.tenant_limits("acme") == TenantLimits()
+
+
+def test_usage_adds_up_over_the_shards():
+    shards = [
+        {"a": AgentUsage(requests=1, prompt=10, completion=2, total=12)},
+        {},
+        {"b": AgentUsage(requests=2, prompt=1, completion=1, total=2), "a": AgentUsage(requests=1, prompt=5, total=5)},
+    ]
+    assert sharding._summed(shards) == {
+        "a": AgentUsage(requests=2, prompt=15, completion=2, total=17),
+        "b": AgentUsage(requests=2, prompt=1, completion=1, total=2),
+    }
