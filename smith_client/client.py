@@ -139,7 +139,8 @@ class ClientBase:
         if (env.shards if shards is None else shards) != 1:
             raise ConfigurationError(
                 f"SMITH_SHARDS={env.shards if shards is None else shards}: the deployment is sharded; its client "
-                "is ShardedSmithClient.from_url (one SmithClient serves one shard's prefix, with shards=1)",
+                "is ShardedSmithClient.from_url; one SmithClient (the smith command too) serves one shard's prefix, "
+                "<prefix>:s<k>, with shards=1 (SMITH_SHARDS unset)",
                 setting="SMITH_SHARDS",
             )
         cluster = env.redis_cluster if cluster is None else cluster

@@ -20,6 +20,7 @@ import asyncio
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from contextlib import aclosing
 from typing import Any, Self, TypeVar, Unpack, cast
 
 from smith_client import turn_record as record
@@ -125,9 +126,11 @@ class ShardedSmithClient:
     async def stream(
         self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
     ) -> AsyncGenerator[Event, None]:
-        """:meth:`SmithClient.stream` on the conversation's shard (``async for``)."""
-        async for event in self._sending(options).stream(text, timeout=timeout, **options):
-            yield event
+        """:meth:`SmithClient.stream` on the conversation's shard (``async for``; leaving the loop early closes the
+        shard's stream, which unsubscribes)."""
+        async with aclosing(self._sending(options).stream(text, timeout=timeout, **options)) as events:
+            async for event in events:
+                yield event
 
     async def submit(self, text: str, **options: Unpack[TurnOptions]) -> TurnHandle:
         """:meth:`SmithClient.submit` on the conversation's shard."""
@@ -141,9 +144,10 @@ class ShardedSmithClient:
     async def follow(
         self, turn_id: str, after_seq: int = 0, timeout: float | None = None
     ) -> AsyncGenerator[Event, None]:
-        """:meth:`SmithClient.follow` on the turn's shard (``async for``)."""
-        async for event in (await self.for_turn(turn_id)).follow(turn_id, after_seq, timeout):
-            yield event
+        """:meth:`SmithClient.follow` on the turn's shard (``async for``, closed as :meth:`stream`)."""
+        async with aclosing((await self.for_turn(turn_id)).follow(turn_id, after_seq, timeout)) as events:
+            async for event in events:
+                yield event
 
     async def clear(self, conversation_id: str) -> None:
         """:meth:`SmithClient.clear` on the conversation's shard."""

@@ -214,16 +214,17 @@ async def unfinished(handles: list) -> int:
     return sum(state.get("status") not in ("completed", "failed", "cancelled") for state in states)
 
 
-async def assert_once_each(client: SmithClient, handles: list, labels: dict[str, str], outcomes: list[str]) -> None:
-    """Every completed turn has one gap-free stream with one ``turn.completed``, and ran its tool once."""
+async def assert_once_each(handles: list, labels: dict[str, str], outcomes: list[str]) -> None:
+    """Every completed turn has one gap-free stream with one ``turn.completed``, and ran its tool once (the tool's
+    marker is under the prefix of the client of the turn's handle: its shard's, for a sharded deployment)."""
     for handle, outcome in zip(handles, outcomes, strict=True):
         if outcome.startswith("answer"):
             events = await all_events(handle)
             assert [e.seq for e in events] == list(range(1, len(events) + 1)), handle.turn_id
             assert [e.type for e in events].count("turn.completed") == 1
             if handle.turn_id in labels:
-                key = f"{client.keys.key_prefix}:test:counted:{labels[handle.turn_id]}"
-                assert await client.redis.lrange(key, 0, -1) == [b"run"]
+                key = f"{handle.client.keys.key_prefix}:test:counted:{labels[handle.turn_id]}"
+                assert await handle.client.redis.lrange(key, 0, -1) == [b"run"]
 
 
 async def test_the_slots_master_killed_under_load_fails_over(client, scenario, cluster):
@@ -235,7 +236,7 @@ async def test_the_slots_master_killed_under_load_fails_over(client, scenario, c
     # a turn whose last writes the failover lost (asynchronous replication) may end in a typed error
     assert all(o.startswith("answer") or o.endswith("Error") for o in outcomes), outcomes
     assert sum(o.startswith("answer") for o in outcomes) >= len(outcomes) // 2, outcomes
-    await assert_once_each(client, handles, labels, outcomes)
+    await assert_once_each(handles, labels, outcomes)
 
 
 async def test_a_reshard_under_200_turns_loses_and_repeats_nothing(client, scenario, cluster, scripted_llm):
@@ -256,7 +257,7 @@ async def test_a_reshard_under_200_turns_loses_and_repeats_nothing(client, scena
     assert [o for o in outcomes if not o.startswith("answer")] == []
     assert sorted(outcomes) == sorted(f"answer {i}" for i in range(200))
     assert cluster.slot_owner(slot) == target
-    await assert_once_each(client, handles, labels, outcomes)
+    await assert_once_each(handles, labels, outcomes)
     # no model call was made twice: one per text turn, two per tool turn
     assert {h.turn_id: scripted_llm.attempts(scenarios[h.turn_id]) for h in handles} == {
         h.turn_id: 2 if h.turn_id in labels else 1 for h in handles}

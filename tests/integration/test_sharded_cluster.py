@@ -4,7 +4,9 @@ replicas, ``SMITH_SHARDS=3`` with each shard's slot on its own master, a turn wo
 
 Turns of many conversations run on all three masters at once, each conversation's keys on its shard's master
 only; a client that did not send a turn finds its shard to follow it; tenant limits reach every shard; the model
-endpoint's rate limit stays one fleet-wide key.
+endpoint's rate limit stays one fleet-wide key; one shard's master killed under load fails over while the other
+shards' turns go on, every turn ending (completed, or a typed error for one whose last writes the failover lost) and
+none run twice.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from smith_worker.local.processes import RedisClusterRig, start_redis_cluster
 from smith_worker.testing import Reply, Script
 from smith_worker.testing.workers import start_workers, wait_for_workers, worker_env
 from tests.conftest import LOGS
+from tests.integration.test_cluster_runtime import assert_once_each, ended, load, unfinished
 from tests.integration.test_crash_recovery import assert_clean_stream
 
 pytestmark = [pytest.mark.integration]
@@ -144,3 +147,19 @@ async def test_tenant_limits_reach_every_shard_and_the_rate_limit_is_fleet_wide(
                  for key in cluster.ask(port, "KEYS", f"*{deployment}*llm-rate*")]
     assert rate_keys and all(key.startswith(f"{{{deployment}}}:llm-rate:") for key in rate_keys), rate_keys
     assert len(set(rate_keys)) == 1
+
+
+async def test_one_shards_master_killed_under_load_fails_over_and_the_others_go_on(client, cluster, deployment,
+                                                                                   scenario):
+    handles, labels, _ = await load(client, scenario, 45)
+    by_shard = {k: [h for h in handles if h.client is client.clients[k]] for k in range(SHARDS)}
+    assert all(len(shard) >= 5 for shard in by_shard.values()), {k: len(v) for k, v in by_shard.items()}
+    await asyncio.sleep(0.5)
+    assert await unfinished(handles) > 0  # the master dies under load
+    await asyncio.to_thread(cluster.kill_master, cluster.slot_owner(shard_slot(deployment, 1)))
+    outcomes = dict(zip((h.turn_id for h in handles), await asyncio.gather(*(ended(h) for h in handles)), strict=True))
+    assert all(o.startswith("answer") or o.endswith("Error") for o in outcomes.values()), outcomes
+    for shard in (0, 2):  # the shards on the masters that stayed lost nothing
+        assert all(outcomes[h.turn_id].startswith("answer") for h in by_shard[shard]), outcomes
+    assert sum(outcomes[h.turn_id].startswith("answer") for h in by_shard[1]) >= len(by_shard[1]) // 2, outcomes
+    await assert_once_each(handles, labels, [outcomes[h.turn_id] for h in handles])

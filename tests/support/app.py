@@ -8,7 +8,7 @@ from typing import Any
 
 from smith_client import ToolError
 from smith_client.connection import connect_redis, connect_sync_redis
-from smith_client.keys import Keys
+from smith_client.keys import Keys, shard_prefix
 from smith_client.settings import ClientSettings
 from smith_worker import AgentConfig, Hooks, SmithApp, ToolContext
 
@@ -16,9 +16,10 @@ app = SmithApp()
 
 
 def _keys() -> tuple[str, Keys]:
-    """The workers' Redis URL and key names (the markers share the deployment's hash slot on a cluster)."""
-    settings = ClientSettings.from_env(only=("redis_url", "prefix", "redis_cluster"))
-    return settings.redis_url, Keys(settings.prefix, cluster=settings.redis_cluster)
+    """The worker's Redis URL and key names: its shard's (the markers share the shard's hash slot on a cluster)."""
+    settings = ClientSettings.from_env(only=("redis_url", "prefix", "redis_cluster", "shards"))
+    prefix = shard_prefix(settings.prefix, int(os.environ.get("SMITH_SHARD") or 0), settings.shards)
+    return settings.redis_url, Keys(prefix, cluster=settings.redis_cluster)
 
 
 def _marker_key(name: str) -> str:
