@@ -25,9 +25,8 @@ from redis.exceptions import NoPermissionError
 from smith_client import SmithClient, SmithError, TransportError
 from smith_client.acl import tenant_acl_rules
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
-from smith_worker.local.processes import RedisClusterRig, start_redis_cluster
+from smith_worker.local.processes import RedisClusterRig
 from smith_worker.testing import Reply, Script
-from tests.conftest import LOGS
 from tests.integration.test_crash_recovery import Fleet, assert_clean_stream, wait_for, worker_pid_running
 from tests.integration.test_skills import RESEARCH
 
@@ -36,13 +35,6 @@ pytestmark = [pytest.mark.integration]
 APP = "tests.support.cluster_app:app"
 #: Ceiling on a turn's end, seconds: generous, a failover (~2-5 s) or a lease (10 s) may come first.
 TURN_CEILING = 120.0
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    LOGS.mkdir(parents=True, exist_ok=True)
-    with start_redis_cluster(3, log_dir=LOGS) as rig:
-        yield rig
 
 
 @pytest.fixture(scope="module")

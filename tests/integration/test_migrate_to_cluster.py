@@ -19,7 +19,7 @@ import pytest
 
 from smith_client import SmithClient
 from smith_client.migration import key_kind
-from smith_worker.local.processes import RedisClusterRig, start_redis_cluster
+from smith_worker.local.processes import RedisClusterRig
 from smith_worker.testing import Reply, Script, worker_env, worker_pair
 from tests.conftest import LOGS
 from tests.integration.test_skills import RESEARCH, per_turn
@@ -28,13 +28,6 @@ pytestmark = [pytest.mark.integration]
 
 #: The app both fleets serve: its tools and skill work on either Redis (tests/support/cluster_app.py).
 APP = "tests.support.cluster_app:app"
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    LOGS.mkdir(parents=True, exist_ok=True)
-    with start_redis_cluster(3, log_dir=LOGS) as rig:
-        yield rig
 
 
 def migrate(source_url: str, prefix: str, cluster: RedisClusterRig, *options: str) -> subprocess.CompletedProcess:

@@ -19,8 +19,7 @@ from redis.cluster import key_slot
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from smith_client.connection import connect_redis_cluster, connect_sync_redis_cluster
-from smith_worker.local.processes import RedisClusterRig, start_redis_cluster
-from tests.conftest import LOGS
+from smith_worker.local.processes import RedisClusterRig
 
 pytestmark = pytest.mark.integration
 
@@ -30,13 +29,6 @@ RECOVERY_CEILING = 60.0
 MOVED_SLOTS = 1000
 #: Writes the reshard test makes at the least, during and after the move.
 MIN_WRITES = 2000
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    LOGS.mkdir(parents=True, exist_ok=True)
-    with start_redis_cluster(3, log_dir=LOGS) as rig:
-        yield rig
 
 
 @pytest.fixture

@@ -22,8 +22,7 @@ import redis as sync_redis
 from redis.crc import key_slot
 
 from smith_client.connection import connect_redis, connect_sync_redis
-from smith_worker.local.processes import RedisClusterRig, start_redis_cluster, wait_until
-from tests.conftest import LOGS
+from smith_worker.local.processes import RedisClusterRig, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -48,13 +47,6 @@ local n = redis.call('INCR', KEYS[1])
 redis.call('RPUSH', KEYS[2], ARGV[1])
 return n
 """
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    LOGS.mkdir(parents=True, exist_ok=True)
-    with start_redis_cluster(3, log_dir=LOGS) as rig:
-        yield rig
 
 
 def another_node(cluster: RedisClusterRig, *not_these: int) -> int:

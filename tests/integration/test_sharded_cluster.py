@@ -20,7 +20,7 @@ from redis.cluster import key_slot
 from smith_client import ShardedSmithClient, TenantLimits
 from smith_client.keys import Keys, shard_of, shard_prefix
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
-from smith_worker.local.processes import RedisClusterRig, start_redis_cluster
+from smith_worker.local.processes import RedisClusterRig
 from smith_worker.testing import Reply, Script
 from smith_worker.testing.workers import start_workers, wait_for_workers, worker_env
 from tests.conftest import LOGS
@@ -40,13 +40,6 @@ BATCH_CEILING = 180.0
 
 def shard_slot(prefix: str, shard: int) -> int:
     return key_slot(Keys(shard_prefix(prefix, shard, SHARDS), cluster=True).key_prefix.encode())
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    LOGS.mkdir(parents=True, exist_ok=True)
-    with start_redis_cluster(3, log_dir=LOGS) as rig:
-        yield rig
 
 
 @pytest.fixture(scope="module")
