@@ -14,6 +14,12 @@ affected channels is sent a *gap* (``None``), which the operation answers by
 reading the turn's replay log from its last ``seq``
 (:func:`smith_client.operations.follow_subscribed`), so events stay gap-free
 and without duplicates.
+
+On Redis Cluster a turn's events channel is a sharded one (``SSUBSCRIBE``: :meth:`Keys.turn_events_channel`), which
+the connection subscribes beside the classic ones. Redis ends such a subscription itself when the channel's slot
+moves to another master (a reshard, a failover: an ``sunsubscribe`` nobody asked for); the reader then treats the
+connection as lost, so its followers get a gap and the channels are subscribed again where the slot is now (the
+connection pool follows the slot: docs/cluster.md, The connections).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Container, Iterable
 from typing import Any
 
 import redis
@@ -49,10 +56,11 @@ class Subscription:
         self.channels: set[str] = set()
         self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
-    async def subscribe(self, channel: str) -> None:
-        """Receive ``channel``'s messages from now on (sent to Redis before this returns)."""
+    async def subscribe(self, channel: str, sharded: bool = False) -> None:
+        """Receive ``channel``'s messages from now on (sent to Redis before this returns); ``sharded``: a sharded
+        pub/sub channel (``SSUBSCRIBE``)."""
         self.channels.add(channel)
-        await self._fanout.add(channel, self)
+        await self._fanout.add(channel, self, sharded)
 
     async def receive(self, timeout: float) -> dict[str, Any] | None:
         """The next message (redis-py's dict, ``data`` bytes), or None after ``timeout`` seconds or on a gap."""
@@ -81,8 +89,51 @@ class _FanoutPubSub(PubSub):
     lock (:meth:`AsyncFanout._resubscribe`).
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: The sharded channels subscribed (redis-py's asyncio ``PubSub`` has no ``SSUBSCRIBE``).
+        self.shard_channels: set[str] = set()
+
+    @property
+    def subscribed(self) -> bool:
+        """Whether any channel is subscribed, sharded ones included (no health-check ``PING`` is then sent as a
+        plain command: its reply would be read as a message)."""
+        return bool(self.channels or self.patterns or self.shard_channels)
+
+    async def follow(self, channels: Iterable[str], sharded: Container[str]) -> None:
+        """Subscribe ``channels``: with ``SSUBSCRIBE`` those in ``sharded``, ``SUBSCRIBE`` the others."""
+        classic, shard = _split(channels, sharded)
+        if classic:
+            await self.subscribe(*classic)
+        if shard:
+            self.shard_channels.update(shard)
+            await self.execute_command("SSUBSCRIBE", *shard)
+
+    async def unfollow(self, channels: Iterable[str], sharded: Container[str]) -> None:
+        """Unsubscribe ``channels`` (``SUNSUBSCRIBE`` those in ``sharded``)."""
+        classic, shard = _split(channels, sharded)
+        if classic:
+            await self.unsubscribe(*classic)
+        if shard:
+            self.shard_channels.difference_update(shard)
+            await self.execute_command("SUNSUBSCRIBE", *shard)
+
+    async def aclose(self) -> None:
+        """redis-py's ``aclose`` (the connection back to the pool, every subscription forgotten), sharded ones too."""
+        await super().aclose()  # type: ignore[no-untyped-call]  # redis-py 5 leaves it unannotated
+        self.shard_channels.clear()
+
     async def _disconnect_raise_connect(self, conn: Any, error: Exception) -> None:
         raise error
+
+
+def _split(channels: Iterable[str], sharded: Container[str]) -> tuple[list[str], list[str]]:
+    """``channels`` as (classic ones, those in ``sharded``)."""
+    classic: list[str] = []
+    shard: list[str] = []
+    for channel in channels:
+        (shard if channel in sharded else classic).append(channel)
+    return classic, shard
 
 
 class AsyncFanout:
@@ -97,6 +148,7 @@ class AsyncFanout:
         self._pubsub: Any = None
         self._followers: dict[str, set[Subscription]] = {}
         self._confirmed: set[str] = set()  # channels whose subscription Redis confirmed on this connection
+        self._sharded: set[str] = set()  # followed channels that are sharded (SSUBSCRIBE)
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
         self._lock = asyncio.Lock()  # one (un)subscribe at a time: the first one also opens the connection
@@ -111,12 +163,15 @@ class AsyncFanout:
         """Pub/sub connections held now: 0 or 1."""
         return int(self._pubsub is not None and self._pubsub.connection is not None)
 
-    async def add(self, channel: str, follower: Subscription) -> None:
-        """Route ``channel`` to ``follower``; subscribe the connection when it is the channel's first."""
+    async def add(self, channel: str, follower: Subscription, sharded: bool = False) -> None:
+        """Route ``channel`` to ``follower``; subscribe the connection when it is the channel's first (``sharded``:
+        with ``SSUBSCRIBE``)."""
         followers = self._followers.setdefault(channel, set())
         followers.add(follower)
         if len(followers) > 1:
             return
+        if sharded:
+            self._sharded.add(channel)
         asked = time.monotonic()
         try:
             async with self._lock:
@@ -126,11 +181,12 @@ class AsyncFanout:
                 if self._pubsub.connection is None:
                     await self._connect(channel)
                 elif self._pubsub.connection.is_connected:
-                    await self._pubsub.subscribe(channel)  # else down: the reader subscribes it again
+                    await self._pubsub.follow([channel], self._sharded)  # else down: the reader subscribes it again
         except BaseException:
             followers.discard(follower)
             if not followers:
                 del self._followers[channel]
+                self._sharded.discard(channel)
             raise
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read())
@@ -142,12 +198,14 @@ class AsyncFanout:
         async with self._lock:
             if self._connected():
                 with contextlib.suppress(RedisError, OSError):  # a broken connection is not resubscribed to it
-                    await self._pubsub.unsubscribe(channel)
+                    await self._pubsub.unfollow([channel], self._sharded)
+            if channel not in self._followers:  # nobody followed it again meanwhile
+                self._sharded.discard(channel)
 
     async def _connect(self, channel: str) -> None:
         """Open the connection with ``channel``'s subscribe; a failure is kept for the followers waiting."""
         try:
-            await self._pubsub.subscribe(channel)
+            await self._pubsub.follow([channel], self._sharded)
         except (RedisError, OSError) as exc:
             self._connect_failure = (time.monotonic(), exc)
             raise
@@ -207,6 +265,8 @@ class AsyncFanout:
         if not self._pubsub.connection.is_connected:
             raise RedisConnectionError("the connection was closed by a failed write")
         message: dict[str, Any] | None = await self._pubsub.get_message(timeout=_LISTEN)
+        if message is not None:
+            check_not_dropped(message, self._followers)
         return message
 
     def _route(self, message: dict[str, Any]) -> None:
@@ -226,7 +286,7 @@ class AsyncFanout:
                 if not self._followers:
                     return
                 try:
-                    await self._pubsub.subscribe(*self._followers)
+                    await self._pubsub.follow(self._followers, self._sharded)
                     self._gap(set(self._followers))
                     return
                 except (RedisError, OSError):
@@ -242,15 +302,23 @@ def route(message: dict[str, Any], followers: dict[str, Any], confirmed: set[str
     followers get a gap.
     """
     kind, channel = message["type"], message["channel"].decode()
-    if kind == "message":
+    if kind in ("message", "smessage"):
         for follower in followers.get(channel, ()):
             follower.queue.put_nowait(message)
-    elif kind == "subscribe":
+    elif kind in ("subscribe", "ssubscribe"):
         if channel in confirmed:
             gap({channel}, followers)
         confirmed.add(channel)
-    elif kind == "unsubscribe":
+    elif kind in ("unsubscribe", "sunsubscribe"):
         confirmed.discard(channel)
+
+
+def check_not_dropped(message: dict[str, Any], followers: dict[str, Any]) -> None:
+    """Raise ``ConnectionError`` when ``message`` is Redis ending the sharded subscription of a channel still
+    followed: its slot moved to another master (redis.io, "Sharded Pub/Sub"), so the connection must subscribe
+    again where the slot is now, and the followers read what they missed from the log."""
+    if message["type"] == "sunsubscribe" and message["channel"].decode() in followers:
+        raise RedisConnectionError(f"Redis ended the subscription to {message['channel'].decode()} (its slot moved)")
 
 
 def unfollow(followers: dict[str, Any], channel: str, follower: Any) -> bool:
@@ -281,10 +349,11 @@ class SyncSubscription:
         self.channels: set[str] = set()
         self.queue: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
 
-    def subscribe(self, channel: str) -> None:
-        """Receive ``channel``'s messages from now on (sent to Redis before this returns)."""
+    def subscribe(self, channel: str, sharded: bool = False) -> None:
+        """Receive ``channel``'s messages from now on (sent to Redis before this returns); ``sharded`` as
+        :meth:`Subscription.subscribe`."""
         self.channels.add(channel)
-        self._fanout.add(channel, self)
+        self._fanout.add(channel, self, sharded)
 
     def receive(self, timeout: float) -> dict[str, Any] | None:
         """The next message, or None after ``timeout`` seconds or on a gap."""
@@ -309,6 +378,7 @@ class SyncFanout:
         self._pubsub: Any = None
         self._followers: dict[str, set[SyncSubscription]] = {}
         self._confirmed: set[str] = set()
+        self._sharded: set[str] = set()  # followed channels that are sharded (SSUBSCRIBE)
         self._lock = threading.Lock()
         self._reader: threading.Thread | None = None
         self._closed = False
@@ -317,19 +387,23 @@ class SyncFanout:
         """A new follower's subscription."""
         return SyncSubscription(self)
 
-    def add(self, channel: str, follower: SyncSubscription) -> None:
-        """Route ``channel`` to ``follower``; subscribe the connection when it is the channel's first."""
+    def add(self, channel: str, follower: SyncSubscription, sharded: bool = False) -> None:
+        """Route ``channel`` to ``follower``; subscribe the connection when it is the channel's first (``sharded``:
+        with ``SSUBSCRIBE``)."""
         with self._lock:
             followers = self._followers.setdefault(channel, set())
             followers.add(follower)
             if len(followers) > 1:
                 return
+            if sharded:
+                self._sharded.add(channel)
             try:
                 if self._pubsub is None:
                     self._pubsub = self._redis.pubsub()
-                self._pubsub.subscribe(channel)
+                self._follow([channel])
             except BaseException:
                 del self._followers[channel]
+                self._sharded.discard(channel)
                 raise
             if self._reader is None or not self._reader.is_alive():
                 self._reader = threading.Thread(target=self._read, name="smith-pubsub", daemon=True)
@@ -350,10 +424,21 @@ class SyncFanout:
         with self._lock:
             if not unfollow(self._followers, channel, follower):
                 return
+            sharded = channel in self._sharded
+            self._sharded.discard(channel)
             if self._closed or self._pubsub.connection is None:
                 return
             with contextlib.suppress(redis.RedisError, OSError):
-                self._pubsub.unsubscribe(channel)
+                (self._pubsub.sunsubscribe if sharded else self._pubsub.unsubscribe)(channel)
+
+    def _follow(self, channels: Iterable[str]) -> None:
+        """Subscribe ``channels``: with ``SSUBSCRIBE`` the sharded ones (redis-py's blocking ``PubSub`` subscribes
+        both kinds again by itself when it reconnects)."""
+        classic, shard = _split(channels, self._sharded)
+        if classic:
+            self._pubsub.subscribe(*classic)
+        if shard:
+            self._pubsub.ssubscribe(*shard)
 
     def close(self) -> None:
         """Stop the reader (within ``_LISTEN``-bounded reads: it polls every 0.2 s) and close the connection."""
@@ -368,6 +453,8 @@ class SyncFanout:
         while not self._closed:
             try:
                 message = self._pubsub.get_message(timeout=_RETRY)
+                if message is not None:
+                    check_not_dropped(message, self._followers)
             except (redis.RedisError, OSError) as exc:
                 logger.warning("pub/sub connection lost (%s: %s); subscribing again", type(exc).__name__, exc)
                 with self._lock:
@@ -387,7 +474,7 @@ class SyncFanout:
                 if not self._followers:
                     return
                 try:
-                    self._pubsub.subscribe(*self._followers)
+                    self._follow(self._followers)
                     return
                 except (redis.RedisError, OSError):
                     pass

@@ -319,7 +319,8 @@ class Keys:
         return f"{self.key_prefix}:tool:{_scoped(turn_id, position)}:{step}:{index}"
 
     def turn_events_channel(self, turn_id: str) -> str:
-        """Pub/sub channel of a turn's live events."""
+        """Pub/sub channel of a turn's live events; with :attr:`cluster` a sharded pub/sub channel (``SPUBLISH`` /
+        ``SSUBSCRIBE``, Redis 7), delivered within its slot's master and replicas (docs/cluster.md, Pub/sub)."""
         return f"{self.key_prefix}:turn:{turn_id}:events"
 
     def turn_log(self, turn_id: str) -> str:

@@ -58,11 +58,13 @@ def stream(
     """Operation of ``stream``: run one turn, yielding its events until the terminal one (see :func:`submit`)."""
     timeout = check_timeout(timeout)
     job, multitask, context = build_turn_request(text, options, context_max_bytes)
-    yield Subscribe(keys.turn_events_channel(job.turn_id))  # before submitting, so no live event is missed
+    yield Subscribe(
+        keys.turn_events_channel(job.turn_id), keys.cluster
+    )  # before submitting, so no live event is missed
     submission = yield from submit_turn(keys, job, multitask, context)
     after = 0
     if submission.turn_id != job.turn_id:  # merged into another turn: its events from now on
-        yield Subscribe(keys.turn_events_channel(submission.turn_id))
+        yield Subscribe(keys.turn_events_channel(submission.turn_id), keys.cluster)
         after = yield from last_seq(keys, submission.turn_id)
     # a new turn has no events yet and its channel was subscribed first: no log to read before the live ones
     fresh = submission.outcome == "new"
@@ -85,7 +87,7 @@ def follow(
     pauses (``until_paused``: see :func:`follow_subscribed`)."""
     check_id(turn_id, "turn_id")
     after_seq, timeout = check_seq(after_seq), check_timeout(timeout)
-    yield Subscribe(keys.turn_events_channel(turn_id))
+    yield Subscribe(keys.turn_events_channel(turn_id), keys.cluster)
     yield from follow_subscribed(keys, turn_id, after_seq, timeout, until_paused=until_paused)
 
 

@@ -57,9 +57,11 @@ def run_script(
 
 @dataclass(frozen=True)
 class Subscribe:
-    """Subscribe the operation's pub/sub connection (one per operation, opened on first use) to ``channel``."""
+    """Subscribe the operation's pub/sub connection (one per operation, opened on first use) to ``channel``;
+    ``sharded``: with ``SSUBSCRIBE`` (a turn's events channel on Redis Cluster, :meth:`Keys.turn_events_channel`)."""
 
     channel: str
+    sharded: bool = False
 
 
 @dataclass(frozen=True)

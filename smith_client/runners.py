@@ -123,7 +123,7 @@ class AsyncRunner(_Closable):
         if isinstance(request, RoundTrip):
             return await request.run(self.redis)
         if isinstance(request, Subscribe):
-            return await subscription.subscribe(request.channel)
+            return await subscription.subscribe(request.channel, request.sharded)
         return await subscription.receive(request.timeout)
 
 
@@ -180,5 +180,5 @@ class SyncRunner(_Closable):
         if isinstance(request, RoundTrip):
             return request.run_sync(self.redis)
         if isinstance(request, Subscribe):
-            return subscription.subscribe(request.channel)
+            return subscription.subscribe(request.channel, request.sharded)
         return subscription.receive(request.timeout)

@@ -149,6 +149,14 @@ end
 -- Publish one event of a turn (publish.lua has the contract; store_tool_result.lua publishes with it too):
 -- `state` and `once` may be nil, `attempt` is only read with `state`. Returns the seq, -1 when fenced off,
 -- 0 when `once` was set already.
+-- The command publishing a turn's event on `channel`: on Redis Cluster, where every name starts with the prefix's
+-- hash tag (smith_client/keys.py, Keys.key_prefix), sharded pub/sub, delivered within the slot's master and its
+-- replicas instead of to every node of the cluster (docs/cluster.md, Pub/sub; Redis 7); PUBLISH elsewhere.
+local function publish_command(channel)
+  if string.sub(channel, 1, 1) == '{' then return 'SPUBLISH' end
+  return 'PUBLISH'
+end
+
 local function publish_event(seq_key, log, channel, state, once, body, max_len, ttl, attempt)
   if state and fenced_off(state, attempt) then return -1 end
   if once then
@@ -160,7 +168,7 @@ local function publish_event(seq_key, log, channel, state, once, body, max_len, 
   local payload = event_head(seq, redis.call('TIME')) .. body
   redis.call('XADD', log, 'MAXLEN', '~', max_len, '0-' .. seq, 'e', payload)
   redis.call('EXPIRE', log, ttl)
-  redis.call('PUBLISH', channel, payload)
+  redis.call(publish_command(channel), channel, payload)
   return seq
 end
 

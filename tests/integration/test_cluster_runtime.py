@@ -22,7 +22,7 @@ import pytest
 from redis.cluster import key_slot
 from redis.exceptions import NoPermissionError
 
-from smith_client import SmithClient, SmithError, TransportError
+from smith_client import SmithClient, SmithError, SyncSmithClient, TransportError
 from smith_client.acl import tenant_acl_rules
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
 from smith_worker.local.processes import RedisClusterRig
@@ -101,6 +101,21 @@ async def test_turns_of_every_kind_run_on_one_slot(client, scenario, scripted_ll
     for master in cluster.masters():
         if master != owner:
             assert int(cluster.ask(master, "DBSIZE")) == 0, master
+
+
+async def test_the_blocking_client_streams_a_turn_by_sharded_pub_sub(client, fleet, scenario, cluster):
+    _, marker = scenario(Script(Reply.text("streamed to a thread", chunk_size=3)))
+
+    def stream() -> list:
+        with SyncSmithClient.from_url(fleet.redis_url, prefix=fleet.prefix, cluster=True) as sync_client:
+            return list(sync_client.stream(f"{marker} hi", conversation_id=f"conv-{uuid.uuid4().hex[:8]}", timeout=60))
+
+    before = cluster.ask(cluster.slot_owner(slot_of(client)), "INFO", "commandstats").get("cmdstat_ssubscribe", {})
+    events = await asyncio.to_thread(stream)
+    assert_clean_stream(events)
+    assert "".join(e.data["text"] for e in events if e.type == "token") == "streamed to a thread"
+    after = cluster.ask(cluster.slot_owner(slot_of(client)), "INFO", "commandstats")["cmdstat_ssubscribe"]
+    assert int(after["calls"]) > int(before.get("calls", 0))  # its one connection subscribed with SSUBSCRIBE
 
 
 async def test_a_skill_and_a_sub_agent(client, scenario, scripted_llm):

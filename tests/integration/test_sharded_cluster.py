@@ -107,6 +107,29 @@ async def test_conversations_spread_over_every_master(client, cluster, deploymen
             assert (key in held) if port == owner else held == [], (conv, port, held)
 
 
+def bus_publishes(cluster: RedisClusterRig) -> int:
+    """PUBLISH messages the cluster's nodes sent each other over the bus so far."""
+    total = 0
+    for port in cluster.live_ports():
+        info = dict(line.split(":", 1) for line in cluster.ask(port, "CLUSTER", "INFO").splitlines() if ":" in line)
+        total += int(info.get("cluster_stats_messages_publish_sent", 0))
+    return total
+
+
+async def test_a_turns_events_go_by_sharded_pub_sub_and_never_cross_the_bus(client, cluster, deployment, scenario):
+    conv = f"conv-{uuid.uuid4().hex[:8]}"
+    master = cluster.slot_owner(shard_slot(deployment, shard_of(conv, SHARDS)))
+    spublished = int(cluster.ask(master, "INFO", "commandstats").get("cmdstat_spublish", {}).get("calls", 0))
+    bus = bus_publishes(cluster)
+    _, marker = scenario(Script(Reply.text("one two three four five six", chunk_size=3)))
+    events = [e async for e in client.stream(f"{marker} hi", conversation_id=conv, timeout=60)]
+    assert_clean_stream(events)
+    assert "".join(e.data["text"] for e in events if e.type == "token") == "one two three four five six"
+    stats = cluster.ask(master, "INFO", "commandstats")
+    assert int(stats["cmdstat_spublish"]["calls"]) - spublished >= len(events)
+    assert bus_publishes(cluster) == bus  # classic PUBLISH would have sent each event to the 5 other nodes
+
+
 async def test_a_client_that_did_not_send_a_turn_follows_it_on_its_shard(client, cluster, deployment, scenario):
     conv = next(c for c in (f"conv-{uuid.uuid4().hex[:8]}" for _ in range(100)) if shard_of(c, SHARDS) == 2)
     _, marker = scenario(Script(Reply.text("found on shard two", chunk_size=4)))
@@ -140,6 +163,27 @@ async def test_tenant_limits_reach_every_shard_and_the_rate_limit_is_fleet_wide(
                  for key in cluster.ask(port, "KEYS", f"*{deployment}*llm-rate*")]
     assert rate_keys and all(key.startswith(f"{{{deployment}}}:llm-rate:") for key in rate_keys), rate_keys
     assert len(set(rate_keys)) == 1
+
+
+async def test_a_stream_goes_on_gap_free_when_its_shards_slot_moves(client, cluster, deployment, scenario, caplog):
+    conv = next(c for c in (f"conv-{uuid.uuid4().hex[:8]}" for _ in range(100)) if shard_of(c, SHARDS) == 2)
+    slot = shard_slot(deployment, 2)
+    home = cluster.slot_owner(slot)
+    elsewhere = next(m for m in cluster.masters() if m != home)
+    _, marker = scenario(Script(Reply.text("a slow answer that streams on while its slot moves", chunk_size=2,
+                                           delay=0.1)))
+    events = []
+    with caplog.at_level("WARNING", logger="agent_smith"):
+        async for event in client.stream(f"{marker} hi", conversation_id=conv, timeout=120):
+            events.append(event)
+            if len(events) == 3:
+                await asyncio.to_thread(cluster.move_slot, slot, elsewhere)
+        await asyncio.to_thread(cluster.move_slot, slot, home)  # back where the next test expects it
+    assert_clean_stream(events)
+    assert "".join(e.data["text"] for e in events if e.type == "token") == (
+        "a slow answer that streams on while its slot moves")
+    # Redis ended the channel's sharded subscription when the slot left its master: the fan-out subscribed again
+    assert "Redis ended the subscription" in caplog.text
 
 
 async def test_one_shards_master_killed_under_load_fails_over_and_the_others_go_on(client, cluster, deployment,

@@ -15,7 +15,7 @@ class SwallowingPubSub:
 
     connection: Any = SimpleNamespace(is_connected=True)
 
-    async def subscribe(self, *channels: str) -> None:
+    async def follow(self, channels: object, sharded: object) -> None:
         return None
 
     async def get_message(self, timeout: float) -> None:
