@@ -83,7 +83,8 @@ test-fast: install
 # durability bench, a turn worker's RSS under long histories and Redis restarts, 10,000 slow turns in flight on one
 # turn worker and the turns/s of one Redis core (bench/in_flight.py, ~4 min), a turn's live events on a 6-node
 # Redis Cluster by PUBLISH, SPUBLISH or XREAD BLOCK (bench/cluster_pubsub.py, ~1 min), turns/s, commands and each
-# node's CPU per turn on clusters of 1, 2 and 3 masters beside a single Redis (bench/cluster_turns.py, ~2.5 min),
+# node's CPU per turn on clusters of 1, 2 and 3 masters in one slot and of 2 and 3 masters sharded by conversation
+# beside a single Redis (bench/cluster_turns.py, ~4 min),
 # a one-tool turn with tracing on vs off (bench/tracing.py), and a PASS/MISS line per acceptance line.
 bench: install redis-server
 	$(BIN)/python bench/report.py

@@ -1,19 +1,26 @@
-"""Agent turns on Redis Cluster in one-slot mode beside a single Redis: turns/s, Redis commands per turn and each
-node's CPU per turn, with 1, 2 and 3 masters (docs/cluster.md, One hash slot; docs/capacity.md, Redis Cluster).
+"""Agent turns on Redis Cluster in one-slot mode and sharded by conversation, beside a single Redis: turns/s, Redis
+commands per turn and each node's CPU per turn, one slot on 1, 2 and 3 masters, and 2 and 3 shards on as many
+masters (docs/cluster.md, One hash slot and Shards; docs/capacity.md, Redis Cluster).
 
 Starts, side by side, a single private ``redis-server`` (the anchor), another with a replica (``replicaof``: it
-feeds a replication stream, as every cluster master does) and Redis Clusters of ``--masters`` masters (default
-1, 2 and 3; ``start_redis_cluster``: one replica per master, on loopback), the scripted chat-completions
-server at zero latency (``bench/llm_server.py``, its own process) and, for each of them, the same fleet under a
-prefix of its own: :data:`TURN_WORKERS` turn workers and :data:`TOOL_WORKERS` tool worker serving ``bench.app:app``
-(on a cluster: ``SMITH_REDIS_CLUSTER=1`` and the URL of its first node, so every key carries the prefix as a hash
-tag and lives in one slot, on one master). Each deployment runs ``--warm`` turns, then its idle background is
-measured for ``--idle`` seconds (every node's ``INFO``, the first turn worker's ``/metrics`` scraped as while
-waiting for turns). Then, ``--repeat`` times, the deployments taking turns so that a noisy moment of the machine
-does not land on one of them, ``--turns`` turns are submitted at once (one client, :data:`BATCH` at a time), half
-text turns (one model call), half one-tool turns (``add(1, 2)`` on the tool worker, two model calls), and the bench
-waits until the turns queue is empty (a turn worker's ``/metrics``, ``smith_queue_length``, scraped every
-:data:`SCRAPE_INTERVAL` s), then reads every turn's status. Per run:
+feeds a replication stream, as every cluster master does) and Redis Clusters of ``--masters`` masters (default 1, 2
+and 3; ``start_redis_cluster``: one replica per master, on loopback), the scripted chat-completions server at zero
+latency (``bench/llm_server.py``, its own process) and, for each of them, the same fleet under a prefix of its own:
+:data:`TURN_WORKERS` turn workers and :data:`TOOL_WORKERS` tool worker serving ``bench.app:app`` (on a cluster:
+``SMITH_REDIS_CLUSTER=1`` and the URL of its first node, so every key carries the prefix as a hash tag and lives in
+one slot, on one master). The sharded deployments (``--sharded``, default 2 and 3) have as many shards as masters
+(``SMITH_SHARDS``), shard k's slot moved to master k (``RedisClusterRig.move_slot``, as
+tests/integration/test_sharded_cluster.py does), a fleet per shard of :data:`SHARD_TURN_WORKERS` turn worker and
+:data:`SHARD_TOOL_WORKERS` tool worker (``SMITH_SHARD``: the fewest that serve a shard, 4 and 6 processes against
+the others' 3) and a :class:`ShardedSmithClient`; every turn is a conversation of its own, so the turns spread over
+the shards by ``shard_of`` (CRC16 mod N), and the bench waits for every shard's queue. Each deployment runs
+``--warm`` turns, then its idle background is measured for ``--idle`` seconds (every node's ``INFO``, a turn
+worker's ``/metrics`` per shard scraped as while waiting for turns). Then, ``--repeat`` times, the deployments
+taking turns so that a noisy moment of the machine does not land on one of them, ``--turns`` turns are submitted at
+once (one client, :data:`BATCH` at a time), half text turns (one model call), half one-tool turns (``add(1, 2)`` on
+the tool worker, two model calls), and the bench waits until the turns queue is empty (each shard's, a turn worker's
+``/metrics``, ``smith_queue_length``, scraped every :data:`SCRAPE_INTERVAL` s), then reads every turn's status. Per
+run:
 
 * turns/s: the turns ÷ the time from the first submit to the last end; how many completed, and how many ran
   more than one attempt (a re-run after a lost lease, on an overloaded machine);
@@ -24,14 +31,18 @@ waits until the turns queue is empty (a turn worker's ``/metrics``, ``smith_queu
   written to the bus (:func:`counters`) per turn, each less its idle rate, and its CPU over the run as a share of
   one core (not less anything); the busiest node's ms per turn give the turns/s it would allow at 100 % of its core.
 
-Last, each deployment runs ``--monitored`` turns of the same mix with ``redis-cli monitor`` on the node holding
-its keys (bench/distributed.py's ``Monitor``): the commands the processes sent (top level, ``MULTI``/``EXEC``
-apart) and those run inside scripts, per turn, less the idle rate MONITOR saw over ``--idle`` seconds.
+Last, each deployment runs ``--monitored`` turns of the same mix with ``redis-cli monitor`` on the node holding its
+keys, or each shard's master (bench/distributed.py's ``Monitor``, summed): the commands the processes sent (top
+level, ``MULTI``/``EXEC`` apart) and those run inside scripts, per turn, less the idle rate MONITOR saw over
+``--idle`` seconds.
 
-Figures are medians over the runs; the table puts each cluster beside the single Redis. ``--json FILE`` writes
-them (``runs``: every run's figures).
+Figures are medians over the runs; the table puts each cluster beside the single Redis, and a line per sharded
+deployment puts its busiest master's CPU per turn, and the turns/s it would allow at 100 % of its core, beside the
+one-slot cluster of as many masters and the single Redis. ``--json FILE`` writes them (``runs``: every run's
+figures).
 
-Usage: ``.venv/bin/python bench/cluster_turns.py [--turns 1000] [--repeat 3] [--masters 1,2,3] [--json FILE]``
+Usage: ``.venv/bin/python bench/cluster_turns.py [--turns 1000] [--repeat 3] [--masters 1,2,3] [--sharded 2,3]
+[--json FILE]``
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -60,7 +72,8 @@ from bench.distributed import Monitor  # noqa: E402
 from bench.in_flight import Worker, llm_server, statuses  # noqa: E402
 from bench.llm_server import PROMPTS  # noqa: E402
 from bench.report import median_figures, ratio  # noqa: E402
-from smith_client import SmithClient  # noqa: E402
+from smith_client import ShardedSmithClient, SmithClient  # noqa: E402
+from smith_client.keys import Keys, shard_of, shard_prefix  # noqa: E402
 from smith_worker import testing  # noqa: E402
 from smith_worker.local.processes import (  # noqa: E402
     ManagedProcess,
@@ -75,6 +88,9 @@ from smith_worker.ops.open_files import raise_open_files_limit  # noqa: E402
 APP = "bench.app:app"
 #: The fleet of every deployment (bench/in_flight.py's saturation part, one turn worker less for the tool worker).
 TURN_WORKERS, TOOL_WORKERS = 2, 1
+#: The fleet of each shard of a sharded deployment: the fewest that serve a shard (its turns and its tool jobs), so
+#: 4 and 6 processes for 2 and 3 shards against the one-slot deployments' 3.
+SHARD_TURN_WORKERS, SHARD_TOOL_WORKERS = 1, 1
 #: Seconds between two reads of the first turn worker's ``/metrics`` while turns run (the resolution of the end time).
 SCRAPE_INTERVAL = 0.05
 #: Turns submitted at once (``asyncio.gather``), as bench/in_flight.py.
@@ -104,8 +120,9 @@ class Deployment:
     name: str
     masters: int  # 0: a single redis-server
     nodes: list[Node]
-    workers: list[Worker]
-    client: SmithClient
+    workers: list[Worker]  # a turn worker of each shard, shard k's at index k: its /metrics reads the shard's queue
+    client: SmithClient | ShardedSmithClient
+    clients: list[SmithClient]  # shard k's at index k (one without shards)
     idle: dict[int, dict[str, float]]  # node port → its idle counters' rates per second
 
 
@@ -137,13 +154,14 @@ def snapshot(nodes: list[Node]) -> dict[int, dict[str, float]]:
     return {node.port: counters(node) for node in nodes}
 
 
-def cluster_nodes(rig: RedisClusterRig, slot: int) -> list[Node]:
-    """The rig's nodes, labelled: ``master A`` serves ``slot``, ``replica A`` follows it, then B, C… by port."""
-    owner = rig.slot_owner(slot)
-    masters = [owner, *sorted(port for port in rig.masters() if port != owner)]
+def cluster_nodes(rig: RedisClusterRig, slots: list[int]) -> list[Node]:
+    """The rig's nodes, labelled: ``master A`` serves ``slots[0]``, ``replica A`` follows it, then the masters of
+    the next slots (B, C…), then the other masters by port."""
+    owners = list(dict.fromkeys(rig.slot_owner(slot) for slot in slots))
+    masters = [*owners, *sorted(port for port in rig.masters() if port not in owners)]
     ids = {rig.node_id(port): port for port in masters}
     nodes = [Node(port, f"master {chr(65 + i)}", True, rig.nodes[port].pid) for i, port in enumerate(masters)]
-    for view in rig.topology(owner):
+    for view in rig.topology(owners[0]):
         if view.master_id in ids:
             letter = chr(65 + masters.index(ids[view.master_id]))
             nodes.append(Node(view.port, f"replica {letter}", False, rig.nodes[view.port].pid))
@@ -152,16 +170,25 @@ def cluster_nodes(rig: RedisClusterRig, slot: int) -> list[Node]:
 
 class Layout(NamedTuple):
     """A Redis to measure: a single redis-server (``masters`` 0), with a replica or not, or a cluster of ``masters``
-    masters, each with one replica."""
+    masters, each with one replica, holding a deployment of ``shards`` shards (1: one slot; more: shard k's slot
+    on master k)."""
 
     masters: int
     replica: bool
+    shards: int = 1
 
     @property
     def name(self) -> str:
+        if self.shards > 1:
+            return f"cluster, {self.masters} masters, {self.shards} shards"
         if self.masters:
             return f"cluster, {self.masters} master{'s' * (self.masters > 1)}"
         return "single + 1 replica" if self.replica else "single redis-server"
+
+    @property
+    def fleet(self) -> tuple[int, int]:
+        """(turn workers, tool workers) of each shard."""
+        return (SHARD_TURN_WORKERS, SHARD_TOOL_WORKERS) if self.shards > 1 else (TURN_WORKERS, TOOL_WORKERS)
 
 
 def port_of(url: str) -> int:
@@ -197,69 +224,96 @@ def single(replica: bool) -> Iterator[tuple[str, list[Node]]]:
 
 
 @contextmanager
-def redis_of(layout: Layout, slot_key: str) -> Iterator[tuple[str, list[Node]]]:
-    """The Redis of ``layout``: (the URL its fleet gets, its nodes labelled for the deployment whose keys hash like
-    ``slot_key``)."""
+def redis_of(layout: Layout, prefix: str) -> Iterator[tuple[str, list[Node]]]:
+    """The Redis of ``layout``: (the URL its fleet gets, its nodes labelled for the deployment under ``prefix``,
+    master A holding shard 0's slot). With shards, shard k's slot is moved to master k (empty: a move of its
+    ownership), as tests/integration/test_sharded_cluster.py places them."""
     if layout.masters == 0:
         with single(layout.replica) as started:
             yield started
     else:
         with start_redis_cluster(layout.masters, log_dir=LOGS) as rig:
-            yield rig.urls[0], cluster_nodes(rig, key_slot(slot_key.encode()))
+            slots = [key_slot(Keys(shard_prefix(prefix, k, layout.shards), cluster=True).key_prefix.encode())
+                     for k in range(layout.shards)]  # fmt: skip
+            if layout.shards > 1:
+                for slot, master in zip(slots, rig.masters(), strict=False):
+                    if rig.slot_owner(slot) != master:
+                        rig.move_slot(slot, master)
+            yield rig.urls[0], cluster_nodes(rig, slots)
 
 
 @asynccontextmanager
 async def deployment(layout: Layout, llm_url: str) -> AsyncIterator[Deployment]:
-    """A Redis (:func:`redis_of`) and its fleet, registered, with a client; everything stops on exit."""
-    cluster = layout.masters > 0
+    """A Redis (:func:`redis_of`) and its fleet (:attr:`Layout.fleet` per shard, ``SMITH_SHARD``), registered, with
+    a client (a :class:`ShardedSmithClient` with shards); everything stops on exit."""
+    cluster, shards = layout.masters > 0, layout.shards
     prefix = f"ct{uuid.uuid4().hex[:6]}"
     procs: list[ManagedProcess] = []
-    with redis_of(layout, f"{{{prefix}}}") as (url, nodes):
+    with redis_of(layout, prefix) as (url, nodes):
         try:
-            env = testing.worker_env(url, prefix, llm_url, SMITH_REDIS_CLUSTER="1" if cluster else "")
+            turn_workers, tool_workers = layout.fleet
             workers = []
-            for i in range(TURN_WORKERS):
-                port = free_port()
-                tag = f"{prefix}-{i}"
-                [proc] = testing.start_workers(APP, {**env, "SMITH_METRICS_PORT": str(port)}, ["turns"], tag,
-                                               log_dir=LOGS)  # fmt: skip
-                procs.append(proc)
-                workers.append(Worker(proc, port))
-            procs += testing.start_workers(APP, env, ["tools"] * TOOL_WORKERS, prefix, log_dir=LOGS)
-            await testing.wait_for_workers(url, prefix, len(procs), cluster=cluster)
-            async with SmithClient.from_url(url, prefix=prefix, cluster=cluster, max_connections=200) as client:
-                yield Deployment(layout.name, layout.masters, nodes, workers, client, {})
+            for shard in range(shards):
+                env = testing.worker_env(url, prefix, llm_url, SMITH_REDIS_CLUSTER="1" if cluster else "",
+                                         SMITH_SHARDS=str(shards), SMITH_SHARD=str(shard))  # fmt: skip
+                for i in range(turn_workers):
+                    port = free_port()
+                    tag = f"{prefix}-{shard}-{i}"
+                    [proc] = testing.start_workers(APP, {**env, "SMITH_METRICS_PORT": str(port)}, ["turns"], tag,
+                                                   log_dir=LOGS)  # fmt: skip
+                    procs.append(proc)
+                    if i == 0:
+                        workers.append(Worker(proc, port))
+                procs += testing.start_workers(APP, env, ["tools"] * tool_workers, f"{prefix}-{shard}", log_dir=LOGS)
+            for shard in range(shards):
+                await testing.wait_for_workers(url, shard_prefix(prefix, shard, shards), len(procs) // shards,
+                                               cluster=cluster)  # fmt: skip
+            options: dict[str, Any] = {"prefix": prefix, "cluster": cluster, "max_connections": 200}
+            if shards > 1:
+                async with ShardedSmithClient.from_url(url, shards=shards, **options) as sharded:
+                    yield Deployment(layout.name, layout.masters, nodes, workers, sharded, sharded.clients, {})
+            else:
+                async with SmithClient.from_url(url, **options) as client:
+                    yield Deployment(layout.name, layout.masters, nodes, workers, client, [client], {})
         finally:
             for proc in procs:
                 proc.stop()
 
 
-async def drive(dep: Deployment, count: int, tag: str) -> tuple[float, list[str]]:
-    """Submit ``count`` turns of the :data:`MIX` at once and wait until the turns queue is empty (arq drops a job
-    when it ends; the first turn worker's ``/metrics`` reads the queue): (seconds from the first submit to the
-    last end, the turn ids). Raises ``TimeoutError`` after :data:`RUN_TIMEOUT` seconds."""
-    started, ids = time.monotonic(), []
+async def queues(dep: Deployment) -> list[int | None]:
+    """The length of every shard's turns queue, as a turn worker of the shard reads it on its ``/metrics``."""
+    return await asyncio.gather(*(asyncio.to_thread(worker.queue_length) for worker in dep.workers))
+
+
+async def drive(dep: Deployment, count: int, tag: str) -> tuple[float, list[list[str]]]:
+    """Submit ``count`` turns of the :data:`MIX` at once, each in a conversation of its own (spread over the
+    shards by :func:`shard_of`), and wait until every shard's turns queue is empty (arq drops a job when it ends;
+    :func:`queues`): (seconds from the first submit to the last end, the turn ids of each shard). Raises
+    ``TimeoutError`` after :data:`RUN_TIMEOUT` seconds."""
+    started, ids = time.monotonic(), [list[str]() for _ in dep.clients]
     for first in range(0, count, BATCH):
+        conversations = [f"{tag}-{i}" for i in range(first, min(first + BATCH, count))]
         handles = await asyncio.gather(
             *(
-                dep.client.submit(PROMPTS[MIX[i % len(MIX)]], conversation_id=f"{tag}-{i}")
-                for i in range(first, min(first + BATCH, count))
+                dep.client.submit(PROMPTS[MIX[i % len(MIX)]], conversation_id=c)
+                for i, c in enumerate(conversations, first)
             )
         )
-        ids += [handle.turn_id for handle in handles]
+        for conversation, handle in zip(conversations, handles, strict=True):
+            ids[shard_of(conversation, len(dep.clients))].append(handle.turn_id)
     async with asyncio.timeout(RUN_TIMEOUT):
         # a page over HTTP, no event to wait on: poll (None: the scrape could not read the queue)
-        while await asyncio.to_thread(dep.workers[0].queue_length) != 0:  # noqa: ASYNC110
+        while any(length != 0 for length in await queues(dep)):  # noqa: ASYNC110
             await asyncio.sleep(SCRAPE_INTERVAL)
     return time.monotonic() - started, ids
 
 
 async def scrape_for(dep: Deployment, seconds: float) -> None:
-    """Read the first turn worker's ``/metrics`` every :data:`SCRAPE_INTERVAL` s for ``seconds``, as :func:`drive`
+    """Read the shards' turn workers' ``/metrics`` every :data:`SCRAPE_INTERVAL` s for ``seconds``, as :func:`drive`
     does while turns run (each read costs Redis a few commands: the queue gauges)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        await asyncio.to_thread(dep.workers[0].queue_length)
+        await queues(dep)
         await asyncio.sleep(SCRAPE_INTERVAL)
 
 
@@ -279,7 +333,12 @@ async def run(dep: Deployment, turns: int) -> dict[str, Any]:
     before = snapshot(dep.nodes)
     seconds, ids = await drive(dep, turns, f"run-{uuid.uuid4().hex[:8]}")
     after = snapshot(dep.nodes)
-    counts, reruns = await statuses(dep.client, ids)
+    counts: Counter[str] = Counter()
+    reruns = 0
+    for client, shard_ids in zip(dep.clients, ids, strict=True):
+        shard_counts, shard_reruns = await statuses(client, shard_ids)
+        counts.update(shard_counts)
+        reruns += shard_reruns
 
     def used(port: int, counter: str) -> float:
         """What node ``port`` spent on ``counter`` over the run, less its idle rate over the same span."""
@@ -311,26 +370,35 @@ async def run(dep: Deployment, turns: int) -> dict[str, Any]:
     }
 
 
+@asynccontextmanager
+async def monitors(dep: Deployment) -> AsyncIterator[list[Monitor]]:
+    """A :class:`Monitor` on each master holding a shard's keys (the node holding them all, without shards)."""
+    async with AsyncExitStack() as stack:
+        holders = [node for node in dep.nodes if node.master][: len(dep.clients)]
+        yield [await stack.enter_async_context(Monitor(str(node.port))) for node in holders]
+
+
 async def monitored(dep: Deployment, turns: int, idle_seconds: float) -> dict[str, float]:
-    """Commands per turn by kind (``top``, ``multi_exec``, ``lua``) that MONITOR sees on the node holding the
-    deployment's keys over ``turns`` turns, less the idle rate it sees over ``idle_seconds``."""
-    port = str(dep.nodes[0].port)
-    async with Monitor(port) as idle:
+    """Commands per turn by kind (``top``, ``multi_exec``, ``lua``) that MONITOR sees on the nodes holding the
+    deployment's keys (:func:`monitors`, summed) over ``turns`` turns, less the idle rate it sees over
+    ``idle_seconds``."""
+    async with monitors(dep) as idle:
         await scrape_for(dep, idle_seconds)
-    idle_kinds, _ = idle.counts()
-    async with Monitor(port) as monitor:
+    async with monitors(dep) as monitor:
         await drive(dep, turns, f"mon-{uuid.uuid4().hex[:8]}")
         await asyncio.sleep(0.3)  # the last turns' tails (the next claim, the workers' bookkeeping)
-    kinds, _ = monitor.counts()
-    return {
-        kind: (kinds[kind] - idle_kinds[kind] / idle.elapsed * monitor.elapsed) / turns
-        for kind in ("top", "multi_exec", "lua")
-    }
+    figures = dict.fromkeys(("top", "multi_exec", "lua"), 0.0)
+    for before, during in zip(idle, monitor, strict=True):
+        idle_kinds, kinds = before.counts()[0], during.counts()[0]
+        for kind in figures:
+            figures[kind] += (kinds[kind] - idle_kinds[kind] / before.elapsed * during.elapsed) / turns
+    return figures
 
 
 def received(result: dict[str, Any]) -> float:
-    """Bus ``PUBLISH`` messages per turn that the nodes other than the one holding the keys received."""
-    return sum(node["bus_publish_per_turn"] for node in list(result["nodes"].values())[1:])
+    """Bus ``PUBLISH`` messages per turn that the nodes received: half the messages sent and received (each
+    message counts once where it is sent, once where it arrives)."""
+    return sum(node["bus_publish_per_turn"] for node in result["nodes"].values()) / 2
 
 
 def report(results: list[dict[str, Any]], runs: int) -> str:
@@ -375,12 +443,12 @@ def report(results: list[dict[str, Any]], runs: int) -> str:
             f"| {received(r):.1f} | {sum(n['bus_kib_per_turn'] for n in nodes.values()):.1f} "
             f"| {r['busiest_cpu_ms_per_turn']:.3f} ms → {r['turns_per_s_at_busiest_core']:,.0f} |"
         )
-    return "\n".join(out + ["", verdict(results)])
+    return "\n".join(out + ["", verdict(results), "", sharded_verdict(results)])
 
 
 def verdict(results: list[dict[str, Any]]) -> str:
     """What the figures say about adding masters in one-slot mode, worded from the figures themselves."""
-    clusters = sorted((r for r in results if r["masters"]), key=lambda r: r["masters"])
+    clusters = sorted((r for r in results if r["masters"] and r["shards"] == 1), key=lambda r: r["masters"])
     if not clusters:
         return ""
     rates = [r["turns_per_s"] for r in clusters]
@@ -427,12 +495,46 @@ def verdict(results: list[dict[str, Any]]) -> str:
     )
 
 
+def sharded_verdict(results: list[dict[str, Any]]) -> str:
+    """The sharded deployments beside the one-slot cluster of as many masters and the single redis-server: the
+    busiest master's CPU per turn and the turns/s it allows at 100 % of its core."""
+    single = next(r for r in results if r["masters"] == 0)
+    one_slot: dict[int, dict[str, Any]] = {r["masters"]: r for r in results if r["masters"] and r["shards"] == 1}
+    lines = []
+    for r in (r for r in results if r["shards"] > 1):
+        n, ms, cap = r["masters"], r["busiest_cpu_ms_per_turn"], r["turns_per_s_at_busiest_core"]
+        cpu = " / ".join(f"{x['cpu_ms_per_turn']:.3f}" for label, x in r["nodes"].items() if label.startswith("master"))
+        beside = [("the single redis-server", single, "")]
+        if n in one_slot:
+            beside.insert(0, (f"the one-slot cluster of {n} masters", one_slot[n], f"; 1/{n} = {1 / n:.2f}"))
+        lines.append(
+            f"{r['name']}: {r['turns_per_s']:.0f} turns/s ({ratio(r['turns_per_s'], single['turns_per_s'])} the "
+            f"single's); {r['commands_per_turn']:.1f} commands per turn summed over the masters "
+            f"({ratio(r['commands_per_turn'], single['commands_per_turn'])}); CPU ms per turn, master A-"
+            f"{chr(64 + n)}: {cpu}; the busiest master's {ms:.3f} ms per turn → {cap:,.0f} turns/s at 100 % of its "
+            f"core; "
+            + "; ".join(
+                f"{ratio(ms, other['busiest_cpu_ms_per_turn'])} the ms per turn and "
+                f"{ratio(cap, other['turns_per_s_at_busiest_core'])} the turns/s of {name} "
+                f"({other['busiest_cpu_ms_per_turn']:.3f} ms → {other['turns_per_s_at_busiest_core']:,.0f}{note})"
+                for name, other, note in beside
+            )
+            + "."
+        )
+    return "\n".join(lines)
+
+
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Start every deployment, warm each up and measure its idle rate, run them in turns, print the figures."""
     raise_open_files_limit()
     LOGS.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    layouts = [Layout(0, False), Layout(0, True), *(Layout(int(m), True) for m in args.masters.split(","))]
+    layouts = [
+        Layout(0, False),
+        Layout(0, True),
+        *(Layout(int(m), True) for m in args.masters.split(",") if m),
+        *(Layout(int(n), True, int(n)) for n in args.sharded.split(",") if n),
+    ]
     async with AsyncExitStack() as stack:
         llm_url, _ = stack.enter_context(llm_server())
         deps = [await stack.enter_async_context(deployment(layout, llm_url)) for layout in layouts]
@@ -442,7 +544,8 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
         print(
             f"{len(deps)} deployments up in {time.monotonic() - started:.0f} s: "
             + "; ".join(f"{dep.name} ({len(dep.nodes)} node{'s' * (len(dep.nodes) > 1)})" for dep in deps)
-            + f". Fleet of each: {TURN_WORKERS} turn workers + {TOOL_WORKERS} tool worker, the scripted model at zero"
+            + f". Fleet of each: {TURN_WORKERS} turn workers + {TOOL_WORKERS} tool worker; with shards, per shard "
+            f"{SHARD_TURN_WORKERS} turn worker + {SHARD_TOOL_WORKERS} tool worker; the scripted model at zero"
             f" latency; runs of {args.turns} turns ({' / '.join(MIX)} alternating) submitted at once",
             flush=True,
         )
@@ -462,6 +565,7 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
                 {
                     "name": dep.name,
                     "masters": dep.masters,
+                    "shards": len(dep.clients),
                     "turns": args.turns,
                     **median_figures(runs[dep.name]),
                     "monitor": await monitored(dep, args.monitored, args.idle),
@@ -479,7 +583,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=1000, help="turns per run, submitted at once")
     parser.add_argument("--repeat", type=int, default=3, help="runs per deployment; figures are medians")
-    parser.add_argument("--masters", default="1,2,3", help="the clusters' numbers of masters, comma-separated")
+    parser.add_argument("--masters", default="1,2,3", help="the one-slot clusters' numbers of masters, comma-separated")
+    parser.add_argument(
+        "--sharded", default="2,3", help="the sharded clusters' numbers of masters, as many shards ('': none)"
+    )
     parser.add_argument("--warm", type=int, default=200, help="turns per deployment before measuring")
     parser.add_argument("--idle", type=float, default=3.0, help="seconds of each idle measurement")
     parser.add_argument("--monitored", type=int, default=100, help="turns per deployment counted with MONITOR")

@@ -9,7 +9,8 @@ under long histories and Redis restarts, printed as it prints itself), ``bench/p
 ``bench/fairness.py`` (a small tenant's wait behind another's burst, fair pickup vs one FIFO line), ``bench/in_flight.py``,
 ``bench/cluster_pubsub.py`` (a turn's live events on a 6-node Redis Cluster: PUBLISH, SPUBLISH or XREAD BLOCK on
 the replay log), ``bench/cluster_turns.py`` (turns/s, Redis commands and each node's CPU per turn on clusters of 1, 2
-and 3 masters in one-slot mode beside a single Redis; both skipped with ``--no-cluster``) and ``bench/tracing.py``
+and 3 masters in one-slot mode and of 2 and 3 masters sharded by conversation beside a single Redis; both skipped
+with ``--no-cluster``) and ``bench/tracing.py``
 (a one-tool turn with tracing on, exporting, vs off: its own PASS/MISS line), then prints a Markdown table ready to
 paste into BENCHMARKS.md. A part that fails prints its output and ``FAILED``; the others still report.
 
