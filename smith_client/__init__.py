@@ -46,7 +46,7 @@ from smith_client.messages import (
     UserMessage,
 )
 from smith_client.output import OutputMessage
-from smith_client.sharding import ShardedSmithClient
+from smith_client.sharding import ShardedSmithClient, SyncShardedSmithClient
 from smith_client.sync_client import SyncSmithClient, SyncTurnHandle
 from smith_client.tenants import TenantLimits
 from smith_client.usage import AgentUsage
@@ -80,6 +80,7 @@ __all__ = [
     "SmithClient",
     "SmithError",
     "SmithTimeoutError",
+    "SyncShardedSmithClient",
     "SyncSmithClient",
     "SyncTurnHandle",
     "TenantLimits",

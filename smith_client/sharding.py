@@ -1,4 +1,5 @@
-"""``ShardedSmithClient``: the asyncio client of a deployment sharded by conversation (docs/cluster.md, Shards).
+"""``ShardedSmithClient`` (asyncio) and ``SyncShardedSmithClient`` (blocking): the clients of a deployment sharded by
+conversation (docs/cluster.md, Shards).
 
 A deployment of ``SMITH_SHARDS`` = S > 1 shards is S deployments of one shard each, under the prefixes
 ``<prefix>:s0`` … ``<prefix>:s<S-1>`` (:func:`~smith_client.keys.shard_prefix`): each has its own queues,
@@ -19,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Sequence
 from contextlib import aclosing
-from typing import Any, Self, TypeVar, Unpack, cast
+from typing import Any, Generic, Self, TypeVar, Unpack, cast
 
 from smith_client import turn_record as record
 from smith_client.approvals import REJECTED, Decision
@@ -32,30 +33,30 @@ from smith_client.inputs import InputResponse
 from smith_client.keys import shard_of, shard_prefix
 from smith_client.messages import Message
 from smith_client.settings import ClientSettings
+from smith_client.sync_client import SyncSmithClient, SyncTurnHandle
 from smith_client.tenants import QuotaStatus, TenantLimits
 from smith_client.usage import AgentUsage
 from smith_client.validation import TurnOptions, check_id
 
 T = TypeVar("T")
+C = TypeVar("C", SmithClient, SyncSmithClient)
 
 #: How many turn ids a client remembers the shard of (those it sent), so their calls go to one shard.
 REMEMBERED_TURNS = 10_000
 
 
-class ShardedSmithClient:
-    """Asyncio client of a deployment sharded by conversation: :class:`~smith_client.client.SmithClient`'s
-    methods, arguments, events and errors, each call sent to the shard holding its keys (module docstring).
+class ShardRouting(Generic[C]):
+    """What the asyncio and blocking sharded clients share: one client per shard, shard ``k``'s at index ``k``, and
+    which of them holds a conversation or a turn (the module docstring). Raises :class:`ConfigurationError` for no
+    client."""
 
-    ``clients`` is one client per shard, shard ``k``'s at index ``k`` (:meth:`from_url` builds them). What
-    differs from one deployment: tenant limits are written to every shard and enforced by each shard's workers
-    on the turns of that shard (a tenant's ``max_running`` and ``token_quota`` hold per shard), so
-    :meth:`tenant_quota` gives each shard's :class:`~smith_client.tenants.QuotaStatus`.
-    """
+    #: The client class of one shard (:class:`SmithClient` or :class:`SyncSmithClient`).
+    client_class: type[C]
 
-    def __init__(self, clients: Sequence[SmithClient]) -> None:
+    def __init__(self, clients: Sequence[C]) -> None:
         if not clients:
             raise ConfigurationError("a sharded client needs at least one shard", setting="SMITH_SHARDS")
-        self.clients = list(clients)
+        self.clients: list[C] = list(clients)
         self._turn_shards: OrderedDict[str, int] = OrderedDict()
 
     @classmethod
@@ -63,16 +64,16 @@ class ShardedSmithClient:
         cls, redis_url: str | None = None, *, shards: int | None = None, prefix: str | None = None, **options: Any
     ) -> Self:
         """Connect lazily to the ``shards`` shards (default ``SMITH_SHARDS``) of the deployment under ``prefix``
-        (default ``SMITH_PREFIX``, else ``smith``) at ``redis_url``: one :meth:`SmithClient.from_url` per shard,
-        with ``options`` (``cluster``, ``max_connections``, ``tenant``… as there; on Redis Cluster each shard's
-        connections go to its slot's master). Raises :class:`ConfigurationError` for a bad count."""
+        (default ``SMITH_PREFIX``, else ``smith``) at ``redis_url``: one ``from_url`` of the shard's client class per
+        shard, with ``options`` (``cluster``, ``max_connections``, ``tenant``… as there; on Redis Cluster each
+        shard's connections go to its slot's master). Raises :class:`ConfigurationError` for a bad count."""
         env = ClientSettings.from_env(only=[name for name, v in (("shards", shards), ("prefix", prefix)) if v is None])
         settings = ClientSettings.model_validate(
             {"shards": env.shards if shards is None else shards, "prefix": prefix or env.prefix}
         )
         return cls(
             [
-                SmithClient.from_url(
+                cls.client_class.from_url(
                     redis_url, prefix=shard_prefix(settings.prefix, k, settings.shards), shards=1, **options
                 )
                 for k in range(settings.shards)
@@ -84,11 +85,11 @@ class ShardedSmithClient:
         """How many shards the deployment has."""
         return len(self.clients)
 
-    def for_conversation(self, conversation_id: str) -> SmithClient:
+    def for_conversation(self, conversation_id: str) -> C:
         """The client of the shard holding ``conversation_id`` (:func:`~smith_client.keys.shard_of`)."""
         return self.clients[shard_of(conversation_id, self.shards)]
 
-    def _sending(self, options: TurnOptions) -> SmithClient:
+    def _sending(self, options: TurnOptions) -> C:
         """The shard a new turn goes to; gives the turn an id (as the client would) so its shard is remembered."""
         turn_id = options["turn_id"] = options.get("turn_id") or uuid.uuid4().hex
         conversation = options.get("conversation_id")
@@ -103,18 +104,42 @@ class ShardedSmithClient:
         while len(self._turn_shards) > REMEMBERED_TURNS:
             self._turn_shards.popitem(last=False)
 
+    def _remembered(self, turn_id: str) -> int | None:
+        """The shard of ``turn_id`` if this client knows it; raises :class:`InvalidRequestError` for a bad id."""
+        check_id(turn_id, "turn_id")
+        return self._turn_shards.get(turn_id)
+
+    def _found(self, turn_id: str, statuses: Sequence[str]) -> C:
+        """The client of the first shard whose status of ``turn_id`` is not ``missing`` (remembered), or shard 0's
+        when none has it (its calls then answer as for an unknown turn)."""
+        shard = next((k for k, status in enumerate(statuses) if status != record.MISSING), None)
+        if shard is None:
+            return self.clients[0]
+        self._remember(turn_id, shard)
+        return self.clients[shard]
+
+
+class ShardedSmithClient(ShardRouting[SmithClient]):
+    """Asyncio client of a deployment sharded by conversation: :class:`~smith_client.client.SmithClient`'s
+    methods, arguments, events and errors, each call sent to the shard holding its keys (module docstring).
+
+    ``clients`` is one client per shard, shard ``k``'s at index ``k`` (:meth:`from_url` builds them). What
+    differs from one deployment: tenant limits are written to every shard and enforced by each shard's workers
+    on the turns of that shard (a tenant's ``max_running`` and ``token_quota`` hold per shard), so
+    :meth:`tenant_quota` gives each shard's :class:`~smith_client.tenants.QuotaStatus`; :meth:`turn` is a
+    coroutine.
+    """
+
+    client_class = SmithClient
+
     async def for_turn(self, turn_id: str) -> SmithClient:
         """The client of the shard holding turn ``turn_id``: the remembered one, else the shard whose state of it
         is not ``missing`` (every shard asked at once); shard 0 when none has it (its calls then answer as for
         an unknown turn). Raises :class:`InvalidRequestError` for a malformed id."""
-        check_id(turn_id, "turn_id")
-        shard = self._turn_shards.get(turn_id)
-        if shard is None:
-            statuses = await asyncio.gather(*(client.turn(turn_id).status() for client in self.clients))
-            shard = next((k for k, status in enumerate(statuses) if status != record.MISSING), 0)
-            if shard or statuses[0] != record.MISSING:
-                self._remember(turn_id, shard)
-        return self.clients[shard]
+        shard = self._remembered(turn_id)
+        if shard is not None:
+            return self.clients[shard]
+        return self._found(turn_id, await asyncio.gather(*(client.turn(turn_id).status() for client in self.clients)))
 
     async def _on_turn(self, turn_id: str, call: Callable[[SmithClient], Awaitable[T]]) -> T:
         return await call(await self.for_turn(turn_id))
@@ -211,8 +236,7 @@ class ShardedSmithClient:
         shards = await asyncio.gather(
             *(client.usage_by_tenant(window_seconds, agent, tenant) for client in self.clients)
         )
-        tenants = sorted({name for shard in shards for name in shard})
-        return {name: _summed([shard.get(name, {}) for shard in shards]) for name in tenants}
+        return _summed_by_tenant(shards)
 
     async def set_tenant_limits(self, tenant: str, limits: TenantLimits) -> None:
         """:meth:`SmithClient.set_tenant_limits` on every shard (each shard's workers enforce them on its turns)."""
@@ -245,6 +269,140 @@ class ShardedSmithClient:
         await asyncio.gather(*(client.aclose() for client in self.clients))
 
 
+class SyncShardedSmithClient(ShardRouting[SyncSmithClient]):
+    """The blocking twin of :class:`ShardedSmithClient`, for WSGI apps: :class:`SyncSmithClient`'s methods, each
+    call sent to the shard holding its keys. Thread-safe, as each shard's client is. A turn this client did not
+    send is looked for in the shards one after another."""
+
+    client_class = SyncSmithClient
+
+    def for_turn(self, turn_id: str) -> SyncSmithClient:
+        """The client of the shard holding turn ``turn_id``, as :meth:`ShardedSmithClient.for_turn` finds it."""
+        shard = self._remembered(turn_id)
+        if shard is not None:
+            return self.clients[shard]
+        statuses = []
+        for client in self.clients:
+            statuses.append(client.turn(turn_id).status())
+            if statuses[-1] != record.MISSING:
+                break
+        return self._found(turn_id, statuses)
+
+    def send(self, text: str, *, timeout: float | None = None, **options: Any) -> Any:
+        """:meth:`SyncSmithClient.send` on the conversation's shard."""
+        return self._sending(cast(TurnOptions, options)).send(text, timeout=timeout, **options)
+
+    def stream(
+        self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
+    ) -> Generator[Event, None, None]:
+        """:meth:`SyncSmithClient.stream` on the conversation's shard (a plain iterator)."""
+        return self._sending(options).stream(text, timeout=timeout, **options)
+
+    def submit(self, text: str, **options: Unpack[TurnOptions]) -> SyncTurnHandle:
+        """:meth:`SyncSmithClient.submit` on the conversation's shard."""
+        return self._sending(options).submit(text, **options)
+
+    def turn(self, turn_id: str) -> SyncTurnHandle:
+        """A handle on turn ``turn_id`` from its shard (:meth:`for_turn`)."""
+        return self.for_turn(turn_id).turn(turn_id)
+
+    def follow(self, turn_id: str, after_seq: int = 0, timeout: float | None = None) -> Generator[Event, None, None]:
+        """:meth:`SyncSmithClient.follow` on the turn's shard."""
+        return self.for_turn(turn_id).follow(turn_id, after_seq, timeout)
+
+    def clear(self, conversation_id: str) -> None:
+        """:meth:`SyncSmithClient.clear` on the conversation's shard."""
+        self.for_conversation(conversation_id).clear(conversation_id)
+
+    def history(self, conversation_id: str) -> list[Message]:
+        """:meth:`SyncSmithClient.history` on the conversation's shard."""
+        return self.for_conversation(conversation_id).history(conversation_id)
+
+    def conversation_agent(self, conversation_id: str) -> str | None:
+        """:meth:`SyncSmithClient.conversation_agent` on the conversation's shard."""
+        return self.for_conversation(conversation_id).conversation_agent(conversation_id)
+
+    def activate_skill(self, conversation_id: str, name: str) -> None:
+        """:meth:`SyncSmithClient.activate_skill` on the conversation's shard."""
+        self.for_conversation(conversation_id).activate_skill(conversation_id, name)
+
+    def deactivate_skill(self, conversation_id: str, name: str) -> None:
+        """:meth:`SyncSmithClient.deactivate_skill` on the conversation's shard."""
+        self.for_conversation(conversation_id).deactivate_skill(conversation_id, name)
+
+    def active_skills(self, conversation_id: str) -> list[str]:
+        """:meth:`SyncSmithClient.active_skills` on the conversation's shard."""
+        return self.for_conversation(conversation_id).active_skills(conversation_id)
+
+    def pending(self, turn_id: str) -> list[PendingItem]:
+        """:meth:`SyncSmithClient.pending` on the turn's shard."""
+        return self.for_turn(turn_id).pending(turn_id)
+
+    def approve(self, turn_id: str, call_id: str, arguments: dict[str, Any] | None = None) -> Decision:
+        """:meth:`SyncSmithClient.approve` on the turn's shard."""
+        return self.for_turn(turn_id).approve(turn_id, call_id, arguments)
+
+    def reject(self, turn_id: str, call_id: str, message: str = REJECTED) -> Decision:
+        """:meth:`SyncSmithClient.reject` on the turn's shard."""
+        return self.for_turn(turn_id).reject(turn_id, call_id, message)
+
+    def submit_tool_result(self, turn_id: str, call_id: str, result: Any, is_error: bool = False) -> Decision:
+        """:meth:`SyncSmithClient.submit_tool_result` on the turn's shard."""
+        return self.for_turn(turn_id).submit_tool_result(turn_id, call_id, result, is_error)
+
+    def respond(
+        self, turn_id: str, request_id: str, action: str, content: dict[str, Any] | None = None
+    ) -> InputResponse:
+        """:meth:`SyncSmithClient.respond` on the turn's shard."""
+        return self.for_turn(turn_id).respond(turn_id, request_id, action, content)
+
+    def usage(
+        self, window_seconds: float = 3600, agent: str | None = None, tenant: str | None = None
+    ) -> dict[str, AgentUsage]:
+        """:meth:`SyncSmithClient.usage` summed over the shards."""
+        return _summed([client.usage(window_seconds, agent, tenant) for client in self.clients])
+
+    def usage_by_tenant(
+        self, window_seconds: float = 3600, agent: str | None = None, tenant: str | None = None
+    ) -> dict[str, dict[str, AgentUsage]]:
+        """:meth:`SyncSmithClient.usage_by_tenant` summed over the shards."""
+        return _summed_by_tenant([client.usage_by_tenant(window_seconds, agent, tenant) for client in self.clients])
+
+    def set_tenant_limits(self, tenant: str, limits: TenantLimits) -> None:
+        """:meth:`SyncSmithClient.set_tenant_limits` on every shard."""
+        for client in self.clients:
+            client.set_tenant_limits(tenant, limits)
+
+    def update_tenant_limits(self, tenant: str, **changes: Any) -> None:
+        """:meth:`SyncSmithClient.update_tenant_limits` on every shard."""
+        for client in self.clients:
+            client.update_tenant_limits(tenant, **changes)
+
+    def tenant_limits(self, tenant: str) -> TenantLimits:
+        """:meth:`SyncSmithClient.tenant_limits` as shard 0 has them."""
+        return self.clients[0].tenant_limits(tenant)
+
+    def clear_tenant_limits(self, tenant: str) -> bool:
+        """:meth:`SyncSmithClient.clear_tenant_limits` on every shard; True when one had some."""
+        cleared = [client.clear_tenant_limits(tenant) for client in self.clients]  # every shard's, not to the first
+        return any(cleared)
+
+    def tenant_quota(self, tenant: str) -> list[QuotaStatus]:
+        """Each shard's :meth:`SyncSmithClient.tenant_quota`, shard 0 first."""
+        return [client.tenant_quota(tenant) for client in self.clients]
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every shard's client (:meth:`SyncSmithClient.close`)."""
+        for client in self.clients:
+            client.close()
+
+
 def _summed(shards: Sequence[dict[str, AgentUsage]]) -> dict[str, AgentUsage]:
     """Agent → use, added up over ``shards``' readings, agents in name order."""
     names = sorted({name for shard in shards for name in shard})
@@ -256,3 +414,9 @@ def _summed(shards: Sequence[dict[str, AgentUsage]]) -> dict[str, AgentUsage]:
                 use = use.plus(shard[name])
         total[name] = use
     return total
+
+
+def _summed_by_tenant(shards: Sequence[dict[str, dict[str, AgentUsage]]]) -> dict[str, dict[str, AgentUsage]]:
+    """Tenant → agent → use, added up over ``shards``' readings, tenants in name order."""
+    tenants = sorted({name for shard in shards for name in shard})
+    return {name: _summed([shard.get(name, {}) for shard in shards]) for name in tenants}

@@ -17,7 +17,7 @@ import uuid
 import pytest
 from redis.cluster import key_slot
 
-from smith_client import ShardedSmithClient, TenantLimits
+from smith_client import ShardedSmithClient, SyncShardedSmithClient, TenantLimits
 from smith_client.keys import Keys, shard_of, shard_prefix
 from smith_client.messages import AssistantMessage, ToolMessage, UserMessage
 from smith_worker.local.processes import RedisClusterRig
@@ -26,6 +26,7 @@ from smith_worker.testing.workers import start_workers, wait_for_workers, worker
 from tests.conftest import LOGS
 from tests.integration.test_cluster_runtime import assert_once_each, ended, load, unfinished
 from tests.integration.test_crash_recovery import assert_clean_stream
+from tests.integration.test_skills import RESEARCH
 
 pytestmark = [pytest.mark.integration]
 
@@ -142,6 +143,54 @@ async def test_a_client_that_did_not_send_a_turn_follows_it_on_its_shard(client,
         assert (await other.for_turn(handle.turn_id)) is other.clients[2]
         # a turn no shard has answers as an unknown turn does
         assert (await (await other.turn("no-such-turn")).status()) == "missing"
+
+
+def conversation_in(shard: int) -> str:
+    return next(c for c in (f"conv-{uuid.uuid4().hex[:8]}" for _ in range(100)) if shard_of(c, SHARDS) == shard)
+
+
+async def test_a_sub_agent_with_a_skill_and_a_cancel_each_stay_in_their_shard(client, scenario, scripted_llm):
+    research_key, research = scenario(Script(Reply.tool_calls([("add", {"a": 1, "b": 1})]), Reply.text("found 2")))
+    _, lead = scenario(Script(Reply.tool_calls([("researcher", {"task": f"{research} look"})]), Reply.text("done")))
+    handle = await client.submit(f"{lead} plan", conversation_id=conversation_in(1), agent="lead")
+    assert handle.client is client.clients[1]
+    assert (await handle.result(timeout=60)).content == "done"
+    events = [e async for e in client.follow(handle.turn_id, timeout=60)]
+    results = {(tuple(e.agent_path), e.data["name"]): e.data["content"] for e in events if e.type == "tool.result"}
+    assert results[(("lead",), "researcher")] == "found 2" and results[(("lead", "researcher"), "add")] == "2"
+    assert RESEARCH in scripted_llm.requests_for(research_key)[0].body["messages"][0]["content"]  # the skill's prompt
+
+    _, marker = scenario(Script(Reply.tool_calls([("slow_tool", {"seconds": 20})]), Reply.text("never")))
+    slow = await client.submit(f"{marker} wait", conversation_id=conversation_in(2))
+    marks = f"{slow.client.keys.key_prefix}:test:slow:{slow.turn_id}"  # the tool worker of shard 2 writes them
+    async with asyncio.timeout(30):
+        while b"started" not in await slow.client.redis.lrange(marks, 0, -1):
+            await asyncio.sleep(0.05)
+    assert await (await client.turn(slow.turn_id)).cancel() == "cancelling"
+    assert [e async for e in client.follow(slow.turn_id, timeout=60)][-1].type == "turn.cancelled"
+    async with asyncio.timeout(30):  # the tool job was aborted on shard 2's tool worker
+        while b"cancelled" not in await slow.client.redis.lrange(marks, 0, -1):
+            await asyncio.sleep(0.05)
+
+
+async def test_the_blocking_sharded_client_streams_sends_and_follows(cluster, deployment, scenario):
+    _, streamed = scenario(Script(Reply.text("streamed to a thread", chunk_size=3)))
+    _, sent = scenario(Script(Reply.tool_calls([("add", {"a": 40, "b": 2})]), Reply.text("42")))
+    conversations = [conversation_in(0), conversation_in(2)]
+
+    def use() -> tuple[list, str, list]:
+        with SyncShardedSmithClient.from_url(cluster.urls[2], shards=SHARDS, prefix=deployment, cluster=True) as sync:
+            events = list(sync.stream(f"{streamed} hi", conversation_id=conversations[0], timeout=60))
+            reply = sync.send(f"{sent} add", conversation_id=conversations[1], timeout=60)
+            turn_id = events[0].turn_id
+        with SyncShardedSmithClient.from_url(cluster.urls[1], shards=SHARDS, prefix=deployment, cluster=True) as other:
+            return events, reply.content, list(other.follow(turn_id, timeout=60))
+
+    events, reply, followed = await asyncio.to_thread(use)
+    assert_clean_stream(events)
+    assert "".join(e.data["text"] for e in events if e.type == "token") == "streamed to a thread"
+    assert reply == "42"
+    assert [(e.seq, e.type) for e in followed] == [(e.seq, e.type) for e in events]
 
 
 async def test_tenant_limits_reach_every_shard_and_the_rate_limit_is_fleet_wide(client, cluster, deployment, scenario):

@@ -10,7 +10,15 @@ import fakeredis
 import pytest
 from redis.cluster import key_slot
 
-from smith_client import ConfigurationError, ShardedSmithClient, SmithClient, TenantLimits, sharding
+from smith_client import (
+    ConfigurationError,
+    ShardedSmithClient,
+    SmithClient,
+    SyncShardedSmithClient,
+    SyncSmithClient,
+    TenantLimits,
+    sharding,
+)
 from smith_client.keys import shard_of, shard_prefix
 from smith_client.usage import AgentUsage
 
@@ -111,4 +119,36 @@ def test_usage_adds_up_over_the_shards():
     assert sharding._summed(shards) == {
         "a": AgentUsage(requests=2, prompt=15, completion=2, total=17),
         "b": AgentUsage(requests=2, prompt=1, completion=1, total=2),
+    }
+
+
+@pytest.fixture
+def sync_sharded():
+    server = fakeredis.FakeServer()
+    clients = [SyncSmithClient(fakeredis.FakeRedis(server=server), prefix=shard_prefix("p", k, 3)) for k in range(3)]
+    client = SyncShardedSmithClient(clients)
+    yield client
+    client.close()
+
+
+def test_the_blocking_client_routes_as_the_asyncio_one(sync_sharded):
+    conversation = next(c for c in (uuid.uuid4().hex for _ in range(100)) if shard_of(c, 3) == 2)
+    shard = sync_sharded.clients[2]
+    shard.redis.set(shard.keys.conversation_agent(conversation), "billing")
+    assert sync_sharded.conversation_agent(conversation) == "billing"
+    shard.redis.hset(shard.keys.turn_state("t-2"), mapping={"status": "running"})
+    assert sync_sharded.for_turn("t-2") is shard
+    assert sync_sharded.turn("t-2").status() == "running"
+    assert sync_sharded.turn("unknown").status() == "missing"
+    sync_sharded.set_tenant_limits("acme", TenantLimits(weight=2))
+    assert [c.tenant_limits("acme").weight for c in sync_sharded.clients] == [2, 2, 2]
+    assert sync_sharded.clear_tenant_limits("acme")
+    assert [c.tenant_limits("acme").weight for c in sync_sharded.clients] == [1, 1, 1]  # every shard's cleared
+
+
+def test_tenants_usage_adds_up_over_the_shards():
+    one = AgentUsage(requests=1, prompt=1, total=1)
+    assert sharding._summed_by_tenant([{"t": {"a": one}}, {"t": {"a": one}, "u": {"b": one}}]) == {
+        "t": {"a": AgentUsage(requests=2, prompt=2, total=2)},
+        "u": {"b": one},
     }
