@@ -116,6 +116,11 @@ def _worker_main(argv: list[str] | None) -> None:
         raise SystemExit(run_check(settings, args.queue, args.ready))
     if not args.app or not args.queue:
         parser.error("the app and --queue are required to run a worker")
+    if len(settings.each_shard()) > 1:
+        from smith_worker.shard_processes import ShardProcesses
+
+        configure_logging(args.log_level or settings.log_level)
+        raise SystemExit(ShardProcesses(settings.each_shard()).run())
     configure_logging(args.log_level or settings.log_level, log_jobs=args.log_jobs or settings.log_jobs)
     from smith_worker.ops.open_files import raise_open_files_limit
     from smith_worker.queue.worker import build_worker

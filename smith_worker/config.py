@@ -61,7 +61,7 @@ HttpUrl = Annotated[
 ]
 LogLevel = Annotated[str, AfterValidator(log_level_name), Accepts(f"a log level: {LOG_LEVELS}")]
 NonNegativeSeconds = Annotated[float, Field(ge=0), Accepts("a number of seconds >= 0")]
-Shard = Annotated[int, Field(ge=0, lt=MAX_SHARDS), Accepts(f"a shard number from 0 to {MAX_SHARDS - 1}")]
+Shard = Annotated[int | None, Field(ge=0, lt=MAX_SHARDS), Accepts(f"a shard number from 0 to {MAX_SHARDS - 1}")]
 OptionalPort = Annotated[int | None, Field(ge=1, le=65535), Accepts("a TCP port number from 1 to 65535")]
 ToolCalling = Annotated[Literal["native", "json_schema"], Accepts("native or json_schema")]
 Temperature = Annotated[float | None, Field(ge=0, le=2), Accepts("a number from 0 to 2")]
@@ -176,12 +176,14 @@ class Settings(ClientSettings):
     worker_id: OptionalId = Field(
         None, description="this process's worker id, claimed in Redis (default <host>:<pid>:<queue>:<random>)"
     )
-    shard: Shard = Field(0, description="the shard this worker serves, 0 to SMITH_SHARDS - 1 (docs/cluster.md, Shards)")
+    shard: Shard = Field(
+        None, description="the shard this worker serves, 0 to SMITH_SHARDS - 1 (unset: a process per shard)"
+    )
 
     @model_validator(mode="after")
     def _shard_in_range(self) -> Self:
         """A worker serves one of the deployment's shards."""
-        if self.shard >= self.shards:
+        if self.shard is not None and self.shard >= self.shards:
             raise ConfigurationError(
                 f"SMITH_SHARD must be one of the {self.shards} shard(s) of SMITH_SHARDS, 0 to {self.shards - 1}, "
                 f"got {self.shard}",
@@ -211,8 +213,26 @@ class Settings(ClientSettings):
         """The key names of these settings: those of shard ``SMITH_SHARD`` of ``SMITH_PREFIX``'s ``SMITH_SHARDS``
         (:func:`~smith_client.keys.shard_prefix`: the prefix itself when there is one shard), the two lifetimes
         and ``SMITH_REDIS_CLUSTER``."""
-        prefix = shard_prefix(self.prefix, self.shard, self.shards)
+        if self.shard is None and self.shards > 1:
+            raise ConfigurationError(
+                f"SMITH_SHARD is not set: which of the {self.shards} shards of SMITH_SHARDS?", setting="SMITH_SHARD"
+            )
+        prefix = shard_prefix(self.prefix, self.shard or 0, self.shards)
         return Keys(prefix, self.turn_ttl, self.history_ttl, self.redis_cluster)
+
+    def each_shard(self) -> list[Settings]:
+        """The settings of each shard this process stands for: its own with ``SMITH_SHARD`` (or one shard), else
+        one per shard of ``SMITH_SHARDS``, with ``SMITH_SHARD`` set and a ``SMITH_HEARTBEAT_FILE`` of its own
+        (``<file>.s<k>``) when one is set (``smith-worker`` then runs a process per shard:
+        :mod:`smith_worker.shard_processes`)."""
+        if self.shard is not None or self.shards == 1:
+            return [self]
+        return [
+            self.model_copy(
+                update={"shard": shard, "heartbeat_file": self.heartbeat_file and f"{self.heartbeat_file}.s{shard}"}
+            )
+            for shard in range(self.shards)
+        ]
 
     def fleet_keys(self) -> Keys:
         """The key names every shard of the deployment shares (``SMITH_PREFIX`` itself): the model endpoints' rate

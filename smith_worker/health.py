@@ -135,10 +135,14 @@ async def check_ready(settings: Settings, timeout: float = READY_TIMEOUT) -> tup
 
 
 def run_check(settings: Settings, queue: str | None, ready: bool) -> int:
-    """The exit code of ``smith-worker --check [--ready]``: 0 passes, 1 fails (the reason goes to stdout)."""
-    ok, why = check_alive(settings, queue)
-    if ok and ready:
-        ok, redis_why = asyncio.run(check_ready(settings))
-        why = f"{why}; {redis_why}"
-    print(why)
-    return 0 if ok else 1
+    """The exit code of ``smith-worker --check [--ready]``: 0 passes, 1 fails (the reasons go to stdout). Serving every
+    shard (``SMITH_SHARDS`` > 1, no ``SMITH_SHARD``), it passes when each shard's worker does."""
+    passed = True
+    for shard in settings.each_shard():
+        ok, why = check_alive(shard, queue)
+        if ok and ready:
+            ok, redis_why = asyncio.run(check_ready(shard))
+            why = f"{why}; {redis_why}"
+        print(why)
+        passed = passed and ok
+    return 0 if passed else 1

@@ -155,6 +155,13 @@ def test_a_worker_serves_one_of_the_shards_and_names_its_keys_after_it():
     sharded = Settings.from_env({"SMITH_PREFIX": "acme", "SMITH_SHARDS": "3", "SMITH_SHARD": "2"})
     assert (sharded.keys().prefix, sharded.fleet_keys().prefix) == ("acme:s2", "acme")
     assert Settings.from_env({"SMITH_PREFIX": "acme"}).keys().prefix == "acme"  # one shard: today's names
+    every = Settings.from_env({"SMITH_PREFIX": "acme", "SMITH_SHARDS": "3"})  # no SMITH_SHARD: a process per shard
+    assert [shard.keys().prefix for shard in every.each_shard()] == ["acme:s0", "acme:s1", "acme:s2"]
+    assert sharded.each_shard() == [sharded]
+    probed = Settings.from_env({"SMITH_SHARDS": "2", "SMITH_HEARTBEAT_FILE": "/run/hb"})  # a file of each child's own
+    assert [shard.heartbeat_file for shard in probed.each_shard()] == ["/run/hb.s0", "/run/hb.s1"]
+    with pytest.raises(ConfigurationError, match="SMITH_SHARD is not set: which of the 3 shards"):
+        every.keys()
 
 
 def test_an_agents_llm_base_url_is_checked_at_start_too():
