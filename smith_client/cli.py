@@ -85,6 +85,7 @@ from smith_client.events import (
 )
 from smith_client.hygiene import conversation_keys
 from smith_client.inputs import input_response
+from smith_client.keys import shard_prefix
 from smith_client.migration import conflict_line, copy_keys, drain_blockers, plan_copy, plan_lines, report_lines
 from smith_client.redis_errors import smith_error
 from smith_client.registry import DUE_SCAN_LIMIT, fleet_status
@@ -254,14 +255,18 @@ async def _check_served(client: SmithClient, agent: str) -> None:
         )
 
 
-def _connect(args: argparse.Namespace, tenant: str | None = None, cluster: bool | None = None) -> SmithClient:
+def _connect(
+    args: argparse.Namespace, tenant: str | None = None, cluster: bool | None = None, shard: int | None = None
+) -> SmithClient:
     """The client of the command's Redis and prefix; ``tenant``: the tenant of the turns it sends (None: none);
-    ``cluster``: whether the Redis is a cluster node (None: ``SMITH_REDIS_CLUSTER``). Raises
+    ``cluster``: whether the Redis is a cluster node (None: ``SMITH_REDIS_CLUSTER``); ``shard``: the shard of a
+    sharded deployment it serves (None: the deployment must have one, else :class:`ConfigurationError`). Raises
     :class:`~smith_client.errors.InvalidRequestError` for a bad tenant name."""
     settings: ClientSettings = args.settings
     return SmithClient.from_url(
         args.redis_url,
-        prefix=args.prefix,
+        prefix=args.prefix if shard is None else shard_prefix(args.prefix, shard, settings.shards),
+        shards=None if shard is None else 1,
         sentinels=settings.redis_sentinels,
         sentinel_master=settings.redis_sentinel_master,
         socket_timeout=settings.redis_socket_timeout,
@@ -273,7 +278,18 @@ def _connect(args: argparse.Namespace, tenant: str | None = None, cluster: bool 
 
 
 async def _run_status(args: argparse.Namespace) -> int:
-    async with _connect(args) as client:
+    """``smith status``: the fleet's queues, turns and workers; of each shard in turn for a sharded deployment
+    (``SMITH_SHARDS``; docs/cluster.md, Shards)."""
+    shards = args.settings.shards
+    for shard in range(shards):
+        if shards > 1:
+            print(f"shard {shard} (prefix {shard_prefix(args.prefix, shard, shards)})")
+        await _print_status(args, shard)
+    return 0
+
+
+async def _print_status(args: argparse.Namespace, shard: int) -> None:
+    async with _connect(args, shard=shard) as client:
         status = await fleet_status(client.redis, client.keys)
     print(f"{'queue':<24} {'queued':>7} {'running':>8} {'deferred':>8} {'workers':>8}")
     for name, queue in status.queues.items():
@@ -288,7 +304,6 @@ async def _run_status(args: argparse.Namespace) -> int:
     for name, queue in status.queues.items():
         for worker in queue.workers:
             print(f"worker {worker['id']} on {name} (host {worker.get('host')}, pid {worker.get('pid')})")
-    return 0
 
 
 #: How ``smith status`` and ``smith usage --by-tenant`` name the turns with no tenant: not a tenant name (a tenant

@@ -64,6 +64,12 @@ async def test_one_command_serves_every_shard_and_stops_them_together(redis_url,
             reply = await client.send(f"{marker} go", conversation_id=conversations[shard], timeout=60)
             assert reply.content == f"on {shard}"
 
+    status = subprocess.run([sys.executable, "-m", "smith_client.cli", "status"], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    for shard in (0, 1):  # smith status shows each shard's queues and workers
+        assert f"shard {shard} (prefix {prefix}:s{shard})" in status.stdout
+        assert status.stdout.count(f":turns:") >= 2 and f"{prefix}:s{shard}:turns" in status.stdout
     check = [sys.executable, "-m", "smith_worker", "--check", "--queue", "turns"]
     probe = subprocess.run(check, env=env, capture_output=True, text=True, timeout=60)
     assert probe.returncode == 0, probe.stdout + probe.stderr
