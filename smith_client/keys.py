@@ -7,7 +7,10 @@ are global per database, so queue names and job ids carry the prefix too. arq's 
 key that no job id names, its abort set ``arq:abort``, is replaced by the prefix's
 own (:attr:`Keys.abort_set`): no process of this project touches ``arq:abort``. On Redis
 Cluster the prefix is a hash tag, ``{smith}`` (:attr:`Keys.key_prefix`), and every
-name below starts with it: the whole deployment lives in one hash slot.
+name below starts with it: the whole deployment lives in one hash slot. A deployment sharded by conversation
+(``SMITH_SHARDS``; docs/cluster.md, Shards) has one set of these names per shard, under the prefix
+``<prefix>:s<k>`` (:func:`shard_prefix`; a hash slot per shard on a cluster), but for the model endpoints' rate
+limits (:meth:`Keys.llm_rate_limit`), which every shard's workers share under the prefix itself.
 
 Lifetimes (docs/architecture.md, Keys and Lifetimes; every key has a TTL or an owner). ``turn_ttl`` and
 ``history_ttl`` are the two configurable ones (:attr:`Keys.turn_ttl`,
