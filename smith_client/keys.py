@@ -80,6 +80,8 @@ key                                      what                            lifetim
                                                                          ``clear_tenant_limits`` deletes it
 ``{p}:tenant:{t}:quota:{w}``             tokens tenant t used in the     its window + :data:`QUOTA_TTL_MARGIN`
                                          quota window starting at w      after the last count
+``{p}:shard-count``                      a sharded deployment's          ``history_ttl`` after the last worker
+                                         ``SMITH_SHARDS``                start
 ``{p}:llm-rate:{e}``                     model endpoint e's fleet-wide   until its state says nothing more: the
                                          rate limit and pause (hash)     later of its theoretical arrival times
                                                                          and its pause (set by each change)
@@ -379,6 +381,14 @@ class Keys:
         """Counter of the tokens (prompt + completion) tenant ``tenant``'s turns used in the quota window starting
         at epoch second ``window_start`` (docs/tenants.md); lives its window + :data:`QUOTA_TTL_MARGIN`."""
         return f"{self.tenant_quota_prefix(tenant)}{window_start}"
+
+    @property
+    def shard_count(self) -> str:
+        """String holding a sharded deployment's count of shards (``SMITH_SHARDS``), under its prefix itself (the
+        keys of :meth:`smith_worker.config.Settings.fleet_keys`): the first worker sets it, a worker or a sharded
+        client with another count refuses to start (docs/cluster.md, Shards). Lives ``history_ttl`` from the last
+        worker start: a changed count splits conversations only after they all expired."""
+        return f"{self.key_prefix}:shard-count"
 
     def llm_rate_limit(self, endpoint: str) -> str:
         """Hash of model endpoint ``endpoint``'s fleet-wide rate limit (``endpoint``: the digest

@@ -30,8 +30,9 @@ from smith_client.client import SmithClient, TurnHandle
 from smith_client.errors import ConfigurationError
 from smith_client.events import Event, PendingItem
 from smith_client.inputs import InputResponse
-from smith_client.keys import shard_of, shard_prefix
+from smith_client.keys import Keys, shard_of, shard_prefix
 from smith_client.messages import Message
+from smith_client.protocol import Operation, call
 from smith_client.settings import ClientSettings
 from smith_client.sync_client import SyncSmithClient, SyncTurnHandle
 from smith_client.tenants import QuotaStatus, TenantLimits
@@ -45,6 +46,24 @@ C = TypeVar("C", SmithClient, SyncSmithClient)
 REMEMBERED_TURNS = 10_000
 
 
+def check_shard_count(stored: bytes | str | None, shards: int, prefix: str) -> None:
+    """Raise :class:`ConfigurationError` (``SMITH_SHARDS``) unless ``stored``, the deployment's count of shards as
+    its workers set it (:attr:`Keys.shard_count`; None: no worker set one yet), is ``shards``: with another count a
+    conversation's turns would go to another shard than its history, or to no worker at all."""
+    if stored is not None and int(stored) != shards:
+        raise ConfigurationError(
+            f"SMITH_SHARDS is {shards}, but the workers of prefix {prefix!r} run {int(stored)} shards: every worker "
+            "and client of a deployment needs the same count (docs/cluster.md, Shards)",
+            setting="SMITH_SHARDS",
+        )
+
+
+def read_shard_count(keys: Keys) -> Operation[bytes | None]:
+    """Operation reading the deployment's count of shards as its workers set it (None: none set yet)."""
+    stored: bytes | None = yield from call("get", keys.shard_count)
+    return stored
+
+
 class ShardRouting(Generic[C]):
     """What the asyncio and blocking sharded clients share: one client per shard, shard ``k``'s at index ``k``, and
     which of them holds a conversation or a turn (the module docstring). Raises :class:`ConfigurationError` for no
@@ -53,10 +72,14 @@ class ShardRouting(Generic[C]):
     #: The client class of one shard (:class:`SmithClient` or :class:`SyncSmithClient`).
     client_class: type[C]
 
-    def __init__(self, clients: Sequence[C]) -> None:
+    def __init__(self, clients: Sequence[C], fleet: C | None = None) -> None:
         if not clients:
             raise ConfigurationError("a sharded client needs at least one shard", setting="SMITH_SHARDS")
         self.clients: list[C] = list(clients)
+        #: The client of the deployment's prefix itself, where the workers keep their count of shards: checked
+        #: against :attr:`shards` before the first turn is sent (None: not checked).
+        self.fleet: C | None = fleet
+        self._count_checked = fleet is None
         self._turn_shards: OrderedDict[str, int] = OrderedDict()
 
     @classmethod
@@ -77,7 +100,8 @@ class ShardRouting(Generic[C]):
                     redis_url, prefix=shard_prefix(settings.prefix, k, settings.shards), shards=1, **options
                 )
                 for k in range(settings.shards)
-            ]
+            ],
+            cls.client_class.from_url(redis_url, prefix=settings.prefix, shards=1, **options),
         )
 
     @property
@@ -88,6 +112,10 @@ class ShardRouting(Generic[C]):
     def for_conversation(self, conversation_id: str) -> C:
         """The client of the shard holding ``conversation_id`` (:func:`~smith_client.keys.shard_of`)."""
         return self.clients[shard_of(conversation_id, self.shards)]
+
+    def _counted(self, fleet: C, stored: bytes | None) -> None:
+        check_shard_count(stored, self.shards, fleet.keys.prefix)
+        self._count_checked = True
 
     def _sending(self, options: TurnOptions) -> C:
         """The shard a new turn goes to; gives the turn an id (as the client would) so its shard is remembered."""
@@ -132,6 +160,12 @@ class ShardedSmithClient(ShardRouting[SmithClient]):
 
     client_class = SmithClient
 
+    async def _check_count(self) -> None:
+        """Before the first turn: raise :class:`ConfigurationError` when the workers run another count of shards
+        (:func:`check_shard_count`)."""
+        if not self._count_checked and self.fleet is not None:
+            self._counted(self.fleet, await self.fleet.runner.run(read_shard_count(self.fleet.keys)))
+
     async def for_turn(self, turn_id: str) -> SmithClient:
         """The client of the shard holding turn ``turn_id``: the remembered one, else the shard whose state of it
         is not ``missing`` (every shard asked at once); shard 0 when none has it (its calls then answer as for
@@ -146,6 +180,7 @@ class ShardedSmithClient(ShardRouting[SmithClient]):
 
     async def send(self, text: str, *, timeout: float | None = None, **options: Any) -> Any:
         """:meth:`SmithClient.send` on the conversation's shard."""
+        await self._check_count()
         return await self._sending(cast(TurnOptions, options)).send(text, timeout=timeout, **options)
 
     async def stream(
@@ -153,12 +188,14 @@ class ShardedSmithClient(ShardRouting[SmithClient]):
     ) -> AsyncGenerator[Event, None]:
         """:meth:`SmithClient.stream` on the conversation's shard (``async for``; leaving the loop early closes the
         shard's stream, which unsubscribes)."""
+        await self._check_count()
         async with aclosing(self._sending(options).stream(text, timeout=timeout, **options)) as events:
             async for event in events:
                 yield event
 
     async def submit(self, text: str, **options: Unpack[TurnOptions]) -> TurnHandle:
         """:meth:`SmithClient.submit` on the conversation's shard."""
+        await self._check_count()
         return await self._sending(options).submit(text, **options)
 
     async def turn(self, turn_id: str) -> TurnHandle:
@@ -266,7 +303,7 @@ class ShardedSmithClient(ShardRouting[SmithClient]):
 
     async def aclose(self) -> None:
         """Close every shard's client (:meth:`SmithClient.aclose`)."""
-        await asyncio.gather(*(client.aclose() for client in self.clients))
+        await asyncio.gather(*(client.aclose() for client in [*self.clients, *([self.fleet] if self.fleet else [])]))
 
 
 class SyncShardedSmithClient(ShardRouting[SyncSmithClient]):
@@ -275,6 +312,11 @@ class SyncShardedSmithClient(ShardRouting[SyncSmithClient]):
     send is looked for in the shards one after another."""
 
     client_class = SyncSmithClient
+
+    def _check_count(self) -> None:
+        """:meth:`ShardedSmithClient._check_count`, blocking."""
+        if not self._count_checked and self.fleet is not None:
+            self._counted(self.fleet, self.fleet.runner.run(read_shard_count(self.fleet.keys)))
 
     def for_turn(self, turn_id: str) -> SyncSmithClient:
         """The client of the shard holding turn ``turn_id``, as :meth:`ShardedSmithClient.for_turn` finds it."""
@@ -290,16 +332,19 @@ class SyncShardedSmithClient(ShardRouting[SyncSmithClient]):
 
     def send(self, text: str, *, timeout: float | None = None, **options: Any) -> Any:
         """:meth:`SyncSmithClient.send` on the conversation's shard."""
+        self._check_count()
         return self._sending(cast(TurnOptions, options)).send(text, timeout=timeout, **options)
 
     def stream(
         self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
     ) -> Generator[Event, None, None]:
         """:meth:`SyncSmithClient.stream` on the conversation's shard (a plain iterator)."""
+        self._check_count()
         return self._sending(options).stream(text, timeout=timeout, **options)
 
     def submit(self, text: str, **options: Unpack[TurnOptions]) -> SyncTurnHandle:
         """:meth:`SyncSmithClient.submit` on the conversation's shard."""
+        self._check_count()
         return self._sending(options).submit(text, **options)
 
     def turn(self, turn_id: str) -> SyncTurnHandle:
@@ -399,7 +444,7 @@ class SyncShardedSmithClient(ShardRouting[SyncSmithClient]):
 
     def close(self) -> None:
         """Close every shard's client (:meth:`SyncSmithClient.close`)."""
-        for client in self.clients:
+        for client in [*self.clients, *([self.fleet] if self.fleet else [])]:
             client.close()
 
 

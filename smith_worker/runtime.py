@@ -28,6 +28,7 @@ from smith_client import scripts
 from smith_client.errors import ConfigurationError
 from smith_client.eventlog import EventLog
 from smith_client.keys import REGISTRATION_TTL, Keys
+from smith_client.sharding import check_shard_count
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
 from smith_worker.health import heartbeat_forever, heartbeat_path, live_heartbeats, remove_heartbeat
@@ -164,17 +165,17 @@ class WorkerRuntime:
         self.keys = self.settings.keys()
         self.metrics.tenant_labels.limit = self.settings.tenant_labels_max  # docs/architecture.md, Tenants
         self.events = EventLog(self.redis, self.keys)
-        fleet_keys = self.settings.fleet_keys()
-        #: The connection to the keys every shard shares: this worker's own unless its shard's are in another
-        #: hash slot of a Redis Cluster (docs/cluster.md, Shards).
+        #: The names every shard shares (:meth:`Settings.fleet_keys`), and the connection to them: this worker's own
+        #: unless its shard's are in another hash slot of a Redis Cluster (docs/cluster.md, Shards).
+        self.fleet_keys = self.settings.fleet_keys()
         self.fleet_redis = (
             self.redis
-            if fleet_keys.cluster_slot_key == self.keys.cluster_slot_key
+            if self.fleet_keys.cluster_slot_key == self.keys.cluster_slot_key
             else self.settings.connect_redis(fleet=True)
         )
         #: The process's gates to the model endpoints' fleet-wide rate limits, for its agent loops and its MCP
         #: sampling alike (docs/architecture.md, Model rate limits), shared by every shard's workers.
-        self.rate_limits = RateLimits(self.fleet_redis, fleet_keys)
+        self.rate_limits = RateLimits(self.fleet_redis, self.fleet_keys)
         self.pipeline = AutoPipeline(self.redis)
         self.worker_id = self.worker_id or self.settings.worker_id or new_worker_id(self.queue)
         served = self.role.capabilities(self.app)
@@ -265,6 +266,8 @@ class WorkerRuntime:
         await self.health.until_ok("start-up", self._warn_on_eviction)
         # before any pipeline sends EVALSHA (see smith_client.scripts)
         await self.health.until_ok("loading the scripts", lambda: scripts.load_all(self.redis))
+        if self.settings.shards > 1:
+            await self.health.until_ok("the shard count", self._claim_shard_count)
         for source in self.app.all_sources():  # after the pools: the Python tools run on them
             await source.start(self.source_context())
         await self.role.start(self)
@@ -296,6 +299,17 @@ class WorkerRuntime:
             await self.fleet_redis.aclose()
         logger.info("worker %s stopped", self.worker_id)
         await asyncio.to_thread(tracing.shutdown)  # exports the spans still buffered
+
+    async def _claim_shard_count(self) -> None:
+        """Set the deployment's count of shards (:attr:`Keys.shard_count`) unless a worker did, renewing its life;
+        raise :class:`ConfigurationError` when it is another count than ``SMITH_SHARDS`` (the worker exits)."""
+        key = self.fleet_keys.shard_count
+        async with self.fleet_redis.pipeline(transaction=True) as pipe:
+            pipe.set(key, self.settings.shards, nx=True)
+            pipe.expire(key, self.settings.history_ttl)
+            pipe.get(key)
+            *_, stored = await pipe.execute()
+        check_shard_count(stored, self.settings.shards, self.settings.prefix)
 
     async def _warn_on_eviction(self) -> None:
         """Warn unless Redis's ``maxmemory-policy`` is ``noeviction``: evicting a turn's keys loses the turn."""

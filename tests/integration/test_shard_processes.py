@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from smith_client import ShardedSmithClient
+from smith_client import ConfigurationError, ShardedSmithClient
 from smith_client.keys import shard_of, shard_prefix
 from smith_worker.testing import Reply, Script
 from smith_worker.testing.workers import start_workers, wait_for_workers, worker_env
@@ -70,6 +70,17 @@ async def test_one_command_serves_every_shard_and_stops_them_together(redis_url,
     for shard in (0, 1):  # smith status shows each shard's queues and workers
         assert f"shard {shard} (prefix {prefix}:s{shard})" in status.stdout
         assert status.stdout.count(f":turns:") >= 2 and f"{prefix}:s{shard}:turns" in status.stdout
+    # the workers keep the deployment's count of shards: a worker or a client with another refuses to start
+    async with ShardedSmithClient.from_url(redis_url, shards=2, prefix=prefix) as client:
+        assert await client.fleet.redis.get(client.fleet.keys.shard_count) == b"2"
+    wrong = subprocess.run([sys.executable, "-m", "smith_worker", APP, "--queue", "turns"],
+                           env={**env, "SMITH_SHARDS": "3", "SMITH_SHARD": "0"}, capture_output=True, text=True,
+                           timeout=60)
+    assert wrong.returncode == 1 and "SMITH_SHARDS is 3, but the workers of prefix" in wrong.stderr, wrong.stderr
+    async with ShardedSmithClient.from_url(redis_url, shards=3, prefix=prefix) as client:
+        with pytest.raises(ConfigurationError, match="SMITH_SHARDS is 3"):
+            await client.send("hi", conversation_id="any")
+
     check = [sys.executable, "-m", "smith_worker", "--check", "--queue", "turns"]
     probe = subprocess.run(check, env=env, capture_output=True, text=True, timeout=60)
     assert probe.returncode == 0, probe.stdout + probe.stderr

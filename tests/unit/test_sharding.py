@@ -20,6 +20,7 @@ from smith_client import (
     sharding,
 )
 from smith_client.keys import shard_of, shard_prefix
+from smith_client.sharding import check_shard_count
 from smith_client.usage import AgentUsage
 
 
@@ -152,3 +153,28 @@ def test_tenants_usage_adds_up_over_the_shards():
         "t": {"a": AgentUsage(requests=2, prompt=2, total=2)},
         "u": {"b": one},
     }
+
+
+def test_the_workers_count_of_shards_must_be_the_clients():
+    check_shard_count(None, 3, "p")  # no worker set one yet
+    check_shard_count(b"3", 3, "p")
+    with pytest.raises(ConfigurationError, match="SMITH_SHARDS is 2, but the workers of prefix 'p' run 3 shards"):
+        check_shard_count(b"3", 2, "p")
+
+
+async def test_a_client_with_another_count_of_shards_sends_nothing():
+    server = fakeredis.FakeServer()
+    fleet = SmithClient(fakeredis.FakeAsyncRedis(server=server), prefix="p")
+    await fleet.redis.set(fleet.keys.shard_count, 3)
+    clients = [SmithClient(fakeredis.FakeAsyncRedis(server=server), prefix=shard_prefix("p", k, 2)) for k in range(2)]
+    async with ShardedSmithClient(clients, fleet) as sharded:
+        with pytest.raises(ConfigurationError, match="SMITH_SHARDS is 2"):
+            await sharded.submit("hi", conversation_id="c1")
+        with pytest.raises(ConfigurationError, match="SMITH_SHARDS is 2"):
+            [event async for event in sharded.stream("hi", conversation_id="c1")]
+    sync_fleet = SyncSmithClient(fakeredis.FakeRedis(server=server), prefix="p")
+    sync_clients = [
+        SyncSmithClient(fakeredis.FakeRedis(server=server), prefix=shard_prefix("p", k, 2)) for k in range(2)
+    ]
+    with SyncShardedSmithClient(sync_clients, sync_fleet) as sync_sharded, pytest.raises(ConfigurationError):
+        sync_sharded.send("hi", conversation_id="c1")
