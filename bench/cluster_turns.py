@@ -26,10 +26,12 @@ run:
   more than one attempt (a re-run after a lost lease, on an overloaded machine);
 * Redis commands per turn: ``INFO commandstats`` calls (the commands Lua scripts run included, the bench's own
   ``INFO`` left out) summed over the masters, less their idle rate over the run's span;
-* each node's commands, CPU ms (``INFO cpu``, ``used_cpu_sys + used_cpu_user``), ``PUBLISH`` messages sent and
-  received over the cluster bus (``CLUSTER INFO``: a cluster broadcasts a ``PUBLISH`` to every node) and KiB
-  written to the bus (:func:`counters`) per turn, each less its idle rate, and its CPU over the run as a share of
-  one core (not less anything); the busiest node's ms per turn give the turns/s it would allow at 100 % of its core.
+* each node's commands, CPU ms (``INFO cpu``, ``used_cpu_sys + used_cpu_user``), the pub/sub messages sent and
+  received over the cluster bus (``CLUSTER INFO``), classic ``PUBLISH`` (which a cluster broadcasts to every node)
+  and sharded ``SPUBLISH`` (``publishshard``: to the slot's replicas only; a turn's events on a cluster) apart, and
+  KiB written to the bus (:func:`counters`) per turn, each less its idle rate, and its CPU over the run as a share
+  of one core (not less anything); the busiest node's ms per turn give the turns/s it would allow at 100 % of its
+  core.
 
 Last, each deployment runs ``--monitored`` turns of the same mix with ``redis-cli monitor`` on the node holding its
 keys, or each shard's master (bench/distributed.py's ``Monitor``, summed): the commands the processes sent (top
@@ -99,6 +101,9 @@ BATCH = 500
 RUN_TIMEOUT = 300.0
 #: The turn mix, in order: prompts of bench/llm_server.py.
 MIX = ("text", "tool")
+#: The pub/sub messages a node counts on the cluster bus (``CLUSTER INFO`` ``cluster_stats_messages_<kind>_<way>``):
+#: classic ``PUBLISH`` (to every node) and sharded ``SPUBLISH`` (``publishshard``: to the slot's replicas; Redis 7).
+BUS, WAYS = ("publish", "publishshard"), ("sent", "received")
 #: The highest turns/s of the clusters over the lowest, at or below which they count as equal on this noisy machine.
 SAME_RATE = 1.25
 
@@ -127,10 +132,12 @@ class Deployment:
 
 
 def counters(node: Node) -> dict[str, float]:
-    """The node's counters now: commands run (``INFO`` left out), CPU seconds, ``PUBLISH`` messages sent and received
-    over the cluster bus (0 off a cluster; ``CLUSTER INFO``), bytes written to the bus (``/proc/PID/io`` ``wchar``
-    less ``INFO stats`` ``total_net_output_bytes``, the replies and the replication stream, as bench/cluster_pubsub.py
-    counts them; 0 off a cluster), and the time (monotonic)."""
+    """The node's counters now: commands run (``INFO`` left out), CPU seconds, the pub/sub messages sent and received
+    over the cluster bus (0 off a cluster; ``CLUSTER INFO``, whose ``cluster_stats_messages_<type>_sent`` and
+    ``_received`` appear once a message of the type has gone): ``bus_publish`` the classic ``PUBLISH`` ones (type
+    ``publish``), ``bus_publishshard`` the sharded ``SPUBLISH`` ones (type ``publishshard``, Redis 7), bytes written
+    to the bus (``/proc/PID/io`` ``wchar`` less ``INFO stats`` ``total_net_output_bytes``, the replies and the
+    replication stream, as bench/cluster_pubsub.py counts them; 0 off a cluster), and the time (monotonic)."""
     client = redis.Redis(port=node.port, decode_responses=True)
     try:
         info = client.info("all")
@@ -143,7 +150,7 @@ def counters(node: Node) -> dict[str, float]:
     return {
         "commands": sum(calls.values()) - calls.get("cmdstat_info", 0) - calls.get("cmdstat_cluster|info", 0),
         "cpu": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
-        "bus_publish": sum(int(stats.get(f"cluster_stats_messages_publish_{way}", 0)) for way in ("sent", "received")),
+        **{f"bus_{kind}": sum(int(stats.get(f"cluster_stats_messages_{kind}_{w}", 0)) for w in WAYS) for kind in BUS},
         "bus_bytes": int(io["wchar"]) - int(info["total_net_output_bytes"]) if bus else 0,
         "at": time.monotonic(),
     }
@@ -350,6 +357,7 @@ async def run(dep: Deployment, turns: int) -> dict[str, Any]:
             "commands_per_turn": used(node.port, "commands") / turns,
             "cpu_ms_per_turn": 1000 * used(node.port, "cpu") / turns,
             "bus_publish_per_turn": used(node.port, "bus_publish") / turns,
+            "bus_publishshard_per_turn": used(node.port, "bus_publishshard") / turns,
             "bus_kib_per_turn": used(node.port, "bus_bytes") / turns / 1024,
             "cpu_pct": 100
             * (after[node.port]["cpu"] - before[node.port]["cpu"])
@@ -395,10 +403,11 @@ async def monitored(dep: Deployment, turns: int, idle_seconds: float) -> dict[st
     return figures
 
 
-def received(result: dict[str, Any]) -> float:
-    """Bus ``PUBLISH`` messages per turn that the nodes received: half the messages sent and received (each
-    message counts once where it is sent, once where it arrives)."""
-    return sum(node["bus_publish_per_turn"] for node in result["nodes"].values()) / 2
+def received(result: dict[str, Any], kind: str = "publish") -> float:
+    """Bus messages of ``kind`` (``publish``: classic ``PUBLISH``; ``publishshard``: sharded ``SPUBLISH``) per turn
+    that the nodes received: half the messages sent and received (each message counts once where it is sent, once
+    where it arrives)."""
+    return sum(node[f"bus_{kind}_per_turn"] for node in result["nodes"].values()) / 2
 
 
 def report(results: list[dict[str, Any]], runs: int) -> str:
@@ -416,7 +425,8 @@ def report(results: list[dict[str, Any]], runs: int) -> str:
         for label, node in r["nodes"].items():
             out.append(
                 f"  {label:9} {node['commands_per_turn']:6.1f} commands, {node['cpu_ms_per_turn']:.3f} ms CPU and "
-                f"{node['bus_publish_per_turn']:4.1f} bus PUBLISH messages (sent + received), "
+                f"{node['bus_publish_per_turn']:4.1f} bus PUBLISH + {node['bus_publishshard_per_turn']:4.1f} "
+                f"PUBLISHSHARD (SPUBLISH) messages (sent + received), "
                 f"{node['bus_kib_per_turn']:5.1f} KiB written to the bus per turn, idle less; "
                 f"{node['cpu_pct']:4.1f} % of a core over the run"
             )
@@ -425,9 +435,10 @@ def report(results: list[dict[str, Any]], runs: int) -> str:
         f"medians of {runs} run(s); the clusters beside the single redis-server:",
         "",
         "| Redis | turns/s (× single) | commands / turn, masters (× single) | sent + MULTI/EXEC + in scripts "
-        "(MONITOR) | CPU ms / turn: master A (× single) | other masters | replicas | bus PUBLISH messages / turn "
-        "received | bus KiB / turn | busiest node at 100 % → turns/s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "(MONITOR) | CPU ms / turn: master A (× single) | other masters | replicas | bus PUBLISH (classic) messages / "
+        "turn received | bus PUBLISHSHARD (SPUBLISH) messages / turn received | bus KiB / turn | busiest node at "
+        "100 % → turns/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         nodes, m = r["nodes"], r["monitor"]
@@ -440,7 +451,8 @@ def report(results: list[dict[str, Any]], runs: int) -> str:
             f"| {m['top']:.1f} + {m['multi_exec']:.1f} + {m['lua']:.1f} "
             f"| {first:.3f} ({ratio(first, single['nodes']['redis']['cpu_ms_per_turn'])}) "
             f"| {' / '.join(f'{x:.3f}' for x in others) or '—'} | {' / '.join(f'{x:.3f}' for x in replicas) or '—'} "
-            f"| {received(r):.1f} | {sum(n['bus_kib_per_turn'] for n in nodes.values()):.1f} "
+            f"| {received(r):.1f} | {received(r, 'publishshard'):.1f} "
+            f"| {sum(n['bus_kib_per_turn'] for n in nodes.values()):.1f} "
             f"| {r['busiest_cpu_ms_per_turn']:.3f} ms → {r['turns_per_s_at_busiest_core']:,.0f} |"
         )
     return "\n".join(out + ["", verdict(results), "", sharded_verdict(results)])
@@ -471,8 +483,10 @@ def verdict(results: list[dict[str, Any]]) -> str:
     bystanders = (
         f" The other masters and their replicas ran none of the turns' commands (at most "
         f"{max(n['commands_per_turn'] for n in others):.1f} per turn with {clusters[-1]['masters']} masters); their "
-        f"one per-turn work is the turns' events, which the runtime PUBLISHes and a cluster broadcasts over its bus "
-        f"to every node: {statistics.median(n['bus_publish_per_turn'] for n in others):.1f} messages and "
+        f"one per-turn work is what a cluster broadcasts over its bus to every node, the classic PUBLISHes (a turn's "
+        f"events go by SPUBLISH, which the slot's master sends on to its replica only: "
+        f"{received(clusters[-1], 'publishshard'):.1f} PUBLISHSHARD bus messages per turn received in all): "
+        f"{statistics.median(n['bus_publish_per_turn'] for n in others):.1f} PUBLISH messages and "
         f"{statistics.median(n['cpu_ms_per_turn'] for n in others):.3f} ms of CPU per turn on each (the median)."
         if others
         else ""
