@@ -96,21 +96,23 @@ def test_the_cluster_pubsub_bench_runs_small(tmp_path):
 
 
 def test_the_cluster_turns_bench_runs_small(tmp_path):
-    """bench/cluster_turns.py at 40 turns: the single Redis (with and without a replica) and clusters of 1, 2 and 3
-    masters each run every turn, with commands and CPU per turn of every node, and all of a cluster's turns land
-    on the master holding its slot."""
+    """bench/cluster_turns.py at 40 turns: the single Redis (with and without a replica), clusters of 1, 2 and 3
+    masters in one slot and 2 shards on 2 masters each run every turn, with commands, CPU and bus messages per turn
+    of every node; all of a one-slot cluster's turns land on the master holding its slot, and a turn's events cross
+    the bus as sharded pub/sub (SPUBLISH) to that master's replica only."""
     figures = tmp_path / "cluster_turns.json"
     out = subprocess.run([sys.executable, "bench/cluster_turns.py", "--turns", "40", "--warm", "10", "--repeat", "1",
-                          "--idle", "0.5", "--monitored", "10", "--json", str(figures)],
+                          "--idle", "0.5", "--monitored", "10", "--sharded", "2", "--json", str(figures)],
                          cwd=ROOT, check=True, timeout=240, capture_output=True, text=True).stdout
     assert "| cluster, 3 masters |" in out and "One-slot mode, turns/s with 1, 2, 3 masters" in out
     results = {r["name"]: r for r in json.loads(figures.read_text())}
     assert list(results) == ["single redis-server", "single + 1 replica", "cluster, 1 master", "cluster, 2 masters",
-                             "cluster, 3 masters"]
+                             "cluster, 3 masters", "cluster, 2 masters, 2 shards"]
     for r in results.values():
         assert r["completed"] == r["turns"] == 40 and r["turns_per_s"] > 0
         assert r["commands_per_turn"] > 50 and all(r["monitor"][kind] > 0 for kind in ("top", "multi_exec", "lua"))
-        figures = {"commands_per_turn", "cpu_ms_per_turn", "cpu_pct", "bus_publish_per_turn", "bus_kib_per_turn"}
+        figures = {"commands_per_turn", "cpu_ms_per_turn", "cpu_pct", "bus_publish_per_turn",
+                   "bus_publishshard_per_turn", "bus_kib_per_turn"}
         assert all(set(node) == figures for node in r["nodes"].values())
         assert r["busiest_cpu_ms_per_turn"] > 0 and len(r["runs"]) == 1
     for masters in (1, 2, 3):
@@ -119,3 +121,10 @@ def test_the_cluster_turns_bench_runs_small(tmp_path):
         # one slot: master A runs the turns' commands, the other masters only their idle background
         assert all(nodes[f"master {chr(65 + i)}"]["commands_per_turn"] < 5 for i in range(1, masters))
         assert nodes["master A"]["commands_per_turn"] > 50
+        # the events: sharded messages from master A to replica A, none to the other nodes
+        assert all(nodes[f"{role} A"]["bus_publishshard_per_turn"] > 5 for role in ("master", "replica"))
+        assert all(node["bus_publishshard_per_turn"] == 0 for label, node in nodes.items() if not label.endswith("A"))
+    # sharded: each master runs its shard's turns and sends their events to its own replica
+    nodes = results["cluster, 2 masters, 2 shards"]["nodes"]
+    assert all(nodes[f"master {m}"]["commands_per_turn"] > 20 for m in "AB")
+    assert all(node["bus_publishshard_per_turn"] > 1 for node in nodes.values())
