@@ -681,6 +681,7 @@ class Keys:
             "tenant quota counters": [f"{self.tenant_quota_prefix('*')}*"],
             "tenant limits": [self.tenant_limits("*")],
             "model rate limits": [self.llm_rate_limit("*")],
+            "count of shards": [self.shard_count],
             "running and paused turns": [self.running, self.paused],
         }
 

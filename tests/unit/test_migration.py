@@ -57,6 +57,7 @@ def test_every_key_name_has_a_kind_and_only_the_fleets_own_keys_are_left_out():
         ("acme:tenant:t-1:quota:86400", "tenant quota counters"),
         ("acme:tenant:t-1:limits", "tenant limits"),
         ("acme:llm-rate:e1", "model rate limits"),
+        ("acme:shard-count", "count of shards"),
         ("acme:test:marker", OTHER_KIND),  # an application's own key under the prefix: copied
         ("acme:turns:wake:d1", "queues and their routing"),
         ("acme:tools:waiting:t-1", "queues and their routing"),
