@@ -12,6 +12,9 @@ none run twice.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import threading
 import uuid
 
 import pytest
@@ -25,7 +28,7 @@ from smith_worker.testing import Reply, Script
 from smith_worker.testing.workers import start_workers, wait_for_workers, worker_env
 from tests.conftest import LOGS
 from tests.integration.test_cluster_runtime import assert_once_each, ended, load, unfinished
-from tests.integration.test_crash_recovery import assert_clean_stream
+from tests.integration.test_crash_recovery import assert_clean_stream, wait_for, worker_pid_running
 from tests.integration.test_skills import RESEARCH
 
 pytestmark = [pytest.mark.integration]
@@ -44,25 +47,33 @@ def shard_slot(prefix: str, shard: int) -> int:
 
 
 @pytest.fixture(scope="module")
-async def deployment(cluster: RedisClusterRig, scripted_llm):
-    """The prefix of a 3-shard deployment whose shards' slots are on the 3 masters, one each, with its workers."""
+def procs():
+    """The module's worker processes, stopped at its end (tests may add some)."""
+    started: list = []
+    yield started
+    for proc in started:
+        proc.stop()
+
+
+def start_shard_workers(cluster: RedisClusterRig, prefix: str, llm_url: str, shard: int, queues: list[str]) -> list:
+    env = worker_env(cluster.urls[0], prefix, llm_url, SMITH_REDIS_CLUSTER="1", SMITH_SHARDS=str(SHARDS),
+                     SMITH_SHARD=str(shard), SMITH_LLM_RPM=str(RPM))
+    return start_workers(APP, env, queues, f"{prefix}-s{shard}-{uuid.uuid4().hex[:4]}", log_dir=LOGS)
+
+
+@pytest.fixture(scope="module")
+async def deployment(cluster: RedisClusterRig, scripted_llm, procs):
+    """The prefix of a 3-shard deployment whose shards' slots are on the 3 masters, one each, with a turn worker and a
+    tool worker per shard."""
     prefix = f"sharded{uuid.uuid4().hex[:6]}"
     for shard, master in enumerate(cluster.masters()):
         if cluster.slot_owner(shard_slot(prefix, shard)) != master:
             cluster.move_slot(shard_slot(prefix, shard), master)  # the slot is empty: a move of its ownership
-    url = cluster.urls[0]
-    procs = []
-    try:
-        for shard in range(SHARDS):
-            env = worker_env(url, prefix, scripted_llm.base_url, SMITH_REDIS_CLUSTER="1", SMITH_SHARDS=str(SHARDS),
-                             SMITH_SHARD=str(shard), SMITH_LLM_RPM=str(RPM))
-            procs += start_workers(APP, env, ["turns", "tools"], f"{prefix}-s{shard}", log_dir=LOGS)
-        for shard in range(SHARDS):
-            await wait_for_workers(url, shard_prefix(prefix, shard, SHARDS), 2, cluster=True)
-        yield prefix
-    finally:
-        for proc in procs:
-            proc.stop()
+    for shard in range(SHARDS):
+        procs += start_shard_workers(cluster, prefix, scripted_llm.base_url, shard, ["turns", "tools"])
+    for shard in range(SHARDS):
+        await wait_for_workers(cluster.urls[0], shard_prefix(prefix, shard, SHARDS), 2, cluster=True)
+    return prefix
 
 
 @pytest.fixture
@@ -212,6 +223,50 @@ async def test_tenant_limits_reach_every_shard_and_the_rate_limit_is_fleet_wide(
                  for key in cluster.ask(port, "KEYS", f"*{deployment}*llm-rate*")]
     assert rate_keys and all(key.startswith(f"{{{deployment}}}:llm-rate:") for key in rate_keys), rate_keys
     assert len(set(rate_keys)) == 1
+
+
+async def test_kill_9_of_a_shards_turn_worker_resumes_the_turn_on_that_shards_other(client, cluster, deployment,
+                                                                                      scenario, scripted_llm, procs):
+    procs += start_shard_workers(cluster, deployment, scripted_llm.base_url, 0, ["turns"])
+    await wait_for_workers(cluster.urls[0], shard_prefix(deployment, 0, SHARDS), 3, cluster=True)
+    gate = threading.Event()
+    _, marker = scenario(Script(Reply.text("resumed answer", chunk_size=3, gate=gate)))
+    conv = conversation_in(0)
+    handle = await client.submit(f"{marker} talk", conversation_id=conv, agent="plain")
+    pid = await worker_pid_running(handle.client, handle.turn_id)
+    await wait_for(handle.client, handle.turn_id, "turn.started")
+    os.kill(pid, signal.SIGKILL)
+    gate.set()
+    assert (await handle.result(timeout=120)).content == "resumed answer"
+    events = [e async for e in client.follow(handle.turn_id, timeout=60)]
+    assert_clean_stream(events)
+    assert [e.data["attempt"] for e in events if e.type == "turn.resumed"] == [2]
+    assert [type(m) for m in await client.history(conv)] == [UserMessage, AssistantMessage]
+
+
+async def test_a_reshard_of_a_shard_under_200_turns_loses_and_repeats_nothing(client, cluster, deployment, scenario,
+                                                                              scripted_llm):
+    slot = shard_slot(deployment, 1)
+    source = cluster.slot_owner(slot)
+    target = next(m for m in cluster.masters() if m != source)
+    # redis-cli --cluster reshard moves the source's slots in ascending order: those before the shard's first (none
+    # is another shard's: each is on its own master), then, under load, the shard's
+    owned = sorted(next(n for n in cluster.topology(source) if n.port == source).slots())
+    if owned.index(slot):
+        await asyncio.to_thread(cluster.reshard, source, target, owned.index(slot))
+    assert cluster.slot_owner(slot) == source
+    handles, labels, scenarios = await load(client, scenario, 200)
+    assert sum(h.client is client.clients[1] for h in handles) > 30
+    await asyncio.sleep(0.5)
+    await asyncio.to_thread(cluster.reshard, source, target, 1)
+    assert await unfinished(handles) > 0  # the slot moved under load
+    outcomes = await asyncio.gather(*(ended(h) for h in handles))
+    assert sorted(outcomes) == sorted(f"answer {i}" for i in range(200))
+    assert cluster.slot_owner(slot) == target
+    await assert_once_each(handles, labels, outcomes)
+    assert {h.turn_id: scripted_llm.attempts(scenarios[h.turn_id]) for h in handles} == {
+        h.turn_id: 2 if h.turn_id in labels else 1 for h in handles}  # no model call made twice
+    await asyncio.to_thread(cluster.move_slot, slot, source)  # back on its own master for the next test
 
 
 async def test_a_stream_goes_on_gap_free_when_its_shards_slot_moves(client, cluster, deployment, scenario, caplog):
