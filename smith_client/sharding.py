@@ -18,6 +18,7 @@ read their own copy) or summed over them (``usage``).
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Sequence
@@ -81,6 +82,7 @@ class ShardRouting(Generic[C]):
         self.fleet: C | None = fleet
         self._count_checked = fleet is None
         self._turn_shards: OrderedDict[str, int] = OrderedDict()
+        self._turns_lock = threading.Lock()  # the blocking client's threads share the remembered turns
 
     @classmethod
     def from_url(
@@ -127,10 +129,11 @@ class ShardRouting(Generic[C]):
         return client
 
     def _remember(self, turn_id: str, shard: int) -> None:
-        self._turn_shards[turn_id] = shard
-        self._turn_shards.move_to_end(turn_id)
-        while len(self._turn_shards) > REMEMBERED_TURNS:
-            self._turn_shards.popitem(last=False)
+        with self._turns_lock:
+            self._turn_shards[turn_id] = shard
+            self._turn_shards.move_to_end(turn_id)
+            while len(self._turn_shards) > REMEMBERED_TURNS:
+                self._turn_shards.popitem(last=False)
 
     def _remembered(self, turn_id: str) -> int | None:
         """The shard of ``turn_id`` if this client knows it; raises :class:`InvalidRequestError` for a bad id."""
