@@ -39,11 +39,15 @@ class ShardProcesses:
         self.shards = shards
         self.children: dict[int, subprocess.Popen[bytes]] = {}  # pid → child
         self.stopping = False
+        #: The signal :meth:`_stop_all` sent, and the children it reached (a stop may come while the set starts).
+        self.stop_signal: int = signal.SIGTERM
+        self.signalled: set[int] = set()
 
     def run(self) -> int:
         """Start the children and wait for every one to end; returns the exit code of this process.
 
-        A forwarded signal reaches every child still running. When a child ends by itself (a crash, a worker id
+        A forwarded signal reaches every child still running, also one that arrives while the children start (no
+        more are started then). When a child ends by itself (a crash, a worker id
         taken by another process), the others are stopped with SIGTERM and this process exits with that child's
         code, so a supervisor restarts the set as it would one worker. After a stop that was asked for, the code is
         the first non-zero one of the children, else 0.
@@ -52,11 +56,15 @@ class ShardProcesses:
             signal.signal(signum, self._forward)
         argv = [sys.executable, *sys.orig_argv[1:]]
         for shard in self.shards:
+            if self.stopping:  # a stop came while the set was starting: start no more
+                break
             env = {**os.environ, "SMITH_SHARD": str(shard.shard)}
             if shard.heartbeat_file:
                 env["SMITH_HEARTBEAT_FILE"] = shard.heartbeat_file
             child = subprocess.Popen(argv, env=env)
             self.children[child.pid] = child
+            if self.stopping and child.pid not in self.signalled:  # the stop came before the child was listed
+                self._signal(child.pid, self.stop_signal)
         logger.info("serving %d shards with worker processes %s", len(self.shards), sorted(self.children))
         return self._wait()
 
@@ -84,6 +92,12 @@ class ShardProcesses:
         """Send ``signum`` to every child not reaped yet (never ``Popen.poll``: in a signal handler it could reap a
         child :meth:`_wait` then waits for forever)."""
         self.stopping = True
+        self.stop_signal = signum
         for pid in list(self.children):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
+            self._signal(pid, signum)
+
+    def _signal(self, pid: int, signum: int) -> None:
+        """Send ``signum`` to child ``pid`` (gone already: nothing to do) and note that it was reached."""
+        self.signalled.add(pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
