@@ -82,6 +82,8 @@ key                                      what                            lifetim
                                          quota window starting at w      after the last count
 ``{p}:shard-count``                      a sharded deployment's          ``history_ttl`` after the last worker
                                          ``SMITH_SHARDS``                start
+``{p}:turn-shard:{t}``                   the shard of caller-chosen      ``turn_ttl``
+                                         turn id t (sharded)
 ``{p}:llm-rate:{e}``                     model endpoint e's fleet-wide   until its state says nothing more: the
                                          rate limit and pause (hash)     later of its theoretical arrival times
                                                                          and its pause (set by each change)
@@ -390,6 +392,12 @@ class Keys:
         worker start: a changed count splits conversations only after they all expired."""
         return f"{self.key_prefix}:shard-count"
 
+    def turn_shard(self, turn_id: str) -> str:
+        """String naming the shard of a caller-chosen turn id in a sharded deployment, under its prefix itself:
+        the first send with the id claims it, so the id names one turn across the shards (a second send of it
+        for a conversation of another shard is a :class:`ConflictError`). Lives ``turn_ttl``."""
+        return f"{self.key_prefix}:turn-shard:{turn_id}"
+
     def llm_rate_limit(self, endpoint: str) -> str:
         """Hash of model endpoint ``endpoint``'s fleet-wide rate limit (``endpoint``: the digest
         :func:`smith_worker.llm.rate_limit.endpoint_id` makes of its URL and model): fields ``requests`` and
@@ -682,6 +690,7 @@ class Keys:
             "tenant limits": [self.tenant_limits("*")],
             "model rate limits": [self.llm_rate_limit("*")],
             "count of shards": [self.shard_count],
+            "turn shards": [self.turn_shard("*")],
             "running and paused turns": [self.running, self.paused],
         }
 

@@ -28,12 +28,13 @@ from typing import Any, Generic, Self, TypeVar, Unpack, cast
 from smith_client import turn_record as record
 from smith_client.approvals import REJECTED, Decision
 from smith_client.client import SmithClient, TurnHandle
-from smith_client.errors import ConfigurationError
+from smith_client.errors import ConfigurationError, ConflictError
 from smith_client.events import Event, PendingItem
 from smith_client.inputs import InputResponse
-from smith_client.keys import Keys, shard_of, shard_prefix
+from smith_client.keys import Keys, now_ms, shard_of, shard_prefix
 from smith_client.messages import Message
-from smith_client.protocol import Operation, call
+from smith_client.protocol import Operation, run
+from smith_client.roundtrip import Pending, RoundTrip
 from smith_client.settings import ClientSettings
 from smith_client.sync_client import SyncSmithClient, SyncTurnHandle
 from smith_client.tenants import QuotaStatus, TenantLimits
@@ -47,22 +48,40 @@ C = TypeVar("C", SmithClient, SyncSmithClient)
 REMEMBERED_TURNS = 10_000
 
 
-def check_shard_count(stored: bytes | str | None, shards: int, prefix: str) -> None:
-    """Raise :class:`ConfigurationError` (``SMITH_SHARDS``) unless ``stored``, the deployment's count of shards as
-    its workers set it (:attr:`Keys.shard_count`; None: no worker set one yet), is ``shards``: with another count a
-    conversation's turns would go to another shard than its history, or to no worker at all."""
-    if stored is not None and int(stored) != shards:
+def check_shard_count(stored: bytes | str | None, shards: int, prefix: str, unsharded_workers: int = 0) -> None:
+    """Raise :class:`ConfigurationError` (``SMITH_SHARDS``) unless ``shards`` is the deployment's count: ``stored``,
+    as its workers set it (:attr:`Keys.shard_count`; None: none set, then 1 when ``unsharded_workers``, workers
+    registered under the prefix itself, are live). With another count a conversation's turns would go to another
+    shard than its history, or to no worker at all."""
+    count = int(stored) if stored is not None else 1 if shards > 1 and unsharded_workers else None
+    if count is not None and count != shards:
         raise ConfigurationError(
-            f"SMITH_SHARDS is {shards}, but the workers of prefix {prefix!r} run {int(stored)} shards: every worker "
-            "and client of a deployment needs the same count (docs/cluster.md, Shards)",
+            f"SMITH_SHARDS is {shards}, but the workers of prefix {prefix!r} run {count} shard(s): every "
+            "worker and client of a deployment needs the same count (docs/cluster.md, Shards)",
             setting="SMITH_SHARDS",
         )
 
 
-def read_shard_count(keys: Keys) -> Operation[bytes | None]:
-    """Operation reading the deployment's count of shards as its workers set it (None: none set yet)."""
-    stored: bytes | None = yield from call("get", keys.shard_count)
-    return stored
+def read_shard_count(keys: Keys) -> Operation[tuple[bytes | None, int]]:
+    """Operation reading the deployment's count of shards as its workers set it (None: none set yet) and how many
+    workers are live under the prefix itself (an unsharded deployment's), in one round trip."""
+    rt = RoundTrip()
+    stored: Pending[bytes | None] = rt.call("get", keys.shard_count)
+    unsharded: Pending[int] = rt.call("zcount", keys.workers, now_ms(), "+inf")
+    yield from run(rt)
+    return stored.value, unsharded.value
+
+
+def claim_turn_shard(keys: Keys, turn_id: str, shard: int) -> Operation[None]:
+    """Operation claiming caller-chosen ``turn_id`` for ``shard`` (:meth:`Keys.turn_shard`); raises
+    :class:`ConflictError` when a send of it claimed another shard: the same id for a conversation of another
+    shard, so another request (docs/architecture.md: a turn id is an idempotency key)."""
+    rt = RoundTrip(transaction=True)
+    rt.call("set", keys.turn_shard(turn_id), shard, nx=True, ex=keys.turn_ttl)
+    claimed: Pending[bytes | None] = rt.call("get", keys.turn_shard(turn_id))
+    yield from run(rt)
+    if claimed.value is not None and int(claimed.value) != shard:
+        raise ConflictError(f"turn {turn_id} exists with a different request (in another shard)", turn_id=turn_id)
 
 
 class ShardRouting(Generic[C]):
@@ -115,9 +134,12 @@ class ShardRouting(Generic[C]):
         """The client of the shard holding ``conversation_id`` (:func:`~smith_client.keys.shard_of`)."""
         return self.clients[shard_of(conversation_id, self.shards)]
 
-    def _counted(self, fleet: C, stored: bytes | None) -> None:
-        check_shard_count(stored, self.shards, fleet.keys.prefix)
-        self._count_checked = True
+    def _counted(self, fleet: C, found: tuple[bytes | None, int]) -> None:
+        """Check the count :func:`read_shard_count` found; checked once a count is there (until then every send
+        looks: no worker has started yet)."""
+        stored, unsharded_workers = found
+        check_shard_count(stored, self.shards, fleet.keys.prefix, unsharded_workers)
+        self._count_checked = stored is not None
 
     def _sending(self, options: TurnOptions) -> C:
         """The shard a new turn goes to; gives the turn an id (as the client would) so its shard is remembered."""
@@ -163,11 +185,19 @@ class ShardedSmithClient(ShardRouting[SmithClient]):
 
     client_class = SmithClient
 
-    async def _check_count(self) -> None:
-        """Before the first turn: raise :class:`ConfigurationError` when the workers run another count of shards
-        (:func:`check_shard_count`)."""
-        if not self._count_checked and self.fleet is not None:
-            self._counted(self.fleet, await self.fleet.runner.run(read_shard_count(self.fleet.keys)))
+    async def _prepare(self, options: TurnOptions) -> SmithClient:
+        """Before a turn is sent: the count of shards checked (:func:`check_shard_count`) and a caller-chosen turn
+        id claimed for its shard (:func:`claim_turn_shard`), on the deployment's prefix itself; returns the client
+        of the turn's shard (:meth:`_sending`). Raises :class:`ConfigurationError`, :class:`ConflictError`."""
+        chosen = options.get("turn_id")
+        client = self._sending(options)
+        if self.fleet is not None:
+            if not self._count_checked:
+                self._counted(self.fleet, await self.fleet.runner.run(read_shard_count(self.fleet.keys)))
+            if chosen:
+                claim = claim_turn_shard(self.fleet.keys, check_id(chosen, "turn_id"), self.clients.index(client))
+                await self.fleet.runner.run(claim)
+        return client
 
     async def for_turn(self, turn_id: str) -> SmithClient:
         """The client of the shard holding turn ``turn_id``: the remembered one, else the shard whose state of it
@@ -183,23 +213,22 @@ class ShardedSmithClient(ShardRouting[SmithClient]):
 
     async def send(self, text: str, *, timeout: float | None = None, **options: Any) -> Any:
         """:meth:`SmithClient.send` on the conversation's shard."""
-        await self._check_count()
-        return await self._sending(cast(TurnOptions, options)).send(text, timeout=timeout, **options)
+        client = await self._prepare(cast(TurnOptions, options))
+        return await client.send(text, timeout=timeout, **options)
 
     async def stream(
         self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
     ) -> AsyncGenerator[Event, None]:
         """:meth:`SmithClient.stream` on the conversation's shard (``async for``; leaving the loop early closes the
         shard's stream, which unsubscribes)."""
-        await self._check_count()
-        async with aclosing(self._sending(options).stream(text, timeout=timeout, **options)) as events:
+        client = await self._prepare(options)
+        async with aclosing(client.stream(text, timeout=timeout, **options)) as events:
             async for event in events:
                 yield event
 
     async def submit(self, text: str, **options: Unpack[TurnOptions]) -> TurnHandle:
         """:meth:`SmithClient.submit` on the conversation's shard."""
-        await self._check_count()
-        return await self._sending(options).submit(text, **options)
+        return await (await self._prepare(options)).submit(text, **options)
 
     async def turn(self, turn_id: str) -> TurnHandle:
         """A handle on turn ``turn_id`` from its shard (:meth:`for_turn`; unlike :meth:`SmithClient.turn`, a
@@ -316,10 +345,17 @@ class SyncShardedSmithClient(ShardRouting[SyncSmithClient]):
 
     client_class = SyncSmithClient
 
-    def _check_count(self) -> None:
-        """:meth:`ShardedSmithClient._check_count`, blocking."""
-        if not self._count_checked and self.fleet is not None:
-            self._counted(self.fleet, self.fleet.runner.run(read_shard_count(self.fleet.keys)))
+    def _prepare(self, options: TurnOptions) -> SyncSmithClient:
+        """:meth:`ShardedSmithClient._prepare`, blocking."""
+        chosen = options.get("turn_id")
+        client = self._sending(options)
+        if self.fleet is not None:
+            if not self._count_checked:
+                self._counted(self.fleet, self.fleet.runner.run(read_shard_count(self.fleet.keys)))
+            if chosen:
+                claim = claim_turn_shard(self.fleet.keys, check_id(chosen, "turn_id"), self.clients.index(client))
+                self.fleet.runner.run(claim)
+        return client
 
     def for_turn(self, turn_id: str) -> SyncSmithClient:
         """The client of the shard holding turn ``turn_id``, as :meth:`ShardedSmithClient.for_turn` finds it."""
@@ -335,20 +371,18 @@ class SyncShardedSmithClient(ShardRouting[SyncSmithClient]):
 
     def send(self, text: str, *, timeout: float | None = None, **options: Any) -> Any:
         """:meth:`SyncSmithClient.send` on the conversation's shard."""
-        self._check_count()
-        return self._sending(cast(TurnOptions, options)).send(text, timeout=timeout, **options)
+        return self._prepare(cast(TurnOptions, options)).send(text, timeout=timeout, **options)
 
     def stream(
         self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
     ) -> Generator[Event, None, None]:
-        """:meth:`SyncSmithClient.stream` on the conversation's shard (a plain iterator)."""
-        self._check_count()
-        return self._sending(options).stream(text, timeout=timeout, **options)
+        """:meth:`SyncSmithClient.stream` on the conversation's shard (a plain iterator; errors at its first step, as
+        there)."""
+        yield from self._prepare(options).stream(text, timeout=timeout, **options)
 
     def submit(self, text: str, **options: Unpack[TurnOptions]) -> SyncTurnHandle:
         """:meth:`SyncSmithClient.submit` on the conversation's shard."""
-        self._check_count()
-        return self._sending(options).submit(text, **options)
+        return self._prepare(options).submit(text, **options)
 
     def turn(self, turn_id: str) -> SyncTurnHandle:
         """A handle on turn ``turn_id`` from its shard (:meth:`for_turn`)."""

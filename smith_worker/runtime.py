@@ -27,7 +27,7 @@ from redis.exceptions import ResponseError
 from smith_client import scripts
 from smith_client.errors import ConfigurationError
 from smith_client.eventlog import EventLog
-from smith_client.keys import REGISTRATION_TTL, Keys
+from smith_client.keys import REGISTRATION_TTL, Keys, now_ms
 from smith_client.sharding import check_shard_count
 from smith_worker.app import SmithApp
 from smith_worker.config import Settings
@@ -266,8 +266,7 @@ class WorkerRuntime:
         await self.health.until_ok("start-up", self._warn_on_eviction)
         # before any pipeline sends EVALSHA (see smith_client.scripts)
         await self.health.until_ok("loading the scripts", lambda: scripts.load_all(self.redis))
-        if self.settings.shards > 1:
-            await self.health.until_ok("the shard count", self._claim_shard_count)
+        await self.health.until_ok("the shard count", self._claim_shard_count)
         for source in self.app.all_sources():  # after the pools: the Python tools run on them
             await source.start(self.source_context())
         await self.role.start(self)
@@ -301,15 +300,19 @@ class WorkerRuntime:
         await asyncio.to_thread(tracing.shutdown)  # exports the spans still buffered
 
     async def _claim_shard_count(self) -> None:
-        """Set the deployment's count of shards (:attr:`Keys.shard_count`) unless a worker did, renewing its life;
-        raise :class:`ConfigurationError` when it is another count than ``SMITH_SHARDS`` (the worker exits)."""
+        """Raise :class:`ConfigurationError` (the worker exits) when the deployment runs another count of shards than
+        ``SMITH_SHARDS``: the one its workers set (:attr:`Keys.shard_count`), or 1 when workers are registered under
+        its prefix itself. A sharded worker sets the count unless one did, renewing its life; an unsharded one only
+        reads it (its deployment has no such key)."""
         key = self.fleet_keys.shard_count
         async with self.fleet_redis.pipeline(transaction=True) as pipe:
-            pipe.set(key, self.settings.shards, nx=True)
-            pipe.expire(key, self.settings.history_ttl)
+            if self.settings.shards > 1:
+                pipe.set(key, self.settings.shards, nx=True)
+                pipe.expire(key, self.settings.history_ttl)
             pipe.get(key)
-            *_, stored = await pipe.execute()
-        check_shard_count(stored, self.settings.shards, self.settings.prefix)
+            pipe.zcount(self.fleet_keys.workers, now_ms(), "+inf")
+            *_, stored, unsharded_workers = await pipe.execute()
+        check_shard_count(stored, self.settings.shards, self.settings.prefix, unsharded_workers)
 
     async def _warn_on_eviction(self) -> None:
         """Warn unless Redis's ``maxmemory-policy`` is ``noeviction``: evicting a turn's keys loses the turn."""

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from smith_client import ConfigurationError, ShardedSmithClient
+from smith_client import ConfigurationError, ConflictError, ShardedSmithClient
 from smith_client.keys import shard_of, shard_prefix
 from smith_worker.testing import Reply, Script
 from smith_worker.testing.workers import start_workers, wait_for_workers, worker_env
@@ -80,6 +80,18 @@ async def test_one_command_serves_every_shard_and_stops_them_together(redis_url,
     async with ShardedSmithClient.from_url(redis_url, shards=3, prefix=prefix) as client:
         with pytest.raises(ConfigurationError, match="SMITH_SHARDS is 3"):
             await client.send("hi", conversation_id="any")
+    unsharded = {key: value for key, value in env.items() if key != "SMITH_SHARDS"}
+    wrong = subprocess.run([sys.executable, "-m", "smith_worker", APP, "--queue", "turns"], env=unsharded,
+                           capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 1 and "SMITH_SHARDS is 1, but the workers of prefix" in wrong.stderr, wrong.stderr
+
+    # a caller-chosen turn id names one turn across the shards
+    fresh = {shard_of(c, 2): c for c in (f"conv-{uuid.uuid4().hex[:8]}" for _ in range(50))}
+    async with ShardedSmithClient.from_url(redis_url, shards=2, prefix=prefix) as client:
+        _, marker = scenario(Script(Reply.text("once")))
+        assert (await client.send(f"{marker} hi", conversation_id=fresh[0], turn_id="order-7")).content == "once"
+        with pytest.raises(ConflictError, match="turn order-7 exists with a different request"):
+            await client.send(f"{marker} hi", conversation_id=fresh[1], turn_id="order-7")
 
     check = [sys.executable, "-m", "smith_worker", "--check", "--queue", "turns"]
     probe = subprocess.run(check, env=env, capture_output=True, text=True, timeout=60)

@@ -12,6 +12,8 @@ from redis.cluster import key_slot
 
 from smith_client import (
     ConfigurationError,
+    ConflictError,
+    InvalidRequestError,
     ShardedSmithClient,
     SmithClient,
     SyncShardedSmithClient,
@@ -19,7 +21,7 @@ from smith_client import (
     TenantLimits,
     sharding,
 )
-from smith_client.keys import shard_of, shard_prefix
+from smith_client.keys import now_ms, shard_of, shard_prefix
 from smith_client.sharding import check_shard_count
 from smith_client.usage import AgentUsage
 
@@ -158,8 +160,48 @@ def test_tenants_usage_adds_up_over_the_shards():
 def test_the_workers_count_of_shards_must_be_the_clients():
     check_shard_count(None, 3, "p")  # no worker set one yet
     check_shard_count(b"3", 3, "p")
-    with pytest.raises(ConfigurationError, match="SMITH_SHARDS is 2, but the workers of prefix 'p' run 3 shards"):
+    check_shard_count(None, 1, "p", unsharded_workers=2)
+    with pytest.raises(ConfigurationError, match="SMITH_SHARDS is 2, but the workers of prefix 'p' run 3 shard"):
         check_shard_count(b"3", 2, "p")
+    with pytest.raises(ConfigurationError, match="SMITH_SHARDS is 1, but the workers of prefix 'p' run 2 shard"):
+        check_shard_count(b"2", 1, "p")  # an unsharded worker on a sharded deployment
+    with pytest.raises(ConfigurationError, match="SMITH_SHARDS is 2, but the workers of prefix 'p' run 1 shard"):
+        check_shard_count(None, 2, "p", unsharded_workers=1)  # a sharded client of an unsharded deployment
+
+
+@pytest.fixture
+async def with_fleet():
+    server = fakeredis.FakeServer()
+    fleet = SmithClient(fakeredis.FakeAsyncRedis(server=server), prefix="p")
+    clients = [SmithClient(fakeredis.FakeAsyncRedis(server=server), prefix=shard_prefix("p", k, 2)) for k in range(2)]
+    async with ShardedSmithClient(clients, fleet) as sharded:
+        yield sharded
+
+
+async def test_a_caller_chosen_turn_id_names_one_turn_across_the_shards(with_fleet):
+    conversations = {shard_of(c, 2): c for c in (uuid.uuid4().hex for _ in range(50))}
+    first = await with_fleet._prepare({"conversation_id": conversations[0], "turn_id": "order-1"})
+    assert first is with_fleet.clients[0]
+    again = await with_fleet._prepare({"conversation_id": conversations[0], "turn_id": "order-1"})
+    assert again is first  # the same request sent again: its shard's client answers as for any repeat
+    with pytest.raises(ConflictError, match="turn order-1 exists with a different request"):
+        await with_fleet._prepare({"conversation_id": conversations[1], "turn_id": "order-1"})
+    with pytest.raises(InvalidRequestError):
+        await with_fleet._prepare({"conversation_id": conversations[1], "turn_id": "{bad} id"})
+    assert await with_fleet.fleet.redis.ttl(with_fleet.fleet.keys.turn_shard("order-1")) > 0
+
+
+async def test_the_count_is_looked_at_until_a_worker_set_it(with_fleet):
+    await with_fleet._prepare({"conversation_id": "c"})  # no worker yet: nothing to compare
+    await with_fleet.fleet.redis.set(with_fleet.fleet.keys.shard_count, 3)
+    with pytest.raises(ConfigurationError, match="SMITH_SHARDS is 2"):
+        await with_fleet._prepare({"conversation_id": "c"})
+
+
+async def test_a_sharded_client_of_an_unsharded_deployment_sends_nothing(with_fleet):
+    await with_fleet.fleet.redis.zadd(with_fleet.fleet.keys.workers, {"host:1:turns:ab": now_ms() + 15_000})
+    with pytest.raises(ConfigurationError, match="run 1 shard"):
+        await with_fleet._prepare({"conversation_id": "c"})
 
 
 async def test_a_client_with_another_count_of_shards_sends_nothing():
