@@ -150,6 +150,11 @@ class ShardRouting(Generic[C]):
         self._remember(turn_id, self.clients.index(client))
         return client
 
+    def _forget(self, turn_id: str) -> None:
+        """Forget the shard of ``turn_id`` (a send of it was refused: it may be in another shard, or in none)."""
+        with self._turns_lock:
+            self._turn_shards.pop(turn_id, None)
+
     def _remember(self, turn_id: str, shard: int) -> None:
         with self._turns_lock:
             self._turn_shards[turn_id] = shard
@@ -196,7 +201,11 @@ class ShardedSmithClient(ShardRouting[SmithClient]):
                 self._counted(self.fleet, await self.fleet.runner.run(read_shard_count(self.fleet.keys)))
             if chosen:
                 claim = claim_turn_shard(self.fleet.keys, check_id(chosen, "turn_id"), self.clients.index(client))
-                await self.fleet.runner.run(claim)
+                try:
+                    await self.fleet.runner.run(claim)
+                except ConflictError:  # the id's turn is in another shard: found there by the next call on it
+                    self._forget(chosen)
+                    raise
         return client
 
     async def for_turn(self, turn_id: str) -> SmithClient:
@@ -354,7 +363,11 @@ class SyncShardedSmithClient(ShardRouting[SyncSmithClient]):
                 self._counted(self.fleet, self.fleet.runner.run(read_shard_count(self.fleet.keys)))
             if chosen:
                 claim = claim_turn_shard(self.fleet.keys, check_id(chosen, "turn_id"), self.clients.index(client))
-                self.fleet.runner.run(claim)
+                try:
+                    self.fleet.runner.run(claim)
+                except ConflictError:  # as in ShardedSmithClient._prepare
+                    self._forget(chosen)
+                    raise
         return client
 
     def for_turn(self, turn_id: str) -> SyncSmithClient:

@@ -302,17 +302,23 @@ class WorkerRuntime:
     async def _claim_shard_count(self) -> None:
         """Raise :class:`ConfigurationError` (the worker exits) when the deployment runs another count of shards than
         ``SMITH_SHARDS``: the one its workers set (:attr:`Keys.shard_count`), or 1 when workers are registered under
-        its prefix itself. A sharded worker sets the count unless one did, renewing its life; an unsharded one only
-        reads it (its deployment has no such key)."""
+        its prefix itself. A sharded worker then sets the count unless one did, renewing its life; an unsharded one
+        only reads it (its deployment has no such key). The check comes before the write: a sharded worker refused
+        by an unsharded deployment's live workers must not leave a count there, which would refuse that deployment's
+        own workers at their next start (docs/cluster.md, One count per deployment)."""
         key = self.fleet_keys.shard_count
         async with self.fleet_redis.pipeline(transaction=True) as pipe:
-            if self.settings.shards > 1:
-                pipe.set(key, self.settings.shards, nx=True)
-                pipe.expire(key, self.settings.history_ttl)
             pipe.get(key)
             pipe.zcount(self.fleet_keys.workers, now_ms(), "+inf")
-            *_, stored, unsharded_workers = await pipe.execute()
+            stored, unsharded_workers = await pipe.execute()
         check_shard_count(stored, self.settings.shards, self.settings.prefix, unsharded_workers)
+        if self.settings.shards > 1:
+            async with self.fleet_redis.pipeline(transaction=True) as pipe:
+                pipe.set(key, self.settings.shards, nx=True)
+                pipe.expire(key, self.settings.history_ttl)
+                pipe.get(key)
+                *_, stored = await pipe.execute()
+            check_shard_count(stored, self.settings.shards, self.settings.prefix)  # another worker set one since
 
     async def _warn_on_eviction(self) -> None:
         """Warn unless Redis's ``maxmemory-policy`` is ``noeviction``: evicting a turn's keys loses the turn."""

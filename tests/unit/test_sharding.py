@@ -220,3 +220,23 @@ async def test_a_client_with_another_count_of_shards_sends_nothing():
     ]
     with SyncShardedSmithClient(sync_clients, sync_fleet) as sync_sharded, pytest.raises(ConfigurationError):
         sync_sharded.send("hi", conversation_id="c1")
+
+
+async def test_a_refused_turn_id_is_looked_for_where_its_turn_is(with_fleet):
+    conversations = {shard_of(c, 2): c for c in (uuid.uuid4().hex for _ in range(50))}
+    await with_fleet._prepare({"conversation_id": conversations[1], "turn_id": "order-2"})
+    winner = with_fleet.clients[1]
+    await winner.redis.hset(winner.keys.turn_state("order-2"), mapping={"status": "completed"})
+    with pytest.raises(ConflictError):
+        await with_fleet._prepare({"conversation_id": conversations[0], "turn_id": "order-2"})
+    assert await with_fleet.for_turn("order-2") is winner  # not the refused send's shard
+
+    server = fakeredis.FakeServer()
+    fleet = SyncSmithClient(fakeredis.FakeRedis(server=server), prefix="p")
+    clients = [SyncSmithClient(fakeredis.FakeRedis(server=server), prefix=shard_prefix("p", k, 2)) for k in range(2)]
+    with SyncShardedSmithClient(clients, fleet) as sync_sharded:
+        sync_sharded._prepare({"conversation_id": conversations[1], "turn_id": "order-3"})
+        clients[1].redis.hset(clients[1].keys.turn_state("order-3"), mapping={"status": "completed"})
+        with pytest.raises(ConflictError):
+            sync_sharded._prepare({"conversation_id": conversations[0], "turn_id": "order-3"})
+        assert sync_sharded.for_turn("order-3") is clients[1]
