@@ -168,21 +168,21 @@ class ClientBase:
             cluster=cluster,
         )
 
-    def _options(self, options: TurnOptions) -> dict[str, Any]:
-        """``options`` with the client's tenant when they name none."""
+    def with_tenant(self, options: TurnOptions) -> dict[str, Any]:
+        """``options`` with the client's tenant when they name none (what a turn is sent with)."""
         given = dict(options)
         if given.get("tenant") is None and self.tenant is not None:
             given["tenant"] = self.tenant
         return given
 
     def _op_send(self, text: str, timeout: float | None, options: TurnOptions) -> Operation[AssistantMessage]:
-        return ops.send(self.keys, text, timeout, self._options(options), self.context_max_bytes)
+        return ops.send(self.keys, text, timeout, self.with_tenant(options), self.context_max_bytes)
 
     def _op_stream(self, text: str, timeout: float | None, options: TurnOptions) -> Operation[None]:
-        return ops.stream(self.keys, text, timeout, self._options(options), self.context_max_bytes)
+        return ops.stream(self.keys, text, timeout, self.with_tenant(options), self.context_max_bytes)
 
     def _op_submit(self, text: str, options: TurnOptions) -> Operation[str]:
-        return ops.submit(self.keys, text, self._options(options), self.context_max_bytes)
+        return ops.submit(self.keys, text, self.with_tenant(options), self.context_max_bytes)
 
     def _op_follow(self, turn_id: str, after_seq: int, timeout: float | None) -> Operation[None]:
         return ops.follow(self.keys, turn_id, after_seq, timeout)

@@ -39,7 +39,7 @@ from smith_client.settings import ClientSettings
 from smith_client.sync_client import SyncSmithClient, SyncTurnHandle
 from smith_client.tenants import QuotaStatus, TenantLimits
 from smith_client.usage import AgentUsage
-from smith_client.validation import TurnOptions, check_id
+from smith_client.validation import TurnOptions, build_turn_request, check_id
 
 T = TypeVar("T")
 C = TypeVar("C", SmithClient, SyncSmithClient)
@@ -155,6 +155,14 @@ class ShardRouting(Generic[C]):
         with self._turns_lock:
             self._turn_shards.pop(turn_id, None)
 
+    def _turn_claim(self, fleet: C, text: Any, options: TurnOptions, client: C, chosen: str) -> Operation[None]:
+        """The claim of caller-chosen turn id ``chosen`` for the shard of ``client`` (:func:`claim_turn_shard`), made
+        only for a request that passes the client's own checks, so a refused request claims no id (raises
+        :class:`InvalidRequestError` as the client would). A request refused by the shard's Redis (an agent no worker
+        serves) keeps its claim for ``turn_ttl``."""
+        build_turn_request(text, client.with_tenant(options), client.context_max_bytes)
+        return claim_turn_shard(fleet.keys, check_id(chosen, "turn_id"), self.clients.index(client))
+
     def _remember(self, turn_id: str, shard: int) -> None:
         with self._turns_lock:
             self._turn_shards[turn_id] = shard
@@ -190,22 +198,21 @@ class ShardedSmithClient(ShardRouting[SmithClient]):
 
     client_class = SmithClient
 
-    async def _prepare(self, options: TurnOptions) -> SmithClient:
+    async def _prepare(self, text: Any, options: TurnOptions) -> SmithClient:
         """Before a turn is sent: the count of shards checked (:func:`check_shard_count`) and a caller-chosen turn
-        id claimed for its shard (:func:`claim_turn_shard`), on the deployment's prefix itself; returns the client
-        of the turn's shard (:meth:`_sending`). Raises :class:`ConfigurationError`, :class:`ConflictError`."""
+        id claimed for its shard (:meth:`_turn_claim`), on the deployment's prefix itself; returns the client of the
+        turn's shard (:meth:`_sending`). Raises :class:`ConfigurationError`, :class:`ConflictError`,
+        :class:`InvalidRequestError`."""
         chosen = options.get("turn_id")
         client = self._sending(options)
-        if self.fleet is not None:
-            if not self._count_checked:
-                self._counted(self.fleet, await self.fleet.runner.run(read_shard_count(self.fleet.keys)))
-            if chosen:
-                claim = claim_turn_shard(self.fleet.keys, check_id(chosen, "turn_id"), self.clients.index(client))
-                try:
-                    await self.fleet.runner.run(claim)
-                except ConflictError:  # the id's turn is in another shard: found there by the next call on it
-                    self._forget(chosen)
-                    raise
+        if self.fleet is not None and not self._count_checked:
+            self._counted(self.fleet, await self.fleet.runner.run(read_shard_count(self.fleet.keys)))
+        if chosen and self.fleet is not None:
+            try:
+                await self.fleet.runner.run(self._turn_claim(self.fleet, text, options, client, chosen))
+            except ConflictError:  # the id's turn is in another shard: found there by the next call on it
+                self._forget(chosen)
+                raise
         return client
 
     async def for_turn(self, turn_id: str) -> SmithClient:
@@ -222,7 +229,7 @@ class ShardedSmithClient(ShardRouting[SmithClient]):
 
     async def send(self, text: str, *, timeout: float | None = None, **options: Any) -> Any:
         """:meth:`SmithClient.send` on the conversation's shard."""
-        client = await self._prepare(cast(TurnOptions, options))
+        client = await self._prepare(text, cast(TurnOptions, options))
         return await client.send(text, timeout=timeout, **options)
 
     async def stream(
@@ -230,14 +237,14 @@ class ShardedSmithClient(ShardRouting[SmithClient]):
     ) -> AsyncGenerator[Event, None]:
         """:meth:`SmithClient.stream` on the conversation's shard (``async for``; leaving the loop early closes the
         shard's stream, which unsubscribes)."""
-        client = await self._prepare(options)
+        client = await self._prepare(text, options)
         async with aclosing(client.stream(text, timeout=timeout, **options)) as events:
             async for event in events:
                 yield event
 
     async def submit(self, text: str, **options: Unpack[TurnOptions]) -> TurnHandle:
         """:meth:`SmithClient.submit` on the conversation's shard."""
-        return await (await self._prepare(options)).submit(text, **options)
+        return await (await self._prepare(text, options)).submit(text, **options)
 
     async def turn(self, turn_id: str) -> TurnHandle:
         """A handle on turn ``turn_id`` from its shard (:meth:`for_turn`; unlike :meth:`SmithClient.turn`, a
@@ -354,20 +361,18 @@ class SyncShardedSmithClient(ShardRouting[SyncSmithClient]):
 
     client_class = SyncSmithClient
 
-    def _prepare(self, options: TurnOptions) -> SyncSmithClient:
+    def _prepare(self, text: Any, options: TurnOptions) -> SyncSmithClient:
         """:meth:`ShardedSmithClient._prepare`, blocking."""
         chosen = options.get("turn_id")
         client = self._sending(options)
-        if self.fleet is not None:
-            if not self._count_checked:
-                self._counted(self.fleet, self.fleet.runner.run(read_shard_count(self.fleet.keys)))
-            if chosen:
-                claim = claim_turn_shard(self.fleet.keys, check_id(chosen, "turn_id"), self.clients.index(client))
-                try:
-                    self.fleet.runner.run(claim)
-                except ConflictError:  # as in ShardedSmithClient._prepare
-                    self._forget(chosen)
-                    raise
+        if self.fleet is not None and not self._count_checked:
+            self._counted(self.fleet, self.fleet.runner.run(read_shard_count(self.fleet.keys)))
+        if chosen and self.fleet is not None:
+            try:
+                self.fleet.runner.run(self._turn_claim(self.fleet, text, options, client, chosen))
+            except ConflictError:  # as in ShardedSmithClient._prepare
+                self._forget(chosen)
+                raise
         return client
 
     def for_turn(self, turn_id: str) -> SyncSmithClient:
@@ -384,18 +389,18 @@ class SyncShardedSmithClient(ShardRouting[SyncSmithClient]):
 
     def send(self, text: str, *, timeout: float | None = None, **options: Any) -> Any:
         """:meth:`SyncSmithClient.send` on the conversation's shard."""
-        return self._prepare(cast(TurnOptions, options)).send(text, timeout=timeout, **options)
+        return self._prepare(text, cast(TurnOptions, options)).send(text, timeout=timeout, **options)
 
     def stream(
         self, text: str, *, timeout: float | None = None, **options: Unpack[TurnOptions]
     ) -> Generator[Event, None, None]:
         """:meth:`SyncSmithClient.stream` on the conversation's shard (a plain iterator; errors at its first step, as
         there)."""
-        yield from self._prepare(options).stream(text, timeout=timeout, **options)
+        yield from self._prepare(text, options).stream(text, timeout=timeout, **options)
 
     def submit(self, text: str, **options: Unpack[TurnOptions]) -> SyncTurnHandle:
         """:meth:`SyncSmithClient.submit` on the conversation's shard."""
-        return self._prepare(options).submit(text, **options)
+        return self._prepare(text, options).submit(text, **options)
 
     def turn(self, turn_id: str) -> SyncTurnHandle:
         """A handle on turn ``turn_id`` from its shard (:meth:`for_turn`)."""

@@ -180,28 +180,28 @@ async def with_fleet():
 
 async def test_a_caller_chosen_turn_id_names_one_turn_across_the_shards(with_fleet):
     conversations = {shard_of(c, 2): c for c in (uuid.uuid4().hex for _ in range(50))}
-    first = await with_fleet._prepare({"conversation_id": conversations[0], "turn_id": "order-1"})
+    first = await with_fleet._prepare("hi", {"conversation_id": conversations[0], "turn_id": "order-1"})
     assert first is with_fleet.clients[0]
-    again = await with_fleet._prepare({"conversation_id": conversations[0], "turn_id": "order-1"})
+    again = await with_fleet._prepare("hi", {"conversation_id": conversations[0], "turn_id": "order-1"})
     assert again is first  # the same request sent again: its shard's client answers as for any repeat
     with pytest.raises(ConflictError, match="turn order-1 exists with a different request"):
-        await with_fleet._prepare({"conversation_id": conversations[1], "turn_id": "order-1"})
+        await with_fleet._prepare("hi", {"conversation_id": conversations[1], "turn_id": "order-1"})
     with pytest.raises(InvalidRequestError):
-        await with_fleet._prepare({"conversation_id": conversations[1], "turn_id": "{bad} id"})
+        await with_fleet._prepare("hi", {"conversation_id": conversations[1], "turn_id": "{bad} id"})
     assert await with_fleet.fleet.redis.ttl(with_fleet.fleet.keys.turn_shard("order-1")) > 0
 
 
 async def test_the_count_is_looked_at_until_a_worker_set_it(with_fleet):
-    await with_fleet._prepare({"conversation_id": "c"})  # no worker yet: nothing to compare
+    await with_fleet._prepare("hi", {"conversation_id": "c"})  # no worker yet: nothing to compare
     await with_fleet.fleet.redis.set(with_fleet.fleet.keys.shard_count, 3)
     with pytest.raises(ConfigurationError, match="SMITH_SHARDS is 2"):
-        await with_fleet._prepare({"conversation_id": "c"})
+        await with_fleet._prepare("hi", {"conversation_id": "c"})
 
 
 async def test_a_sharded_client_of_an_unsharded_deployment_sends_nothing(with_fleet):
     await with_fleet.fleet.redis.zadd(with_fleet.fleet.keys.workers, {"host:1:turns:ab": now_ms() + 15_000})
     with pytest.raises(ConfigurationError, match="run 1 shard"):
-        await with_fleet._prepare({"conversation_id": "c"})
+        await with_fleet._prepare("hi", {"conversation_id": "c"})
 
 
 async def test_a_client_with_another_count_of_shards_sends_nothing():
@@ -224,19 +224,30 @@ async def test_a_client_with_another_count_of_shards_sends_nothing():
 
 async def test_a_refused_turn_id_is_looked_for_where_its_turn_is(with_fleet):
     conversations = {shard_of(c, 2): c for c in (uuid.uuid4().hex for _ in range(50))}
-    await with_fleet._prepare({"conversation_id": conversations[1], "turn_id": "order-2"})
+    await with_fleet._prepare("hi", {"conversation_id": conversations[1], "turn_id": "order-2"})
     winner = with_fleet.clients[1]
     await winner.redis.hset(winner.keys.turn_state("order-2"), mapping={"status": "completed"})
     with pytest.raises(ConflictError):
-        await with_fleet._prepare({"conversation_id": conversations[0], "turn_id": "order-2"})
+        await with_fleet._prepare("hi", {"conversation_id": conversations[0], "turn_id": "order-2"})
     assert await with_fleet.for_turn("order-2") is winner  # not the refused send's shard
 
     server = fakeredis.FakeServer()
     fleet = SyncSmithClient(fakeredis.FakeRedis(server=server), prefix="p")
     clients = [SyncSmithClient(fakeredis.FakeRedis(server=server), prefix=shard_prefix("p", k, 2)) for k in range(2)]
     with SyncShardedSmithClient(clients, fleet) as sync_sharded:
-        sync_sharded._prepare({"conversation_id": conversations[1], "turn_id": "order-3"})
+        sync_sharded._prepare("hi", {"conversation_id": conversations[1], "turn_id": "order-3"})
         clients[1].redis.hset(clients[1].keys.turn_state("order-3"), mapping={"status": "completed"})
         with pytest.raises(ConflictError):
-            sync_sharded._prepare({"conversation_id": conversations[0], "turn_id": "order-3"})
+            sync_sharded._prepare("hi", {"conversation_id": conversations[0], "turn_id": "order-3"})
         assert sync_sharded.for_turn("order-3") is clients[1]
+
+
+async def test_a_request_the_client_refuses_claims_no_turn_id(with_fleet):
+    conversations = {shard_of(c, 2): c for c in (uuid.uuid4().hex for _ in range(50))}
+    with pytest.raises(InvalidRequestError):
+        await with_fleet._prepare("hi", {"conversation_id": conversations[0], "turn_id": "t-9", "agent": "no such!"})
+    with pytest.raises(InvalidRequestError):
+        await with_fleet._prepare("", {"conversation_id": conversations[0], "turn_id": "t-9"})  # blank text
+    assert await with_fleet.fleet.redis.get(with_fleet.fleet.keys.turn_shard("t-9")) is None
+    assert await with_fleet._prepare("hi", {"conversation_id": conversations[1], "turn_id": "t-9"}) is (
+        with_fleet.clients[1])

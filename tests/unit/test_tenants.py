@@ -63,9 +63,9 @@ def test_the_tenant_is_part_of_the_fingerprint_and_no_tenant_keeps_the_old_one()
 async def test_the_clients_tenant_is_the_default_of_its_sends_and_a_different_tenant_conflicts():
     redis = fakeredis.FakeAsyncRedis()
     client = SmithClient(redis, prefix="t", tenant="acme")
-    assert client._options({"conversation_id": "c"})["tenant"] == "acme"
-    assert client._options({"conversation_id": "c", "tenant": "beta"})["tenant"] == "beta"
-    assert "tenant" not in SmithClient(redis, prefix="t")._options({"conversation_id": "c"})
+    assert client.with_tenant({"conversation_id": "c"})["tenant"] == "acme"
+    assert client.with_tenant({"conversation_id": "c", "tenant": "beta"})["tenant"] == "beta"
+    assert "tenant" not in SmithClient(redis, prefix="t").with_tenant({"conversation_id": "c"})
     with pytest.raises(InvalidRequestError):
         SmithClient(redis, prefix="t", tenant="a:b")
     with pytest.raises(InvalidRequestError):
