@@ -31,7 +31,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Container, Iterable
+from collections.abc import Awaitable, Callable, Container, Iterable
 from typing import Any
 
 import redis
@@ -103,20 +103,23 @@ class _FanoutPubSub(PubSub):
     async def follow(self, channels: Iterable[str], sharded: Container[str]) -> None:
         """Subscribe ``channels``: with ``SSUBSCRIBE`` those in ``sharded``, ``SUBSCRIBE`` the others."""
         classic, shard = _split(channels, sharded)
-        if classic:
-            await self.subscribe(*classic)
-        if shard:
-            self.shard_channels.update(shard)
-            await self.execute_command("SSUBSCRIBE", *shard)
+        self.shard_channels.update(shard)
+        await self._send(classic, self.subscribe, shard, "SSUBSCRIBE")
 
     async def unfollow(self, channels: Iterable[str], sharded: Container[str]) -> None:
         """Unsubscribe ``channels`` (``SUNSUBSCRIBE`` those in ``sharded``)."""
         classic, shard = _split(channels, sharded)
+        self.shard_channels.difference_update(shard)
+        await self._send(classic, self.unsubscribe, shard, "SUNSUBSCRIBE")
+
+    async def _send(
+        self, classic: list[str], classic_call: Callable[..., Awaitable[Any]], shard: list[str], shard_command: str
+    ) -> None:
+        """``classic_call`` (redis-py's) for the ``classic`` channels, then ``shard_command`` for the ``shard`` ones."""
         if classic:
-            await self.unsubscribe(*classic)
+            await classic_call(*classic)
         if shard:
-            self.shard_channels.difference_update(shard)
-            await self.execute_command("SUNSUBSCRIBE", *shard)
+            await self.execute_command(shard_command, *shard)
 
     async def aclose(self) -> None:
         """redis-py's ``aclose`` (the connection back to the pool, every subscription forgotten), sharded ones too."""
