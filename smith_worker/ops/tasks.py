@@ -5,20 +5,23 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+#: Seconds :func:`cancel_and_wait` waits for a cancelled task before cancelling it again.
+RECANCEL_AFTER = 0.5
+
 
 async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
     """Cancel ``task`` (None: nothing to do) and wait until it has stopped; its cancellation is not re-raised.
 
-    If the caller itself is cancelled while waiting, that cancellation propagates.
+    A task still running :data:`RECANCEL_AFTER` seconds after a cancel is cancelled again: on Python 3.11 a cancel
+    landing inside redis-py's read can be turned into a ``TimeoutError`` it treats as "no data" (the cancel is lost,
+    see smith_worker/queue/worker.py), and a loop that then carries on, a worker's registration heartbeat, would
+    keep a stopping worker waiting for ever. If the caller itself is cancelled while waiting, that cancellation
+    propagates; an error the task ends with is raised, as awaiting it would.
     """
     if task is None:
         return
-    current = asyncio.current_task()
-    before = current.cancelling() if current is not None else 0
     task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        # the task's own end is swallowed; a cancel of the caller meanwhile (its count went up) is not
-        if current is not None and current.cancelling() > before:
-            raise
+    while not (await asyncio.wait([task], timeout=RECANCEL_AFTER))[0]:
+        task.cancel()
+    if not task.cancelled():
+        task.result()
